@@ -1,0 +1,35 @@
+"""Input checks shared by the NumPy operations: each raises an error that names what is wrong."""
+
+import numpy as np
+
+
+def check_float(name, x):
+    """Raise TypeError unless ``x`` is a float32 or float64 NumPy array."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64, got dtype {x.dtype}")
+
+
+def check_same_dtype(**arrays):
+    """Raise TypeError if the given arrays (None allowed) do not share one dtype.
+
+    NumPy would silently upcast a float32/float64 mix; we refuse so that dtype in = dtype out.
+    """
+    given = {name: a.dtype for name, a in arrays.items() if a is not None}
+    if len(set(given.values())) > 1:
+        listing = ", ".join(f"{name} is {dtype}" for name, dtype in given.items())
+        raise TypeError(f"arrays must share one dtype: {listing}")
+
+
+def check_ndim(name, x, ndim):
+    """Raise ValueError unless ``x`` has exactly ``ndim`` dimensions."""
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+
+
+def check_axis(name, x, axis):
+    """Return ``axis`` normalised to be non-negative; raise ValueError if out of range."""
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for {name} of shape {x.shape}")
+    return axis % x.ndim

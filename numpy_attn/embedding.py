@@ -1,0 +1,52 @@
+"""Token embedding: a row lookup into a (V, C) table, and its scatter-add backward.
+
+    out[..., :] = wte[ids[...], :]
+
+The backward sends each upstream gradient row back to the table row it was read from. A token id
+that appears several times collects the sum of its rows, so the backward must use ``np.add.at``:
+``dwte[ids] += dout`` would keep only one of the repeated rows (fancy-index assignment does not
+accumulate). Follows ``torch.nn.functional.embedding``.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_float, check_ndim
+
+
+def _check_ids(ids, V):
+    """Return ``ids`` as an integer array; raise if it is not integer or not in [0, V)."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+    if ids.size:
+        low, high = ids.min(), ids.max()
+        if low < 0:
+            raise ValueError(f"token id {low} is negative; ids must lie in [0, V) with V = {V}")
+        if high >= V:
+            raise ValueError(f"token id {high} is out of range for a vocabulary of size V = {V}")
+    return ids
+
+
+def embedding_forward(ids, wte):
+    """Look up rows of ``wte`` (V, C) for integer ``ids`` of any shape (...,) -> out (..., C).
+
+    Returns ``(out, cache)``; the cache is ``(ids, V)``: the backward needs where each row came
+    from and the table's height, not the table itself.
+    """
+    check_float("wte", wte)
+    check_ndim("wte", wte, 2)
+    V, C = wte.shape
+    ids = _check_ids(ids, V)
+    out = wte[ids]                                 # (...,) -> (..., C)
+    cache = (ids, V)
+    return out, cache
+
+
+def embedding_backward(dout, cache):
+    """Gradient of the table: dout (..., C) -> dwte (V, C); repeated ids add up."""
+    ids, V = cache
+    C = dout.shape[-1]
+    dwte = np.zeros((V, C), dtype=dout.dtype)      # (V, C)
+    # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
+    np.add.at(dwte, ids, dout)
+    return dwte

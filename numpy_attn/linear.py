@@ -1,0 +1,50 @@
+"""Affine map ``x @ w + b`` with the weight stored (C_in, C_out), and its backward.
+
+    out = x @ w + b,   dx = dout @ w.T,   dw = x^T dout,   db = sum of dout over all rows
+
+Storing w as (C_in, C_out) keeps transposes out of the forward; ``torch.nn.Linear`` stores the
+transpose (C_out, C_in), so the built-in to match is ``F.linear(x, w.T, b)``. Any number of
+leading dimensions is allowed: they are flattened into rows for dw and db.
+"""
+
+
+from numpy_attn._checks import check_float, check_ndim, check_same_dtype
+
+
+def linear_forward(x, w, b=None):
+    """Apply ``x @ w + b``: x (..., C_in), w (C_in, C_out), b (C_out,) or None -> (..., C_out).
+
+    Returns ``(out, cache)``; the cache is ``(x, w, has_bias)``: dw needs x, dx needs w.
+    """
+    check_float("x", x)
+    check_float("w", w)
+    check_ndim("w", w, 2)
+    C_in, C_out = w.shape
+    if x.ndim < 1 or x.shape[-1] != C_in:
+        raise ValueError(f"x of shape {x.shape} does not end in C_in = {C_in} of w {w.shape}")
+    if b is not None:
+        check_float("b", b)
+        if b.shape != (C_out,):
+            raise ValueError(f"b must have shape ({C_out},) to match w {w.shape}, got {b.shape}")
+    check_same_dtype(x=x, w=w, b=b)
+    out = x @ w                                    # (..., C_in) -> (..., C_out)
+    if b is not None:
+        out = out + b                              # (..., C_out)
+    cache = (x, w, b is not None)
+    return out, cache
+
+
+def linear_backward(dout, cache):
+    """Gradients of ``x @ w + b``: dout (..., C_out) -> (dx (..., C_in), {"w": dw, "b": db}).
+
+    Without a bias the dict has no "b" key, so it has exactly the keys of the parameters used.
+    """
+    x, w, has_bias = cache
+    C_in, C_out = w.shape
+    # Undoes out = out + b: every row added the same b.
+    db = dout.reshape(-1, C_out).sum(axis=0) if has_bias else None      # (C_out,)
+    # Undoes out = x @ w.
+    dx = dout @ w.T                                                      # (..., C_out) -> (..., C_in)
+    dw = x.reshape(-1, C_in).T @ dout.reshape(-1, C_out)                 # (C_in, C_out)
+    grads = {"w": dw} if db is None else {"w": dw, "b": db}
+    return dx, grads

@@ -1,0 +1,43 @@
+"""Sinusoidal position encoding (Vaswani et al., 2017, section 3.5).
+
+    PE[t, 2i]     = sin(t / base^(2i / C))
+    PE[t, 2i + 1] = cos(t / base^(2i / C))
+
+Sin on even channels, cos on odd channels; an odd C ends with one sin channel. For each channel
+pair, PE[t + k] is PE[t] rotated by the angle k / base^(2i/C), which depends only on k: that is
+what lets attention read relative positions. The table is computed in float64 and rounded once to
+``dtype``. It has no parameters and so no backward.
+
+Learned positions are not a separate operation: they are the embedding of the positions,
+
+    wpe_out, cache = embedding_forward(np.arange(T), wpe)    # wpe (T_max, C) -> (T, C)
+
+with ``embedding_backward`` as their backward.
+"""
+
+import operator
+
+import numpy as np
+
+
+def sinusoidal_encoding(T, C, base=10000.0, dtype=np.float32):
+    """The (T, C) sinusoidal table for positions 0..T-1; T = 0 or C = 0 give an empty table."""
+    for name, n in (("T", T), ("C", C)):
+        try:
+            operator.index(n)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer, got {n!r}") from None
+        if n < 0:
+            raise ValueError(f"{name} must be >= 0, got {n}")
+    if not base > 1:
+        raise ValueError(f"base must be > 1, got {base!r}")
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    t = np.arange(T, dtype=np.float64)[:, None]                  # (T, 1)
+    i2 = np.arange(0, C, 2, dtype=np.float64)                    # (ceil(C/2),) the even channels 2i
+    inv_freq = base ** (-i2 / C)                                 # (ceil(C/2),)
+    angle = t * inv_freq                                         # (T, ceil(C/2))
+    pe = np.zeros((T, C), dtype=np.float64)                      # (T, C)
+    pe[:, 0::2] = np.sin(angle)                                  # even channels
+    pe[:, 1::2] = np.cos(angle[:, : C // 2])                     # odd channels; odd C has one fewer
+    return pe.astype(dtype)

@@ -1,0 +1,155 @@
+"""Shared test helpers: NumPy <-> torch conversion, autograd gradients, labelled comparisons,
+finite differences, and a record of the largest error seen per compared tensor.
+
+Tolerances. float64 carries about 16 significant digits; the twins do the same arithmetic in a
+possibly different order (BLAS blocking, reduction order), so they differ by a few ulps times
+the length of the longest sum: rtol 1e-10 leaves ample room and still catches any real bug.
+float32 carries about 7 digits, and a sum of n terms of mixed sign can lose log10(n) of them
+to cancellation relative to the largest term, hence rtol 1e-4 with an atol of 1e-5 times the
+scale of the values compared (elements are drawn bounded, so the scale is known).
+"""
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+TOLERANCES = {
+    np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
+    np.dtype(np.float32): dict(rtol=1e-4, atol=1e-5),
+}
+
+# (test label, dtype) -> (largest absolute error, that error over max |expected|)
+_WORST = defaultdict(lambda: (0.0, 0.0))
+
+
+def to_torch(x, requires_grad=False):
+    """A torch tensor sharing ``x``'s dtype (a fresh copy, so NumPy code cannot alias it)."""
+    t = torch.from_numpy(np.array(x, copy=True))
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def to_numpy(t):
+    return t.detach().cpu().numpy()
+
+
+def tree_to_torch(tree, requires_grad=False):
+    """Convert a nested dict of arrays into the same nested dict of tensors."""
+    if isinstance(tree, dict):
+        return {k: tree_to_torch(v, requires_grad) for k, v in tree.items()}
+    return to_torch(tree, requires_grad)
+
+
+def tree_leaves(tree, prefix=""):
+    """(path, leaf) pairs of a nested dict, paths written ``q.w``."""
+    if isinstance(tree, dict):
+        out = []
+        for k, v in tree.items():
+            out += tree_leaves(v, f"{prefix}{k}.")
+        return out
+    return [(prefix[:-1], tree)]
+
+
+def autograd(fn, inputs, dout):
+    """Run the torch twin and backpropagate ``(out * dout).sum()``.
+
+    ``inputs`` is a dict of keyword arguments; arrays (and nested dicts of arrays) become tensors
+    that require grad, anything else is passed through. Returns ``(out, grads)`` as NumPy, grads
+    with the same keys and nesting as the array inputs.
+    """
+    tensors = {
+        k: tree_to_torch(v, requires_grad=True) if isinstance(v, np.ndarray | dict) else v
+        for k, v in inputs.items()
+    }
+    out = fn(**tensors)
+    (out * to_torch(dout)).sum().backward()
+    grads = {k: _grad_tree(v) for k, v in tensors.items() if isinstance(inputs[k], np.ndarray | dict)}
+    return to_numpy(out), grads
+
+
+def _grad_tree(t):
+    if isinstance(t, dict):
+        return {k: _grad_tree(v) for k, v in t.items()}
+    return np.zeros(tuple(t.shape), dtype=to_numpy(t).dtype) if t.grad is None else to_numpy(t.grad)
+
+
+def assert_close(name, actual, expected, rtol=None, atol=None):
+    """Assert two arrays agree to the tolerance of their dtype; the message names the tensor.
+
+    The dtype is checked too: a float32 result must not come back as float64. ``name`` is also the
+    label under which the largest error is recorded for the end-of-run report.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != expected {expected.shape}"
+    tol = TOLERANCES[expected.dtype] if expected.dtype in TOLERANCES else dict(rtol=0, atol=0)
+    rtol = tol["rtol"] if rtol is None else rtol
+    atol = tol["atol"] if atol is None else atol
+    _record(name, actual, expected)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=name, strict=True)
+
+
+def assert_tree_close(name, actual, expected, **tol):
+    """assert_close on every leaf of two nested dicts with the same keys, labelled by path."""
+    a_leaves, e_leaves = dict(tree_leaves(actual)), dict(tree_leaves(expected))
+    assert a_leaves.keys() == e_leaves.keys(), f"{name}: keys {sorted(a_leaves)} != {sorted(e_leaves)}"
+    for path, leaf in e_leaves.items():
+        assert_close(f"{name}.{path}", a_leaves[path], leaf, **tol)
+
+
+def _record(name, actual, expected):
+    finite = np.isfinite(expected) & np.isfinite(actual)
+    if not finite.any():
+        return
+    a = actual[finite].astype(np.float64)
+    e = expected[finite].astype(np.float64)
+    err = float(np.max(np.abs(a - e)))
+    rel = err / max(float(np.max(np.abs(e))), np.finfo(np.float64).tiny)
+    key = (name, str(expected.dtype))
+    old_err, old_rel = _WORST[key]
+    _WORST[key] = (max(old_err, err), max(old_rel, rel))
+    _target(rel, f"{name} {expected.dtype} relative error")
+
+
+def _target(value, label):
+    """Let Hypothesis steer towards larger errors (only inside a @given test)."""
+    from hypothesis import target
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context() and math.isfinite(value):
+        target(value, label=label)
+
+
+def error_report():
+    """One line per compared tensor and dtype: the largest errors recorded this run."""
+    width = max((len(k[0]) for k in _WORST), default=0)
+    return [
+        f"{name:<{width}}  {dtype:<8} abs {err:9.2e}  rel {rel:9.2e}"
+        for (name, dtype), (err, rel) in sorted(_WORST.items())
+    ]
+
+
+def numerical_grad(f, x, dout, eps=1e-6):
+    """Central finite differences of ``sum(f(x) * dout)`` with respect to ``x`` (float64, no torch).
+
+    Error O(eps^2) from truncation plus O(1e-16 / eps) from rounding: about 1e-10 at eps = 1e-6.
+    """
+    assert x.dtype == np.float64, "finite differences need float64"
+    grad = np.zeros_like(x)
+    flat_x, flat_g = x.reshape(-1), grad.reshape(-1)   # views: writing them writes x and grad
+    for i in range(flat_x.size):
+        old = flat_x[i]
+        flat_x[i] = old + eps
+        plus = np.sum(f(x) * dout)
+        flat_x[i] = old - eps
+        minus = np.sum(f(x) * dout)
+        flat_x[i] = old
+        flat_g[i] = (plus - minus) / (2 * eps)
+    return grad
+
+
+# Finite differences agree with the exact gradient to about 1e-10 relative to the values' scale
+# (see numerical_grad): far looser than float64 round-off, far tighter than any real bug.
+FD_TOL = dict(rtol=1e-6, atol=1e-8)

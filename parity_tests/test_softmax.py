@@ -1,0 +1,177 @@
+"""Parity tests for numpy_attn/softmax.py and torch_attn/softmax.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import torch_attn.softmax as tw
+from numpy_attn.softmax import (
+    log_softmax_backward,
+    log_softmax_forward,
+    softmax_backward,
+    softmax_forward,
+)
+from parity_tests import strategies as S
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+
+PAIRS = {
+    "softmax": (softmax_forward, softmax_backward, tw.softmax, torch.softmax),
+    "log_softmax": (log_softmax_forward, log_softmax_backward, tw.log_softmax, torch.log_softmax),
+}
+ops = st.sampled_from(sorted(PAIRS))
+
+
+@st.composite
+def logits(draw, dtype=None, masked=True):
+    """(x, dout, axis): bounded logits, optionally with -inf entries and whole -inf rows."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6))
+    x = draw(S.arrays(dtype, shape, bound=10.0))
+    if masked and draw(st.booleans()):
+        x = np.where(draw(hnp.arrays(np.bool_, shape)), -np.inf, x).astype(dtype)
+    dout = draw(S.arrays(dtype, shape))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return x, dout, axis
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(op=ops, case=logits())
+@example(op="softmax", case=(np.full((2, 3), -np.inf), np.ones((2, 3)) * 0.5, -1))
+def test_forward_matches_twin(op, case):
+    x, dout, axis = case
+    forward, _, twin, _ = PAIRS[op]
+    y, _ = forward(x, axis=axis)
+    assert_close(f"{op}.y", y, to_numpy(twin(to_torch(x), dim=axis)))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(op=ops, case=logits())
+@example(op="log_softmax", case=(np.array([[-np.inf, -np.inf], [1.0, -np.inf]]),
+                                 np.array([[0.3, -0.7], [0.2, 0.9]]), -1))
+def test_backward_matches_autograd(op, case):
+    x, dout, axis = case
+    forward, backward, twin, _ = PAIRS[op]
+    y, cache = forward(x, axis=axis)
+    # dout is zeroed where y = -inf, because (-inf * dout).sum() is not finite; both backward
+    # passes get the same upstream gradient.
+    dout = np.where(np.isfinite(y), dout, 0).astype(x.dtype)
+    dx = backward(dout, cache)
+    _, grads = autograd(lambda x: twin(x, dim=axis), {"x": x}, dout)
+    assert_close(f"{op}.dx", dx, grads["x"])
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+@given(op=ops, case=logits())
+def test_twin_matches_builtin(op, case):
+    """Equal to torch.softmax / torch.log_softmax on every row that has a finite entry."""
+    x, dout, axis = case
+    _, _, twin, builtin = PAIRS[op]
+    xt = to_torch(x, requires_grad=True)
+    xb = to_torch(x, requires_grad=True)
+    yt, yb = twin(xt, dim=axis), builtin(xb, dim=axis)
+    valid = np.isfinite(x).any(axis=axis, keepdims=True) & np.ones_like(x, dtype=bool)
+    assert_close(f"{op}.y vs builtin", to_numpy(yt)[valid], to_numpy(yb)[valid])
+    g = to_torch(np.where(valid & np.isfinite(to_numpy(yb)), dout, 0))
+    (yt * g).nan_to_num(posinf=0.0, neginf=0.0).sum().backward()
+    (yb * g).nan_to_num(posinf=0.0, neginf=0.0).sum().backward()
+    assert_close(f"{op}.dx vs builtin", to_numpy(xt.grad)[valid], to_numpy(xb.grad)[valid])
+
+
+def test_builtin_gives_nan_on_all_masked_row_where_we_give_zeros():
+    """torch.softmax normalises 0 / 0 on an all -inf row and returns NaN; we return zeros
+    (softmax) and -inf (log-softmax), so a fully masked attention row contributes nothing."""
+    x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, 1.0, -np.inf]])
+    assert torch.isnan(torch.softmax(to_torch(x), dim=-1)[0]).all()
+    assert torch.isnan(torch.log_softmax(to_torch(x), dim=-1)[0]).all()
+    y, _ = softmax_forward(x)
+    assert np.array_equal(y[0], np.zeros(3)), "softmax.y all -inf row"
+    ly, _ = log_softmax_forward(x)
+    assert np.all(np.isneginf(ly[0])), "log_softmax.y all -inf row"
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=logits())
+def test_rows_sum_to_one_or_zero(case):
+    x, _, axis = case
+    y, _ = softmax_forward(x, axis=axis)
+    expected = np.isfinite(x).any(axis=axis).astype(x.dtype)
+    assert_close("softmax row sums", y.sum(axis=axis), expected, rtol=1e-5 if x.dtype == np.float32 else None)
+    assert np.all(y >= 0), "softmax.y has a negative entry"
+
+
+@given(case=logits(masked=False), shift=st.floats(-50, 50))
+def test_shift_invariance(case, shift):
+    x, _, axis = case
+    y, _ = softmax_forward(x, axis=axis)
+    y_shifted, _ = softmax_forward(x + x.dtype.type(shift), axis=axis)
+    assert_close("softmax.y after shifting x", y_shifted, y)
+
+
+@given(case=logits(masked=True))
+def test_log_softmax_is_log_of_softmax(case):
+    x, _, axis = case
+    y, _ = softmax_forward(x, axis=axis)
+    ly, _ = log_softmax_forward(x, axis=axis)
+    with np.errstate(divide="ignore"):
+        assert_close("log_softmax.y vs log(softmax.y)", ly, np.log(y), rtol=1e-4 if x.dtype == np.float32 else 1e-9)
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 1e4), (np.float64, 1e300)])
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_extreme_logits_stay_finite(op, dtype, big):
+    x = np.array([[big, -big, 0.0], [-big, -big, -big], [big, big, -np.inf]], dtype=dtype)
+    forward, backward, _, _ = PAIRS[op]
+    y, cache = forward(x)
+    dx = backward(np.array([[0.5, -1.0, 2.0]] * 3, dtype=dtype), cache)
+    assert not np.isnan(y).any(), f"{op}.y has NaN for logits of +-{big}"
+    assert np.isfinite(dx).all(), f"{op}.dx is not finite for logits of +-{big}"
+    if op == "softmax":
+        assert_close("softmax.y extreme rows", y, np.array(
+            [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0]], dtype=dtype))
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(op=ops, case=logits(dtype=np.float64, masked=False))
+def test_backward_matches_finite_differences(op, case):
+    x, dout, axis = case
+    forward, backward, _, _ = PAIRS[op]
+    _, cache = forward(x, axis=axis)
+    dx = backward(dout, cache)
+    expected = numerical_grad(lambda x: forward(x, axis=axis)[0], x.copy(), dout)
+    assert_close(f"{op}.dx vs finite differences", dx, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_dtype_is_preserved(op, dtype):
+    forward, backward, _, _ = PAIRS[op]
+    x = np.array([[1.0, -np.inf, 3.0], [-np.inf] * 3], dtype=dtype)
+    y, cache = forward(x)
+    dx = backward(np.ones_like(x) * dtype(0.25), cache)
+    assert y.dtype == dtype, f"{op}.y dtype {y.dtype}"
+    assert dx.dtype == dtype, f"{op}.dx dtype {dx.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_bad_input(op):
+    forward = PAIRS[op][0]
+    with pytest.raises(TypeError, match="int64"):
+        forward(np.arange(3))
+    with pytest.raises(ValueError, match=r"axis 2 is out of range for x of shape \(2, 3\)"):
+        forward(np.zeros((2, 3)), axis=2)
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        forward(np.array([0.0, np.nan]))
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        forward(np.array([0.0, np.inf]))

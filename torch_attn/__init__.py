@@ -1,0 +1,12 @@
+"""torch_attn: the forward of every numpy_attn operation in plain PyTorch; autograd is the backward.
+
+Each ``torch_attn/<op>.py`` mirrors ``numpy_attn/<op>.py``: same argument names and order, same
+local variable names, same statement order. Only the spellings differ (``axis``/``dim``,
+``keepdims``/``keepdim``, ``swapaxes``/``transpose``). It takes the same parameter dicts, converted
+with ``torch.from_numpy``. Each file ends with a comment naming the PyTorch built-in it equals.
+
+Reading order, leaf to root: embedding, positional, softmax, linear.
+
+Dimension key: B batch, T query length, S key length, C model width, nh heads,
+hs head size (C = nh * hs), V vocabulary size.
+"""

@@ -1,0 +1,38 @@
+"""Softmax and log-softmax along one axis in plain PyTorch; autograd supplies the backward.
+
+Twin of numpy_attn/softmax.py: subtract the row maximum, exponentiate, normalise. A row that is
+entirely ``-inf`` gives zeros (softmax) or ``-inf`` (log-softmax) and zero gradient, as in the
+NumPy twin; ``torch.softmax`` gives NaN there.
+"""
+
+import torch
+
+
+def _row_max(x, dim):
+    """Row maximum, with 0 in place of -inf for rows that are entirely -inf."""
+    m = x.amax(dim=dim, keepdim=True)
+    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+
+
+def softmax(x, dim=-1):
+    """Softmax of ``x`` along ``dim``: (..., n) -> (..., n)."""
+    m = _row_max(x, dim).detach()                  # (..., 1); a constant shift, no gradient
+    e = torch.exp(x - m)                           # (..., n)
+    s = e.sum(dim=dim, keepdim=True)               # (..., 1)
+    y = e / torch.where(s == 0, torch.ones_like(s), s)
+    return y
+
+
+def log_softmax(x, dim=-1):
+    """Log-softmax of ``x`` along ``dim``: (..., n) -> (..., n)."""
+    m = _row_max(x, dim).detach()                  # (..., 1)
+    shifted = x - m                                # (..., n)
+    e = torch.exp(shifted)                         # (..., n)
+    s = e.sum(dim=dim, keepdim=True)               # (..., 1)
+    empty = s == 0                                 # rows that are entirely -inf
+    log_s = torch.log(torch.where(empty, torch.ones_like(s), s))
+    y = torch.where(empty, torch.full_like(shifted, -torch.inf), shifted - log_s)
+    return y
+
+
+# Equals torch.softmax(x, dim) and torch.log_softmax(x, dim) wherever a row has a finite entry.
