@@ -45,6 +45,6 @@ def pytest_terminal_summary(terminalreporter):
     """Print the largest error seen per compared tensor (for the issue notes)."""
     lines = helpers.error_report()
     if lines:
-        terminalreporter.write_sep("-", "largest errors seen (max |actual - expected|, relative to max |expected|)")
+        terminalreporter.write_sep("-", "largest errors seen")
         for line in lines:
             terminalreporter.write_line(line)

@@ -1,0 +1,138 @@
+"""Parity tests for numpy_attn/embedding.py and torch_attn/embedding.py."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+from torch_attn.embedding import embedding
+
+
+@st.composite
+def lookups(draw, dtype=None):
+    """(ids, wte, dout): ids of shape (T,) or (B, T) from a small vocabulary, so they repeat."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    V, C = draw(S.dim(1, 5)), draw(S.dim(1, 6))
+    ids_shape = draw(st.sampled_from([(draw(S.dim(1, 8)),), (draw(S.dim(1, 3)), draw(S.dim(1, 8)))]))
+    ids = draw(S.token_ids(V, ids_shape))
+    wte = draw(S.arrays(dtype, (V, C)))
+    dout = draw(S.arrays(dtype, ids_shape + (C,)))
+    return ids, wte, dout
+
+
+REPEATED = (np.array([[1, 1, 0, 1]]), np.arange(6.0).reshape(3, 2),
+            np.array([[[0.5, -1.0], [2.0, 0.25], [1.5, 1.5], [-3.0, 4.0]]]))
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=lookups())
+@example(case=REPEATED)
+def test_forward_matches_twin(case):
+    ids, wte, _ = case
+    out, _ = embedding_forward(ids, wte)
+    assert_close("embedding.out", out, to_numpy(embedding(to_torch(ids), to_torch(wte))))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=lookups())
+@example(case=REPEATED)
+def test_backward_matches_autograd(case):
+    ids, wte, dout = case
+    _, cache = embedding_forward(ids, wte)
+    dwte = embedding_backward(dout, cache)
+    _, grads = autograd(lambda wte: embedding(to_torch(ids), wte), {"wte": wte}, dout)
+    assert_close("embedding.dwte", dwte, grads["wte"])
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+@given(case=lookups())
+def test_twin_matches_builtin(case):
+    ids, wte, dout = case
+    out_twin, g_twin = autograd(lambda wte: embedding(to_torch(ids), wte), {"wte": wte}, dout)
+    out_builtin, g_builtin = autograd(lambda wte: F.embedding(to_torch(ids), wte), {"wte": wte}, dout)
+    assert_close("embedding.out vs F.embedding", out_twin, out_builtin)
+    assert_close("embedding.dwte vs F.embedding", g_twin["wte"], g_builtin["wte"])
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+def test_repeated_ids_accumulate():
+    """Id 1 appears three times: its gradient row is the sum of the three upstream rows.
+    Fancy-index assignment (dwte[ids] += dout) would keep only the last of them."""
+    ids, wte, dout = REPEATED
+    _, cache = embedding_forward(ids, wte)
+    dwte = embedding_backward(dout, cache)
+    assert_close("embedding.dwte row of id 1", dwte[1], dout[0, 0] + dout[0, 1] + dout[0, 3])
+    assert_close("embedding.dwte row of unused id 2", dwte[2], np.zeros(2))
+    naive = np.zeros_like(wte)
+    naive[ids] += dout
+    assert not np.allclose(naive, dwte), "the repeated-id example should defeat fancy-index +="
+
+
+@given(case=lookups())
+def test_gradient_total_is_preserved(case):
+    """Every upstream row lands in exactly one table row: the column sums agree."""
+    ids, wte, dout = case
+    _, cache = embedding_forward(ids, wte)
+    dwte = embedding_backward(dout, cache)
+    assert_close("embedding.dwte column sums", dwte.sum(axis=0),
+                 dout.reshape(-1, wte.shape[1]).sum(axis=0), rtol=1e-5 if wte.dtype == np.float32 else None)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=lookups(dtype=np.float64))
+def test_backward_matches_finite_differences(case):
+    ids, wte, dout = case
+    _, cache = embedding_forward(ids, wte)
+    dwte = embedding_backward(dout, cache)
+    expected = numerical_grad(lambda wte: embedding_forward(ids, wte)[0], wte.copy(), dout)
+    assert_close("embedding.dwte vs finite differences", dwte, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("id_dtype", [np.int32, np.int64, np.uint8])
+def test_dtype_is_preserved(dtype, id_dtype):
+    wte = np.arange(8, dtype=dtype).reshape(4, 2)
+    out, cache = embedding_forward(np.array([3, 0, 3], dtype=id_dtype), wte)
+    dwte = embedding_backward(np.ones_like(out), cache)
+    assert out.dtype == dtype, f"embedding.out dtype {out.dtype}"
+    assert dwte.dtype == dtype, f"embedding.dwte dtype {dwte.dtype}"
+
+
+def test_accepts_a_list_of_ids():
+    out, _ = embedding_forward([2, 0], np.eye(3))
+    assert_close("embedding.out from a list", out, np.eye(3)[[2, 0]])
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    wte = np.zeros((5, 3))
+    with pytest.raises(ValueError, match=r"token id 5 is out of range .* V = 5"):
+        embedding_forward(np.array([0, 5, 2]), wte)
+    with pytest.raises(ValueError, match=r"token id -1 is negative; .* V = 5"):
+        embedding_forward(np.array([[0, -1]]), wte)
+    with pytest.raises(TypeError, match="must be integers, got dtype float64"):
+        embedding_forward(np.array([0.0, 1.0]), wte)
+    with pytest.raises(TypeError, match="must be integers, got dtype bool"):
+        embedding_forward(np.array([True, False]), wte)
+    with pytest.raises(ValueError, match=r"wte must have 2 dimensions, got shape \(5,\)"):
+        embedding_forward(np.array([0]), np.zeros(5))
+    with pytest.raises(TypeError, match="wte must be float32 or float64"):
+        embedding_forward(np.array([0]), np.zeros((5, 3), dtype=np.int64))
+
+
+def test_builtin_rejects_out_of_range_too():
+    with pytest.raises(IndexError):
+        F.embedding(torch.tensor([5]), torch.zeros(5, 3))

@@ -1,0 +1,130 @@
+"""Parity tests for numpy_attn/linear.py and torch_attn/linear.py."""
+
+import numpy as np
+import pytest
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numpy_attn.linear import linear_backward, linear_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad
+from torch_attn.linear import linear
+
+
+@st.composite
+def affine(draw, dtype=None, bias=None):
+    """(x, w, b, dout): x (..., C_in) with 0 to 2 leading dims, w (C_in, C_out), b or None."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    lead = draw(S.batch_shapes())
+    C_in, C_out = draw(S.dim(1, 8)), draw(S.dim(1, 8))
+    x = draw(S.arrays(dtype, lead + (C_in,)))
+    w = draw(S.arrays(dtype, (C_in, C_out)))
+    b = draw(S.arrays(dtype, (C_out,))) if (draw(st.booleans()) if bias is None else bias) else None
+    dout = draw(S.arrays(dtype, lead + (C_out,)))
+    return x, w, b, dout
+
+
+def _params(w, b):
+    return {"w": w} if b is None else {"w": w, "b": b}
+
+
+ONE_ROW = (np.array([1.0, -2.0]), np.array([[0.5, 1.0, -1.0], [2.0, 0.0, 3.0]]), None,
+           np.array([0.25, -0.5, 1.5]))
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=affine())
+@example(case=ONE_ROW)
+def test_forward_matches_twin(case):
+    x, w, b, dout = case
+    out, _ = linear_forward(x, w, b)
+    twin_out, _ = autograd(linear, {"x": x, **_params(w, b)}, dout)
+    assert_close("linear.out", out, twin_out)
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=affine())
+@example(case=ONE_ROW)
+def test_backward_matches_autograd(case):
+    x, w, b, dout = case
+    _, cache = linear_forward(x, w, b)
+    dx, dparams = linear_backward(dout, cache)
+    _, grads = autograd(linear, {"x": x, **_params(w, b)}, dout)
+    assert_close("linear.dx", dx, grads.pop("x"))
+    assert_tree_close("linear", dparams, grads)
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+@given(case=affine())
+def test_twin_matches_builtin(case):
+    """F.linear stores the weight (C_out, C_in), so it gets w.T."""
+    x, w, b, dout = case
+    twin_out, twin_grads = autograd(linear, {"x": x, **_params(w, b)}, dout)
+    builtin_out, builtin_grads = autograd(
+        lambda x, w, b=None: F.linear(x, w.T, b), {"x": x, **_params(w, b)}, dout)
+    assert_close("linear.out vs F.linear", twin_out, builtin_out)
+    assert_tree_close("linear grads vs F.linear", twin_grads, builtin_grads)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=affine(bias=True))
+def test_leading_dims_are_rows(case):
+    """Any leading shape gives the same result as its rows stacked into a matrix."""
+    x, w, b, dout = case
+    out, cache = linear_forward(x, w, b)
+    flat_out, flat_cache = linear_forward(x.reshape(-1, w.shape[0]), w, b)
+    assert_close("linear.out flattened", out.reshape(-1, w.shape[1]), flat_out)
+    _, dparams = linear_backward(dout, cache)
+    _, flat_dparams = linear_backward(dout.reshape(-1, w.shape[1]), flat_cache)
+    assert_tree_close("linear grads flattened", dparams, flat_dparams)
+
+
+def test_no_bias_means_no_b_gradient():
+    _, cache = linear_forward(np.ones((2, 3)), np.ones((3, 4)))
+    _, dparams = linear_backward(np.ones((2, 4)), cache)
+    assert set(dparams) == {"w"}, f"gradient keys {set(dparams)} without a bias"
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=affine(dtype=np.float64, bias=True))
+def test_backward_matches_finite_differences(case):
+    x, w, b, dout = case
+    _, cache = linear_forward(x, w, b)
+    dx, dparams = linear_backward(dout, cache)
+    assert_close("linear.dx vs finite differences", dx,
+                 numerical_grad(lambda x: linear_forward(x, w, b)[0], x.copy(), dout), **FD_TOL)
+    assert_close("linear.w vs finite differences", dparams["w"],
+                 numerical_grad(lambda w: linear_forward(x, w, b)[0], w.copy(), dout), **FD_TOL)
+    assert_close("linear.b vs finite differences", dparams["b"],
+                 numerical_grad(lambda b: linear_forward(x, w, b)[0], b.copy(), dout), **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    x, w, b = np.ones((2, 3), dtype), np.ones((3, 4), dtype), np.ones(4, dtype)
+    out, cache = linear_forward(x, w, b)
+    dx, dparams = linear_backward(np.ones_like(out), cache)
+    for name, arr in [("out", out), ("dx", dx), ("w", dparams["w"]), ("b", dparams["b"])]:
+        assert arr.dtype == dtype, f"linear.{name} dtype {arr.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    w = np.zeros((3, 4))
+    with pytest.raises(ValueError, match=r"x of shape \(2, 5\) does not end in C_in = 3 of w \(3, 4\)"):
+        linear_forward(np.zeros((2, 5)), w)
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\) to match w \(3, 4\), got \(3,\)"):
+        linear_forward(np.zeros((2, 3)), w, np.zeros(3))
+    with pytest.raises(ValueError, match=r"w must have 2 dimensions, got shape \(3,\)"):
+        linear_forward(np.zeros((2, 3)), np.zeros(3))
+    with pytest.raises(TypeError, match="x is float32, w is float64"):
+        linear_forward(np.zeros((2, 3), np.float32), w)
