@@ -10,9 +10,11 @@ scale of the values compared (elements are drawn bounded, so the scale is known)
 """
 
 import math
+import os
 from collections import defaultdict
 
 import numpy as np
+import pytest
 import torch
 
 TOLERANCES = {
@@ -160,3 +162,21 @@ def numerical_grad(f, x, dout, h=1e-3):
 # Finite differences agree with the exact gradient to about 1e-10 (see numerical_grad): far looser
 # than float64 round-off, far tighter than any real bug.
 FD_TOL = dict(rtol=1e-6, atol=1e-8)
+
+
+def _vocabulary_available():
+    from numpy_attn import tokenizer
+
+    try:
+        tokenizer.get_encoding()
+    except tokenizer.TokenizerUnavailable:
+        return False
+    return True
+
+
+# Tests that need GPT-2's vocabulary skip without it on a developer's machine, but never in CI,
+# where .ci/run provides it and a skip would hide a broken tokenizer.
+needs_vocab = pytest.mark.skipif(
+    not os.environ.get("CI") and not _vocabulary_available(),
+    reason="GPT-2 vocabulary unavailable: set TIKTOKEN_CACHE_DIR (README, 'Tokenizer offline')",
+)

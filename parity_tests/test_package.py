@@ -1,0 +1,51 @@
+"""Package-level tests: imports stay light, and the numpy-attn command works."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import numpy_attn
+from numpy_attn import cli
+from parity_tests.helpers import needs_vocab
+
+
+def test_import_leaves_torch_and_tiktoken_out():
+    """Importing numpy_attn and every operation module imports NumPy only."""
+    code = (
+        "import sys, pkgutil, importlib, numpy_attn\n"
+        "for m in pkgutil.iter_modules(numpy_attn.__path__):\n"
+        "    if m.name not in ('cli',):\n"
+        "        importlib.import_module('numpy_attn.' + m.name)\n"
+        "importlib.import_module('numpy_attn.cli')\n"
+        "print(sorted(n for n in ('torch', 'tiktoken') if n in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", f"imported at module level: {result.stdout}"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"numpy-attn {numpy_attn.__version__}"
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).with_name("numpy-attn")   # beside the interpreter in a venv
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and numpy_attn.__version__ in result.stdout, result
+
+
+@needs_vocab
+def test_tokenize_prints_ids_and_strings(capsys):
+    assert cli.main(["tokenize", "The cat sat on the mat"]) == 0
+    out = capsys.readouterr().out
+    assert "6 GPT-2 tokens" in out
+    assert "3797  ' cat'" in out
+
+
+def test_no_subcommand_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "tokenize" in capsys.readouterr().out
