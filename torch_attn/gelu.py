@@ -1,0 +1,29 @@
+"""GELU, exact (erf) and tanh-approximated, in plain PyTorch; autograd supplies the backward.
+
+Twin of numpy_attn/gelu.py: out = x * cdf, with cdf = Phi(x) = (1 + erf(x / sqrt(2))) / 2 or its
+tanh approximation (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) / 2. ``torch.erf`` stands in for
+the NumPy erf. Python float constants keep the tensor's dtype.
+"""
+
+import math
+
+import torch
+
+_KAPPA = 0.044715                        # the cubic coefficient of the tanh approximation
+
+
+def gelu(x, approximate="none"):
+    """GELU of ``x`` elementwise: (...) -> (...), exact (erf) or ``approximate="tanh"``."""
+    half, one = 0.5, 1.0
+    if approximate == "none":
+        cdf = half * (one + torch.erf(x * math.sqrt(0.5)))          # Phi(x), the normal CDF
+    else:
+        x_cube = x * x * x
+        inner = math.sqrt(2 / math.pi) * (x + _KAPPA * x_cube)
+        t = torch.tanh(inner)
+        cdf = half * (one + t)
+    out = x * cdf
+    return out
+
+
+# Equals torch.nn.functional.gelu(x, approximate=approximate).
