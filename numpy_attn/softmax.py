@@ -25,9 +25,10 @@ def _check_logits(x):
 def _row_max(x, axis):
     """Row maximum, with 0 in place of -inf for rows that are entirely -inf.
 
-    Without the swap, x - m would be -inf - (-inf) = NaN on such rows.
+    Without the swap, x - m would be -inf - (-inf) = NaN on such rows. ``initial`` lets an
+    empty axis through (its softmax is empty, as in torch.softmax).
     """
-    m = x.max(axis=axis, keepdims=True)
+    m = x.max(axis=axis, keepdims=True, initial=-np.inf)
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
 

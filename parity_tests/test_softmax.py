@@ -137,6 +137,14 @@ def test_extreme_logits_stay_finite(op, dtype, big):
             [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0]], dtype=dtype))
 
 
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_empty_axis_gives_empty_output(op):
+    forward, backward, _, builtin = PAIRS[op]
+    y, cache = forward(np.zeros((2, 0)))
+    assert y.shape == (2, 0) and builtin(torch.zeros(2, 0), dim=-1).shape == (2, 0)
+    assert backward(np.zeros((2, 0)), cache).shape == (2, 0), f"{op}.dx shape"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(op=ops, case=logits(dtype=np.float64, masked=False))
