@@ -1,0 +1,49 @@
+"""Inverted dropout with an explicit random generator, and its backward.
+
+    keep ~ Bernoulli(1 - p) elementwise,   out = x * keep / (1 - p),   dx = dout * keep / (1 - p)
+
+Scaling the kept entries by 1 / (1 - p) during training keeps E[out] = x, so evaluation is the
+identity (Srivastava et al., "Dropout", 2014; the "inverted" form of ``torch.nn.functional.dropout``).
+The keep-mask is drawn from an explicit ``np.random.Generator`` (keep where a uniform draw is
+>= p), or passed in as ``mask``; either way it is kept in the cache, and the torch twin accepts
+the same mask, so the two agree exactly.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_float
+
+
+def dropout_forward(x, p, rng=None, training=True, mask=None):
+    """Zero each entry of ``x`` (...) with probability p and scale the rest by 1 / (1 - p) -> (...).
+
+    The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
+    ``training=False`` or p = 0 the output is x itself; nothing is drawn and any mask is ignored.
+    Returns ``(out, cache)``; the cache is ``(mask, scale)``, (None, None) for the identity.
+    """
+    check_float("x", x)
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability p must lie in [0, 1), got {p}")
+    if not training or p == 0:
+        return x, (None, None)
+    if mask is None:
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"dropout with p = {p} in training needs rng, a np.random.Generator "
+                             f"(or a mask), got {type(rng).__name__}")
+        mask = rng.random(x.shape, dtype=x.dtype) >= p     # (...), True with probability 1 - p
+    elif mask.dtype != np.bool_ or mask.shape != x.shape:
+        raise ValueError(f"mask must be boolean of x's shape {x.shape}, got {mask.dtype} {mask.shape}")
+    scale = x.dtype.type(1 / (1 - p))
+    out = x * mask * scale
+    cache = (mask, scale)
+    return out, cache
+
+
+def dropout_backward(dout, cache):
+    """Gradient of dropout: dout (...) -> dx (...), zero where the entry was dropped."""
+    mask, scale = cache
+    if mask is None:
+        return dout.copy()                                 # undoes the identity
+    # Undoes out = x * mask * scale.
+    dx = dout * mask * scale
+    return dx

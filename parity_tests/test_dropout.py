@@ -1,0 +1,170 @@
+"""Parity tests for numpy_attn/dropout.py and torch_attn/dropout.py.
+
+F.dropout draws its own mask and cannot be given one, so the twin is compared with the formula
+F.dropout applies, x * mask / (1 - p), for the same mask; separate tests check the statistics
+(keep rate) and the scale of F.dropout, of the NumPy dropout and of the twin's own draws.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from numpy_attn.dropout import dropout_backward, dropout_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+from torch_attn.dropout import dropout
+
+probabilities = st.sampled_from([0.0, 0.1, 0.5, 0.9]) | st.floats(0.0, 0.99)
+
+
+@st.composite
+def dropped(draw, dtype=None):
+    """(x, dout, p, mask): a keep-mask drawn by Hypothesis, so all-kept and all-dropped occur.
+
+    At p = 0 the mask keeps everything, as any mask drawn at p = 0 would (and dropout ignores it).
+    """
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6))
+    x, dout = draw(S.arrays(dtype, shape)), draw(S.arrays(dtype, shape))
+    p = draw(probabilities)
+    return x, dout, p, draw(hnp.arrays(np.bool_, shape)) | (p == 0)
+
+
+ONE_DROPPED = (np.array([1.0, -2.0, 3.0]), np.array([0.5, 0.25, -1.0]), 0.5,
+               np.array([True, False, True]))
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=dropped())
+@example(case=ONE_DROPPED)
+def test_forward_matches_twin(case):
+    """Exactly: the same mask and the same two elementwise products in the same dtype."""
+    x, _, p, mask = case
+    out, _ = dropout_forward(x, p, mask=mask)
+    assert_close("dropout.out", out, to_numpy(dropout(to_torch(x), p, mask=to_torch(mask))),
+                 rtol=0, atol=0)
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=dropped())
+@example(case=ONE_DROPPED)
+def test_backward_matches_autograd(case):
+    x, dout, p, mask = case
+    _, cache = dropout_forward(x, p, mask=mask)
+    dx = dropout_backward(dout, cache)
+    _, grads = autograd(lambda x: dropout(x, p, mask=to_torch(mask)), {"x": x}, dout)
+    assert_close("dropout.dx", dx, grads["x"])
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+@given(case=dropped())
+def test_twin_matches_builtin_formula(case):
+    """F.dropout(x, p) is x * mask / (1 - p) for its own mask; the twin is that for ours."""
+    x, dout, p, mask = case
+    twin_out, twin_grads = autograd(lambda x: dropout(x, p, mask=to_torch(mask)), {"x": x}, dout)
+    formula_out, formula_grads = autograd(lambda x: x * to_torch(mask) / (1 - p), {"x": x}, dout)
+    assert_close("dropout.out vs x * mask / (1 - p)", twin_out, formula_out)
+    assert_close("dropout.dx vs x * mask / (1 - p)", twin_grads["x"], formula_grads["x"])
+
+
+def _check_dropout_statistics(name, x, out, p):
+    """Every entry is 0 or x / (1 - p), and the kept share is within 5 standard deviations of
+    1 - p (a false alarm once in 3.5 million; the seeds are fixed, so never flaky)."""
+    kept = out != 0
+    assert_close(f"{name} kept entries", out[kept], (x[kept] / (1 - p)).astype(x.dtype))
+    n = x.size
+    sigma = np.sqrt(n * p * (1 - p))
+    assert abs(kept.sum() - n * (1 - p)) <= 5 * sigma, \
+        f"{name}: kept {kept.sum()} of {n} at p = {p}, expected {n * (1 - p):.0f} +- {5 * sigma:.0f}"
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_builtin_keep_rate_and_scale(p):
+    x = np.random.default_rng(1).uniform(1, 2, 100_000)    # no zeros, so out == 0 means dropped
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        out = to_numpy(F.dropout(to_torch(x), p, training=True))
+    _check_dropout_statistics("F.dropout", x, out, p)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_rate_and_scale(p, dtype):
+    """The NumPy draw (np.random.Generator) and the twin's own draw (torch.Generator)."""
+    x = np.random.default_rng(1).uniform(1, 2, 100_000).astype(dtype)
+    out, _ = dropout_forward(x, p, rng=np.random.default_rng(0))
+    _check_dropout_statistics("dropout", x, out, p)
+    twin_out = to_numpy(dropout(to_torch(x), p, rng=torch.Generator().manual_seed(0)))
+    _check_dropout_statistics("twin dropout", x, twin_out, p)
+
+
+@given(case=dropped(), training=st.booleans())
+def test_identity_when_p_is_zero_or_not_training(case, training):
+    """No rng is needed: nothing is drawn. The backward passes dout through."""
+    x, dout, p, _ = case
+    p = 0.0 if training else p
+    out, cache = dropout_forward(x, p, rng=None, training=training)
+    assert_close("dropout.out as identity", out, x, rtol=0, atol=0)
+    assert_close("dropout.dx as identity", dropout_backward(dout, cache), dout, rtol=0, atol=0)
+    assert_close("twin dropout.out as identity",
+                 to_numpy(dropout(to_torch(x), p, training=training)), x, rtol=0, atol=0)
+
+
+def test_same_seed_same_mask():
+    x = np.ones((4, 64))
+    a, _ = dropout_forward(x, 0.5, rng=np.random.default_rng(7))
+    b, _ = dropout_forward(x, 0.5, rng=np.random.default_rng(7))
+    c, _ = dropout_forward(x, 0.5, rng=np.random.default_rng(8))
+    assert np.array_equal(a, b), "the same seed gave different masks"
+    assert not np.array_equal(a, c), "different seeds gave the same 256-entry mask"
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=dropped(dtype=np.float64))
+def test_backward_matches_finite_differences(case):
+    x, dout, p, mask = case
+    _, cache = dropout_forward(x, p, mask=mask)
+    dx = dropout_backward(dout, cache)
+    expected = numerical_grad(lambda x: dropout_forward(x, p, mask=mask)[0], x.copy(), dout)
+    assert_close("dropout.dx vs finite differences", dx, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    x = np.array([[1.0, -2.0], [3.0, 0.5]], dtype=dtype)
+    # A p given as a NumPy float64 must not upcast float32.
+    out, cache = dropout_forward(x, np.float64(0.25), rng=np.random.default_rng(0))
+    dx = dropout_backward(np.full_like(x, 0.5), cache)
+    assert out.dtype == dtype, f"dropout.out dtype {out.dtype}"
+    assert dx.dtype == dtype, f"dropout.dx dtype {dx.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    x, rng = np.zeros((2, 3)), np.random.default_rng(0)
+    for p in (1.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=f"p must lie in \\[0, 1\\), got {p}"):
+            dropout_forward(x, p, rng=rng)
+    with pytest.raises(ValueError, match="dropout with p = 0.5 in training needs rng.* got NoneType"):
+        dropout_forward(x, 0.5)
+    with pytest.raises(ValueError, match="got int"):
+        dropout_forward(x, 0.5, rng=0)
+    with pytest.raises(ValueError, match=r"mask must be boolean of x's shape \(2, 3\), got bool \(3,\)"):
+        dropout_forward(x, 0.5, mask=np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match=r"got float64 \(2, 3\)"):
+        dropout_forward(x, 0.5, mask=np.ones((2, 3)))
+    with pytest.raises(TypeError, match="int64"):
+        dropout_forward(np.arange(3), 0.5, rng=rng)
