@@ -1,0 +1,66 @@
+"""The Transformer's position-wise feed-forward network, and its backward.
+
+    h = x @ fc.w + fc.b      (..., C) -> (..., 4C)
+    a = gelu(h)              (..., 4C)
+    out = a @ proj.w + proj.b   (..., 4C) -> (..., C)
+
+Two affine maps around a GELU, applied to every position independently ("Attention Is All You
+Need", section 3.3, with GPT-2's GELU and 4x width). Built from numpy_attn.linear and
+numpy_attn.gelu; the backward runs their backwards in reverse order.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_float
+from numpy_attn.gelu import gelu_backward, gelu_forward
+from numpy_attn.linear import linear_backward, linear_forward
+
+
+def init_feed_forward_params(C, rng, dtype=np.float32, bias=True):
+    """{"fc": {"w": (C, 4C), "b": (4C,)}, "proj": {"w": (4C, C), "b": (C,)}} (no "b" without bias).
+
+    Drawn like ``torch.nn.Linear``'s default: every entry U(-1/sqrt(C_in), 1/sqrt(C_in)).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    params = {}
+    for name, C_in, C_out in (("fc", C, 4 * C), ("proj", 4 * C, C)):
+        bound = 1 / np.sqrt(C_in)
+        params[name] = {"w": rng.uniform(-bound, bound, (C_in, C_out)).astype(dtype)}
+        if bias:
+            params[name]["b"] = rng.uniform(-bound, bound, (C_out,)).astype(dtype)
+    return params
+
+
+def feed_forward_forward(x, params, approximate="none"):
+    """Feed-forward network on x (..., C) with ``params`` as from init_feed_forward_params -> (..., C).
+
+    Returns ``(out, cache)``; the cache holds the three sub-caches (fc, gelu, proj): each layer's
+    backward needs only its own.
+    """
+    check_float("x", x)
+    if x.ndim < 1:
+        raise ValueError(f"x must have shape (..., C), got {x.shape}")
+    C = x.shape[-1]
+    fc, proj = params["fc"], params["proj"]
+    H = fc["w"].shape[-1]
+    if fc["w"].shape != (C, H) or proj["w"].shape != (H, C):
+        raise ValueError(f"fc.w {fc['w'].shape} and proj.w {proj['w'].shape} must be (C, H) and "
+                         f"(H, C) with C = {C} from x {x.shape}")
+    h, fc_cache = linear_forward(x, fc["w"], fc.get("b"))              # (..., C) -> (..., H)
+    a, gelu_cache = gelu_forward(h, approximate)                       # (..., H)
+    out, proj_cache = linear_forward(a, proj["w"], proj.get("b"))     # (..., H) -> (..., C)
+    cache = (fc_cache, gelu_cache, proj_cache)
+    return out, cache
+
+
+def feed_forward_backward(dout, cache):
+    """Gradients: dout (..., C) -> (dx (..., C), {"fc": {"w", "b"}, "proj": {"w", "b"}})."""
+    fc_cache, gelu_cache, proj_cache = cache
+    # Undoes out = a @ proj.w + proj.b.
+    da, dproj = linear_backward(dout, proj_cache)                      # (..., C) -> (..., H)
+    # Undoes a = gelu(h).
+    dh = gelu_backward(da, gelu_cache)                                 # (..., H)
+    # Undoes h = x @ fc.w + fc.b.
+    dx, dfc = linear_backward(dh, fc_cache)                            # (..., H) -> (..., C)
+    return dx, {"fc": dfc, "proj": dproj}

@@ -1,0 +1,191 @@
+"""Parity tests for numpy_attn/feed_forward.py and torch_attn/feed_forward.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from numpy_attn.feed_forward import (
+    feed_forward_backward,
+    feed_forward_forward,
+    init_feed_forward_params,
+)
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    numerical_grad,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+)
+from torch_attn.feed_forward import feed_forward
+
+approximations = st.sampled_from(["none", "tanh"])
+
+
+@st.composite
+def networks(draw, dtype=None, max_C=6, max_dims=2):
+    """(x, params, dout): x (..., C) with 0 to max_dims leading dims, params for C -> H = 4C -> C."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    lead = draw(S.batch_shapes(max_dims=max_dims))
+    C = draw(S.dim(1, max_C))
+    H = 4 * C
+    bias = draw(st.booleans())
+    params = {}
+    for name, C_in, C_out in (("fc", C, H), ("proj", H, C)):
+        params[name] = {"w": draw(S.arrays(dtype, (C_in, C_out), bound=1.0))}
+        if bias:
+            params[name]["b"] = draw(S.arrays(dtype, (C_out,), bound=1.0))
+    return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(approximate=approximations, case=networks())
+def test_forward_matches_twin(approximate, case):
+    x, params, dout = case
+    out, _ = feed_forward_forward(x, params, approximate)
+    twin_out, _ = autograd(lambda **kw: feed_forward(**kw, approximate=approximate),
+                           {"x": x, "params": params}, dout)
+    assert_close(f"feed_forward[{approximate}].out", out, twin_out)
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(approximate=approximations, case=networks())
+def test_backward_matches_autograd(approximate, case):
+    x, params, dout = case
+    _, cache = feed_forward_forward(x, params, approximate)
+    dx, dparams = feed_forward_backward(dout, cache)
+    _, grads = autograd(lambda **kw: feed_forward(**kw, approximate=approximate),
+                        {"x": x, "params": params}, dout)
+    assert_close(f"feed_forward[{approximate}].dx", dx, grads["x"])
+    assert_tree_close(f"feed_forward[{approximate}]", dparams, grads["params"])
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+def _sequential(params, approximate):
+    """nn.Sequential(Linear, GELU, Linear) holding our parameters (weights transposed)."""
+    (C, H), bias = params["fc"]["w"].shape, "b" in params["fc"]
+    dtype = to_torch(params["fc"]["w"]).dtype
+    seq = nn.Sequential(nn.Linear(C, H, bias=bias, dtype=dtype), nn.GELU(approximate),
+                        nn.Linear(H, C, bias=bias, dtype=dtype))
+    with torch.no_grad():
+        for layer, name in ((seq[0], "fc"), (seq[2], "proj")):
+            layer.weight.copy_(to_torch(params[name]["w"].T))
+            if bias:
+                layer.bias.copy_(to_torch(params[name]["b"]))
+    return seq
+
+
+@given(approximate=approximations, case=networks())
+def test_twin_matches_builtin(approximate, case):
+    x, params, dout = case
+    twin_out, twin_grads = autograd(lambda **kw: feed_forward(**kw, approximate=approximate),
+                                    {"x": x, "params": params}, dout)
+    seq = _sequential(params, approximate)
+    xt = to_torch(x, requires_grad=True)
+    out = seq(xt)
+    (out * to_torch(dout)).sum().backward()
+    builtin_grads = {name: {"w": to_numpy(layer.weight.grad).T} for name, layer in
+                     (("fc", seq[0]), ("proj", seq[2]))}
+    if "b" in params["fc"]:
+        builtin_grads["fc"]["b"] = to_numpy(seq[0].bias.grad)
+        builtin_grads["proj"]["b"] = to_numpy(seq[2].bias.grad)
+    label = f"feed_forward[{approximate}]"
+    assert_close(f"{label}.out vs nn.Sequential", twin_out, to_numpy(out))
+    assert_close(f"{label}.dx vs nn.Sequential", twin_grads["x"], to_numpy(xt.grad))
+    assert_tree_close(f"{label} vs nn.Sequential", twin_grads["params"], builtin_grads)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(approximate=approximations, case=networks(), data=st.data())
+def test_positions_are_independent(approximate, case, data):
+    """Position-wise: permuting the positions (rows) permutes the outputs the same way."""
+    x, params, _ = case
+    rows = x.reshape(-1, x.shape[-1])
+    perm = data.draw(st.permutations(range(rows.shape[0])))
+    out, _ = feed_forward_forward(rows, params, approximate)
+    out_perm, _ = feed_forward_forward(rows[perm], params, approximate)
+    assert_close(f"feed_forward[{approximate}].out of permuted rows", out_perm, out[perm])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_init_shapes_dtype_and_range(dtype, bias):
+    C = 8
+    params = init_feed_forward_params(C, np.random.default_rng(0), dtype=dtype, bias=bias)
+    shapes = {"fc.w": (C, 4 * C), "proj.w": (4 * C, C)}
+    if bias:
+        shapes.update({"fc.b": (4 * C,), "proj.b": (C,)})
+    leaves = dict(tree_leaves(params))
+    assert {k: v.shape for k, v in leaves.items()} == shapes, "init_feed_forward_params shapes"
+    for path, leaf in leaves.items():
+        bound = 1 / np.sqrt(C if path.startswith("fc") else 4 * C)
+        assert leaf.dtype == dtype, f"{path} dtype {leaf.dtype}"
+        assert np.abs(leaf).max() <= bound, f"{path} exceeds the nn.Linear bound {bound}"
+        # Uniform on (-bound, bound): the largest of 32+ draws is close to the bound.
+        assert np.abs(leaf).max() > bound / 2, f"{path} is not spread over (-{bound}, {bound})"
+    again = init_feed_forward_params(C, np.random.default_rng(0), dtype=dtype, bias=bias)
+    assert_tree_close("init_feed_forward_params with the same seed", again, params, rtol=0, atol=0)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+# Small sizes: every element of x and of the 8C^2 + 5C parameters costs four forward passes.
+@given(approximate=approximations, case=networks(dtype=np.float64, max_C=2, max_dims=1))
+def test_backward_matches_finite_differences(approximate, case):
+    x, params, dout = case
+    _, cache = feed_forward_forward(x, params, approximate)
+    dx, dparams = feed_forward_backward(dout, cache)
+    expected = {"x": numerical_grad(lambda x: feed_forward_forward(x, params, approximate)[0],
+                                    x.copy(), dout)}
+    for name, layer in params.items():
+        expected[name] = {}
+        for key, leaf in layer.items():
+            def f(value, name=name, key=key):
+                changed = {**params, name: {**params[name], key: value}}
+                return feed_forward_forward(x, changed, approximate)[0]
+            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    assert_tree_close(f"feed_forward[{approximate}] vs finite differences",
+                      {"x": dx, **dparams}, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    params = init_feed_forward_params(4, np.random.default_rng(0), dtype=dtype)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(dtype)
+    out, cache = feed_forward_forward(x, params)
+    dx, dparams = feed_forward_backward(np.full_like(out, 0.5), cache)
+    assert out.dtype == dtype, f"feed_forward.out dtype {out.dtype}"
+    assert dx.dtype == dtype, f"feed_forward.dx dtype {dx.dtype}"
+    for path, leaf in tree_leaves(dparams):
+        assert leaf.dtype == dtype, f"feed_forward.{path} gradient dtype {leaf.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    params = init_feed_forward_params(4, np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match=r"fc.w \(4, 16\) and proj.w \(16, 4\) must be .* C = 3 from x \(2, 3\)"):
+        feed_forward_forward(np.zeros((2, 3)), params)
+    bad = {"fc": params["fc"], "proj": {"w": np.zeros((8, 4))}}
+    with pytest.raises(ValueError, match=r"proj.w \(8, 4\)"):
+        feed_forward_forward(np.zeros((2, 4)), bad)
+    with pytest.raises(ValueError, match=r"x must have shape \(..., C\), got \(\)"):
+        feed_forward_forward(np.array(1.0), params)
+    with pytest.raises(TypeError, match="x is float32, w is float64"):
+        feed_forward_forward(np.zeros((2, 4), np.float32), params)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'relu'"):
+        feed_forward_forward(np.zeros((2, 4)), params, approximate="relu")
+    with pytest.raises(ValueError, match="rng must be a np.random.Generator, got int"):
+        init_feed_forward_params(4, 0)
