@@ -1,0 +1,126 @@
+"""AdamW and SGD over nested parameter dicts, as pure functions: (params, grads, state) -> new.
+
+AdamW (Loshchilov and Hutter, 2019, algorithm 2), step t = 1, 2, ...:
+
+    p = p * (1 - lr * wd)                      decoupled weight decay: not part of the gradient
+    m = b1 * m + (1 - b1) * g                  first moment
+    v = b2 * v + (1 - b2) * g * g              second moment
+    p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)     bias-corrected step
+
+SGD with momentum mu, dampening d and L2 weight decay wd, as ``torch.optim.SGD``:
+
+    g = g + wd * p                             weight decay folded into the gradient
+    buf = g on the first step, else mu * buf + (1 - d) * g
+    g = g + mu * buf if nesterov else buf      (only when mu > 0)
+    p = p - lr * g
+
+The order of operations is that of ``torch.optim.AdamW`` / ``torch.optim.SGD`` (single-tensor
+path), so the two agree to rounding. Every call returns fresh arrays; the state is a plain dict
+``{"step": int, ...moment trees...}`` and nothing is kept between calls.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_float
+
+
+def _tree_map(fn, tree, *others, path=""):
+    """Apply ``fn`` leaf by leaf to nested dicts of arrays with the same keys and shapes.
+
+    Raises ValueError naming the path where the trees disagree, TypeError on a non-float leaf.
+    """
+    if isinstance(tree, dict):
+        for other in others:
+            if not isinstance(other, dict) or other.keys() != tree.keys():
+                keys = sorted(other) if isinstance(other, dict) else type(other).__name__
+                raise ValueError(f"trees differ at '{path or '<root>'}': keys {sorted(tree)} "
+                                 f"!= {keys}")
+        return {k: _tree_map(fn, v, *(o[k] for o in others), path=f"{path}{'.' if path else ''}{k}")
+                for k, v in tree.items()}
+    for i, leaf in enumerate((tree,) + others):
+        check_float(path or "<root>", leaf)
+        if leaf.shape != tree.shape or leaf.dtype != tree.dtype:
+            raise ValueError(f"'{path or '<root>'}' has shape {tree.shape} {tree.dtype} in the "
+                             f"parameters but {leaf.shape} {leaf.dtype} in argument {i}")
+    return fn(tree, *others)
+
+
+def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0):
+    """Raise ValueError on hyperparameters that torch.optim would refuse."""
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps),
+                        ("momentum", momentum)):
+        if not value >= 0:                       # also catches NaN
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+    for i, beta in enumerate(betas):
+        if not 0 <= beta < 1:
+            raise ValueError(f"betas[{i}] must lie in [0, 1), got {beta!r}")
+    if not 0 <= dampening <= 1:
+        raise ValueError(f"dampening must lie in [0, 1], got {dampening!r}")
+
+
+def adamw_init(params):
+    """AdamW state for ``params``: step 0 and zero first and second moments shaped like params."""
+    return {"step": 0, "m": _tree_map(np.zeros_like, params), "v": _tree_map(np.zeros_like, params)}
+
+
+def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+    """One AdamW step: returns ``(new_params, new_state)``, the same nesting, shapes and dtypes.
+
+    The defaults are those of ``torch.optim.AdamW``.
+    """
+    _check_hyper(lr, weight_decay, eps=eps, betas=betas)
+    beta1, beta2 = betas
+    step = state["step"] + 1
+    step_size = lr / (1 - beta1**step)                            # lr / bias_correction1
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+
+    def update(p, g, m, v):
+        p = p * (1 - lr * weight_decay)                           # decay first, as torch does
+        m = beta1 * m + (1 - beta1) * g                           # torch writes m.lerp_(g, 1 - b1)
+        v = beta2 * v + (1 - beta2) * g * g
+        denom = np.sqrt(v) / bias_correction2_sqrt + eps
+        p = p - step_size * (m / denom)
+        return p, m, v
+
+    triples = _tree_map(update, params, grads, state["m"], state["v"])
+    new_params = _tree_map_pick(triples, 0)
+    new_state = {"step": step, "m": _tree_map_pick(triples, 1), "v": _tree_map_pick(triples, 2)}
+    return new_params, new_state
+
+
+def sgd_init(params):
+    """SGD state for ``params``: step 0 and a zero momentum buffer shaped like params."""
+    return {"step": 0, "buf": _tree_map(np.zeros_like, params)}
+
+
+def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False):
+    """One SGD step: returns ``(new_params, new_state)``, the same nesting, shapes and dtypes.
+
+    The defaults are those of ``torch.optim.SGD``; nesterov needs momentum > 0 and no dampening.
+    """
+    _check_hyper(lr, weight_decay, momentum=momentum, dampening=dampening)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError(f"nesterov needs momentum > 0 and dampening 0, got momentum={momentum!r}, "
+                         f"dampening={dampening!r}")
+    first = state["step"] == 0
+
+    def update(p, g, buf):
+        if weight_decay != 0:
+            g = g + weight_decay * p                              # L2: part of the gradient
+        if momentum != 0:
+            buf = g.copy() if first else momentum * buf + (1 - dampening) * g
+            g = g + momentum * buf if nesterov else buf
+        p = p - lr * g
+        return p, buf.copy() if momentum == 0 else buf            # fresh arrays, even unused
+
+    pairs = _tree_map(update, params, grads, state["buf"])
+    new_state = {"step": state["step"] + 1, "buf": _tree_map_pick(pairs, 1)}
+    return _tree_map_pick(pairs, 0), new_state
+
+
+def _tree_map_pick(tree, i):
+    """Element ``i`` of every tuple leaf of a nested dict."""
+    if isinstance(tree, dict):
+        return {k: _tree_map_pick(v, i) for k, v in tree.items()}
+    return tree[i]

@@ -1,0 +1,256 @@
+"""Parity tests for numpy_attn/optim.py and torch_attn/optim.py: several steps of AdamW and SGD."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numpy_attn import optim
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    assert_close,
+    assert_tree_close,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+    tree_to_torch,
+)
+from torch_attn import optim as torch_optim
+
+STEPS = 4
+
+
+@st.composite
+def trees(draw, dtype=None, steps=STEPS):
+    """(params, [grads] * steps): a nested dict like a model's, {"lin": {"w", "b"}, "ln": {"w"}, "wte"}."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    C_in, C_out, V = draw(S.dim(1, 5)), draw(S.dim(1, 5)), draw(S.dim(1, 4))
+    shapes = {"lin": {"w": (C_in, C_out), "b": (C_out,)}, "ln": {"w": (C_out,)}, "wte": (V, C_in)}
+
+    def tree(shapes):
+        if isinstance(shapes, dict):
+            return {k: tree(v) for k, v in shapes.items()}
+        return draw(S.arrays(dtype, shapes))
+
+    return tree(shapes), [tree(shapes) for _ in range(steps)]
+
+
+adamw_hyper = st.fixed_dictionaries({
+    "lr": st.floats(0, 0.1),
+    "betas": st.tuples(st.floats(0, 0.99), st.floats(0, 0.999)),
+    "eps": st.sampled_from([1e-8, 1e-6, 1e-3]),
+    "weight_decay": st.floats(0, 0.1),
+})
+
+sgd_hyper = st.fixed_dictionaries({
+    "lr": st.floats(0, 0.1),
+    "momentum": st.sampled_from([0.0, 0.5, 0.9]),
+    "dampening": st.sampled_from([0.0, 0.25]),
+    "weight_decay": st.floats(0, 0.1),
+}).flatmap(lambda h: st.fixed_dictionaries({
+    **{k: st.just(v) for k, v in h.items()},
+    # torch refuses nesterov without momentum or with dampening
+    "nesterov": st.booleans() if h["momentum"] > 0 and h["dampening"] == 0 else st.just(False),
+}))
+
+CASES = [("adamw", adamw_hyper), ("sgd", sgd_hyper)]
+
+OPTIMIZERS = {
+    "adamw": (optim.adamw_init, optim.adamw_step, torch_optim.adamw_init, torch_optim.adamw_step,
+              torch.optim.AdamW),
+    "sgd": (optim.sgd_init, optim.sgd_step, torch_optim.sgd_init, torch_optim.sgd_step,
+            torch.optim.SGD),
+}
+
+HAND_PICKED = ({"lin": {"w": np.array([[1.0, -2.0]]), "b": np.array([0.5, 0.0])},
+                "ln": {"w": np.array([1.0, 1.0])}, "wte": np.array([[3.0]])},
+               [{"lin": {"w": np.array([[0.5, -1.0]]), "b": np.array([0.0, 2.0])},
+                 "ln": {"w": np.array([-0.25, 1.0])}, "wte": np.array([[s]])} for s in (1.0, -1.0, 0.0, 2.0)])
+
+
+def _draw(data, hyper):
+    """(params, [grads] * STEPS, hyperparameters) drawn inside a test."""
+    params, grads_seq = data.draw(trees(), label="trees")
+    return params, grads_seq, data.draw(hyper, label="hyper")
+
+
+def _run_numpy(name, params, grads_seq, hyper):
+    init, step, *_ = OPTIMIZERS[name]
+    state = init(params)
+    history = []
+    for grads in grads_seq:
+        params, state = step(params, grads, state, **hyper)
+        history.append((params, state))
+    return history
+
+
+def _run_twin(name, params, grads_seq, hyper):
+    *_, init, step, _ = OPTIMIZERS[name]
+    params = tree_to_torch(params)
+    state = init(params)
+    history = []
+    for grads in grads_seq:
+        params, state = step(params, tree_to_torch(grads), state, **hyper)
+        history.append((params, state))
+    return history
+
+
+def _numpy_tree(tree):
+    return {k: _numpy_tree(v) for k, v in tree.items()} if isinstance(tree, dict) else to_numpy(tree)
+
+
+def _stacked(trees):
+    """One tree whose leaves stack the leaves of ``trees`` along a new first axis (the step), so
+    each tensor is compared once for all steps (Hypothesis's target takes one value per label)."""
+    if isinstance(trees[0], dict):
+        return {k: _stacked([t[k] for t in trees]) for k in trees[0]}
+    return np.stack([to_numpy(t) if isinstance(t, torch.Tensor) else t for t in trees])
+
+
+def _split(history):
+    """(params, moments, step counters) of a history, params and moments stacked over the steps."""
+    return (_stacked([p for p, _ in history]),
+            _stacked([{k: v for k, v in s.items() if k != "step"} for _, s in history]),
+            [s["step"] for _, s in history])
+
+
+# -- NumPy matches the twin, step after step -----------------------------------------------------
+
+@pytest.mark.parametrize("name, hyper", CASES)
+@given(data=st.data())
+def test_matches_twin(name, hyper, data):
+    """Parameters and state after each step; axis 0 of a failing tensor is the step."""
+    params, grads_seq, hyper = _draw(data, hyper)
+    p, m, steps = _split(_run_numpy(name, params, grads_seq, hyper))
+    tp, tm, twin_steps = _split(_run_twin(name, params, grads_seq, hyper))
+    assert_tree_close(f"{name} params", p, tp)
+    assert_tree_close(f"{name} state", m, tm)
+    assert steps == twin_steps == list(range(1, STEPS + 1)), f"{name} steps {steps}, {twin_steps}"
+
+
+# -- the twin matches PyTorch's built-in ---------------------------------------------------------
+
+@pytest.mark.parametrize("name, hyper", CASES)
+@given(data=st.data())
+def test_twin_matches_builtin(name, hyper, data):
+    """torch.optim.AdamW / SGD on the same leaves, fed the same gradients, step after step."""
+    params, grads_seq, hyper = _draw(data, hyper)
+    twin_params, _, _ = _split(_run_twin(name, params, grads_seq, hyper))
+    leaves = [to_torch(leaf, requires_grad=True) for _, leaf in tree_leaves(params)]
+    builtin = OPTIMIZERS[name][-1](leaves, **hyper)
+    builtin_history = []
+    for grads in grads_seq:
+        for leaf, (_, g) in zip(leaves, tree_leaves(grads), strict=True):
+            leaf.grad = to_torch(g)
+        builtin.step()
+        builtin_history.append([to_numpy(leaf).copy() for leaf in leaves])
+    for i, (path, twin_leaf) in enumerate(tree_leaves(twin_params)):
+        assert_close(f"{name} {path} vs torch.optim", twin_leaf,
+                     np.stack([step[i] for step in builtin_history]))
+
+
+# -- properties ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+@given(case=trees(steps=2))
+def test_zero_grads_and_no_decay_change_nothing(name, case):
+    params, _ = case
+    zeros = optim._tree_map(np.zeros_like, params)
+    hyper = {"lr": 0.1, "weight_decay": 0.0}
+    if name == "sgd":
+        hyper["momentum"] = 0.9
+    p, _ = _run_numpy(name, params, [zeros, zeros], hyper)[-1]
+    for path, leaf in tree_leaves(params):
+        np.testing.assert_array_equal(dict(tree_leaves(p))[path], leaf, err_msg=f"{name} {path}")
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+@given(case=trees(steps=1), lr=st.floats(0.001, 0.1), wd=st.floats(0.001, 0.1))
+def test_weight_decay_alone_shrinks_by_lr_wd(name, case, lr, wd):
+    """With zero gradients both decay p to p * (1 - lr * wd): AdamW directly, SGD through wd * p."""
+    params, _ = case
+    zeros = optim._tree_map(np.zeros_like, params)
+    p, _ = _run_numpy(name, params, [zeros], {"lr": lr, "weight_decay": wd})[-1]
+    expected = optim._tree_map(lambda x: x * (1 - lr * wd), params)
+    assert_tree_close(f"{name} decayed", p, expected)
+
+
+@given(case=trees(steps=1), lr=st.floats(0.001, 0.1))
+def test_first_adamw_step_is_lr_times_sign(case, lr):
+    """At step 1 the bias-corrected moments are g and g^2, so the step is lr * g / (|g| + eps):
+    lr * sign(g) once |g| >> eps. Gradients below 1e-3 are zeroed: in float32 a tiny g squares
+    to 0 and eps takes over."""
+    params, (grads,) = case
+    grads = optim._tree_map(lambda g: np.where(np.abs(g) < 1e-3, np.zeros_like(g), g), grads)
+    p, _ = _run_numpy("adamw", params, [grads], {"lr": lr, "eps": 1e-30, "weight_decay": 0.0})[-1]
+    for (path, new), (_, old), (_, g) in zip(tree_leaves(p), tree_leaves(params),
+                                             tree_leaves(grads), strict=True):
+        # old - new carries the rounding of new, one ulp of |p| <= 4: allow a few such ulps
+        atol = 8 * 4 * float(np.finfo(g.dtype).eps)
+        assert_close(f"adamw first step {path}", old - new, (lr * np.sign(g)).astype(g.dtype),
+                     atol=atol)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_inputs_are_not_modified(name):
+    params, grads_seq = HAND_PICKED
+    before = [(path, leaf.copy()) for path, leaf in tree_leaves(params) + tree_leaves(grads_seq[0])]
+    init, step, *_ = OPTIMIZERS[name]
+    state = init(params)
+    new_params, new_state = step(params, grads_seq[0], state, lr=0.1, weight_decay=0.1)
+    after = tree_leaves(params) + tree_leaves(grads_seq[0])
+    for (path, old), (_, leaf) in zip(before, after, strict=True):
+        np.testing.assert_array_equal(leaf, old, err_msg=f"{name} modified its input {path}")
+    assert state["step"] == 0, f"{name} modified its input state"
+    for (path, new), (_, old) in zip(tree_leaves(new_params), tree_leaves(params), strict=True):
+        assert not np.shares_memory(new, old), f"{name} returned the input array {path}"
+
+
+# -- dtype preservation --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_dtype_is_preserved(name, dtype):
+    params = {"a": {"w": np.ones((2, 3), dtype)}, "b": np.ones(3, dtype)}
+    grads = {"a": {"w": np.full((2, 3), 0.5, dtype)}, "b": np.full(3, -0.5, dtype)}
+    hyper = {"lr": 0.1, "weight_decay": 0.1} | ({"momentum": 0.9} if name == "sgd" else {})
+    for p, s in _run_numpy(name, params, [grads, grads], hyper):
+        for path, leaf in tree_leaves(p) + tree_leaves({k: v for k, v in s.items() if k != "step"}):
+            assert leaf.dtype == dtype, f"{name} {path} dtype {leaf.dtype}"
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_bad_input(name):
+    init, step, *_ = OPTIMIZERS[name]
+    params = {"lin": {"w": np.zeros((2, 3)), "b": np.zeros(3)}}
+    state = init(params)
+    with pytest.raises(ValueError, match=r"trees differ at 'lin': keys \['b', 'w'\] != \['w'\]"):
+        step(params, {"lin": {"w": np.zeros((2, 3))}}, state)
+    with pytest.raises(ValueError, match=r"'lin.w' has shape \(2, 3\) float64 in the parameters but "
+                                         r"\(3, 2\) float64 in argument 1"):
+        step(params, {"lin": {"w": np.zeros((3, 2)), "b": np.zeros(3)}}, state)
+    with pytest.raises(ValueError, match=r"'lin.b' has shape \(3,\) float64 in the parameters but "
+                                         r"\(3,\) float32 in argument 1"):
+        step(params, {"lin": {"w": np.zeros((2, 3)), "b": np.zeros(3, np.float32)}}, state)
+    with pytest.raises(TypeError, match="lin.w must be a NumPy array, got list"):
+        step(params, {"lin": {"w": [[0.0] * 3] * 2, "b": np.zeros(3)}}, state)
+    with pytest.raises(ValueError, match=r"lr must be >= 0, got -0.1"):
+        step(params, params, state, lr=-0.1)
+    with pytest.raises(ValueError, match=r"weight_decay must be >= 0, got nan"):
+        step(params, params, state, weight_decay=float("nan"))
+
+
+def test_bad_hyperparameters():
+    params = {"w": np.zeros(2)}
+    for betas, i, value in (((1.0, 0.999), 0, "1.0"), ((0.9, -0.1), 1, "-0.1")):
+        with pytest.raises(ValueError, match=rf"betas\[{i}\] must lie in \[0, 1\), got {value}"):
+            optim.adamw_step(params, params, optim.adamw_init(params), betas=betas)
+    with pytest.raises(ValueError, match="eps must be >= 0, got -1e-08"):
+        optim.adamw_step(params, params, optim.adamw_init(params), eps=-1e-8)
+    with pytest.raises(ValueError, match="nesterov needs momentum > 0 and dampening 0"):
+        optim.sgd_step(params, params, optim.sgd_init(params), nesterov=True)
+    with pytest.raises(ValueError, match="dampening must lie in \\[0, 1\\], got 2"):
+        optim.sgd_step(params, params, optim.sgd_init(params), momentum=0.9, dampening=2)

@@ -1,0 +1,80 @@
+"""AdamW and SGD over nested dicts of tensors, as pure functions: (params, grads, state) -> new.
+
+Twin of numpy_attn/optim.py: the same formulas in the same order, on tensors, under
+``torch.no_grad()`` so that the new parameters are fresh leaves (call ``requires_grad_`` on them
+to train on). AdamW: decay p by (1 - lr * wd), update the moments, take the bias-corrected step.
+SGD: fold wd * p into the gradient, then momentum (optionally Nesterov), then p - lr * g.
+"""
+
+import torch
+
+
+def _tree_map(fn, tree, *others):
+    """Apply ``fn`` leaf by leaf to nested dicts with the same keys."""
+    if isinstance(tree, dict):
+        return {k: _tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
+    return fn(tree, *others)
+
+
+def adamw_init(params):
+    """AdamW state for ``params``: step 0 and zero first and second moments shaped like params."""
+    return {"step": 0, "m": _tree_map(torch.zeros_like, params),
+            "v": _tree_map(torch.zeros_like, params)}
+
+
+@torch.no_grad()
+def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+    """One AdamW step: returns ``(new_params, new_state)``."""
+    beta1, beta2 = betas
+    step = state["step"] + 1
+    step_size = lr / (1 - beta1**step)                            # lr / bias_correction1
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+
+    def update(p, g, m, v):
+        p = p * (1 - lr * weight_decay)                           # decay first, as torch does
+        m = beta1 * m + (1 - beta1) * g                           # torch writes m.lerp_(g, 1 - b1)
+        v = beta2 * v + (1 - beta2) * g * g
+        denom = torch.sqrt(v) / bias_correction2_sqrt + eps
+        p = p - step_size * (m / denom)
+        return p, m, v
+
+    triples = _tree_map(update, params, grads, state["m"], state["v"])
+    new_params = _tree_map_pick(triples, 0)
+    new_state = {"step": step, "m": _tree_map_pick(triples, 1), "v": _tree_map_pick(triples, 2)}
+    return new_params, new_state
+
+
+def sgd_init(params):
+    """SGD state for ``params``: step 0 and a zero momentum buffer shaped like params."""
+    return {"step": 0, "buf": _tree_map(torch.zeros_like, params)}
+
+
+@torch.no_grad()
+def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False):
+    """One SGD step: returns ``(new_params, new_state)``."""
+    first = state["step"] == 0
+
+    def update(p, g, buf):
+        if weight_decay != 0:
+            g = g + weight_decay * p                              # L2: part of the gradient
+        if momentum != 0:
+            buf = g.clone() if first else momentum * buf + (1 - dampening) * g
+            g = g + momentum * buf if nesterov else buf
+        p = p - lr * g
+        return p, buf.clone() if momentum == 0 else buf           # fresh tensors, even unused
+
+    pairs = _tree_map(update, params, grads, state["buf"])
+    new_state = {"step": state["step"] + 1, "buf": _tree_map_pick(pairs, 1)}
+    return _tree_map_pick(pairs, 0), new_state
+
+
+def _tree_map_pick(tree, i):
+    """Element ``i`` of every tuple leaf of a nested dict."""
+    if isinstance(tree, dict):
+        return {k: _tree_map_pick(v, i) for k, v in tree.items()}
+    return tree[i]
+
+
+# Equals torch.optim.AdamW(params, lr, betas, eps, weight_decay) and
+# torch.optim.SGD(params, lr, momentum, dampening, weight_decay, nesterov), step after step.
