@@ -1,0 +1,106 @@
+"""Timing subprocess: ``python -m benchmarks._worker`` times one library on one device.
+
+Why a subprocess: NumPy's OpenBLAS threads and torch's OpenMP threads each spin for a while
+after a kernel ends, so interleaving the two libraries in one process slowed both down by
+1.3-4x on this machine. A NumPy worker never imports torch; a torch worker uses NumPy only to
+draw its inputs (no BLAS calls), so its OpenBLAS threads never wake.
+
+Protocol: a JSON job on stdin (written by ``cli.py``); results on stdout, one JSON object per
+line after the ``PREFIX``, in this order: ``env``, ``peak``, then one ``row`` per timed case.
+Anything else a library prints goes to stderr. A failure exits non-zero with a traceback.
+"""
+
+import json
+import platform
+import sys
+
+import numpy as np
+
+from benchmarks import calls, measure
+from benchmarks.registry import OPS, Size
+
+PREFIX = "BENCH "
+
+
+def _emit(stream, kind, **record):
+    stream.write(PREFIX + json.dumps({"kind": kind, **record}) + "\n")
+    stream.flush()
+
+
+def _env(library, device):
+    """What the timed process sees: versions, thread pools and the BLAS kernel in use."""
+    from threadpoolctl import threadpool_info
+
+    env = dict(numpy=np.__version__, python=platform.python_version(),
+               threadpools=threadpool_info())
+    if library == "torch":
+        import torch
+
+        env.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                   torch_interop_threads=torch.get_num_interop_threads(),
+                   torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
+        if device == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            env.update(gpu=torch.cuda.get_device_name(0), gpu_memory_bytes=props.total_memory,
+                       cuda=torch.version.cuda,
+                       tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+    return env
+
+
+def _pin_threads(library, threads):
+    """Pin the timed library's pool (the env variables set by the parent already ask for it)."""
+    if library == "numpy":
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads, user_api="blas")
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _measure_case(job, op, T, impls, out):
+    """Time every (impl, mode) of one op at one size; emit a row for each."""
+    library, device, dtype = job["library"], job["device"], np.dtype(job["dtype"])
+    size = Size(T=T, **job["size"])
+    diff, static = calls.make_inputs(op, size, dtype, job["seed"])
+    knobs = dict(repeats=job["repeats"], min_time=job["min_time"], warmup=job["warmup"])
+    for impl in impls:
+        if library == "numpy":
+            fwd, _ = calls.numpy_calls(op, diff, static, None)
+            dout = calls.make_dout(fwd()[0].shape, dtype, job["seed"])
+            modes = calls.numpy_calls(op, diff, static, dout)
+        else:
+            tensors = calls.to_device(diff, device)
+            fwd, _ = calls.torch_calls(op, impl, tensors, static, None)
+            dout = calls.make_dout(tuple(fwd().shape), dtype, job["seed"])
+            modes = calls.torch_calls(op, impl, tensors, static, calls.to_tensor(dout, device))
+        for mode, fn in zip(("fwd", "fwd+bwd"), modes, strict=True):
+            if mode not in job["modes"]:
+                continue
+            if library == "numpy":
+                memory = measure.numpy_peak_bytes(fn)
+                stats = measure.time_numpy(fn, **knobs)
+            else:
+                memory = measure.cuda_peak_bytes(fn) if device == "cuda" else None
+                stats = measure.time_torch(fn, **knobs, threads=job["threads"], device=device)
+            _emit(out, "row", op=op.name, T=T, impl=impl, device=device, mode=mode,
+                  time_s=stats, peak_mem_bytes=memory)
+
+
+def main():
+    out, sys.stdout = sys.stdout, sys.stderr       # keep stray prints out of the protocol
+    job = json.load(sys.stdin)
+    library, device = job["library"], job["device"]
+    _pin_threads(library, job["threads"])
+    _emit(out, "env", library=library, device=device, **_env(library, device))
+    _emit(out, "peak", **measure.matmul_peak(
+        library, job["peak_n"], np.dtype(job["dtype"]), device, job["repeats"],
+        job["min_time"], job["threads"]))
+    for case in job["cases"]:
+        _measure_case(job, OPS[case["op"]], case["T"], case["impls"], out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""How each implementation is called, forward and forward+backward, the same way for parity and timing.
+
+The NumPy pair is ``out, cache = forward(**diff, **static)`` then ``backward(dout, cache)``.
+The torch implementations (twin, built-in) run on tensors that require grad; their backward is
+``torch.autograd.grad(out, leaves, dout)``, which returns fresh gradients (as the NumPy backward
+does) instead of accumulating into ``.grad`` across repeats. torch is imported only inside the
+torch functions, so the NumPy worker never loads it.
+"""
+
+import numpy as np
+
+
+def make_inputs(op, size, dtype, seed):
+    """The op's (diff, static) inputs at ``size``; the same seed gives the same arrays anywhere."""
+    return op.inputs(size, np.dtype(dtype), np.random.default_rng([seed, size.T]))
+
+
+def make_dout(shape, dtype, seed):
+    """A random upstream gradient (never ones: it would make the softmax gradient zero)."""
+    rng = np.random.default_rng([seed, 1, *shape])
+    return rng.standard_normal(shape).astype(dtype) if shape else np.asarray(1.0, dtype)
+
+
+def leaves(tree):
+    """The arrays of a nested dict in a fixed order, with their dotted paths."""
+    if isinstance(tree, dict):
+        return [(f"{k}.{path}" if path else k, leaf)
+                for k, sub in tree.items() for path, leaf in leaves(sub)]
+    return [("", tree)]
+
+
+def rebuild(tree, values):
+    """A nested dict shaped like ``tree`` holding ``values`` (an iterator, in ``leaves`` order)."""
+    if isinstance(tree, dict):
+        return {k: rebuild(sub, values) for k, sub in tree.items()}
+    return next(values)
+
+
+def numpy_calls(op, diff, static, dout):
+    """(forward, forward+backward) closures over fixed inputs; each returns what it computed."""
+    forward, backward = op.numpy_functions()
+
+    def fwd():
+        return forward(**diff, **static)
+
+    def fwd_bwd():
+        out, cache = forward(**diff, **static)
+        return out, backward(dout, cache)
+
+    return fwd, fwd_bwd
+
+
+def numpy_grads(diff, grads):
+    """The NumPy backward's result as a dict keyed like ``diff`` (it returns them in that order)."""
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    return dict(zip(diff, grads, strict=True))
+
+
+def to_device(diff, device):
+    """``diff`` as torch tensors on ``device`` that require grad (fresh copies of the arrays)."""
+    return rebuild(diff, iter([to_tensor(a, device, requires_grad=True) for _, a in leaves(diff)]))
+
+
+def to_tensor(a, device, requires_grad=False):
+    """A fresh torch copy of array ``a`` on ``device``."""
+    import torch
+
+    return torch.tensor(a, device=device, requires_grad=requires_grad)
+
+
+def torch_calls(op, impl, tensors, static, dout):
+    """(forward, forward+backward) closures for ``impl`` in ("twin", "builtin") on ``tensors``.
+
+    The forward runs with grad enabled, building the graph as a training step would (the NumPy
+    forward likewise builds its cache); forward+backward returns ``(out, grads)``.
+    """
+    import torch
+
+    if impl == "twin":
+        twin = op.twin_function()
+
+        def fwd():
+            out = twin(**tensors, **static)
+            # Twins may return (out, extras), e.g. attention's (out, weights) for plotting.
+            return out[0] if isinstance(out, tuple) else out
+    else:
+        def fwd():
+            return op.call_builtin(tensors, static)
+
+    inputs = [t for _, t in leaves(tensors)]
+
+    def fwd_bwd():
+        out = fwd()
+        return out, torch.autograd.grad(out, inputs, dout)
+
+    return fwd, fwd_bwd

@@ -1,0 +1,331 @@
+"""``python -m benchmarks``: options, then parity, timing in subprocesses, and the report.
+
+Exit status: 0 when every requested row was measured or reported as not available, 1 when an
+implementation disagrees with NumPy (nothing is timed then) or a timing worker fails, 2 for a
+bad option or an unknown op.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import parity, registry, report
+from benchmarks._worker import PREFIX
+from benchmarks.registry import IMPLS, MODES, Size
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FLOPS_CONVENTION = (
+    "forward counts the dominant terms (attention 4*B*nh*T*S*hs, halved when causal); "
+    "forward+backward = (1 + b) x forward with b = 2 (a matmul's backward is two matmuls), "
+    "except softmax: 5 FLOPs per element forward, b = 0.8"
+)
+
+USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+# Defaults of the sized options: the full sweep, and the --quick one (about 20 s here). The
+# quick sweep's arrays are tiny: a second thread only adds synchronisation (and, on a busy
+# machine, waits for a descheduled thread), so it uses one.
+FULL = dict(seq_lens=[128, 256, 512, 1024, 2048], batch=4, heads=8, head_size=64,
+            repeats=5, min_time=0.5, peak_size=2048, threads=USABLE_CPUS)
+QUICK = dict(seq_lens=[32, 64, 128], batch=2, heads=4, head_size=32,
+             repeats=3, min_time=0.02, peak_size=512, threads=1)
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+    return parse
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time numpy_attn (NumPy, hand-written backward) against its torch_attn twin "
+        "(autograd) and PyTorch's built-in, forward and forward+backward, over a sweep of "
+        "sequence lengths. Parity with NumPy is checked at every size before timing; each "
+        "library is timed in its own subprocess so that their thread pools do not fight.",
+        epilog="Example: python -m benchmarks --ops attention --json benchmarks/results/cpu.json "
+        "--plot benchmarks/results/cpu.png",
+    )
+    f = FULL
+    p.add_argument("--ops", nargs="+", default=[], metavar="OP",
+                   help=f"ops to run, by name or file stem (a stem selects every op built on it, "
+                   f"e.g. attention = attention + attention_causal); default all: {', '.join(registry.OPS)}")
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
+                   help="implementations: numpy (numpy_attn, CPU), twin (torch_attn, autograd), "
+                   "builtin (PyTorch's own); default all")
+    p.add_argument("--device", choices=("cpu", "cuda", "all"), default="all",
+                   help="devices for the torch implementations (NumPy always runs on the CPU); "
+                   "'all' = cpu and cuda, where cuda rows are reported as not available when "
+                   "torch.cuda.is_available() is False; default all")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="forward only, and/or forward+backward; default both")
+    p.add_argument("--seq-lens", nargs="+", type=_positive(int), metavar="T",
+                   help=f"sequence lengths T (= key length S) to sweep; default {f['seq_lens']}")
+    p.add_argument("--batch", type=_positive(int), metavar="B", help=f"batch size; default {f['batch']}")
+    p.add_argument("--heads", type=_positive(int), metavar="NH", help=f"attention heads; default {f['heads']}")
+    p.add_argument("--head-size", type=_positive(int), metavar="HS",
+                   help=f"head size (model width C = heads * head size); default {f['head_size']}")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="floating-point type of every array and tensor; default float32")
+    p.add_argument("--threads", type=_positive(int),
+                   help=f"threads for NumPy's BLAS and torch's intra-op pool in each timed process; "
+                   f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
+    p.add_argument("--repeats", type=_positive(int), metavar="N",
+                   help=f"at least this many timed samples per row (median and quartiles are taken "
+                   f"over them); default {f['repeats']}")
+    p.add_argument("--min-time", type=_positive(float), metavar="SEC",
+                   help=f"and at least this many seconds of timed calls per row; default {f['min_time']}")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed calls before sampling (the first call pays for allocation and "
+                   "lazy initialisation); default 1")
+    p.add_argument("--peak-size", type=_positive(int), metavar="N",
+                   help=f"N of the N x N matmul that measures each CPU library's peak GFLOP/s "
+                   f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
+    p.add_argument("--tolerance", type=_positive(float), metavar="REL",
+                   help="parity tolerance, relative to the largest magnitude of each tensor; "
+                   "default 1e-4 for float32, 1e-9 for float64")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs; default 0")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a tiny sweep that finishes in well under a minute (T in {QUICK['seq_lens']}, "
+                   f"B={QUICK['batch']}, nh={QUICK['heads']}, hs={QUICK['head_size']}, "
+                   f"{QUICK['repeats']} samples, 1 thread); explicit options still win")
+    p.add_argument("--json", metavar="FILE", help="write every row, the machine and the settings as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write one CSV line per row")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="write the table as Markdown (for the README), header lines first")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="write a PNG: time against T (log-log) and %% of matmul peak, per op")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="measure nothing: re-render a run saved with --json (table, --csv, "
+                   "--markdown, --plot)")
+    p.add_argument("--list", action="store_true",
+                   help="list the ops, their files and built-ins, and whether they can run; then exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _settings(args):
+    """The sized options: explicit values, else the --quick or full defaults."""
+    base = QUICK if args.quick else FULL
+    return {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in base.items()}
+
+
+def _list_ops():
+    for op in registry.OPS.values():
+        missing = {impl: op.missing(impl) for impl in IMPLS}
+        status = "ok" if not any(missing.values()) else "; ".join(
+            f"{impl}: {why}" for impl, why in missing.items() if why)
+        print(f"{op.name:<18} numpy_attn/{op.stem}.py {op.forward}/{op.backward} | "
+              f"torch_attn/{op.stem}.py {op.twin} | {op.builtin} | {status}")
+
+
+def _plan(ops, args, cuda_reason):
+    """({op name: [(impl, device)] that can run}, [not-available rows])."""
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    runnable, unavailable = {}, []
+    for op in ops:
+        for impl in args.impls:
+            for device in ["cpu"] if impl == "numpy" else devices:
+                why = op.missing(impl) or (cuda_reason if device == "cuda" else None)
+                if why:
+                    unavailable.append(dict(op=op.name, impl=impl, device=device, mode=None,
+                                            T=None, status="not available", reason=why))
+                else:
+                    runnable.setdefault(op.name, []).append((impl, device))
+    return runnable, unavailable
+
+
+def _run_worker(library, device, job, cases, progress):
+    """Run one timing subprocess; yield its records as they arrive."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(job["threads"])             # read once, when each library loads
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._worker"], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(dict(job, library=library, device=device, cases=cases)))
+    proc.stdin.close()
+    for line in proc.stdout:
+        if not line.startswith(PREFIX):
+            sys.stderr.write(line)                 # a library's stray print
+            continue
+        record = json.loads(line[len(PREFIX):])
+        if record["kind"] != "env":
+            what = (f"{record['op']} T={record['T']} {record['impl']} {device} {record['mode']}"
+                    if record["kind"] == "row" else f"{library} {device} matmul peak")
+            progress.step(what)
+        yield record
+    if proc.wait() != 0:
+        raise RuntimeError(f"the {library} {device} timing worker failed with exit status "
+                           f"{proc.returncode} (its traceback is above)")
+
+
+def _library(impl):
+    return "numpy" if impl == "numpy" else "torch"
+
+
+def _check_parity(runnable, sizes, args, threads, progress):
+    """parity.check for every op and size; {(op, T): {(impl, device): result}}."""
+    import threadpoolctl
+    import torch
+
+    # Nothing is timed here, so both pools may run; they get the timed thread count to finish
+    # sooner, and are restored afterwards for whoever called main() in-process (the tests).
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+            checks = {}
+            for name, targets in runnable.items():
+                for T, size in sizes.items():
+                    checks[name, T] = parity.check(registry.OPS[name], size, args.dtype,
+                                                   args.seed, targets, args.tolerance)
+                    progress.step(f"parity {name} T={T}")
+            return checks
+    finally:
+        torch.set_num_threads(old)
+
+
+def _time(workers, job, peak_size, progress):
+    """Run one worker per (library, device): (worker envs, {(library, device): peak}, rows)."""
+    envs, peaks, timed = [], {}, []
+    for (library, device), cases in workers.items():
+        peak_n = peak_size if device == "cpu" else max(peak_size, 8192)   # a GPU needs more work
+        cases = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
+        for record in _run_worker(library, device, dict(job, peak_n=peak_n), cases, progress):
+            kind = record.pop("kind")
+            if kind == "env":
+                envs.append(record)
+            elif kind == "peak":
+                peaks[library, device] = record
+            else:
+                timed.append(record)
+    return envs, peaks, timed
+
+
+def _finish_rows(timed, sizes, peaks, checks, dtype):
+    """Add sizes, FLOPs, GFLOP/s, share of peak, parity and the ratio to NumPy to each row."""
+    rows = []
+    for r in timed:
+        op, size = registry.OPS[r["op"]], sizes[r["T"]]
+        flops = op.count_flops(size, r["mode"])
+        gflops = flops / r["time_s"]["median"] / 1e9
+        peak = peaks[_library(r["impl"]), r["device"]]["gflops"]
+        rows.append(dict(r, S=size.S, B=size.B, nh=size.nh, hs=size.hs, dtype=dtype,
+                         status="ok", reason=None, flops=flops, gflops=gflops,
+                         peak_fraction=gflops / peak,
+                         parity=checks[r["op"], r["T"]][r["impl"], r["device"]]))
+    numpy_time = {(r["op"], r["mode"], r["T"]): r["time_s"]["median"]
+                  for r in rows if r["impl"] == "numpy"}
+    for r in rows:
+        ref = numpy_time.get((r["op"], r["mode"], r["T"]))
+        r["numpy_over_this"] = ref / r["time_s"]["median"] if ref else None
+    return rows
+
+
+def measure(ops, args, argv):
+    """Parity for every case, then timing in one worker per library and device: the results dict."""
+    import numpy as np
+    import threadpoolctl
+    import torch
+
+    started = time.monotonic()
+    s = _settings(args)
+    cuda_reason = None if torch.cuda.is_available() else (
+        "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
+    runnable, unavailable = _plan(ops, args, cuda_reason)
+    seq_lens = sorted(set(s["seq_lens"]))
+    sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
+    workers = {}                                   # (library, device) -> {(op, T): [impls]}
+    for name, targets in runnable.items():
+        for T in seq_lens:
+            for impl, device in targets:
+                workers.setdefault((_library(impl), device), {}).setdefault((name, T), []).append(impl)
+    steps = len(runnable) * len(seq_lens) + len(workers) + sum(
+        len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values())
+    progress = report.Progress(steps, enabled=not args.no_progress)
+
+    checks = _check_parity(runnable, sizes, args, s["threads"], progress)
+    job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
+               min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
+               size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
+    envs, peaks, timed = _time(workers, job, s["peak_size"], progress)
+    rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
+
+    return dict(
+        schema=1,
+        command="python -m benchmarks " + shlex.join(argv),
+        started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        duration_s=round(time.monotonic() - started, 1),
+        machine=report.machine(),
+        versions=dict(python=platform.python_version(), numpy=np.__version__,
+                      torch=torch.__version__, threadpoolctl=threadpoolctl.__version__),
+        config=dict(ops=[op.name for op in ops], impls=args.impls, device=args.device,
+                    modes=args.modes, seq_lens=seq_lens, batch=s["batch"], heads=s["heads"],
+                    head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
+                    repeats=s["repeats"], min_time=s["min_time"], warmup=args.warmup,
+                    peak_size=s["peak_size"], seed=args.seed, quick=args.quick,
+                    tolerance=args.tolerance),
+        cuda=dict(available=cuda_reason is None, reason=cuda_reason),
+        flops_convention=FLOPS_CONVENTION,
+        ops={op.name: dict(stem=op.stem, numpy=f"numpy_attn.{op.stem}.{op.forward}/{op.backward}",
+                           twin=f"torch_attn.{op.stem}.{op.twin}", builtin=op.builtin,
+                           bwd_factor=op.bwd_factor) for op in ops},
+        environment={k: v for k, v in os.environ.items()   # as the user set them
+                     if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOMP_", "KMP_"))},
+        workers=envs,
+        peaks=list(peaks.values()),
+        rows=rows,
+    )
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        _list_ops()
+        return 0
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+    else:
+        try:
+            ops = registry.select(args.ops)
+        except ValueError as err:
+            parser.error(str(err))
+        try:
+            results = measure(ops, args, argv)
+        except (parity.ParityError, RuntimeError) as err:
+            print(f"python -m benchmarks: {err}", file=sys.stderr)
+            return 1
+    # Files first: a closed stdout (``| head``) must not cost the results.
+    if args.json:
+        report.write_json(results, args.json)
+    if args.csv:
+        report.write_csv(results, args.csv)
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(
+            [f"- {line}" for line in report.header_lines(results)] + [""]
+            + report.table_lines(results, markdown=True)) + "\n")
+    if args.plot:
+        try:
+            report.write_plot(results, args.plot)
+        except ValueError as err:
+            print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
+            return 1
+    print("\n".join(report.header_lines(results) + [""] + report.table_lines(results)))
+    return 0

@@ -1,0 +1,234 @@
+"""Presenting a run: the machine, the aligned table, JSON, CSV, Markdown, the plot, a progress bar.
+
+Everything here works from the results dict that ``cli.py`` assembles (and that ``--json``
+saves), so ``--from-json`` can re-render a saved run without measuring again.
+"""
+
+import csv
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
+
+
+def machine():
+    """CPU model, core counts and memory of this machine (from /proc where it exists)."""
+    info = dict(cpu=platform.processor() or platform.machine(), logical_cpus=os.cpu_count(),
+                usable_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                physical_cores=None, memory_gib=None, os=platform.platform())
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        cores, core = set(), {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                info["cpu"] = value
+            elif key in ("physical id", "core id"):
+                core[key] = value
+                if len(core) == 2:
+                    cores.add((core["physical id"], core["core id"]))
+                    core = {}
+        info["physical_cores"] = len(cores) or None
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
+        info["memory_gib"] = round(kib / 2**20, 1)
+    return info
+
+
+def _blas(env):
+    """'openblas 0.3.31 SkylakeX, num_threads=2 (pthreads)' for each BLAS pool a worker saw."""
+    return "; ".join(
+        f"{p['internal_api']} {p.get('version') or ''} {p.get('architecture') or ''}, "
+        f"num_threads={p['num_threads']} ({p.get('threading_layer', p['user_api'])})".replace("  ", " ")
+        for p in env.get("threadpools", []) if p["user_api"] == "blas")
+
+
+def header_lines(results):
+    """The lines above the table: machine, libraries, thread pools, sizes, conventions."""
+    m, cfg = results["machine"], results["config"]
+    lines = [
+        f"machine: {m['cpu']}, {m['physical_cores']} cores / {m['logical_cpus']} logical CPUs "
+        f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}",
+        f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
+        f"torch {results['versions']['torch']}",
+    ]
+    for env in results["workers"]:
+        where = f"{env['library']} {env['device']}"
+        if env["library"] == "numpy":
+            lines.append(f"{where}: BLAS {_blas(env)}")
+        else:
+            lines.append(f"{where}: torch.get_num_threads() = {env['torch_threads']}, "
+                         f"CPU capability {env['torch_cpu_capability']}"
+                         + (f", GPU {env['gpu']} (CUDA {env['cuda']}, TF32 matmul "
+                            f"{env['tf32_matmul']})" if env["device"] == "cuda" else ""))
+    if results.get("environment"):
+        lines.append("thread/BLAS environment variables set by the user: "
+                     + ", ".join(f"{k}={v}" for k, v in results["environment"].items()))
+    for peak in results["peaks"]:
+        lines.append(f"matmul peak {peak['library']} {peak['device']}: {peak['gflops']:.1f} GFLOP/s "
+                     f"({peak['n']}x{peak['n']} {peak['dtype']}, median)")
+    lines += [
+        f"threads: {cfg['threads']} per timed process; sizes B={cfg['batch']} nh={cfg['heads']} "
+        f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
+        f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)",
+        "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
+        "np/this: NumPy's median time over this row's (>1: this row is faster); "
+        "parity: max relative error against NumPy at this size; mem: peak extra bytes "
+        "(NumPy: tracemalloc, CUDA: max_memory_allocated, torch CPU: not measured)",
+    ]
+    return lines
+
+
+def _num(x, digits=3):
+    """``digits`` significant digits without scientific notation; '-' for None."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.{max(0, digits - 1 - math.floor(math.log10(abs(x))))}f}"
+
+
+COLUMNS = [  # (title, value of a row as text)
+    ("op", lambda r: r["op"]),
+    ("mode", lambda r: r["mode"]),
+    ("T", lambda r: str(r["T"])),
+    ("impl", lambda r: r["impl"]),
+    ("device", lambda r: r["device"]),
+    ("median ms", lambda r: _num(r["time_s"]["median"] * 1e3)),
+    ("IQR ms", lambda r: f"{_num(r['time_s']['q25'] * 1e3)}-{_num(r['time_s']['q75'] * 1e3)}"),
+    ("GFLOP/s", lambda r: _num(r["gflops"])),
+    ("% peak", lambda r: _num(100 * r["peak_fraction"], 2) if r["peak_fraction"] else "-"),
+    ("mem MiB", lambda r: _num(r["peak_mem_bytes"] / 2**20) if r["peak_mem_bytes"] is not None else "n/a"),
+    ("np/this", lambda r: _num(r["numpy_over_this"])),
+    ("parity", lambda r: "ref" if r["impl"] == "numpy" else f"{r['parity']['max_rel_err']:.0e}"),
+]
+
+
+def timed_rows(results):
+    """The measured rows, sorted for reading: op, mode, T, then numpy, twin, built-in."""
+    rows = [r for r in results["rows"] if r["status"] == "ok"]
+    ops = list(dict.fromkeys(r["op"] for r in results["rows"]))
+    return sorted(rows, key=lambda r: (ops.index(r["op"]), r["mode"], r["T"],
+                                       IMPL_ORDER[r["impl"]], r["device"]))
+
+
+def table_lines(results, markdown=False):
+    """The aligned table (or a Markdown table), then one line per reason something did not run."""
+    rows = [[text(r) for _, text in COLUMNS] for r in timed_rows(results)]
+    titles = [title for title, _ in COLUMNS]
+    if markdown:
+        lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    else:
+        widths = [max(len(x) for x in col) for col in zip(titles, *rows, strict=False)]
+        lines = ["  ".join(x.rjust(w) if i > 4 else x.ljust(w)   # numbers right, names left
+                           for i, (x, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+                 for row in [titles, *rows]]
+    return lines + unavailable_lines(results)
+
+
+def unavailable_lines(results):
+    """'not available: <reason>: op impl device, ...', one line per distinct reason."""
+    by_reason = {}
+    for r in results["rows"]:
+        if r["status"] != "ok":
+            by_reason.setdefault(r["reason"], []).append(f"{r['op']} {r['impl']} {r['device']}")
+    return [f"not available: {reason}: {', '.join(sorted(set(what)))}"
+            for reason, what in by_reason.items()]
+
+
+def write_json(results, path):
+    Path(path).write_text(json.dumps(results, indent=1) + "\n")
+
+
+def write_csv(results, path):
+    """One line per row, every row (not-available ones too) with its reason."""
+    fields = ["op", "mode", "T", "S", "B", "nh", "hs", "dtype", "impl", "device", "status",
+              "reason", "median_s", "q25_s", "q75_s", "min_s", "max_s", "samples", "flops",
+              "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "parity_max_rel_err"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in results["rows"]:
+            t = r.get("time_s") or {}
+            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items()}, "samples": t.get("samples"),
+                             "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
+
+
+def write_plot(results, path):
+    """Time against T (log-log) and % of matmul peak against T, one row of panels per op."""
+    import matplotlib
+
+    matplotlib.use("Agg")                          # headless: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    rows = timed_rows(results)
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    if not ops:
+        raise ValueError("nothing was measured, so there is nothing to plot")
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops)), squeeze=False)
+    seq_lens = sorted({r["T"] for r in rows})
+    lines = sorted({(r["impl"], r["device"]) for r in rows}, key=lambda k: (IMPL_ORDER[k[0]], k[1]))
+    colors = {line: f"C{i}" for i, line in enumerate(lines)}
+    for (ax_time, ax_peak), op in zip(axes, ops, strict=True):
+        for (impl, device) in lines:
+            for mode, style in (("fwd+bwd", "-"), ("fwd", "--")):
+                pts = [r for r in rows if (r["op"], r["impl"], r["device"], r["mode"])
+                       == (op, impl, device, mode)]
+                if not pts:
+                    continue
+                kw = dict(color=colors[impl, device], linestyle=style, marker="o",
+                          label=f"{impl} {device} {mode}")
+                T = [r["T"] for r in pts]
+                ax_time.plot(T, [r["time_s"]["median"] * 1e3 for r in pts], **kw)
+                ax_peak.plot(T, [100 * (r["peak_fraction"] or 0) for r in pts], **kw)
+        ax_time.set(xscale="log", yscale="log", xlabel="sequence length T (= S)",
+                    ylabel="median time per call (ms)", title=f"{op}: time")
+        ax_peak.set(xscale="log", xlabel="sequence length T (= S)",
+                    ylabel="% of the library's matmul peak", title=f"{op}: share of matmul peak")
+        for ax in (ax_time, ax_peak):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_xticks(seq_lens, [str(T) for T in seq_lens])   # the measured T, not 10^k
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax_time.legend(fontsize=8)
+    cfg, m = results["config"], results["machine"]
+    fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
+                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+class Progress:
+    """A hand-written progress bar on stderr: redrawn in place on a terminal, a line per step
+    otherwise (logs and captured output stay readable)."""
+
+    def __init__(self, total, enabled=True, stream=None, width=28):
+        self.total, self.done, self.width = max(total, 1), 0, width
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.start = time.monotonic()
+
+    def step(self, label):
+        """Count one finished step, described by ``label``."""
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        filled = round(self.width * self.done / self.total)
+        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+                f"{elapsed:5.0f}s (eta {eta:.0f}s) {label}")
+        if self.tty:
+            self.stream.write("\r\033[K" + text + ("\n" if self.done >= self.total else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
