@@ -1,0 +1,198 @@
+"""Smoke tests of ``python -m benchmarks``: a tiny run end to end, its files, and its errors.
+
+The run is smaller than ``--quick`` (two tiny sizes, softmax, which exists at every commit) so
+that it stays well under a minute on a busy two-core machine; it still spawns the real timing
+workers, checks parity and writes JSON, CSV, Markdown and a PNG.
+"""
+
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import calls, cli, parity, registry
+from benchmarks.registry import Size
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--quick", "--ops", "softmax", "--seq-lens", "8", "16", "--batch", "1", "--heads", "2",
+        "--head-size", "4", "--repeats", "2", "--min-time", "0.001", "--peak-size", "64",
+        "--no-progress"]
+
+
+def _benchmarks(*args):
+    """Run ``python -m benchmarks`` in a subprocess; the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny run in-process, writing every kind of file: (exit status, stdout, paths)."""
+    out = tmp_path_factory.mktemp("bench")
+    paths = {kind: out / f"run.{kind}" for kind in ("json", "csv", "md", "png")}
+    argv = TINY + ["--json", str(paths["json"]), "--csv", str(paths["csv"]),
+                   "--markdown", str(paths["md"]), "--plot", str(paths["png"])]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = cli.main(argv)
+    return status, stdout.getvalue(), paths
+
+
+def test_tiny_run_json_has_every_row_measured_and_checked(tiny_run):
+    status, _, paths = tiny_run
+    assert status == 0
+    results = json.loads(paths["json"].read_text())
+    assert {"machine", "versions", "config", "peaks", "workers", "rows", "flops_convention"} <= set(results)
+    assert results["config"]["threads"] == 1 and results["config"]["seq_lens"] == [8, 16]
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    measured = {(r["impl"], r["device"], r["mode"], r["T"]) for r in ok}
+    assert measured == {(i, "cpu", m, T) for i in ("numpy", "twin", "builtin")
+                        for m in ("fwd", "fwd+bwd") for T in (8, 16)}
+    for r in ok:
+        assert r["parity"]["ok"] and r["parity"]["max_rel_err"] <= r["parity"]["tol"], r
+        assert 0 < r["time_s"]["min"] <= r["time_s"]["median"] <= r["time_s"]["max"], r
+        assert r["time_s"]["samples"] >= 2, r
+        assert r["gflops"] == pytest.approx(r["flops"] / r["time_s"]["median"] / 1e9)
+        assert r["peak_fraction"] > 0 and r["numpy_over_this"] > 0
+        assert (r["peak_mem_bytes"] > 0) if r["impl"] == "numpy" else r["peak_mem_bytes"] is None
+    # softmax counts 5 FLOPs per element forward and 0.8x that for the backward
+    row = next(r for r in ok if (r["T"], r["mode"]) == (16, "fwd+bwd"))
+    assert row["flops"] == round(5 * 1 * 2 * 16 * 16 * 1.8)
+    assert {(p["library"], p["device"]) for p in results["peaks"]} == {("numpy", "cpu"), ("torch", "cpu")}
+    assert all(p["gflops"] > 0 for p in results["peaks"])
+    numpy_env = next(w for w in results["workers"] if w["library"] == "numpy")
+    assert any(p["user_api"] == "blas" and p["num_threads"] == 1 for p in numpy_env["threadpools"])
+
+
+def test_tiny_run_reports_cuda_rows_instead_of_dropping_them(tiny_run):
+    _, stdout, paths = tiny_run
+    results = json.loads(paths["json"].read_text())
+    cuda = [r for r in results["rows"] if r["device"] == "cuda"]
+    if torch.cuda.is_available():
+        assert all(r["status"] == "ok" for r in cuda) and cuda
+    else:
+        assert {(r["impl"], r["status"]) for r in cuda} == {("twin", "not available"),
+                                                            ("builtin", "not available")}
+        assert "not available: torch.cuda.is_available() is False" in stdout
+
+
+def test_tiny_run_table_csv_markdown_and_plot(tiny_run):
+    _, stdout, paths = tiny_run
+    assert "machine:" in stdout and "numpy cpu: BLAS" in stdout
+    assert "median ms" in stdout and "softmax" in stdout
+    results = json.loads(paths["json"].read_text())
+    with open(paths["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(results["rows"])
+    assert {"op", "T", "impl", "device", "median_s", "gflops", "parity_max_rel_err"} <= set(rows[0])
+    numpy_rows = [r for r in rows if r["impl"] == "numpy"]
+    assert len(numpy_rows) == 4 and all(float(r["median_s"]) > 0 for r in numpy_rows)
+    md = paths["md"].read_text().splitlines()
+    assert md[0].startswith("- machine:") and any(line.startswith("| softmax |") for line in md)
+    png = paths["png"].read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(paths["png"]).shape
+    assert width > 500 and height > 300
+
+
+def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
+    _, _, paths = tiny_run
+    assert cli.main(["--from-json", str(paths["json"]), "--csv", str(tmp_path / "again.csv")]) == 0
+    assert (tmp_path / "again.csv").read_text() == paths["csv"].read_text()
+    assert "softmax" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ops", "nope"], "unknown op 'nope'; choose from: softmax"),
+    (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--seq-lens", "0"], "'0' must be positive"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_options_fail_with_a_clear_message(args, message):
+    result = _benchmarks(*args)
+    assert result.returncode == 2, result
+    assert message in result.stderr and "usage: python -m benchmarks" in result.stderr
+
+
+def test_help_explains_every_option():
+    result = _benchmarks("--help")
+    assert result.returncode == 0
+    for option in ("--ops", "--seq-lens", "--batch", "--heads", "--head-size", "--dtype",
+                   "--threads", "--device", "--quick", "--json", "--csv", "--plot", "--repeats"):
+        assert option in result.stdout
+
+
+def _broken_softmax():
+    """softmax whose built-in is 1% off: parity must stop the run before any timing."""
+    op = registry.OPS["softmax"]
+    return dataclasses.replace(op, name="broken",
+                               call_builtin=lambda t, static: op.call_builtin(t, static) * 1.01)
+
+
+def test_parity_check_rejects_a_wrong_implementation():
+    with pytest.raises(parity.ParityError, match=r"builtin cpu out: relative error .* > 1e-04"):
+        parity.check(_broken_softmax(), Size(B=1, nh=2, T=8, hs=4), np.float32, 0,
+                     [("twin", "cpu"), ("builtin", "cpu")])
+
+
+def test_parity_failure_exits_1_before_timing(monkeypatch, capsys):
+    monkeypatch.setitem(registry.OPS, "broken", _broken_softmax())
+    status = cli.main(TINY[:1] + ["--ops", "broken", "--seq-lens", "8", "--no-progress"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "parity failed for broken" in captured.err and "median ms" not in captured.out
+
+
+def test_parity_rejects_silent_float64():
+    op = registry.OPS["softmax"]
+    upcast = dataclasses.replace(op, call_builtin=lambda t, static: op.call_builtin(t, static).double())
+    with pytest.raises(parity.ParityError, match="builtin cpu out is torch.float64, not float32"):
+        parity.check(upcast, Size(B=1, nh=1, T=4, hs=4), np.float32, 0, [("builtin", "cpu")])
+
+
+def test_op_without_module_is_not_available():
+    ghost = dataclasses.replace(registry.OPS["softmax"], name="ghost", stem="no_such_stem")
+    assert "No module named 'numpy_attn.no_such_stem'" in ghost.missing("numpy")
+    assert registry.OPS["softmax"].missing("twin") is None
+
+
+def test_flop_counts_follow_the_stated_convention():
+    z = Size(B=4, nh=8, T=512, hs=64)
+    attention = registry.OPS["attention"]
+    assert attention.count_flops(z, "fwd") == 4 * 4 * 8 * 512 * 512 * 64
+    assert attention.count_flops(z, "fwd+bwd") == 3 * attention.count_flops(z, "fwd")
+    assert registry.OPS["attention_causal"].count_flops(z, "fwd") == attention.count_flops(z, "fwd") // 2
+    assert [op.name for op in registry.select(["attention"])] == ["attention", "attention_causal"]
+
+
+def test_numpy_worker_never_imports_torch():
+    """The NumPy timing process must not load torch: its thread pool would disturb the timings."""
+    job = dict(library="numpy", device="cpu", threads=1, dtype="float32", seed=0, repeats=2,
+               min_time=0.0, warmup=1, modes=["fwd"], peak_n=32, size=dict(B=1, nh=1, hs=4),
+               cases=[dict(op="softmax", T=4, impls=["numpy"])])
+    code = ("import sys; from benchmarks import _worker; _worker.main(); "
+            "sys.stderr.write('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
+    result = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith("torch not loaded")
+    kinds = [json.loads(line.removeprefix("BENCH "))["kind"] for line in result.stdout.splitlines()]
+    assert kinds == ["env", "peak", "row"]
+
+
+def test_torch_grads_come_back_in_the_numpy_structure():
+    diff = {"x": np.ones((2, 3), np.float32), "params": {"w": np.ones(3, np.float32)}}
+    paths = [path for path, _ in calls.leaves(diff)]
+    assert paths == ["x", "params.w"]
+    assert calls.rebuild(diff, iter([1, 2])) == {"x": 1, "params": {"w": 2}}
