@@ -1,0 +1,143 @@
+"""Tests for ``numpy-attn show`` (numpy_attn/show.py): operations are discovered from the files,
+twin lines stand side by side, the HTML page holds every operation's NumPy and torch source,
+the plain fallback works without pygments, and bad input gets a message, not a traceback.
+"""
+
+import contextlib
+import html
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import numpy_attn
+from numpy_attn import cli, show
+
+ROOT = Path(numpy_attn.__file__).resolve().parent.parent
+
+
+def expected_operations():
+    """Computed here independently: numpy_attn/<op>.py files that have a torch_attn/<op>.py."""
+    return {p.stem for p in (ROOT / "numpy_attn").glob("*.py")
+            if not p.stem.startswith("_") and (ROOT / "torch_attn" / p.name).is_file()}
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["show", *argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def row_with(out, left, right):
+    """The output line holding ``left`` (NumPy side) and, further right, ``right`` (torch side)."""
+    return [line for line in out.splitlines() if left in line and right in line.split(left, 1)[1]]
+
+
+def test_list_names_every_operation_with_a_twin():
+    status, out, _ = run("--list")
+    assert status == 0
+    listed = {line.split()[0] for line in out.splitlines()[1:]}
+    assert listed == expected_operations()
+    for op in ("embedding", "positional", "softmax", "linear"):
+        assert op in listed
+    assert "tokenizer" not in listed and "cli" not in listed, "no twin, not an operation"
+
+
+def test_operations_come_leaf_to_root():
+    names = [op.name for op in show.operations()]
+    for op in show.operations():
+        for dependency in show._imported_ops(show.ast.parse(op.numpy_path.read_text()), set(names)):
+            if dependency != op.name:
+                assert names.index(dependency) < names.index(op.name), f"{dependency} before {op.name}"
+
+
+def test_softmax_twins_stand_on_the_same_row():
+    status, out, _ = run("softmax")
+    assert status == 0
+    assert row_with(out, "def softmax_forward(x, axis=-1):", "def softmax(x, dim=-1):")
+    assert row_with(out, "e = np.exp(x - m)", "e = torch.exp(x - m)")
+    assert row_with(out, "s = e.sum(axis=axis, keepdims=True)", "s = e.sum(dim=dim, keepdim=True)")
+    assert row_with(out, "return y, cache", "return y")
+    # The backward has no twin: its lines stand alone.
+    backward = [line for line in out.splitlines() if "dx = y * (dy - (dy * y).sum(" in line]
+    assert len(backward) == 1 and "torch" not in backward[0]
+    assert "\x1b[" not in out, "no colour when stdout is not a terminal"
+
+
+def test_every_line_of_both_files_is_shown():
+    _, out, _ = run("linear")
+    for path in (ROOT / "numpy_attn" / "linear.py", ROOT / "torch_attn" / "linear.py"):
+        for line in path.read_text().splitlines():
+            assert line.strip() in out, f"{path.name}: {line!r} missing"
+
+
+def test_colour_and_the_plain_fallback_without_pygments(monkeypatch):
+    op = next(op for op in show.operations() if op.name == "softmax")
+    colored = "\n".join(show.render_terminal(op, color=True))
+    assert "\x1b[" in colored
+    plain = show.render_terminal(op, color=False)
+    monkeypatch.setitem(sys.modules, "pygments", None)          # as if it were not installed
+    monkeypatch.setitem(sys.modules, "pygments.lexers", None)
+    assert show.highlight("x = 1  # one\n") == [[(None, "x = 1  # one")]]
+    undimmed = [re.sub(r"\x1b\[2m(\s*\d*)\x1b\[0m", r"\1", line)       # line numbers stay dim
+                for line in show.render_terminal(op, color=True)]
+    assert undimmed == plain, "without pygments the code is plain"
+
+
+def test_narrow_terminal_wraps_instead_of_cutting():
+    op = next(op for op in show.operations() if op.name == "linear")
+    lines = show.render_terminal(op, width=80)
+    assert max(len(line) for line in lines) <= 80
+    text = "".join(lines).replace(" ", "")
+    assert "F.linear(x,w.T,b)" in text
+
+
+def html_text_lines(page):
+    """The page's text, one line per HTML line, tags removed and entities decoded."""
+    return {html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page.splitlines()}
+
+
+def test_html_page_holds_every_operation(tmp_path):
+    page_path = tmp_path / "ops.html"
+    status, out, _ = run("--html", str(page_path))
+    assert status == 0 and "wrote" in out
+    page = page_path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script|<link|src=|https?://", page), "self-contained: nothing fetched"
+    text = html_text_lines(page)
+    ops = expected_operations()
+    for op in ops:
+        assert f'<a href="#op-{op}">{op}</a>' in page and f'<section id="op-{op}">' in page
+        for folder in ("numpy_attn", "torch_attn"):
+            for line in (ROOT / folder / f"{op}.py").read_text().splitlines():
+                if line.strip():
+                    assert line in text, f"{folder}/{op}.py: {line!r} missing from the page"
+    assert page.count('<tr class="same">') > 10 * len(ops) // 2, "twin lines are aligned"
+
+
+def test_html_with_an_operation_also_prints_it(tmp_path):
+    status, out, _ = run("embedding", "--html", str(tmp_path / "p.html"))
+    assert status == 0 and "wrote" in out and row_with(out, "out = wte[ids]", "out = wte[ids]")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["softmx"], "unknown operation 'softmx'. Did you mean 'softmax'?"),
+    (["tokenizer"], "unknown operation 'tokenizer'"),
+    ([], "give an operation"),
+    (["--html", "/nonexistent-folder/x.html"], "cannot write '/nonexistent-folder/x.html'"),
+])
+def test_bad_input_exits_with_a_message(argv, message):
+    status, out, err = run(*argv)
+    assert status == 2
+    assert err.startswith("numpy-attn show: error:") and message in err, err
+
+
+def test_unknown_operation_in_a_real_process_has_no_traceback():
+    result = subprocess.run([sys.executable, "-m", "numpy_attn.cli", "show", "nope"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "unknown operation 'nope'" in result.stderr and "Traceback" not in result.stderr
