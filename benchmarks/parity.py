@@ -38,7 +38,7 @@ def check(op, size, dtype, seed, targets, tolerance=None):
     """Compare every (impl, device) in ``targets`` with the NumPy pair at ``size``.
 
     Returns {(impl, device): {"ok", "max_rel_err", "worst", "tol"}} (NumPy itself: error 0) and
-    raises ParityError listing every disagreement, or a dtype other than the run's.
+    raises ParityError listing every disagreement, dtype other than the run's, or exception.
     """
     import torch
 
@@ -57,7 +57,11 @@ def check(op, size, dtype, seed, targets, tolerance=None):
             continue
         tensors = calls.to_device(diff, device)
         _, fwd_bwd = calls.torch_calls(op, impl, tensors, static, calls.to_tensor(dout, device))
-        out_t, grads_t = fwd_bwd()
+        try:
+            out_t, grads_t = fwd_bwd()
+        except Exception as err:   # e.g. a twin that builds a mask on the CPU for CUDA inputs
+            problems.append(f"{impl} {device} raised {type(err).__name__}: {err}")
+            continue
         actual = _named(out_t, calls.rebuild(diff, iter(grads_t)))
         errors = {}
         for (name, a), (_, e) in zip(actual, reference, strict=True):

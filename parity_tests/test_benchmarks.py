@@ -133,32 +133,34 @@ def test_help_explains_every_option():
         assert option in result.stdout
 
 
-def _broken_softmax():
-    """softmax whose built-in is 1% off: parity must stop the run before any timing."""
+def _softmax_with_builtin(change):
+    """softmax whose built-in output goes through ``change``: a bug parity must catch."""
     op = registry.OPS["softmax"]
     return dataclasses.replace(op, name="broken",
-                               call_builtin=lambda t, static: op.call_builtin(t, static) * 1.01)
+                               call_builtin=lambda t, static: change(op.call_builtin(t, static)))
 
 
-def test_parity_check_rejects_a_wrong_implementation():
-    with pytest.raises(parity.ParityError, match=r"builtin cpu out: relative error .* > 1e-04"):
-        parity.check(_broken_softmax(), Size(B=1, nh=2, T=8, hs=4), np.float32, 0,
-                     [("twin", "cpu"), ("builtin", "cpu")])
+def _raise(y):
+    raise ValueError("cannot run here")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda y: y * 1.01, r"builtin cpu out: relative error .* > 1e-04"),
+    (lambda y: y.double(), "builtin cpu out is torch.float64, not float32"),   # silent upcast
+    (_raise, "builtin cpu raised ValueError: cannot run here"),
+])
+def test_parity_check_rejects_a_wrong_implementation(change, message):
+    op = _softmax_with_builtin(change)
+    with pytest.raises(parity.ParityError, match=message):
+        parity.check(op, Size(B=1, nh=2, T=8, hs=4), np.float32, 0, [("twin", "cpu"), ("builtin", "cpu")])
 
 
 def test_parity_failure_exits_1_before_timing(monkeypatch, capsys):
-    monkeypatch.setitem(registry.OPS, "broken", _broken_softmax())
+    monkeypatch.setitem(registry.OPS, "broken", _softmax_with_builtin(lambda y: y * 1.01))
     status = cli.main(TINY[:1] + ["--ops", "broken", "--seq-lens", "8", "--no-progress"])
     captured = capsys.readouterr()
     assert status == 1
     assert "parity failed for broken" in captured.err and "median ms" not in captured.out
-
-
-def test_parity_rejects_silent_float64():
-    op = registry.OPS["softmax"]
-    upcast = dataclasses.replace(op, call_builtin=lambda t, static: op.call_builtin(t, static).double())
-    with pytest.raises(parity.ParityError, match="builtin cpu out is torch.float64, not float32"):
-        parity.check(upcast, Size(B=1, nh=1, T=4, hs=4), np.float32, 0, [("builtin", "cpu")])
 
 
 def test_op_without_module_is_not_available():
