@@ -1,0 +1,284 @@
+"""Parity tests for numpy_attn/flash_attention.py and torch_attn/flash_attention.py."""
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import numpy_attn.flash_attention as fa
+import torch_attn.flash_attention as tw
+from numpy_attn.flash_attention import flash_attention_backward, flash_attention_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+
+
+@st.composite
+def flash_inputs(draw, dtype=None, max_len=9, max_head=4, bound=4.0):
+    """A case: q, k, v, dout and the forward's keyword arguments, block sizes included.
+
+    Leading dimensions are (), (nh,) or (B, nh); q may have g times the heads of k and v
+    (grouped-query). Block sizes run from 1 to past the lengths, so they often do not divide them.
+    """
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    kv_lead = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    g = draw(st.integers(1, 3)) if kv_lead else 1           # query heads per key/value head
+    q_lead = kv_lead[:-1] + (kv_lead[-1] * g,) if kv_lead else ()
+    T, S_ = draw(S.dim(1, max_len)), draw(S.dim(1, max_len))
+    hs, hv = draw(S.dim(1, max_head)), draw(S.dim(1, max_head))
+    return dict(
+        q=draw(S.arrays(dtype, q_lead + (T, hs), bound)),
+        k=draw(S.arrays(dtype, kv_lead + (S_, hs), bound)),
+        v=draw(S.arrays(dtype, kv_lead + (S_, hv), bound)),
+        dout=draw(S.arrays(dtype, q_lead + (T, hv))),
+        is_causal=draw(st.booleans()),
+        scale=draw(st.none() | st.floats(0.1, 2.0)),
+        block_q=draw(st.integers(1, T + 2)),
+        block_k=draw(st.integers(1, S_ + 2)),
+    )
+
+
+def ramp(*shape, dtype=np.float64):
+    """Distinct, bounded values of ``shape`` for hand-written examples."""
+    return np.sin(np.arange(1, math.prod(shape) + 1)).reshape(shape).astype(dtype)
+
+
+def make_case(q, k, v, is_causal=False, scale=None, block_q=1, block_k=1):
+    return dict(q=q, k=k, v=v, dout=ramp(*q.shape[:-1], v.shape[-1]) * 0.5, is_causal=is_causal,
+                scale=scale, block_q=block_q, block_k=block_k)
+
+
+# Blocks of 1; causal with T > S (rows past S see every key) and with T < S; GQA with blocks that
+# divide nothing; T = 1 with one head.
+EDGE_CASES = [
+    make_case(ramp(2, 5, 3), ramp(2, 4, 3), ramp(2, 4, 2), is_causal=True),
+    make_case(ramp(3, 7, 2), ramp(3, 3, 2), ramp(3, 3, 4), is_causal=True, block_q=2, block_k=2),
+    make_case(ramp(1, 3, 2), ramp(1, 8, 2), ramp(1, 8, 1), is_causal=True, block_q=2, block_k=3),
+    make_case(ramp(2, 4, 5, 3), ramp(2, 2, 7, 3), ramp(2, 2, 7, 2), block_q=3, block_k=4),
+    make_case(ramp(1, 1, 1, 2), ramp(1, 1, 3, 2), ramp(1, 1, 3, 2), block_q=5, block_k=2),
+]
+
+KWARGS = ("is_causal", "scale", "block_q", "block_k")
+
+
+def numpy_forward(case, **changes):
+    c = {**case, **changes}
+    return flash_attention_forward(c["q"], c["k"], c["v"], **{n: c[n] for n in KWARGS})
+
+
+def twin_fn(case):
+    """The torch twin's output as a function of (q, k, v) only."""
+    return lambda q, k, v: tw.flash_attention(q, k, v, **{n: case[n] for n in KWARGS})[0]
+
+
+def qkv(case):
+    return {name: case[name] for name in ("q", "k", "v")}
+
+
+# -- forward matches the twin -------------------------------------------------------------------
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+@example(case=EDGE_CASES[3])
+def test_forward_matches_twin(case):
+    out, cache = numpy_forward(case)
+    out_t, lse_t = tw.flash_attention(*(to_torch(a) for a in qkv(case).values()),
+                                      **{n: case[n] for n in KWARGS})
+    assert_close("flash.out", out, to_numpy(out_t))
+    assert_close("flash.lse", cache.lse, to_numpy(lse_t))
+
+
+# -- backward matches autograd --------------------------------------------------------------------
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[2])
+@example(case=EDGE_CASES[3])
+def test_backward_matches_autograd(case):
+    _, cache = numpy_forward(case)
+    dq, dk, dv = flash_attention_backward(case["dout"], cache)
+    _, grads = autograd(twin_fn(case), qkv(case), case["dout"])
+    assert_close("flash.dq", dq, grads["q"])
+    assert_close("flash.dk", dk, grads["k"])
+    assert_close("flash.dv", dv, grads["v"])
+
+
+# -- the twin matches PyTorch's built-in ------------------------------------------------------------
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[1])
+@example(case=EDGE_CASES[3])
+def test_twin_matches_builtin(case):
+    """Equal to F.scaled_dot_product_attention, output and gradients, for every block size; lse
+    equals torch.logsumexp of the (causally masked) scores."""
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+
+    def builtin(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"],
+                                              scale=case["scale"], enable_gqa=gqa)
+    out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
+    out_t, grads_t = autograd(twin_fn(case), qkv(case), case["dout"])
+    assert_close("flash.out vs builtin", out_t, out_b)
+    for name in ("q", "k", "v"):
+        assert_close(f"flash.d{name} vs builtin", grads_t[name], grads_b[name])
+    q, k, v = (to_torch(a) for a in qkv(case).values())
+    _, lse_t = tw.flash_attention(q, k, v, **{n: case[n] for n in KWARGS})
+    T, S_, hs = q.shape[-2], k.shape[-2], q.shape[-1]
+    if gqa:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
+    scores = q @ k.transpose(-1, -2) * scale
+    if case["is_causal"]:
+        scores = scores.masked_fill(torch.ones(T, S_, dtype=torch.bool).triu(1), -torch.inf)
+    assert_close("flash.lse vs logsumexp", to_numpy(lse_t), to_numpy(torch.logsumexp(scores, dim=-1)))
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=flash_inputs(), data=st.data())
+def test_block_sizes_do_not_change_the_result(case, data):
+    """Tiling is exact: other block sizes give the same output and gradients up to rounding."""
+    other = dict(block_q=data.draw(st.integers(1, 12), label="block_q"),
+                 block_k=data.draw(st.integers(1, 12), label="block_k"))
+    out, cache = numpy_forward(case)
+    out_o, cache_o = numpy_forward(case, **other)
+    assert_close("flash.out for other block sizes", out_o, out)
+    assert_close("flash.lse for other block sizes", cache_o.lse, cache.lse)
+    grads = flash_attention_backward(case["dout"], cache)
+    grads_o = flash_attention_backward(case["dout"], cache_o)
+    for name, d, d_o in zip(("dq", "dk", "dv"), grads, grads_o, strict=True):
+        assert_close(f"flash.{name} for other block sizes", d_o, d)
+
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[1])
+def test_causal_row_t_attends_to_keys_up_to_t_only(case):
+    """With is_causal, row t equals plain attention of query t over keys 0..t alone: no later key,
+    value or query has any influence (rows t >= S see every key)."""
+    out, cache = numpy_forward(case, is_causal=True)
+    rows = [numpy_forward(case, q=case["q"][..., t:t + 1, :], k=case["k"][..., :t + 1, :],
+                          v=case["v"][..., :t + 1, :], is_causal=False)
+            for t in range(case["q"].shape[-2])]
+    assert_close("flash.out causal vs row by row", out, np.concatenate([o for o, _ in rows], axis=-2))
+    assert_close("flash.lse causal vs row by row", cache.lse, np.concatenate([c.lse for _, c in rows], axis=-1))
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 30.0), (np.float64, 300.0)])
+def test_large_scores_stay_finite(dtype, big):
+    """Scores of +-big^2 (about 1e3 and 1e5, far past exp's overflow) with the maximum in a late
+    block: the running maximum rescales the earlier blocks instead of overflowing."""
+    q = np.array([[big, 0.0], [-big, 0.0], [0.0, big]], dtype=dtype)
+    k = np.array([[-big, 0.0], [0.0, -big], [big, 1.0], [1.0, big]], dtype=dtype)
+    v = ramp(4, 3, dtype=dtype)
+    out, cache = flash_attention_forward(q, k, v, scale=1.0, block_q=2, block_k=1)
+    grads = flash_attention_backward(ramp(3, 3, dtype=dtype), cache)
+    assert all(np.isfinite(a).all() for a in (out, cache.lse, *grads)), "flash: not finite"
+    # Each row's largest score beats the next by far more than float precision: a one-hot weight.
+    assert_close("flash.out with large scores", out, v[[2, 0, 3]])
+
+
+def test_forward_never_holds_a_T_by_S_array():
+    """tracemalloc: the forward's peak extra memory is far below one (T, S) score matrix."""
+    T = S_ = 1024
+    q, k, v = (ramp(2, T, 8, dtype=np.float32) for _ in range(3))
+    flash_attention_forward(q, k, v)                     # warm up: first-call allocations
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out, _ = flash_attention_forward(q, k, v)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    scores = T * S_ * 4                                  # one head's float32 scores: 4 MiB
+    assert peak < scores / 4, f"flash forward peak {peak / 2**20:.2f} MiB for T = S = {T}"
+
+
+def test_threads_give_the_same_result(monkeypatch):
+    """The thread pool (forced here, even for small inputs) computes each slice exactly as the
+    serial loop does: the same code on the same numbers, so equal to the last bit."""
+    case = make_case(ramp(2, 4, 9, 3), ramp(2, 2, 11, 3), ramp(2, 2, 11, 2), block_q=4, block_k=3)
+    out, cache = numpy_forward(case)
+    grads = flash_attention_backward(case["dout"], cache)
+    monkeypatch.setattr(fa, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 2)
+    out_p, cache_p = numpy_forward(case)
+    grads_p = flash_attention_backward(case["dout"], cache_p)
+    for name, a, b in [("out", out_p, out), *zip(("dq", "dk", "dv"), grads_p, grads, strict=True)]:
+        assert np.array_equal(a, b), f"flash.{name} differs between threads and the serial loop"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_no_keys_gives_zeros(is_causal):
+    """S = 0: every row has no key; out and the gradients are zeros, lse is -inf (log 0), as
+    F.scaled_dot_product_attention gives zeros."""
+    q, k, v = ramp(2, 3, 4), np.zeros((2, 0, 4)), np.zeros((2, 0, 5))
+    out, cache = flash_attention_forward(q, k, v, is_causal=is_causal)
+    dq, dk, dv = flash_attention_backward(ramp(2, 3, 5), cache)
+    builtin = F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), is_causal=is_causal)
+    assert_close("flash.out with S = 0 vs builtin", out, to_numpy(builtin))
+    assert_close("flash.out with S = 0", out, np.zeros((2, 3, 5)))
+    assert np.all(np.isneginf(cache.lse)), "flash.lse with S = 0 is not -inf"
+    assert_close("flash.dq with S = 0", dq, np.zeros_like(q))
+    assert dk.shape == (2, 0, 4) and dv.shape == (2, 0, 5), f"dk {dk.shape}, dv {dv.shape}"
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=flash_inputs(dtype=np.float64, max_len=5, max_head=3, bound=1.0))
+@example(case=EDGE_CASES[1])
+def test_backward_matches_finite_differences(case):
+    """Elements bounded by 1, as in test_attention.py: it keeps the stencil's truncation error,
+    which grows with the softmax's fifth derivative, near 1e-12 (see numerical_grad)."""
+    _, cache = numpy_forward(case)
+    grads = dict(zip("qkv", flash_attention_backward(case["dout"], cache), strict=True))
+    for name in ("q", "k", "v"):
+        a = case[name].copy()
+        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"flash.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype, is_causal):
+    """float32 stays float32, with GQA and a float64 scale."""
+    case = make_case(*(ramp(2, 2, 3, 2, dtype=dtype), ramp(2, 1, 4, 2, dtype=dtype),
+                       ramp(2, 1, 4, 3, dtype=dtype)), is_causal=is_causal, scale=np.float64(0.5),
+                     block_q=2, block_k=3)
+    case["dout"] = case["dout"].astype(dtype)
+    out, cache = numpy_forward(case)
+    grads = flash_attention_backward(case["dout"], cache)
+    for name, a in [("out", out), ("lse", cache.lse), *zip(("dq", "dk", "dv"), grads, strict=True)]:
+        assert a.dtype == dtype, f"flash.{name} dtype {a.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+Q, K, V = (np.zeros(shape) for shape in ((2, 4, 3, 8), (2, 4, 5, 8), (2, 4, 5, 6)))
+BAD_INPUTS = [   # (q, k, v, keyword arguments), the error, and what its message must say
+    *[((Q, K, V, {name: bad}), ValueError, rf"{name} must be a positive integer, got {bad}")
+      for name in ("block_q", "block_k") for bad in (0, -3, 2.5, None)],
+    ((Q, np.zeros((2, 4, 5, 7)), V, {}), ValueError, r"head sizes differ: q \(2, 4, 3, 8\), k \(2, 4, 5, 7\)"),
+    ((Q, K, np.zeros((2, 4, 6, 6)), {}), ValueError, r"lengths differ: k \(2, 4, 5, 8\), v \(2, 4, 6, 6\)"),
+    ((Q, np.zeros((2, 3, 5, 8)), np.zeros((2, 3, 5, 6)), {}), ValueError,
+     r"query head count 4 to be a multiple of the key/value head count 3: q \(2, 4, 3, 8\), k \(2, 3, 5, 8\)"),
+    ((Q, np.zeros((3, 4, 5, 8)), np.zeros((3, 4, 5, 6)), {}), ValueError,
+     r"q \(2, 4, 3, 8\) and k \(3, 4, 5, 8\) must have the same leading dimensions"),
+    ((np.zeros(8), K, V, {}), ValueError, r"q must have shape \(..., length, head size\), got \(8,\)"),
+    ((Q.astype(np.int64), K, V, {}), TypeError, "float32 or float64"),
+    ((Q.astype(np.float32), K, V, {}), TypeError, "must share one dtype"),
+]
+
+
+@pytest.mark.parametrize("args, error, message", BAD_INPUTS)
+def test_bad_input(args, error, message):
+    *arrays, kwargs = args
+    with pytest.raises(error, match=message):
+        flash_attention_forward(*arrays, **kwargs)
