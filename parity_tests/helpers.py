@@ -180,3 +180,30 @@ needs_vocab = pytest.mark.skipif(
     not os.environ.get("CI") and not _vocabulary_available(),
     reason="GPT-2 vocabulary unavailable: set TIKTOKEN_CACHE_DIR (README, 'Tokenizer offline')",
 )
+
+
+def tree_map(fn, tree, *others):
+    """Apply ``fn`` leaf by leaf to nested dicts with the same keys."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
+    return fn(tree, *others)
+
+
+def tree_dot(a, b):
+    """The sum over all leaves of sum(a * b): a directional derivative from a gradient tree."""
+    return sum(float(np.sum(x * dict(tree_leaves(b))[path])) for path, x in tree_leaves(a))
+
+
+def directional_derivative(f, tree, direction, h=1e-3):
+    """Finite-difference derivative of the scalar ``f(tree)`` along ``direction`` (float64).
+
+    One number checks every gradient of a large model at once: it must equal
+    ``tree_dot(grads, direction)``. The same five-point stencil as numerical_grad, so the same
+    FD_TOL applies; four evaluations of f however many parameters there are.
+    """
+    assert all(x.dtype == np.float64 for _, x in tree_leaves(tree)), "finite differences need float64"
+
+    def g(step):
+        return f(tree_map(lambda x, d: x + step * d, tree, direction))
+
+    return (-g(2 * h) + 8 * g(h) - 8 * g(-h) + g(-2 * h)) / (12 * h)
