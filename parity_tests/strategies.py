@@ -39,3 +39,33 @@ def batch_shapes(max_dims=2, max_side=4):
 def token_ids(V, shape):
     """Integer ids in [0, V) of ``shape``; with a small V they repeat."""
     return hnp.arrays(np.int64, shape, elements=st.integers(0, V - 1))
+
+
+@st.composite
+def broadcastable_to(draw, shape, min_dims=0):
+    """Shapes that broadcast to exactly ``shape``: some leading axes dropped, each side kept or 1.
+
+    (``hnp.broadcastable_shapes`` may also grow a side of 1, which would grow the result.)
+    """
+    ndim = draw(st.integers(min(min_dims, len(shape)), len(shape)))
+    tail = tuple(shape)[len(shape) - ndim:]
+    return tuple(side if draw(st.booleans()) else 1 for side in tail)
+
+
+MASK_KINDS = ("none", "bool", "float", "causal")
+
+
+@st.composite
+def attention_masks(draw, dtype, scores_shape, kinds=MASK_KINDS):
+    """(attn_mask, is_causal) in the convention of F.scaled_dot_product_attention, for scores of
+    ``scores_shape`` (..., T, S): no mask, a bool mask (True = may attend; whole rows may be
+    hidden), a float mask with -inf entries, or is_causal. Masks have at least two dimensions
+    and broadcast to ``scores_shape``."""
+    kind = draw(st.sampled_from(kinds))
+    if kind not in ("bool", "float"):
+        return None, kind == "causal"
+    shape = draw(broadcastable_to(scores_shape, min_dims=2))
+    hide = draw(hnp.arrays(np.bool_, shape))
+    if kind == "bool":
+        return ~hide, False
+    return np.where(hide, -np.inf, draw(arrays(dtype, shape, 3.0))).astype(dtype), False

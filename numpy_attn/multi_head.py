@@ -1,0 +1,137 @@
+"""Multi-head attention: project, split into heads, attend, merge the heads, project back.
+
+    q, k, v = x @ Wq + bq,  kv @ Wk + bk,  kv @ Wv + bv        kv = x for self-attention
+    head_i  = attention(q_i, k_i, v_i)                          q_i: columns i*hs .. (i+1)*hs
+    out     = concat(head_1 .. head_nh) @ Wo + bo
+
+Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.MultiheadAttention``
+(which stores Wq, Wk, Wv stacked and transposed as ``in_proj_weight``). Masks, dropout and
+``is_causal`` are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
+and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
+each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
+for self-attention and ``(dx, dparams, dkv)`` for cross-attention.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_float, check_ndim
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
+from numpy_attn.linear import linear_backward, linear_forward
+
+
+def _check_heads(name, x, num_heads):
+    """Raise ValueError unless the last axis of ``x`` splits into ``num_heads`` equal heads."""
+    if num_heads < 1 or x.shape[-1] % num_heads:
+        raise ValueError(f"C = {x.shape[-1]} of {name} {x.shape} is not divisible by "
+                         f"num_heads = {num_heads}")
+
+
+def split_heads(x, num_heads):
+    """(B, T, C) -> (B, nh, T, hs): head i gets channels i*hs .. (i+1)*hs. Its backward is merge_heads."""
+    check_ndim("x", x, 3)
+    _check_heads("x", x, num_heads)
+    B, T, C = x.shape
+    x = x.reshape(B, T, num_heads, C // num_heads)               # (B, T, C) -> (B, T, nh, hs)
+    return x.swapaxes(1, 2)                                       # (B, T, nh, hs) -> (B, nh, T, hs)
+
+
+def merge_heads(x):
+    """(B, nh, T, hs) -> (B, T, C), undoing split_heads. Its backward is split_heads."""
+    check_ndim("x", x, 4)
+    B, nh, T, hs = x.shape
+    x = x.swapaxes(1, 2)                                          # (B, nh, T, hs) -> (B, T, nh, hs)
+    return x.reshape(B, T, nh * hs)                               # (B, T, nh, hs) -> (B, T, C)
+
+
+def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
+    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias).
+
+    Weights are drawn from U(-1/sqrt(C), 1/sqrt(C)) in float64 and rounded once to ``dtype``,
+    the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
+    its inputs'; biases start at zero, as in ``torch.nn.MultiheadAttention``.
+    """
+    bound = 1 / np.sqrt(C)
+    params = {}
+    for name in ("q", "k", "v", "o"):
+        params[name] = {"w": rng.uniform(-bound, bound, size=(C, C)).astype(dtype)}   # (C_in, C_out)
+        if bias:
+            params[name]["b"] = np.zeros(C, dtype=dtype)                              # (C_out,)
+    return params
+
+
+class MultiHeadCache(NamedTuple):
+    """The caches of the five steps; ``weights`` (B, nh, T, S) are the attention weights."""
+
+    q: tuple                 # linear caches: each holds its input and weight
+    k: tuple
+    v: tuple
+    attention: tuple         # the AttentionCache of the heads
+    o: tuple
+    num_heads: int
+    cross: bool              # True when kv was given: the backward then returns dkv
+
+    @property
+    def weights(self):
+        """Attention weights (B, nh, T, S), after softmax and before dropout."""
+        return self.attention.weights
+
+
+def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
+                                 dropout_p=0.0, rng=None, kv=None):
+    """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
+
+    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights.
+    """
+    check_float("x", x)
+    check_ndim("x", x, 3)
+    _check_heads("x", x, num_heads)
+    B, T, C = x.shape
+    if kv is not None:
+        check_float("kv", kv)
+        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
+            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
+                             f"got {kv.shape}")
+    src = x if kv is None else kv                                 # (B, S, C), S = T for self-attention
+    q, q_cache = linear_forward(x, **params["q"])                 # (B, T, C)
+    k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
+    v, v_cache = linear_forward(src, **params["v"])               # (B, S, C)
+    q = split_heads(q, num_heads)                                 # (B, T, C) -> (B, nh, T, hs)
+    k = split_heads(k, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
+    v = split_heads(v, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
+    y, attention_cache = scaled_dot_product_attention_forward(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng)   # (B, nh, T, hs)
+    y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
+    out, o_cache = linear_forward(y, **params["o"])               # (B, T, C)
+    cache = MultiHeadCache(q_cache, k_cache, v_cache, attention_cache, o_cache, num_heads, kv is not None)
+    return out, cache
+
+
+def multi_head_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), and dkv (B, S, C) after them
+    for cross-attention. dparams has the keys and nesting of params ("b" only with bias)."""
+    # Undoes out = linear(y, o).
+    dy, do = linear_backward(dout, cache.o)                       # (B, T, C)
+    # Undoes y = merge_heads(y): split_heads is its backward.
+    dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
+    # Undoes the attention of the heads.
+    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    # Undoes q, k, v = split_heads(...): merge_heads is its backward.
+    dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
+    dk = merge_heads(dk)                                          # (B, nh, S, hs) -> (B, S, C)
+    dv = merge_heads(dv)                                          # (B, nh, S, hs) -> (B, S, C)
+    # Undoes the three projections; src fed both k and v, so its gradient is their sum.
+    dx, dq_params = linear_backward(dq, cache.q)                  # (B, T, C)
+    dsrc_k, dk_params = linear_backward(dk, cache.k)              # (B, S, C)
+    dsrc_v, dv_params = linear_backward(dv, cache.v)              # (B, S, C)
+    dsrc = dsrc_k + dsrc_v
+    dparams = {"q": dq_params, "k": dk_params, "v": dv_params, "o": do}
+    if cache.cross:
+        return dx, dparams, dsrc
+    # Undoes src = x: for self-attention x fed all three projections.
+    dx = dx + dsrc
+    return dx, dparams

@@ -1,0 +1,385 @@
+"""Parity tests for numpy_attn/attention.py and torch_attn/attention.py."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import torch_attn.attention as tw
+import torch_attn.linear as tw_linear
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
+from numpy_attn.linear import linear_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    autograd,
+    numerical_grad,
+    ramp,
+    to_numpy,
+    to_torch,
+)
+
+
+@st.composite
+def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0):
+    """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
+
+    Leading dimensions are (), (nh,) or (B, nh); with grouped-query attention q has g times the
+    heads of k and v, g drawn from the range ``groups`` (g > 1 needs a head axis). Masks come
+    from S.attention_masks, of ``kinds``.
+    """
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    kv_lead = draw(hnp.array_shapes(min_dims=int(groups[0] > 1), max_dims=2, min_side=1, max_side=3))
+    g = draw(st.integers(*groups)) if kv_lead else 1             # query heads per key/value head
+    q_lead = kv_lead[:-1] + (kv_lead[-1] * g,) if kv_lead else kv_lead
+    T, S_, hs, hv = draw(S.dim(1, 5)), draw(S.dim(1, 5)), draw(S.dim(1, 4)), draw(S.dim(1, 4))
+    case = dict(
+        q=draw(S.arrays(dtype, q_lead + (T, hs), bound)),
+        k=draw(S.arrays(dtype, kv_lead + (S_, hs), bound)),
+        v=draw(S.arrays(dtype, kv_lead + (S_, hv), bound)),
+        scale=draw(st.none() | st.floats(0.1, 2.0)),
+        dropout_p=draw(st.sampled_from((0.0, 0.3, 0.75))) if dropout else 0.0,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+    case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
+    case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
+    return case
+
+
+def make_case(q, k, v, dout, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=0):
+    """A case written out by hand, for @example."""
+    return dict(q=q, k=k, v=v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                dropout_p=dropout_p, seed=seed, dout=dout)
+
+
+# T = 1 and a single head, with that one query row masked entirely; and GQA with a fully masked
+# row in a float mask and dropout.
+EDGE_CASES = [
+    make_case(ramp(1, 1, 1, 2), ramp(1, 1, 3, 2), ramp(1, 1, 3, 2), ramp(1, 1, 1, 2),
+              attn_mask=np.zeros((1, 3), dtype=bool)),
+    make_case(ramp(2, 3, 2), ramp(1, 4, 2), ramp(1, 4, 3), ramp(2, 3, 3),
+              attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]),
+              dropout_p=0.5, seed=7),
+]
+
+
+def numpy_forward(case, **changes):
+    """Run the NumPy forward on a case (with ``changes`` to its arrays); returns (out, cache)."""
+    c = {**case, **changes}
+    return scaled_dot_product_attention_forward(
+        c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
+        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]))
+
+
+def twin_fn(case, keep):
+    """The torch twin as a function of (q, k, v) only, with the case's masks and ``keep``."""
+    mask = None if case["attn_mask"] is None else to_torch(case["attn_mask"])
+    keep = None if keep is None else to_torch(keep)
+
+    def fn(q, k, v):
+        return tw.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=case["is_causal"], scale=case["scale"],
+            dropout_p=case["dropout_p"], keep=keep)
+    return fn
+
+
+def qkv(case):
+    return {name: case[name] for name in ("q", "k", "v")}
+
+
+# -- forward matches the twin -------------------------------------------------------------------
+
+@given(case=attention_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+def test_forward_matches_twin(case):
+    out, cache = numpy_forward(case)
+    out_t, weights_t = twin_fn(case, cache.keep)(**{k: to_torch(a) for k, a in qkv(case).items()})
+    assert_close("sdpa.out", out, to_numpy(out_t))
+    assert_close("sdpa.weights", cache.weights, to_numpy(weights_t))
+
+
+# -- backward matches autograd --------------------------------------------------------------------
+
+@given(case=attention_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+def test_backward_matches_autograd(case):
+    _, cache = numpy_forward(case)
+    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
+    fn = twin_fn(case, cache.keep)
+    _, grads = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    assert_close("sdpa.dq", dq, grads["q"])
+    assert_close("sdpa.dk", dk, grads["k"])
+    assert_close("sdpa.dv", dv, grads["v"])
+
+
+# -- the twin matches PyTorch's built-in ------------------------------------------------------------
+
+@given(case=attention_inputs(dropout=False))
+@example(case=EDGE_CASES[0])
+def test_twin_matches_builtin(case):
+    """Equal to F.scaled_dot_product_attention, output and gradients, fully masked rows included
+    (the built-in also gives zeros there); enable_gqa where k and v have fewer heads than q."""
+    mask = None if case["attn_mask"] is None else to_torch(case["attn_mask"])
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+
+    def builtin(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=case["is_causal"],
+                                              scale=case["scale"], enable_gqa=gqa)
+    out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
+    out_t, grads_t = autograd(lambda **t: twin_fn(case, None)(**t)[0], qkv(case), case["dout"])
+    assert_close("sdpa.out vs builtin", out_t, out_b)
+    for name in ("q", "k", "v"):
+        assert_close(f"sdpa.d{name} vs builtin", grads_t[name], grads_b[name])
+
+
+# -- the worked example ---------------------------------------------------------------------------
+
+# "The cat sat on the mat": one 3-dimensional embedding per token, in token order, and the
+# projections to 2 dimensions (torch.manual_seed(123), then torch.rand(3, 2) three times).
+SENTENCE = ["The", "cat", "sat", "on", "the", "mat"]
+EMBEDDINGS = [[2.2315, -0.7460, -0.0614], [-0.1235, 0.4462, 0.7265], [1.4900, -2.0396, 1.0440],
+              [-0.6735, -0.5763, -0.9291], [0.7707, 0.5180, 0.2458], [0.6508, 0.1164, -1.3904]]
+W_QUERY = [[0.2961, 0.5166], [0.2517, 0.6886], [0.0740, 0.8665]]
+W_KEY = [[0.1366, 0.1025], [0.1841, 0.7264], [0.3153, 0.6871]]
+W_VALUE = [[0.0756, 0.1966], [0.3164, 0.4017], [0.1186, 0.8274]]
+
+
+def by_hand(queries, keys, values, scale):
+    """Attention in plain Python lists and the math module, as one would on paper."""
+    def dot(a, b):
+        return sum(x * y for x, y in zip(a, b, strict=True))
+    scores = [[dot(q, k) * scale for k in keys] for q in queries]
+    exps = [[math.exp(s) for s in row] for row in scores]
+    weights = [[e / sum(row) for e in row] for row in exps]
+    context = [[dot(w, col) for col in zip(*values, strict=True)] for w in weights]
+    return weights, context
+
+
+def matmul_by_hand(a, b):
+    return [[sum(x * y for x, y in zip(row, col, strict=True)) for col in zip(*b, strict=True)]
+            for row in a]
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_worked_example(dtype):
+    """Both twins agree on every intermediate, and with a computation by hand; (a) is
+    weight-free self-attention (q = k = v = x, scale 1), (b) has trainable projections."""
+    x = np.array(EMBEDDINGS, dtype=dtype)
+    # (a) weight-free: scores x @ x^T, weights softmax(scores), context weights @ x.
+    out, cache = scaled_dot_product_attention_forward(x, x, x, scale=1.0)
+    out_t, weights_t = tw.scaled_dot_product_attention(*[to_torch(x)] * 3, scale=1.0)
+    weights_h, context_h = by_hand(EMBEDDINGS, EMBEDDINGS, EMBEDDINGS, 1.0)
+    assert_close("worked (a).weights vs twin", cache.weights, to_numpy(weights_t))
+    assert_close("worked (a).context vs twin", out, to_numpy(out_t))
+    assert_close("worked (a).weights vs hand", cache.weights, np.array(weights_h, dtype=dtype))
+    assert_close("worked (a).context vs hand", out, np.array(context_h, dtype=dtype))
+    # (b) projections to 2 dimensions, scale 1 / sqrt(2); "cat" is row 1.
+    projected, projected_t = {}, {}
+    for name, w in (("queries", W_QUERY), ("keys", W_KEY), ("values", W_VALUE)):
+        projected[name], _ = linear_forward(x, np.array(w, dtype=dtype))
+        projected_t[name] = tw_linear.linear(to_torch(x), to_torch(np.array(w, dtype=dtype)))
+        assert_close(f"worked (b).{name} vs twin", projected[name], to_numpy(projected_t[name]))
+        assert_close(f"worked (b).{name} vs hand", projected[name],
+                     np.array(matmul_by_hand(EMBEDDINGS, w), dtype=dtype))
+    scale = 1 / math.sqrt(2)
+    out, cache = scaled_dot_product_attention_forward(*projected.values(), scale=scale)
+    out_t, weights_t = tw.scaled_dot_product_attention(*projected_t.values(), scale=scale)
+    weights_h, context_h = by_hand(*(matmul_by_hand(EMBEDDINGS, w) for w in (W_QUERY, W_KEY, W_VALUE)),
+                                   scale)
+    assert_close("worked (b).weights vs twin", cache.weights, to_numpy(weights_t))
+    assert_close("worked (b).context vs twin", out, to_numpy(out_t))
+    assert_close("worked (b).weights vs hand", cache.weights, np.array(weights_h, dtype=dtype))
+    cat = SENTENCE.index("cat")
+    assert_close("worked (b).context of 'cat' vs hand", out[cat], np.array(context_h[cat], dtype=dtype))
+    assert_close("worked (b).context vs builtin", out, to_numpy(F.scaled_dot_product_attention(
+        *projected_t.values(), scale=scale)))
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=attention_inputs(kinds=("causal",), dropout=False), data=st.data())
+def test_causal_output_ignores_later_inputs(case, data):
+    """With is_causal, out[..., :t+1, :] depends on no query, key or value after position t."""
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    t = data.draw(st.integers(0, T - 1), label="t")
+    changed = {}
+    for name, length in (("q", T), ("k", S_), ("v", S_)):
+        a = case[name].copy()
+        a[..., t + 1:length, :] = data.draw(S.arrays(a.dtype, a[..., t + 1:length, :].shape), label=name)
+        changed[name] = a
+    out, _ = numpy_forward(case)
+    out_changed, _ = numpy_forward(case, **changed)
+    assert_close("sdpa.out[:t+1] after changing inputs after t", out_changed[..., :t + 1, :],
+                 out[..., :t + 1, :])
+
+
+def allowed_keys(case):
+    """(..., T, S) bool: where a query may attend, from the case's mask written independently."""
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    allowed = np.ones(case["q"].shape[:-1] + (S_,), dtype=bool)
+    mask = case["attn_mask"]
+    if case["is_causal"]:
+        allowed &= np.arange(S_)[None, :] <= np.arange(T)[:, None]
+    elif mask is not None:
+        allowed &= mask if mask.dtype == np.bool_ else mask > -np.inf
+    return allowed
+
+
+@given(case=attention_inputs())
+@example(case=EDGE_CASES[1])
+def test_weight_rows_sum_to_one_or_zero(case):
+    _, cache = numpy_forward(case)
+    allowed = allowed_keys(case)
+    expected = allowed.any(axis=-1).astype(case["q"].dtype)
+    assert_close("sdpa.weights row sums", cache.weights.sum(axis=-1), expected)
+    assert np.all(cache.weights[~allowed] == 0), "sdpa.weights nonzero on a masked key"
+
+
+@given(case=attention_inputs(kinds=("none", "bool", "float"), dropout=False), data=st.data())
+def test_permuting_keys_and_values_leaves_output_unchanged(case, data):
+    """Attention is a weighted sum over keys, so their order does not matter (the mask's key axis
+    moves with them); dk and dv move with the keys."""
+    S_ = case["k"].shape[-2]
+    perm = np.array(data.draw(st.permutations(range(S_)), label="perm"))
+    mask = case["attn_mask"]
+    if mask is not None and mask.shape[-1] == S_:
+        mask = mask[..., perm]
+    permuted = dict(k=case["k"][..., perm, :], v=case["v"][..., perm, :], attn_mask=mask)
+    out, cache = numpy_forward(case)
+    out_p, cache_p = numpy_forward(case, **permuted)
+    assert_close("sdpa.out after permuting keys", out_p, out)
+    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
+    dq_p, dk_p, dv_p = scaled_dot_product_attention_backward(case["dout"], cache_p)
+    assert_close("sdpa.dq after permuting keys", dq_p, dq)
+    assert_close("sdpa.dk after permuting keys", dk_p, dk[..., perm, :])
+    assert_close("sdpa.dv after permuting keys", dv_p, dv[..., perm, :])
+
+
+@given(case=attention_inputs(groups=(2, 3)))
+def test_grouped_query_attention_equals_repeated_heads(case):
+    """GQA equals ordinary attention with each key/value head repeated g times (query head h uses
+    key head h // g); dk and dv are the repeated heads' gradients summed over each group."""
+    q, k = case["q"], case["k"]
+    g = q.shape[-3] // k.shape[-3]
+    repeated = {name: np.repeat(case[name], g, axis=-3) for name in ("k", "v")}
+    out, cache = numpy_forward(case)
+    out_r, cache_r = numpy_forward(case, **repeated)
+    assert_close("sdpa.out gqa vs repeated heads", out, out_r)
+    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
+    dq_r, dk_r, dv_r = scaled_dot_product_attention_backward(case["dout"], cache_r)
+    group_sum = lambda d: d.reshape(k.shape[:-2] + (g,) + d.shape[-2:]).sum(axis=-3)  # noqa: E731
+    assert_close("sdpa.dq gqa vs repeated heads", dq, dq_r)
+    assert_close("sdpa.dk gqa vs repeated heads summed", dk, group_sum(dk_r))
+    assert_close("sdpa.dv gqa vs repeated heads summed", dv, group_sum(dv_r))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
+def test_dropout_keep_rate_and_scale(p):
+    """Keep rate 1 - p within 5 standard deviations over 32768 weights; kept weights are scaled by
+    exactly 1 / (1 - p), dropped ones are 0, so the dropped weights are unbiased."""
+    nh, T, S_ = 8, 64, 64
+    q = np.zeros((nh, T, 4))                       # equal scores: every weight is 1 / S
+    k = np.zeros((nh, S_, 4))
+    v = np.broadcast_to(np.eye(S_), (nh, S_, S_))  # out = dropped weights @ I = the dropped weights
+    out, cache = scaled_dot_product_attention_forward(q, k, v, dropout_p=p, rng=np.random.default_rng(0))
+    n = cache.keep.size
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(cache.keep.mean() - (1 - p)) < 5 * sigma, f"keep rate {cache.keep.mean()} for p = {p}"
+    assert_close("dropout kept weights", out[cache.keep], np.full(cache.keep.sum(), 1 / S_ / (1 - p)))
+    assert np.all(out[~cache.keep] == 0), "dropout: a dropped weight is not 0"
+    assert abs(out.mean() - 1 / S_) < 5 * sigma / S_ / (1 - p), "dropped weights are biased"
+    assert_close("dropout leaves cache.weights alone", cache.weights, np.full((nh, T, S_), 1 / S_))
+
+
+def test_dropout_mask_comes_from_rng():
+    q = k = v = ramp(2, 5, 3)
+    masks = [scaled_dot_product_attention_forward(q, k, v, dropout_p=0.5, rng=np.random.default_rng(s))[1].keep
+             for s in (1, 1, 2)]
+    assert np.array_equal(masks[0], masks[1]), "the same seed gave different keep-masks"
+    assert not np.array_equal(masks[0], masks[2]), "different seeds gave the same keep-mask"
+    _, cache = scaled_dot_product_attention_forward(q, k, v)
+    assert cache.keep is None, "dropout_p = 0 drew a keep-mask"
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=attention_inputs(dtype=np.float64, bound=1.0))
+@example(case=EDGE_CASES[1])
+def test_backward_matches_finite_differences(case):
+    """Elements are bounded by 1 here: the stencil's truncation error grows with the fifth
+    derivative of the softmax, about (scale * |k| * |q|)^5, which bound 4 makes large enough to
+    reach FD_TOL; bound 1 keeps it near 1e-12 (see numerical_grad)."""
+    _, cache = numpy_forward(case)
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    for name in ("q", "k", "v"):
+        a = case[name].copy()
+        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"sdpa.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    """float32 stays float32 with a float mask, dropout, GQA and a float64 scale."""
+    case = make_case(ramp(2, 2, 3, 2, dtype=dtype), ramp(2, 1, 4, 2, dtype=dtype), ramp(2, 1, 4, 3, dtype=dtype),
+                     ramp(2, 2, 3, 3, dtype=dtype), attn_mask=ramp(3, 4, dtype=dtype),
+                     scale=np.float64(0.5), dropout_p=np.float64(0.25))
+    out, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    for name, a in [("out", out), ("weights", cache.weights), *zip(("dq", "dk", "dv"), grads, strict=True)]:
+        assert a.dtype == dtype, f"sdpa.{name} dtype {a.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    q, k, v = np.zeros((2, 4, 3, 8)), np.zeros((2, 4, 5, 8)), np.zeros((2, 4, 5, 6))
+    sdpa = scaled_dot_product_attention_forward
+    with pytest.raises(ValueError, match=r"head sizes differ: q \(2, 4, 3, 8\), k \(2, 4, 5, 7\)"):
+        sdpa(q, np.zeros((2, 4, 5, 7)), v)
+    with pytest.raises(ValueError, match=r"lengths differ: k \(2, 4, 5, 8\), v \(2, 4, 6, 6\)"):
+        sdpa(q, k, np.zeros((2, 4, 6, 6)))
+    with pytest.raises(ValueError, match=r"query head count 4 to be a multiple of the key/value "
+                                         r"head count 3: q \(2, 4, 3, 8\), k \(2, 3, 5, 8\)"):
+        sdpa(q, np.zeros((2, 3, 5, 8)), np.zeros((2, 3, 5, 6)))
+    with pytest.raises(ValueError, match=r"q \(2, 4, 3, 8\) and k \(3, 4, 5, 8\) must have the same"):
+        sdpa(q, np.zeros((3, 4, 5, 8)), np.zeros((3, 4, 5, 6)))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast to the "
+                                         r"scores' shape \(2, 4, 3, 5\)"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 4), dtype=bool))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(5,\) does not broadcast"):
+        sdpa(q, k, v, attn_mask=np.ones(5, dtype=bool))   # PyTorch too wants (..., T, S)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) must be bool .* got dtype int64"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"float of q's dtype float64, got dtype float32"):
+        sdpa(q, k, v, attn_mask=np.zeros((3, 5), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) and is_causal=True"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 5), dtype=bool), is_causal=True)
+    for p in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"dropout_p must lie in \[0, 1\)"):
+            sdpa(q, k, v, dropout_p=p, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="dropout_p = 0.5 needs rng"):
+        sdpa(q, k, v, dropout_p=0.5)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        sdpa(q.astype(np.int64), k, v)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        sdpa(q.astype(np.float32), k, v)
+
+
+def test_builtin_also_refuses_mask_with_is_causal():
+    """Our ValueError for attn_mask with is_causal=True follows PyTorch's SDPA, which raises too."""
+    q = torch.zeros(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True)

@@ -1,0 +1,367 @@
+"""Parity tests for numpy_attn/multi_head.py and torch_attn/multi_head.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import torch_attn.multi_head as tw
+from numpy_attn.multi_head import (
+    init_multi_head_params,
+    merge_heads,
+    multi_head_attention_backward,
+    multi_head_attention_forward,
+    split_heads,
+)
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    numerical_grad,
+    ramp,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+    tree_to_torch,
+)
+
+TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+@st.composite
+def mha_inputs(draw, dtype=None, kinds=S.MASK_KINDS, dropout=True, max_heads=3, max_hs=3, bound=2.0):
+    """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
+
+    Self-attention or cross-attention over kv (B, S, C), with or without biases; weights are
+    bounded by 1 so that the scores stay moderate. Masks broadcast to (B, nh, T, S).
+    """
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    B, T, nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 4)), draw(S.dim(1, max_heads)), draw(S.dim(1, max_hs))
+    C = nh * hs
+    cross = draw(st.booleans())
+    S_ = draw(S.dim(1, 4)) if cross else T
+    bias = draw(st.booleans())
+    params = {}
+    for name in ("q", "k", "v", "o"):
+        params[name] = {"w": draw(S.arrays(dtype, (C, C), 1.0))}
+        if bias:
+            params[name]["b"] = draw(S.arrays(dtype, (C,), 1.0))
+    case = dict(
+        x=draw(S.arrays(dtype, (B, T, C), bound)),
+        params=params,
+        num_heads=nh,
+        dropout_p=draw(st.sampled_from((0.0, 0.3, 0.75))) if dropout else 0.0,
+        seed=draw(st.integers(0, 2**32 - 1)),
+        kv=draw(S.arrays(dtype, (B, S_, C), bound)) if cross else None,
+    )
+    case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, (B, nh, T, S_), kinds))
+    case["dout"] = draw(S.arrays(dtype, (B, T, C)))
+    return case
+
+
+def hand_params(C, bias=True, dtype=np.float64):
+    return {name: {"w": ramp(C, C, dtype=dtype) * (i + 1) / 4, **({"b": ramp(C, dtype=dtype)} if bias else {})}
+            for i, name in enumerate("qkvo")}
+
+
+# T = 1 and one head, with that one query row masked entirely; cross-attention without biases,
+# a float mask that hides a whole row, and dropout.
+EDGE_CASES = [
+    dict(x=ramp(1, 1, 2), params=hand_params(2), num_heads=1, attn_mask=np.zeros((1, 1), dtype=bool),
+         is_causal=False, dropout_p=0.0, seed=0, kv=None, dout=ramp(1, 1, 2)),
+    dict(x=ramp(2, 3, 4), params=hand_params(4, bias=False), num_heads=2,
+         attn_mask=np.array([[0.0, -np.inf], [-np.inf, -np.inf], [1.0, 0.5]]), is_causal=False,
+         dropout_p=0.5, seed=3, kv=ramp(2, 2, 4) / 2, dout=ramp(2, 3, 4)),
+]
+
+
+def numpy_forward(case, **changes):
+    """Run the NumPy forward on a case (with ``changes``); returns (out, cache)."""
+    c = {**case, **changes}
+    return multi_head_attention_forward(
+        c["x"], c["params"], c["num_heads"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
+        dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]), kv=c["kv"])
+
+
+def numpy_backward(case, cache):
+    """(dx, dparams, dkv) from the NumPy backward; dkv is None for self-attention."""
+    grads = multi_head_attention_backward(case["dout"], cache)
+    assert len(grads) == (3 if case["kv"] is not None else 2), "one gradient per input given"
+    return grads if len(grads) == 3 else (*grads, None)
+
+
+def twin_fn(case, keep):
+    """The torch twin as a function of (x, params, kv), with the case's masks and ``keep``."""
+    mask = None if case["attn_mask"] is None else to_torch(case["attn_mask"])
+    keep = None if keep is None else to_torch(keep)
+
+    def fn(x, params, kv=None):
+        return tw.multi_head_attention(
+            x, params, case["num_heads"], attn_mask=mask, is_causal=case["is_causal"],
+            dropout_p=case["dropout_p"], keep=keep, kv=kv)
+    return fn
+
+
+def differentiable(case):
+    return {"x": case["x"], "params": case["params"], "kv": case["kv"]}
+
+
+# -- forward matches the twin -------------------------------------------------------------------
+
+@given(case=mha_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+def test_forward_matches_twin(case):
+    out, cache = numpy_forward(case)
+    inputs = {k: tree_to_torch(a) if a is not None else None for k, a in differentiable(case).items()}
+    out_t, weights_t = twin_fn(case, cache.attention.keep)(**inputs)
+    assert_close("mha.out", out, to_numpy(out_t))
+    assert_close("mha.weights", cache.weights, to_numpy(weights_t))
+
+
+@given(x=S.dtypes.flatmap(lambda d: S.arrays(d, (2, 3, 6))), num_heads=st.sampled_from((1, 2, 3, 6)))
+def test_split_and_merge_heads_match_twin(x, num_heads):
+    heads = split_heads(x, num_heads)
+    assert_close("split_heads", heads, to_numpy(tw.split_heads(to_torch(x), num_heads)))
+    assert_close("merge_heads", merge_heads(heads), to_numpy(tw.merge_heads(to_torch(heads))))
+
+
+# -- backward matches autograd --------------------------------------------------------------------
+
+@given(case=mha_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+def test_backward_matches_autograd(case):
+    _, cache = numpy_forward(case)
+    dx, dparams, dkv = numpy_backward(case, cache)
+    fn = twin_fn(case, cache.attention.keep)
+    _, grads = autograd(lambda **t: fn(**t)[0], differentiable(case), case["dout"])
+    assert_close("mha.dx", dx, grads["x"])
+    assert_tree_close("mha.dparams", dparams, grads["params"])
+    if case["kv"] is not None:
+        assert_close("mha.dkv", dkv, grads["kv"])
+
+
+# -- the twin matches PyTorch's built-in ------------------------------------------------------------
+
+def params_from_torch_mha(in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias):
+    """Our {"q", "k", "v", "o"} parameter dict from nn.MultiheadAttention's four tensors.
+
+    ``in_proj_weight`` (3C, C) stacks Wq, Wk, Wv in nn.Linear's (C_out, C_in) layout: split it
+    into three (C, C) chunks and transpose each to our (C_in, C_out); ``in_proj_bias`` (3C,) splits
+    the same way; ``out_proj.weight`` is transposed too. Biases are None without bias, and then get
+    no "b" key. Works as well on the tensors' gradients, which have the same layout.
+    """
+    wq, wk, wv = to_numpy(in_proj_weight).reshape(3, *out_proj_weight.shape)
+    params = {"q": {"w": wq.T.copy()}, "k": {"w": wk.T.copy()}, "v": {"w": wv.T.copy()},
+              "o": {"w": to_numpy(out_proj_weight).T.copy()}}
+    if in_proj_bias is not None:
+        for name, b in zip("qkv", to_numpy(in_proj_bias).reshape(3, -1), strict=True):
+            params[name]["b"] = b.copy()
+        params["o"]["b"] = to_numpy(out_proj_bias)
+    return params
+
+
+def attn_mask_from_torch_mha(attn_mask, key_padding_mask):
+    """Our attn_mask (True = may attend) from nn.MultiheadAttention's bool masks (True = ignore):
+    attn_mask (T, S) and key_padding_mask (B, S), either None -> (T, S), (B, 1, 1, S),
+    (B, 1, T, S) or None. The one place where the two conventions meet."""
+    allowed = None
+    if attn_mask is not None:
+        allowed = ~attn_mask                                      # (T, S)
+    if key_padding_mask is not None:
+        keys = ~key_padding_mask[:, None, None, :]                # (B, S) -> (B, 1, 1, S)
+        allowed = keys if allowed is None else allowed & keys     # (B, 1, T, S)
+    return allowed
+
+
+@st.composite
+def torch_mha_inputs(draw):
+    """nn.MultiheadAttention's parameters and masks in its own layout and conventions.
+
+    Key 0 is never masked: nn.MultiheadAttention returns NaN on a fully masked row (we return
+    zeros; test_attention compares those rows with F.scaled_dot_product_attention, which agrees).
+    """
+    dtype = draw(S.dtypes)
+    B, T, nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 4)), draw(S.dim(1, 3)), draw(S.dim(1, 3))
+    C = nh * hs
+    cross = draw(st.booleans())
+    S_ = draw(S.dim(1, 4)) if cross else T
+    bias = draw(st.booleans())
+    masks = {}
+    for name, shape in (("attn_mask", (T, S_)), ("key_padding_mask", (B, S_))):
+        if draw(st.booleans()):
+            mask = draw(hnp.arrays(np.bool_, shape))
+            mask[:, 0] = False
+            masks[name] = mask
+        else:
+            masks[name] = None
+    return dict(
+        dtype=dtype, num_heads=nh, bias=bias,
+        in_proj_weight=draw(S.arrays(dtype, (3 * C, C), 1.0)),
+        in_proj_bias=draw(S.arrays(dtype, (3 * C,), 1.0)) if bias else None,
+        out_proj_weight=draw(S.arrays(dtype, (C, C), 1.0)),
+        out_proj_bias=draw(S.arrays(dtype, (C,), 1.0)) if bias else None,
+        x=draw(S.arrays(dtype, (B, T, C), 2.0)),
+        kv=draw(S.arrays(dtype, (B, S_, C), 2.0)) if cross else None,
+        average_attn_weights=draw(st.booleans()),
+        dout=draw(S.arrays(dtype, (B, T, C))),
+        **masks,
+    )
+
+
+@given(case=torch_mha_inputs())
+def test_twin_matches_builtin(case):
+    """Equal to torch.nn.MultiheadAttention(batch_first=True): output, weights (averaged over the
+    heads or not), dx, dkv and every parameter gradient, through the two helpers above."""
+    C = case["x"].shape[-1]
+    mha = torch.nn.MultiheadAttention(C, case["num_heads"], bias=case["bias"], batch_first=True,
+                                      dtype=TORCH_DTYPES[case["x"].dtype])
+    torch_params = (mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
+    with torch.no_grad():
+        for p, name in zip(torch_params, ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias"), strict=True):
+            if p is not None:
+                p.copy_(to_torch(case[name]))
+    x_b = to_torch(case["x"], requires_grad=True)
+    kv_b = x_b if case["kv"] is None else to_torch(case["kv"], requires_grad=True)
+    torch_masks = {name: None if case[name] is None else to_torch(case[name])
+                   for name in ("attn_mask", "key_padding_mask")}
+    out_b, weights_b = mha(x_b, kv_b, kv_b, need_weights=True,
+                           average_attn_weights=case["average_attn_weights"], **torch_masks)
+    (out_b * to_torch(case["dout"])).sum().backward()
+
+    params = params_from_torch_mha(*torch_params)
+    mask = attn_mask_from_torch_mha(case["attn_mask"], case["key_padding_mask"])
+    x_t = to_torch(case["x"], requires_grad=True)
+    kv_t = None if case["kv"] is None else to_torch(case["kv"], requires_grad=True)
+    params_t = tree_to_torch(params, requires_grad=True)
+    out_t, weights_t = tw.multi_head_attention(x_t, params_t, case["num_heads"],
+                                               attn_mask=None if mask is None else to_torch(mask), kv=kv_t)
+    (out_t * to_torch(case["dout"])).sum().backward()
+
+    assert_close("mha.out vs builtin", to_numpy(out_t), to_numpy(out_b))
+    if case["average_attn_weights"]:
+        weights_t = weights_t.mean(dim=1)                         # (B, nh, T, S) -> (B, T, S)
+    assert_close("mha.weights vs builtin", to_numpy(weights_t), to_numpy(weights_b))
+    assert_close("mha.dx vs builtin", to_numpy(x_t.grad), to_numpy(x_b.grad))
+    if kv_t is not None:
+        assert_close("mha.dkv vs builtin", to_numpy(kv_t.grad), to_numpy(kv_b.grad))
+    grads_b = params_from_torch_mha(*(None if p is None else p.grad for p in torch_params))
+    grads_t = {name: {k: to_numpy(t.grad) for k, t in leaf.items()} for name, leaf in params_t.items()}
+    assert_tree_close("mha.dparams vs builtin", grads_t, grads_b)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(x=S.dtypes.flatmap(lambda d: S.arrays(d, (2, 3, 12))), num_heads=st.sampled_from((1, 2, 3, 4, 6, 12)),
+       data=st.data())
+def test_split_then_merge_is_the_identity(x, num_heads, data):
+    """Merge undoes split and split undoes merge; head i holds channels i*hs .. (i+1)*hs; and each
+    is the other's transpose, <split(x), y> = <x, merge(y)>, which makes it the other's backward."""
+    hs = x.shape[-1] // num_heads
+    heads = split_heads(x, num_heads)
+    assert np.array_equal(merge_heads(heads), x), "merge_heads(split_heads(x)) != x"
+    assert np.array_equal(split_heads(merge_heads(heads), num_heads), heads), "split(merge(h)) != h"
+    for i in range(num_heads):
+        assert np.array_equal(heads[:, i], x[:, :, i * hs:(i + 1) * hs]), f"head {i} has the wrong channels"
+    y = data.draw(S.arrays(x.dtype, heads.shape), label="y")
+    assert_close("<split(x), y> vs <x, merge(y)>", np.sum(heads * y, dtype=np.float64),
+                 np.sum(x * merge_heads(y), dtype=np.float64))
+
+
+@given(case=mha_inputs(kinds=("causal",), dropout=False), data=st.data())
+def test_causal_output_ignores_later_inputs(case, data):
+    """Self-attention with is_causal: out[:, :t+1] does not depend on x[:, t+1:] (nor on kv[:, t+1:])."""
+    t = data.draw(st.integers(0, case["x"].shape[1] - 1), label="t")
+    changed = {}
+    for name in ("x", "kv"):
+        if case[name] is not None:
+            a = case[name].copy()
+            a[:, t + 1:] = data.draw(S.arrays(a.dtype, a[:, t + 1:].shape), label=name)
+            changed[name] = a
+    out, _ = numpy_forward(case)
+    out_changed, _ = numpy_forward(case, **changed)
+    assert_close("mha.out[:, :t+1] after changing inputs after t", out_changed[:, :t + 1], out[:, :t + 1])
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_multi_head_params(dtype, bias):
+    """U(-1/sqrt(C), 1/sqrt(C)) weights (C_in, C_out), zero biases, reproducible from the seed."""
+    C = 64
+    params = init_multi_head_params(C, np.random.default_rng(0), bias=bias, dtype=dtype)
+    again = init_multi_head_params(C, np.random.default_rng(0), bias=bias, dtype=dtype)
+    assert sorted(params) == ["k", "o", "q", "v"], f"params keys {sorted(params)}"
+    bound = 1 / np.sqrt(C)
+    for name, p in params.items():
+        assert sorted(p) == (["b", "w"] if bias else ["w"]), f"params[{name!r}] keys {sorted(p)}"
+        assert p["w"].shape == (C, C) and p["w"].dtype == dtype, f"{name}.w {p['w'].shape} {p['w'].dtype}"
+        assert np.all(np.abs(p["w"]) <= bound), f"{name}.w outside +-1/sqrt(C)"
+        # The standard deviation of U(-a, a) is a / sqrt(3); with 4096 draws the sample's is
+        # within 3% of it far beyond 5 sigma (its relative standard error is about 1%).
+        assert abs(p["w"].std() / (bound / np.sqrt(3)) - 1) < 0.03, f"{name}.w std {p['w'].std()}"
+        if bias:
+            assert p["b"].shape == (C,) and p["b"].dtype == dtype and not p["b"].any(), f"{name}.b"
+    assert not np.array_equal(params["q"]["w"], params["k"]["w"]), "q and k weights are equal"
+    assert_tree_close("init_multi_head_params with the same seed", params, again)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=mha_inputs(dtype=np.float64, max_heads=2, max_hs=2, bound=1.0))
+@example(case=EDGE_CASES[1])
+def test_backward_matches_finite_differences(case):
+    """Every gradient, x, kv and each parameter, against finite differences of the NumPy forward
+    alone. The stencil perturbs each array in place, and the forward reads it from the case."""
+    _, cache = numpy_forward(case)
+    dx, dparams, dkv = numpy_backward(case, cache)
+    grads = [("x", case["x"], dx)] + [(f"params.{path}", leaf, dict(tree_leaves(dparams))[path])
+                                       for path, leaf in tree_leaves(case["params"])]
+    if case["kv"] is not None:
+        grads.append(("kv", case["kv"], dkv))
+    for name, array, grad in grads:
+        expected = numerical_grad(lambda _: numpy_forward(case)[0], array, case["dout"])
+        assert_close(f"mha.d{name} vs finite differences", grad, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("cross", [False, True])
+def test_dtype_is_preserved(dtype, cross):
+    case = dict(x=ramp(2, 3, 4, dtype=dtype), params=hand_params(4, dtype=dtype), num_heads=2,
+                attn_mask=ramp(3, 2 if cross else 3, dtype=dtype), is_causal=False, dropout_p=0.25,
+                seed=0, kv=ramp(2, 2, 4, dtype=dtype) if cross else None, dout=ramp(2, 3, 4, dtype=dtype))
+    out, cache = numpy_forward(case)
+    dx, dparams, dkv = numpy_backward(case, cache)
+    arrays = [("out", out), ("weights", cache.weights), ("dx", dx), *tree_leaves(dparams)]
+    if cross:
+        arrays.append(("dkv", dkv))
+    for name, a in arrays:
+        assert a.dtype == dtype, f"mha.{name} dtype {a.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    x, params = np.zeros((2, 3, 6)), hand_params(6)
+    with pytest.raises(ValueError, match=r"C = 6 of x \(2, 3, 6\) is not divisible by num_heads = 4"):
+        multi_head_attention_forward(x, params, 4)
+    with pytest.raises(ValueError, match=r"C = 6 of x \(2, 3, 6\) is not divisible by num_heads = 0"):
+        split_heads(x, 0)
+    with pytest.raises(ValueError, match=r"kv must have shape \(B, S, C\) = \(2, S, 6\) to match "
+                                         r"x \(2, 3, 6\), got \(2, 5, 4\)"):
+        multi_head_attention_forward(x, params, 2, kv=np.zeros((2, 5, 4)))
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions, got shape \(3, 6\)"):
+        multi_head_attention_forward(x[0], params, 2)
+    with pytest.raises(ValueError, match=r"x must have 4 dimensions, got shape \(2, 3, 6\)"):
+        merge_heads(x)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast to the "
+                                         r"scores' shape \(2, 3, 3, 3\)"):
+        multi_head_attention_forward(x, params, 3, attn_mask=np.ones((3, 4), dtype=bool))
+    with pytest.raises(ValueError, match="dropout_p = 0.1 needs rng"):
+        multi_head_attention_forward(x, params, 3, dropout_p=0.1)
