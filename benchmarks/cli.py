@@ -39,14 +39,15 @@ QUICK = dict(seq_lens=[32, 64, 128], batch=2, heads=4, head_size=32,
              repeats=3, min_time=0.02, peak_size=512, threads=1)
 
 
-def _positive(kind):
+def _number(kind, minimum=1):
+    """An argparse type: ``kind`` (int or float) of at least ``minimum``, with a clear message."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
         return value
     return parse
 
@@ -74,30 +75,30 @@ def build_parser():
                    "torch.cuda.is_available() is False; default all")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                    help="forward only, and/or forward+backward; default both")
-    p.add_argument("--seq-lens", nargs="+", type=_positive(int), metavar="T",
+    p.add_argument("--seq-lens", nargs="+", type=_number(int), metavar="T",
                    help=f"sequence lengths T (= key length S) to sweep; default {f['seq_lens']}")
-    p.add_argument("--batch", type=_positive(int), metavar="B", help=f"batch size; default {f['batch']}")
-    p.add_argument("--heads", type=_positive(int), metavar="NH", help=f"attention heads; default {f['heads']}")
-    p.add_argument("--head-size", type=_positive(int), metavar="HS",
+    p.add_argument("--batch", type=_number(int), metavar="B", help=f"batch size; default {f['batch']}")
+    p.add_argument("--heads", type=_number(int), metavar="NH", help=f"attention heads; default {f['heads']}")
+    p.add_argument("--head-size", type=_number(int), metavar="HS",
                    help=f"head size (model width C = heads * head size); default {f['head_size']}")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="floating-point type of every array and tensor; default float32")
-    p.add_argument("--threads", type=_positive(int),
+    p.add_argument("--threads", type=_number(int),
                    help=f"threads for NumPy's BLAS and torch's intra-op pool in each timed process; "
                    f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
-    p.add_argument("--repeats", type=_positive(int), metavar="N",
+    p.add_argument("--repeats", type=_number(int), metavar="N",
                    help=f"at least this many timed samples per row (median and quartiles are taken "
                    f"over them); default {f['repeats']}")
-    p.add_argument("--min-time", type=_positive(float), metavar="SEC",
+    p.add_argument("--min-time", type=_number(float, 0), metavar="SEC",
                    help=f"and at least this many seconds of timed calls per row; default {f['min_time']}")
-    p.add_argument("--warmup", type=int, default=1, metavar="N",
+    p.add_argument("--warmup", type=_number(int), default=1, metavar="N",
                    help="untimed calls before sampling (the first call pays for allocation and "
-                   "lazy initialisation); default 1")
-    p.add_argument("--peak-size", type=_positive(int), metavar="N",
+                   "lazy initialisation; the last one sizes the blocks of calls timed); default 1")
+    p.add_argument("--peak-size", type=_number(int), metavar="N",
                    help=f"N of the N x N matmul that measures each CPU library's peak GFLOP/s "
                    f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
-    p.add_argument("--tolerance", type=_positive(float), metavar="REL",
-                   help="parity tolerance, relative to the largest magnitude of each tensor; "
+    p.add_argument("--tolerance", type=_number(float, 0), metavar="REL",
+                   help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
                    "default 1e-4 for float32, 1e-9 for float64")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs; default 0")
     p.add_argument("--quick", action="store_true",

@@ -29,7 +29,7 @@ def summarize(times, number):
 
 def time_numpy(fn, repeats, min_time, warmup):
     """Sample ``fn()`` as the module docstring says; returns ``summarize``'s dict."""
-    for _ in range(max(warmup, 1)):
+    for _ in range(warmup):
         start = time.perf_counter()
         fn()
         estimate = time.perf_counter() - start
@@ -54,7 +54,7 @@ def time_torch(fn, repeats, min_time, warmup, threads, device):
     import torch
     from torch.utils.benchmark import Timer
 
-    for _ in range(max(warmup, 1)):
+    for _ in range(warmup):
         start = time.perf_counter()
         fn()
         if device == "cuda":

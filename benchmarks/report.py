@@ -118,19 +118,40 @@ def timed_rows(results):
                                        IMPL_ORDER[r["impl"]], r["device"]))
 
 
-def table_lines(results, markdown=False):
-    """The aligned table (or a Markdown table), then one line per reason something did not run."""
-    rows = [[text(r) for _, text in COLUMNS] for r in timed_rows(results)]
-    titles = [title for title, _ in COLUMNS]
+def _layout(titles, rows, markdown, left):
+    """Rows of text as a Markdown table, or aligned columns (the first ``left`` flush left)."""
     if markdown:
-        lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-    else:
-        widths = [max(len(x) for x in col) for col in zip(titles, *rows, strict=False)]
-        lines = ["  ".join(x.rjust(w) if i > 4 else x.ljust(w)   # numbers right, names left
-                           for i, (x, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-                 for row in [titles, *rows]]
-    return lines + unavailable_lines(results)
+        return ["| " + " | ".join(row) + " |" for row in [titles, ["---"] * len(titles), *rows]]
+    widths = [max(len(x) for x in col) for col in zip(titles, *rows, strict=True)]
+    return ["  ".join(x.ljust(w) if i < left else x.rjust(w)
+                      for i, (x, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in [titles, *rows]]
+
+
+def table_lines(results, markdown=False):
+    """The table of rows, the table of ratios, then one line per reason something did not run."""
+    rows = [[text(r) for _, text in COLUMNS] for r in timed_rows(results)]
+    lines = _layout([title for title, _ in COLUMNS], rows, markdown, left=5)
+    ratios = ratio_rows(results)
+    if ratios:
+        titles, ratios = ratios
+        lines += ["", "NumPy's median time / the other's, by T (below 1: NumPy is faster):", ""]
+        lines += _layout(titles, ratios, markdown, left=3)
+    return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
+
+
+def ratio_rows(results):
+    """(titles, rows): per op, mode and torch implementation, NumPy time / its time at each T."""
+    rows = [r for r in timed_rows(results) if r["impl"] != "numpy" and r["numpy_over_this"]]
+    seq_lens = sorted({r["T"] for r in rows})
+    table = {}
+    for r in rows:
+        table.setdefault((r["op"], r["mode"], f"{r['impl']} {r['device']}"), {})[r["T"]] = r
+    if not table:
+        return None
+    return (["op", "mode", "vs", *[f"T={T}" for T in seq_lens]],
+            [[*key, *[_num(by_T[T]["numpy_over_this"]) if T in by_T else "-" for T in seq_lens]]
+             for key, by_T in table.items()])
 
 
 def unavailable_lines(results):

@@ -88,6 +88,8 @@ def test_tiny_run_table_csv_markdown_and_plot(tiny_run):
     _, stdout, paths = tiny_run
     assert "machine:" in stdout and "numpy cpu: BLAS" in stdout
     assert "median ms" in stdout and "softmax" in stdout
+    ratio_header = next(line for line in stdout.splitlines() if line.startswith("op ") and "T=8" in line)
+    assert ratio_header.split() == ["op", "mode", "vs", "T=8", "T=16"]
     results = json.loads(paths["json"].read_text())
     with open(paths["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
@@ -97,6 +99,7 @@ def test_tiny_run_table_csv_markdown_and_plot(tiny_run):
     assert len(numpy_rows) == 4 and all(float(r["median_s"]) > 0 for r in numpy_rows)
     md = paths["md"].read_text().splitlines()
     assert md[0].startswith("- machine:") and any(line.startswith("| softmax |") for line in md)
+    assert "| op | mode | vs | T=8 | T=16 |" in md
     png = paths["png"].read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     import matplotlib.image
@@ -115,7 +118,7 @@ def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--ops", "nope"], "unknown op 'nope'; choose from: softmax"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
-    (["--seq-lens", "0"], "'0' must be positive"),
+    (["--seq-lens", "0"], "'0' must be at least 1"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
