@@ -1,0 +1,242 @@
+"""Parity tests for numpy_attn/block.py and torch_attn/block.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+from torch import nn
+
+from numpy_attn.block import block_backward, block_forward, init_block_params
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    directional_derivative,
+    layer_norm_tol,
+    to_numpy,
+    to_torch,
+    tree_dot,
+    tree_leaves,
+    tree_map,
+)
+from torch_attn.block import block
+
+
+@st.composite
+def arrays_like(draw, template, dtype, bound=1.0):
+    """A nested dict of drawn arrays with the keys and shapes of ``template``."""
+    if isinstance(template, dict):
+        return {k: draw(arrays_like(v, dtype, bound)) for k, v in template.items()}
+    return draw(S.arrays(dtype, template.shape, bound))
+
+
+@st.composite
+def blocks(draw, dtype=None, bias=None):
+    """(x, params, num_heads, dout): x (B, T, C) with C = nh * hs, every parameter drawn."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    B, T, nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 5)), draw(S.dim(1, 3)), draw(S.dim(1, 3))
+    C = nh * hs
+    bias = draw(st.booleans()) if bias is None else bias
+    template = init_block_params(C, np.random.default_rng(0), bias=bias, dtype=dtype)
+    params = draw(arrays_like(template, dtype))
+    return draw(S.arrays(dtype, (B, T, C), 2.0)), params, nh, draw(S.arrays(dtype, (B, T, C), 2.0))
+
+
+def _example(T=1, nh=1, hs=2, seed=0):
+    """A pinned case from init_block_params with non-trivial layer norms (T = 1, nh = 1 by default)."""
+    rng = np.random.default_rng(seed)
+    params = init_block_params(nh * hs, rng, dtype=np.float64)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), params)
+    return (rng.normal(size=(1, T, nh * hs)), params, nh, rng.normal(size=(1, T, nh * hs)))
+
+
+def _ln_tol(cache, dtype):
+    """Tolerance widened by the rstd of the block's two layer norms (see layer_norm_tol)."""
+    return layer_norm_tol([cache.ln1[1], cache.ln2[1]], dtype)
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=blocks())
+@example(case=_example())
+def test_forward_matches_twin(case):
+    x, params, nh, dout = case
+    out, cache = block_forward(x, params, nh)
+    twin_out, _ = autograd(lambda **kw: block(**kw, num_heads=nh), {"x": x, "params": params}, dout)
+    assert_close("block.out", out, twin_out, **_ln_tol(cache, x.dtype))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=blocks())
+@example(case=_example(T=4, nh=2))
+def test_backward_matches_autograd(case):
+    """Every gradient of the nested parameters, labelled by path (block.attn.q.w, ...)."""
+    x, params, nh, dout = case
+    _, cache = block_forward(x, params, nh)
+    dx, dparams = block_backward(dout, cache)
+    _, grads = autograd(lambda **kw: block(**kw, num_heads=nh), {"x": x, "params": params}, dout)
+    tol = _ln_tol(cache, x.dtype)
+    assert_close("block.dx", dx, grads["x"], **tol)
+    assert_tree_close("block", dparams, grads["params"], **tol)
+
+
+@given(case=blocks(), p=st.sampled_from([0.1, 0.5]), seed=st.integers(0, 2**32 - 1))
+def test_dropout_parity_through_masks(case, p, seed):
+    """The NumPy block draws its keep-masks from rng; the twin replays them from cache.masks."""
+    x, params, nh, dout = case
+    out, cache = block_forward(x, params, nh, dropout_p=p, rng=np.random.default_rng(seed))
+    dx, dparams = block_backward(dout, cache)
+    masks = {k: to_torch(m) for k, m in cache.masks.items()}
+    twin_out, grads = autograd(lambda **kw: block(**kw, num_heads=nh, dropout_p=p, masks=masks),
+                               {"x": x, "params": params}, dout)
+    tol = _ln_tol(cache, x.dtype)
+    assert_close("block[dropout].out", out, twin_out, **tol)
+    assert_close("block[dropout].dx", dx, grads["x"], **tol)
+    assert_tree_close("block[dropout]", dparams, grads["params"], **tol)
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+def _encoder_layer(params, nh):
+    """nn.TransformerEncoderLayer (pre-LN, GELU, no dropout) holding our parameters."""
+    C = params["ln1"]["w"].shape[0]
+    dtype = to_torch(params["ln1"]["w"]).dtype
+    layer = nn.TransformerEncoderLayer(C, nh, dim_feedforward=4 * C, dropout=0.0, activation="gelu",
+                                       batch_first=True, norm_first=True, dtype=dtype)
+    attn, ffn = params["attn"], params["ffn"]
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(to_torch(np.concatenate(
+            [attn[n]["w"].T for n in "qkv"])))
+        layer.self_attn.in_proj_bias.copy_(to_torch(np.concatenate([attn[n]["b"] for n in "qkv"])))
+        for module, p in ((layer.self_attn.out_proj, attn["o"]), (layer.linear1, ffn["fc"]),
+                          (layer.linear2, ffn["proj"]), (layer.norm1, params["ln1"]),
+                          (layer.norm2, params["ln2"])):
+            module.weight.copy_(to_torch(p["w"].T))
+            module.bias.copy_(to_torch(p["b"]))
+    return layer
+
+
+def _encoder_layer_grads(layer):
+    """The built-in's parameter gradients in our nesting and orientation."""
+    wq, wk, wv = to_numpy(layer.self_attn.in_proj_weight.grad).T.reshape(-1, 3, layer.self_attn.embed_dim).transpose(1, 0, 2)
+    bq, bk, bv = to_numpy(layer.self_attn.in_proj_bias.grad).reshape(3, -1)
+
+    def wb(module):
+        return {"w": to_numpy(module.weight.grad).T, "b": to_numpy(module.bias.grad)}
+
+    return {
+        "ln1": wb(layer.norm1),
+        "attn": {"q": {"w": wq, "b": bq}, "k": {"w": wk, "b": bk}, "v": {"w": wv, "b": bv},
+                 "o": wb(layer.self_attn.out_proj)},
+        "ln2": wb(layer.norm2),
+        "ffn": {"fc": wb(layer.linear1), "proj": wb(layer.linear2)},
+    }
+
+
+@given(case=blocks(bias=True))
+def test_twin_matches_builtin(case):
+    x, params, nh, dout = case
+    T = x.shape[1]
+    twin_out, twin_grads = autograd(lambda **kw: block(**kw, num_heads=nh),
+                                    {"x": x, "params": params}, dout)
+    layer = _encoder_layer(params, nh)
+    xt = to_torch(x, requires_grad=True)
+    mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=xt.dtype)
+    out = layer(xt, src_mask=mask, is_causal=True)
+    (out * to_torch(dout)).sum().backward()
+    tol = _ln_tol(block_forward(x, params, nh)[1], x.dtype)
+    assert_close("block.out vs TransformerEncoderLayer", twin_out, to_numpy(out), **tol)
+    assert_close("block.dx vs TransformerEncoderLayer", twin_grads["x"], to_numpy(xt.grad), **tol)
+    assert_tree_close("block vs TransformerEncoderLayer", twin_grads["params"],
+                      _encoder_layer_grads(layer), **tol)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=blocks(), data=st.data())
+def test_causal(case, data):
+    """The output at position t ignores the inputs after t."""
+    x, params, nh, _ = case
+    B, T, C = x.shape
+    t = data.draw(st.integers(0, T - 1), label="t")
+    later = data.draw(S.arrays(x.dtype, (B, T - t - 1, C), 2.0), label="new later inputs")
+    out, _ = block_forward(x, params, nh)
+    changed, _ = block_forward(np.concatenate([x[:, : t + 1], later], axis=1), params, nh)
+    np.testing.assert_array_equal(changed[:, : t + 1], out[:, : t + 1],
+                                  err_msg=f"block output up to t = {t} saw later inputs")
+
+
+@given(case=blocks(bias=True))
+def test_zero_branch_outputs_make_the_identity(case):
+    """With the attention and feed-forward output projections zero, both branches add zero."""
+    x, params, nh, dout = case
+    for p in (params["attn"]["o"], params["ffn"]["proj"]):
+        p["w"], p["b"] = np.zeros_like(p["w"]), np.zeros_like(p["b"])
+    out, cache = block_forward(x, params, nh)
+    np.testing.assert_array_equal(out, x, err_msg="block with zero branches")
+    dx, _ = block_backward(dout, cache)
+    assert_close("block.dx with zero branches", dx, dout)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=blocks(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
+@example(case=_example(T=3, nh=2), seed=0)
+def test_backward_matches_finite_differences(case, seed):
+    """One directional derivative along a random direction in (x, every parameter)."""
+    x, params, nh, dout = case
+    inputs = {"x": x, "params": params}
+    rng = np.random.default_rng(seed)
+    direction = tree_map(lambda a: rng.uniform(-1, 1, a.shape), inputs)
+    _, cache = block_forward(x, params, nh)
+    dx, dparams = block_backward(dout, cache)
+    exact = tree_dot({"x": dx, "params": dparams}, direction)
+    # A layer norm varies on the scale of its row's spread sqrt(var + eps) = 1 / rstd, as small as
+    # sqrt(eps) = 3e-3 on a constant row; the step shrinks with it so that the stencil's truncation
+    # error stays that of unit rows (its rounding error grows by rstd <= 316, still far below FD_TOL).
+    rstd = max(1.0, float(cache.ln1[1].max()), float(cache.ln2[1].max()))
+    numeric = directional_derivative(
+        lambda t: np.sum(block_forward(t["x"], t["params"], nh)[0] * dout), inputs, direction,
+        h=1e-3 / rstd)
+    assert_close("block directional derivative vs finite differences", np.float64(exact),
+                 np.float64(numeric), **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    params = init_block_params(4, np.random.default_rng(0), dtype=dtype)
+    x = np.random.default_rng(1).normal(size=(2, 3, 4)).astype(dtype)
+    out, cache = block_forward(x, params, 2, dropout_p=0.1, rng=np.random.default_rng(2))
+    dx, dparams = block_backward(np.ones_like(out), cache)
+    for name, arr in [("out", out), ("dx", dx)] + tree_leaves(dparams) + tree_leaves(params):
+        assert arr.dtype == dtype, f"block {name} dtype {arr.dtype}"
+
+
+def test_init_block_params_shapes():
+    params = init_block_params(6, np.random.default_rng(0), bias=False, dtype=np.float64)
+    shapes = {path: p.shape for path, p in tree_leaves(params)}
+    assert shapes == {"ln1.w": (6,), "ln1.b": (6,), "ln2.w": (6,), "ln2.b": (6,),
+                      **{f"attn.{n}.w": (6, 6) for n in "qkvo"},
+                      "ffn.fc.w": (6, 24), "ffn.proj.w": (24, 6)}, shapes
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    params = init_block_params(4, np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions, got shape \(3, 4\)"):
+        block_forward(np.zeros((3, 4)), params, 2)
+    with pytest.raises(ValueError, match=r"not divisible by num_heads = 3"):
+        block_forward(np.zeros((1, 3, 4)), params, 3)
+    with pytest.raises(ValueError, match=r"needs rng"):
+        block_forward(np.zeros((1, 3, 4)), params, 2, dropout_p=0.1)
+    with pytest.raises(TypeError, match="x is float32, w is float64"):
+        block_forward(np.zeros((1, 3, 4), np.float32), params, 2)
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_block_params(4, 0)
