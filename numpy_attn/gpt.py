@@ -1,0 +1,220 @@
+"""A GPT language model (GPT-2's architecture, small), and its backward.
+
+    x      = wte[ids] + pos                    pos: wpe[0..T-1] (learned) or the sinusoidal table
+    x      = dropout(x)
+    x      = block_n(... block_1(x))           causal pre-LN blocks (numpy_attn/block.py)
+    x      = ln_f(x)
+    logits = x @ head.w                        head.w = wte^T with tied weights
+
+Radford et al. (2019) as written in nanoGPT's model.py. With ``tie_weights`` the output layer
+reuses the token embedding (Press and Wolf, 2017): wte is used twice, so its gradient is the sum
+of the two uses, written out as ``dwte = dwte_embedding + dwte_head``. Parameters are nested dicts
+all the way down; the blocks are keyed "0", "1", ... so that a path reads ``blocks.0.attn.q.w``.
+
+``small_forward`` / ``small_backward`` beside it are the model of "Attention Is All You Need"
+at its smallest, where a reader can start: token embedding + sinusoidal encoding + one causal
+multi-head attention + a linear layer to the vocabulary, no blocks, no layer norm.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_ndim
+from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.dropout import dropout_backward, dropout_forward
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.multi_head import (
+    init_multi_head_params,
+    multi_head_attention_backward,
+    multi_head_attention_forward,
+)
+from numpy_attn.positional import sinusoidal_encoding
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The model's sizes and switches; the defaults train in seconds on a CPU."""
+
+    vocab_size: int = 64          # V
+    block_size: int = 32          # the longest context T
+    n_layer: int = 2
+    n_head: int = 2               # nh
+    n_embd: int = 32              # C = nh * hs
+    dropout: float = 0.0
+    bias: bool = True             # biases of the linear layers (layer norms always have one)
+    tie_weights: bool = True      # the output layer is the token embedding, transposed
+    positions: str = "learned"    # "learned" (a wpe table) or "sinusoidal" (no parameters)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_head", "n_embd"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.n_layer, int) or self.n_layer < 0:
+            raise ValueError(f"n_layer must be an integer >= 0, got {self.n_layer!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
+
+
+def init_gpt_params(config, rng, dtype=np.float32):
+    """{"wte": (V, C), ["wpe": (block_size, C)], "blocks": {"0": ..., ...}, "ln_f": {"w", "b"},
+    ["head": {"w": (C, V)}]}: wpe only for learned positions, head only without tied weights.
+
+    Embeddings and the head are drawn from N(0, 0.02^2) as in GPT-2; blocks by init_block_params.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    V, C = config.vocab_size, config.n_embd
+    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype)}                           # (V, C)
+    if config.positions == "learned":
+        params["wpe"] = rng.normal(0, 0.02, (config.block_size, C)).astype(dtype)         # (T_max, C)
+    params["blocks"] = {str(i): init_block_params(C, rng, bias=config.bias, dtype=dtype)
+                        for i in range(config.n_layer)}
+    params["ln_f"] = {"w": np.ones(C, dtype), "b": np.zeros(C, dtype)}
+    if not config.tie_weights:
+        params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}                 # (C, V)
+    return params
+
+
+def _check_ids(ids, config):
+    """Raise unless ids is an integer (B, T) array with T <= block_size (embedding checks V)."""
+    ids = np.asarray(ids)
+    check_ndim("ids", ids, 2)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+    if ids.shape[1] > config.block_size:
+        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
+                         f"block_size = {config.block_size}")
+    return ids
+
+
+class GPTCache(NamedTuple):
+    """The sub-caches in forward order; ``pos`` is None for sinusoidal positions."""
+
+    wte: tuple
+    pos: tuple | None
+    drop: tuple
+    blocks: list
+    ln_f: tuple
+    head: tuple
+    tied: bool
+
+    @property
+    def masks(self):
+        """Every dropout keep-mask, for the torch twin: {"emb": (B, T, C), "blocks": [...]}."""
+        return {"emb": self.drop[0], "blocks": [c.masks for c in self.blocks]}
+
+
+def gpt_forward(ids, params, config, rng=None, masks=None):
+    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
+
+    With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken from ``masks``
+    (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
+    """
+    ids = _check_ids(ids, config)
+    B, T = ids.shape
+    masks = {"emb": None, "blocks": [None] * config.n_layer} if masks is None else masks
+    wte = params["wte"]
+    # 1: token embedding and positions
+    tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
+    if config.positions == "learned":
+        pos, pos_cache = embedding_forward(np.arange(T), params["wpe"])   # (T,) -> (T, C)
+    else:
+        pos, pos_cache = sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype), None   # (T, C)
+    x = tok + pos                                                         # (B, T, C)
+    # 2: dropout
+    x, drop_cache = dropout_forward(x, config.dropout, rng, mask=masks["emb"])
+    # 3: the blocks, in order
+    block_caches = []
+    for i in range(config.n_layer):
+        x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head,
+                                       config.dropout, rng, masks["blocks"][i])   # (B, T, C)
+        block_caches.append(block_cache)
+    # 4: final layer norm
+    x, ln_f_cache = layer_norm_forward(x, **params["ln_f"])               # (B, T, C)
+    # 5: the output layer
+    head_w = wte.T if config.tie_weights else params["head"]["w"]         # (C, V)
+    logits, head_cache = linear_forward(x, head_w)                        # (B, T, C) -> (B, T, V)
+    cache = GPTCache(wte_cache, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache,
+                     config.tie_weights)
+    return logits, cache
+
+
+def gpt_backward(dlogits, cache):
+    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    # 5: undoes logits = x @ head_w.
+    dx, dhead = linear_backward(dlogits, cache.head)                      # (B, T, V) -> (B, T, C)
+    # 4: undoes x = ln_f(x).
+    dx, dln_f = layer_norm_backward(dx, cache.ln_f)                       # (B, T, C)
+    # 3: undoes the blocks, the last one first.
+    dblocks = {}
+    for i in reversed(range(len(cache.blocks))):
+        dx, dblocks[str(i)] = block_backward(dx, cache.blocks[i])         # (B, T, C)
+    dblocks = {str(i): dblocks[str(i)] for i in range(len(cache.blocks))}   # in params' order
+    # 2: undoes x = dropout(x).
+    dx = dropout_backward(dx, cache.drop)                                 # (B, T, C)
+    # 1: undoes x = tok + pos; pos was broadcast over the batch, so its gradient sums over B.
+    dtok = dx                                                             # (B, T, C)
+    dpos = dx.sum(axis=0)                                                 # (B, T, C) -> (T, C)
+    dwte_embedding = embedding_backward(dtok, cache.wte)                  # (V, C)
+    dparams = {"wte": dwte_embedding}
+    if cache.pos is not None:
+        dparams["wpe"] = embedding_backward(dpos, cache.pos)              # (T_max, C)
+    dparams["blocks"] = dblocks
+    dparams["ln_f"] = dln_f
+    if cache.tied:
+        # wte was used twice, as the embedding and (transposed) as the head: the uses add.
+        dwte_head = dhead["w"].T                                          # (C, V) -> (V, C)
+        dparams["wte"] = dwte_embedding + dwte_head
+    else:
+        dparams["head"] = dhead
+    return dparams
+
+
+# -- the small model of "Attention Is All You Need": start reading here ---------------------------
+
+def init_small_params(config, rng, dtype=np.float32):
+    """{"wte": (V, C), "attn": {"q", "k", "v", "o"}, "head": {"w": (C, V), "b": (V,)}} (no "b"
+    without config.bias). Uses vocab_size, n_embd and bias of the config."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    V, C = config.vocab_size, config.n_embd
+    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype),                           # (V, C)
+              "attn": init_multi_head_params(C, rng, bias=config.bias, dtype=dtype),
+              "head": {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}}                   # (C, V)
+    if config.bias:
+        params["head"]["b"] = np.zeros(V, dtype)                                          # (V,)
+    return params
+
+
+def small_forward(ids, params, config):
+    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
+    is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
+    ids = _check_ids(ids, config)
+    B, T = ids.shape
+    wte = params["wte"]
+    tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
+    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
+    x, attn_cache = multi_head_attention_forward(x, params["attn"], config.n_head, is_causal=True)
+    logits, head_cache = linear_forward(x, **params["head"])              # (B, T, C) -> (B, T, V)
+    cache = (wte_cache, attn_cache, head_cache)
+    return logits, cache
+
+
+def small_backward(dlogits, cache):
+    """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
+    wte_cache, attn_cache, head_cache = cache
+    # Undoes logits = x @ head.w + head.b.
+    dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
+    # Undoes x = attn(x).
+    dx, dattn = multi_head_attention_backward(dx, attn_cache)             # (B, T, C)
+    # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
+    dwte = embedding_backward(dx, wte_cache)                              # (V, C)
+    return {"wte": dwte, "attn": dattn, "head": dhead}
