@@ -294,13 +294,31 @@ def measure(ops, args, argv):
     )
 
 
+def _check_outputs(parser, args):
+    """Fail now, not after a long run, when an output cannot be written."""
+    for path in filter(None, (args.json, args.csv, args.markdown, args.plot)):
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"cannot create the folder of {path}: {err}")
+        if Path(path).is_dir() or not os.access(Path(path).parent, os.W_OK):
+            parser.error(f"cannot write {path}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib (pip install numpy-attn[plots])")
+
+
 def main(argv=None):
+    """Run the command line ``argv`` (default sys.argv[1:]); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
         _list_ops()
         return 0
+    _check_outputs(parser, args)
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
     else:

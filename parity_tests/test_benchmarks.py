@@ -121,6 +121,7 @@ def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
     (["--seq-lens", "0"], "'0' must be at least 1"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--csv", "parity_tests/test_benchmarks.py/x.csv"], "cannot create the folder"),   # a file
 ])
 def test_bad_options_fail_with_a_clear_message(args, message):
     result = _benchmarks(*args)
