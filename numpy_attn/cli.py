@@ -1,4 +1,4 @@
-"""The ``numpy-attn`` command: ``--version``, ``tokenize TEXT``, ``show OP``.
+"""The ``numpy-attn`` command: ``--version``, ``tokenize TEXT``, ``walkthrough [TEXT]``, ``show OP``.
 
 Subcommands that compare NumPy with torch import torch inside themselves, never at module level.
 """
@@ -31,6 +31,12 @@ def use_color(mode, stream):
     return stream.isatty()
 
 
+def _walkthrough(args):
+    from numpy_attn import walkthrough
+
+    return walkthrough.run(args, color=use_color(args.color, sys.stdout))
+
+
 def _show(args):
     from numpy_attn import show
 
@@ -52,6 +58,38 @@ def build_parser():
     p = sub.add_parser("tokenize", help="print the GPT-2 token ids and strings of TEXT")
     p.add_argument("text", metavar="TEXT")
     p.set_defaults(func=_tokenize)
+
+    p = sub.add_parser(
+        "walkthrough",
+        help="attention step by step, NumPy and PyTorch side by side",
+        description="Seven steps of self-attention (tokens, embeddings, positions, weight-free "
+                    "attention, Q/K/V projections, the causal mask, multi-head attention), each "
+                    "computed by numpy_attn and by torch_attn, printed side by side with the "
+                    "largest absolute difference between them.",
+    )
+    p.add_argument("text", metavar="TEXT", nargs="?", default=None,
+                   help='the text to walk through (default "The cat sat on the mat"; at most 32 '
+                        "GPT-2 tokens)")
+    p.add_argument("--dim", type=int, default=None, help="embedding width C (default 3)")
+    p.add_argument("--d-out", type=int, default=None, dest="d_out",
+                   help="width of the queries, keys and values of step 5 (default 2)")
+    p.add_argument("--heads", type=int, default=None,
+                   help="heads of step 7; must divide --dim (default: the smallest divisor above 1)")
+    p.add_argument("--seed", type=int, default=123, help="seed of the drawn embeddings and weights (default 123)")
+    p.add_argument("--positional", action=argparse.BooleanOptionalAction, default=None,
+                   help="add sinusoidal positions to the embeddings (default: on, off with --example source)")
+    p.add_argument("--focus", default=None,
+                   help="the token followed through step 5: a 0-based position or a token (default the second)")
+    p.add_argument("--example", choices=("source",), default=None,
+                   help="source: replay the source's worked example, embeddings and W matrices typed in")
+    p.add_argument("--precision", type=int, default=None, help="decimals printed (default 4)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="dtype of both sides (default float32, as PyTorch)")
+    p.add_argument("--no-torch", action="store_true", help="run the NumPy side alone; torch is not imported")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="write PNG heatmaps of the attention weights of each step and head to DIR")
+    _add_color_option(p)
+    p.set_defaults(func=_walkthrough)
 
     p = sub.add_parser(
         "show",
@@ -81,6 +119,9 @@ def main(argv=None):
     except (TokenizerUnavailable, ValueError, TypeError) as err:
         print(f"numpy-attn {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:   # e.g. `numpy-attn walkthrough | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,253 @@
+"""Tests for ``numpy-attn walkthrough`` (numpy_attn/walkthrough.py): it runs end to end, both sides
+agree, the source's worked example prints the numbers an independent computation gives, the
+heatmaps are real PNGs, ``--no-torch`` leaves torch out, and bad input gets a message, not a traceback.
+"""
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numpy_attn import cli
+from parity_tests.helpers import needs_vocab
+
+pytestmark = needs_vocab
+
+DIFF = re.compile(r"max \|NumPy - PyTorch\| = (\S+)")
+
+# Issue 3's worked example, typed in again here so that the test does not read the code under test.
+X = np.array([[2.2315, -0.7460, -0.0614], [-0.1235, 0.4462, 0.7265], [1.4900, -2.0396, 1.0440],
+              [-0.6735, -0.5763, -0.9291], [0.7707, 0.5180, 0.2458], [0.6508, 0.1164, -1.3904]])
+W_QUERY = np.array([[0.2961, 0.5166], [0.2517, 0.6886], [0.0740, 0.8665]])
+W_KEY = np.array([[0.1366, 0.1025], [0.1841, 0.7264], [0.3153, 0.6871]])
+W_VALUE = np.array([[0.0756, 0.1966], [0.3164, 0.4017], [0.1186, 0.8274]])
+TOKENS = ["The", "cat", "sat", "on", "the", "mat"]
+
+
+def run(*argv):
+    """Run the command in this process; return (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["walkthrough", *argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def run_subprocess(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "numpy_attn.cli", "walkthrough", *argv],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def numpy_table(out, title):
+    """The NumPy side (left of '|') of the first table whose title starts with ``title``:
+    {row label: [numbers]}."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(title))
+    rows = {}
+    for line in lines[start + 1:]:
+        if not line.strip() or "max |" in line:
+            break
+        label, *cells = line.split("|")[0].split()
+        try:
+            rows[label] = [float(c) for c in cells]
+        except ValueError:                  # "NumPy | PyTorch" and the column labels
+            continue
+    return {label: numbers for label, numbers in rows.items() if numbers}
+    return rows
+
+
+def softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return run()
+
+
+def test_every_step_runs_with_shapes_and_small_differences(default_run):
+    status, out, err = default_run
+    assert status == 0, err
+    for n, title in enumerate(["GPT-2 tokenization", "Embedding lookup", "Sinusoidal positions",
+                               "Weight-free self-attention", "Trainable projections",
+                               "The causal mask", "Multi-head attention"], start=1):
+        assert f"Step {n}. {title}" in out, f"step {n} missing"
+    for shape in ["(6,)", "(6, 3)", "(6, 6)", "(6, 2)", "(1, 6, 3)", "(1, 3, 6, 6)"]:
+        assert f"shape {shape}" in out, f"no table of shape {shape}"
+    diffs = [float(d) for d in DIFF.findall(out)]
+    assert len(diffs) >= 28, f"only {len(diffs)} compared tables"
+    assert max(diffs) < 1e-5, f"float32 twins differ by {max(diffs)}"
+    assert "Follow 'cat'" in out, "the default focus is the second token"
+
+
+def test_float64_differences_are_at_rounding_level():
+    status, out, _ = run("--dtype", "float64", "--seed", "7")
+    assert status == 0
+    diffs = [float(d) for d in DIFF.findall(out)]
+    assert len(diffs) >= 28 and max(diffs) < 1e-12, f"float64 twins differ by {max(diffs)}"
+
+
+def test_weight_tables_have_rows_summing_to_one(default_run):
+    _, out, _ = default_run
+    for title in ["weights = softmax(scores)", "weights = softmax(scaled scores)", "causal weights"]:
+        rows = numpy_table(out, title)
+        assert list(rows) == TOKENS, title
+        for label, numbers in rows.items():
+            assert numbers[-1] == 1.0, f"{title}: row {label} sums to {numbers[-1]}"
+            assert abs(sum(numbers[:-1]) - 1) < 6 * 0.5e-4, f"{title}: row {label}"
+    causal = numpy_table(out, "causal weights")
+    assert causal["The"][1:6] == [0.0] * 5, "the first token attends to itself only"
+
+
+def test_example_source_matches_an_independent_computation():
+    status, out, err = run("--example", "source", "--no-torch")
+    assert status == 0, err
+    assert "positions left out" in out
+    # Embeddings are typed in, not drawn.
+    np.testing.assert_array_equal(np.array(list(numpy_table(out, "x = wte[ids]").values())), X)
+    # (a) weight-free: scores x x^T, softmax, context.
+    w = softmax(X @ X.T)
+    np.testing.assert_allclose(list(numpy_table(out, "weights = softmax(scores)").values()),
+                               np.c_[w, w.sum(1)], atol=1e-4, err_msg="step 4 weights")
+    np.testing.assert_allclose(list(numpy_table(out, "context = weights @ x").values()), w @ X,
+                               atol=1e-4, err_msg="step 4 context")
+    # (b) trainable projections, scale 1/sqrt(2), and the context vector of "cat".
+    q, k, v = X @ W_QUERY, X @ W_KEY, X @ W_VALUE
+    scaled = q @ k.T / np.sqrt(2)
+    np.testing.assert_allclose(numpy_table(out, "scaled scores")["cat"], scaled[1], atol=1e-4,
+                               err_msg="scaled scores of 'cat'")
+    z_cat = softmax(scaled[1]) @ v
+    np.testing.assert_allclose(numpy_table(out, "context = weights @ values")["cat"], z_cat,
+                               atol=1e-4, err_msg="context vector of 'cat'")
+    assert f"= [{z_cat[0]:.4f}, {z_cat[1]:.4f}]" in out, "the worked dot product ends in z_cat"
+    # The causal context of "cat" sees "The" and "cat" only.
+    causal_cat = softmax(scaled[1, :2]) @ v[:2]
+    np.testing.assert_allclose(numpy_table(out, "causal context")["cat"], causal_cat, atol=1e-4,
+                               err_msg="causal context of 'cat'")
+
+
+def test_example_source_both_sides_agree():
+    status, out, _ = run("--example", "source")
+    diffs = [float(d) for d in DIFF.findall(out)]
+    assert status == 0 and len(diffs) >= 26 and max(diffs) < 1e-5
+
+
+def test_options_change_the_output():
+    status, out, _ = run("A dog ran", "--dim", "4", "--d-out", "3", "--focus", "ran",
+                         "--precision", "2", "--no-positional", "--no-torch")
+    assert status == 0
+    assert "Step 3. Sinusoidal positions: skipped" in out
+    assert "2 heads of size 2" in out, "4 channels split into 2 heads by default"
+    assert "Follow 'ran'" in out
+    context = numpy_table(out, "context = weights @ values")
+    assert list(context) == ["A", "dog", "ran"] and all(len(r) == 3 for r in context.values())
+    assert re.search(r"\s-?\d\.\d\d\s", out) and not re.search(r"\d\.\d{3}", out), "2 decimals"
+
+
+def test_color_only_when_asked_or_on_a_terminal(monkeypatch):
+    _, plain, _ = run("--no-torch", "--example", "source")
+    _, colored, _ = run("--no-torch", "--example", "source", "--color", "always")
+    assert "\x1b[" not in plain, "no colour when stdout is not a terminal"
+    assert "\x1b[" in colored
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert cli.use_color("auto", Terminal())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not cli.use_color("auto", Terminal()), "NO_COLOR is respected"
+
+
+def test_plots_are_written_and_readable(tmp_path):
+    from matplotlib.image import imread
+
+    folder = tmp_path / "plots" / "new"            # created on demand
+    status, out, err = run("--plot", str(folder), "--no-torch")
+    assert status == 0, err
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["step4_weight_free.png", "step5_qkv.png", "step6_causal.png",
+                     "step7_head0.png", "step7_head1.png", "step7_head2.png"]
+    for name in names:
+        image = imread(folder / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name
+        assert image[..., :3].std() > 0.05, f"{name} is blank"
+    assert "6 heatmaps written" in out
+
+
+def test_no_torch_does_not_import_torch():
+    code = ("import sys\nfrom numpy_attn import cli\n"
+            "status = cli.main(['walkthrough', '--no-torch'])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'torch not imported', status)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Step 7. Multi-head attention" in result.stdout
+    assert result.stdout.strip().endswith("torch not imported 0"), result.stdout[-300:]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([""], "TEXT is empty"),
+    (["   "], "TEXT is empty"),
+    (["word " * 40], "takes at most 32 tokens"),
+    (["--focus", "dog"], "--focus 'dog' is neither a position nor a token"),
+    (["--focus", "9"], "--focus 9 is out of range"),
+    (["--heads", "2"], "--heads 2 does not divide --dim 3"),
+    (["A dog", "--example", "source"], "--example source replays"),
+    (["--example", "source", "--dim", "4"], "--dim must be 3"),
+    (["--dim", "0"], "--dim must lie in 1..64"),
+])
+def test_bad_input_exits_with_a_message(argv, message):
+    status, out, err = run(*argv, "--no-torch")      # an exception here would fail the test
+    assert status != 0
+    assert "numpy-attn walkthrough: error:" in err and message in err, err
+    assert out == ""
+
+
+def test_bad_input_in_a_real_process_has_no_traceback():
+    result = run_subprocess("", "--no-torch")
+    assert result.returncode == 2
+    assert result.stderr.startswith("numpy-attn walkthrough: error: TEXT is empty"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unwritable_plot_folder_exits_with_a_message(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = run_subprocess("--plot", str(blocker / "plots"), "--no-torch")
+    assert result.returncode != 0
+    assert "cannot write plots to" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_without_torch_installed_the_numpy_side_still_runs():
+    """A fresh `pip install -e .` has no torch: the walkthrough says so and runs NumPy alone."""
+    code = ("import sys\nsys.modules['torch'] = None   # as if torch were not installed\n"
+            "from numpy_attn import cli\nsys.exit(cli.main(['walkthrough']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "PyTorch is not installed, so only the NumPy side runs" in result.stdout
+    assert "Step 7. Multi-head attention" in result.stdout and "max |NumPy" not in result.stdout
+
+
+def test_tables_stack_when_the_terminal_is_too_narrow(monkeypatch):
+    from numpy_attn import walkthrough
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    args = cli.build_parser().parse_args(["walkthrough", "--example", "source"])
+    wide, narrow = Terminal(), Terminal()
+    monkeypatch.setenv("COLUMNS", "200")
+    assert walkthrough.run(args, out=wide) == 0
+    monkeypatch.setenv("COLUMNS", "80")
+    assert walkthrough.run(args, out=narrow) == 0
+    side_by_side = "\n    NumPy                                                        |  PyTorch\n"
+    assert side_by_side in wide.getvalue(), "6 x 6 weights with sums fit beside each other in 200 columns"
+    assert side_by_side not in narrow.getvalue() and "\n    PyTorch\n" in narrow.getvalue()
+    tables = [line for line in narrow.getvalue().splitlines() if re.match(r"    \S+\s+-?\d", line)]
+    assert tables and max(len(line) for line in tables) <= 80
