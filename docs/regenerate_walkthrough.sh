@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Regenerates the walkthrough excerpt (docs/walkthrough_excerpt.txt, and between the markers of
+# docs/walkthrough.md) and the heatmap docs/images/walkthrough_step5_weights.png.
+# Run from anywhere, with numpy-attn installed (torch and matplotlib too: '.[tests]' has both):
+#   NUMPY_ATTN=.venv/bin/numpy-attn docs/regenerate_walkthrough.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+numpy_attn=${NUMPY_ATTN:-numpy-attn}
+export TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken_cache}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The source's worked example: typed-in embeddings and W matrices, so every number can be checked.
+"$numpy_attn" walkthrough --example source --color never --plot "$work" > "$work/walkthrough.txt"
+{
+  sed -n '1,5p' "$work/walkthrough.txt"
+  echo "[...]"
+  sed -n '/^  context = weights @ values/,/^Step 6/p' "$work/walkthrough.txt" | head -n -2   # not the blank line and the Step 6 title
+} > docs/walkthrough_excerpt.txt
+cp "$work/step5_qkv.png" docs/images/walkthrough_step5_weights.png
+# Put the excerpt between the markers of docs/walkthrough.md.
+awk -v excerpt=docs/walkthrough_excerpt.txt '
+  /<!-- excerpt end -->/ { skip = 0 }
+  !skip { print }
+  /<!-- excerpt start/ { print "```text"; while ((getline line < excerpt) > 0) print line; print "```"; skip = 1 }
+' docs/walkthrough.md > "$work/walkthrough.md"
+cp "$work/walkthrough.md" docs/walkthrough.md
+echo "wrote docs/walkthrough_excerpt.txt, docs/walkthrough.md and docs/images/walkthrough_step5_weights.png"
