@@ -97,7 +97,7 @@ def build_parser():
         description="Print numpy_attn/OP.py beside torch_attn/OP.py, lines aligned where the twins "
                     "mirror each other, or write every operation to one HTML page.",
     )
-    p.add_argument("op", metavar="OP", nargs="?", default=None, help="an operation, e.g. softmax (see --list)")
+    p.add_argument("op", metavar="OP", nargs="?", default=None, help="an operation, e.g. softmax, or one of its functions, e.g. log_softmax (see --list)")
     p.add_argument("--list", action="store_true", help="list the operations and exit")
     p.add_argument("--html", metavar="FILE", default=None,
                    help="write every operation, side by side, to one self-contained HTML page")

@@ -100,6 +100,9 @@ def find_operation(name, ops):
     by_name = {op.name: op for op in ops}
     if name in by_name:
         return by_name[name]
+    for op in ops:                     # a function's name finds its file: log_softmax -> softmax
+        if name in op.torch_functions or name in op.numpy_functions or f"{name}_forward" in op.numpy_functions:
+            return op
     close = difflib.get_close_matches(name, list(by_name), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ValueError(f"unknown operation {name!r}.{hint} The operations are: {', '.join(by_name)} "

@@ -124,6 +124,13 @@ def test_html_with_an_operation_also_prints_it(tmp_path):
     assert status == 0 and "wrote" in out and row_with(out, "out = wte[ids]", "out = wte[ids]")
 
 
+def test_a_function_name_finds_its_operation():
+    ops = show.operations()
+    assert show.find_operation("log_softmax", ops).name == "softmax"
+    assert show.find_operation("embedding_backward", ops).name == "embedding"
+    assert show.find_operation("scaled_dot_product_attention", ops).name == "attention"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["softmx"], "unknown operation 'softmx'. Did you mean 'softmax'?"),
     (["tokenizer"], "unknown operation 'tokenizer'"),
