@@ -11,6 +11,7 @@ Anything else a library prints goes to stderr. A failure exits non-zero with a t
 """
 
 import json
+import os
 import platform
 import sys
 
@@ -32,7 +33,8 @@ def _env(library, device):
     from threadpoolctl import threadpool_info
 
     env = dict(numpy=np.__version__, python=platform.python_version(),
-               threadpools=threadpool_info())
+               threadpools=threadpool_info(),
+               cpus=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     if library == "torch":
         import torch
 
@@ -48,7 +50,15 @@ def _env(library, device):
 
 
 def _pin_threads(library, threads):
-    """Pin the timed library's pool (the env variables set by the parent already ask for it)."""
+    """Give the process ``threads`` CPUs, and the timed library's pool as many threads.
+
+    The CPU affinity binds code that sizes its own thread pool from the CPU count (the NumPy
+    FlashAttention does), which no thread-count setting of a library reaches.
+    """
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        if threads < len(cpus):
+            os.sched_setaffinity(0, cpus[:threads])
     if library == "numpy":
         from threadpoolctl import threadpool_limits
 

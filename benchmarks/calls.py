@@ -76,6 +76,9 @@ def torch_calls(op, impl, tensors, static, dout):
     """
     import torch
 
+    # Integer arrays among the other arguments (token ids, targets) go to the device too.
+    device = next(t for _, t in leaves(tensors)).device
+    static = {k: to_tensor(v, device) if isinstance(v, np.ndarray) else v for k, v in static.items()}
     if impl == "twin":
         twin = op.twin_function()
 

@@ -129,10 +129,10 @@ def _settings(args):
 def _list_ops():
     for op in registry.OPS.values():
         missing = {impl: op.missing(impl) for impl in IMPLS}
-        status = "ok" if not any(missing.values()) else "; ".join(
-            f"{impl}: {why}" for impl, why in missing.items() if why)
-        print(f"{op.name:<18} numpy_attn/{op.stem}.py {op.forward}/{op.backward} | "
-              f"torch_attn/{op.stem}.py {op.twin} | {op.builtin} | {status}")
+        where = op.describe()
+        print(f"{op.name}: " + "; ".join(
+            f"{impl} {where[impl]}" + (f" ({missing[impl]})" if missing[impl] else "")
+            for impl in IMPLS))
 
 
 def _plan(ops, args, cuda_reason):
@@ -283,9 +283,7 @@ def measure(ops, args, argv):
                     tolerance=args.tolerance),
         cuda=dict(available=cuda_reason is None, reason=cuda_reason),
         flops_convention=FLOPS_CONVENTION,
-        ops={op.name: dict(stem=op.stem, numpy=f"numpy_attn.{op.stem}.{op.forward}/{op.backward}",
-                           twin=f"torch_attn.{op.stem}.{op.twin}", builtin=op.builtin,
-                           bwd_factor=op.bwd_factor) for op in ops},
+        ops={op.name: dict(stem=op.stem, **op.describe(), bwd_factor=op.bwd_factor) for op in ops},
         environment={k: v for k, v in os.environ.items()   # as the user set them
                      if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOMP_", "KMP_"))},
         workers=envs,

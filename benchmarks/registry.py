@@ -6,9 +6,10 @@ is reported as not available, so ``python -m benchmarks`` works at every commit.
 
 Adding an op is one ``Op(...)`` in ``OPS`` plus, at most, an inputs function and a builtin call:
 
-    Op("block", stem="block", forward="block_forward", backward="block_backward",
-       twin="block", builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,
-       flops=lambda z: 24 * z.B * z.T * z.C**2 + 4 * z.B * z.T * z.S * z.C, call_builtin=...)
+    Op("layer_norm", stem="layer_norm", forward="layer_norm_forward",
+       backward="layer_norm_backward", twin="layer_norm", builtin="F.layer_norm",
+       inputs=_layer_norm_inputs, flops=lambda z: 8 * z.B * z.T * z.C, bwd_factor=1.0,
+       call_builtin=lambda t, static: F.layer_norm(t["x"], t["x"].shape[-1:], t["w"], t["b"]))
 
 This module imports NumPy only: the NumPy worker imports it and must never load torch.
 """
@@ -52,23 +53,35 @@ class Op:
 
     name: str
     stem: str
-    forward: str
-    backward: str
-    twin: str
-    builtin: str
+    forward: str | Callable
+    backward: str | Callable
+    twin: str | Callable
+    builtin: str | None
     inputs: Callable
     flops: Callable
-    call_builtin: Callable
+    call_builtin: Callable | None
     bwd_factor: float = 2.0
 
     def numpy_functions(self):
-        """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent."""
+        """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
+
+        A callable forward/backward is a composite (e.g. model + loss) written below; the stem's
+        module must still exist.
+        """
         module = importlib.import_module(f"numpy_attn.{self.stem}")
-        return getattr(module, self.forward), getattr(module, self.backward)
+        return tuple(f if callable(f) else getattr(module, f) for f in (self.forward, self.backward))
 
     def twin_function(self):
         """The forward from torch_attn/<stem>.py (imports torch)."""
-        return getattr(importlib.import_module(f"torch_attn.{self.stem}"), self.twin)
+        module = importlib.import_module(f"torch_attn.{self.stem}")
+        return self.twin if callable(self.twin) else getattr(module, self.twin)
+
+    def describe(self):
+        """{"numpy", "twin", "builtin"}: where each implementation lives, for the report."""
+        def label(f, tree):
+            return f"{tree}/{self.stem}.py:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
+        return dict(numpy=f"{label(self.forward, 'numpy_attn')} + {label(self.backward, 'numpy_attn')}",
+                    twin=label(self.twin, "torch_attn"), builtin=self.builtin)
 
     def count_flops(self, size, mode):
         forward = self.flops(size)
@@ -85,6 +98,8 @@ class Op:
                 self.twin_function()
         except (ImportError, AttributeError) as err:
             return f"not available: {err}"
+        if impl == "builtin" and self.call_builtin is None:
+            return f"PyTorch has no built-in {self.name}"
         return None
 
 
@@ -115,6 +130,60 @@ def _mha_inputs(z, dtype, rng):
     x = _normal(rng, (z.B, z.T, z.C), dtype)
     params = init_multi_head_params(z.C, rng, bias=True, dtype=dtype)
     return {"x": x, "params": params}, {"num_heads": z.nh}
+
+
+def _block_inputs(z, dtype, rng):
+    from numpy_attn.block import init_block_params
+
+    x = _normal(rng, (z.B, z.T, z.C), dtype)
+    return {"x": x, "params": init_block_params(z.C, rng, bias=True, dtype=dtype)}, {"num_heads": z.nh}
+
+
+# The GPT step: a small GPT-2 (learned positions, tied head, no dropout) at the sweep's B, T, nh,
+# hs; the layer count and vocabulary are fixed here, small enough for T = 2048 on a laptop.
+GPT_LAYERS, GPT_VOCAB = 2, 4096
+
+
+def _gpt_config(z):
+    from numpy_attn.gpt import GPTConfig
+
+    return GPTConfig(vocab_size=GPT_VOCAB, block_size=z.T, n_layer=GPT_LAYERS, n_head=z.nh,
+                     n_embd=z.C, dropout=0.0)
+
+
+def _gpt_inputs(z, dtype, rng):
+    from numpy_attn.gpt import init_gpt_params
+
+    config = _gpt_config(z)
+    params = init_gpt_params(config, rng, dtype=dtype)
+    ids = rng.integers(0, GPT_VOCAB, (z.B, z.T + 1))               # next-token targets
+    return {"params": params}, {"ids": ids[:, :-1], "targets": ids[:, 1:], "config": config}
+
+
+def _gpt_step_forward(params, ids, targets, config):
+    """Loss of one batch: gpt_forward then cross_entropy_forward -> (loss, caches)."""
+    from numpy_attn.gpt import gpt_forward
+    from numpy_attn.loss import cross_entropy_forward
+
+    logits, gpt_cache = gpt_forward(ids, params, config)           # (B, T, V)
+    loss, loss_cache = cross_entropy_forward(logits, targets)      # 0-d
+    return loss, (gpt_cache, loss_cache)
+
+
+def _gpt_step_backward(dloss, cache):
+    """Gradients of the loss: the parameters' (the optimizer's update, O(parameters), is left out)."""
+    from numpy_attn.gpt import gpt_backward
+    from numpy_attn.loss import cross_entropy_backward
+
+    gpt_cache, loss_cache = cache
+    return gpt_backward(cross_entropy_backward(dloss, loss_cache), gpt_cache)
+
+
+def _gpt_step_twin(params, ids, targets, config):
+    from torch_attn.gpt import gpt
+    from torch_attn.loss import cross_entropy
+
+    return cross_entropy(gpt(ids, params, config), targets)
 
 
 # -- PyTorch built-ins (torch is imported here, never at module level) ------------------------
@@ -152,10 +221,49 @@ def _builtin_mha(t, static):
     return out.transpose(0, 1)                     # (T, B, C) -> (B, T, C)
 
 
+_ENCODER_LAYERS = {}     # (C, nh, dtype, device) -> nn.TransformerEncoderLayer, built once
+
+
+def _builtin_block(t, static):
+    """nn.TransformerEncoderLayer (pre-LN, GELU, causal) run on our parameters.
+
+    torch.func.functional_call swaps our tensors in for the module's own, so the gradients land on
+    our parameter dict; nn.Linear stores w transposed and packs q, k, v into one (3C, C) matrix.
+    """
+    import torch
+    from torch import nn
+
+    x, p = t["x"], t["params"]
+    B, T, C = x.shape
+    key = (C, static["num_heads"], x.dtype, x.device)
+    if key not in _ENCODER_LAYERS:
+        _ENCODER_LAYERS[key] = nn.TransformerEncoderLayer(
+            C, static["num_heads"], dim_feedforward=4 * C, dropout=0.0, activation="gelu",
+            batch_first=True, norm_first=True, dtype=x.dtype, device=x.device)
+    a = p["attn"]
+    weights = {
+        "self_attn.in_proj_weight": torch.cat([a["q"]["w"], a["k"]["w"], a["v"]["w"]], dim=1).T,
+        "self_attn.in_proj_bias": torch.cat([a["q"]["b"], a["k"]["b"], a["v"]["b"]]),
+        "self_attn.out_proj.weight": a["o"]["w"].T, "self_attn.out_proj.bias": a["o"]["b"],
+        "linear1.weight": p["ffn"]["fc"]["w"].T, "linear1.bias": p["ffn"]["fc"]["b"],
+        "linear2.weight": p["ffn"]["proj"]["w"].T, "linear2.bias": p["ffn"]["proj"]["b"],
+        "norm1.weight": p["ln1"]["w"], "norm1.bias": p["ln1"]["b"],
+        "norm2.weight": p["ln2"]["w"], "norm2.bias": p["ln2"]["b"],
+    }
+    mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device, dtype=x.dtype)
+    return torch.func.functional_call(_ENCODER_LAYERS[key], weights, (x,),
+                                      {"src_mask": mask, "is_causal": True})
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 def _attention_flops(z):
     return 4 * z.B * z.nh * z.T * z.S * z.hs       # q @ k^T and p @ v, 2 FLOPs per multiply-add
+
+
+def _block_flops(z):
+    # attention projections 8*B*T*C^2, feed-forward (C -> 4C -> C) 16*B*T*C^2, causal attention
+    return 24 * z.B * z.T * z.C * z.C + _attention_flops(z) // 2
 
 
 _SDPA = dict(
@@ -185,6 +293,19 @@ OPS = {op.name: op for op in (
        # four (C, C) projections plus the attention itself
        flops=lambda z: 8 * z.B * z.T * z.C * z.C + _attention_flops(z),
        call_builtin=_builtin_mha),
+    *(Op(f"flash_attention{suffix}", stem="flash_attention", forward="flash_attention_forward",
+         backward="flash_attention_backward", twin="flash_attention",
+         builtin="F.scaled_dot_product_attention", inputs=_qkv_inputs(causal),
+         flops=lambda z, causal=causal: _attention_flops(z) // (2 if causal else 1),
+         call_builtin=_builtin_sdpa)
+      for suffix, causal in (("", False), ("_causal", True))),
+    Op("block", stem="block", forward="block_forward", backward="block_backward", twin="block",
+       builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,
+       flops=_block_flops, call_builtin=_builtin_block),
+    Op("gpt_step", stem="gpt", forward=_gpt_step_forward, backward=_gpt_step_backward,
+       twin=_gpt_step_twin, builtin=None, inputs=_gpt_inputs, call_builtin=None,
+       # forward: the loss; forward+backward: the loss and every parameter's gradient
+       flops=lambda z: GPT_LAYERS * _block_flops(z) + 2 * z.B * z.T * z.C * GPT_VOCAB),
 )}
 
 

@@ -167,10 +167,24 @@ def test_parity_failure_exits_1_before_timing(monkeypatch, capsys):
     assert "parity failed for broken" in captured.err and "median ms" not in captured.out
 
 
+@pytest.mark.parametrize("name", list(registry.OPS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_every_registered_op_passes_parity_at_a_tiny_size(name, dtype):
+    """The registry's inputs, grads order and built-in wiring agree with the NumPy pair."""
+    op = registry.OPS[name]
+    if op.missing("numpy"):
+        pytest.skip(op.missing("numpy"))                 # its module has not landed yet
+    targets = [(impl, "cpu") for impl in ("twin", "builtin") if not op.missing(impl)]
+    results = parity.check(op, Size(B=2, nh=2, T=8, hs=4), dtype, 0, targets)
+    assert set(results) == {("numpy", "cpu"), *targets}
+    assert all(r["ok"] for r in results.values())
+
+
 def test_op_without_module_is_not_available():
     ghost = dataclasses.replace(registry.OPS["softmax"], name="ghost", stem="no_such_stem")
     assert "No module named 'numpy_attn.no_such_stem'" in ghost.missing("numpy")
     assert registry.OPS["softmax"].missing("twin") is None
+    assert "no built-in" in dataclasses.replace(ghost, stem="softmax", call_builtin=None).missing("builtin")
 
 
 def test_flop_counts_follow_the_stated_convention():
@@ -180,6 +194,8 @@ def test_flop_counts_follow_the_stated_convention():
     assert attention.count_flops(z, "fwd+bwd") == 3 * attention.count_flops(z, "fwd")
     assert registry.OPS["attention_causal"].count_flops(z, "fwd") == attention.count_flops(z, "fwd") // 2
     assert [op.name for op in registry.select(["attention"])] == ["attention", "attention_causal"]
+    C = 8 * 64
+    assert registry.OPS["block"].count_flops(z, "fwd") == 24 * 4 * 512 * C * C + 2 * 4 * 512 * 512 * C
 
 
 def test_numpy_worker_never_imports_torch():
