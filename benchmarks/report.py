@@ -60,6 +60,8 @@ def header_lines(results):
     ]
     for env in results["workers"]:
         where = f"{env['library']} {env['device']}"
+        if env.get("cpus") is not None:
+            where += f" (CPUs {','.join(map(str, env['cpus']))})"
         if env["library"] == "numpy":
             lines.append(f"{where}: BLAS {_blas(env)}")
         else:
@@ -155,13 +157,17 @@ def ratio_rows(results):
 
 
 def unavailable_lines(results):
-    """'not available: <reason>: op impl device, ...', one line per distinct reason."""
+    """'not available: <reason>: twin cuda (every op); ...', one line per distinct reason."""
+    every = set(results["config"]["ops"])
     by_reason = {}
     for r in results["rows"]:
         if r["status"] != "ok":
-            by_reason.setdefault(r["reason"], []).append(f"{r['op']} {r['impl']} {r['device']}")
-    return [f"not available: {reason}: {', '.join(sorted(set(what)))}"
-            for reason, what in by_reason.items()]
+            target = f"{r['impl']} {r['device']}"
+            by_reason.setdefault(r["reason"], {}).setdefault(target, []).append(r["op"])
+    return [f"not available: {reason}: " + "; ".join(
+                f"{target} ({'every op' if set(ops) == every else ', '.join(ops)})"
+                for target, ops in targets.items())
+            for reason, targets in by_reason.items()]
 
 
 def write_json(results, path):
