@@ -200,10 +200,20 @@ def test_worked_example(dtype):
     assert_close("worked (b).weights vs twin", cache.weights, to_numpy(weights_t))
     assert_close("worked (b).context vs twin", out, to_numpy(out_t))
     assert_close("worked (b).weights vs hand", cache.weights, np.array(weights_h, dtype=dtype))
-    cat = SENTENCE.index("cat")
+    cat = SENTENCE.index("cat")   # its context vector comes to about [0.0334, 0.2283]
     assert_close("worked (b).context of 'cat' vs hand", out[cat], np.array(context_h[cat], dtype=dtype))
     assert_close("worked (b).context vs builtin", out, to_numpy(F.scaled_dot_product_attention(
         *projected_t.values(), scale=scale)))
+
+
+def test_worked_example_projections_are_torch_rand():
+    """The issue's W_query, W_key, W_value are torch.rand(3, 2) three times after seed 123,
+    rounded to 4 decimals (a generator of its own leaves the global seed alone)."""
+    generator = torch.Generator().manual_seed(123)
+    for name, w in (("W_query", W_QUERY), ("W_key", W_KEY), ("W_value", W_VALUE)):
+        drawn = torch.rand(3, 2, generator=generator).double().numpy()   # float32 draws, as in the issue
+        # The issue prints 4 decimals: half a unit in the last place is the most they can be off.
+        assert_close(f"worked {name} vs torch.rand", np.array(w), drawn, rtol=0, atol=5e-5)
 
 
 # -- properties ---------------------------------------------------------------------------------
