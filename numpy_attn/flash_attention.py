@@ -115,18 +115,24 @@ def _map_slices(fn, count, work):
         list(pool.map(fn, range(count)))   # list() re-raises here any exception of a worker
 
 
-def _mask_future(s, i0, j0, above):
+def _mask_future(s, i0, j0, future):
     """Set to -inf, in place, the scores in tile s (queries i0.., keys j0..) of keys after their query.
 
-    ``above`` is the strict upper triangle of a (block_q, block_q) square: keys before the block's
-    first query are seen by all its rows, and only the square on the diagonal needs a mask, the
-    same for every block, so no tile-sized mask is built.
+    ``future`` is a (block_q, block_q) square, -inf above its diagonal and 0 elsewhere. Keys before
+    the block's first query are seen by all its rows: only the square on the diagonal needs a
+    mask, the same for every block, and adding it is faster than a boolean ``np.copyto(where=)``.
     """
     bq, bk = s.shape
     c0, c1 = max(j0, i0), min(j0 + bk, i0 + bq)            # keys inside the block's diagonal square
     if c0 < c1:
-        np.copyto(s[:, c0 - j0:c1 - j0], -np.inf, where=above[:bq, c0 - i0:c1 - i0])
+        s[:, c0 - j0:c1 - j0] += future[:bq, c0 - i0:c1 - i0]
     s[:, max(c1, j0) - j0:] = -np.inf                       # keys after the block's last query
+
+
+def _future_mask(block_q, T, dtype):
+    """(bq, bq) with -inf above the diagonal (a later key) and 0 on and below it."""
+    bq = min(block_q, T)
+    return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
 
 
 def _forward_slice(q, k, v, out, lse, is_causal, scale, block_q, block_k):
@@ -144,7 +150,7 @@ def _forward_slice(q, k, v, out, lse, is_causal, scale, block_q, block_k):
     # be page-faulted in. Views of their first rows*cols elements are contiguous for every shape.
     s_buf = np.empty(block_q * block_k, dtype)
     pv_buf = np.empty(block_q * (hv + 1), dtype)
-    above = ~np.tri(min(block_q, T), dtype=np.bool_)        # (bq, bq) causal mask of a diagonal square
+    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
         q_blk = q[i0:i1] * (scale * LOG2E)                   # (bq, hs), scores in base 2
@@ -155,7 +161,7 @@ def _forward_slice(q, k, v, out, lse, is_causal, scale, block_q, block_k):
             j1 = min(j0 + block_k, S_seen)
             s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0))
             if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
-                _mask_future(s, i0, j0, above)
+                _mask_future(s, i0, j0, future)
             m_new = np.maximum(m, s.max(axis=1))             # (bq,), finite: key 0 is always seen first
             acc *= np.exp2(m - m_new)[:, None]               # rescale the old sums to the new maximum
             m = m_new
@@ -214,7 +220,7 @@ def _backward_slice(q, k, v, out, dout, lse, dq, dk, dv, is_causal, scale, block
     dp_buf = np.empty(block_q * block_k, dtype)
     dkv_buf = np.empty(block_k * max(hs, hv), dtype)
     dq_buf = np.empty(block_q * hs, dtype)
-    above = ~np.tri(min(block_q, T), dtype=np.bool_)        # (bq, bq) causal mask of a diagonal square
+    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for h in range(g):
         np.multiply(q[h], scale * LOG2E, out=q_lse[:, :hs])
         np.multiply(lse[h], -LOG2E, out=q_lse[:, hs])        # lse in base 2, as the scores
@@ -231,7 +237,7 @@ def _backward_slice(q, k, v, out, dout, lse, dq, dk, dv, is_causal, scale, block
                 # Undoes p = exp2(s - m) and the running sums: recomputed from lse directly.
                 s = np.matmul(q_lse[i0:i1], k_1[:, j0:j1], out=s_buf[:shape[0] * shape[1]].reshape(shape))
                 if is_causal and j1 - 1 > i0:
-                    _mask_future(s, i0, j0, above)
+                    _mask_future(s, i0, j0, future)
                 p = np.exp2(s, out=s)                        # (bq, bk)
                 # Undoes acc += p @ v: dv gets p^T dout.
                 dv_tile = np.matmul(p.T, dout[h, i0:i1], out=dkv_buf[:(j1 - j0) * hv].reshape(j1 - j0, hv))
