@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -15,6 +15,7 @@ from numpy_attn.feed_forward import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    TOLERANCES,
     assert_close,
     assert_tree_close,
     autograd,
@@ -44,6 +45,23 @@ def networks(draw, dtype=None, max_C=6, max_dims=2):
     return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
 
 
+def _terms_tol(x, params, dout):
+    """The dtype's tolerance with atol scaled by the size of the terms summed into dx and the fc
+    gradients: dout through |proj.w| and |fc.w| with GELU's slope (at most 1.13) taken as 1.
+
+    Those gradients pass through GELU's derivative, which float32 computes from a rounded tanh or
+    erf; where 1 - tanh^2 is small, one ulp of tanh is a large relative error, and the twins round
+    it differently (Hypothesis found 5e-4 relative on a dx of 0.04 summed from terms of 10).
+    """
+    C, H = params["fc"]["w"].shape
+    da = np.abs(dout).reshape(-1, C) @ np.abs(params["proj"]["w"]).T       # (N, C) -> (N, H)
+    scales = [da @ np.abs(params["fc"]["w"]).T,                            # dx, (N, C)
+              np.abs(x).reshape(-1, C).T @ da,                             # fc.w, (C, H)
+              da.sum(axis=0)]                                              # fc.b, (H,)
+    tol = TOLERANCES[x.dtype]
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, max(float(a.max()) for a in scales)))
+
+
 # -- forward matches the twin -----------------------------------------------------------------
 
 @given(approximate=approximations, case=networks())
@@ -57,15 +75,25 @@ def test_forward_matches_twin(approximate, case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+# Found by Hypothesis: every hidden unit at h = -3.75, where tanh-GELU's slope is computed from
+# 1 - tanh^2 = 2.4e-4 in float32.
+STEEP_TANH = (np.array([2.0, 4.0, 0.0, 0.0], np.float32),
+              {"fc": {"w": np.full((4, 16), -0.625, np.float32), "b": np.zeros(16, np.float32)},
+               "proj": {"w": np.ones((16, 4), np.float32), "b": np.zeros(4, np.float32)}},
+              np.array([0.5, -1.0, 2.0, 1.5], np.float32))
+
+
 @given(approximate=approximations, case=networks())
+@example(approximate="tanh", case=STEEP_TANH)
 def test_backward_matches_autograd(approximate, case):
     x, params, dout = case
     _, cache = feed_forward_forward(x, params, approximate)
     dx, dparams = feed_forward_backward(dout, cache)
     _, grads = autograd(lambda **kw: feed_forward(**kw, approximate=approximate),
                         {"x": x, "params": params}, dout)
-    assert_close(f"feed_forward[{approximate}].dx", dx, grads["x"])
-    assert_tree_close(f"feed_forward[{approximate}]", dparams, grads["params"])
+    tol = _terms_tol(x, params, dout)
+    assert_close(f"feed_forward[{approximate}].dx", dx, grads["x"], **tol)
+    assert_tree_close(f"feed_forward[{approximate}]", dparams, grads["params"], **tol)
 
 
 # -- the twin matches PyTorch's built-in --------------------------------------------------------
@@ -100,8 +128,9 @@ def test_twin_matches_builtin(approximate, case):
         builtin_grads["proj"]["b"] = to_numpy(seq[2].bias.grad)
     label = f"feed_forward[{approximate}]"
     assert_close(f"{label}.out vs nn.Sequential", twin_out, to_numpy(out))
-    assert_close(f"{label}.dx vs nn.Sequential", twin_grads["x"], to_numpy(xt.grad))
-    assert_tree_close(f"{label} vs nn.Sequential", twin_grads["params"], builtin_grads)
+    tol = _terms_tol(x, params, dout)
+    assert_close(f"{label}.dx vs nn.Sequential", twin_grads["x"], to_numpy(xt.grad), **tol)
+    assert_tree_close(f"{label} vs nn.Sequential", twin_grads["params"], builtin_grads, **tol)
 
 
 # -- properties ---------------------------------------------------------------------------------
