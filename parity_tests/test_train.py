@@ -1,0 +1,141 @@
+"""Tests for numpy_attn/train.py: training and generation end to end on a tiny model, the
+vocabulary remapping, checkpoints, and the errors for bad input."""
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from numpy_attn import train
+from numpy_attn.gpt import GPTConfig, init_gpt_params
+from parity_tests.helpers import assert_tree_close, needs_vocab
+
+TEXT = ("The cat sat on the mat. The dog sat on the log. " * 20)
+TINY = ["--steps", "4", "--batch-size", "2", "--block-size", "8", "--n-layer", "1",
+        "--n-head", "2", "--n-embd", "8"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny run with --compare-torch: (folder, its stdout)."""
+    folder = tmp_path_factory.mktemp("run")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = train.main(["train", "--text", str(corpus), "--out", str(folder / "out"),
+                         "--compare-torch", *TINY])
+    assert rc == 0, out.getvalue()
+    return folder / "out", out.getvalue()
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def test_vocab_remapping_round_trips():
+    gpt2_ids = [50, 7, 50, 9000, 7]
+    vocab, ids = train.build_vocab(gpt2_ids)
+    np.testing.assert_array_equal(vocab, [7, 50, 9000])
+    np.testing.assert_array_equal(ids, [1, 0, 1, 2, 0])
+    np.testing.assert_array_equal(vocab[ids], gpt2_ids)
+    np.testing.assert_array_equal(train.to_model_ids([9000, 7], vocab), [2, 0])
+
+
+def test_batches_are_windows_and_their_next_tokens():
+    data = np.arange(100)
+    ids, targets = train.get_batch(data, 3, 5, np.random.default_rng(0))
+    assert ids.shape == targets.shape == (3, 5), (ids.shape, targets.shape)
+    np.testing.assert_array_equal(targets, ids + 1)       # data[i] = i: the next token is i + 1
+
+
+# -- generation -------------------------------------------------------------------------------------
+
+def test_top_1_sampling_is_greedy_and_seeds_repeat():
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, n_head=1, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    params["wte"] *= 50                                    # confident logits, so greedy is not flat
+    greedy = train.generate(params, config, [1, 2], 6, temperature=0)
+    top1 = train.generate(params, config, [1, 2], 6, temperature=1.0, top_k=1,
+                          rng=np.random.default_rng(0))
+    assert greedy == top1, (greedy, top1)
+    first, again = (train.generate(params, config, [1], 6, 1.0, None, np.random.default_rng(5))
+                    for _ in range(2))
+    assert first == again, "the same seed must give the same sample"
+    assert len(first) == 7 and all(0 <= i < 7 for i in first), first
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+@needs_vocab
+def test_train_writes_a_checkpoint_that_loads(run):
+    folder, stdout = run
+    params, config, vocab = train.load_checkpoint(str(folder))
+    assert config.n_embd == 8 and config.vocab_size == len(vocab), config
+    meta = json.loads((folder / "config.json").read_text())
+    assert meta["dtype"] == "float32" and meta["steps"] == 4, meta
+    template = init_gpt_params(config, np.random.default_rng(0), np.float32)
+    assert_tree_close("checkpoint vs itself reloaded", params, train.load_checkpoint(
+        str(folder / "model.npz"))[0])
+    assert {k for k in params} == {k for k in template}, params.keys()
+    assert "torch" in stdout and "tokens/s" in stdout, stdout
+    # --compare-torch prints both losses; on step 1 they agree to float32 rounding
+    step1 = next(line for line in stdout.splitlines() if line.startswith("step     1"))
+    assert abs(float(step1.split("diff")[1])) < 1e-4, step1
+
+
+@needs_vocab
+def test_generate_continues_a_prompt(run, capsys):
+    folder, _ = run
+    assert train.main(["generate", "--checkpoint", str(folder), "--prompt", "The cat",
+                       "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("The cat") and len(text) > len("The cat\n"), text
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+@needs_vocab
+def test_nothing_is_overwritten_without_force(run, capsys):
+    folder, _ = run
+    before = (folder / "model.npz").read_bytes()
+    assert train.main(["train", "--out", str(folder), *TINY]) == 2
+    assert "already holds model.npz" in capsys.readouterr().err
+    assert (folder / "model.npz").read_bytes() == before
+
+
+@needs_vocab
+@pytest.mark.parametrize("prompt, message", [
+    (" cat" * 9, "the prompt is 9 tokens, longer than the context of block_size = 8"),
+    ("Schwarzwald", "is not in the checkpoint's vocabulary"),
+    ("", "the prompt is empty"),
+])
+def test_bad_prompts(run, capsys, prompt, message):
+    folder, _ = run
+    assert train.main(["generate", "--checkpoint", str(folder), "--prompt", prompt]) == 2
+    assert message in capsys.readouterr().err
+
+
+@needs_vocab
+def test_checkpoint_that_does_not_match_its_config(run, tmp_path):
+    folder, _ = run
+    (tmp_path / "model.npz").write_bytes((folder / "model.npz").read_bytes())
+    meta = json.loads((folder / "config.json").read_text())
+    meta["gpt"]["n_layer"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"does not match config.json: missing blocks.1.ln1.w"):
+        train.load_checkpoint(str(tmp_path))
+
+
+def test_empty_corpus(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text(" \n")
+    assert train.main(["train", "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path)]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+@needs_vocab
+def test_corpus_too_short_for_the_context(tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("just a few words")
+    assert train.main(["train", "--text", str(tmp_path / "short.txt"), "--out", str(tmp_path),
+                       *TINY]) == 2
+    assert "too few for windows of block_size + 1 = 9" in capsys.readouterr().err
