@@ -423,9 +423,9 @@ class Printer:
         head = f"Step {number}. {title} "
         self.line()
         self.line(self.style("title", head + "=" * max(3, min(self.width, 100) - len(head))))
-        self.line("  " + self.style("dim", f"NumPy: {numpy_ops}"))
+        self.line("  " + self.style("dim", f"NumPy (numpy_attn): {numpy_ops}"))
         if self.torch is not None:
-            self.line("  " + self.style("dim", f"PyTorch: {torch_ops}"))
+            self.line("  " + self.style("dim", f"PyTorch (torch_attn): {torch_ops}"))
 
     def table(self, key, title, rows, cols, sums=False, index=()):
         """One table: the NumPy result beside the PyTorch one, then their largest difference."""
@@ -522,19 +522,19 @@ def _print_steps(p, inputs):
     T, C, nh = len(tok), inputs.C, inputs.num_heads
     hs = C // nh
 
-    p.step(1, "GPT-2 tokenization", "numpy_attn.tokenizer.encode -> np.ndarray of int64",
-           "torch.from_numpy(ids): torch has no tokenizer, both sides take the same ids")
+    p.step(1, "GPT-2 tokenization", "tokenizer.encode -> np.ndarray of int64",
+           "none: torch has no tokenizer; torch.from_numpy(ids) takes the same ids")
     p.note("token strings: " + " ".join(repr(s) for s in inputs.pieces))
     p.table("ids", "ids = encode(text)", tok, ["id"])
 
-    p.step(2, "Embedding lookup", "embedding.embedding_forward(ids, wte)", "torch_attn.embedding.embedding(ids, wte)")
+    p.step(2, "Embedding lookup", "embedding.embedding_forward(ids, wte)", "embedding.embedding(ids, wte)")
     for text in inputs.notes:
         p.note(text)
     p.table("tok", f"x = wte[ids], C = {C} (--dim)", tok, chan)
 
     if inputs.positional:
         p.step(3, "Sinusoidal positions, added (--no-positional leaves them out)",
-               "positional.sinusoidal_encoding(T, C)", "torch_attn.positional.sinusoidal_encoding(T, C)")
+               "positional.sinusoidal_encoding(T, C)", "positional.sinusoidal_encoding(T, C)")
         p.note("PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C))")
         p.table("pe", "PE, sin on even channels, cos on odd", tok, chan)
         p.table("x", "x = x + PE, the input of attention", tok, chan)
@@ -545,7 +545,7 @@ def _print_steps(p, inputs):
 
     p.step(4, "Weight-free self-attention",
            "linear.linear_forward (a matmul), softmax.softmax_forward, attention.scaled_dot_product_attention_forward",
-           "torch_attn.linear.linear, torch_attn.softmax.softmax, torch_attn.attention.scaled_dot_product_attention")
+           "linear.linear, softmax.softmax, attention.scaled_dot_product_attention")
     p.note("every token's input is its own query, key and value; no weights, no scaling")
     p.table("s4_scores", "scores = x @ x.T", tok, tok)
     p.table("s4_weights", "weights = softmax(scores), each row sums to 1", tok, tok, sums=True)
@@ -555,7 +555,7 @@ def _print_steps(p, inputs):
 
     p.step(5, f"Trainable projections to d = {inputs.d_out} (--d-out)",
            "linear.linear_forward, softmax.softmax_forward, attention.scaled_dot_product_attention_forward",
-           "torch_attn.linear.linear, torch_attn.softmax.softmax, torch_attn.attention.scaled_dot_product_attention")
+           "linear.linear, softmax.softmax, attention.scaled_dot_product_attention")
     p.table("q", "queries = x @ W_query", tok, dcol)
     p.table("k", "keys = x @ W_key", tok, dcol)
     p.table("v", "values = x @ W_value", tok, dcol)
@@ -567,8 +567,8 @@ def _print_steps(p, inputs):
     p.same("scaled_dot_product_attention(q, k, v) gives the same context", "s5_context", "s5_sdpa")
     _worked_dot_products(p, inputs)
 
-    p.step(6, "The causal mask", "np.tri, np.where, then scaled_dot_product_attention_forward(..., is_causal=True)",
-           "torch.ones(T, T).tril(), masked_fill, then scaled_dot_product_attention(..., is_causal=True)")
+    p.step(6, "The causal mask", "np.tri, np.where, softmax.softmax_forward, attention.scaled_dot_product_attention_forward(..., is_causal=True)",
+           "torch.ones(T, T).tril(), masked_fill, softmax.softmax, attention.scaled_dot_product_attention(..., is_causal=True)")
     p.note("a decoder predicts token t+1 from tokens 0..t, so query t must not see the keys after t")
     p.table("s6_mask", "mask: 1 where query (row) may attend to key (column)", tok, tok)
     p.table("s6_masked", "masked scores: -inf above the diagonal", tok, tok)
@@ -580,8 +580,10 @@ def _print_steps(p, inputs):
     p.same("is_causal=True in one call gives the same context", "s6_context", "s6_sdpa")
 
     p.step(7, f"Multi-head attention, {nh} heads of size {hs} (--heads), causal",
-           "linear.linear_forward, multi_head.split_heads / merge_heads, attention, multi_head_attention_forward",
-           "torch_attn.linear.linear, torch_attn.multi_head.split_heads / merge_heads, multi_head_attention")
+           "linear.linear_forward, multi_head.split_heads / merge_heads, attention.scaled_dot_product_attention_forward, "
+           "multi_head.multi_head_attention_forward",
+           "linear.linear, multi_head.split_heads / merge_heads, attention.scaled_dot_product_attention, "
+           "multi_head.multi_head_attention")
     p.note(f"parameters from multi_head.init_multi_head_params({C}, rng): q, k, v, o each w ({C}, {C}), b ({C},)")
     head_cols = [f"h{h}.{j}" if hs > 1 else f"h{h}" for h in range(nh) for j in range(hs)]
     p.table("mh_q", "Q = x @ Wq + bq, columns grouped by head", tok, head_cols, index=0)
