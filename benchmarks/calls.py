@@ -16,7 +16,8 @@ def make_inputs(op, size, dtype, seed):
 
 
 def make_dout(shape, dtype, seed):
-    """A random upstream gradient (never ones: it would make the softmax gradient zero)."""
+    """A random upstream gradient (never ones: it would make the softmax gradient zero); a
+    scalar output, a loss, gets 1."""
     rng = np.random.default_rng([seed, 1, *shape])
     return rng.standard_normal(shape).astype(dtype) if shape else np.asarray(1.0, dtype)
 

@@ -6,7 +6,8 @@ timed. A sample times a block of calls long enough that the clock's overhead van
 is the block's time divided by the number of calls. We report the median and the quartiles of
 the samples (robust to the other processes on a shared machine) and their min and max.
 torch is timed by ``torch.utils.benchmark.Timer`` (it sets torch's thread count and
-synchronises CUDA before reading the clock); NumPy by ``time.perf_counter``.
+synchronises CUDA before reading the clock); NumPy by ``time.perf_counter``. Peak memory is
+taken on one more call before the warm-up, never on a timed one (tracemalloc slows allocation).
 """
 
 import math
