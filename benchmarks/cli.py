@@ -13,6 +13,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -55,12 +56,24 @@ def _number(kind, minimum=1):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="Time numpy_attn (NumPy, hand-written backward) against its torch_attn twin "
-        "(autograd) and PyTorch's built-in, forward and forward+backward, over a sweep of "
-        "sequence lengths. Parity with NumPy is checked at every size before timing; each "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time numpy_attn (NumPy, hand-written backward) against its torch_attn twin\n"
+        "(autograd) and PyTorch's built-in, forward and forward+backward, over a sweep of\n"
+        "sequence lengths. Parity with NumPy is checked at every size before timing; each\n"
         "library is timed in its own subprocess so that their thread pools do not fight.",
-        epilog="Example: python -m benchmarks --ops attention --json benchmarks/results/cpu.json "
-        "--plot benchmarks/results/cpu.png",
+        epilog="examples:\n"
+        "  python -m benchmarks --quick                 every op at tiny sizes (about 30 s)\n"
+        "  python -m benchmarks --ops attention --json benchmarks/results/cpu.json \\\n"
+        "      --plot benchmarks/results/cpu.png        the committed CPU results\n"
+        "  python -m benchmarks --from-json benchmarks/results/cpu.json \\\n"
+        "      --markdown benchmarks/results/cpu.md     its tables for the README, no re-run\n"
+        "  python -m benchmarks --list                  the ops and whether they can run\n"
+        "\n"
+        + textwrap.fill(f"FLOPs: {FLOPS_CONVENTION}.", 88) + "\n"
+        f"gpt_step is the loss (fwd) and the loss with every parameter's gradient (fwd+bwd) of a\n"
+        f"{registry.GPT_LAYERS}-layer GPT with a {registry.GPT_VOCAB}-token vocabulary.\n"
+        "exit status: 0 done (rows that cannot run are listed as not available), 1 parity\n"
+        "failure or a failed timing worker, 2 bad option.",
     )
     f = FULL
     p.add_argument("--ops", nargs="+", default=[], metavar="OP",
@@ -105,7 +118,8 @@ def build_parser():
                    help=f"a tiny sweep that finishes in well under a minute (T in {QUICK['seq_lens']}, "
                    f"B={QUICK['batch']}, nh={QUICK['heads']}, hs={QUICK['head_size']}, "
                    f"{QUICK['repeats']} samples, 1 thread); explicit options still win")
-    p.add_argument("--json", metavar="FILE", help="write every row, the machine and the settings as JSON")
+    p.add_argument("--json", metavar="FILE", help="write every row, the machine and the settings as JSON "
+                   "(missing folders are created; every output path is checked before measuring)")
     p.add_argument("--csv", metavar="FILE", help="write one CSV line per row")
     p.add_argument("--markdown", metavar="FILE",
                    help="write the table as Markdown (for the README), header lines first")
