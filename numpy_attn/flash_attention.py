@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_same_dtype
+from numpy_attn.attention import _check_inputs as check_attention_inputs
 
 # Scores are kept in base 2: log2(e) is folded into q's scale (T x hs multiplies, not T x S) and
 # np.exp2 is then used in place of np.exp, which NumPy computes about twice as fast in float32.
@@ -50,11 +50,20 @@ class FlashCache(NamedTuple):
     k: np.ndarray           # (..., nkv, S, hs)
     v: np.ndarray           # (..., nkv, S, hv)
     out: np.ndarray         # (..., nh, T, hv)
-    lse: np.ndarray         # (..., nh, T) log-sum-exp of each row of scale * q @ k^T (natural log)
+    lse2: np.ndarray        # (..., nh, T) log-sum-exp of each row in base 2: lse * log2(e)
     is_causal: bool
     scale: np.floating      # in q's dtype
     block_q: int
     block_k: int
+
+    @property
+    def lse(self):
+        """(..., nh, T) log-sum-exp of each row of scale * q @ k^T (natural log).
+
+        The cache keeps it in base 2, as the backward uses it: converting there and back would
+        round it twice more, and in float32 its rounding is the backward's largest error.
+        """
+        return self.lse2 / LOG2E
 
 
 def _check_inputs(q, k, v, block_q, block_k):
@@ -62,25 +71,8 @@ def _check_inputs(q, k, v, block_q, block_k):
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        check_float(name, a)
-        if a.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., length, head size), got {a.shape}")
-    check_same_dtype(q=q, k=k, v=v)
-    pairs = [("q and k head sizes", q.shape[-1], k.shape[-1], "q", q, "k", k),
-             ("k and v lengths", k.shape[-2], v.shape[-2], "k", k, "v", v),
-             ("k and v leading dimensions", k.shape[:-2], v.shape[:-2], "k", k, "v", v)]
-    for what, a, b, name_a, x, name_b, y in pairs:
-        if a != b:
-            raise ValueError(f"{what} differ: {name_a} {x.shape}, {name_b} {y.shape}")
-    if q.shape[:-2] == k.shape[:-2]:
-        return
-    if q.ndim != k.ndim or q.ndim < 3 or q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
-                         "or differ only in the head axis -3 (grouped-query attention)")
-    if q.shape[-3] % k.shape[-3]:
-        raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to be "
-                         f"a multiple of the key/value head count {k.shape[-3]}: q {q.shape}, k {k.shape}")
+    # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
+    check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
 
 
 def _cpu_count():
@@ -135,8 +127,8 @@ def _future_mask(block_q, T, dtype):
     return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
 
 
-def _forward_slice(q, k, v, out, lse, is_causal, scale, block_q, block_k):
-    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse (T,)."""
+def _forward_slice(q, k, v, out, lse2, is_causal, scale, block_q, block_k):
+    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse2 (T,)."""
     T, hs = q.shape
     S, hv = v.shape
     dtype = q.dtype
@@ -170,7 +162,7 @@ def _forward_slice(q, k, v, out, lse, is_causal, scale, block_q, block_k):
             acc += np.matmul(p, v_1[j0:j1], out=pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1))
         row_sum = acc[:, hv]                                 # (bq,) >= 1: the maximum contributes 1
         out[i0:i1] = acc[:, :hv] / row_sum[:, None]
-        lse[i0:i1] = (m + np.log2(row_sum)) / LOG2E          # back to natural log
+        lse2[i0:i1] = m + np.log2(row_sum)                   # log-sum-exp in base 2
 
 
 def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
@@ -189,21 +181,21 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
     v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
     out = np.zeros((N, T, hv), q.dtype)                      # stays 0 if S = 0
-    lse = np.full((N, T), -np.inf, q.dtype)                  # log(0) if S = 0
+    lse2 = np.full((N, T), -np.inf, q.dtype)                 # log(0) if S = 0
 
     def one(n):   # query slice n reads key/value slice n // g
-        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse[n], is_causal, scale, block_q, block_k)
+        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse2[n], is_causal, scale, block_q, block_k)
 
     if S > 0:
         _map_slices(one, N, N * T * S * hs)
     out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
-    lse = lse.reshape(q.shape[:-1])                          # (N, T) -> (..., nh, T)
-    cache = FlashCache(q, k, v, out, lse, is_causal, scale, block_q, block_k)
+    lse2 = lse2.reshape(q.shape[:-1])                        # (N, T) -> (..., nh, T)
+    cache = FlashCache(q, k, v, out, lse2, is_causal, scale, block_q, block_k)
     return out, cache
 
 
-def _backward_slice(q, k, v, out, dout, lse, dq, dk, dv, is_causal, scale, block_q, block_k):
-    """One key/value head and its g query heads: q, out, dout (g, T, .), lse (g, T), k, v (S, .)
+def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, block_q, block_k):
+    """One key/value head and its g query heads: q, out, dout (g, T, .), lse2 (g, T), k, v (S, .)
     -> writes dq (g, T, hs), dk (S, hs), dv (S, hv)."""
     g, T, hs = q.shape
     S, hv = v.shape
@@ -223,7 +215,7 @@ def _backward_slice(q, k, v, out, dout, lse, dq, dk, dv, is_causal, scale, block
     future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for h in range(g):
         np.multiply(q[h], scale * LOG2E, out=q_lse[:, :hs])
-        np.multiply(lse[h], -LOG2E, out=q_lse[:, hs])        # lse in base 2, as the scores
+        np.negative(lse2[h], out=q_lse[:, hs])
         dout_D[:, :hv] = dout[h]
         # D = rowsum(dout * out) without a (T, hv) temporary. Undoes out = acc / l (Algorithm 2).
         np.negative(np.einsum("ij,ij->i", dout[h], out[h]), out=dout_D[:, hv])
@@ -258,7 +250,7 @@ def flash_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse, is_causal, scale, block_q, block_k = cache
+    q, k, v, out, lse2, is_causal, scale, block_q, block_k = cache
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])
@@ -268,13 +260,13 @@ def flash_attention_backward(dout, cache):
     q4 = q.reshape(groups + (hs,))                           # (..., nh, T, hs) -> (Nkv, g, T, hs)
     out4 = out.reshape(groups + (hv,))
     dout4 = dout.reshape(groups + (hv,))
-    lse3 = lse.reshape(groups)                               # (..., nh, T) -> (Nkv, g, T)
+    lse2 = lse2.reshape(groups)                              # (..., nh, T) -> (Nkv, g, T)
     dq = np.zeros(q4.shape, q.dtype)
     dk = np.zeros(k3.shape, k.dtype)
     dv = np.zeros(v3.shape, v.dtype)
 
     def one(n):   # key/value slice n with its g query heads: no two workers write the same dk, dv
-        _backward_slice(q4[n], k3[n], v3[n], out4[n], dout4[n], lse3[n], dq[n], dk[n], dv[n],
+        _backward_slice(q4[n], k3[n], v3[n], out4[n], dout4[n], lse2[n], dq[n], dk[n], dv[n],
                         is_causal, scale, block_q, block_k)
 
     if S > 0 and T > 0:
