@@ -24,8 +24,8 @@ def activations(draw, dtype=None):
     return draw(S.arrays(dtype, shape, bound=10.0)), draw(S.arrays(dtype, shape))
 
 
-# Points in each region of erf (|x| / sqrt(2) below 1: Taylor series; below 6: continued
-# fraction; beyond: 1), on both sides of zero.
+# Points in each region of erf (|x| / sqrt(2) below 1: Taylor series at 0; below 2: Taylor
+# series at 1.5; below 6: continued fraction; beyond: 1), on both sides of zero.
 EDGES = np.array([0.0, 0.5, -1.5, 2.0, -3.0, 5.0, -7.0, 9.0, -10.0])
 EDGE_CASE = (EDGES, np.linspace(-1.0, 1.5, EDGES.size))
 
