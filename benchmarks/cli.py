@@ -189,6 +189,18 @@ def _run_worker(library, device, job, cases, progress):
                            f"{proc.returncode} (its traceback is above)")
 
 
+def _git_state():
+    """The commit measured, and whether the working tree differed from it (None outside git)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        return dict(commit=commit, dirty=bool(git("status", "--porcelain", "--untracked-files=no"))) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _library(impl):
     return "numpy" if impl == "numpy" else "torch"
 
@@ -287,6 +299,7 @@ def measure(ops, args, argv):
         started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         duration_s=round(time.monotonic() - started, 1),
         machine=report.machine(),
+        git=_git_state(),
         versions=dict(python=platform.python_version(), numpy=np.__version__,
                       torch=torch.__version__, threadpoolctl=threadpoolctl.__version__),
         config=dict(ops=[op.name for op in ops], impls=args.impls, device=args.device,

@@ -56,7 +56,10 @@ def header_lines(results):
         f"machine: {m['cpu']}, {m['physical_cores']} cores / {m['logical_cpus']} logical CPUs "
         f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}",
         f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
-        f"torch {results['versions']['torch']}",
+        f"torch {results['versions']['torch']}"
+        + (f"; numpy-attn at {results['git']['commit'][:10]}"
+           + (" with uncommitted changes" if results["git"]["dirty"] else "")
+           if results.get("git") else ""),
     ]
     for env in results["workers"]:
         where = f"{env['library']} {env['device']}"
