@@ -184,7 +184,10 @@ def _run_worker(library, device, job, cases, progress):
                     if record["kind"] == "row" else f"{library} {device} matmul peak")
             progress.step(what)
         yield record
-    if proc.wait() != 0:
+    if proc.wait() < 0:                            # the kernel's OOM killer sends SIGKILL
+        raise RuntimeError(f"the {library} {device} timing worker was killed by signal "
+                           f"{-proc.returncode} (out of memory? try smaller --seq-lens or --batch)")
+    if proc.returncode != 0:
         raise RuntimeError(f"the {library} {device} timing worker failed with exit status "
                            f"{proc.returncode} (its traceback is above)")
 

@@ -181,6 +181,16 @@ def test_every_registered_op_passes_parity_at_a_tiny_size(name, dtype):
     assert all(r["ok"] for r in results.values())
 
 
+def test_failed_timing_worker_exits_1(monkeypatch, capfd):
+    """An op known only to this process passes parity here, then breaks the fresh worker."""
+    monkeypatch.setitem(registry.OPS, "only_here", dataclasses.replace(registry.OPS["softmax"], name="only_here"))
+    status = cli.main(TINY[:1] + ["--ops", "only_here", "--seq-lens", "8", "--impls", "numpy",
+                                  "--no-progress"])
+    err = capfd.readouterr().err
+    assert status == 1
+    assert "KeyError: 'only_here'" in err and "the numpy cpu timing worker failed with exit status 1" in err
+
+
 def test_op_without_module_is_not_available():
     ghost = dataclasses.replace(registry.OPS["softmax"], name="ghost", stem="no_such_stem")
     assert "No module named 'numpy_attn.no_such_stem'" in ghost.missing("numpy")
