@@ -5,6 +5,8 @@ bounded so that tolerances can be stated; float32 elements are drawn with ``widt
 they are exactly representable. Token ids are drawn from a small vocabulary so that they repeat.
 """
 
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -12,6 +14,11 @@ from hypothesis.extra import numpy as hnp
 FLOAT_DTYPES = (np.float64, np.float32)
 
 dtypes = st.sampled_from(FLOAT_DTYPES)
+
+
+def ramp(*shape, dtype=np.float64):
+    """Distinct values in [-1, 1] of ``shape`` (sin 1, sin 2, ...), for hand-written @example cases."""
+    return np.sin(np.arange(1, math.prod(shape) + 1)).reshape(shape).astype(dtype)
 
 
 def dim(min_value=1, max_value=6):

@@ -23,7 +23,6 @@ from parity_tests.helpers import (
     assert_close,
     autograd,
     numerical_grad,
-    ramp,
     to_numpy,
     to_torch,
 )
@@ -64,9 +63,9 @@ def make_case(q, k, v, dout, attn_mask=None, is_causal=False, scale=None, dropou
 # T = 1 and a single head, with that one query row masked entirely; and GQA with a fully masked
 # row in a float mask and dropout.
 EDGE_CASES = [
-    make_case(ramp(1, 1, 1, 2), ramp(1, 1, 3, 2), ramp(1, 1, 3, 2), ramp(1, 1, 1, 2),
+    make_case(S.ramp(1, 1, 1, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 1, 2),
               attn_mask=np.zeros((1, 3), dtype=bool)),
-    make_case(ramp(2, 3, 2), ramp(1, 4, 2), ramp(1, 4, 3), ramp(2, 3, 3),
+    make_case(S.ramp(2, 3, 2), S.ramp(1, 4, 2), S.ramp(1, 4, 3), S.ramp(2, 3, 3),
               attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]),
               dropout_p=0.5, seed=7),
 ]
@@ -313,7 +312,7 @@ def test_dropout_keep_rate_and_scale(p):
 
 
 def test_dropout_mask_comes_from_rng():
-    q = k = v = ramp(2, 5, 3)
+    q = k = v = S.ramp(2, 5, 3)
     masks = [scaled_dot_product_attention_forward(q, k, v, dropout_p=0.5, rng=np.random.default_rng(s))[1].keep
              for s in (1, 1, 2)]
     assert np.array_equal(masks[0], masks[1]), "the same seed gave different keep-masks"
@@ -343,8 +342,8 @@ def test_backward_matches_finite_differences(case):
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):
     """float32 stays float32 with a float mask, dropout, GQA and a float64 scale."""
-    case = make_case(ramp(2, 2, 3, 2, dtype=dtype), ramp(2, 1, 4, 2, dtype=dtype), ramp(2, 1, 4, 3, dtype=dtype),
-                     ramp(2, 2, 3, 3, dtype=dtype), attn_mask=ramp(3, 4, dtype=dtype),
+    case = make_case(S.ramp(2, 2, 3, 2, dtype=dtype), S.ramp(2, 1, 4, 2, dtype=dtype), S.ramp(2, 1, 4, 3, dtype=dtype),
+                     S.ramp(2, 2, 3, 3, dtype=dtype), attn_mask=S.ramp(3, 4, dtype=dtype),
                      scale=np.float64(0.5), dropout_p=np.float64(0.25))
     out, cache = numpy_forward(case)
     grads = scaled_dot_product_attention_backward(case["dout"], cache)

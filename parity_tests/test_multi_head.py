@@ -22,7 +22,6 @@ from parity_tests.helpers import (
     assert_tree_close,
     autograd,
     numerical_grad,
-    ramp,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -64,18 +63,18 @@ def mha_inputs(draw, dtype=None, kinds=S.MASK_KINDS, dropout=True, max_heads=3, 
 
 
 def hand_params(C, bias=True, dtype=np.float64):
-    return {name: {"w": ramp(C, C, dtype=dtype) * (i + 1) / 4, **({"b": ramp(C, dtype=dtype)} if bias else {})}
+    return {name: {"w": S.ramp(C, C, dtype=dtype) * (i + 1) / 4, **({"b": S.ramp(C, dtype=dtype)} if bias else {})}
             for i, name in enumerate("qkvo")}
 
 
 # T = 1 and one head, with that one query row masked entirely; cross-attention without biases,
 # a float mask that hides a whole row, and dropout.
 EDGE_CASES = [
-    dict(x=ramp(1, 1, 2), params=hand_params(2), num_heads=1, attn_mask=np.zeros((1, 1), dtype=bool),
-         is_causal=False, dropout_p=0.0, seed=0, kv=None, dout=ramp(1, 1, 2)),
-    dict(x=ramp(2, 3, 4), params=hand_params(4, bias=False), num_heads=2,
+    dict(x=S.ramp(1, 1, 2), params=hand_params(2), num_heads=1, attn_mask=np.zeros((1, 1), dtype=bool),
+         is_causal=False, dropout_p=0.0, seed=0, kv=None, dout=S.ramp(1, 1, 2)),
+    dict(x=S.ramp(2, 3, 4), params=hand_params(4, bias=False), num_heads=2,
          attn_mask=np.array([[0.0, -np.inf], [-np.inf, -np.inf], [1.0, 0.5]]), is_causal=False,
-         dropout_p=0.5, seed=3, kv=ramp(2, 2, 4) / 2, dout=ramp(2, 3, 4)),
+         dropout_p=0.5, seed=3, kv=S.ramp(2, 2, 4) / 2, dout=S.ramp(2, 3, 4)),
 ]
 
 
@@ -333,9 +332,9 @@ def test_backward_matches_finite_differences(case):
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 @pytest.mark.parametrize("cross", [False, True])
 def test_dtype_is_preserved(dtype, cross):
-    case = dict(x=ramp(2, 3, 4, dtype=dtype), params=hand_params(4, dtype=dtype), num_heads=2,
-                attn_mask=ramp(3, 2 if cross else 3, dtype=dtype), is_causal=False, dropout_p=0.25,
-                seed=0, kv=ramp(2, 2, 4, dtype=dtype) if cross else None, dout=ramp(2, 3, 4, dtype=dtype))
+    case = dict(x=S.ramp(2, 3, 4, dtype=dtype), params=hand_params(4, dtype=dtype), num_heads=2,
+                attn_mask=S.ramp(3, 2 if cross else 3, dtype=dtype), is_causal=False, dropout_p=0.25,
+                seed=0, kv=S.ramp(2, 2, 4, dtype=dtype) if cross else None, dout=S.ramp(2, 3, 4, dtype=dtype))
     out, cache = numpy_forward(case)
     dx, dparams, dkv = numpy_backward(case, cache)
     arrays = [("out", out), ("weights", cache.weights), ("dx", dx), *tree_leaves(dparams)]
