@@ -204,6 +204,11 @@ def _git_state():
         return None
 
 
+def _load_average():
+    """The 1-minute load average (None where the OS has none)."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def _library(impl):
     return "numpy" if impl == "numpy" else "torch"
 
@@ -274,6 +279,7 @@ def measure(ops, args, argv):
     import torch
 
     started = time.monotonic()
+    load_before = _load_average()
     s = _settings(args)
     cuda_reason = None if torch.cuda.is_available() else (
         "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
@@ -301,6 +307,8 @@ def measure(ops, args, argv):
         command="python -m benchmarks " + shlex.join(argv),
         started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         duration_s=round(time.monotonic() - started, 1),
+        # Other processes' load makes timings noisy (threads wait for descheduled siblings).
+        load_average=dict(before=load_before, after=_load_average()),
         machine=report.machine(),
         git=_git_state(),
         versions=dict(python=platform.python_version(), numpy=np.__version__,

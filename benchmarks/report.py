@@ -54,7 +54,9 @@ def header_lines(results):
     m, cfg = results["machine"], results["config"]
     lines = [
         f"machine: {m['cpu']}, {m['physical_cores']} cores / {m['logical_cpus']} logical CPUs "
-        f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}",
+        f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}"
+        + (f"; load average {load['before']} before the run, {load['after']} after"
+           if (load := results.get("load_average")) else ""),
         f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
         f"torch {results['versions']['torch']}"
         + (f"; numpy-attn at {results['git']['commit'][:10]}"
