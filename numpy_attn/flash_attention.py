@@ -61,7 +61,8 @@ class FlashCache(NamedTuple):
         """(..., nh, T) log-sum-exp of each row of scale * q @ k^T (natural log).
 
         The cache keeps it in base 2, as the backward uses it: converting there and back would
-        round it twice more, and in float32 its rounding is the backward's largest error.
+        round it twice more, and in float32 each rounding of lse (an ulp of |lse|, which grows
+        with the scores) enters every probability the backward recomputes.
         """
         return self.lse2 / LOG2E
 

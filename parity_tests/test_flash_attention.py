@@ -84,6 +84,27 @@ def qkv(case):
     return {name: case[name] for name in ("q", "k", "v")}
 
 
+def grad_tol(case):
+    """assert_close's tolerance for dq and dk: the dtype's default, with a wider atol in float32.
+
+    dS = P * (dP - D) cancels: dP and D are sums of up to hv terms |dout| |v|, and dS keeps their
+    rounding, a few ulps of that size, however small the difference. dq and dk sum dS over up to
+    max(T, S) rows times |k| or |q| and the scale, so their float32 error reaches 4 ulps of
+    M = scale max|q, k| max(T, S) max|dout| max|v| hv. The thorough profile reached 2.4 such ulps
+    (4.3e-4 in dk, between two block sizes) and, with the default atol 1e-5, 16 times that atol
+    (1.6e-4 in dk; between torch's built-in and the twin too). A real bug is off by a fraction of
+    M itself. float64 keeps the tight default: its ulps are 2^29 times smaller.
+    """
+    q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
+    if q.dtype != np.float32 or q.size * k.size * dout.size == 0:
+        return {}
+    T, S_, hs, hv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
+    M = (scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
+         * np.abs(v).max() * hv)
+    return dict(atol=max(1e-5, 4 * float(np.finfo(np.float32).eps) * M))
+
+
 # -- forward matches the twin -------------------------------------------------------------------
 
 @given(case=flash_inputs())
@@ -108,8 +129,8 @@ def test_backward_matches_autograd(case):
     _, cache = numpy_forward(case)
     dq, dk, dv = flash_attention_backward(case["dout"], cache)
     _, grads = autograd(twin_fn(case), qkv(case), case["dout"])
-    assert_close("flash.dq", dq, grads["q"])
-    assert_close("flash.dk", dk, grads["k"])
+    assert_close("flash.dq", dq, grads["q"], **grad_tol(case))
+    assert_close("flash.dk", dk, grads["k"], **grad_tol(case))
     assert_close("flash.dv", dv, grads["v"])
 
 
@@ -129,8 +150,9 @@ def test_twin_matches_builtin(case):
     out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
     out_t, grads_t = autograd(twin_fn(case), qkv(case), case["dout"])
     assert_close("flash.out vs builtin", out_t, out_b)
-    for name in ("q", "k", "v"):
-        assert_close(f"flash.d{name} vs builtin", grads_t[name], grads_b[name])
+    for name in ("q", "k"):
+        assert_close(f"flash.d{name} vs builtin", grads_t[name], grads_b[name], **grad_tol(case))
+    assert_close("flash.dv vs builtin", grads_t["v"], grads_b["v"])
     q, k, v = (to_torch(a) for a in qkv(case).values())
     _, lse_t = tw.flash_attention(q, k, v, **{n: case[n] for n in KWARGS})
     T, S_, hs = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -206,8 +228,9 @@ def test_block_sizes_do_not_change_the_result(case, data):
     assert_close("flash.lse for other block sizes", cache_o.lse, cache.lse)
     grads = flash_attention_backward(case["dout"], cache)
     grads_o = flash_attention_backward(case["dout"], cache_o)
-    for name, d, d_o in zip(("dq", "dk", "dv"), grads, grads_o, strict=True):
-        assert_close(f"flash.{name} for other block sizes", d_o, d)
+    for name, d, d_o, tol in zip(("dq", "dk", "dv"), grads, grads_o, (grad_tol(case),) * 2 + ({},),
+                                 strict=True):
+        assert_close(f"flash.{name} for other block sizes", d_o, d, **tol)
 
 
 @given(case=flash_inputs())
