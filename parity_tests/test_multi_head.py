@@ -18,6 +18,7 @@ from numpy_attn.multi_head import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    TOLERANCES,
     assert_close,
     assert_tree_close,
     autograd,
@@ -105,6 +106,24 @@ def twin_fn(case, keep):
     return fn
 
 
+def gradient_tol(x, params, kv, dout, cache):
+    """The dtype's tolerance for every gradient, atol scaled by the size of the terms that cancel.
+
+    As in test_attention.gradient_tols: the heads' dq and dk are what is left of subtracting terms
+    up to D * |k| * scale and D * |q| * scale, D = hs max|dy| max|v| / (1 - p) with dy the gradient
+    after the output projection; the projections' backward multiplies them by |x|, |kv| or |w|.
+    Hypothesis found float32 dWq entries of 0.011 off by 2.2e-5 against nn.MultiheadAttention.
+    """
+    att = cache.attention
+    dy = dout @ params["o"]["w"].T                                # (B, T, C)
+    D = att.v.shape[-1] * np.abs(dy).max() * np.abs(att.v).max() * att.keep_scale
+    heads = D * max(np.abs(att.q_scaled).max(), np.abs(att.k).max() * att.scale)
+    inputs = max(float(np.abs(a).max()) for a in [x, *([] if kv is None else [kv])]
+                 + [leaf for _, leaf in tree_leaves(params)])
+    tol = TOLERANCES[np.dtype(x.dtype)]
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(heads) * max(1.0, inputs)))
+
+
 def differentiable(case):
     return {"x": case["x"], "params": case["params"], "kv": case["kv"]}
 
@@ -139,10 +158,11 @@ def test_backward_matches_autograd(case):
     dx, dparams, dkv = numpy_backward(case, cache)
     fn = twin_fn(case, cache.attention.keep)
     _, grads = autograd(lambda **t: fn(**t)[0], differentiable(case), case["dout"])
-    assert_close("mha.dx", dx, grads["x"])
-    assert_tree_close("mha.dparams", dparams, grads["params"])
+    tol = gradient_tol(case["x"], case["params"], case["kv"], case["dout"], cache)
+    assert_close("mha.dx", dx, grads["x"], **tol)
+    assert_tree_close("mha.dparams", dparams, grads["params"], **tol)
     if case["kv"] is not None:
-        assert_close("mha.dkv", dkv, grads["kv"])
+        assert_close("mha.dkv", dkv, grads["kv"], **tol)
 
 
 # -- the twin matches PyTorch's built-in ------------------------------------------------------------
@@ -246,12 +266,14 @@ def test_twin_matches_builtin(case):
     if case["average_attn_weights"]:
         weights_t = weights_t.mean(dim=1)                         # (B, nh, T, S) -> (B, T, S)
     assert_close("mha.weights vs builtin", to_numpy(weights_t), to_numpy(weights_b))
-    assert_close("mha.dx vs builtin", to_numpy(x_t.grad), to_numpy(x_b.grad))
+    _, cache = multi_head_attention_forward(case["x"], params, case["num_heads"], attn_mask=mask, kv=case["kv"])
+    tol = gradient_tol(case["x"], params, case["kv"], case["dout"], cache)
+    assert_close("mha.dx vs builtin", to_numpy(x_t.grad), to_numpy(x_b.grad), **tol)
     if kv_t is not None:
-        assert_close("mha.dkv vs builtin", to_numpy(kv_t.grad), to_numpy(kv_b.grad))
+        assert_close("mha.dkv vs builtin", to_numpy(kv_t.grad), to_numpy(kv_b.grad), **tol)
     grads_b = params_from_torch_mha(*(None if p is None else p.grad for p in torch_params))
     grads_t = {name: {k: to_numpy(t.grad) for k, t in leaf.items()} for name, leaf in params_t.items()}
-    assert_tree_close("mha.dparams vs builtin", grads_t, grads_b)
+    assert_tree_close("mha.dparams vs builtin", grads_t, grads_b, **tol)
 
 
 # -- properties ---------------------------------------------------------------------------------
