@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn._checks import check_float, check_same_dtype
 from numpy_attn.attention import _check_inputs as check_attention_inputs
 
 # Scores are kept in base 2: log2(e) is folded into q's scale (T x hs multiplies, not T x S) and
@@ -177,7 +178,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])   # (batch, head) slices
-    g = N // Nkv                                             # query heads per key/value head
+    g = N // Nkv if Nkv else 1                               # query heads per key/value head
     q3 = q.reshape(N, T, hs)                                 # (..., nh, T, hs) -> (N, T, hs)
     k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
     v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
@@ -252,10 +253,14 @@ def flash_attention_backward(dout, cache):
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
     q, k, v, out, lse2, is_causal, scale, block_q, block_k = cache
+    check_float("dout", dout)
+    check_same_dtype(dout=dout, out=out)
+    if dout.shape != out.shape:
+        raise ValueError(f"dout of shape {dout.shape} must have the output's shape {out.shape}")
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])
-    groups = (Nkv, N // Nkv, T)                              # (Nkv, g, T): the query heads of each kv head
+    groups = (Nkv, N // Nkv if Nkv else 1, T)                # (Nkv, g, T): the query heads of each kv head
     k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
     v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
     q4 = q.reshape(groups + (hs,))                           # (..., nh, T, hs) -> (Nkv, g, T, hs)

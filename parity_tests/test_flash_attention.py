@@ -360,3 +360,14 @@ def test_bad_input(args, error, message):
     *arrays, kwargs = args
     with pytest.raises(error, match=message):
         flash_attention_forward(*arrays, **kwargs)
+
+
+@pytest.mark.parametrize("dout, error, message", [
+    (np.zeros((2, 4, 3, 5)), ValueError, r"dout of shape \(2, 4, 3, 5\) must have the output's shape \(2, 4, 3, 6\)"),
+    (np.zeros((2, 4, 3, 6), np.float32), TypeError, "must share one dtype"),
+    (np.zeros((2, 4, 3, 6), np.int64), TypeError, "float32 or float64"),
+])
+def test_bad_dout(dout, error, message):
+    _, cache = flash_attention_forward(Q, K, V)
+    with pytest.raises(error, match=message):
+        flash_attention_backward(dout, cache)
