@@ -97,14 +97,15 @@ def gradient_tols(case, cache):
 
     The weights' gradient dout @ v^T has entries up to D = hv max|dout| max|v| / (1 - p); the
     softmax backward subtracts terms that large however small the result comes out, and dq, dk
-    multiply what is left by k * scale and q * scale. Two correct programs that round in another
-    order (the built-in's fused kernel, keys permuted) differ by the dtype's atol times those
-    terms, not times the result: Hypothesis found float32 dk entries of 1e-5 off by 1.2e-5.
+    multiply what is left by k * scale and q * scale; dv sums terms weight * dout / (1 - p). Two
+    correct programs that round in another order (the built-in's fused kernel, keys permuted)
+    differ by the dtype's atol times those terms, not times the result: Hypothesis found float32
+    dk entries of 1e-5 off by 1.2e-5.
     """
     tol = TOLERANCES[np.dtype(case["q"].dtype)]
     D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
     terms = {"q": D * np.abs(case["k"]).max() * cache.scale, "k": D * np.abs(case["q"]).max() * cache.scale,
-             "v": 1.0}
+             "v": np.abs(case["dout"]).max() * cache.keep_scale}
     return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(m))) for name, m in terms.items()}
 
 
