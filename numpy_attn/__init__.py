@@ -10,10 +10,24 @@ supplies; ``parity_tests/test_<op>.py`` proves the two agree.
 
 Reading order, leaf to root:
 
-    embedding   token lookup and its scatter-add backward
-    positional  sinusoidal position encoding (and learned positions as an embedding)
-    softmax     softmax and log-softmax, stable and mask-aware
-    linear      x @ w + b with w stored (C_in, C_out)
+    embedding        token lookup and its scatter-add backward
+    positional       sinusoidal position encoding (and learned positions as an embedding)
+    softmax          softmax and log-softmax, stable and mask-aware
+    linear           x @ w + b with w stored (C_in, C_out)
+    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    multi_head       split/merge heads and multi-head (self- or cross-) attention
+    layer_norm       layer normalisation, biased variance, eps inside the square root
+    gelu             GELU, exact (with our own erf) and tanh-approximated
+    dropout          inverted dropout with an explicit random generator
+    feed_forward     linear C -> 4C, GELU, linear 4C -> C
+    block            the pre-LayerNorm transformer block
+    gpt              a mini GPT: embeddings, blocks, final layer norm, LM head
+    loss             cross-entropy on log-softmax
+    optim            AdamW and SGD over nested parameter dicts
+    flash_attention  tiled attention with online softmax: no T x S matrix
+
+The commands (``numpy-attn walkthrough``, ``show``, ``tokenize``) live in ``cli.py`` beside
+``walkthrough.py`` and ``show.py``; they import torch inside the commands that compare with it.
 
 Dimension key (the same in torch_attn and the README):
 
