@@ -36,12 +36,20 @@ def trees(draw, dtype=None, steps=STEPS):
     return tree(shapes), [tree(shapes) for _ in range(steps)]
 
 
-adamw_hyper = st.fixed_dictionaries({
+ADAMW_FIELDS = {
     "lr": st.floats(0, 0.1),
     "betas": st.tuples(st.floats(0, 0.99), st.floats(0, 0.999)),
     "eps": st.sampled_from([1e-8, 1e-6, 1e-3]),
     "weight_decay": st.floats(0, 0.1),
-})
+}
+adamw_hyper = st.fixed_dictionaries(ADAMW_FIELDS)
+
+# Against torch.optim.AdamW: torch updates m with lerp, m + (1 - b1) * (g - m), which for b1 near 0
+# cancels and differs from ours by ulps of m. AdamW divides m by sqrt(v) + eps, which stays bounded
+# only when b1 < sqrt(b2); outside (b2 = 0 and a zero gradient: v = 0, the step is lr * m / eps),
+# those ulps become lr-sized differences (the thorough profile found 0.08). So b2 >= 0.9 > b1^2 here.
+bounded_adamw_hyper = st.fixed_dictionaries(
+    {**ADAMW_FIELDS, "betas": st.tuples(st.floats(0, 0.9), st.floats(0.9, 0.999))})
 
 sgd_hyper = st.fixed_dictionaries({
     "lr": st.floats(0, 0.1),
@@ -131,7 +139,7 @@ def test_matches_twin(name, hyper, data):
 
 # -- the twin matches PyTorch's built-in ---------------------------------------------------------
 
-@pytest.mark.parametrize("name, hyper", CASES)
+@pytest.mark.parametrize("name, hyper", [("adamw", bounded_adamw_hyper), ("sgd", sgd_hyper)])
 @given(data=st.data())
 def test_twin_matches_builtin(name, hyper, data):
     """torch.optim.AdamW / SGD on the same leaves, fed the same gradients, step after step."""
