@@ -1,4 +1,4 @@
-"""The ``numpy-attn`` command: ``--version``, ``tokenize TEXT``, ``walkthrough [TEXT]``, ``show OP``.
+"""The ``numpy-attn`` command: ``--version``, ``tokenize``, ``walkthrough``, ``show``, ``train``, ``generate``.
 
 Subcommands that compare NumPy with torch import torch inside themselves, never at module level.
 """
@@ -41,6 +41,18 @@ def _show(args):
     from numpy_attn import show
 
     return show.run(args, color=use_color(args.color, sys.stdout))
+
+
+def _train(args):
+    from numpy_attn import train
+
+    return train.run_train(args)
+
+
+def _generate(args):
+    from numpy_attn import train
+
+    return train.run_generate(args)
 
 
 def _add_color_option(p):
@@ -103,6 +115,15 @@ def build_parser():
                    help="write every operation, side by side, to one self-contained HTML page")
     _add_color_option(p)
     p.set_defaults(func=_show)
+
+    from numpy_attn import train  # NumPy only; torch is imported by --compare-torch alone
+
+    p = sub.add_parser("train", help="train the mini GPT in NumPy (--compare-torch: beside the torch twin)")
+    train.add_train_arguments(p)
+    p.set_defaults(func=_train)
+    p = sub.add_parser("generate", help="continue a prompt with a checkpoint of numpy-attn train")
+    train.add_generate_arguments(p)
+    p.set_defaults(func=_generate)
     return parser
 
 
@@ -116,7 +137,7 @@ def main(argv=None):
 
     try:
         return args.func(args)
-    except (TokenizerUnavailable, ValueError, TypeError) as err:
+    except (TokenizerUnavailable, ValueError, TypeError, OSError) as err:
         print(f"numpy-attn {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:   # e.g. `numpy-attn walkthrough | head`: the reader has had enough

@@ -16,7 +16,6 @@ generate: greedy decoding (``--temperature 0``) or sampling at a temperature, op
 ``--top-k`` most likely tokens, with ``--seed``; the context is the last ``block_size`` tokens.
 """
 
-import argparse
 import dataclasses
 import json
 import os
@@ -391,21 +390,3 @@ def add_generate_arguments(p):
     p.add_argument("--top-k", type=int, default=None, dest="top_k",
                    help="sample from the k most likely tokens only")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
-
-
-def main(argv=None):
-    """``python -m numpy_attn.train {train,generate} ...``, the same as the numpy-attn commands."""
-    parser = argparse.ArgumentParser(prog="python -m numpy_attn.train")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_arguments(sub.add_parser("train", help="train the mini GPT in NumPy"))
-    add_generate_arguments(sub.add_parser("generate", help="continue a prompt with a checkpoint"))
-    args = parser.parse_args(argv)
-    try:
-        return run_train(args) if args.command == "train" else run_generate(args)
-    except (ValueError, TypeError, OSError) as err:
-        print(f"numpy-attn {args.command}: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

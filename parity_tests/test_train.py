@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from numpy_attn import train
+from numpy_attn import cli, train
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from parity_tests.helpers import assert_tree_close, needs_vocab
 
@@ -25,7 +25,7 @@ def run(tmp_path_factory):
     corpus.write_text(TEXT, encoding="utf-8")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = train.main(["train", "--text", str(corpus), "--out", str(folder / "out"),
+        rc = cli.main(["train", "--text", str(corpus), "--out", str(folder / "out"),
                          "--compare-torch", *TINY])
     assert rc == 0, out.getvalue()
     return folder / "out", out.getvalue()
@@ -87,7 +87,7 @@ def test_train_writes_a_checkpoint_that_loads(run):
 @needs_vocab
 def test_generate_continues_a_prompt(run, capsys):
     folder, _ = run
-    assert train.main(["generate", "--checkpoint", str(folder), "--prompt", "The cat",
+    assert cli.main(["generate", "--checkpoint", str(folder), "--prompt", "The cat",
                        "--temperature", "0", "--max-new-tokens", "5"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("The cat") and len(text) > len("The cat\n"), text
@@ -99,7 +99,7 @@ def test_generate_continues_a_prompt(run, capsys):
 def test_nothing_is_overwritten_without_force(run, capsys):
     folder, _ = run
     before = (folder / "model.npz").read_bytes()
-    assert train.main(["train", "--out", str(folder), *TINY]) == 2
+    assert cli.main(["train", "--out", str(folder), *TINY]) == 2
     assert "already holds model.npz" in capsys.readouterr().err
     assert (folder / "model.npz").read_bytes() == before
 
@@ -112,7 +112,7 @@ def test_nothing_is_overwritten_without_force(run, capsys):
 ])
 def test_bad_prompts(run, capsys, prompt, message):
     folder, _ = run
-    assert train.main(["generate", "--checkpoint", str(folder), "--prompt", prompt]) == 2
+    assert cli.main(["generate", "--checkpoint", str(folder), "--prompt", prompt]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -129,13 +129,13 @@ def test_checkpoint_that_does_not_match_its_config(run, tmp_path):
 
 def test_empty_corpus(tmp_path, capsys):
     (tmp_path / "empty.txt").write_text(" \n")
-    assert train.main(["train", "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path)]) == 2
+    assert cli.main(["train", "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path)]) == 2
     assert "is empty" in capsys.readouterr().err
 
 
 @needs_vocab
 def test_corpus_too_short_for_the_context(tmp_path, capsys):
     (tmp_path / "short.txt").write_text("just a few words")
-    assert train.main(["train", "--text", str(tmp_path / "short.txt"), "--out", str(tmp_path),
+    assert cli.main(["train", "--text", str(tmp_path / "short.txt"), "--out", str(tmp_path),
                        *TINY]) == 2
     assert "too few for windows of block_size + 1 = 9" in capsys.readouterr().err
