@@ -19,8 +19,8 @@ LOG2E = math.log2(math.e)
 def _mask_future(s, i0, j0):
     """Scores in tile s (..., bq, bk) (queries i0.., keys j0..) with keys after their query at -inf."""
     bq, bk = s.shape[-2:]
-    query = torch.arange(i0, i0 + bq)
-    key = torch.arange(j0, j0 + bk)
+    query = torch.arange(i0, i0 + bq, device=s.device)
+    key = torch.arange(j0, j0 + bk, device=s.device)
     return s.masked_fill(key > query[:, None], -torch.inf)
 
 
@@ -39,8 +39,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
         q_blk = q[..., i0:i1, :] * (scale * LOG2E)           # (..., bq, hs), scores in base 2
-        m = torch.full(q_blk.shape[:-1], -torch.inf, dtype=q.dtype)      # (..., bq)
-        acc = torch.zeros(q_blk.shape[:-1] + (hv + 1,), dtype=q.dtype)   # (..., bq, hv+1)
+        m = torch.full(q_blk.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)     # (..., bq)
+        acc = torch.zeros(q_blk.shape[:-1] + (hv + 1,), dtype=q.dtype, device=q.device)  # (..., bq, hv+1)
         S_seen = min(S, i1) if is_causal else S
         for j0 in range(0, S_seen, block_k):
             j1 = min(j0 + block_k, S_seen)

@@ -26,9 +26,9 @@ def gpt(ids, params, config, rng=None, masks=None):
     # 1: token embedding and positions
     tok = embedding(ids, wte)                                             # (B, T) -> (B, T, C)
     if config.positions == "learned":
-        pos = embedding(torch.arange(T), params["wpe"])                   # (T,) -> (T, C)
+        pos = embedding(torch.arange(T, device=ids.device), params["wpe"])  # (T,) -> (T, C)
     else:
-        pos = sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (T, C)
+        pos = sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype).to(wte.device)  # (T, C)
     x = tok + pos                                                         # (B, T, C)
     # 2: dropout
     x = dropout(x, config.dropout, rng, mask=masks["emb"])
