@@ -49,7 +49,7 @@ def small(ids, params, config):
     B, T = ids.shape
     wte = params["wte"]
     tok = embedding(ids, wte)                                             # (B, T) -> (B, T, C)
-    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
+    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype).to(wte.device)  # (B, T, C)
     x, _ = multi_head_attention(x, params["attn"], config.n_head, is_causal=True)
     logits = linear(x, **params["head"])                                  # (B, T, C) -> (B, T, V)
     return logits
