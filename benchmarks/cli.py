@@ -7,6 +7,7 @@ bad option or an unknown op.
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -362,6 +363,10 @@ def main(argv=None):
             ops = registry.select(args.ops)
         except ValueError as err:
             parser.error(str(err))
+        missing = [name for name in ("torch", "threadpoolctl") if importlib.util.find_spec(name) is None]
+        if missing:
+            parser.error(f"measuring needs {' and '.join(missing)}: "
+                         "pip install -c constraints.txt -e '.[benchmarks]'")
         try:
             results = measure(ops, args, argv)
         except (parity.ParityError, RuntimeError) as err:

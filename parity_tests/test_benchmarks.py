@@ -229,3 +229,14 @@ def test_torch_grads_come_back_in_the_numpy_structure():
     paths = [path for path, _ in calls.leaves(diff)]
     assert paths == ["x", "params.w"]
     assert calls.rebuild(diff, iter([1, 2])) == {"x": 1, "params": {"w": 2}}
+
+
+def test_missing_measuring_dependency_is_named(monkeypatch, capsys):
+    """Installed without the benchmarks extra: a message that says what to install, exit 2."""
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name: None if name == "threadpoolctl" else real_find_spec(name))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--quick", "--ops", "softmax", "--no-progress"])
+    assert exit_info.value.code == 2
+    assert "measuring needs threadpoolctl" in capsys.readouterr().err
