@@ -11,6 +11,12 @@ def check_float(name, x):
         raise TypeError(f"{name} must be float32 or float64, got dtype {x.dtype}")
 
 
+def check_integer(name, x):
+    """Raise TypeError unless the array ``x`` holds integers (bool is not accepted)."""
+    if not np.issubdtype(x.dtype, np.integer):
+        raise TypeError(f"{name} must be integers, got dtype {x.dtype}")
+
+
 def check_same_dtype(**arrays):
     """Raise TypeError if the given arrays (None allowed) do not share one dtype.
 

@@ -10,14 +10,13 @@ accumulate). Follows ``torch.nn.functional.embedding``.
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_ndim
+from numpy_attn._checks import check_float, check_integer, check_ndim
 
 
 def _check_ids(ids, V):
     """Return ``ids`` as an integer array; raise if it is not integer or not in [0, V)."""
     ids = np.asarray(ids)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+    check_integer("token ids", ids)
     if ids.size:
         low, high = ids.min(), ids.max()
         if low < 0:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_ndim
+from numpy_attn._checks import check_integer, check_ndim
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -87,8 +87,7 @@ def _check_ids(ids, config):
     """Raise unless ids is an integer (B, T) array with T <= block_size (embedding checks V)."""
     ids = np.asarray(ids)
     check_ndim("ids", ids, 2)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+    check_integer("token ids", ids)
     if ids.shape[1] > config.block_size:
         raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
                          f"block_size = {config.block_size}")

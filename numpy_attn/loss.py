@@ -14,7 +14,7 @@ is 0 and every gradient is 0 (the same choice as softmax's all-masked rows, DESI
 
 import numpy as np
 
-from numpy_attn._checks import check_float
+from numpy_attn._checks import check_float, check_integer
 from numpy_attn.softmax import log_softmax_backward, log_softmax_forward
 
 
@@ -27,8 +27,7 @@ def cross_entropy_forward(logits, targets, ignore_index=None):
     """
     check_float("logits", logits)
     targets = np.asarray(targets)
-    if not np.issubdtype(targets.dtype, np.integer):
-        raise TypeError(f"targets must be integers, got dtype {targets.dtype}")
+    check_integer("targets", targets)
     if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
         raise ValueError(f"targets of shape {targets.shape} must match logits {logits.shape} "
                          f"without its last axis")
