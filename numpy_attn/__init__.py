@@ -26,8 +26,9 @@ Reading order, leaf to root:
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix
 
-The commands (``numpy-attn walkthrough``, ``show``, ``tokenize``) live in ``cli.py`` beside
-``walkthrough.py`` and ``show.py``; they import torch inside the commands that compare with it.
+Tuned versions of an operation (no twin, tested against the readable one) live in
+``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
+lives in the sibling package ``attn_cli``, which imports this one, never the reverse.
 
 Dimension key (the same in torch_attn and the README):
 

@@ -165,7 +165,7 @@ FD_TOL = dict(rtol=1e-6, atol=1e-8)
 
 
 def _vocabulary_available():
-    from numpy_attn import tokenizer
+    from attn_cli import tokenizer
 
     try:
         tokenizer.get_encoding()

@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import numpy_attn.flash_attention as fa
+import numpy_attn.kernels.flash_attention as fa
 import torch_attn.flash_attention as tw
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,

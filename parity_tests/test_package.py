@@ -7,18 +7,17 @@ from pathlib import Path
 import pytest
 
 import numpy_attn
-from numpy_attn import cli
+from attn_cli import cli
 from parity_tests.helpers import needs_vocab
 
 
 def test_import_leaves_torch_and_tiktoken_out():
-    """Importing numpy_attn and every operation module imports NumPy only."""
+    """Importing numpy_attn, every operation module and the command's entry point imports NumPy only."""
     code = (
         "import sys, pkgutil, importlib, numpy_attn\n"
-        "for m in pkgutil.iter_modules(numpy_attn.__path__):\n"
-        "    if m.name not in ('cli',):\n"
-        "        importlib.import_module('numpy_attn.' + m.name)\n"
-        "importlib.import_module('numpy_attn.cli')\n"
+        "for m in pkgutil.walk_packages(numpy_attn.__path__, 'numpy_attn.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "importlib.import_module('attn_cli.cli')\n"
         "print(sorted(n for n in ('torch', 'tiktoken') if n in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Tests for ``numpy-attn show`` (numpy_attn/show.py): operations are discovered from the files,
+"""Tests for ``numpy-attn show`` (attn_cli/show.py): operations are discovered from the files,
 twin lines stand side by side, the HTML page holds every operation's NumPy and torch source,
 the plain fallback works without pygments, and bad input gets a message, not a traceback.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import numpy_attn
-from numpy_attn import cli, show
+from attn_cli import cli, show
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 
@@ -144,7 +144,7 @@ def test_bad_input_exits_with_a_message(argv, message):
 
 
 def test_unknown_operation_in_a_real_process_has_no_traceback():
-    result = subprocess.run([sys.executable, "-m", "numpy_attn.cli", "show", "nope"],
+    result = subprocess.run([sys.executable, "-m", "attn_cli.cli", "show", "nope"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "unknown operation 'nope'" in result.stderr and "Traceback" not in result.stderr

@@ -1,4 +1,4 @@
-"""Tests for numpy_attn/tokenizer.py (GPT-2 BPE through tiktoken).
+"""Tests for attn_cli/tokenizer.py (GPT-2 BPE through tiktoken).
 
 Tests that need the vocabulary skip with a reason when it cannot be loaded (no internet and no
 TIKTOKEN_CACHE_DIR); the offline error itself is tested in a subprocess with no reachable network.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numpy_attn import tokenizer
+from attn_cli import tokenizer
 from parity_tests.helpers import needs_vocab
 
 
@@ -43,7 +43,7 @@ def test_offline_without_cache_says_what_to_set(tmp_path):
                # A proxy on a closed local port makes every download fail at once, also on a
                # machine with internet, so this test never reaches the network.
                HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", NO_PROXY="")
-    code = ("from numpy_attn import tokenizer\n"
+    code = ("from attn_cli import tokenizer\n"
             "try:\n    tokenizer.encode('hi')\n"
             "except tokenizer.TokenizerUnavailable as err:\n    print(err)\n")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

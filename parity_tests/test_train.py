@@ -1,4 +1,4 @@
-"""Tests for numpy_attn/train.py: training and generation end to end on a tiny model, the
+"""Tests for attn_cli/train.py: training and generation end to end on a tiny model, the
 vocabulary remapping, checkpoints, and the errors for bad input."""
 
 import contextlib
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from numpy_attn import cli, train
+from attn_cli import cli, train
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from parity_tests.helpers import assert_tree_close, needs_vocab
 

@@ -1,4 +1,4 @@
-"""Tests for ``numpy-attn walkthrough`` (numpy_attn/walkthrough.py): it runs end to end, both sides
+"""Tests for ``numpy-attn walkthrough`` (attn_cli/walkthrough.py): it runs end to end, both sides
 agree, the source's worked example prints the numbers an independent computation gives, the
 heatmaps are real PNGs, ``--no-torch`` leaves torch out, and bad input gets a message, not a traceback.
 """
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from numpy_attn import cli
+from attn_cli import cli
 from parity_tests.helpers import needs_vocab
 
 pytestmark = needs_vocab
@@ -37,7 +37,7 @@ def run(*argv):
 
 
 def run_subprocess(*argv, env=None):
-    return subprocess.run([sys.executable, "-m", "numpy_attn.cli", "walkthrough", *argv],
+    return subprocess.run([sys.executable, "-m", "attn_cli.cli", "walkthrough", *argv],
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -181,7 +181,7 @@ def test_plots_are_written_and_readable(tmp_path):
 
 
 def test_no_torch_does_not_import_torch():
-    code = ("import sys\nfrom numpy_attn import cli\n"
+    code = ("import sys\nfrom attn_cli import cli\n"
             "status = cli.main(['walkthrough', '--no-torch'])\n"
             "print('torch imported' if 'torch' in sys.modules else 'torch not imported', status)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -226,7 +226,7 @@ def test_unwritable_plot_folder_exits_with_a_message(tmp_path):
 def test_without_torch_installed_the_numpy_side_still_runs():
     """A fresh `pip install -e .` has no torch: the walkthrough says so and runs NumPy alone."""
     code = ("import sys\nsys.modules['torch'] = None   # as if torch were not installed\n"
-            "from numpy_attn import cli\nsys.exit(cli.main(['walkthrough']))\n")
+            "from attn_cli import cli\nsys.exit(cli.main(['walkthrough']))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "PyTorch is not installed, so only the NumPy side runs" in result.stdout
@@ -234,7 +234,7 @@ def test_without_torch_installed_the_numpy_side_still_runs():
 
 
 def test_tables_stack_when_the_terminal_is_too_narrow(monkeypatch):
-    from numpy_attn import walkthrough
+    from attn_cli import walkthrough
 
     class Terminal(io.StringIO):
         def isatty(self):

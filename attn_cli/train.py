@@ -61,7 +61,7 @@ def to_model_ids(gpt2_ids, vocab):
     ids = np.searchsorted(vocab, gpt2_ids)
     missing = (ids >= len(vocab)) | (vocab[np.minimum(ids, len(vocab) - 1)] != gpt2_ids)
     if missing.any():
-        from numpy_attn import tokenizer
+        from attn_cli import tokenizer
 
         piece = tokenizer.token_strings([gpt2_ids[missing][0]])[0]
         raise ValueError(f"token {piece!r} (GPT-2 id {gpt2_ids[missing][0]}) is not in the "
@@ -211,7 +211,7 @@ def run_train(args):
 
 
 def _train(args):
-    from numpy_attn import tokenizer
+    from attn_cli import tokenizer
 
     out_files = [f for f in (CHECKPOINT, CONFIG, PLOT) if os.path.exists(os.path.join(args.out, f))]
     if out_files and not args.force:      # check before spending a minute on training
@@ -328,7 +328,7 @@ def _plot(losses, twin_losses, path):
 
 def run_generate(args):
     """Continue ``--prompt`` with the checkpoint's model and print the text."""
-    from numpy_attn import tokenizer
+    from attn_cli import tokenizer
 
     params, config, vocab = load_checkpoint(args.checkpoint)
     if not args.prompt:

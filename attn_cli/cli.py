@@ -11,7 +11,7 @@ from numpy_attn import __version__
 
 
 def _tokenize(args):
-    from numpy_attn import tokenizer
+    from attn_cli import tokenizer
 
     ids = tokenizer.encode(args.text)
     pieces = tokenizer.token_strings(ids)
@@ -32,25 +32,25 @@ def use_color(mode, stream):
 
 
 def _walkthrough(args):
-    from numpy_attn import walkthrough
+    from attn_cli import walkthrough
 
     return walkthrough.run(args, color=use_color(args.color, sys.stdout))
 
 
 def _show(args):
-    from numpy_attn import show
+    from attn_cli import show
 
     return show.run(args, color=use_color(args.color, sys.stdout))
 
 
 def _train(args):
-    from numpy_attn import train
+    from attn_cli import train
 
     return train.run_train(args)
 
 
 def _generate(args):
-    from numpy_attn import train
+    from attn_cli import train
 
     return train.run_generate(args)
 
@@ -116,7 +116,7 @@ def build_parser():
     _add_color_option(p)
     p.set_defaults(func=_show)
 
-    from numpy_attn import train  # NumPy only; torch is imported by --compare-torch alone
+    from attn_cli import train  # NumPy only; torch is imported by --compare-torch alone
 
     p = sub.add_parser("train", help="train the mini GPT in NumPy (--compare-torch: beside the torch twin)")
     train.add_train_arguments(p)
@@ -133,7 +133,7 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 2
-    from numpy_attn.tokenizer import TokenizerUnavailable
+    from attn_cli.tokenizer import TokenizerUnavailable
 
     try:
         return args.func(args)

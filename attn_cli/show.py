@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-NUMPY_DIR = Path(__file__).resolve().parent
+NUMPY_DIR = Path(__file__).resolve().parent.parent / "numpy_attn"
 
 # NumPy spelling -> torch spelling, applied to NumPy lines before they are compared.
 SPELLINGS = [

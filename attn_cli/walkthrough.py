@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numpy_attn import tokenizer
+from attn_cli import tokenizer
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.linear import linear_forward

@@ -1,0 +1,280 @@
+"""FlashAttention: exact attention computed in tiles, never forming the (T, S) scores, with backward.
+
+    out = softmax(scale * q @ k^T) @ v                          scale = 1 / sqrt(hs) unless given
+
+Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (2023),
+Algorithms 1 and 2. Forward: each block of query rows visits the key blocks in order, keeping a
+running row maximum m, a running sum l = sum_j exp(s_j - m) and a running numerator
+acc = sum_j exp(s_j - m) v_j. When a block raises the maximum to m', the old l and acc are
+multiplied by exp(m - m'). This is exact, not an approximation, because for any constant m
+
+    softmax(s)_j = exp(s_j - m) / sum_i exp(s_i - m),
+
+so sums taken against an old maximum equal, once rescaled, sums taken against the new one. A row
+ends with out = acc / l and lse = m + log(l), its log-sum-exp: all that is stored besides the
+inputs, O(T) memory instead of O(T S). Backward: each tile's probabilities are recomputed as
+P = exp(s - lse) (no max, no sum), then dv += P^T dout, dP = dout v^T, dS = P * (dP - D),
+dq += scale dS k, dk += scale dS^T q, where D = rowsum(dout * out) equals rowsum(P * dP), the
+softmax backward's sum, without a pass over S.
+
+``is_causal`` is top-left aligned as in ``torch.nn.functional.scaled_dot_product_attention``:
+query t sees keys 0..t. Tiles above the diagonal are skipped, not computed and masked, so causal
+attention does about half the work. Every query sees key 0, so no row is empty unless S = 0,
+which gives zeros and zero gradients. Unlike ``numpy_attn/attention.py`` there is no
+``attn_mask`` and no dropout. Grouped-query attention works as there: k and v may have fewer
+heads (axis -3) than q, query head h reading key/value head h // g.
+"""
+
+import contextlib
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_float, check_same_dtype
+from numpy_attn.attention import _check_inputs as check_attention_inputs
+
+# Scores are kept in base 2: log2(e) is folded into q's scale (T x hs multiplies, not T x S) and
+# np.exp2 is then used in place of np.exp, which NumPy computes about twice as fast in float32.
+LOG2E = math.log2(math.e)
+
+# Below this many multiply-adds (slices x T x S x hs) the thread pool costs more than it saves.
+PARALLEL_MIN_WORK = 1 << 22
+
+
+class FlashCache(NamedTuple):
+    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array)."""
+
+    q: np.ndarray           # (..., nh, T, hs)
+    k: np.ndarray           # (..., nkv, S, hs)
+    v: np.ndarray           # (..., nkv, S, hv)
+    out: np.ndarray         # (..., nh, T, hv)
+    lse2: np.ndarray        # (..., nh, T) log-sum-exp of each row in base 2: lse * log2(e)
+    is_causal: bool
+    scale: np.floating      # in q's dtype
+    block_q: int
+    block_k: int
+
+    @property
+    def lse(self):
+        """(..., nh, T) log-sum-exp of each row of scale * q @ k^T (natural log).
+
+        The cache keeps it in base 2, as the backward uses it: converting there and back would
+        round it twice more, and in float32 each rounding of lse (an ulp of |lse|, which grows
+        with the scores) enters every probability the backward recomputes.
+        """
+        return self.lse2 / LOG2E
+
+
+def _check_inputs(q, k, v, block_q, block_k):
+    """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(b, int | np.integer) or b < 1:
+            raise ValueError(f"{name} must be a positive integer, got {b!r}")
+    # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
+    check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
+
+
+def _cpu_count():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _one_blas_thread():
+    """Limit BLAS to one thread while our own threads run, one slice each.
+
+    A BLAS that also spread each small tile matmul over every core would oversubscribe them.
+    threadpoolctl is optional (numpy_attn needs NumPy only); without it BLAS keeps its setting.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _map_slices(fn, count, work):
+    """Call fn(0), ..., fn(count - 1): on a thread pool when ``work`` is large enough.
+
+    The (batch, head) slices are independent, and NumPy releases the GIL inside matmul and the
+    ufuncs, so plain threads keep every core busy (one process, no copies of the inputs).
+    """
+    workers = min(count, _cpu_count())
+    if workers < 2 or work < PARALLEL_MIN_WORK:
+        for n in range(count):
+            fn(n)
+        return
+    with _one_blas_thread(), ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fn, range(count)))   # list() re-raises here any exception of a worker
+
+
+def _mask_future(s, i0, j0, future):
+    """Set to -inf, in place, the scores in tile s (queries i0.., keys j0..) of keys after their query.
+
+    ``future`` is a (block_q, block_q) square, -inf above its diagonal and 0 elsewhere. Keys before
+    the block's first query are seen by all its rows: only the square on the diagonal needs a
+    mask, the same for every block, and adding it is faster than a boolean ``np.copyto(where=)``.
+    """
+    bq, bk = s.shape
+    c0, c1 = max(j0, i0), min(j0 + bk, i0 + bq)            # keys inside the block's diagonal square
+    if c0 < c1:
+        s[:, c0 - j0:c1 - j0] += future[:bq, c0 - i0:c1 - i0]
+    s[:, max(c1, j0) - j0:] = -np.inf                       # keys after the block's last query
+
+
+def _future_mask(block_q, T, dtype):
+    """(bq, bq) with -inf above the diagonal (a later key) and 0 on and below it."""
+    bq = min(block_q, T)
+    return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
+
+
+def _forward_slice(q, k, v, out, lse2, is_causal, scale, block_q, block_k):
+    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse2 (T,)."""
+    T, hs = q.shape
+    S, hv = v.shape
+    dtype = q.dtype
+    # Once per slice, O(S hs): k transposed to contiguous rows (the tile matmul reads it faster
+    # than a transposed view), and v with a column of ones, so that p @ v_1 yields in its last
+    # column the row sums of p, saving a pass over every tile.
+    k_t = np.ascontiguousarray(k.T)                          # (S, hs) -> (hs, S)
+    v_1 = np.ones((S, hv + 1), dtype)                        # (S, hv+1)
+    v_1[:, :hv] = v
+    # Tile buffers, reused: a fresh array this size per tile would come from the OS each time and
+    # be page-faulted in. Views of their first rows*cols elements are contiguous for every shape.
+    s_buf = np.empty(block_q * block_k, dtype)
+    pv_buf = np.empty(block_q * (hv + 1), dtype)
+    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        q_blk = q[i0:i1] * (scale * LOG2E)                   # (bq, hs), scores in base 2
+        m = np.full(i1 - i0, -np.inf, dtype)                 # (bq,) running row maximum
+        acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
+        S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
+        for j0 in range(0, S_seen, block_k):
+            j1 = min(j0 + block_k, S_seen)
+            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0))
+            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
+                _mask_future(s, i0, j0, future)
+            m_new = np.maximum(m, s.max(axis=1))             # (bq,), finite: key 0 is always seen first
+            acc *= np.exp2(m - m_new)[:, None]               # rescale the old sums to the new maximum
+            m = m_new
+            s -= m[:, None]
+            p = np.exp2(s, out=s)                            # (bq, bk) in [0, 1], in place
+            acc += np.matmul(p, v_1[j0:j1], out=pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1))
+        row_sum = acc[:, hv]                                 # (bq,) >= 1: the maximum contributes 1
+        out[i0:i1] = acc[:, :hv] / row_sum[:, None]
+        lse2[i0:i1] = m + np.log2(row_sum)                   # log-sum-exp in base 2
+
+
+def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
+    """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> out (..., T, hv), in tiles.
+
+    Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
+    block_q queries by block_k keys (any sizes >= 1; the defaults fit a core's L2 cache).
+    """
+    _check_inputs(q, k, v, block_q, block_k)
+    T, hs = q.shape[-2:]
+    S, hv = v.shape[-2:]
+    scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
+    N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])   # (batch, head) slices
+    g = N // Nkv if Nkv else 1                               # query heads per key/value head
+    q3 = q.reshape(N, T, hs)                                 # (..., nh, T, hs) -> (N, T, hs)
+    k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
+    v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
+    out = np.zeros((N, T, hv), q.dtype)                      # stays 0 if S = 0
+    lse2 = np.full((N, T), -np.inf, q.dtype)                 # log(0) if S = 0
+
+    def one(n):   # query slice n reads key/value slice n // g
+        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse2[n], is_causal, scale, block_q, block_k)
+
+    if S > 0:
+        _map_slices(one, N, N * T * S * hs)
+    out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
+    lse2 = lse2.reshape(q.shape[:-1])                        # (N, T) -> (..., nh, T)
+    cache = FlashCache(q, k, v, out, lse2, is_causal, scale, block_q, block_k)
+    return out, cache
+
+
+def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, block_q, block_k):
+    """One key/value head and its g query heads: q, out, dout (g, T, .), lse2 (g, T), k, v (S, .)
+    -> writes dq (g, T, hs), dk (S, hs), dv (S, hv)."""
+    g, T, hs = q.shape
+    S, hv = v.shape
+    dtype = q.dtype
+    # Appending a column to each side of a matmul adds a term to every entry: [a | -c] @ [b | 1]^T
+    # = a @ b^T - c. So s - lse and dP - D come out of the matmuls, saving two passes per tile.
+    k_1 = np.ones((hs + 1, S), dtype)                        # (hs+1, S): k^T over a row of ones
+    k_1[:hs] = k.T
+    v_1 = np.ones((hv + 1, S), dtype)                        # (hv+1, S): v^T over a row of ones
+    v_1[:hv] = v.T
+    q_lse = np.empty((T, hs + 1), dtype)                     # (T, hs+1): [q * scale * log2(e) | -lse2]
+    dout_D = np.empty((T, hv + 1), dtype)                    # (T, hv+1): [dout | -D]
+    s_buf = np.empty(block_q * block_k, dtype)
+    dp_buf = np.empty(block_q * block_k, dtype)
+    dkv_buf = np.empty(block_k * max(hs, hv), dtype)
+    dq_buf = np.empty(block_q * hs, dtype)
+    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
+    for h in range(g):
+        np.multiply(q[h], scale * LOG2E, out=q_lse[:, :hs])
+        np.negative(lse2[h], out=q_lse[:, hs])
+        dout_D[:, :hv] = dout[h]
+        # D = rowsum(dout * out) without a (T, hv) temporary. Undoes out = acc / l (Algorithm 2).
+        np.negative(np.einsum("ij,ij->i", dout[h], out[h]), out=dout_D[:, hv])
+        dq_h = dq[h]
+        for j0 in range(0, S, block_k):
+            j1 = min(j0 + block_k, S)
+            i_first = j0 // block_q * block_q if is_causal else 0   # causal: rows before j0 see none of these keys
+            for i0 in range(i_first, T, block_q):
+                i1 = min(i0 + block_q, T)
+                shape = (i1 - i0, j1 - j0)
+                # Undoes p = exp2(s - m) and the running sums: recomputed from lse directly.
+                s = np.matmul(q_lse[i0:i1], k_1[:, j0:j1], out=s_buf[:shape[0] * shape[1]].reshape(shape))
+                if is_causal and j1 - 1 > i0:
+                    _mask_future(s, i0, j0, future)
+                p = np.exp2(s, out=s)                        # (bq, bk)
+                # Undoes acc += p @ v: dv gets p^T dout.
+                dv_tile = np.matmul(p.T, dout[h, i0:i1], out=dkv_buf[:(j1 - j0) * hv].reshape(j1 - j0, hv))
+                dv[j0:j1] += dv_tile
+                dp = np.matmul(dout_D[i0:i1], v_1[:, j0:j1], out=dp_buf[:shape[0] * shape[1]].reshape(shape))
+                ds = np.multiply(dp, p, out=dp)              # dS = P * (dP - D): softmax backward
+                # Undoes s = (q * scale) @ k^T; the scale is applied once at the end.
+                dk_tile = np.matmul(ds.T, q[h, i0:i1], out=dkv_buf[:(j1 - j0) * hs].reshape(j1 - j0, hs))
+                dk[j0:j1] += dk_tile
+                dq_tile = np.matmul(ds, k[j0:j1], out=dq_buf[:(i1 - i0) * hs].reshape(i1 - i0, hs))
+                dq_h[i0:i1] += dq_tile
+        dq_h *= scale
+    dk *= scale
+
+
+def flash_attention_backward(dout, cache):
+    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+
+    With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
+    """
+    q, k, v, out, lse2, is_causal, scale, block_q, block_k = cache
+    check_float("dout", dout)
+    check_same_dtype(dout=dout, out=out)
+    if dout.shape != out.shape:
+        raise ValueError(f"dout of shape {dout.shape} must have the output's shape {out.shape}")
+    T, hs = q.shape[-2:]
+    S, hv = v.shape[-2:]
+    N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])
+    groups = (Nkv, N // Nkv if Nkv else 1, T)                # (Nkv, g, T): the query heads of each kv head
+    k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
+    v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
+    q4 = q.reshape(groups + (hs,))                           # (..., nh, T, hs) -> (Nkv, g, T, hs)
+    out4 = out.reshape(groups + (hv,))
+    dout4 = dout.reshape(groups + (hv,))
+    lse2 = lse2.reshape(groups)                              # (..., nh, T) -> (Nkv, g, T)
+    dq = np.zeros(q4.shape, q.dtype)
+    dk = np.zeros(k3.shape, k.dtype)
+    dv = np.zeros(v3.shape, v.dtype)
+
+    def one(n):   # key/value slice n with its g query heads: no two workers write the same dk, dv
+        _backward_slice(q4[n], k3[n], v3[n], out4[n], dout4[n], lse2[n], dq[n], dk[n], dv[n],
+                        is_causal, scale, block_q, block_k)
+
+    if S > 0 and T > 0:
+        _map_slices(one, Nkv, N * T * S * hs)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
