@@ -39,3 +39,21 @@ def check_axis(name, x, axis):
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for {name} of shape {x.shape}")
     return axis % x.ndim
+
+
+def check_dout(op, dout, shape, dtype, name="dout"):
+    """Raise unless the upstream gradient matches what ``op``'s forward produced.
+
+    TypeError for something that is not a float NumPy array of ``dtype`` (a float64 ``dout`` would
+    silently turn float32 gradients into float64); ValueError for any other ``shape``, transposed
+    layouts included (they would broadcast or reshape into a wrong gradient without a word).
+    """
+    if not isinstance(dout, np.ndarray):
+        raise TypeError(f"{op}: {name} must be a NumPy array of shape {tuple(shape)} and dtype "
+                        f"{np.dtype(dtype)}, got {type(dout).__name__}")
+    if dout.dtype != dtype:
+        raise TypeError(f"{op}: {name} must have the dtype of the forward's output, "
+                        f"{np.dtype(dtype)}, got {dout.dtype} (shape {dout.shape})")
+    if dout.shape != tuple(shape):
+        raise ValueError(f"{op}: {name} must have the shape of the forward's output, "
+                         f"{tuple(shape)}, got {dout.shape}")
