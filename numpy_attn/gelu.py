@@ -94,9 +94,7 @@ def gelu_forward(x, approximate="none"):
     Returns ``(out, cache)``; the cache is ``(x, cdf, t, approximate)`` with t the tanh (None for
     the exact form): the backward recomputes only the Gaussian density exp(-x^2 / 2).
     """
-    check_float("x", x)
-    if approximate not in _APPROXIMATIONS:
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    _check_gelu(x, approximate)
     half, one = x.dtype.type(0.5), x.dtype.type(1)
     t = None
     if approximate == "none":
@@ -125,3 +123,10 @@ def gelu_backward(dout, cache):
     # Undoes out = x * cdf (product rule).
     dx = dout * (cdf + x * dcdf)
     return dx
+
+
+def _check_gelu(x, approximate):
+    """Raise unless x is a float array and ``approximate`` is "none" or "tanh"."""
+    check_float("x", x)
+    if approximate not in _APPROXIMATIONS:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
