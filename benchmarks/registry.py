@@ -49,6 +49,8 @@ class Op:
     ``static`` holds the other keyword arguments. Both twins are called as ``f(**diff, **static)``.
     ``flops(size)`` counts the forward; forward+backward counts ``1 + bwd_factor`` times that.
     ``call_builtin(tensors, static)`` runs the PyTorch built-in on torch tensors shaped like diff.
+    ``numpy_module`` times a tuned kernel in place of ``numpy_attn/<stem>.py`` (e.g.
+    ``numpy_attn.kernels.flash_attention``); the twin stays ``torch_attn/<stem>.py``.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Op:
     flops: Callable
     call_builtin: Callable | None
     bwd_factor: float = 2.0
+    numpy_module: str | None = None
 
     def numpy_functions(self):
         """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
@@ -68,7 +71,7 @@ class Op:
         A callable forward/backward is a composite (e.g. model + loss) written below; the stem's
         module must still exist.
         """
-        module = importlib.import_module(f"numpy_attn.{self.stem}")
+        module = importlib.import_module(self.numpy_module or f"numpy_attn.{self.stem}")
         return tuple(f if callable(f) else getattr(module, f) for f in (self.forward, self.backward))
 
     def twin_function(self):
@@ -78,10 +81,11 @@ class Op:
 
     def describe(self):
         """{"numpy", "twin", "builtin"}: where each implementation lives, for the report."""
-        def label(f, tree):
-            return f"{tree}/{self.stem}.py:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
-        return dict(numpy=f"{label(self.forward, 'numpy_attn')} + {label(self.backward, 'numpy_attn')}",
-                    twin=label(self.twin, "torch_attn"), builtin=self.builtin)
+        def label(f, path):
+            return f"{path}:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
+        numpy_path = (self.numpy_module or f"numpy_attn.{self.stem}").replace(".", "/") + ".py"
+        return dict(numpy=f"{label(self.forward, numpy_path)} + {label(self.backward, numpy_path)}",
+                    twin=label(self.twin, f"torch_attn/{self.stem}.py"), builtin=self.builtin)
 
     def count_flops(self, size, mode):
         forward = self.flops(size)
@@ -297,7 +301,7 @@ OPS = {op.name: op for op in (
          backward="flash_attention_backward", twin="flash_attention",
          builtin="F.scaled_dot_product_attention", inputs=_qkv_inputs(causal),
          flops=lambda z, causal=causal: _attention_flops(z) // (2 if causal else 1),
-         call_builtin=_builtin_sdpa)
+         call_builtin=_builtin_sdpa, numpy_module="numpy_attn.kernels.flash_attention")
       for suffix, causal in (("", False), ("_causal", True))),
     Op("block", stem="block", forward="block_forward", backward="block_backward", twin="block",
        builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,

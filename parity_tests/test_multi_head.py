@@ -384,5 +384,5 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast to the "
                                          r"scores' shape \(2, 3, 3, 3\)"):
         multi_head_attention_forward(x, params, 3, attn_mask=np.ones((3, 4), dtype=bool))
-    with pytest.raises(ValueError, match="dropout_p = 0.1 needs rng"):
+    with pytest.raises(TypeError, match="dropout_p = 0.1 needs rng"):
         multi_head_attention_forward(x, params, 3, dropout_p=0.1)

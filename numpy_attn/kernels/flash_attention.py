@@ -33,8 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_same_dtype
-from numpy_attn.attention import _check_inputs as check_attention_inputs
+from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype
 
 # Scores are kept in base 2: log2(e) is folded into q's scale (T x hs multiplies, not T x S) and
 # np.exp2 is then used in place of np.exp, which NumPy computes about twice as fast in float32.
