@@ -73,9 +73,9 @@ def _pin_threads(library, threads):
         if threads < len(cpus):
             os.sched_setaffinity(0, cpus[:threads])
     if library == "numpy":
-        from threadpoolctl import threadpool_limits
+        from numpy_attn._threads import limit_blas_threads
 
-        threadpool_limits(limits=threads, user_api="blas")
+        limit_blas_threads(threads, required=True)      # for the rest of this process
     else:
         import torch
 

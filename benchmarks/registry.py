@@ -210,17 +210,16 @@ def _builtin_mha(t, static):
     Called functionally so that the gradients land on our parameter dict (for the parity check);
     nn.MultiheadAttention stores the transposed weights, q/k/v packed in one (3C, C) matrix.
     """
-    import torch
     import torch.nn.functional as F
 
-    x, p = t["x"], t["params"]
+    from torch_attn.convert import to_mha
+
+    x, s = t["x"], to_mha(t["params"])
     C = x.shape[-1]
-    w_in = torch.cat([p["q"]["w"], p["k"]["w"], p["v"]["w"]], dim=1).T   # (C, 3C) -> (3C, C)
-    b_in = torch.cat([p["q"]["b"], p["k"]["b"], p["v"]["b"]])            # (3C,)
     x_tbc = x.transpose(0, 1)                      # (B, T, C) -> (T, B, C): sequence first
     out, _ = F.multi_head_attention_forward(
-        x_tbc, x_tbc, x_tbc, C, static["num_heads"], w_in, b_in, None, None, False, 0.0,
-        p["o"]["w"].T, p["o"]["b"], training=True, need_weights=False,
+        x_tbc, x_tbc, x_tbc, C, static["num_heads"], s["in_proj_weight"], s["in_proj_bias"], None,
+        None, False, 0.0, s["out_proj.weight"], s["out_proj.bias"], training=True, need_weights=False,
     )
     return out.transpose(0, 1)                     # (T, B, C) -> (B, T, C)
 
@@ -237,6 +236,8 @@ def _builtin_block(t, static):
     import torch
     from torch import nn
 
+    from torch_attn.convert import to_encoder_layer
+
     x, p = t["x"], t["params"]
     B, T, C = x.shape
     key = (C, static["num_heads"], x.dtype, x.device)
@@ -244,16 +245,7 @@ def _builtin_block(t, static):
         _ENCODER_LAYERS[key] = nn.TransformerEncoderLayer(
             C, static["num_heads"], dim_feedforward=4 * C, dropout=0.0, activation="gelu",
             batch_first=True, norm_first=True, dtype=x.dtype, device=x.device)
-    a = p["attn"]
-    weights = {
-        "self_attn.in_proj_weight": torch.cat([a["q"]["w"], a["k"]["w"], a["v"]["w"]], dim=1).T,
-        "self_attn.in_proj_bias": torch.cat([a["q"]["b"], a["k"]["b"], a["v"]["b"]]),
-        "self_attn.out_proj.weight": a["o"]["w"].T, "self_attn.out_proj.bias": a["o"]["b"],
-        "linear1.weight": p["ffn"]["fc"]["w"].T, "linear1.bias": p["ffn"]["fc"]["b"],
-        "linear2.weight": p["ffn"]["proj"]["w"].T, "linear2.bias": p["ffn"]["proj"]["b"],
-        "norm1.weight": p["ln1"]["w"], "norm1.bias": p["ln1"]["b"],
-        "norm2.weight": p["ln2"]["w"], "norm2.bias": p["ln2"]["b"],
-    }
+    weights = to_encoder_layer(p)
     mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device, dtype=x.dtype)
     return torch.func.functional_call(_ENCODER_LAYERS[key], weights, (x,),
                                       {"src_mask": mask, "is_causal": True})

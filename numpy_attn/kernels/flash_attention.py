@@ -25,7 +25,6 @@ which gives zeros and zero gradients. Unlike ``numpy_attn/attention.py`` there i
 heads (axis -3) than q, query head h reading key/value head h // g.
 """
 
-import contextlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -101,11 +100,9 @@ def _one_blas_thread():
     A BLAS that also spread each small tile matmul over every core would oversubscribe them.
     threadpoolctl is optional (numpy_attn needs NumPy only); without it BLAS keeps its setting.
     """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    from numpy_attn._threads import limit_blas_threads
+
+    return limit_blas_threads(1)
 
 
 def _map_slices(fn, count, work):
