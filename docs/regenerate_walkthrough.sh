@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 numpy_attn=${NUMPY_ATTN:-numpy-attn}
-export TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken_cache}
+# Offline, TIKTOKEN_CACHE_DIR must name a folder holding tiktoken's cached GPT-2 vocabulary.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -9,7 +9,7 @@ reduction="mean".
 
 Every token ignored: PyTorch divides 0 by 0 and returns NaN, which would poison an optimiser's
 state for the rest of training. Here the sum over no tokens is divided by max(n, 1), so the loss
-is 0 and every gradient is 0 (the same choice as softmax's all-masked rows, DESIGN.md section 6).
+is 0 and every gradient is 0 (the same choice as softmax's all-masked rows, docs/design.md).
 """
 
 import numpy as np
