@@ -1,12 +1,13 @@
 """Parity tests for numpy_attn/attention.py and torch_attn/attention.py."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -407,6 +408,74 @@ def test_bad_input():
         sdpa(q.astype(np.int64), k, v)
     with pytest.raises(TypeError, match="must share one dtype"):
         sdpa(q.astype(np.float32), k, v)
+
+
+def test_non_finite_inputs_are_refused_by_name():
+    """NaN or inf in q, k or v is refused naming the argument and its shape, not the scores;
+    so is NaN or +inf in a float mask (-inf there means masked)."""
+    q, k, v = np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 6))
+    for name, bad in (("q", np.nan), ("k", np.inf), ("v", -np.inf)):
+        arrays = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
+        arrays[name][1, 2, 3] = bad
+        with pytest.raises(ValueError, match=rf"{name} of shape {re.escape(str(arrays[name].shape))} holds NaN"):
+            scaled_dot_product_attention_forward(**arrays)
+    for bad in (np.nan, np.inf):
+        mask = np.zeros((3, 5))
+        mask[0, 1] = bad
+        with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) holds NaN or \+inf"):
+            scaled_dot_product_attention_forward(q, k, v, attn_mask=mask)
+
+
+@st.composite
+def bad_dout(draw, shape, dtype):
+    """A dout unlike the forward's output of ``shape`` and ``dtype``, built to differ: another
+    shape (one axis longer, or an extra leading axis), the other float dtype, the last two axes
+    swapped (a transposed layout, only where that changes the shape), or integers of the right
+    shape. Returns (dout, the exception it must raise, the texts its message must hold)."""
+    kind = draw(st.sampled_from(("shape", "dtype", "transposed", "int")))
+    if kind == "shape":
+        axis = draw(st.integers(-1, len(shape) - 1))     # -1: an extra leading axis
+        if axis < 0:
+            bad = (draw(st.integers(1, 3)),) + shape
+        else:
+            bad = shape[:axis] + (shape[axis] + draw(st.integers(1, 3)),) + shape[axis + 1:]
+    elif kind == "transposed":
+        assume(len(shape) >= 2 and shape[-1] != shape[-2])
+        bad = shape[:-2] + (shape[-1], shape[-2])
+    else:
+        bad = shape
+    if kind in ("shape", "transposed"):
+        return draw(S.arrays(dtype, bad)), ValueError, [str(tuple(shape)), str(bad)]
+    bad_dtype = {"dtype": np.float32 if dtype == np.float64 else np.float64, "int": np.int64}[kind]
+    return np.zeros(shape, bad_dtype), TypeError, [str(np.dtype(dtype)), str(np.dtype(bad_dtype))]
+
+
+def assert_dout_refused(op, backward, cache, shape, dtype, data):
+    """The backward refuses a drawn bad dout with the right error, naming the op, the expected
+    and the received shape or dtype."""
+    dout, error, texts = data.draw(bad_dout(tuple(shape), np.dtype(dtype)), label="bad dout")
+    with pytest.raises(error) as info:
+        backward(dout, cache)
+    for text in (op, *texts):
+        assert text in str(info.value), f"{op}: {text!r} missing from {str(info.value)!r}"
+
+
+@given(case=attention_inputs(), data=st.data())
+def test_bad_dout_is_refused(case, data):
+    out, cache = numpy_forward(case)
+    assert_dout_refused("scaled_dot_product_attention", scaled_dot_product_attention_backward, cache,
+                        out.shape, out.dtype, data)
+
+
+@given(case=attention_inputs(dropout=False))
+def test_changing_out_leaves_gradients_alone(case):
+    """The cache does not hold ``out``: writing into it after the forward changes no gradient."""
+    out, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    out[...] = 7.0
+    again = scaled_dot_product_attention_backward(case["dout"], cache)
+    for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
+        assert np.array_equal(a, b), f"sdpa.{name} changed after writing into out"
 
 
 def test_builtin_also_refuses_mask_with_is_causal():
