@@ -78,7 +78,8 @@ def numpy_forward(case, **changes):
     c = {**case, **changes}
     return scaled_dot_product_attention_forward(
         c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
-        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]))
+        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
+        attn_mask_grad=c.get("attn_mask_grad", False))
 
 
 def twin_fn(case, keep):
@@ -360,6 +361,91 @@ def test_backward_matches_finite_differences(case):
         assert_close(f"sdpa.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
+# -- the gradient of a float mask (attn_mask_grad=True) ---------------------------------------------
+
+def mask_tol(case, cache):
+    """dattn_mask is dscores summed over the axes the mask was broadcast along: the dtype's atol
+    times the size D of the terms the softmax backward cancels (as in gradient_tols), times the
+    number of entries each mask entry sums."""
+    tol = TOLERANCES[np.dtype(case["q"].dtype)]
+    D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
+    summed = cache.weights.size // case["attn_mask"].size
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(D) * summed))
+
+
+@given(case=attention_inputs(kinds=("float",)))
+@example(case=EDGE_CASES[1])
+def test_float_mask_gradient_matches_autograd(case):
+    """With attn_mask_grad=True the backward returns dattn_mask, in the mask's shape, equal to
+    autograd's gradient of the twin with respect to the mask; dq, dk, dv are unchanged."""
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    assert len(grads) == 4, f"attn_mask_grad=True returned {len(grads)} gradients, not 4"
+    dq, dk, dv, dmask = grads
+    keep = None if cache.keep is None else to_torch(cache.keep)
+
+    def fn(q, k, v, attn_mask):
+        return tw.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=case["scale"],
+                                               dropout_p=case["dropout_p"], keep=keep)[0]
+    _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert dmask.shape == case["attn_mask"].shape and dmask.dtype == case["attn_mask"].dtype, \
+        f"dattn_mask {dmask.shape} {dmask.dtype} for a mask {case['attn_mask'].shape} {case['attn_mask'].dtype}"
+    assert_close("sdpa.dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
+    tols = gradient_tols(case, cache)
+    for name, d in zip("qkv", (dq, dk, dv), strict=True):
+        assert_close(f"sdpa.d{name} with attn_mask_grad", d, expected[name], **tols[name])
+
+
+@given(case=attention_inputs(dtype=np.float64, kinds=("float",), dropout=False, bound=1.0))
+@example(case={**EDGE_CASES[1], "dropout_p": 0.0})
+def test_float_mask_gradient_matches_finite_differences(case):
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    mask = case["attn_mask"].copy()
+    expected = numerical_grad(lambda m: numpy_forward(case, attn_mask=m)[0], mask, case["dout"])
+    assert_close("sdpa.dattn_mask vs finite differences", dmask, expected, **FD_TOL)
+
+
+def relative_positions(T, S):
+    """(T, S) index into a table of 2 * max(T, S) - 1 biases: one per offset key - query."""
+    return np.arange(S)[None, :] - np.arange(T)[:, None] + max(T, S) - 1
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_learned_relative_position_bias_trains_like_autograd(dtype):
+    """A per-head relative-position bias table (nh, 2T-1), gathered into a float mask (nh, T, S),
+    trained by three steps of gradient descent on 0.5 |out - target|^2: the NumPy table (its
+    gradient dattn_mask scattered back with np.add.at) follows torch's, trained through the twin
+    by autograd, step by step; and the loss goes down."""
+    nh, T, hs, lr = 2, 5, 3, 0.5
+    q, k, v = (S.ramp(nh, T, hs, dtype=dtype) * c for c in (1.0, 0.7, 1.3))
+    target = S.ramp(nh, T, hs, dtype=dtype)[:, ::-1].copy()
+    index = relative_positions(T, T)
+    table = np.zeros((nh, 2 * T - 1), dtype)
+    table_t = to_torch(table, requires_grad=True)
+    heads = np.arange(nh)[:, None, None]
+    losses = []
+    for step in range(3):
+        mask = table[heads, index]                                # (nh, T, T)
+        out, cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, attn_mask_grad=True)
+        losses.append(0.5 * float(np.sum((out - target) ** 2)))
+        dmask = scaled_dot_product_attention_backward(out - target, cache)[3]
+        dtable = np.zeros_like(table)
+        np.add.at(dtable, (heads, index), dmask)                   # offsets repeat: add, not assign
+        table = table - dtype(lr) * dtable
+
+        out_t, _ = tw.scaled_dot_product_attention(*(to_torch(a) for a in (q, k, v)),
+                                                   attn_mask=table_t[heads, index])
+        (0.5 * ((out_t - to_torch(target)) ** 2).sum()).backward()
+        with torch.no_grad():
+            table_t -= lr * table_t.grad
+            table_t.grad = None
+        assert_close(f"relative bias table after step {step + 1}", table, to_numpy(table_t))
+    assert losses[-1] < losses[0], f"training the bias did not lower the loss: {losses}"
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
@@ -476,6 +562,17 @@ def test_changing_out_leaves_gradients_alone(case):
     again = scaled_dot_product_attention_backward(case["dout"], cache)
     for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
         assert np.array_equal(a, b), f"sdpa.{name} changed after writing into out"
+
+
+def test_bad_attn_mask_grad():
+    q, k, v = np.zeros((3, 4)), np.zeros((5, 4)), np.zeros((5, 2))
+    sdpa = scaled_dot_product_attention_forward
+    with pytest.raises(ValueError, match="attn_mask_grad=True needs a float attn_mask .* got no attn_mask"):
+        sdpa(q, k, v, attn_mask_grad=True)
+    with pytest.raises(ValueError, match=r"got a bool attn_mask of shape \(3, 5\)"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 5), dtype=bool), attn_mask_grad=True)
+    with pytest.raises(TypeError, match="attn_mask_grad must be True or False, got 'yes'"):
+        sdpa(q, k, v, attn_mask=np.zeros((3, 5)), attn_mask_grad="yes")
 
 
 def test_builtin_also_refuses_mask_with_is_causal():

@@ -441,3 +441,28 @@ def test_changing_out_leaves_gradients_alone(case):
             assert_tree_close("mha.dparams after writing into out", a, b, rtol=0, atol=0)
         elif a is not None:
             assert np.array_equal(a, b), f"mha.{name} changed after writing into out"
+
+
+@given(case=mha_inputs(kinds=("float",)))
+@example(case=EDGE_CASES[1])
+def test_float_mask_gradient_matches_autograd(case):
+    """attn_mask_grad=True passes the float mask's gradient through: the backward returns it
+    last, in the mask's shape, equal to autograd's through the twin."""
+    out, cache = multi_head_attention_forward(
+        case["x"], case["params"], case["num_heads"], attn_mask=case["attn_mask"],
+        dropout_p=case["dropout_p"], rng=np.random.default_rng(case["seed"]), kv=case["kv"],
+        attn_mask_grad=True)
+    grads = multi_head_attention_backward(case["dout"], cache)
+    assert len(grads) == (4 if case["kv"] is not None else 3), "one gradient per input, then dattn_mask"
+    dmask = grads[-1]
+    keep = None if cache.attention.keep is None else to_torch(cache.attention.keep)
+
+    def fn(x, params, attn_mask, kv=None):
+        return tw.multi_head_attention(x, params, case["num_heads"], attn_mask=attn_mask,
+                                       dropout_p=case["dropout_p"], keep=keep, kv=kv)[0]
+    _, expected = autograd(fn, {**differentiable(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert dmask.shape == case["attn_mask"].shape, f"dattn_mask {dmask.shape}, mask {case['attn_mask'].shape}"
+    # As gradient_tol, times the number of scores each mask entry sums.
+    tol = gradient_tol(case["x"], case["params"], case["kv"], case["dout"], cache)
+    tol["atol"] *= cache.weights.size // case["attn_mask"].size
+    assert_close("mha.dattn_mask", dmask, expected["attn_mask"], **tol)
