@@ -289,8 +289,8 @@ table.twins col.ln { width: 3.5em; } table.twins col.mark { width: 1.5em; }
 table.twins th { text-align: left; padding: 4px 8px; background: #eef; font-weight: 600;
                  overflow-wrap: anywhere; }
 table.twins td { padding: 0 8px; vertical-align: top; }
-td.code { white-space: pre-wrap; overflow-wrap: anywhere; padding-left: 2.5em;
-          text-indent: -2em; }
+table.twins td.code { white-space: pre-wrap; overflow-wrap: anywhere; padding-left: 2.5em;
+                      text-indent: -2em; }
 td.ln { color: #999; text-align: right; user-select: none; }
 td.mark { color: #999; text-align: center; }
 tr.same td.code, tr.twin td.code { background: #f5fbf5; }
