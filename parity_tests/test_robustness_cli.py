@@ -267,3 +267,31 @@ def test_a_benchmark_worker_dies_with_its_parent():
         time.sleep(0.1)
     os.kill(worker, signal.SIGKILL)
     pytest.fail("the worker outlived its parent by 30 s")
+
+
+def test_threads_are_refused_not_ignored_without_threadpoolctl(tmp_path):
+    """--threads is honoured or the run stops saying why; never silently ignored."""
+    code = ("import sys\nsys.modules['threadpoolctl'] = None   # as if it were not installed\n"
+            "from attn_cli import cli\nsys.exit(cli.main(['train', '--out', sys.argv[1]]))\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "needs threadpoolctl" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_vocab
+def test_the_same_seed_gives_the_same_losses_whatever_the_thread_variables(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat. The dog sat on the log. " * 40, encoding="utf-8")
+    losses = []
+    for n, threads in enumerate(("1", "2")):
+        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
+                   MKL_NUM_THREADS=threads)
+        out = tmp_path / f"run{n}"
+        result = subprocess.run([sys.executable, "-m", "attn_cli.cli", "train", "--text", str(corpus),
+                                 "--out", str(out), "--steps", "5", "--batch-size", "4",
+                                 "--block-size", "16", "--n-embd", "64"],
+                                capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr
+        losses.append(json.loads((out / "config.json").read_text())["final_loss"])
+    assert losses[0] == losses[1], f"losses {losses} differ with the thread variables"
