@@ -4,12 +4,12 @@ Greedy decoding (``--temperature 0``) or sampling at a temperature, optionally f
 most likely tokens, with ``--seed``; the context is the last ``block_size`` tokens.
 """
 
-import argparse
 import dataclasses
 import os
 
 import numpy as np
 
+from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
 from numpy_attn.gpt import gpt_forward
 from numpy_attn.softmax import softmax_forward
@@ -56,10 +56,8 @@ def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, r
 
 
 def add_arguments(p):
-    p.description = ("Continue --prompt with the mini GPT of a numpy-attn train run, in NumPy. "
-                     + EXPECT)
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    term.describe(p, ("Continue --prompt with the mini GPT of a numpy-attn train run, in NumPy. "
+                     + EXPECT), EXAMPLES)
     p.add_argument("--checkpoint", metavar="PATH", default=None,
                    help=f"a run folder of numpy-attn train, or its model.npz (default {DEFAULT_OUT}, "
                         "train's default --out)")
@@ -79,6 +77,12 @@ def run(args):
     from attn_cli.checkpoint import load_checkpoint
     from attn_cli.train import to_model_ids
 
+    for option, value, low in (("--max-new-tokens", args.max_new_tokens, 0), ("--seed", args.seed, 0),
+                               ("--top-k", 1 if args.top_k is None else args.top_k, 1)):
+        if value < low:
+            raise ValueError(f"{option} must be at least {low}, got {value}")
+    if not (np.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     path = args.checkpoint
     if path is None:
         path = DEFAULT_OUT
