@@ -44,7 +44,8 @@ def _median_time(fn, repeats, number=1):
 
 def _best_time(fn, repeats, number=1):
     """The fastest sample: on a shared machine, the one least disturbed by other processes,
-    which is what a rate meant as a ceiling (the roofline) should use."""
+    which is what a rate meant as a ceiling (the roofline) should use. One call per sample:
+    a call of a tile's size (0.1 ms) often runs whole between two preemptions."""
     return min(_times(fn, repeats, number))
 
 
@@ -79,9 +80,9 @@ def roofline(repeats):
             s = np.empty((bq, bk), f32)
             v_1 = rng.standard_normal((bk, HS + 1)).astype(f32)
             pv = np.empty((bq, HS + 1), f32)
-            t1 = _best_time(lambda q=q, k_t=k_t, s=s: np.matmul(q, k_t, out=s), repeats, 20)
-            t2 = _best_time(lambda s=s, v_1=v_1, pv=pv: np.matmul(s, v_1, out=pv), repeats, 20)
-            t3 = _best_time(lambda s=s, pv=pv: np.matmul(s.T, pv[:, :HS]), repeats, 20)
+            t1 = _best_time(lambda q=q, k_t=k_t, s=s: np.matmul(q, k_t, out=s), 5 * repeats)
+            t2 = _best_time(lambda s=s, v_1=v_1, pv=pv: np.matmul(s, v_1, out=pv), 5 * repeats)
+            t3 = _best_time(lambda s=s, pv=pv: np.matmul(s.T, pv[:, :HS]), 5 * repeats)
             res["matmul"][f"tile {bq}x{bk}: q_blk @ k^T"] = 2 * bq * bk * HS / t1 / 1e9
             res["matmul"][f"tile {bq}x{bk}: p @ [v | 1]"] = 2 * bq * bk * (HS + 1) / t2 / 1e9
             res["matmul"][f"tile {bq}x{bk}: p^T @ dout"] = 2 * bq * bk * HS / t3 / 1e9
@@ -95,8 +96,7 @@ def roofline(repeats):
                   "add": lambda x, y: np.add(x, y, out=y)}
         for name, ufunc in ufuncs.items():
             fn = partial(ufunc, x, y)
-            number = 20 if x.size < 1e6 else 1
-            t = _best_time(fn, repeats if x.size < 1e6 else max(3, repeats // 4), number)
+            t = _best_time(fn, 5 * repeats if x.size < 1e6 else max(3, repeats // 4))
             res["ufunc"][f"{name} {shape[0]}x{shape[1]}"] = x.size / t / 1e9
     return res
 
@@ -114,13 +114,13 @@ def torch_pieces(repeats):
     s = torch.empty(128, 512)
     v = torch.randn(512, HS, generator=g)
     pv = torch.empty(128, HS)
-    t1 = _best_time(lambda: torch.matmul(q, k_t, out=s), repeats, 20)
-    t2 = _best_time(lambda: torch.matmul(s, v, out=pv), repeats, 20)
+    t1 = _best_time(lambda: torch.matmul(q, k_t, out=s), 5 * repeats)
+    t2 = _best_time(lambda: torch.matmul(s, v, out=pv), 5 * repeats)
     res["torch matmul tile 128x512: q_blk @ k^T GFLOP/s"] = 2 * 128 * 512 * HS / t1 / 1e9
     res["torch matmul tile 128x512: p @ v GFLOP/s"] = 2 * 128 * 512 * HS / t2 / 1e9
     x = torch.randn(128, 512, generator=g) * 3 - 3
     y = torch.empty_like(x)
-    res["torch exp 128x512 Gelem/s"] = x.numel() / _best_time(lambda: torch.exp(x, out=y), repeats, 20) / 1e9
+    res["torch exp 128x512 Gelem/s"] = x.numel() / _best_time(lambda: torch.exp(x, out=y), 5 * repeats) / 1e9
     return res
 
 
