@@ -24,7 +24,7 @@ MODES = ("fwd", "fwd+bwd")
 
 
 class Size(NamedTuple):
-    """Benchmark size (DESIGN.md dimension key); self-attention, so S = T."""
+    """Benchmark size (the dimension key of numpy_attn/__init__.py); self-attention, so S = T."""
 
     B: int
     nh: int
