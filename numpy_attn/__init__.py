@@ -28,6 +28,7 @@ Reading order, leaf to root:
     rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
     rms_norm         root-mean-square norm (no centring, no bias), as in Llama
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
+    gpt2             GPT-2 as released (tanh GELU, its eps), to run its checkpoints
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
