@@ -6,6 +6,7 @@ import types
 import numpy as np
 import pytest
 import torch
+import transformers
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -125,7 +126,6 @@ def hf_llama(config, params):
     """A transformers LlamaForCausalLM holding our parameters (nn.Linear stores w transposed),
     in the params' dtype, with PyTorch's own attention (sdpa; the eager path computes its softmax
     in float32)."""
-    transformers = pytest.importorskip("transformers")
     rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
     hf_config = transformers.LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,

@@ -6,6 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from numpy_attn.rope import half_to_interleaved, rope_backward, rope_forward, rope_frequencies
 from parity_tests import strategies as S
@@ -19,13 +24,6 @@ from parity_tests.helpers import (
     to_torch,
 )
 from torch_attn.rope import rope
-
-transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
 
 layouts = st.sampled_from(["half", "interleaved"])
 thetas = st.sampled_from([10000.0, 500000.0, 10.0])

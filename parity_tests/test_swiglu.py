@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP
 
 from numpy_attn.swiglu import (
     init_swiglu_params,
@@ -104,13 +106,10 @@ def test_silu_matches_twin_and_f_silu(x, data):
 
 @given(case=networks())
 def test_twin_matches_llama_mlp(case):
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaMLP
-
     x, params, dout = case
     C, H = params["gate"]["w"].shape
     bias = "b" in params["gate"]
-    config = transformers.LlamaConfig(hidden_size=C, intermediate_size=H, mlp_bias=bias,
+    config = LlamaConfig(hidden_size=C, intermediate_size=H, mlp_bias=bias,
                                       hidden_act="silu", num_attention_heads=1, head_dim=2)
     mlp = LlamaMLP(config).to(to_torch(x).dtype)
     layers = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
