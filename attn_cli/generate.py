@@ -26,6 +26,8 @@ EXAMPLES = f"""examples:
   numpy-attn generate --prompt "The with statement"
   numpy-attn generate --prompt "The with statement" --temperature 0       greedy
   numpy-attn generate --checkpoint my-run --prompt "A list" --top-k 40 --temperature 0.8
+  numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0
+  numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --max-new-tokens 8
 
 The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default.
 """
@@ -63,7 +65,12 @@ def add_arguments(p):
     p.add_argument("--checkpoint", metavar="PATH", default=None,
                    help=f"a run folder of numpy-attn train, or its model.npz (default {DEFAULT_OUT}, "
                         "train's default --out)")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--prompt", help="the text to continue")
+    p.add_argument("--hf", metavar="DIR", default=None,
+                   help="a Hugging Face GPT-2 or Llama folder (config.json + model.safetensors) "
+                        "instead of a train checkpoint; see attn_cli/hf_generate.py")
+    p.add_argument("--ids", metavar="1,2,3", default=None,
+                   help="with --hf: the prompt as token ids (Llama folders need it); prints ids")
     p.add_argument("--max-new-tokens", type=int, default=40, dest="max_new_tokens",
                    help="tokens to add (default 40)")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -79,6 +86,12 @@ def run(args):
     from attn_cli.checkpoint import load_checkpoint
     from attn_cli.train import to_model_ids
 
+    if args.hf is not None:
+        from attn_cli import hf_generate
+
+        return hf_generate.run(args)
+    if args.ids is not None:
+        raise ValueError("--ids goes with --hf DIR (a Hugging Face folder); give --prompt text here")
     path = args.checkpoint
     if path is None:
         path = DEFAULT_OUT

@@ -31,7 +31,7 @@ def rotation_picture(path):
     out, _ = rope_forward(x, np.arange(POSITIONS), theta=10.0, layout="half")
     inv_freq = rope_frequencies(HS, theta=10.0)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
-    for ax, j in zip(axes, (0, 1)):
+    for ax, j in zip(axes, (0, 1), strict=True):
         a, b = out[:, j], out[:, j + HS // 2]            # "half" layout: pair j is channels j, j + hs/2
         ax.add_patch(plt.Circle((0, 0), np.hypot(a[0], b[0]), fill=False, ls=":", color="grey"))
         for p in range(POSITIONS):
