@@ -26,6 +26,8 @@ EXAMPLES = f"""examples:
   numpy-attn generate --prompt "The with statement"
   numpy-attn generate --prompt "The with statement" --temperature 0       greedy
   numpy-attn generate --checkpoint my-run --prompt "A list" --top-k 40 --temperature 0.8
+  numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0
+  numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --max-new-tokens 8
 
 The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default.
 """
@@ -61,7 +63,12 @@ def add_arguments(p):
     p.add_argument("--checkpoint", metavar="PATH", default=None,
                    help=f"a run folder of numpy-attn train, or its model.npz (default {DEFAULT_OUT}, "
                         "train's default --out)")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--prompt", help="the text to continue")
+    p.add_argument("--hf", metavar="DIR", default=None,
+                   help="a Hugging Face GPT-2 or Llama folder (config.json + model.safetensors) "
+                        "instead of a train checkpoint; see attn_cli/hf_generate.py")
+    p.add_argument("--ids", metavar="1,2,3", default=None,
+                   help="with --hf: the prompt as token ids (Llama folders need it); prints ids")
     p.add_argument("--max-new-tokens", type=int, default=40, dest="max_new_tokens",
                    help="tokens to add (default 40)")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -83,6 +90,12 @@ def run(args):
             raise ValueError(f"{option} must be at least {low}, got {value}")
     if not (np.isfinite(args.temperature) and args.temperature >= 0):
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.hf is not None:
+        from attn_cli import hf_generate
+
+        return hf_generate.run(args)
+    if args.ids is not None:
+        raise ValueError("--ids goes with --hf DIR (a Hugging Face folder); give --prompt text here")
     path = args.checkpoint
     if path is None:
         path = DEFAULT_OUT
