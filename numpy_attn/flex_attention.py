@@ -245,6 +245,17 @@ def _all_blocks(Q_LEN, KV_LEN, BLOCK_SIZE=128):
                              Q_LEN, KV_LEN, BLOCK_SIZE)
 
 
+def _one_tile(Q_LEN, KV_LEN, mask_mod):
+    """A BlockMask of a single Q_LEN x KV_LEN tile: partial (mask_mod everywhere) or, without a
+    mask_mod, full."""
+    one, none = np.ones((1, 1, 1), np.int32), np.zeros((1, 1, 1), np.int32)
+    return BlockMask(kv_num_blocks=none if mask_mod is None else one,
+                     kv_indices=np.zeros((1, 1, 1, 1), np.int32),
+                     full_kv_num_blocks=one if mask_mod is None else none,
+                     full_kv_indices=np.zeros((1, 1, 1, 1), np.int32),
+                     BLOCK_SIZE=(Q_LEN, KV_LEN), seq_lengths=(Q_LEN, KV_LEN), mask_mod=mask_mod)
+
+
 # ---------------------------------------------------------------------------------------------
 # The dense path: all scores, then the modifiers (what the torch twin does).
 
@@ -266,7 +277,7 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     """q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) -> out (B, Hq, L, Ev) [, lse (B, Hq, L)].
 
     Every score is computed, modified and masked (mask_mod everywhere). Returns (out, cache) or
-    ((out, lse), cache); flex_attention_backward takes the cache.
+    ((out, lse), cache); flex_attention_backward on this cache is dense as well.
     """
     _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa)
     B, Hq, L, E = q.shape
@@ -289,8 +300,9 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     empty = row_sum == 0                                        # fully masked rows
     out = (e / np.where(empty, 1, row_sum)) @ v                 # (B, Hq, L, Ev), zeros where empty
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, row_sum)))[..., 0]  # (B, Hq, L)
-    block_mask = _all_blocks(L, S) if block_mask is None else block_mask
-    cache = FlexCache(q_, k_, v_, out, lse.astype(q.dtype), score_mod, block_mask, scale)
+    # One L x S tile, partial where there is a mask: flex_attention_backward is dense too.
+    mask_mod = None if block_mask is None else block_mask.mask_mod
+    cache = FlexCache(q_, k_, v_, out, lse.astype(q.dtype), score_mod, _one_tile(L, S, mask_mod), scale)
     return ((out, cache.lse) if return_lse else out), cache
 
 
