@@ -261,7 +261,7 @@ FLEX_WINDOW = 256          # sliding-window width
 FLEX_BLOCK = 128           # block mask tile (torch's default)
 
 
-def _flex_document_lengths(T):
+def flex_document_lengths(T):
     """Packed documents of T // 16 to T // 4 tokens (seeded by T, so every run packs the same)."""
     import numpy as np
 
@@ -276,7 +276,7 @@ def _flex_mask_mod(lib, mask, T):
     """The row's mask_mod written with ``lib`` (numpy_attn's or torch_attn's flex_attention)."""
     if mask == "sliding_window":
         return lib.sliding_window(FLEX_WINDOW)
-    return lib.and_masks(lib.document(_flex_document_lengths(T)), lib.causal)
+    return lib.and_masks(lib.document(flex_document_lengths(T)), lib.causal)
 
 
 _FLEX_BLOCK_MASKS = {}     # (mask, T) -> numpy_attn BlockMask, built once (outside the timing)
@@ -344,7 +344,7 @@ def _flex_kept_pairs(mask, T):
     """Query-key pairs the mask keeps: the useful work."""
     if mask == "sliding_window":
         return sum(min(t + 1, FLEX_WINDOW) for t in range(T))
-    return sum(n * (n + 1) // 2 for n in _flex_document_lengths(T))
+    return sum(n * (n + 1) // 2 for n in flex_document_lengths(T))
 
 
 def _flex_ops():

@@ -25,6 +25,7 @@ Reading order, leaf to root:
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix
+    flex_attention   score and mask modifiers, block masks that skip empty tiles
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)

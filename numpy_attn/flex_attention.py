@@ -240,7 +240,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128):
 
 
 def _all_blocks(Q_LEN, KV_LEN, BLOCK_SIZE=128):
-    """The BlockMask without a mask: every tile full."""
+    """The BlockMask without a mask: every tile visited (those cut short by the end of the
+    sequence count as partial, where the mask keeps everything)."""
     return create_block_mask(lambda b, h, q_idx, kv_idx: np.ones((), dtype=bool), None, None,
                              Q_LEN, KV_LEN, BLOCK_SIZE)
 

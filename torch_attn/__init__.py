@@ -6,7 +6,8 @@ local variable names, same statement order. Only the spellings differ (``axis``/
 with ``torch.from_numpy``. Each file ends with a comment naming the PyTorch built-in it equals.
 
 Reading order, leaf to root: embedding, positional, softmax, linear, attention, multi_head,
-layer_norm, gelu, dropout, feed_forward, block, gpt, loss, optim, flash_attention.
+layer_norm, gelu, dropout, feed_forward, block, gpt, loss, optim, flash_attention,
+flex_attention.
 
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
 hs head size (C = nh * hs), V vocabulary size.
