@@ -57,3 +57,11 @@ def check_dout(op, dout, shape, dtype, name="dout"):
     if dout.shape != tuple(shape):
         raise ValueError(f"{op}: {name} must have the shape of the forward's output, "
                          f"{tuple(shape)}, got {dout.shape}")
+
+
+def check_rng(rng, needed_for):
+    """Raise TypeError unless ``rng`` is a ``np.random.Generator``; ``needed_for`` says why one
+    is needed (a missing rng is the same mistake as a wrong one, so it is the same error)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{needed_for} needs rng: rng must be a np.random.Generator, "
+                        f"got {type(rng).__name__}")

@@ -13,29 +13,14 @@ import numpy as np
 from numpy_attn._checks import check_float, check_integer, check_ndim
 
 
-def _check_ids(ids, V):
-    """Return ``ids`` as an integer array; raise if it is not integer or not in [0, V)."""
-    ids = np.asarray(ids)
-    check_integer("token ids", ids)
-    if ids.size:
-        low, high = ids.min(), ids.max()
-        if low < 0:
-            raise ValueError(f"token id {low} is negative; ids must lie in [0, V) with V = {V}")
-        if high >= V:
-            raise ValueError(f"token id {high} is out of range for a vocabulary of size V = {V}")
-    return ids
-
-
 def embedding_forward(ids, wte):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` of any shape (...,) -> out (..., C).
 
     Returns ``(out, cache)``; the cache is ``(ids, V)``: the backward needs where each row came
     from and the table's height, not the table itself.
     """
-    check_float("wte", wte)
-    check_ndim("wte", wte, 2)
+    ids = _check_embedding(ids, wte)
     V, C = wte.shape
-    ids = _check_ids(ids, V)
     out = wte[ids]                                 # (...,) -> (..., C)
     cache = (ids, V)
     return out, cache
@@ -49,3 +34,20 @@ def embedding_backward(dout, cache):
     # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
     np.add.at(dwte, ids, dout)
     return dwte
+
+
+def _check_embedding(ids, wte):
+    """Return ``ids`` as an integer array; raise unless wte is a float (V, C) table and every id
+    lies in [0, V)."""
+    check_float("wte", wte)
+    check_ndim("wte", wte, 2)
+    V = wte.shape[0]
+    ids = np.asarray(ids)
+    check_integer("token ids", ids)
+    if ids.size:
+        low, high = ids.min(), ids.max()
+        if low < 0:
+            raise ValueError(f"token id {low} is negative; ids must lie in [0, V) with V = {V}")
+        if high >= V:
+            raise ValueError(f"token id {high} is out of range for a vocabulary of size V = {V}")
+    return ids

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_integer, check_ndim
+from numpy_attn._checks import check_integer, check_ndim, check_rng
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -69,8 +69,7 @@ def init_gpt_params(config, rng, dtype=np.float32):
 
     Embeddings and the head are drawn from N(0, 0.02^2) as in GPT-2; blocks by init_block_params.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    check_rng(rng, "init_gpt_params")
     V, C = config.vocab_size, config.n_embd
     params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype)}                           # (V, C)
     if config.positions == "learned":
@@ -81,17 +80,6 @@ def init_gpt_params(config, rng, dtype=np.float32):
     if not config.tie_weights:
         params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}                 # (C, V)
     return params
-
-
-def _check_ids(ids, config):
-    """Raise unless ids is an integer (B, T) array with T <= block_size (embedding checks V)."""
-    ids = np.asarray(ids)
-    check_ndim("ids", ids, 2)
-    check_integer("token ids", ids)
-    if ids.shape[1] > config.block_size:
-        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
-                         f"block_size = {config.block_size}")
-    return ids
 
 
 class GPTCache(NamedTuple):
@@ -117,7 +105,7 @@ def gpt_forward(ids, params, config, rng=None, masks=None):
     With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken from ``masks``
     (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
     """
-    ids = _check_ids(ids, config)
+    ids = _check_gpt(ids, config, rng, masks)
     B, T = ids.shape
     masks = {"emb": None, "blocks": [None] * config.n_layer} if masks is None else masks
     wte = params["wte"]
@@ -177,13 +165,34 @@ def gpt_backward(dlogits, cache):
     return dparams
 
 
+def _check_gpt(ids, config, rng, masks):
+    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with T <= block_size
+    and, with dropout, an rng or masks are given (the embedding checks ids against V)."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    ids = _check_ids(ids, config)
+    if config.dropout > 0 and masks is None:
+        check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
+    return ids
+
+
+def _check_ids(ids, config):
+    """Raise unless ids is an integer (B, T) array with T <= block_size (embedding checks V)."""
+    ids = np.asarray(ids)
+    check_ndim("ids", ids, 2)
+    check_integer("token ids", ids)
+    if ids.shape[1] > config.block_size:
+        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
+                         f"block_size = {config.block_size}")
+    return ids
+
+
 # -- the small model of "Attention Is All You Need": start reading here ---------------------------
 
 def init_small_params(config, rng, dtype=np.float32):
     """{"wte": (V, C), "attn": {"q", "k", "v", "o"}, "head": {"w": (C, V), "b": (V,)}} (no "b"
     without config.bias). Uses vocab_size, n_embd and bias of the config."""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    check_rng(rng, "init_small_params")
     V, C = config.vocab_size, config.n_embd
     params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype),                           # (V, C)
               "attn": init_multi_head_params(C, rng, bias=config.bias, dtype=dtype),

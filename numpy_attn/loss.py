@@ -25,18 +25,8 @@ def cross_entropy_forward(logits, targets, ignore_index=None):
     Returns ``(loss, cache)``; the cache is ``(targets, counted, n, log_softmax cache)`` with
     ignored targets replaced by 0, so that the backward can scatter without checking them again.
     """
-    check_float("logits", logits)
-    targets = np.asarray(targets)
-    check_integer("targets", targets)
-    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets of shape {targets.shape} must match logits {logits.shape} "
-                         f"without its last axis")
-    V = logits.shape[-1]
+    targets = _check_cross_entropy(logits, targets, ignore_index)
     counted = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
-    outside = counted & ((targets < 0) | (targets >= V))
-    if outside.any():
-        raise ValueError(f"target {targets[outside][0]} is out of range for V = {V} classes "
-                         f"(ignore_index = {ignore_index})")
     targets = np.where(counted, targets, 0)                            # (...), ignored -> class 0
     n = max(int(counted.sum()), 1)                                     # all ignored: 0 / 1, not 0 / 0
     logp, logp_cache = log_softmax_forward(logits)                     # (..., V)
@@ -59,3 +49,21 @@ def cross_entropy_backward(dloss, cache):
     # Undoes logp = log_softmax(logits).
     dlogits = log_softmax_backward(dlogp, logp_cache)                            # (..., V)
     return dlogits
+
+
+def _check_cross_entropy(logits, targets, ignore_index):
+    """Return ``targets`` as an integer array; raise unless it matches ``logits`` (..., V) and
+    every counted target is a class in [0, V)."""
+    check_float("logits", logits)
+    targets = np.asarray(targets)
+    check_integer("targets", targets)
+    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets of shape {targets.shape} must match logits {logits.shape} "
+                         f"without its last axis")
+    V = logits.shape[-1]
+    counted = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
+    outside = counted & ((targets < 0) | (targets >= V))
+    if outside.any():
+        raise ValueError(f"target {targets[outside][0]} is out of range for V = {V} classes "
+                         f"(ignore_index = {ignore_index})")
+    return targets

@@ -235,7 +235,7 @@ def test_bad_input():
         block_forward(np.zeros((3, 4)), params, 2)
     with pytest.raises(ValueError, match=r"not divisible by num_heads = 3"):
         block_forward(np.zeros((1, 3, 4)), params, 3)
-    with pytest.raises(ValueError, match=r"needs rng"):
+    with pytest.raises(TypeError, match=r"needs rng"):
         block_forward(np.zeros((1, 3, 4)), params, 2, dropout_p=0.1)
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         block_forward(np.zeros((1, 3, 4), np.float32), params, 2)

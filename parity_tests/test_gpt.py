@@ -375,7 +375,7 @@ def test_bad_input():
         gpt_forward(np.zeros((1, 2)), params, config)
     with pytest.raises(ValueError, match=r"ids must have 2 dimensions, got shape \(3,\)"):
         gpt_forward(np.zeros(3, int), params, config)
-    with pytest.raises(ValueError, match="needs rng"):
+    with pytest.raises(TypeError, match="needs rng"):
         gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, dropout=0.1))
 
 
