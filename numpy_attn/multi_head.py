@@ -21,7 +21,9 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.kv_cache import kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.masks import causal_mask
 
 
 def _check_heads(name, x, num_heads):
@@ -48,19 +50,21 @@ def merge_heads(x):
     return x.reshape(B, T, nh * hs)                               # (B, T, nh, hs) -> (B, T, C)
 
 
-def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
-    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias).
+def init_multi_head_params(C, rng, bias=True, dtype=np.float32, kv_width=None):
+    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias); k and v
+    are (C, kv_width) and (kv_width,) with grouped-query heads, kv_width = nkv * hs (default C).
 
     Weights are drawn from U(-1/sqrt(C), 1/sqrt(C)) in float64 and rounded once to ``dtype``,
     the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
     its inputs'; biases start at zero, as in ``torch.nn.MultiheadAttention``.
     """
     bound = 1 / np.sqrt(C)
+    widths = {"q": C, "k": C if kv_width is None else kv_width, "v": C if kv_width is None else kv_width, "o": C}
     params = {}
-    for name in ("q", "k", "v", "o"):
-        params[name] = {"w": rng.uniform(-bound, bound, size=(C, C)).astype(dtype)}   # (C_in, C_out)
+    for name, out in widths.items():
+        params[name] = {"w": rng.uniform(-bound, bound, size=(C, out)).astype(dtype)}   # (C_in, C_out)
         if bias:
-            params[name]["b"] = np.zeros(C, dtype=dtype)                              # (C_out,)
+            params[name]["b"] = np.zeros(out, dtype=dtype)                              # (C_out,)
     return params
 
 
@@ -82,10 +86,12 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
-                                 dropout_p=0.0, rng=None, kv=None):
+                                 dropout_p=0.0, rng=None, kv=None, kv_cache=None, layer=0):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
-    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights.
+    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights. With a
+    ``kv_cache`` (numpy_attn/kv_cache.py) x holds only the T new tokens: their keys and values
+    join ``layer``'s cached ones, S = past + T, and ``is_causal`` aligns bottom-right.
     """
     check_float("x", x)
     check_ndim("x", x, 3)
@@ -101,8 +107,13 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
     k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
     v, v_cache = linear_forward(src, **params["v"])               # (B, S, C)
     q = split_heads(q, num_heads)                                 # (B, T, C) -> (B, nh, T, hs)
-    k = split_heads(k, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
-    v = split_heads(v, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
+    num_kv_heads = k.shape[-1] // (C // num_heads)   # fewer than num_heads: grouped-query heads
+    k = split_heads(k, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    v = split_heads(v, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, layer, k, v)             # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+    if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
+        attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right"), False
     y, attention_cache = scaled_dot_product_attention_forward(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng)   # (B, nh, T, hs)
     y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
@@ -120,6 +131,7 @@ def multi_head_attention_backward(dout, cache):
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
     dk = merge_heads(dk)                                          # (B, nh, S, hs) -> (B, S, C)
@@ -135,3 +147,13 @@ def multi_head_attention_backward(dout, cache):
     # Undoes src = x: for self-attention x fed all three projections.
     dx = dx + dsrc
     return dx, dparams
+
+
+def _check_no_past(cache, dk):
+    """Raise ValueError if the keys came partly from a key/value cache: their past tokens' inputs
+    are not in this cache, so there is nothing to send their gradient to."""
+    S = cache.k[0].shape[1]
+    if dk.shape[2] != S:
+        raise ValueError(f"multi_head_attention_backward: the forward attended over {dk.shape[2]} "
+                         f"keys of which only {S} came from its input; the rest came from a "
+                         "key/value cache, which is for inference only")
