@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -55,6 +55,10 @@ def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
     the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
     its inputs'; biases start at zero, as in ``torch.nn.MultiheadAttention``.
     """
+    if not isinstance(C, int | np.integer) or isinstance(C, bool):
+        raise TypeError(f"C must be a positive integer (the model width), got {C!r}")
+    if C < 1:
+        raise ValueError(f"C must be a positive integer (the model width), got {C}")
     bound = 1 / np.sqrt(C)
     params = {}
     for name in ("q", "k", "v", "o"):
@@ -85,17 +89,11 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
                                  dropout_p=0.0, rng=None, kv=None):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
-    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights.
+    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
+    array the backward reads. ``out`` is a fresh array the cache does not hold.
     """
-    check_float("x", x)
-    check_ndim("x", x, 3)
-    _check_heads("x", x, num_heads)
+    _check_multi_head(x, params, num_heads, kv)
     B, T, C = x.shape
-    if kv is not None:
-        check_float("kv", kv)
-        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
-            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
-                             f"got {kv.shape}")
     src = x if kv is None else kv                                 # (B, S, C), S = T for self-attention
     q, q_cache = linear_forward(x, **params["q"])                 # (B, T, C)
     k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
@@ -114,6 +112,8 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
 def multi_head_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), and dkv (B, S, C) after them
     for cross-attention. dparams has the keys and nesting of params ("b" only with bias)."""
+    B, nh, T, hs = cache.attention.q_scaled.shape
+    check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.attention.q_scaled.dtype)
     # Undoes out = linear(y, o).
     dy, do = linear_backward(dout, cache.o)                       # (B, T, C)
     # Undoes y = merge_heads(y): split_heads is its backward.
@@ -135,3 +135,42 @@ def multi_head_attention_backward(dout, cache):
     # Undoes src = x: for self-attention x fed all three projections.
     dx = dx + dsrc
     return dx, dparams
+
+
+def _check_multi_head(x, params, num_heads, kv):
+    """Raise TypeError/ValueError naming the argument at fault: x (B, T, C), kv (B, S, C) or None,
+    params {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,) optional}, all of x's dtype and finite.
+
+    Checked here, on the caller's arguments, so that no error names an intermediate (the
+    projected q, k, v) that the caller never saw.
+    """
+    check_float("x", x)
+    check_ndim("x", x, 3)
+    _check_heads("x", x, num_heads)
+    B, T, C = x.shape
+    arrays = {"x": x}
+    if kv is not None:
+        check_float("kv", kv)
+        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
+            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
+                             f"got {kv.shape}")
+        arrays["kv"] = kv
+    if not isinstance(params, dict) or sorted(params) != ["k", "o", "q", "v"]:
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise TypeError(f'params must be a dict with keys "q", "k", "v", "o", got {got}')
+    for name, p in params.items():
+        expected = {"w": (C, C), "b": (C,)}
+        if not isinstance(p, dict) or "w" not in p or set(p) - set(expected):
+            raise TypeError(f'params["{name}"] must be a dict {{"w": (C, C), "b": (C,) optional}}, '
+                            f"got {sorted(p) if isinstance(p, dict) else type(p).__name__}")
+        for key, a in p.items():
+            label = f'params["{name}"]["{key}"]'
+            check_float(label, a)
+            if a.shape != expected[key]:
+                raise ValueError(f"{label} must have shape {expected[key]} for C = {C} of x {x.shape}, "
+                                 f"got {a.shape}")
+            arrays[label] = a
+    check_same_dtype(**arrays)
+    for name, a in arrays.items():
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")

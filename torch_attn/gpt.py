@@ -4,7 +4,7 @@ Twin of numpy_attn/gpt.py: token embedding + positions (learned or sinusoidal), 
 causal pre-LN blocks, a final layer norm and the output layer (the token embedding, transposed,
 with tied weights), on the same nested parameter dict and the same ``GPTConfig``. With tied
 weights autograd adds the gradients of wte's two uses itself. Pass the NumPy side's
-``cache.masks`` as ``masks`` for exact dropout parity. ``small`` is the twin of ``small_forward``.
+``cache.masks`` as ``masks`` for exact dropout parity.
 """
 
 import torch
@@ -14,7 +14,6 @@ from torch_attn.dropout import dropout
 from torch_attn.embedding import embedding
 from torch_attn.layer_norm import layer_norm
 from torch_attn.linear import linear
-from torch_attn.multi_head import multi_head_attention
 from torch_attn.positional import sinusoidal_encoding
 
 
@@ -41,17 +40,6 @@ def gpt(ids, params, config, rng=None, masks=None):
     # 5: the output layer
     head_w = wte.T if config.tie_weights else params["head"]["w"]         # (C, V)
     logits = linear(x, head_w)                                            # (B, T, C) -> (B, T, V)
-    return logits
-
-
-def small(ids, params, config):
-    """Logits of the small model: ids (B, T) -> (B, T, V)."""
-    B, T = ids.shape
-    wte = params["wte"]
-    tok = embedding(ids, wte)                                             # (B, T) -> (B, T, C)
-    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype).to(wte.device)  # (B, T, C)
-    x, _ = multi_head_attention(x, params["attn"], config.n_head, is_causal=True)
-    logits = linear(x, **params["head"])                                  # (B, T, C) -> (B, T, V)
     return logits
 
 
