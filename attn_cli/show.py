@@ -12,16 +12,17 @@ NumPy backward, which torch leaves to autograd, stands opposite blank lines. Syn
 from pygments when it is installed (an optional import); without it the code is printed plain.
 """
 
+import argparse
 import ast
 import difflib
 import html
 import importlib.util
-import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from attn_cli import term
 
 NUMPY_DIR = Path(__file__).resolve().parent.parent / "numpy_attn"
 
@@ -336,23 +337,53 @@ def render_html(ops):
 
 # ---------------------------------------------------------------------------------------------
 
-def run(args, out=None, color=False):
+HELP = "an operation's NumPy forward and backward beside its torch twin"
+
+EXAMPLES = """examples:
+  numpy-attn show --list                 the operations, leaf to root
+  numpy-attn show softmax                numpy_attn/softmax.py beside torch_attn/softmax.py
+  numpy-attn show log_softmax            a function's name finds its file
+  numpy-attn show --html ops.html        every operation on one self-contained page
+"""
+
+
+def add_arguments(p):
+    p.description = ("Print numpy_attn/OP.py beside torch_attn/OP.py, lines aligned where the twins "
+                     "mirror each other (\"=\" the same once NumPy's spellings are turned into "
+                     "torch's, \"~\" a mirrored line), or write every operation to one HTML page.")
+    p.epilog = EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("op", metavar="OP", nargs="?", default=None,
+                   help="an operation, e.g. softmax, or one of its functions, e.g. log_softmax (see --list)")
+    p.add_argument("--list", action="store_true", help="list the operations and exit")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="write every operation, side by side, to one self-contained HTML page")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns to lay the two files out in, long lines wrapped (default: the "
+                        "terminal's width, 80 when piped; 0: no limit, every line whole, e.g. for grep)")
+    term.add_color_option(p)
+
+
+def run(args, out=None, color=None):
     """The command. Returns the exit status."""
     out = sys.stdout if out is None else out
+    color = term.use_color(args.color, sys.stdout) if color is None else color
     ops = operations()
     if args.list:
         print("\n".join(render_list(ops)), file=out)
         return 0
     if args.op is None and args.html is None:
         raise ValueError("give an operation, e.g. numpy-attn show softmax (--list lists them), or --html FILE")
+    if args.width is not None and args.width != 0 and not 60 <= args.width <= 1000:
+        raise ValueError(f"--width must be 0 (no limit) or lie in 60..1000, got {args.width}")
     op = find_operation(args.op, ops) if args.op is not None else None
     if args.html is not None:
         try:
             Path(args.html).write_text(render_html(ops), encoding="utf-8")
         except OSError as err:
             raise ValueError(f"cannot write {args.html!r}: {err.strerror or err}") from None
-        print(f"wrote {len(ops)} operations to {os.path.abspath(args.html)}", file=out)
+        print(f"wrote {args.html} ({len(ops)} operations)", file=out)
     if op is not None:
-        width = shutil.get_terminal_size().columns if out.isatty() else None
+        width = term.width_of(out) if args.width is None else args.width or None
         print("\n".join(render_terminal(op, color=color, width=width)), file=out)
     return 0

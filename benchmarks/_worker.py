@@ -35,6 +35,7 @@ def _env(library, device):
     env = dict(numpy=np.__version__, python=platform.python_version(),
                threadpools=threadpool_info(),
                cpus=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    env["numpy_simd"] = _numpy_simd()
     if library == "torch":
         import torch
 
@@ -49,6 +50,18 @@ def _env(library, device):
     return env
 
 
+def _numpy_simd():
+    """The SIMD targets NumPy found on this CPU beyond its baseline (e.g. ['X86_V3']), or None.
+
+    np.show_runtime() prints them; the dict it reads is private, so its absence is tolerated.
+    """
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:
+        return None
+    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+
+
 def _pin_threads(library, threads):
     """Give the process ``threads`` CPUs, and the timed library's pool as many threads.
 
@@ -60,9 +73,9 @@ def _pin_threads(library, threads):
         if threads < len(cpus):
             os.sched_setaffinity(0, cpus[:threads])
     if library == "numpy":
-        from threadpoolctl import threadpool_limits
+        from numpy_attn._threads import limit_blas_threads
 
-        threadpool_limits(limits=threads, user_api="blas")
+        limit_blas_threads(threads, required=True)      # for the rest of this process
     else:
         import torch
 

@@ -218,15 +218,16 @@ def _library(impl):
 
 def _check_parity(runnable, sizes, args, threads, progress):
     """parity.check for every op and size; {(op, T): {(impl, device): result}}."""
-    import threadpoolctl
     import torch
+
+    from numpy_attn._threads import limit_blas_threads
 
     # Nothing is timed here, so both pools may run; they get the timed thread count to finish
     # sooner, and are restored afterwards for whoever called main() in-process (the tests).
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+        with limit_blas_threads(threads, required=True):
             checks = {}
             for name, targets in runnable.items():
                 for T, size in sizes.items():

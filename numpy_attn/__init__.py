@@ -17,8 +17,10 @@ Reading order, leaf to root:
     attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
     masks            causal (both alignments), key padding and packed-sequence masks
     multi_head       split/merge heads and multi-head (self- or cross-) attention
+    small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
     layer_norm       layer normalisation, biased variance, eps inside the square root
-    gelu             GELU, exact (with our own erf) and tanh-approximated
+    erf              the error function in pure NumPy, to float64 precision
+    gelu             GELU, exact (with erf) and tanh-approximated
     dropout          inverted dropout with an explicit random generator
     feed_forward     linear C -> 4C, GELU, linear 4C -> C
     block            the pre-LayerNorm transformer block

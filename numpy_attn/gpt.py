@@ -10,10 +10,6 @@ Radford et al. (2019) as written in nanoGPT's model.py. With ``tie_weights`` the
 reuses the token embedding (Press and Wolf, 2017): wte is used twice, so its gradient is the sum
 of the two uses, written out as ``dwte = dwte_embedding + dwte_head``. Parameters are nested dicts
 all the way down; the blocks are keyed "0", "1", ... so that a path reads ``blocks.0.attn.q.w``.
-
-``small_forward`` / ``small_backward`` beside it are the model of "Attention Is All You Need"
-at its smallest, where a reader can start: token embedding + sinusoidal encoding + one causal
-multi-head attention + a linear layer to the vocabulary, no blocks, no layer norm.
 """
 
 from dataclasses import dataclass
@@ -29,11 +25,6 @@ from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.masks import causal_mask, padded_position_ids, padding_attn_mask
-from numpy_attn.multi_head import (
-    init_multi_head_params,
-    multi_head_attention_backward,
-    multi_head_attention_forward,
-)
 from numpy_attn.positional import sinusoidal_encoding
 
 
@@ -238,44 +229,3 @@ def _check_ids(ids, config):
         raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
                          f"block_size = {config.block_size}")
     return ids
-
-
-# -- the small model of "Attention Is All You Need": start reading here ---------------------------
-
-def init_small_params(config, rng, dtype=np.float32):
-    """{"wte": (V, C), "attn": {"q", "k", "v", "o"}, "head": {"w": (C, V), "b": (V,)}} (no "b"
-    without config.bias). Uses vocab_size, n_embd and bias of the config."""
-    check_rng(rng, "init_small_params")
-    V, C = config.vocab_size, config.n_embd
-    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype),                           # (V, C)
-              "attn": init_multi_head_params(C, rng, bias=config.bias, dtype=dtype),
-              "head": {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}}                   # (C, V)
-    if config.bias:
-        params["head"]["b"] = np.zeros(V, dtype)                                          # (V,)
-    return params
-
-
-def small_forward(ids, params, config):
-    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
-    is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
-    ids = _check_ids(ids, config)
-    B, T = ids.shape
-    wte = params["wte"]
-    tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
-    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
-    x, attn_cache = multi_head_attention_forward(x, params["attn"], config.n_head, is_causal=True)
-    logits, head_cache = linear_forward(x, **params["head"])              # (B, T, C) -> (B, T, V)
-    cache = (wte_cache, attn_cache, head_cache)
-    return logits, cache
-
-
-def small_backward(dlogits, cache):
-    """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
-    wte_cache, attn_cache, head_cache = cache
-    # Undoes logits = x @ head.w + head.b.
-    dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
-    # Undoes x = attn(x).
-    dx, dattn = multi_head_attention_backward(dx, attn_cache)             # (B, T, C)
-    # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
-    dwte = embedding_backward(dx, wte_cache)                              # (V, C)
-    return {"wte": dwte, "attn": dattn, "head": dhead}

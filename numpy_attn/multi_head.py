@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -58,6 +58,10 @@ def init_multi_head_params(C, rng, bias=True, dtype=np.float32, kv_width=None):
     the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
     its inputs'; biases start at zero, as in ``torch.nn.MultiheadAttention``.
     """
+    if not isinstance(C, int | np.integer) or isinstance(C, bool):
+        raise TypeError(f"C must be a positive integer (the model width), got {C!r}")
+    if C < 1:
+        raise ValueError(f"C must be a positive integer (the model width), got {C}")
     bound = 1 / np.sqrt(C)
     widths = {"q": C, "k": C if kv_width is None else kv_width, "v": C if kv_width is None else kv_width, "o": C}
     params = {}
@@ -89,19 +93,13 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
                                  dropout_p=0.0, rng=None, kv=None, kv_cache=None, layer=0):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
-    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights. With a
+    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
+    array the backward reads. ``out`` is a fresh array the cache does not hold. With a
     ``kv_cache`` (numpy_attn/kv_cache.py) x holds only the T new tokens: their keys and values
     join ``layer``'s cached ones, S = past + T, and ``is_causal`` aligns bottom-right.
     """
-    check_float("x", x)
-    check_ndim("x", x, 3)
-    _check_heads("x", x, num_heads)
+    _check_multi_head(x, params, num_heads, kv)
     B, T, C = x.shape
-    if kv is not None:
-        check_float("kv", kv)
-        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
-            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
-                             f"got {kv.shape}")
     src = x if kv is None else kv                                 # (B, S, C), S = T for self-attention
     q, q_cache = linear_forward(x, **params["q"])                 # (B, T, C)
     k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
@@ -125,6 +123,8 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
 def multi_head_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), and dkv (B, S, C) after them
     for cross-attention. dparams has the keys and nesting of params ("b" only with bias)."""
+    B, nh, T, hs = cache.attention.q_scaled.shape
+    check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.attention.q_scaled.dtype)
     # Undoes out = linear(y, o).
     dy, do = linear_backward(dout, cache.o)                       # (B, T, C)
     # Undoes y = merge_heads(y): split_heads is its backward.
@@ -149,6 +149,48 @@ def multi_head_attention_backward(dout, cache):
     return dx, dparams
 
 
+def _check_multi_head(x, params, num_heads, kv):
+    """Raise TypeError/ValueError naming the argument at fault: x (B, T, C), kv (B, S, C) or None,
+    params {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,) optional}, all of x's dtype and finite
+    (k and v (C, nkv * hs) and (nkv * hs,) with nkv key/value heads dividing num_heads).
+
+    Checked here, on the caller's arguments, so that no error names an intermediate (the
+    projected q, k, v) that the caller never saw.
+    """
+    check_float("x", x)
+    check_ndim("x", x, 3)
+    _check_heads("x", x, num_heads)
+    B, T, C = x.shape
+    arrays = {"x": x}
+    if kv is not None:
+        check_float("kv", kv)
+        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
+            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
+                             f"got {kv.shape}")
+        arrays["kv"] = kv
+    if not isinstance(params, dict) or sorted(params) != ["k", "o", "q", "v"]:
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise TypeError(f'params must be a dict with keys "q", "k", "v", "o", got {got}')
+    kv_width = _kv_width(params, C, num_heads)      # nkv * hs: C unless grouped-query heads
+    for name, p in params.items():
+        width = kv_width if name in ("k", "v") else C
+        expected = {"w": (C, width), "b": (width,)}
+        if not isinstance(p, dict) or "w" not in p or set(p) - set(expected):
+            raise TypeError(f'params["{name}"] must be a dict {{"w": {expected["w"]}, "b": '
+                            f'{expected["b"]} optional}}, got {sorted(p) if isinstance(p, dict) else type(p).__name__}')
+        for key, a in p.items():
+            label = f'params["{name}"]["{key}"]'
+            check_float(label, a)
+            if a.shape != expected[key]:
+                raise ValueError(f"{label} must have shape {expected[key]} for C = {C} of x {x.shape}, "
+                                 f"got {a.shape}")
+            arrays[label] = a
+    check_same_dtype(**arrays)
+    for name, a in arrays.items():
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+
+
 def _check_no_past(cache, dk):
     """Raise ValueError if the keys came partly from a key/value cache: their past tokens' inputs
     are not in this cache, so there is nothing to send their gradient to."""
@@ -157,3 +199,14 @@ def _check_no_past(cache, dk):
         raise ValueError(f"multi_head_attention_backward: the forward attended over {dk.shape[2]} "
                          f"keys of which only {S} came from its input; the rest came from a "
                          "key/value cache, which is for inference only")
+
+
+def _kv_width(params, C, num_heads):
+    """The width of the k and v projections, nkv * hs; raise ValueError unless nkv divides nh."""
+    w = params["k"].get("w") if isinstance(params.get("k"), dict) else None
+    width = w.shape[-1] if isinstance(w, np.ndarray) and w.ndim == 2 else C
+    hs = C // num_heads
+    if width % hs or num_heads % (width // hs or 1) or width == 0:
+        raise ValueError(f'params["k"]["w"] of shape {w.shape} must be (C, nkv * hs) with hs = {hs} '
+                         f"and nkv dividing num_heads = {num_heads} (C = {C})")
+    return width

@@ -401,7 +401,7 @@ def test_bad_input():
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError, match=r"dropout_p must lie in \[0, 1\)"):
             sdpa(q, k, v, dropout_p=p, rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match="dropout_p = 0.5 needs rng"):
+    with pytest.raises(TypeError, match="dropout_p = 0.5 needs rng"):
         sdpa(q, k, v, dropout_p=0.5)
     with pytest.raises(TypeError, match="float32 or float64"):
         sdpa(q.astype(np.int64), k, v)

@@ -26,8 +26,10 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_leaves,
+    tree_map,
     tree_to_torch,
 )
+from torch_attn import convert
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -175,14 +177,9 @@ def params_from_torch_mha(in_proj_weight, in_proj_bias, out_proj_weight, out_pro
     the same way; ``out_proj.weight`` is transposed too. Biases are None without bias, and then get
     no "b" key. Works as well on the tensors' gradients, which have the same layout.
     """
-    wq, wk, wv = to_numpy(in_proj_weight).reshape(3, *out_proj_weight.shape)
-    params = {"q": {"w": wq.T.copy()}, "k": {"w": wk.T.copy()}, "v": {"w": wv.T.copy()},
-              "o": {"w": to_numpy(out_proj_weight).T.copy()}}
-    if in_proj_bias is not None:
-        for name, b in zip("qkv", to_numpy(in_proj_bias).reshape(3, -1), strict=True):
-            params[name]["b"] = b.copy()
-        params["o"]["b"] = to_numpy(out_proj_bias)
-    return params
+    state = {"in_proj_weight": in_proj_weight, "in_proj_bias": in_proj_bias,
+             "out_proj.weight": out_proj_weight, "out_proj.bias": out_proj_bias}
+    return tree_map(lambda t: to_numpy(t).copy(), convert.from_mha(state))
 
 
 def attn_mask_from_torch_mha(attn_mask, key_padding_mask):
@@ -384,5 +381,5 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast to the "
                                          r"scores' shape \(2, 3, 3, 3\)"):
         multi_head_attention_forward(x, params, 3, attn_mask=np.ones((3, 4), dtype=bool))
-    with pytest.raises(ValueError, match="dropout_p = 0.1 needs rng"):
+    with pytest.raises(TypeError, match="dropout_p = 0.1 needs rng"):
         multi_head_attention_forward(x, params, 3, dropout_p=0.1)

@@ -4,7 +4,7 @@ Twin of numpy_attn/gpt.py: token embedding + positions (learned or sinusoidal), 
 causal pre-LN blocks, a final layer norm and the output layer (the token embedding, transposed,
 with tied weights), on the same nested parameter dict and the same ``GPTConfig``. With tied
 weights autograd adds the gradients of wte's two uses itself. Pass the NumPy side's
-``cache.masks`` as ``masks`` for exact dropout parity. ``small`` is the twin of ``small_forward``.
+``cache.masks`` as ``masks`` for exact dropout parity.
 """
 
 import torch
@@ -16,7 +16,6 @@ from torch_attn.kv_cache import init_kv_cache
 from torch_attn.layer_norm import layer_norm
 from torch_attn.linear import linear
 from torch_attn.masks import causal_mask, padded_position_ids, padding_attn_mask
-from torch_attn.multi_head import multi_head_attention
 from torch_attn.positional import sinusoidal_encoding
 
 
@@ -71,17 +70,6 @@ def _positions_and_mask(T, kv_cache, key_padding_mask, position_ids, attn_mask, 
     mask = mask if key_padding_mask is None else mask & padding_attn_mask(key_padding_mask)   # (B, 1, T, S)
     mask = mask if attn_mask is None else mask & attn_mask
     return positions, mask
-
-
-def small(ids, params, config):
-    """Logits of the small model: ids (B, T) -> (B, T, V)."""
-    B, T = ids.shape
-    wte = params["wte"]
-    tok = embedding(ids, wte)                                             # (B, T) -> (B, T, C)
-    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype).to(wte.device)  # (B, T, C)
-    x, _ = multi_head_attention(x, params["attn"], config.n_head, is_causal=True)
-    logits = linear(x, **params["head"])                                  # (B, T, C) -> (B, T, V)
-    return logits
 
 
 # No single built-in. parity_tests/test_gpt.py tests gpt against nn.Embedding, a stack of
