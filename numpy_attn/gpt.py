@@ -10,6 +10,12 @@ Radford et al. (2019) as written in nanoGPT's model.py. With ``tie_weights`` the
 reuses the token embedding (Press and Wolf, 2017): wte is used twice, so its gradient is the sum
 of the two uses, written out as ``dwte = dwte_embedding + dwte_head``. Parameters are nested dicts
 all the way down; the blocks are keyed "0", "1", ... so that a path reads ``blocks.0.attn.q.w``.
+
+Decoding and real batches (all optional, handled before step 1): with a key/value cache
+(``gpt_kv_cache``) ids hold only the new tokens, their positions continue from the cached length
+and the causal mask aligns bottom-right; a key padding mask hides padding and numbers each row's
+real tokens from 0; ``position_ids`` and an extra ``attn_mask`` run packed sequences in one row
+(numpy_attn/masks.py). ``n_kv_head`` < ``n_head`` gives grouped-query attention.
 """
 
 from dataclasses import dataclass
@@ -198,9 +204,11 @@ def _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, att
     if position_ids is None and key_padding_mask is not None:
         position_ids = padded_position_ids(key_padding_mask)[:, past:]    # (B, S) -> (B, T)
     positions = np.arange(past, S) if position_ids is None else np.asarray(position_ids)
-    if positions.shape[-1:] != (T,) or positions.ndim > 2 or positions.max(initial=0) >= config.block_size:
-        raise ValueError(f"position_ids must be (T,) or (B, T) with T = {T} and values below "
-                         f"block_size = {config.block_size}, got shape {positions.shape}")
+    if (positions.shape[-1:] != (T,) or positions.ndim > 2 or positions.min(initial=0) < 0
+            or positions.max(initial=0) >= config.block_size):
+        raise ValueError(f"position_ids must be (T,) or (B, T) with T = {T} and values in [0, block_size "
+                         f"= {config.block_size}), got shape {positions.shape}, values "
+                         f"{positions.min(initial=0)}..{positions.max(initial=0)}")
     if key_padding_mask is None and attn_mask is None and kv_cache is None:
         return positions, None                                            # causal, top-left
     mask = causal_mask(T, S, "bottom_right")                              # (T, S); top-left if past = 0

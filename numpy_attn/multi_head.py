@@ -10,6 +10,11 @@ Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.Multihe
 and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
 each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
 for self-attention and ``(dx, dparams, dkv)`` for cross-attention.
+
+Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
+nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).
+For decoding, a ``kv_cache`` (numpy_attn/kv_cache.py) stores the keys and values of past tokens,
+so that x holds only the new ones; it is inference only.
 """
 
 from typing import NamedTuple
@@ -134,8 +139,8 @@ def multi_head_attention_backward(dout, cache):
     _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
-    dk = merge_heads(dk)                                          # (B, nh, S, hs) -> (B, S, C)
-    dv = merge_heads(dv)                                          # (B, nh, S, hs) -> (B, S, C)
+    dk = merge_heads(dk)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
+    dv = merge_heads(dv)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
     # Undoes the three projections; src fed both k and v, so its gradient is their sum.
     dx, dq_params = linear_backward(dq, cache.q)                  # (B, T, C)
     dsrc_k, dk_params = linear_backward(dk, cache.k)              # (B, S, C)

@@ -4,7 +4,8 @@ Twin of numpy_attn/gpt.py: token embedding + positions (learned or sinusoidal), 
 causal pre-LN blocks, a final layer norm and the output layer (the token embedding, transposed,
 with tied weights), on the same nested parameter dict and the same ``GPTConfig``. With tied
 weights autograd adds the gradients of wte's two uses itself. Pass the NumPy side's
-``cache.masks`` as ``masks`` for exact dropout parity.
+``cache.masks`` as ``masks`` for exact dropout parity. Decoding with ``kv_cache``, padding, position
+ids and extra masks as in the NumPy twin.
 """
 
 import torch

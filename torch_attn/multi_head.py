@@ -3,7 +3,9 @@
 Twin of numpy_attn/multi_head.py: project x (and kv for cross-attention) with the same parameter
 dicts, split into heads, attend with torch_attn.attention, merge the heads, project back. Takes
 ``keep`` (the NumPy twin's ``cache.attention.keep``) instead of ``rng``. Returns ``(out, weights)``
-like ``torch.nn.MultiheadAttention``, the weights (B, nh, T, S) as ``cache.weights``.
+like ``torch.nn.MultiheadAttention``, the weights (B, nh, T, S) as ``cache.weights``. Grouped-query
+heads come from k and v weights of nkv * hs columns; ``kv_cache`` (torch_attn/kv_cache.py) holds
+past tokens' keys and values for decoding.
 """
 
 from torch_attn.attention import scaled_dot_product_attention
