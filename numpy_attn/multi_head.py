@@ -11,6 +11,11 @@ and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbe
 each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
 for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when
 the forward was given ``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
+
+Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
+nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).
+For decoding, a ``kv_cache`` (numpy_attn/kv_cache.py) stores the keys and values of past tokens,
+so that x holds only the new ones; it is inference only.
 """
 
 from typing import NamedTuple
@@ -22,7 +27,9 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.kv_cache import kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.masks import causal_mask
 
 
 def _check_heads(name, x, num_heads):
@@ -49,8 +56,9 @@ def merge_heads(x):
     return x.reshape(B, T, nh * hs)                               # (B, T, nh, hs) -> (B, T, C)
 
 
-def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
-    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias).
+def init_multi_head_params(C, rng, bias=True, dtype=np.float32, kv_width=None):
+    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias); k and v
+    are (C, kv_width) and (kv_width,) with grouped-query heads, kv_width = nkv * hs (default C).
 
     Weights are drawn from U(-1/sqrt(C), 1/sqrt(C)) in float64 and rounded once to ``dtype``,
     the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
@@ -61,11 +69,12 @@ def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
     if C < 1:
         raise ValueError(f"C must be a positive integer (the model width), got {C}")
     bound = 1 / np.sqrt(C)
+    widths = {"q": C, "k": C if kv_width is None else kv_width, "v": C if kv_width is None else kv_width, "o": C}
     params = {}
-    for name in ("q", "k", "v", "o"):
-        params[name] = {"w": rng.uniform(-bound, bound, size=(C, C)).astype(dtype)}   # (C_in, C_out)
+    for name, out in widths.items():
+        params[name] = {"w": rng.uniform(-bound, bound, size=(C, out)).astype(dtype)}   # (C_in, C_out)
         if bias:
-            params[name]["b"] = np.zeros(C, dtype=dtype)                              # (C_out,)
+            params[name]["b"] = np.zeros(out, dtype=dtype)                              # (C_out,)
     return params
 
 
@@ -87,11 +96,14 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
-                                 dropout_p=0.0, rng=None, kv=None, attn_mask_grad=False):
+                                 dropout_p=0.0, rng=None, kv=None, attn_mask_grad=False,
+                                 kv_cache=None, layer=0):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
     Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
-    array the backward reads. ``out`` is a fresh array the cache does not hold.
+    array the backward reads. ``out`` is a fresh array the cache does not hold. With a
+    ``kv_cache`` (numpy_attn/kv_cache.py) x holds only the T new tokens: their keys and values
+    join ``layer``'s cached ones, S = past + T, and ``is_causal`` aligns bottom-right.
     """
     _check_multi_head(x, params, num_heads, kv)
     B, T, C = x.shape
@@ -100,8 +112,13 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
     k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
     v, v_cache = linear_forward(src, **params["v"])               # (B, S, C)
     q = split_heads(q, num_heads)                                 # (B, T, C) -> (B, nh, T, hs)
-    k = split_heads(k, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
-    v = split_heads(v, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
+    num_kv_heads = k.shape[-1] // (C // num_heads)   # fewer than num_heads: grouped-query heads
+    k = split_heads(k, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    v = split_heads(v, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, layer, k, v)             # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+    if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
+        attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right"), False
     y, attention_cache = scaled_dot_product_attention_forward(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng,
         attn_mask_grad=attn_mask_grad)                            # (B, nh, T, hs)
@@ -123,10 +140,11 @@ def multi_head_attention_backward(dout, cache):
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
     dq, dk, dv, *dattn_mask = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
-    dk = merge_heads(dk)                                          # (B, nh, S, hs) -> (B, S, C)
-    dv = merge_heads(dv)                                          # (B, nh, S, hs) -> (B, S, C)
+    dk = merge_heads(dk)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
+    dv = merge_heads(dv)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
     # Undoes the three projections; src fed both k and v, so its gradient is their sum.
     dx, dq_params = linear_backward(dq, cache.q)                  # (B, T, C)
     dsrc_k, dk_params = linear_backward(dk, cache.k)              # (B, S, C)
@@ -142,7 +160,8 @@ def multi_head_attention_backward(dout, cache):
 
 def _check_multi_head(x, params, num_heads, kv):
     """Raise TypeError/ValueError naming the argument at fault: x (B, T, C), kv (B, S, C) or None,
-    params {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,) optional}, all of x's dtype and finite.
+    params {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,) optional}, all of x's dtype and finite
+    (k and v (C, nkv * hs) and (nkv * hs,) with nkv key/value heads dividing num_heads).
 
     Checked here, on the caller's arguments, so that no error names an intermediate (the
     projected q, k, v) that the caller never saw.
@@ -161,11 +180,13 @@ def _check_multi_head(x, params, num_heads, kv):
     if not isinstance(params, dict) or sorted(params) != ["k", "o", "q", "v"]:
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise TypeError(f'params must be a dict with keys "q", "k", "v", "o", got {got}')
+    kv_width = _kv_width(params, C, num_heads)      # nkv * hs: C unless grouped-query heads
     for name, p in params.items():
-        expected = {"w": (C, C), "b": (C,)}
+        width = kv_width if name in ("k", "v") else C
+        expected = {"w": (C, width), "b": (width,)}
         if not isinstance(p, dict) or "w" not in p or set(p) - set(expected):
-            raise TypeError(f'params["{name}"] must be a dict {{"w": (C, C), "b": (C,) optional}}, '
-                            f"got {sorted(p) if isinstance(p, dict) else type(p).__name__}")
+            raise TypeError(f'params["{name}"] must be a dict {{"w": {expected["w"]}, "b": '
+                            f'{expected["b"]} optional}}, got {sorted(p) if isinstance(p, dict) else type(p).__name__}')
         for key, a in p.items():
             label = f'params["{name}"]["{key}"]'
             check_float(label, a)
@@ -177,3 +198,24 @@ def _check_multi_head(x, params, num_heads, kv):
     for name, a in arrays.items():
         if not np.isfinite(a).all():
             raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+
+
+def _check_no_past(cache, dk):
+    """Raise ValueError if the keys came partly from a key/value cache: their past tokens' inputs
+    are not in this cache, so there is nothing to send their gradient to."""
+    S = cache.k[0].shape[1]
+    if dk.shape[2] != S:
+        raise ValueError(f"multi_head_attention_backward: the forward attended over {dk.shape[2]} "
+                         f"keys of which only {S} came from its input; the rest came from a "
+                         "key/value cache, which is for inference only")
+
+
+def _kv_width(params, C, num_heads):
+    """The width of the k and v projections, nkv * hs; raise ValueError unless nkv divides nh."""
+    w = params["k"].get("w") if isinstance(params.get("k"), dict) else None
+    width = w.shape[-1] if isinstance(w, np.ndarray) and w.ndim == 2 else C
+    hs = C // num_heads
+    if width % hs or num_heads % (width // hs or 1) or width == 0:
+        raise ValueError(f'params["k"]["w"] of shape {w.shape} must be (C, nkv * hs) with hs = {hs} '
+                         f"and nkv dividing num_heads = {num_heads} (C = {C})")
+    return width
