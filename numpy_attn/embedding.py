@@ -10,26 +10,26 @@ accumulate). Follows ``torch.nn.functional.embedding``.
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_integer, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim
 
 
 def embedding_forward(ids, wte):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` of any shape (...,) -> out (..., C).
 
-    Returns ``(out, cache)``; the cache is ``(ids, V)``: the backward needs where each row came
-    from and the table's height, not the table itself.
+    Returns ``(out, cache)``; the cache is ``(ids, V, C, dtype)``: the backward needs where each
+    row came from and the table's shape and dtype, not the table itself.
     """
     ids = _check_embedding(ids, wte)
     V, C = wte.shape
     out = wte[ids]                                 # (...,) -> (..., C)
-    cache = (ids, V)
+    cache = (ids, V, C, wte.dtype)
     return out, cache
 
 
 def embedding_backward(dout, cache):
     """Gradient of the table: dout (..., C) -> dwte (V, C); repeated ids add up."""
-    ids, V = cache
-    C = dout.shape[-1]
+    ids, V, C, dtype = cache
+    check_dout("embedding_backward", dout, ids.shape + (C,), dtype)
     dwte = np.zeros((V, C), dtype=dout.dtype)      # (V, C)
     # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
     np.add.at(dwte, ids, dout)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_integer, check_ndim, check_rng
+from numpy_attn._checks import check_dout, check_integer, check_ndim, check_rng
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -127,6 +127,8 @@ def gpt_forward(ids, params, config, rng=None, masks=None):
 
 def gpt_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    x, head_w, _ = cache.head                                             # (B, T, C), (C, V)
+    check_dout("gpt_backward", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype, name="dlogits")
     # 5: undoes logits = x @ head_w.
     dx, dhead = linear_backward(dlogits, cache.head)                      # (B, T, V) -> (B, T, C)
     # 4: undoes x = ln_f(x).

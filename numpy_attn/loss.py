@@ -14,7 +14,7 @@ is 0 and every gradient is 0 (the same choice as softmax's all-masked rows, DESI
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_integer
+from numpy_attn._checks import check_dout, check_float, check_integer
 from numpy_attn.softmax import log_softmax_backward, log_softmax_forward
 
 
@@ -38,9 +38,15 @@ def cross_entropy_forward(logits, targets, ignore_index=None):
 
 
 def cross_entropy_backward(dloss, cache):
-    """Gradient of the mean cross-entropy: dloss () -> dlogits (..., V)."""
+    """Gradient of the mean cross-entropy: dloss () -> dlogits (..., V).
+
+    dloss is a 0-d array of the loss's dtype, or a Python or NumPy float scalar (the 1 of
+    ``loss.backward()``), which is cast to the loss's dtype; anything else is refused.
+    """
     targets, counted, n, logp_cache = cache
     p, _ = logp_cache
+    dloss = np.asarray(dloss, p.dtype) if isinstance(dloss, float | np.floating) else dloss
+    check_dout("cross_entropy_backward", dloss, (), p.dtype, name="dloss")
     # Undoes loss = -sum(picked over counted tokens) / n.
     dpicked = np.where(counted, -dloss / p.dtype.type(n), 0).astype(p.dtype)   # (...)
     # Undoes picked = logp[..., targets]: each token's gradient goes to its target's column.

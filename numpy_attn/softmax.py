@@ -13,7 +13,7 @@ dx = dy - softmax(x) * sum(dy) for log-softmax.
 
 import numpy as np
 
-from numpy_attn._checks import check_axis, check_float
+from numpy_attn._checks import check_axis, check_dout, check_float
 
 
 def _row_max(x, axis):
@@ -43,6 +43,7 @@ def softmax_forward(x, axis=-1):
 def softmax_backward(dy, cache):
     """Gradient of softmax: dy (..., n) -> dx (..., n)."""
     y, axis = cache
+    check_dout("softmax_backward", dy, y.shape, y.dtype, name="dy")
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
     dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
     return dx
@@ -69,6 +70,7 @@ def log_softmax_forward(x, axis=-1):
 def log_softmax_backward(dy, cache):
     """Gradient of log-softmax: dy (..., n) -> dx (..., n)."""
     p, axis = cache
+    check_dout("log_softmax_backward", dy, p.shape, p.dtype, name="dy")
     # Undoes y = x - m - log(s): d/dx of log(s) is p, so dx = dy - p * sum(dy).
     dx = dy - p * dy.sum(axis=axis, keepdims=True)
     # An all -inf row has p = 0 and would pass dy straight through; no gradient flows there.
