@@ -18,13 +18,13 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     """Zero each entry of ``x`` (...) with probability p and scale the rest by 1 / (1 - p) -> (...).
 
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
-    ``training=False`` or p = 0 the output is x itself; nothing is drawn and any mask is ignored.
+    ``training=False`` or p = 0 the output is a copy of x; nothing is drawn and any mask is ignored.
     Returns ``(out, cache)``; the cache is ``(mask, scale, shape, dtype)``, mask and scale None for
     the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
-        return x, (None, None, x.shape, x.dtype)
+        return x.copy(), (None, None, x.shape, x.dtype)   # a copy: changing out must not change x
     if mask is None:
         mask = rng.random(x.shape, dtype=x.dtype) >= p     # (...), True with probability 1 - p
     scale = x.dtype.type(1 / (1 - p))

@@ -61,6 +61,9 @@ def _check_cross_entropy(logits, targets, ignore_index):
     """Return ``targets`` as an integer array; raise unless it matches ``logits`` (..., V) and
     every counted target is a class in [0, V)."""
     check_float("logits", logits)
+    if not np.all(logits < np.inf):    # checked here, so that the message names logits
+        raise ValueError(f"logits of shape {logits.shape} hold NaN or +inf; only -inf (a class "
+                         f"that cannot occur) is allowed")
     targets = np.asarray(targets)
     check_integer("targets", targets)
     if logits.ndim < 1 or targets.shape != logits.shape[:-1]:

@@ -29,14 +29,15 @@ def _row_max(x, axis):
 def softmax_forward(x, axis=-1):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is ``(y, axis)``: the backward needs only the output.
+    Returns ``(y, cache)``; the cache is ``(copy of y, axis)``: the backward needs only the
+    output, and a copy, so that changing the returned y in place cannot change the gradient.
     """
     axis = _check_softmax(x, axis)
     m = _row_max(x, axis)                          # (..., 1)
     e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    cache = (y, axis)
+    cache = (y.copy(), axis)                       # a copy: y is handed to the caller too
     return y, cache
 
 

@@ -338,6 +338,15 @@ def test_bad_input():
         gpt_forward(np.zeros(3, int), params, config)
     with pytest.raises(TypeError, match="needs rng"):
         gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, dropout=0.1))
+    # Parameters are named by their path, not by the name an inner operation gives them.
+    mixed = dict(params, blocks={"0": dict(params["blocks"]["0"], ln1={
+        "w": params["blocks"]["0"]["ln1"]["w"].astype(np.float32), "b": params["blocks"]["0"]["ln1"]["b"]})})
+    with pytest.raises(TypeError, match=r"params\['blocks'\]\['0'\]\['ln1'\]\['w'\] is float32 but "
+                                        r"params\['wte'\] is float64"):
+        gpt_forward(np.zeros((1, 2), int), mixed, config)
+    with pytest.raises(ValueError, match=r"params\['wte'\] has shape \(5, 4\), but the config asks for "
+                                         r"\(vocab_size, n_embd\) = \(6, 4\)"):
+        gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, vocab_size=6))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -352,3 +361,26 @@ def test_bad_config(kwargs, message):
         GPTConfig(**kwargs)
     with pytest.raises(dataclasses.FrozenInstanceError):
         GPTConfig().n_layer = 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tie_weights="false"), "GPTConfig.tie_weights must be a bool, got str 'false'"),
+    (dict(bias=1), "GPTConfig.bias must be a bool, got int 1"),
+    (dict(vocab_size=True), "GPTConfig.vocab_size must be an integer, got bool True"),
+    (dict(n_embd=32.0), "GPTConfig.n_embd must be an integer, got float 32.0"),
+    (dict(dropout="0.1"), "GPTConfig.dropout must be a real number, got str '0.1'"),
+    (dict(positions=None), "GPTConfig.positions must be a str, got NoneType None"),
+])
+def test_config_field_types(kwargs, message):
+    """Booleans are booleans: a string such as "false" is truthy and once switched tying on."""
+    with pytest.raises(TypeError, match=message):
+        GPTConfig(**kwargs)
+
+
+def test_config_numpy_scalars_become_python_values():
+    """NumPy scalars (e.g. read from an array) are accepted and stored as Python values, so that
+    the config writes to JSON and a float64 dropout cannot upcast anything."""
+    config = GPTConfig(vocab_size=np.int64(5), dropout=np.float64(0.1), bias=np.bool_(False))
+    for name, kind in (("vocab_size", int), ("dropout", float), ("bias", bool)):
+        value = getattr(config, name)
+        assert type(value) is kind, f"GPTConfig.{name} stored as {type(value).__name__}"

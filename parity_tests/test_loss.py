@@ -166,5 +166,7 @@ def test_bad_input():
         cross_entropy_forward(logits, np.array([0, 1, 2]))
     with pytest.raises(TypeError, match="targets must be integers, got dtype float64"):
         cross_entropy_forward(logits, np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"logits of shape \(2, 5\) hold NaN or \+inf"):
+        cross_entropy_forward(np.where(np.eye(2, 5, dtype=bool), np.nan, logits), np.array([0, 1]))
     with pytest.raises(TypeError, match="logits must be float32 or float64, got dtype int64"):
         cross_entropy_forward(np.zeros((2, 5), dtype=np.int64), np.array([0, 1]))

@@ -37,6 +37,7 @@ from numpy_attn.softmax import (
     softmax_forward,
 )
 from parity_tests import strategies as S
+from parity_tests.helpers import assert_close
 
 
 @st.composite
@@ -237,3 +238,60 @@ def test_loss_accepts_a_float_scalar_as_dloss():
         cross_entropy_backward(np.array(0.5), cache)
     with pytest.raises(TypeError, match="dloss must be a NumPy array of shape"):
         cross_entropy_backward(1, cache)
+
+
+# -- outputs and gradients are fresh arrays -----------------------------------------------------------
+
+def _arrays(tree):
+    """Every NumPy array in a nested structure of tuples, lists, dicts and NamedTuples."""
+    if isinstance(tree, np.ndarray):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, tuple | list):
+        return [a for item in tree for a in _arrays(item)]
+    return []
+
+
+@OPS
+@given(data=st.data())
+def test_output_shares_no_memory_with_cache(op, data):
+    """Changing the returned output in place (y *= 2) must not reach the backward: the output
+    shares no memory with anything in the cache (softmax caches a copy of y for this)."""
+    name, _, out, _, cache = CASES[op](data.draw)
+    for i, a in enumerate(_arrays(cache)):
+        assert not np.shares_memory(out, a), f"{op}: the output shares memory with cache array {i}"
+
+
+@OPS
+@given(data=st.data())
+def test_gradients_share_no_memory_with_dout_or_cache(op, data):
+    """Every returned gradient is a fresh array: none shares memory with dout, with the cache, or
+    with another returned gradient (a caller accumulating into one would corrupt the others)."""
+    name, _, out, backward, cache = CASES[op](data.draw)
+    dout = data.draw(S.arrays(out.dtype, out.shape))
+    grads = _arrays(backward(dout, cache))
+    for i, g in enumerate(grads):
+        assert not np.shares_memory(g, dout), f"{name}: gradient {i} shares memory with dout"
+        for j, a in enumerate(_arrays(cache)):
+            assert not np.shares_memory(g, a), f"{name}: gradient {i} shares memory with cache array {j}"
+        for j, h in enumerate(grads[:i]):
+            assert not np.shares_memory(g, h), f"{name}: gradients {j} and {i} share memory"
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_softmax_output_changed_in_place_leaves_the_gradient_alone(dtype):
+    x, dy = S.ramp(3, 4, dtype=dtype), S.ramp(3, 4, dtype=dtype)[::-1].copy()
+    y, cache = softmax_forward(x)
+    expected = softmax_backward(dy, softmax_forward(x)[1])
+    y *= 2
+    assert_close("softmax.dx after y *= 2", softmax_backward(dy, cache), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dropout_identity_returns_a_copy(dtype):
+    """With p = 0 or in evaluation the output equals x but is not x: out *= 2 leaves x alone."""
+    x = S.ramp(2, 3, dtype=dtype)
+    for p, training in ((0.0, True), (0.5, False)):
+        out, _ = dropout_forward(x, p, training=training)
+        assert not np.shares_memory(out, x), f"dropout(p={p}, training={training}) returned x itself"
