@@ -26,6 +26,9 @@ def _row_max(x, axis):
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
 
+# Logits spanning more than the float range (x = -max, m = +max) make x - m overflow to -inf,
+# whose exp is the 0 it should be: that overflow is the right answer, not an error to report.
+@np.errstate(over="ignore")
 def softmax_forward(x, axis=-1):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
@@ -50,6 +53,7 @@ def softmax_backward(dy, cache):
     return dx
 
 
+@np.errstate(over="ignore")                        # x - m may overflow to -inf, as in softmax_forward
 def log_softmax_forward(x, axis=-1):
     """Log-softmax of ``x`` along ``axis``: (..., n) -> (..., n).
 

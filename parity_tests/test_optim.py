@@ -14,6 +14,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_leaves,
+    tree_map,
     tree_to_torch,
 )
 from torch_attn import optim as torch_optim
@@ -310,3 +311,30 @@ def test_hyperparameter_types(name):
     else:
         with pytest.raises(TypeError, match="nesterov must be a bool, got str 'yes'"):
             step(params, params, state, momentum=0.9, nesterov="yes")
+
+
+@pytest.mark.parametrize("name, hyper", [
+    ("adamw", {}), ("adamw", {"lr": 0.0, "weight_decay": 0.0}),
+    ("sgd", {}), ("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.9, "nesterov": True}),
+    ("sgd", {"lr": 0.0, "momentum": 0.5, "dampening": 0.5, "weight_decay": 0.1}),
+])
+def test_returned_arrays_are_fresh(name, hyper):
+    """Over two steps (the first momentum step copies the gradient), no returned parameter or
+    state array shares memory with the parameters, gradients or state passed in, or with
+    another returned array: a caller updating one in place cannot corrupt another."""
+    init, step, *_ = OPTIMIZERS[name]
+    rng = np.random.default_rng(0)
+    params = {"lin": {"w": rng.standard_normal((2, 3)), "b": rng.standard_normal(3)}}
+    state = init(params)
+    for _ in range(2):
+        grads = tree_map(lambda p: rng.standard_normal(p.shape), params)
+        given_in = [(f"params.{p}", a) for p, a in tree_leaves(params)] + \
+                   [(f"grads.{p}", a) for p, a in tree_leaves(grads)] + \
+                   [(f"state.{p}", a) for p, a in tree_leaves({k: v for k, v in state.items() if k != "step"})]
+        new_params, new_state = step(params, grads, state, **hyper)
+        returned = [(f"new params.{p}", a) for p, a in tree_leaves(new_params)] + \
+                   [(f"new state.{p}", a) for p, a in tree_leaves({k: v for k, v in new_state.items() if k != "step"})]
+        for i, (out_name, out) in enumerate(returned):
+            for in_name, a in given_in + returned[:i]:
+                assert not np.shares_memory(out, a), f"{name}: {out_name} shares memory with {in_name}"
+        params, state = new_params, new_state
