@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_ndim, check_rng
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_rng
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.feed_forward import (
     feed_forward_backward,
@@ -51,7 +51,7 @@ class BlockCache(NamedTuple):
 
     ln1: tuple
     attn: tuple
-    drop_attn: tuple         # (keep-mask or None, scale)
+    drop_attn: tuple         # (keep-mask or None, scale, shape, dtype)
     ln2: tuple
     ffn: tuple
     drop_ffn: tuple
@@ -92,6 +92,8 @@ def block_forward(x, params, num_heads, dropout_p=0.0, rng=None, masks=None, att
 
 def block_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams with the nesting of params)."""
+    xhat = cache.ln1[0]                                                            # (B, T, C), as x
+    check_dout("block_backward", dout, xhat.shape, xhat.dtype)
     # 8: undoes out = x + f. The skip hands dout to x unchanged; the branch hands it to f.
     dx_skip = dout
     df = dout

@@ -11,30 +11,32 @@ the same mask, so the two agree exactly.
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_rng
+from numpy_attn._checks import check_dout, check_float, check_rng
 
 
 def dropout_forward(x, p, rng=None, training=True, mask=None):
     """Zero each entry of ``x`` (...) with probability p and scale the rest by 1 / (1 - p) -> (...).
 
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
-    ``training=False`` or p = 0 the output is x itself; nothing is drawn and any mask is ignored.
-    Returns ``(out, cache)``; the cache is ``(mask, scale)``, (None, None) for the identity.
+    ``training=False`` or p = 0 the output is a copy of x; nothing is drawn and any mask is ignored.
+    Returns ``(out, cache)``; the cache is ``(mask, scale, shape, dtype)``, mask and scale None for
+    the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
-        return x, (None, None)
+        return x.copy(), (None, None, x.shape, x.dtype)   # a copy: changing out must not change x
     if mask is None:
         mask = rng.random(x.shape, dtype=x.dtype) >= p     # (...), True with probability 1 - p
     scale = x.dtype.type(1 / (1 - p))
     out = x * mask * scale
-    cache = (mask, scale)
+    cache = (mask, scale, x.shape, x.dtype)
     return out, cache
 
 
 def dropout_backward(dout, cache):
     """Gradient of dropout: dout (...) -> dx (...), zero where the entry was dropped."""
-    mask, scale = cache
+    mask, scale, shape, dtype = cache
+    check_dout("dropout_backward", dout, shape, dtype)
     if mask is None:
         return dout.copy()                                 # undoes the identity
     # Undoes out = x * mask * scale.

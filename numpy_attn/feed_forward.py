@@ -11,7 +11,7 @@ numpy_attn.gelu; the backward runs their backwards in reverse order.
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_rng
+from numpy_attn._checks import check_dout, check_float, check_rng
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.linear import linear_backward, linear_forward
 
@@ -49,6 +49,8 @@ def feed_forward_forward(x, params, approximate="none"):
 def feed_forward_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"fc": {"w", "b"}, "proj": {"w", "b"}})."""
     fc_cache, gelu_cache, proj_cache = cache
+    x = fc_cache[0]                                                    # the forward's input (..., C)
+    check_dout("feed_forward_backward", dout, x.shape, x.dtype)
     # Undoes out = a @ proj.w + proj.b.
     da, dproj = linear_backward(dout, proj_cache)                      # (..., C) -> (..., H)
     # Undoes a = gelu(h).

@@ -10,7 +10,7 @@ NumPy has no erf: the exact form uses the one in numpy_attn/erf.py.
 
 import numpy as np
 
-from numpy_attn._checks import check_float
+from numpy_attn._checks import check_dout, check_float
 from numpy_attn.erf import erf
 
 _KAPPA = 0.044715                        # the cubic coefficient of the tanh approximation
@@ -41,6 +41,7 @@ def gelu_forward(x, approximate="none"):
 def gelu_backward(dout, cache):
     """Gradient of GELU: dout (...) -> dx (...)."""
     x, cdf, t, approximate = cache
+    check_dout("gelu_backward", dout, x.shape, x.dtype)
     half, one = x.dtype.type(0.5), x.dtype.type(1)
     if approximate == "none":
         # Undoes cdf = Phi(x): its derivative is the normal density exp(-x^2 / 2) / sqrt(2 pi).

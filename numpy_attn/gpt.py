@@ -18,12 +18,13 @@ real tokens from 0; ``position_ids`` and an extra ``attn_mask`` run packed seque
 (numpy_attn/masks.py). ``n_kv_head`` < ``n_head`` gives grouped-query attention.
 """
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_integer, check_ndim, check_rng
+from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim, check_rng
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -50,21 +51,8 @@ class GPTConfig:
     positions: str = "learned"    # "learned" (a wpe table) or "sinusoidal" (no parameters)
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_head", "n_embd"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.n_layer, int) or self.n_layer < 0:
-            raise ValueError(f"n_layer must be an integer >= 0, got {self.n_layer!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
-        if self.n_kv_head is not None and (not isinstance(self.n_kv_head, int) or self.n_kv_head < 1
-                                           or self.n_head % self.n_kv_head):
-            raise ValueError(f"n_kv_head must be a positive integer dividing n_head = {self.n_head}, "
-                             f"got {self.n_kv_head!r}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
-        if self.positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
+        for name, value in _check_gpt_config(self).items():
+            object.__setattr__(self, name, value)     # NumPy scalars become Python int/float/bool
 
 
 def init_gpt_params(config, rng, dtype=np.float32):
@@ -116,7 +104,7 @@ def gpt_forward(ids, params, config, rng=None, masks=None, kv_cache=None, key_pa
     ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) restricts attention further, e.g.
     numpy_attn/masks.py's varlen_attn_mask for packed sequences. Causality always applies.
     """
-    ids = _check_gpt(ids, config, rng, masks)
+    ids = _check_gpt(ids, params, config, rng, masks)
     B, T = ids.shape
     masks = {"emb": None, "blocks": [None] * config.n_layer} if masks is None else masks
     wte = params["wte"]
@@ -150,6 +138,8 @@ def gpt_forward(ids, params, config, rng=None, masks=None, kv_cache=None, key_pa
 
 def gpt_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    x, head_w, _ = cache.head                                             # (B, T, C), (C, V)
+    check_dout("gpt_backward", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype, name="dlogits")
     # 5: undoes logits = x @ head_w.
     dx, dhead = linear_backward(dlogits, cache.head)                      # (B, T, V) -> (B, T, C)
     # 4: undoes x = ln_f(x).
@@ -217,15 +207,69 @@ def _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, att
     return positions, mask
 
 
-def _check_gpt(ids, config, rng, masks):
-    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with T <= block_size
-    and, with dropout, an rng or masks are given (the embedding checks ids against V)."""
+def _check_gpt_config(config):
+    """Return the fields as Python int/float/bool/str; raise TypeError for a field of the wrong
+    type (a bool is not an integer, and a string is not a bool: tie_weights="false" would be
+    true), ValueError for one out of bounds."""
+    fields = (("vocab_size", numbers.Integral, 1), ("block_size", numbers.Integral, 1),
+              ("n_layer", numbers.Integral, 0), ("n_head", numbers.Integral, 1),
+              ("n_embd", numbers.Integral, 1), ("dropout", numbers.Real, None),
+              ("bias", bool, None), ("tie_weights", bool, None), ("positions", str, None))
+    for name, kind, low in fields:
+        value = getattr(config, name)
+        is_bool = isinstance(value, bool | np.bool_)
+        if (kind is bool) != is_bool or not isinstance(value, kind | np.bool_):
+            raise TypeError(f"GPTConfig.{name} must be {_KIND_NAMES[kind]}, got "
+                            f"{type(value).__name__} {value!r}")
+        if low is not None and value < low:
+            bound = "a positive integer" if low == 1 else f"an integer >= {low}"
+            raise ValueError(f"GPTConfig.{name} must be {bound}, got {value!r}")
+    if config.n_embd % config.n_head:
+        raise ValueError(f"n_embd = {config.n_embd} is not divisible by n_head = {config.n_head}")
+    if not 0 <= config.dropout < 1:
+        raise ValueError(f"dropout must lie in [0, 1), got {config.dropout!r}")
+    if config.positions not in ("learned", "sinusoidal"):
+        raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {config.positions!r}")
+    n_kv_head = config.n_kv_head
+    if n_kv_head is not None and (isinstance(n_kv_head, bool | np.bool_) or not isinstance(n_kv_head, numbers.Integral)
+                                  or n_kv_head < 1 or config.n_head % n_kv_head):
+        raise ValueError(f"GPTConfig.n_kv_head must be None or a positive integer dividing n_head = "
+                         f"{config.n_head}, got {n_kv_head!r}")
+    python_type = {numbers.Integral: int, numbers.Real: float, bool: bool, str: str}
+    return {name: python_type[kind](getattr(config, name)) for name, kind, _ in fields}
+
+
+_KIND_NAMES = {numbers.Integral: "an integer", numbers.Real: "a real number", bool: "a bool",
+               str: "a str"}
+
+
+def _check_gpt(ids, params, config, rng, masks):
+    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with T <= block_size,
+    wte is (vocab_size, n_embd) and every parameter shares its float dtype (named by its path, not
+    by the name an inner operation gives it), and, with dropout, an rng or masks are given."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
     ids = _check_ids(ids, config)
+    wte = params["wte"]
+    check_float("params['wte']", wte)
+    if wte.shape != (config.vocab_size, config.n_embd):
+        raise ValueError(f"params['wte'] has shape {wte.shape}, but the config asks for "
+                         f"(vocab_size, n_embd) = ({config.vocab_size}, {config.n_embd})")
+    for path, leaf in _leaves(params):
+        check_float(f"params{path}", leaf)
+        if leaf.dtype != wte.dtype:
+            raise TypeError(f"params{path} is {leaf.dtype} but params['wte'] is {wte.dtype}: "
+                            f"every parameter must share one dtype")
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
     return ids
+
+
+def _leaves(tree, path=""):
+    """(path, leaf) pairs of a nested dict, paths written ['blocks']['0']['ln1']['w']."""
+    if not isinstance(tree, dict):
+        return [(path, tree)]
+    return [pair for key, sub in tree.items() for pair in _leaves(sub, f"{path}[{key!r}]")]
 
 
 def _check_ids(ids, config):

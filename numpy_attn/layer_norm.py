@@ -16,7 +16,7 @@ one centring (and ``F.layer_norm``) lose 1e-3; ``test_near_constant_rows_stay_ac
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_same_dtype
 
 
 def layer_norm_forward(x, w, b, eps=1e-5):
@@ -40,6 +40,7 @@ def layer_norm_forward(x, w, b, eps=1e-5):
 def layer_norm_backward(dout, cache):
     """Gradients of layer norm: dout (..., C) -> (dx (..., C), {"w": dw (C,), "b": db (C,)})."""
     xhat, rstd, w = cache
+    check_dout("layer_norm_backward", dout, xhat.shape, xhat.dtype)
     C = w.shape[0]
     # Undoes out = xhat * w + b: w and b were applied to every row.
     db = dout.reshape(-1, C).sum(axis=0)                   # (..., C) -> (C,)

@@ -8,7 +8,7 @@ leading dimensions is allowed: they are flattened into rows for dw and db.
 """
 
 
-from numpy_attn._checks import check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
 
 
 def linear_forward(x, w, b=None):
@@ -32,6 +32,7 @@ def linear_backward(dout, cache):
     """
     x, w, has_bias = cache
     C_in, C_out = w.shape
+    check_dout("linear_backward", dout, x.shape[:-1] + (C_out,), x.dtype)
     # Undoes out = out + b: every row added the same b.
     db = dout.reshape(-1, C_out).sum(axis=0) if has_bias else None      # (C_out,)
     # Undoes out = x @ w.

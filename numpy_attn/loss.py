@@ -62,9 +62,14 @@ def cross_entropy_forward(logits, targets, ignore_index=None, reduction="mean", 
 
 def cross_entropy_backward(dloss, cache):
     """Gradient of the cross-entropy: dloss () (or (...) for reduction="none") -> dlogits, the
-    shape of the forward's logits."""
+    shape of the forward's logits.
+
+    dloss is an array of the loss's shape and dtype; for a scalar loss a Python or NumPy float
+    scalar is also taken (the 1 of ``loss.backward()``) and cast to the loss's dtype."""
     wq, n, reduction, axis, logp_cache = cache
     p, _ = logp_cache
+    if reduction != "none" and isinstance(dloss, float | np.floating):   # a scalar's upstream 1
+        dloss = np.asarray(dloss, p.dtype)
     check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
                p.dtype, name="dloss")
     # Undoes loss = sum(loss) / n (mean), sum(loss) (sum, n = 1) or nothing (none): every token
@@ -90,6 +95,9 @@ def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothi
         raise TypeError(f"axis must be an integer, got {type(axis).__name__}")
     axis = check_axis("logits", logits, axis)
     V = logits.shape[axis]
+    if not np.all(logits < np.inf):    # checked here, so that the message names logits
+        raise ValueError(f"logits of shape {logits.shape} hold NaN or +inf; only -inf (a class "
+                         f"that cannot occur) is allowed")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if not 0 <= label_smoothing <= 1:

@@ -19,6 +19,8 @@ path), so the two agree to rounding. Every call returns fresh arrays; the state 
 ``{"step": int, ...moment trees...}`` and nothing is kept between calls.
 """
 
+import numbers
+
 import numpy as np
 
 from numpy_attn._checks import check_float
@@ -41,7 +43,24 @@ def _tree_map(fn, tree, *others):
 
 def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0,
                  nesterov=False):
-    """Raise ValueError on hyperparameters that torch.optim would refuse."""
+    """Raise on hyperparameters that torch.optim would refuse (TypeError for a non-number or a
+    bool); return them as Python floats, in the order (lr, weight_decay, eps, betas, momentum,
+    dampening).
+
+    Python floats because a NumPy float64 scalar is strongly typed (NEP 50): lr=np.float64(1e-3)
+    would turn every float32 parameter it touches into float64, where a Python float adapts.
+    """
+    if not isinstance(betas, tuple | list):
+        raise TypeError(f"betas must be a pair of numbers, got {type(betas).__name__} {betas!r}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair of numbers, got {len(betas)}: {betas!r}")
+    named = (("lr", lr), ("weight_decay", weight_decay), ("eps", eps), ("betas[0]", betas[0]),
+             ("betas[1]", betas[1]), ("momentum", momentum), ("dampening", dampening))
+    for name, value in named:
+        if not isinstance(value, numbers.Real) or isinstance(value, bool | np.bool_):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not isinstance(nesterov, bool | np.bool_):
+        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__} {nesterov!r}")
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps),
                         ("momentum", momentum)):
         if not value >= 0:                       # also catches NaN
@@ -54,6 +73,8 @@ def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, damp
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError(f"nesterov needs momentum > 0 and dampening 0, got momentum={momentum!r}, "
                          f"dampening={dampening!r}")
+    return (float(lr), float(weight_decay), float(eps), (float(betas[0]), float(betas[1])),
+            float(momentum), float(dampening))
 
 
 def adamw_init(params):
@@ -66,7 +87,7 @@ def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weig
 
     The defaults are those of ``torch.optim.AdamW``.
     """
-    _check_hyper(lr, weight_decay, eps=eps, betas=betas)
+    lr, weight_decay, eps, betas, _, _ = _check_hyper(lr, weight_decay, eps=eps, betas=betas)
     beta1, beta2 = betas
     step = state["step"] + 1
     step_size = lr / (1 - beta1**step)                            # lr / bias_correction1
@@ -97,7 +118,8 @@ def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_
 
     The defaults are those of ``torch.optim.SGD``; nesterov needs momentum > 0 and no dampening.
     """
-    _check_hyper(lr, weight_decay, momentum=momentum, dampening=dampening, nesterov=nesterov)
+    lr, weight_decay, _, _, momentum, dampening = _check_hyper(
+        lr, weight_decay, momentum=momentum, dampening=dampening, nesterov=nesterov)
     first = state["step"] == 0
 
     def update(p, g, buf):

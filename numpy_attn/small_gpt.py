@@ -12,7 +12,7 @@ model with blocks is numpy_attn/gpt.py.
 
 import numpy as np
 
-from numpy_attn._checks import check_integer, check_ndim, check_rng
+from numpy_attn._checks import check_dout, check_integer, check_ndim, check_rng
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import (
@@ -53,6 +53,9 @@ def small_gpt_forward(ids, params, config):
 def small_gpt_backward(dlogits, cache):
     """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
     wte_cache, attn_cache, head_cache = cache
+    x, head_w, _ = head_cache                                             # (B, T, C), (C, V)
+    check_dout("small_gpt_backward", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype,
+               name="dlogits")
     # Undoes logits = x @ head.w + head.b.
     dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
     # Undoes x = attn(x).

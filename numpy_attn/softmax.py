@@ -13,7 +13,7 @@ dx = dy - softmax(x) * sum(dy) for log-softmax.
 
 import numpy as np
 
-from numpy_attn._checks import check_axis, check_float
+from numpy_attn._checks import check_axis, check_dout, check_float
 
 
 def _row_max(x, axis):
@@ -26,28 +26,34 @@ def _row_max(x, axis):
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
 
+# Logits spanning more than the float range (x = -max, m = +max) make x - m overflow to -inf,
+# whose exp is the 0 it should be: that overflow is the right answer, not an error to report.
+@np.errstate(over="ignore")
 def softmax_forward(x, axis=-1):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is ``(y, axis)``: the backward needs only the output.
+    Returns ``(y, cache)``; the cache is ``(copy of y, axis)``: the backward needs only the
+    output, and a copy, so that changing the returned y in place cannot change the gradient.
     """
     axis = _check_softmax(x, axis)
     m = _row_max(x, axis)                          # (..., 1)
     e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    cache = (y, axis)
+    cache = (y.copy(), axis)                       # a copy: y is handed to the caller too
     return y, cache
 
 
 def softmax_backward(dy, cache):
     """Gradient of softmax: dy (..., n) -> dx (..., n)."""
     y, axis = cache
+    check_dout("softmax_backward", dy, y.shape, y.dtype, name="dy")
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
     dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
     return dx
 
 
+@np.errstate(over="ignore")                        # x - m may overflow to -inf, as in softmax_forward
 def log_softmax_forward(x, axis=-1):
     """Log-softmax of ``x`` along ``axis``: (..., n) -> (..., n).
 
@@ -69,6 +75,7 @@ def log_softmax_forward(x, axis=-1):
 def log_softmax_backward(dy, cache):
     """Gradient of log-softmax: dy (..., n) -> dx (..., n)."""
     p, axis = cache
+    check_dout("log_softmax_backward", dy, p.shape, p.dtype, name="dy")
     # Undoes y = x - m - log(s): d/dx of log(s) is p, so dx = dy - p * sum(dy).
     dx = dy - p * dy.sum(axis=axis, keepdims=True)
     # An all -inf row has p = 0 and would pass dy straight through; no gradient flows there.

@@ -338,6 +338,15 @@ def test_bad_input():
         gpt_forward(np.zeros(3, int), params, config)
     with pytest.raises(TypeError, match="needs rng"):
         gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, dropout=0.1))
+    # Parameters are named by their path, not by the name an inner operation gives them.
+    mixed = dict(params, blocks={"0": dict(params["blocks"]["0"], ln1={
+        "w": params["blocks"]["0"]["ln1"]["w"].astype(np.float32), "b": params["blocks"]["0"]["ln1"]["b"]})})
+    with pytest.raises(TypeError, match=r"params\['blocks'\]\['0'\]\['ln1'\]\['w'\] is float32 but "
+                                        r"params\['wte'\] is float64"):
+        gpt_forward(np.zeros((1, 2), int), mixed, config)
+    with pytest.raises(ValueError, match=r"params\['wte'\] has shape \(5, 4\), but the config asks for "
+                                         r"\(vocab_size, n_embd\) = \(6, 4\)"):
+        gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, vocab_size=6))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -352,3 +361,70 @@ def test_bad_config(kwargs, message):
         GPTConfig(**kwargs)
     with pytest.raises(dataclasses.FrozenInstanceError):
         GPTConfig().n_layer = 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tie_weights="false"), "GPTConfig.tie_weights must be a bool, got str 'false'"),
+    (dict(bias=1), "GPTConfig.bias must be a bool, got int 1"),
+    (dict(vocab_size=True), "GPTConfig.vocab_size must be an integer, got bool True"),
+    (dict(n_embd=32.0), "GPTConfig.n_embd must be an integer, got float 32.0"),
+    (dict(dropout="0.1"), "GPTConfig.dropout must be a real number, got str '0.1'"),
+    (dict(positions=None), "GPTConfig.positions must be a str, got NoneType None"),
+])
+def test_config_field_types(kwargs, message):
+    """Booleans are booleans: a string such as "false" is truthy and once switched tying on."""
+    with pytest.raises(TypeError, match=message):
+        GPTConfig(**kwargs)
+
+
+def test_config_numpy_scalars_become_python_values():
+    """NumPy scalars (e.g. read from an array) are accepted and stored as Python values, so that
+    the config writes to JSON and a float64 dropout cannot upcast anything."""
+    config = GPTConfig(vocab_size=np.int64(5), dropout=np.float64(0.1), bias=np.bool_(False))
+    for name, kind in (("vocab_size", int), ("dropout", float), ("bias", bool)):
+        value = getattr(config, name)
+        assert type(value) is kind, f"GPTConfig.{name} stored as {type(value).__name__}"
+
+
+# -- gradient structure, initialisation ---------------------------------------------------------------
+
+def _key_order(tree):
+    """The keys of every dict in a nested dict, in order, as (path, keys) pairs."""
+    if not isinstance(tree, dict):
+        return []
+    return [("", list(tree))] + [(f"{k}.{p}", keys) for k, sub in tree.items() for p, keys in _key_order(sub)]
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_gradients_have_the_params_key_order(tie_weights, positions):
+    """dparams has exactly params' keys in params' order at every level, blocks "0", "1", ...
+    included (the backward visits the blocks last to first), so zipping leaves pairs them."""
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=3, n_head=2, n_embd=4,
+                       tie_weights=tie_weights, positions=positions)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    ids = np.array([[1, 2, 2, 6]])
+    logits, cache = gpt_forward(ids, params, config)
+    dparams = gpt_backward(S.ramp(*logits.shape), cache)
+    assert list(dparams["blocks"]) == ["0", "1", "2"], f"dparams['blocks'] keys {list(dparams['blocks'])}"
+    assert _key_order(dparams) == _key_order(params), "dparams' key order differs from params'"
+
+
+def test_init_statistics_match_pytorch():
+    """Embeddings and the head are N(0, 0.02^2), GPT-2's initialiser (torch.nn.init.normal_ with
+    std 0.02 on a tensor of the same shape is the reference); every layer norm starts as
+    nn.LayerNorm does, weight exactly 1 and bias exactly 0."""
+    from parity_tests.test_feed_forward import assert_same_distribution
+
+    config = GPTConfig(vocab_size=512, block_size=256, n_layer=1, n_head=2, n_embd=64, tie_weights=False)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    torch.manual_seed(0)
+    for name in ("wte", "wpe", "head"):
+        ours = params["head"]["w"] if name == "head" else params[name]
+        theirs = nn.init.normal_(torch.empty(ours.shape, dtype=torch.float64), mean=0.0, std=0.02)
+        assert_same_distribution(name, ours, to_numpy(theirs))
+    layer_norm = nn.LayerNorm(config.n_embd, dtype=torch.float64)
+    for path, ln in (("ln_f", params["ln_f"]), ("blocks.0.ln1", params["blocks"]["0"]["ln1"]),
+                     ("blocks.0.ln2", params["blocks"]["0"]["ln2"])):
+        assert np.array_equal(ln["w"], to_numpy(layer_norm.weight)), f"{path}.w is not all ones"
+        assert np.array_equal(ln["b"], to_numpy(layer_norm.bias)), f"{path}.b is not all zeros"

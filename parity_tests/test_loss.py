@@ -313,3 +313,17 @@ def test_bad_input():
         cross_entropy_backward(np.ones(2, np.float32), cache)
     with pytest.raises(TypeError, match="cross_entropy_backward: dloss must be a NumPy array"):
         cross_entropy_backward(1.0, cache)
+    with pytest.raises(ValueError, match=r"logits of shape \(2, 5\) hold NaN or \+inf"):
+        cross_entropy_forward(np.where(np.eye(2, 5, dtype=bool), np.nan, logits), np.array([0, 1]))
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_loss_is_a_zero_d_array(dtype):
+    """The loss is a 0-d NumPy array of the logits' dtype (not a NumPy scalar, not a Python float),
+    with or without ignored tokens, so that loss.dtype, loss.shape and in-place use behave as for
+    every other output."""
+    logits = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], dtype=dtype)
+    for targets, ignore_index in ((np.array([2, 0]), None), (np.array([-100, -100]), -100)):
+        loss, _ = cross_entropy_forward(logits, targets, ignore_index)
+        assert type(loss) is np.ndarray and loss.shape == () and loss.dtype == dtype, \
+            f"cross_entropy.loss is {type(loss).__name__} {np.shape(loss)} {loss.dtype}"

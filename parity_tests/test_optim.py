@@ -263,3 +263,78 @@ def test_bad_hyperparameters():
         optim.sgd_step(params, params, optim.sgd_init(params), nesterov=True)
     with pytest.raises(ValueError, match="dampening must lie in \\[0, 1\\], got 2"):
         optim.sgd_step(params, params, optim.sgd_init(params), momentum=0.9, dampening=2)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+@pytest.mark.parametrize("scalar", [np.float64, np.float32])
+def test_numpy_scalar_hyperparameters_keep_float32(name, scalar):
+    """A NumPy float64 scalar is strongly typed (NEP 50): lr=np.float64(1e-3) once turned every
+    float32 parameter and moment into float64. Every hyper-parameter given as a NumPy scalar."""
+    init, step, *_ = OPTIMIZERS[name]
+    params = {"lin": {"w": np.full((2, 3), 0.5, np.float32)}}
+    grads = {"lin": {"w": np.full((2, 3), -0.25, np.float32)}}
+    if name == "adamw":
+        hyper = {"lr": scalar(1e-3), "betas": (scalar(0.9), scalar(0.999)), "eps": scalar(1e-8),
+                 "weight_decay": scalar(0.01)}
+    else:
+        hyper = {"lr": scalar(1e-3), "momentum": scalar(0.9), "dampening": scalar(0.1),
+                 "weight_decay": scalar(0.01)}
+    state = init(params)
+    for _ in range(2):
+        params, state = step(params, grads, state, **hyper)
+        for path, leaf in tree_leaves(params) + tree_leaves({k: v for k, v in state.items() if k != "step"}):
+            assert leaf.dtype == np.float32, f"{name} {path} dtype {leaf.dtype} with {scalar.__name__} hyper-parameters"
+    # The same step with Python floats gives the same numbers: only the types changed.
+    python = {k: tuple(map(float, v)) if isinstance(v, tuple) else float(v) for k, v in hyper.items()}
+    p = {"lin": {"w": np.full((2, 3), 0.5, np.float32)}}
+    s = init(p)
+    for _ in range(2):
+        p, s = step(p, grads, s, **python)
+    assert_close(f"{name} lin.w with {scalar.__name__} vs Python float hyper-parameters",
+                 params["lin"]["w"], p["lin"]["w"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_hyperparameter_types(name):
+    init, step, *_ = OPTIMIZERS[name]
+    params = {"w": np.zeros(2)}
+    state = init(params)
+    with pytest.raises(TypeError, match="lr must be a real number, got str '0.1'"):
+        step(params, params, state, lr="0.1")
+    with pytest.raises(TypeError, match="weight_decay must be a real number, got bool True"):
+        step(params, params, state, weight_decay=True)
+    if name == "adamw":
+        with pytest.raises(TypeError, match="betas must be a pair of numbers, got float 0.9"):
+            step(params, params, state, betas=0.9)
+        with pytest.raises(ValueError, match=r"betas must be a pair of numbers, got 1: \(0.9,\)"):
+            step(params, params, state, betas=(0.9,))
+    else:
+        with pytest.raises(TypeError, match="nesterov must be a bool, got str 'yes'"):
+            step(params, params, state, momentum=0.9, nesterov="yes")
+
+
+@pytest.mark.parametrize("name, hyper", [
+    ("adamw", {}), ("adamw", {"lr": 0.0, "weight_decay": 0.0}),
+    ("sgd", {}), ("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.9, "nesterov": True}),
+    ("sgd", {"lr": 0.0, "momentum": 0.5, "dampening": 0.5, "weight_decay": 0.1}),
+])
+def test_returned_arrays_are_fresh(name, hyper):
+    """Over two steps (the first momentum step copies the gradient), no returned parameter or
+    state array shares memory with the parameters, gradients or state passed in, or with
+    another returned array: a caller updating one in place cannot corrupt another."""
+    init, step, *_ = OPTIMIZERS[name]
+    rng = np.random.default_rng(0)
+    params = {"lin": {"w": rng.standard_normal((2, 3)), "b": rng.standard_normal(3)}}
+    state = init(params)
+    for _ in range(2):
+        grads = tree_map(lambda p: rng.standard_normal(p.shape), params)
+        given_in = [(f"params.{p}", a) for p, a in tree_leaves(params)] + \
+                   [(f"grads.{p}", a) for p, a in tree_leaves(grads)] + \
+                   [(f"state.{p}", a) for p, a in tree_leaves({k: v for k, v in state.items() if k != "step"})]
+        new_params, new_state = step(params, grads, state, **hyper)
+        returned = [(f"new params.{p}", a) for p, a in tree_leaves(new_params)] + \
+                   [(f"new state.{p}", a) for p, a in tree_leaves({k: v for k, v in new_state.items() if k != "step"})]
+        for i, (out_name, out) in enumerate(returned):
+            for in_name, a in given_in + returned[:i]:
+                assert not np.shares_memory(out, a), f"{name}: {out_name} shares memory with {in_name}"
+        params, state = new_params, new_state

@@ -137,6 +137,44 @@ def test_extreme_logits_stay_finite(op, dtype, big):
             [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0]], dtype=dtype))
 
 
+# What NumPy warns about by default (underflow is silent, and exp(-1000) = 0 is right).
+RAISE = dict(divide="raise", over="raise", invalid="raise")
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_extreme_logits_raise_no_numpy_warning(op, dtype):
+    """Logits at the ends of the float range: x - m overflows to -inf, whose exp is the right 0,
+    so no warning may escape (a caller running with warnings as errors would crash)."""
+    big = np.finfo(dtype).max
+    x = np.array([[big, -big, 0.0], [-big, -big, -big], [big, big, -np.inf], [-np.inf] * 3], dtype=dtype)
+    forward, backward, _, _ = PAIRS[op]
+    with np.errstate(**RAISE):
+        y, cache = forward(x)
+        dx = backward(np.array([[0.5, -1.0, 2.0]] * 4, dtype=dtype), cache)
+    assert np.isfinite(dx).all(), f"{op}.dx is not finite for logits of +-{big}"
+    if op == "softmax":
+        assert_close("softmax.y rows at the float range", y, np.array(
+            [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0], [0, 0, 0]], dtype=dtype), rtol=0, atol=0)
+
+
+@given(op=ops, data=st.data())
+def test_fully_masked_rows_pass_back_exactly_zero(op, data):
+    """Rows that are entirely -inf get exactly zero gradient whatever dy holds there (drawn away
+    from zero, so that a dy passed through would show), with NumPy's warnings raised as errors."""
+    dtype = data.draw(S.dtypes)
+    rows, n = data.draw(S.dim(1, 4)), data.draw(S.dim(1, 5))
+    masked = data.draw(hnp.arrays(np.bool_, (rows, 1))) | (np.arange(rows) == 0)[:, None]
+    x = np.where(masked, -np.inf, data.draw(S.arrays(dtype, (rows, n), bound=10.0))).astype(dtype)
+    magnitude = data.draw(hnp.arrays(dtype, (rows, n), elements=st.floats(0.5, 4.0, width=32)))
+    dy = np.where(data.draw(hnp.arrays(np.bool_, (rows, n))), magnitude, -magnitude).astype(dtype)
+    forward, backward, _, _ = PAIRS[op]
+    with np.errstate(**RAISE):
+        _, cache = forward(x)
+        dx = backward(dy, cache)
+    assert np.all(dx[masked[:, 0]] == 0), f"{op}.dx on fully masked rows: {dx[masked[:, 0]]}"
+
+
 @pytest.mark.parametrize("op", sorted(PAIRS))
 def test_empty_axis_gives_empty_output(op):
     forward, backward, _, builtin = PAIRS[op]
