@@ -10,8 +10,18 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
 - ``attn_mask`` has at least two dimensions and broadcasts to the scores (..., T, S): bool is
   True where a query may attend (False becomes a score of -inf), float is added to the scores
   and must have q's dtype.
-- ``is_causal`` lets query t see keys 0..t (top-left aligned, also when T != S). Giving both
-  ``is_causal`` and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
+- ``is_causal=True`` lets query t see keys 0..t (top-left aligned, also when T != S), as in
+  PyTorch; ``is_causal="bottom_right"`` lets it see keys 0..S-T+t, the last query seeing every
+  key (decoding with a cache of S - T earlier keys; ``torch.nn.attention.bias.causal_lower_right``).
+  For T = 3 queries (rows) and S = 5 keys, 1 where a query may attend:
+
+      top-left (True, "top_left")     bottom-right ("bottom_right")
+          1 0 0 0 0                       1 1 1 0 0
+          1 1 0 0 0                       1 1 1 1 0
+          1 1 1 0 0                       1 1 1 1 1
+
+  With T > S bottom-right leaves the first T - S rows without a key. Giving both ``is_causal``
+  and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
 - A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
   ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
@@ -85,8 +95,8 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
-    if is_causal:
-        attn_mask = np.tri(T, S, dtype=np.bool_)                  # (T, S): query t sees keys 0..t
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
+        attn_mask = np.tri(T, S, S - T if is_causal == "bottom_right" else 0, dtype=np.bool_)
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
@@ -144,6 +154,8 @@ def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_gr
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
     attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
+    if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
+        raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):
         raise TypeError(f"attn_mask_grad must be True or False, got {attn_mask_grad!r}")
     if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):

@@ -58,7 +58,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
     so changing ``out`` in place after the forward leaves the gradients alone.
     """
-    _check_flash_attention(q, k, v, block_q, block_k)
+    _check_flash_attention(q, k, v, is_causal, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -133,8 +133,11 @@ def flash_attention_backward(dout, cache):
     return dq, dk, dv
 
 
-def _check_flash_attention(q, k, v, block_q, block_k):
+def _check_flash_attention(q, k, v, is_causal, block_q, block_k):
     """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
+    if not isinstance(is_causal, bool | np.bool_):
+        raise TypeError(f"is_causal must be True (top-left aligned) or False in flash attention, "
+                        f"got {is_causal!r}; bottom-right alignment: numpy_attn/attention.py")
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or isinstance(b, bool):
             raise TypeError(f"{name} must be a positive integer, got {b!r}")

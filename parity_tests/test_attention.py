@@ -2,6 +2,7 @@
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -501,7 +502,55 @@ def test_broadcast_batch_axes_match_builtin(case):
         assert_close(f"sdpa.d{name} broadcast vs builtin", grads[name], grads_b[name], **tol)
 
 
-# -- dtype preservation ---# -- dtype preservation -----------------------------------------------------------------------------
+# -- causal, bottom-right aligned ---------------------------------------------------------------------
+
+@given(case=attention_inputs(kinds=("none",)))
+@example(case=make_case(S.ramp(2, 5, 3), S.ramp(2, 3, 3), S.ramp(2, 3, 2), S.ramp(2, 5, 2)))   # T > S
+@example(case=make_case(S.ramp(3, 2), S.ramp(5, 2), S.ramp(5, 2), S.ramp(3, 2)))   # the 3 x 5 picture
+def test_bottom_right_causal_matches_builtin(case):
+    """is_causal="bottom_right" equals F.scaled_dot_product_attention with
+    attn_mask=causal_lower_right(T, S), output and gradients, rows without a key (T > S)
+    included; the twin and the NumPy backward agree with it and with autograd."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    case = {**case, "is_causal": "bottom_right"}
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+    with warnings.catch_warnings():   # its NaN warning for T > S is about the fused kernels; the
+        warnings.simplefilter("ignore")   # materialised bool mask below gives zeros on empty rows
+        mask = causal_lower_right(T, S_)._materialize()         # (T, S) bool, True = may attend
+
+    def builtin(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case["scale"], enable_gqa=gqa)
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    assert_close("sdpa.out bottom-right vs twin", out, out_t)
+    allowed = np.broadcast_to(to_numpy(mask), cache.weights.shape)
+    assert np.all(cache.weights[~allowed] == 0), "sdpa.weights nonzero above the bottom-right diagonal"
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa.d{name} bottom-right vs autograd", grads[name], grads_t[name], **tols[name])
+    if case["dropout_p"] == 0:                                   # the built-in draws its own dropout
+        out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
+        assert_close("sdpa.out bottom-right vs builtin", out_t, out_b)
+        for name in "qkv":
+            assert_close(f"sdpa.d{name} bottom-right vs builtin", grads_t[name], grads_b[name], **tols[name])
+
+
+def test_causal_alignments_picture():
+    """The docstring's 3 x 5 picture: which keys each query sees in both alignments."""
+    q, k = np.zeros((3, 2)), np.zeros((5, 2))
+    top_left = scaled_dot_product_attention_forward(q, k, k, is_causal=True)[1].weights > 0
+    bottom_right = scaled_dot_product_attention_forward(q, k, k, is_causal="bottom_right")[1].weights > 0
+    assert np.array_equal(top_left, np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], bool)), top_left
+    assert np.array_equal(bottom_right, np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)), bottom_right
+    with pytest.raises(ValueError, match='is_causal must be False, True, "top_left" or "bottom_right", got \'lower\''):
+        scaled_dot_product_attention_forward(q, k, k, is_causal="lower")
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):

@@ -507,3 +507,11 @@ def test_huge_blocks_are_one_tile():
     grads_1 = flash_attention_backward(ramp(2, 3, 2), cache_1)
     for name, a, b in zip(("dq", "dk", "dv"), grads, grads_1, strict=True):
         assert_close(f"flash.{name} with blocks of 2**40", a, b)
+
+
+def test_bottom_right_causal_is_refused_by_name():
+    """Flash attention is top-left causal only; the bottom-right alignment is refused, naming
+    where it is offered."""
+    with pytest.raises(TypeError, match=r"is_causal must be True \(top-left aligned\) or False .* "
+                                        r"bottom-right alignment: numpy_attn/attention.py"):
+        flash_attention_forward(Q, K, V, is_causal="bottom_right")
