@@ -67,11 +67,14 @@ def check_rng(rng, needed_for):
                         f"got {type(rng).__name__}")
 
 
-def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None):
+def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None,
+                           broadcast=False):
     """Raise on inputs scaled dot-product attention cannot take, naming the argument at fault.
 
     q (..., T, hs), k (..., S, hs), v (..., S, hv): float arrays of one dtype, finite; k and v may
-    have fewer heads (axis -3) than q when they divide q's (grouped-query attention). attn_mask is
+    have fewer heads (axis -3) than q when they divide q's (grouped-query attention). With
+    ``broadcast`` the other leading dimensions of q and of k, v need only broadcast against each
+    other (as in torch.nn.functional.scaled_dot_product_attention); without, they are equal. attn_mask is
     None, bool, or float of q's dtype without NaN or +inf, and broadcasts to the scores (..., T, S)
     without growing them. TypeError for wrong types, ValueError for wrong shapes and values.
     """
@@ -86,14 +89,26 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         raise ValueError(f"k and v lengths differ: k {k.shape}, v {v.shape}")
     if k.shape[:-2] != v.shape[:-2]:
         raise ValueError(f"k and v leading dimensions differ: k {k.shape}, v {v.shape}")
-    if q.shape[:-2] != k.shape[:-2]:
-        if q.ndim != k.ndim or q.ndim < 3 or q.shape[:-3] != k.shape[:-3]:
-            raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
-                             "or differ only in the head axis -3 (grouped-query attention)")
-        if q.shape[-3] % k.shape[-3]:
-            raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to "
-                             f"be a multiple of the key/value head count {k.shape[-3]}: "
-                             f"q {q.shape}, k {k.shape}")
+    # Head axes that differ are grouped-query heads, unless broadcasting and one of them is 1.
+    gqa = (min(q.ndim, k.ndim) >= 3 and q.shape[-3] != k.shape[-3]
+           and (not broadcast or min(q.shape[-3], k.shape[-3]) > 1))
+    if broadcast:   # the head axis by grouped-query attention, or else every leading axis broadcasts
+        lead = (q.shape[:-3], k.shape[:-3]) if gqa else (q.shape[:-2], k.shape[:-2])
+        try:
+            np.broadcast_shapes(*lead)
+            fits = True
+        except ValueError:
+            fits = False
+    else:
+        fits = q.shape[:-2] == k.shape[:-2] or (gqa and q.ndim == k.ndim and q.shape[:-3] == k.shape[:-3])
+    if not fits:
+        rule = "or ones that broadcast, " if broadcast else ""
+        raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
+                         f"{rule}or differ only in the head axis -3 (grouped-query attention)")
+    if gqa and q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to "
+                         f"be a multiple of the key/value head count {k.shape[-3]}: "
+                         f"q {q.shape}, k {k.shape}")
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not np.isfinite(a).all():
             raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
@@ -110,7 +125,9 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         if attn_mask.dtype != np.bool_ and not np.all(attn_mask < np.inf):
             raise ValueError(f"attn_mask of shape {attn_mask.shape} holds NaN or +inf; a float mask "
                              "is added to the scores, -inf where a query may not attend")
-        scores_shape = q.shape[:-1] + k.shape[-2:-1]
+        lead = q.shape[:-2] if not broadcast else np.broadcast_shapes(
+            q.shape[:-3] if gqa else q.shape[:-2], k.shape[:-3] if gqa else k.shape[:-2]) + (q.shape[-3:-2] if gqa else ())
+        scores_shape = lead + (q.shape[-2], k.shape[-2])
         try:   # at least (T, S) or (1, S), as PyTorch requires, and no growing the output's shape
             fits = attn_mask.ndim >= 2 and np.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
         except ValueError:

@@ -10,8 +10,18 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
 - ``attn_mask`` has at least two dimensions and broadcasts to the scores (..., T, S): bool is
   True where a query may attend (False becomes a score of -inf), float is added to the scores
   and must have q's dtype.
-- ``is_causal`` lets query t see keys 0..t (top-left aligned, also when T != S). Giving both
-  ``is_causal`` and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
+- ``is_causal=True`` lets query t see keys 0..t (top-left aligned, also when T != S), as in
+  PyTorch; ``is_causal="bottom_right"`` lets it see keys 0..S-T+t, the last query seeing every
+  key (decoding with a cache of S - T earlier keys; ``torch.nn.attention.bias.causal_lower_right``).
+  For T = 3 queries (rows) and S = 5 keys, 1 where a query may attend:
+
+      top-left (True, "top_left")     bottom-right ("bottom_right")
+          1 0 0 0 0                       1 1 1 0 0
+          1 1 0 0 0                       1 1 1 1 0
+          1 1 1 0 0                       1 1 1 1 1
+
+  With T > S bottom-right leaves the first T - S rows without a key. Giving both ``is_causal``
+  and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
 - A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
   ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
@@ -21,8 +31,11 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
   that the twin can replay it.
 - Grouped-query attention: k and v may have fewer heads (axis -3) than q, the query head count a
   multiple g of theirs; query head h uses key/value head h // g, as with ``enable_gqa=True``.
-  Leading dimensions are otherwise equal (no broadcasting between q, k, v). It is handled at the
-  edges: the forward repeats each key/value head g times, the backward sums each group.
+  It is handled at the edges: the forward repeats each key/value head g times, the backward sums
+  each group.
+- The other leading (batch) dimensions of q and of k, v broadcast against each other, as in
+  PyTorch (a size 1 or a missing axis stands for any size); the backward sums the gradient of a
+  broadcast input over the axes it was broadcast along.
 
 Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
 dscores = softmax_backward(dweights), dq = dscores k * scale, dk = dscores^T (q * scale).
@@ -78,12 +91,12 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
-    g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
-    if is_causal:
-        attn_mask = np.tri(T, S, dtype=np.bool_)                  # (T, S): query t sees keys 0..t
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
+        attn_mask = np.tri(T, S, S - T if is_causal == "bottom_right" else 0, dtype=np.bool_)
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
@@ -118,6 +131,8 @@ def scaled_dot_product_attention_backward(dout, cache):
     # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
     dq = (dscores @ k) * scale                                    # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
+    # Undoes the broadcasting of the batch axes: each input's gradient summed back to its shape.
+    dq, dk, dv = (_sum_to_shape(d, a.shape) for d, a in ((dq, q_scaled), (dk, k), (dv, v)))
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
     if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
@@ -127,6 +142,8 @@ def scaled_dot_product_attention_backward(dout, cache):
 
 def _sum_to_shape(x, shape):
     """Sum ``x`` over the axes along which an array of ``shape`` was broadcast to x's shape."""
+    if x.shape == tuple(shape):
+        return x
     lead = x.ndim - len(shape)                                    # axes the array did not have
     x = x.sum(axis=tuple(range(lead)))
     stretched = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
@@ -136,7 +153,9 @@ def _sum_to_shape(x, shape):
 def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
     attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
-    check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng)
+    check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
+    if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
+        raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):
         raise TypeError(f"attn_mask_grad must be True or False, got {attn_mask_grad!r}")
     if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):

@@ -18,10 +18,11 @@ P = exp(S - lse) (no maximum, no sum), then dV += P^T dO, dP = dO V^T, dS = P * 
 dQ += scale dS K, dK += scale dS^T Q, where D = rowsum(dO * O) equals rowsum(P * dP), the softmax
 backward's sum, without a pass over the keys.
 
-``is_causal`` is top-left aligned as in ``torch.nn.functional.scaled_dot_product_attention``:
-query t sees keys 0..t. Tiles above the diagonal are skipped, not computed and masked, so causal
-attention does about half the work. Every query sees key 0, so no row is empty unless S = 0,
-which gives zeros and zero gradients. Unlike numpy_attn/attention.py there is no ``attn_mask``
+``is_causal=True`` is top-left aligned as in ``torch.nn.functional.scaled_dot_product_attention``:
+query t sees keys 0..t; ``is_causal="bottom_right"`` lets it see keys 0..S-T+t (see the picture in
+numpy_attn/attention.py). Tiles above either diagonal are skipped, not computed and masked, so
+causal attention does about half the work. A row that sees no key (S = 0, or the first T - S rows
+bottom-right aligned) gives zeros and zero gradients; every other row sees key 0. Unlike numpy_attn/attention.py there is no ``attn_mask``
 and no dropout. Grouped-query attention works as there, at the edges: k and v may have fewer
 heads (axis -3) than q, query head h reading key/value head h // g.
 
@@ -58,27 +59,29 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
     so changing ``out`` in place after the forward leaves the gradients alone.
     """
-    _check_flash_attention(q, k, v, block_q, block_k)
+    _check_flash_attention(q, k, v, is_causal, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
     out = np.zeros(q.shape[:-1] + (hv,), q.dtype)            # (..., T, hv)
-    lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T); stays log(0) if S = 0
-    for i0 in range(0, T if S > 0 else 0, block_q):          # query tile: rows i0 .. i1-1
+    lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T)
+    for i0 in range(first, T, block_q):                      # query tile: rows i0 .. i1-1
         i1 = min(i0 + block_q, T)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
         m = np.full(q_i.shape[:-1], -np.inf, q.dtype)        # (..., bq) running row maximum
         row_sum = np.zeros(q_i.shape[:-1], q.dtype)          # (..., bq) running sum of exp(s - m): l
         acc = np.zeros(q_i.shape[:-1] + (hv,), q.dtype)      # (..., bq, hv) running sum of exp(s - m) v
-        S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
+        S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
         for j0 in range(0, S_seen, block_k):                 # key tile: keys j0 .. j1-1
             j1 = min(j0 + block_k, S_seen)
             s = q_i @ k[..., j0:j1, :].swapaxes(-1, -2)      # (..., bq, bk)
-            if is_causal and j1 - 1 > i0:                    # a tile crossing the diagonal: hide later keys
-                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None], -np.inf, s)
+            if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
+                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None] + offset, -np.inf, s)
             m_new = np.maximum(m, s.max(axis=-1))            # (..., bq), finite: key 0 is seen first
             p = np.exp(s - m_new[..., None])                 # (..., bq, bk) in [0, 1]
             alpha = np.exp(m - m_new)                        # (..., bq) rescales the old sums to m_new
@@ -102,6 +105,8 @@ def flash_attention_backward(dout, cache):
     S, hv = v.shape[-2:]
     # Undoes out = acc / row_sum: D = rowsum(dout * out) = rowsum(P * dP), the softmax backward's sum.
     D = (dout * out).sum(axis=-1)                            # (..., T)
+    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    first = min(T, max(0, -offset))                          # rows before it see no key: gradient 0
     dq = np.zeros(q.shape, q.dtype)                          # (..., nh, T, hs)
     dk = np.zeros(k.shape, k.dtype)                          # (..., nh, S, hs)
     dv = np.zeros(v.shape, v.dtype)                          # (..., nh, S, hv)
@@ -109,14 +114,15 @@ def flash_attention_backward(dout, cache):
         j1 = min(j0 + block_k, S)
         dk_j = np.zeros(k.shape[:-2] + (j1 - j0, hs), k.dtype)   # (..., bk, hs)
         dv_j = np.zeros(v.shape[:-2] + (j1 - j0, hv), v.dtype)   # (..., bk, hv)
-        i_first = j0 // block_q * block_q if is_causal else 0    # causal: rows before j0 see none of these keys
+        # Causal: rows before j0 - offset see none of these keys; the tiles start at first.
+        i_first = first + max(0, j0 - offset - first) // block_q * block_q if is_causal else first
         for i0 in range(i_first, T, block_q):                # query tile: rows i0 .. i1-1
             i1 = min(i0 + block_q, T)
             q_i, dout_i = q[..., i0:i1, :], dout[..., i0:i1, :]
             # Undoes the tile's p = exp(s - m) and the running sums: recomputed from lse directly.
             s = (q_i * scale) @ k[..., j0:j1, :].swapaxes(-1, -2)   # (..., bq, bk)
-            if is_causal and j1 - 1 > i0:                    # a tile crossing the diagonal: hide later keys
-                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None], -np.inf, s)
+            if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
+                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None] + offset, -np.inf, s)
             p = np.exp(s - lse[..., i0:i1, None])            # (..., bq, bk) the softmax weights
             # Undoes acc += p @ v.
             dv_j += p.swapaxes(-1, -2) @ dout_i              # (..., bk, hv)
@@ -133,8 +139,10 @@ def flash_attention_backward(dout, cache):
     return dq, dk, dv
 
 
-def _check_flash_attention(q, k, v, block_q, block_k):
+def _check_flash_attention(q, k, v, is_causal, block_q, block_k):
     """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
+    if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
+        raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or isinstance(b, bool):
             raise TypeError(f"{name} must be a positive integer, got {b!r}")

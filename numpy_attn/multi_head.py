@@ -6,7 +6,7 @@
 
 Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.MultiheadAttention``
 (which stores Wq, Wk, Wv stacked and transposed as ``in_proj_weight``). Masks, dropout and
-``is_causal`` are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
+``is_causal`` (True or "bottom_right") are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
 and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
 each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
 for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when

@@ -2,6 +2,7 @@
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -444,6 +445,109 @@ def test_learned_relative_position_bias_trains_like_autograd(dtype):
             table_t.grad = None
         assert_close(f"relative bias table after step {step + 1}", table, to_numpy(table_t))
     assert losses[-1] < losses[0], f"training the bias did not lower the loss: {losses}"
+
+
+# -- batch axes that broadcast between q and k, v ----------------------------------------------------
+
+@st.composite
+def broadcast_inputs(draw, dropout=False):
+    """An attention_inputs case where q, or k and v together, keep only one entry of some leading
+    axes (size 1) or lose leading axes entirely, so that they broadcast to the original shapes.
+    One side per axis, so the output keeps the shape of dout. Returns the case and ``full``: the
+    arrays broadcast back out with np.broadcast_to (GQA heads are left to enable_gqa)."""
+    case = draw(attention_inputs(dropout=dropout))
+    q, k, v = case["q"], case["k"], case["v"]
+    lead = q.ndim - 2
+    gqa = q.shape[:-2] != k.shape[:-2]
+    for axis in range(lead):
+        if gqa and axis == lead - 1:
+            continue                                      # the head axis stays grouped-query
+        side = draw(st.sampled_from(("both", "q", "kv")), label=f"axis {axis} kept by")
+        if side == "q":
+            k, v = k[(slice(None),) * axis + (slice(0, 1),)], v[(slice(None),) * axis + (slice(0, 1),)]
+        elif side == "kv":
+            q = q[(slice(None),) * axis + (slice(0, 1),)]
+    if lead and k.shape[0] == 1 and draw(st.booleans(), label="drop k and v's first axis"):
+        k, v = k[0], v[0]                                 # a missing axis broadcasts like a 1
+    return {**case, "q": q, "k": k, "v": v}
+
+
+@given(case=broadcast_inputs())
+@example(case=make_case(S.ramp(1, 2, 3, 2), S.ramp(3, 1, 4, 2), S.ramp(3, 1, 4, 3), S.ramp(3, 2, 3, 3),
+                        attn_mask=S.ramp(3, 4) - 1))
+def test_broadcast_batch_axes_match_builtin(case):
+    """q and k, v whose batch axes broadcast (a 1 or a missing axis against any size) give
+    F.scaled_dot_product_attention's output; the NumPy backward gives autograd's gradients in
+    each input's own shape, summed over the axes it was broadcast along; and the twin agrees."""
+    mask = None if case["attn_mask"] is None else to_torch(case["attn_mask"])
+    q, k = case["q"], case["k"]
+    gqa = min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1
+
+    def builtin(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=case["is_causal"],
+                                              scale=case["scale"], enable_gqa=gqa)
+    out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
+    out, cache = numpy_forward(case)
+    assert out.shape == case["dout"].shape, f"sdpa.out shape {out.shape}, dout {case['dout'].shape}"
+    assert_close("sdpa.out broadcast vs builtin", out, out_b)
+    out_t, _ = twin_fn(case, None)(**{name: to_torch(a) for name, a in qkv(case).items()})
+    assert_close("sdpa.out broadcast vs twin", out, to_numpy(out_t))
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        # Each entry sums the gradients of the copies broadcasting made: atol grows with them.
+        copies = math.prod(out.shape[:-2]) // math.prod(case[name].shape[:-2])
+        tol = {**tols[name], "atol": tols[name]["atol"] * copies}
+        assert grads[name].shape == case[name].shape, f"sdpa.d{name} shape {grads[name].shape}"
+        assert_close(f"sdpa.d{name} broadcast vs builtin", grads[name], grads_b[name], **tol)
+
+
+# -- causal, bottom-right aligned ---------------------------------------------------------------------
+
+@given(case=attention_inputs(kinds=("none",)))
+@example(case=make_case(S.ramp(2, 5, 3), S.ramp(2, 3, 3), S.ramp(2, 3, 2), S.ramp(2, 5, 2)))   # T > S
+@example(case=make_case(S.ramp(3, 2), S.ramp(5, 2), S.ramp(5, 2), S.ramp(3, 2)))   # the 3 x 5 picture
+def test_bottom_right_causal_matches_builtin(case):
+    """is_causal="bottom_right" equals F.scaled_dot_product_attention with
+    attn_mask=causal_lower_right(T, S), output and gradients, rows without a key (T > S)
+    included; the twin and the NumPy backward agree with it and with autograd."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    case = {**case, "is_causal": "bottom_right"}
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+    with warnings.catch_warnings():   # its NaN warning for T > S is about the fused kernels; the
+        warnings.simplefilter("ignore")   # materialised bool mask below gives zeros on empty rows
+        mask = causal_lower_right(T, S_)._materialize()         # (T, S) bool, True = may attend
+
+    def builtin(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case["scale"], enable_gqa=gqa)
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    assert_close("sdpa.out bottom-right vs twin", out, out_t)
+    allowed = np.broadcast_to(to_numpy(mask), cache.weights.shape)
+    assert np.all(cache.weights[~allowed] == 0), "sdpa.weights nonzero above the bottom-right diagonal"
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa.d{name} bottom-right vs autograd", grads[name], grads_t[name], **tols[name])
+    if case["dropout_p"] == 0:                                   # the built-in draws its own dropout
+        out_b, grads_b = autograd(builtin, qkv(case), case["dout"])
+        assert_close("sdpa.out bottom-right vs builtin", out_t, out_b)
+        for name in "qkv":
+            assert_close(f"sdpa.d{name} bottom-right vs builtin", grads_t[name], grads_b[name], **tols[name])
+
+
+def test_causal_alignments_picture():
+    """The docstring's 3 x 5 picture: which keys each query sees in both alignments."""
+    q, k = np.zeros((3, 2)), np.zeros((5, 2))
+    top_left = scaled_dot_product_attention_forward(q, k, k, is_causal=True)[1].weights > 0
+    bottom_right = scaled_dot_product_attention_forward(q, k, k, is_causal="bottom_right")[1].weights > 0
+    assert np.array_equal(top_left, np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], bool)), top_left
+    assert np.array_equal(bottom_right, np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)), bottom_right
+    with pytest.raises(ValueError, match='is_causal must be False, True, "top_left" or "bottom_right", got \'lower\''):
+        scaled_dot_product_attention_forward(q, k, k, is_causal="lower")
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

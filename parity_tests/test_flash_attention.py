@@ -3,6 +3,7 @@ tuned numpy_attn/kernels/flash_attention.py against the readable version."""
 
 import math
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -507,3 +508,38 @@ def test_huge_blocks_are_one_tile():
     grads_1 = flash_attention_backward(ramp(2, 3, 2), cache_1)
     for name, a, b in zip(("dq", "dk", "dv"), grads, grads_1, strict=True):
         assert_close(f"flash.{name} with blocks of 2**40", a, b)
+
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[1])    # T > S: the first T - S rows see no key
+@example(case=EDGE_CASES[2])    # T < S
+def test_bottom_right_causal(case):
+    """is_causal="bottom_right": the readable flash gives the reference's output and gradients
+    (numpy_attn/attention.py, same alignment; rows without a key give zeros), its lse equals
+    log-sum-exp over the keys each row sees, and the twin agrees with it and with
+    F.scaled_dot_product_attention(attn_mask=causal_lower_right(T, S))."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    case = {**case, "is_causal": "bottom_right"}
+    out, cache = numpy_forward(case)
+    grads = flash_attention_backward(case["dout"], cache)
+    out_r, grads_r = reference(case)
+    assert_close("flash.out bottom-right vs reference", out, out_r)
+    for name, d, d_r, tol in zip(("dq", "dk", "dv"), grads, grads_r, (grad_tol(case),) * 2 + ({},), strict=True):
+        assert_close(f"flash.{name} bottom-right vs reference", d, d_r, **tol)
+    out_t, lse_t = tw.flash_attention(*(to_torch(a) for a in qkv(case).values()), **{n: case[n] for n in KWARGS})
+    assert_close("flash.out bottom-right vs twin", out, to_numpy(out_t))
+    assert_close("flash.lse bottom-right vs twin", cache.lse, to_numpy(lse_t))
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    with warnings.catch_warnings():   # its NaN warning for T > S is about the fused kernels; the
+        warnings.simplefilter("ignore")   # materialised bool mask gives zeros on empty rows
+        mask = causal_lower_right(T, S_)._materialize()
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+    builtin = F.scaled_dot_product_attention(*(to_torch(a) for a in qkv(case).values()), attn_mask=mask,
+                                             scale=case["scale"], enable_gqa=gqa)
+    assert_close("flash.out bottom-right twin vs builtin", to_numpy(out_t), to_numpy(builtin))
+
+
+def test_bad_is_causal():
+    with pytest.raises(ValueError, match='is_causal must be False, True, "top_left" or "bottom_right", got \'lower\''):
+        flash_attention_forward(Q, K, V, is_causal="lower")

@@ -463,3 +463,23 @@ def test_float_mask_gradient_matches_autograd(case):
     tol = gradient_tol(case["x"], case["params"], case["kv"], case["dout"], cache)
     tol["atol"] *= cache.weights.size // case["attn_mask"].size
     assert_close("mha.dattn_mask", dmask, expected["attn_mask"], **tol)
+
+
+@given(case=mha_inputs(kinds=("none",)))
+def test_bottom_right_causal_passes_through(case):
+    """is_causal="bottom_right" reaches the heads' attention: no weight above the bottom-right
+    diagonal, and the twin agrees, forward and backward."""
+    case = {**case, "is_causal": "bottom_right"}
+    out, cache = numpy_forward(case)
+    dx, dparams, dkv = numpy_backward(case, cache)
+    T, S_ = cache.weights.shape[-2:]
+    allowed = np.arange(S_)[None, :] <= np.arange(T)[:, None] + S_ - T       # (T, S)
+    assert np.all(cache.weights[..., ~allowed] == 0), "mha.weights nonzero above the bottom-right diagonal"
+    fn = twin_fn(case, cache.attention.keep)
+    out_t, grads = autograd(lambda **t: fn(**t)[0], differentiable(case), case["dout"])
+    assert_close("mha.out bottom-right", out, out_t)
+    tol = gradient_tol(case["x"], case["params"], case["kv"], case["dout"], cache)
+    assert_close("mha.dx bottom-right", dx, grads["x"], **tol)
+    assert_tree_close("mha.dparams bottom-right", dparams, grads["params"], **tol)
+    if case["kv"] is not None:
+        assert_close("mha.dkv bottom-right", dkv, grads["kv"], **tol)

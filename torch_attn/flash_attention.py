@@ -3,7 +3,8 @@
 Twin of numpy_attn/flash_attention.py (Dao, "FlashAttention-2", 2023, Algorithm 1): each query
 tile visits the key tiles keeping a running row maximum m, a running sum l and a running
 numerator acc; a larger maximum m' rescales both by exp(m - m'); out = acc / l and
-lse = m + log(l). Causal (top-left aligned) skips the tiles above the diagonal. No attn_mask, no
+lse = m + log(l). Causal (top-left aligned, or is_causal="bottom_right") skips the tiles above
+the diagonal. No attn_mask, no
 dropout; grouped-query heads repeated at the edge as in the NumPy twin. Returns ``(out, lse)``,
 lse being the NumPy twin's ``cache.lse``.
 """
@@ -21,20 +22,22 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
     out = torch.zeros(q.shape[:-1] + (hv,), dtype=q.dtype, device=q.device)   # (..., T, hv)
-    lse = torch.full(q.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., T); stays log(0) if S = 0
-    for i0 in range(0, T if S > 0 else 0, block_q):          # query tile: rows i0 .. i1-1
+    lse = torch.full(q.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., T)
+    for i0 in range(first, T, block_q):                      # query tile: rows i0 .. i1-1
         i1 = min(i0 + block_q, T)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
         m = torch.full(q_i.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., bq) running row maximum
         row_sum = torch.zeros(q_i.shape[:-1], dtype=q.dtype, device=q.device)   # (..., bq) running sum of exp(s - m): l
         acc = torch.zeros(q_i.shape[:-1] + (hv,), dtype=q.dtype, device=q.device)   # (..., bq, hv) running sum of exp(s - m) v
-        S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
+        S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
         for j0 in range(0, S_seen, block_k):                 # key tile: keys j0 .. j1-1
             j1 = min(j0 + block_k, S_seen)
             s = q_i @ k[..., j0:j1, :].transpose(-1, -2)     # (..., bq, bk)
-            if is_causal and j1 - 1 > i0:                    # a tile crossing the diagonal: hide later keys
-                s = torch.where(torch.arange(j0, j1, device=q.device) > torch.arange(i0, i1, device=q.device)[:, None], -torch.inf, s)
+            if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
+                s = torch.where(torch.arange(j0, j1, device=q.device) > torch.arange(i0, i1, device=q.device)[:, None] + offset, -torch.inf, s)
             # detach: m is a constant shift that cancels between acc and row_sum; no gradient flows through it
             m_new = torch.maximum(m, s.amax(dim=-1)).detach()   # (..., bq), finite: key 0 is seen first
             p = torch.exp(s - m_new[..., None])              # (..., bq, bk) in [0, 1]
