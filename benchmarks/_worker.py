@@ -37,6 +37,7 @@ def _env(library, device):
     env = dict(numpy=np.__version__, python=platform.python_version(),
                threadpools=threadpool_info(),
                cpus=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    env["numpy_simd"] = _numpy_simd()
     if library == "torch":
         import torch
 
@@ -49,6 +50,18 @@ def _env(library, device):
                        cuda=torch.version.cuda,
                        tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
     return env
+
+
+def _numpy_simd():
+    """The SIMD targets NumPy found on this CPU beyond its baseline (e.g. ['X86_V3']), or None.
+
+    np.show_runtime() prints them; the dict it reads is private, so its absence is tolerated.
+    """
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:
+        return None
+    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
 
 
 def _pin_threads(library, threads):

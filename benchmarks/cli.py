@@ -71,6 +71,8 @@ def build_parser():
         "  python -m benchmarks --from-json benchmarks/results/cpu.json \\\n"
         "      --markdown benchmarks/results/cpu.md     its tables for the README, no re-run\n"
         "  python -m benchmarks --list                  the ops and whether they can run\n"
+        "  python -m benchmarks --ops decode            tokens/s of greedy generation, with and\n"
+        "                                               without a key/value cache (--seq-lens: prompts)\n"
         "\n"
         + textwrap.fill(f"FLOPs: {FLOPS_CONVENTION}.", 88) + "\n"
         f"gpt_step is the loss (fwd) and the loss with every parameter's gradient (fwd+bwd) of a\n"
@@ -374,6 +376,9 @@ def main(argv=None):
         _list_ops()
         return 0
     _check_outputs(parser, args)
+    if args.ops == ["decode"]:   # generation, not an op: its own timing and table (benchmarks/decode.py)
+        from benchmarks import decode
+        return decode.main(args, argv)
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
     else:

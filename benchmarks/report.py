@@ -15,12 +15,18 @@ from pathlib import Path
 
 IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
 
+# The vector extensions that decide which kernels NumPy, OpenBLAS and torch run (from the
+# /proc/cpuinfo flags): results from machines with and without AVX-512 are not comparable.
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw",
+                "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
+
 
 def machine():
     """CPU model, core counts and memory of this machine (from /proc where it exists)."""
     info = dict(cpu=platform.processor() or platform.machine(), logical_cpus=os.cpu_count(),
                 usable_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                physical_cores=None, memory_gib=None, os=platform.platform())
+                physical_cores=None, memory_gib=None, os=platform.platform(),
+                vector_extensions=None)
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         cores, core = set(), {}
@@ -28,6 +34,9 @@ def machine():
             key, _, value = (part.strip() for part in line.partition(":"))
             if key == "model name":
                 info["cpu"] = value
+            elif key == "flags" and info["vector_extensions"] is None:
+                flags = set(value.split())
+                info["vector_extensions"] = [f for f in VECTOR_FLAGS if f in flags]
             elif key in ("physical id", "core id"):
                 core[key] = value
                 if len(core) == 2:
@@ -49,6 +58,14 @@ def _blas(env):
         for p in env.get("threadpools", []) if p["user_api"] == "blas")
 
 
+def _vector_extensions(m):
+    """'sse4_2 avx avx2 fma f16c (no AVX-512)' from machine()'s flags; 'unknown' without them."""
+    flags = m.get("vector_extensions")
+    if flags is None:
+        return "unknown (no /proc/cpuinfo)"
+    return " ".join(flags) + ("" if "avx512f" in flags else " (no AVX-512)")
+
+
 def header_lines(results):
     """The lines above the table: machine, libraries, thread pools, sizes, conventions."""
     m, cfg = results["machine"], results["config"]
@@ -57,6 +74,7 @@ def header_lines(results):
         f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}"
         + (f"; load average {load['before']} before the run, {load['after']} after"
            if (load := results.get("load_average")) else ""),
+        "vector extensions: " + _vector_extensions(m),
         f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
         f"torch {results['versions']['torch']}"
         + (f"; numpy-attn at {results['git']['commit'][:10]}"
@@ -68,7 +86,8 @@ def header_lines(results):
         if env.get("cpus") is not None:
             where += f" (CPUs {','.join(map(str, env['cpus']))})"
         if env["library"] == "numpy":
-            lines.append(f"{where}: BLAS {_blas(env)}")
+            lines.append(f"{where}: BLAS {_blas(env)}"
+                         + (f"; NumPy SIMD {' '.join(env['numpy_simd'])}" if env.get("numpy_simd") else ""))
         else:
             lines.append(f"{where}: torch.get_num_threads() = {env['torch_threads']}, "
                          f"CPU capability {env['torch_cpu_capability']}"

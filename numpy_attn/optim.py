@@ -39,7 +39,8 @@ def _tree_map(fn, tree, *others):
     return tree_map(fn, tree, *others, check=_check_leaf)
 
 
-def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0):
+def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0,
+                 nesterov=False):
     """Raise ValueError on hyperparameters that torch.optim would refuse."""
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps),
                         ("momentum", momentum)):
@@ -50,6 +51,9 @@ def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, damp
             raise ValueError(f"betas[{i}] must lie in [0, 1), got {beta!r}")
     if not 0 <= dampening <= 1:
         raise ValueError(f"dampening must lie in [0, 1], got {dampening!r}")
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError(f"nesterov needs momentum > 0 and dampening 0, got momentum={momentum!r}, "
+                         f"dampening={dampening!r}")
 
 
 def adamw_init(params):
@@ -93,10 +97,7 @@ def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_
 
     The defaults are those of ``torch.optim.SGD``; nesterov needs momentum > 0 and no dampening.
     """
-    _check_hyper(lr, weight_decay, momentum=momentum, dampening=dampening)
-    if nesterov and (momentum <= 0 or dampening != 0):
-        raise ValueError(f"nesterov needs momentum > 0 and dampening 0, got momentum={momentum!r}, "
-                         f"dampening={dampening!r}")
+    _check_hyper(lr, weight_decay, momentum=momentum, dampening=dampening, nesterov=nesterov)
     first = state["step"] == 0
 
     def update(p, g, buf):
