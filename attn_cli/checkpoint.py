@@ -99,21 +99,41 @@ def write_run(folder, params, config, vocab, dtype, facts):
         os.fsync(f.fileno())
 
 
-def move_into_place(folder, out):
-    """Make the run in ``folder`` the run ``out``, replacing an old one in one rename.
+def _exchange(a, b):
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False if unavailable."""
+    import ctypes
+    import sys
 
-    With an old run: the old folder is renamed aside first, the new one renamed in, the old one
-    removed; a crash between the two renames leaves the whole old run in ``.<name>.old-*`` and the
-    whole new run in ``.<name>.new-*``, beside ``out``.
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def move_into_place(folder, out):
+    """Make the run in ``folder`` the run ``out``, replacing an old one atomically.
+
+    On Linux the two folders swap names in one step, so ``out`` always holds a whole run, old or
+    new. Elsewhere the old folder is renamed aside first and the new one renamed in; a crash
+    between the two renames leaves the whole old run in ``.<name>.old-*`` and the whole new run
+    in ``.<name>.new-*``, beside ``out``.
     """
     out = os.path.abspath(out)
     if not os.path.exists(out):
         os.rename(folder, out)
         return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
-    os.rmdir(old)                  # a free name on the same file system
-    os.rename(out, old)
-    os.rename(folder, out)
+    if _exchange(folder, out):
+        old = folder               # now holds the old run
+    else:
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.rmdir(old)              # a free name on the same file system
+        os.rename(out, old)
+        os.rename(folder, out)
     keep = [f for f in os.listdir(old) if f not in (CHECKPOINT, CONFIG, PLOT)]
     for name in keep:              # anything else the user kept in the folder stays there
         os.rename(os.path.join(old, name), os.path.join(out, name))

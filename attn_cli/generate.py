@@ -19,7 +19,7 @@ from numpy_attn.softmax import softmax_forward
 HELP = "continue a prompt with a checkpoint of numpy-attn train"
 
 EXPECT = ("What to expect: the default model (two blocks of width 32, trained for 500 steps, about "
-          "25 s) has learnt which tokens tend to follow which in the Python documentation, not "
+          "half a minute) has learnt which tokens tend to follow which in the Python documentation, not "
           "grammar or meaning. Its continuations are word salad with the corpus's vocabulary and "
           "some of its phrases; that is expected, and a run of many more steps and a wider model "
           "(--n-embd, --n-layer) does better.")

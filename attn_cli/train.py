@@ -45,7 +45,7 @@ LOSSES = ("Two losses are reported: the training loss is the cross-entropy of th
           "well above the training loss means the model is memorising.")
 
 EXAMPLES = f"""examples:
-  numpy-attn train                              500 steps on the pydoc topics, about 25 s
+  numpy-attn train                              500 steps on the pydoc topics, ~30 s
   numpy-attn train --steps 2000 --out long-run  longer, into another folder
   numpy-attn train --compare-torch --force      the torch twin beside NumPy, loss by loss
   numpy-attn train --text my.txt --dtype float64

@@ -92,8 +92,14 @@ class Printer:
                 self.raw("    " + text)
             return
         right = term.table_lines(b, rows, cols, self.precision, sums)
-        for text in term.side_by_side([("NumPy", left), ("PyTorch", right)], self.width, self.style):
-            self.raw(text)
+        if self.brief and right == left:      # one table says it all; the difference follows
+            self.raw("    " + self.style("dim", "NumPy, and PyTorch to the digits printed"))
+            for text in left:
+                self.raw("    " + text)
+        else:
+            for text in term.side_by_side([("NumPy", left), ("PyTorch", right)], self.width,
+                                          self.style):
+                self.raw(text)
         self.diff(title, a, b)
 
     def diff(self, title, a, b):
@@ -134,10 +140,13 @@ def _worked_dot_products(p, inputs):
     Each key's line reads ``q . k = products = score / sqrt(d) = scaled  weight w``; where that is
     wider than the terminal, the written-out products take a line of their own.
     """
-    if p.brief:
-        return
     r, prec, i = p.np, p.precision, inputs.focus
     name = inputs.labels[i]
+    if p.brief:                       # not printed, still compared
+        if p.torch is not None:
+            p.diffs.append((p.step_number, f"context of {name!r}",
+                            max_abs_diff(r["s5_context"][i], p.torch["s5_context"][i])))
+        return
     q = r["q"][i]
     p.raw()
     p.line(f"Follow {name!r} (position {i}, --focus): q_{name} = x_{name} @ W_query = {_vec(q, prec)}", "bold")

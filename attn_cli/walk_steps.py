@@ -21,6 +21,7 @@ import numpy as np
 from attn_cli import tokenizer
 from attn_cli.source_example import SOURCE_EXAMPLE
 from attn_cli.term import printable
+from numpy_attn._tree import tree_map
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.linear import linear_forward
@@ -105,9 +106,8 @@ class TorchSide:
                         multi_head=multi_head, positional=positional, softmax=softmax)
 
     def asarray(self, a):
-        if isinstance(a, dict):
-            return {key: self.asarray(value) for key, value in a.items()}
-        return self.torch.from_numpy(np.array(a, copy=True))
+        """A tensor of a copy of ``a``, or a nested dict of them (the multi-head parameters)."""
+        return tree_map(lambda leaf: self.torch.from_numpy(np.array(leaf, copy=True)), a)
 
     def to_numpy(self, t):
         return t.detach().numpy()

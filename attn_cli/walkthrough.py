@@ -84,7 +84,7 @@ def run(args, out=None, color=None):
     precision = 4 if args.precision is None else args.precision
     p = walk_render.Printer(inputs, results, out, term.Style(color), precision,
                             term.width_of(out), brief=args.brief)
-    title = f"numpy-attn walkthrough of {term.printable(inputs.text)!r}"
+    title = f"numpy-attn walkthrough of {inputs.text!r}"     # repr: control characters escaped
     if inputs.source:
         title += f" (--example source: the worked example of {SOURCE_DESCRIPTION})"
     p.line(title, "title", indent="")

@@ -32,9 +32,7 @@ from torch_attn.block import block
 @st.composite
 def arrays_like(draw, template, dtype, bound=1.0):
     """A nested dict of drawn arrays with the keys and shapes of ``template``."""
-    if isinstance(template, dict):
-        return {k: draw(arrays_like(v, dtype, bound)) for k, v in template.items()}
-    return draw(S.arrays(dtype, template.shape, bound))
+    return tree_map(lambda leaf: draw(S.arrays(dtype, leaf.shape, bound)), template)
 
 
 @st.composite

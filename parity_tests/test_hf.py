@@ -29,10 +29,18 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from attn_cli.hf import CheckpointError, load_checkpoint
+from numpy_attn._tree import flatten
 from numpy_attn.gpt2 import gpt2_backward, gpt2_forward
 from numpy_attn.llama import llama_backward, llama_forward
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
-from parity_tests.helpers import assert_close, layer_norm_tol, to_numpy, to_torch, tree_to_torch
+from parity_tests.helpers import (
+    assert_close,
+    layer_norm_tol,
+    to_numpy,
+    to_torch,
+    tree_map,
+    tree_to_torch,
+)
 from parity_tests.test_llama import exact_hf_llama, hf_logits_and_grads, to_hf_names
 from torch_attn.gpt2 import gpt2
 from torch_attn.llama import llama
@@ -109,10 +117,8 @@ def _gpt2_hf_grads_as_ours(model, config):
     return out
 
 
-def _flat(tree, prefix=""):
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: tree}
+def _flat(tree):
+    return flatten(tree)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -210,9 +216,7 @@ def test_llama_checkpoint_matches_transformers(tmp_path, rope, tie, bias, dtype)
 
 
 def tree_map_grad(tree):
-    if isinstance(tree, dict):
-        return {k: tree_map_grad(v) for k, v in tree.items()}
-    return to_numpy(tree.grad)
+    return tree_map(lambda t: to_numpy(t.grad), tree)
 
 
 def test_bfloat16_checkpoint_is_widened_exactly(tmp_path):

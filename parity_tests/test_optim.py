@@ -30,9 +30,7 @@ def trees(draw, dtype=None, steps=STEPS):
     shapes = {"lin": {"w": (C_in, C_out), "b": (C_out,)}, "ln": {"w": (C_out,)}, "wte": (V, C_in)}
 
     def tree(shapes):
-        if isinstance(shapes, dict):
-            return {k: tree(v) for k, v in shapes.items()}
-        return draw(S.arrays(dtype, shapes))
+        return tree_map(lambda shape: draw(S.arrays(dtype, shape)), shapes)
 
     return tree(shapes), [tree(shapes) for _ in range(steps)]
 
@@ -112,9 +110,8 @@ def _numpy_tree(tree):
 def _stacked(trees):
     """One tree whose leaves stack the leaves of ``trees`` along a new first axis (the step), so
     each tensor is compared once for all steps (Hypothesis's target takes one value per label)."""
-    if isinstance(trees[0], dict):
-        return {k: _stacked([t[k] for t in trees]) for k in trees[0]}
-    return np.stack([to_numpy(t) if isinstance(t, torch.Tensor) else t for t in trees])
+    return tree_map(lambda *leaves: np.stack([to_numpy(t) if isinstance(t, torch.Tensor) else t
+                                              for t in leaves]), *trees)
 
 
 def _split(history):

@@ -23,8 +23,10 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_map,
+    tree_to_torch,
 )
 from parity_tests.test_masks import cu_seqlens_of
+from torch_attn import convert
 
 IGNORE = -100   # the target id of padding, as torch.nn.functional.cross_entropy's default
 
@@ -208,11 +210,8 @@ def test_multi_head_with_padding_matches_nn_multihead_attention(data, dtype):
               for n in "qkvo"}
     out, _ = multi_head_attention_forward(x, params, nh, attn_mask=padding_attn_mask(kpm))
     mha = nn.MultiheadAttention(C, nh, batch_first=True, dtype=to_torch(x).dtype)
+    mha.load_state_dict(convert.to_mha(tree_to_torch(params)))
     with torch.no_grad():
-        mha.in_proj_weight.copy_(to_torch(np.concatenate([params[n]["w"].T for n in "qkv"])))
-        mha.in_proj_bias.copy_(to_torch(np.concatenate([params[n]["b"] for n in "qkv"])))
-        mha.out_proj.weight.copy_(to_torch(params["o"]["w"].T))
-        mha.out_proj.bias.copy_(to_torch(params["o"]["b"]))
         ref, _ = mha(to_torch(x), to_torch(x), to_torch(x), key_padding_mask=to_torch(kpm), need_weights=False)
     # Values of |x| <= 4 through three C x C projections of |w| <= 0.5: the float32 atol scaled by C * 2.
     tol = dict(rtol=1e-4, atol=1e-5 * 2 * C) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-12 * 2 * C)

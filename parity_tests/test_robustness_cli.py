@@ -295,3 +295,26 @@ def test_the_same_seed_gives_the_same_losses_whatever_the_thread_variables(tmp_p
         assert result.returncode == 0, result.stderr
         losses.append(json.loads((out / "config.json").read_text())["final_loss"])
     assert losses[0] == losses[1], f"losses {losses} differ with the thread variables"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="atomic exchange is Linux's")
+def test_the_new_run_replaces_the_old_in_one_step(tmp_path, monkeypatch):
+    """Between any two system calls of the replacement, --out holds a whole run."""
+    _small_run(tmp_path / "run")
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    seen = []
+    real_rename = os.rename
+
+    def watching_rename(a, b):
+        seen.append(sorted(os.listdir(tmp_path / "run")) if (tmp_path / "run").exists() else None)
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "rename", watching_rename)
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)
+    new = init_gpt_params(config, np.random.default_rng(9))
+    checkpoint.save_checkpoint(str(tmp_path / "run"), new, config, np.arange(5), np.float32, {},
+                               force=True)
+    assert None not in seen, "--out was missing between two renames"
+    np.testing.assert_array_equal(checkpoint.load_checkpoint(str(tmp_path / "run"))[0]["wte"],
+                                  new["wte"], err_msg="wte")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine", "the user's file is kept"

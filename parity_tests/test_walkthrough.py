@@ -254,3 +254,22 @@ def test_tables_stack_when_the_terminal_is_too_narrow(monkeypatch):
     assert side_by_side not in narrow.getvalue() and "\n    PyTorch\n" in narrow.getvalue()
     tables = [line for line in narrow.getvalue().splitlines() if re.match(r"    \S+\s+-?\d", line)]
     assert tables and max(len(line) for line in tables) <= 80
+
+
+def test_piped_output_fits_80_columns(default_run):
+    _, out, _ = default_run                          # stdout is not a terminal here
+    long = [line for line in out.splitlines() if len(line) > 80]
+    assert not long, long[:3]
+
+
+def test_brief_prints_each_step_s_key_table_only():
+    status, out, err = run("--brief")
+    assert status == 0, err
+    titles = [line.strip().split("  shape")[0] for line in out.splitlines() if "  shape (" in line]
+    assert titles == ["ids = encode(text)", "x = wte[ids], C = 4 (--dim)",
+                      "x = x + PE, the input of attention",
+                      "weights = softmax(scores), each row sums to 1",
+                      "weights = softmax(scaled scores)", "causal weights = softmax(masked scores)",
+                      "out = merged @ Wo + bo"], titles
+    assert "Done: 27 tables computed by NumPy and by PyTorch." in out, "every table still compared"
+    assert max(len(line) for line in out.splitlines()) <= 80
