@@ -1,6 +1,8 @@
 """Parity tests for numpy_attn/gpt2.py and torch_attn/gpt2.py (Hugging Face's GPT2LMHeadModel is
 compared through saved checkpoints in test_hf.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -148,3 +150,20 @@ def test_bad_input():
     _, cache = gpt2_forward(np.zeros((1, 3), np.int64), params, config)
     with pytest.raises(ValueError, match=r"gpt2: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
         gpt2_backward(np.zeros((1, 3, 4)), cache)
+
+
+@given(case=models())
+def test_with_exact_gelu_it_is_gpt_py(case):
+    """gpt2.py differs from gpt.py only in taking the GELU form and the layer-norm eps from its
+    config: with gelu="none" and eps 1e-5 the two models agree on the same parameter dict (which
+    is why attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
+    from numpy_attn.gpt import GPTConfig, gpt_forward
+
+    config, params, ids, _ = case
+    config = dataclasses.replace(config, gelu="none", ln_eps=1e-5)
+    ours, cache = gpt2_forward(ids, params, config)
+    gpt_config = GPTConfig(vocab_size=config.vocab_size, block_size=config.block_size,
+                           n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
+                           tie_weights=config.tie_weights)
+    theirs, _ = gpt_forward(ids, params, gpt_config)
+    assert_close("gpt2[gelu=none].logits vs gpt.py", ours, theirs, **_tol(cache, ours.dtype))
