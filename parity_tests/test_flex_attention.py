@@ -587,3 +587,18 @@ def test_score_mod_without_derivative_is_refused_by_the_backward():
         nf.flex_attention_backward(np.ones_like(out), cache)
     dq, _, _, dparams = nf.flex_attention_backward(ramp(*out.shape), cache_d)
     assert dq.shape == Q.shape and dparams == {}
+
+
+def test_twin_lines_pair_with_numpy_lines():
+    """numpy-attn show sets the twins side by side: at least 85% of the torch twin's non-blank
+    lines pair with a NumPy line (the NumPy file adds the tiled path and the backward)."""
+    from pathlib import Path
+
+    from attn_cli import show
+
+    numpy_lines = Path(nf.__file__).read_text(encoding="utf-8").splitlines()
+    torch_lines = Path(tf.__file__).read_text(encoding="utf-8").splitlines()
+    rows = show.align(numpy_lines, torch_lines)
+    twin = [n for n, t, _ in rows if t is not None and torch_lines[t].strip()]
+    share = sum(n is not None for n in twin) / len(twin)
+    assert share >= 0.85, f"only {share:.0%} of torch_attn/flex_attention.py pairs with NumPy lines"
