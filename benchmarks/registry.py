@@ -24,7 +24,7 @@ MODES = ("fwd", "fwd+bwd")
 
 
 class Size(NamedTuple):
-    """Benchmark size (DESIGN.md dimension key); self-attention, so S = T."""
+    """Benchmark size (the dimension key of numpy_attn/__init__.py); self-attention, so S = T."""
 
     B: int
     nh: int
@@ -49,6 +49,8 @@ class Op:
     ``static`` holds the other keyword arguments. Both twins are called as ``f(**diff, **static)``.
     ``flops(size)`` counts the forward; forward+backward counts ``1 + bwd_factor`` times that.
     ``call_builtin(tensors, static)`` runs the PyTorch built-in on torch tensors shaped like diff.
+    ``numpy_module`` times a tuned kernel in place of ``numpy_attn/<stem>.py`` (e.g.
+    ``numpy_attn.kernels.flash_attention``); the twin stays ``torch_attn/<stem>.py``.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Op:
     flops: Callable
     call_builtin: Callable | None
     bwd_factor: float = 2.0
+    numpy_module: str | None = None
 
     def numpy_functions(self):
         """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
@@ -68,7 +71,7 @@ class Op:
         A callable forward/backward is a composite (e.g. model + loss) written below; the stem's
         module must still exist.
         """
-        module = importlib.import_module(f"numpy_attn.{self.stem}")
+        module = importlib.import_module(self.numpy_module or f"numpy_attn.{self.stem}")
         return tuple(f if callable(f) else getattr(module, f) for f in (self.forward, self.backward))
 
     def twin_function(self):
@@ -78,10 +81,11 @@ class Op:
 
     def describe(self):
         """{"numpy", "twin", "builtin"}: where each implementation lives, for the report."""
-        def label(f, tree):
-            return f"{tree}/{self.stem}.py:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
-        return dict(numpy=f"{label(self.forward, 'numpy_attn')} + {label(self.backward, 'numpy_attn')}",
-                    twin=label(self.twin, "torch_attn"), builtin=self.builtin)
+        def label(f, path):
+            return f"{path}:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
+        numpy_path = (self.numpy_module or f"numpy_attn.{self.stem}").replace(".", "/") + ".py"
+        return dict(numpy=f"{label(self.forward, numpy_path)} + {label(self.backward, numpy_path)}",
+                    twin=label(self.twin, f"torch_attn/{self.stem}.py"), builtin=self.builtin)
 
     def count_flops(self, size, mode):
         forward = self.flops(size)
@@ -206,17 +210,16 @@ def _builtin_mha(t, static):
     Called functionally so that the gradients land on our parameter dict (for the parity check);
     nn.MultiheadAttention stores the transposed weights, q/k/v packed in one (3C, C) matrix.
     """
-    import torch
     import torch.nn.functional as F
 
-    x, p = t["x"], t["params"]
+    from torch_attn.convert import to_mha
+
+    x, s = t["x"], to_mha(t["params"])
     C = x.shape[-1]
-    w_in = torch.cat([p["q"]["w"], p["k"]["w"], p["v"]["w"]], dim=1).T   # (C, 3C) -> (3C, C)
-    b_in = torch.cat([p["q"]["b"], p["k"]["b"], p["v"]["b"]])            # (3C,)
     x_tbc = x.transpose(0, 1)                      # (B, T, C) -> (T, B, C): sequence first
     out, _ = F.multi_head_attention_forward(
-        x_tbc, x_tbc, x_tbc, C, static["num_heads"], w_in, b_in, None, None, False, 0.0,
-        p["o"]["w"].T, p["o"]["b"], training=True, need_weights=False,
+        x_tbc, x_tbc, x_tbc, C, static["num_heads"], s["in_proj_weight"], s["in_proj_bias"], None,
+        None, False, 0.0, s["out_proj.weight"], s["out_proj.bias"], training=True, need_weights=False,
     )
     return out.transpose(0, 1)                     # (T, B, C) -> (B, T, C)
 
@@ -233,6 +236,8 @@ def _builtin_block(t, static):
     import torch
     from torch import nn
 
+    from torch_attn.convert import to_encoder_layer
+
     x, p = t["x"], t["params"]
     B, T, C = x.shape
     key = (C, static["num_heads"], x.dtype, x.device)
@@ -240,16 +245,7 @@ def _builtin_block(t, static):
         _ENCODER_LAYERS[key] = nn.TransformerEncoderLayer(
             C, static["num_heads"], dim_feedforward=4 * C, dropout=0.0, activation="gelu",
             batch_first=True, norm_first=True, dtype=x.dtype, device=x.device)
-    a = p["attn"]
-    weights = {
-        "self_attn.in_proj_weight": torch.cat([a["q"]["w"], a["k"]["w"], a["v"]["w"]], dim=1).T,
-        "self_attn.in_proj_bias": torch.cat([a["q"]["b"], a["k"]["b"], a["v"]["b"]]),
-        "self_attn.out_proj.weight": a["o"]["w"].T, "self_attn.out_proj.bias": a["o"]["b"],
-        "linear1.weight": p["ffn"]["fc"]["w"].T, "linear1.bias": p["ffn"]["fc"]["b"],
-        "linear2.weight": p["ffn"]["proj"]["w"].T, "linear2.bias": p["ffn"]["proj"]["b"],
-        "norm1.weight": p["ln1"]["w"], "norm1.bias": p["ln1"]["b"],
-        "norm2.weight": p["ln2"]["w"], "norm2.bias": p["ln2"]["b"],
-    }
+    weights = to_encoder_layer(p)
     mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device, dtype=x.dtype)
     return torch.func.functional_call(_ENCODER_LAYERS[key], weights, (x,),
                                       {"src_mask": mask, "is_causal": True})
@@ -404,7 +400,7 @@ OPS = {op.name: op for op in (
          backward="flash_attention_backward", twin="flash_attention",
          builtin="F.scaled_dot_product_attention", inputs=_qkv_inputs(causal),
          flops=lambda z, causal=causal: _attention_flops(z) // (2 if causal else 1),
-         call_builtin=_builtin_sdpa)
+         call_builtin=_builtin_sdpa, numpy_module="numpy_attn.kernels.flash_attention")
       for suffix, causal in (("", False), ("_causal", True))),
     Op("block", stem="block", forward="block_forward", backward="block_backward", twin="block",
        builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,

@@ -11,7 +11,7 @@ the same mask, so the two agree exactly.
 
 import numpy as np
 
-from numpy_attn._checks import check_float
+from numpy_attn._checks import check_float, check_rng
 
 
 def dropout_forward(x, p, rng=None, training=True, mask=None):
@@ -21,18 +21,11 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     ``training=False`` or p = 0 the output is x itself; nothing is drawn and any mask is ignored.
     Returns ``(out, cache)``; the cache is ``(mask, scale)``, (None, None) for the identity.
     """
-    check_float("x", x)
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability p must lie in [0, 1), got {p}")
+    _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
         return x, (None, None)
     if mask is None:
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError(f"dropout with p = {p} in training needs rng, a np.random.Generator "
-                             f"(or a mask), got {type(rng).__name__}")
         mask = rng.random(x.shape, dtype=x.dtype) >= p     # (...), True with probability 1 - p
-    elif mask.dtype != np.bool_ or mask.shape != x.shape:
-        raise ValueError(f"mask must be boolean of x's shape {x.shape}, got {mask.dtype} {mask.shape}")
     scale = x.dtype.type(1 / (1 - p))
     out = x * mask * scale
     cache = (mask, scale)
@@ -47,3 +40,20 @@ def dropout_backward(dout, cache):
     # Undoes out = x * mask * scale.
     dx = dout * mask * scale
     return dx
+
+
+def _check_dropout(x, p, rng, training, mask):
+    """Raise unless x is a float array and p lies in [0, 1); when a mask is needed, unless
+    ``mask`` is a boolean array of x's shape or, without one, ``rng`` is a Generator."""
+    check_float("x", x)
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability p must lie in [0, 1), got {p}")
+    if not training or p == 0:
+        return
+    if mask is None:
+        check_rng(rng, f"dropout with p = {p} in training (and no mask)")
+    elif not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+        raise TypeError(f"mask must be boolean of x's shape {x.shape}, got "
+                        f"{getattr(mask, 'dtype', type(mask).__name__)} {np.shape(mask)}")
+    elif mask.shape != x.shape:
+        raise ValueError(f"mask must be boolean of x's shape {x.shape}, got {mask.dtype} {mask.shape}")

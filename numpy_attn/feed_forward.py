@@ -11,7 +11,7 @@ numpy_attn.gelu; the backward runs their backwards in reverse order.
 
 import numpy as np
 
-from numpy_attn._checks import check_float
+from numpy_attn._checks import check_float, check_rng
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.linear import linear_backward, linear_forward
 
@@ -21,8 +21,7 @@ def init_feed_forward_params(C, rng, dtype=np.float32, bias=True):
 
     Drawn like ``torch.nn.Linear``'s default: every entry U(-1/sqrt(C_in), 1/sqrt(C_in)).
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    check_rng(rng, "init_feed_forward_params")
     params = {}
     for name, C_in, C_out in (("fc", C, 4 * C), ("proj", 4 * C, C)):
         bound = 1 / np.sqrt(C_in)
@@ -38,15 +37,8 @@ def feed_forward_forward(x, params, approximate="none"):
     Returns ``(out, cache)``; the cache holds the three sub-caches (fc, gelu, proj): each layer's
     backward needs only its own.
     """
-    check_float("x", x)
-    if x.ndim < 1:
-        raise ValueError(f"x must have shape (..., C), got {x.shape}")
-    C = x.shape[-1]
+    _check_feed_forward(x, params)
     fc, proj = params["fc"], params["proj"]
-    H = fc["w"].shape[-1]
-    if fc["w"].shape != (C, H) or proj["w"].shape != (H, C):
-        raise ValueError(f"fc.w {fc['w'].shape} and proj.w {proj['w'].shape} must be (C, H) and "
-                         f"(H, C) with C = {C} from x {x.shape}")
     h, fc_cache = linear_forward(x, fc["w"], fc.get("b"))              # (..., C) -> (..., H)
     a, gelu_cache = gelu_forward(h, approximate)                       # (..., H)
     out, proj_cache = linear_forward(a, proj["w"], proj.get("b"))     # (..., H) -> (..., C)
@@ -64,3 +56,17 @@ def feed_forward_backward(dout, cache):
     # Undoes h = x @ fc.w + fc.b.
     dx, dfc = linear_backward(dh, fc_cache)                            # (..., H) -> (..., C)
     return dx, {"fc": dfc, "proj": dproj}
+
+
+def _check_feed_forward(x, params):
+    """Raise unless x is a float array (..., C) and params' weights are fc.w (C, H), proj.w (H, C)
+    (linear checks dtypes and biases, gelu its ``approximate``)."""
+    check_float("x", x)
+    if x.ndim < 1:
+        raise ValueError(f"x must have shape (..., C), got {x.shape}")
+    C = x.shape[-1]
+    fc, proj = params["fc"], params["proj"]
+    H = fc["w"].shape[-1]
+    if fc["w"].shape != (C, H) or proj["w"].shape != (H, C):
+        raise ValueError(f"fc.w {fc['w'].shape} and proj.w {proj['w'].shape} must be (C, H) and "
+                         f"(H, C) with C = {C} from x {x.shape}")

@@ -25,17 +25,7 @@ def layer_norm_forward(x, w, b, eps=1e-5):
     Returns ``(out, cache)``; the cache is ``(xhat, rstd, w)``: the backward needs the normalised
     rows, their reciprocal standard deviations and the scale, and recomputes nothing.
     """
-    check_float("x", x)
-    check_float("w", w)
-    check_float("b", b)
-    if x.ndim < 1:
-        raise ValueError(f"x must have at least one dimension (..., C), got shape {x.shape}")
-    C = x.shape[-1]
-    if w.shape != (C,) or b.shape != (C,):
-        raise ValueError(f"w {w.shape} and b {b.shape} must both have shape ({C},) to match x {x.shape}")
-    check_same_dtype(x=x, w=w, b=b)
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    _check_layer_norm(x, w, b, eps)
     mu = x.mean(axis=-1, keepdims=True)                    # (..., C) -> (..., 1)
     xc = x - mu                                            # (..., C)
     xc = xc - xc.mean(axis=-1, keepdims=True)              # removes mu's rounding error (see above)
@@ -60,3 +50,18 @@ def layer_norm_backward(dout, cache):
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
                  - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     return dx, {"w": dw, "b": db}
+
+
+def _check_layer_norm(x, w, b, eps):
+    """Raise unless x (..., C), w (C,) and b (C,) are float arrays of one dtype and eps >= 0."""
+    check_float("x", x)
+    check_float("w", w)
+    check_float("b", b)
+    if x.ndim < 1:
+        raise ValueError(f"x must have at least one dimension (..., C), got shape {x.shape}")
+    C = x.shape[-1]
+    if w.shape != (C,) or b.shape != (C,):
+        raise ValueError(f"w {w.shape} and b {b.shape} must both have shape ({C},) to match x {x.shape}")
+    check_same_dtype(x=x, w=w, b=b)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")

@@ -16,17 +16,8 @@ def linear_forward(x, w, b=None):
 
     Returns ``(out, cache)``; the cache is ``(x, w, has_bias)``: dw needs x, dx needs w.
     """
-    check_float("x", x)
-    check_float("w", w)
-    check_ndim("w", w, 2)
+    _check_linear(x, w, b)
     C_in, C_out = w.shape
-    if x.ndim < 1 or x.shape[-1] != C_in:
-        raise ValueError(f"x of shape {x.shape} does not end in C_in = {C_in} of w {w.shape}")
-    if b is not None:
-        check_float("b", b)
-        if b.shape != (C_out,):
-            raise ValueError(f"b must have shape ({C_out},) to match w {w.shape}, got {b.shape}")
-    check_same_dtype(x=x, w=w, b=b)
     out = x @ w                                    # (..., C_in) -> (..., C_out)
     if b is not None:
         out = out + b                              # (..., C_out)
@@ -48,3 +39,19 @@ def linear_backward(dout, cache):
     dw = x.reshape(-1, C_in).T @ dout.reshape(-1, C_out)                 # (C_in, C_out)
     grads = {"w": dw} if db is None else {"w": dw, "b": db}
     return dx, grads
+
+
+def _check_linear(x, w, b):
+    """Raise unless x (..., C_in), w (C_in, C_out) and b (C_out,) or None are float arrays of one
+    dtype."""
+    check_float("x", x)
+    check_float("w", w)
+    check_ndim("w", w, 2)
+    C_in, C_out = w.shape
+    if x.ndim < 1 or x.shape[-1] != C_in:
+        raise ValueError(f"x of shape {x.shape} does not end in C_in = {C_in} of w {w.shape}")
+    if b is not None:
+        check_float("b", b)
+        if b.shape != (C_out,):
+            raise ValueError(f"b must have shape ({C_out},) to match w {w.shape}, got {b.shape}")
+    check_same_dtype(x=x, w=w, b=b)

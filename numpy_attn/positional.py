@@ -22,6 +22,19 @@ import numpy as np
 
 def sinusoidal_encoding(T, C, base=10000.0, dtype=np.float32):
     """The (T, C) sinusoidal table for positions 0..T-1; T = 0 or C = 0 give an empty table."""
+    _check_sinusoidal_encoding(T, C, base, dtype)
+    t = np.arange(T, dtype=np.float64)[:, None]                  # (T, 1)
+    i2 = np.arange(0, C, 2, dtype=np.float64)                    # (ceil(C/2),) the even channels 2i
+    inv_freq = base ** (-i2 / C)                                 # (ceil(C/2),)
+    angle = t * inv_freq                                         # (T, ceil(C/2))
+    pe = np.zeros((T, C), dtype=np.float64)                      # (T, C)
+    pe[:, 0::2] = np.sin(angle)                                  # even channels
+    pe[:, 1::2] = np.cos(angle[:, : C // 2])                     # odd channels; odd C has one fewer
+    return pe.astype(dtype)
+
+
+def _check_sinusoidal_encoding(T, C, base, dtype):
+    """Raise unless T and C are integers >= 0, base > 1 and dtype is float32 or float64."""
     for name, n in (("T", T), ("C", C)):
         try:
             operator.index(n)
@@ -33,11 +46,3 @@ def sinusoidal_encoding(T, C, base=10000.0, dtype=np.float32):
         raise ValueError(f"base must be > 1, got {base!r}")
     if np.dtype(dtype) not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
-    t = np.arange(T, dtype=np.float64)[:, None]                  # (T, 1)
-    i2 = np.arange(0, C, 2, dtype=np.float64)                    # (ceil(C/2),) the even channels 2i
-    inv_freq = base ** (-i2 / C)                                 # (ceil(C/2),)
-    angle = t * inv_freq                                         # (T, ceil(C/2))
-    pe = np.zeros((T, C), dtype=np.float64)                      # (T, C)
-    pe[:, 0::2] = np.sin(angle)                                  # even channels
-    pe[:, 1::2] = np.cos(angle[:, : C // 2])                     # odd channels; odd C has one fewer
-    return pe.astype(dtype)

@@ -7,19 +7,13 @@ Subtracting the row maximum m changes nothing mathematically and keeps exp from 
 (logits of +-1e4 in float32, +-1e300 in float64). ``-inf`` entries are masked positions: they get
 probability 0. A row that is entirely ``-inf`` has no valid entry; softmax returns zeros there and
 log-softmax ``-inf`` (the log of those zeros), and both pass back zero gradient, where PyTorch
-returns NaN (DESIGN.md section 6). Backward: dx = y * (dy - sum(dy * y)) for softmax,
+returns NaN (docs/design.md). Backward: dx = y * (dy - sum(dy * y)) for softmax,
 dx = dy - softmax(x) * sum(dy) for log-softmax.
 """
 
 import numpy as np
 
 from numpy_attn._checks import check_axis, check_float
-
-
-def _check_logits(x):
-    """Raise ValueError on NaN or +inf: they have no meaningful softmax (-inf means masked)."""
-    if not np.all(x < np.inf):
-        raise ValueError(f"x of shape {x.shape} holds NaN or +inf; only -inf (masked) is allowed")
 
 
 def _row_max(x, axis):
@@ -37,9 +31,7 @@ def softmax_forward(x, axis=-1):
 
     Returns ``(y, cache)``; the cache is ``(y, axis)``: the backward needs only the output.
     """
-    check_float("x", x)
-    axis = check_axis("x", x, axis)
-    _check_logits(x)
+    axis = _check_softmax(x, axis)
     m = _row_max(x, axis)                          # (..., 1)
     e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
@@ -61,9 +53,7 @@ def log_softmax_forward(x, axis=-1):
 
     Returns ``(y, cache)``; the cache is ``(p, axis)`` with p = softmax(x), which the backward needs.
     """
-    check_float("x", x)
-    axis = check_axis("x", x, axis)
-    _check_logits(x)
+    axis = _check_softmax(x, axis)
     m = _row_max(x, axis)                          # (..., 1)
     shifted = x - m                                # (..., n), max entry 0
     e = np.exp(shifted)                            # (..., n)
@@ -85,3 +75,13 @@ def log_softmax_backward(dy, cache):
     empty = ~p.any(axis=axis, keepdims=True)
     dx = np.where(empty, np.zeros_like(dx), dx)
     return dx
+
+
+def _check_softmax(x, axis):
+    """Return ``axis`` made non-negative; raise unless x is a float array with ``axis`` in range
+    and no NaN or +inf (they have no meaningful softmax; -inf means masked)."""
+    check_float("x", x)
+    axis = check_axis("x", x, axis)
+    if not np.all(x < np.inf):
+        raise ValueError(f"x of shape {x.shape} holds NaN or +inf; only -inf (masked) is allowed")
+    return axis

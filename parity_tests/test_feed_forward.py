@@ -216,5 +216,5 @@ def test_bad_input():
         feed_forward_forward(np.zeros((2, 4), np.float32), params)
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'relu'"):
         feed_forward_forward(np.zeros((2, 4)), params, approximate="relu")
-    with pytest.raises(ValueError, match="rng must be a np.random.Generator, got int"):
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_feed_forward_params(4, 0)
