@@ -284,7 +284,7 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     B, Hq, L, E = q.shape
     S = k.shape[2]
     scale = 1 / math.sqrt(E) if scale is None else scale
-    q_, k_, v_ = q, k, v
+    q_, k_, v_ = q, k, v                                        # the cache keeps k, v unrepeated
     k = np.repeat(k, Hq // k.shape[1], axis=1)                 # (B, Hkv, S, E) -> (B, Hq, S, E)
     v = np.repeat(v, Hq // v.shape[1], axis=1)                 # (B, Hkv, S, Ev) -> (B, Hq, S, Ev)
     b, h, q_idx, kv_idx = _index_grids(B, Hq, L, S)
@@ -310,7 +310,7 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
 # ---------------------------------------------------------------------------------------------
 # The tiled path: online softmax over the blocks the block mask lists.
 
-def _tiles(block_mask, B, H):
+def _tiles(block_mask):
     """Per entry of the block mask: (batch slice, head slice, query block i, [(key block j, partial)]).
 
     A block mask of batch (or head) size 1 serves every batch (head) at once.
@@ -360,7 +360,7 @@ def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
     v_rep = np.repeat(v, Hq // v.shape[1], axis=1)             # (B, Hkv, S, Ev) -> (B, Hq, S, Ev)
     out = np.zeros((B, Hq, L, Ev), dtype=q.dtype)
     lse = np.full((B, Hq, L), -np.inf, dtype=q.dtype)
-    for bs, hs, i, kv_blocks in _tiles(block_mask, B, Hq):
+    for bs, hs, i, kv_blocks in _tiles(block_mask):
         i0, i1 = i * BQ, min((i + 1) * BQ, L)
         q_blk = q[bs, hs, i0:i1]                                  # (b, h, bq, E)
         m = np.full(q_blk.shape[:-1], -np.inf, dtype=q.dtype)    # (b, h, bq) running max
@@ -409,7 +409,7 @@ def flex_attention_backward(dout, cache, dlse=None):
     dk = np.zeros_like(k_rep)
     dv = np.zeros_like(v_rep)
     dparams = {name: np.zeros_like(p) for name, p in (getattr(score_mod, "params", None) or {}).items()}
-    for bs, hs, i, kv_blocks in _tiles(block_mask, B, Hq):
+    for bs, hs, i, kv_blocks in _tiles(block_mask):
         i0, i1 = i * BQ, min((i + 1) * BQ, L)
         q_blk, do_blk = q[bs, hs, i0:i1], dout[bs, hs, i0:i1]    # (b, h, bq, E), (b, h, bq, Ev)
         for j, partial in kv_blocks:

@@ -295,13 +295,17 @@ def test_backward_matches_autograd(case):
 @example(case=EDGE_CASES[2])
 @example(case=EDGE_CASES[3])
 def test_twin_matches_builtin_flex_attention(case):
-    """Output and lse of torch.nn.attention.flex_attention (eager, CPU) with the same modifiers."""
+    """Output and lse of torch.nn.attention.flex_attention (eager, CPU) with the same modifiers,
+    for the twin and (recorded per modifier for the error report) the NumPy tiled path."""
     (out_t, lse_t), _ = twin_grads(case)
+    (out, lse), _ = numpy_forward(case)
     out_b, lse_b = builtin_forward(case)
     out_tol, lse_tol = forward_tol(case)
     for label in (f"mask {case['mask']}", f"score_mod {case['score']}"):   # one record per modifier
         assert_close(f"flex.out vs builtin, {label}", out_t, out_b, **out_tol)
         assert_close(f"flex.lse vs builtin, {label}", lse_t, lse_b, **lse_tol)
+        assert_close(f"flex.out numpy vs builtin, {label}", out, out_b, **out_tol)
+        assert_close(f"flex.lse numpy vs builtin, {label}", lse, lse_b, **lse_tol)
     assert np.array_equal(np.isneginf(lse_t), np.isneginf(lse_b)), "flex.lse: -inf rows differ from builtin"
 
 
@@ -344,6 +348,42 @@ def test_named_masks_match_sdpa_with_a_boolean_mask(case):
     for name in ("q", "k", "v"):
         assert_close(f"flex.d{name} ({case['mask']}) vs sdpa", grads[name], to_numpy(t[name].grad),
                      **tols[name])
+
+
+def larger_case(dtype, mask, mask_arg, score, param):
+    """L = S = 300 (blocks of 64 that do not divide it), 4 query heads on 2 kv heads, E = 16."""
+    rng = np.random.default_rng(300)
+    q, k, v, dout = (rng.standard_normal(shape).astype(dtype) for shape in
+                     ((1, 4, 300, 16), (1, 2, 300, 16), (1, 2, 300, 8), (1, 4, 300, 8)))
+    return dict(q=q, k=k, v=v, dout=dout, dlse=rng.standard_normal((1, 4, 300)).astype(dtype),
+                mask=mask, mask_arg=mask_arg, score=score, param=param, block=64, scale=None)
+
+
+LARGER = [("sliding_window", 50, "alibi", nf.alibi_slopes(4)),
+          ("document_causal", [90, 150, 60], "soft_cap", 5.0),
+          ("prefix_lm", 70, "relative_position_bias", np.sin(np.arange(4 * 599)).reshape(4, 599))]
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("mask, mask_arg, score, param", LARGER)
+def test_larger_pinned_cases(dtype, mask, mask_arg, score, param):
+    """Hypothesis draws small shapes; these pin a few larger ones, with many tiles of each kind:
+    tiled against the twin and its autograd, and against the built-in's output."""
+    param = param.astype(dtype) if isinstance(param, np.ndarray) and score != "alibi" else param
+    case = larger_case(dtype, mask, mask_arg, score, param)
+    (out, lse), cache = numpy_forward(case)
+    grads = numpy_grads(case, cache)
+    (out_t, lse_t), grads_t = twin_grads(case)
+    out_b, _ = builtin_forward(case)
+    out_tol, lse_tol = forward_tol(case)
+    assert_close(f"flex.out larger ({mask}, {score})", out, out_t, **out_tol)
+    assert_close(f"flex.lse larger ({mask}, {score})", lse, lse_t, **lse_tol)
+    assert_close(f"flex.out larger vs builtin ({mask}, {score})", out, out_b, **out_tol)
+    tols = grad_tols(case)
+    for name, d in grads.items():
+        assert_close(f"flex.d{name} larger ({mask}, {score})", d, grads_t[name], **tols[name])
+    skipped = numpy_block_mask(case).fraction_skipped()
+    assert skipped > 0.2, f"{mask}: only {skipped:.0%} of the tiles skipped at L = 300"
 
 
 # -- the tiled path equals the dense one ------------------------------------------------------------
@@ -547,3 +587,18 @@ def test_score_mod_without_derivative_is_refused_by_the_backward():
         nf.flex_attention_backward(np.ones_like(out), cache)
     dq, _, _, dparams = nf.flex_attention_backward(ramp(*out.shape), cache_d)
     assert dq.shape == Q.shape and dparams == {}
+
+
+def test_twin_lines_pair_with_numpy_lines():
+    """numpy-attn show sets the twins side by side: at least 85% of the torch twin's non-blank
+    lines pair with a NumPy line (the NumPy file adds the tiled path and the backward)."""
+    from pathlib import Path
+
+    from attn_cli import show
+
+    numpy_lines = Path(nf.__file__).read_text(encoding="utf-8").splitlines()
+    torch_lines = Path(tf.__file__).read_text(encoding="utf-8").splitlines()
+    rows = show.align(numpy_lines, torch_lines)
+    twin = [n for n, t, _ in rows if t is not None and torch_lines[t].strip()]
+    share = sum(n is not None for n in twin) / len(twin)
+    assert share >= 0.85, f"only {share:.0%} of torch_attn/flex_attention.py pairs with NumPy lines"
