@@ -16,12 +16,11 @@ import ast
 import difflib
 import html
 import importlib.util
-import os
 import re
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from attn_cli import term
 
 NUMPY_DIR = Path(__file__).resolve().parent.parent / "numpy_attn"
 
@@ -281,10 +280,17 @@ def render_list(ops):
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 nav ol { columns: 3; }
-table.twins { border-collapse: collapse; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; }
-table.twins th { text-align: left; padding: 4px 8px; background: #eef; font-weight: 600; }
+/* The two files share the window's width: a fixed layout gives each code column half of what the
+   line numbers leave, and a long line wraps inside its cell (continuations indented), so the page
+   never scrolls sideways. */
+table.twins { border-collapse: collapse; width: 100%; table-layout: fixed;
+              font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; }
+table.twins col.ln { width: 3.5em; } table.twins col.mark { width: 1.5em; }
+table.twins th { text-align: left; padding: 4px 8px; background: #eef; font-weight: 600;
+                 overflow-wrap: anywhere; }
 table.twins td { padding: 0 8px; vertical-align: top; }
-td.code { white-space: pre; }
+table.twins td.code { white-space: pre-wrap; overflow-wrap: anywhere; padding-left: 2.5em;
+                      text-indent: -2em; }
 td.ln { color: #999; text-align: right; user-select: none; }
 td.mark { color: #999; text-align: center; }
 tr.same td.code, tr.twin td.code { background: #f5fbf5; }
@@ -318,7 +324,8 @@ def render_html(ops):
         right_src = op.torch_path.read_text(encoding="utf-8")
         left, right = highlight(left_src), highlight(right_src)
         parts.append(f'<section id="op-{op.name}"><h2>{op.name}</h2>')
-        parts.append('<table class="twins"><tr>'
+        parts.append('<table class="twins"><colgroup><col class="ln"><col class="code">'
+                     '<col class="mark"><col class="ln"><col class="code"></colgroup><tr>'
                      f'<th colspan="2">{op.numpy_path.relative_to(root)}</th><th></th>'
                      f'<th colspan="2">{op.torch_path.relative_to(root)}</th></tr>')
         for i, j, kind in align(left_src.splitlines(), right_src.splitlines()):
@@ -336,23 +343,50 @@ def render_html(ops):
 
 # ---------------------------------------------------------------------------------------------
 
-def run(args, out=None, color=False):
+HELP = "an operation's NumPy forward and backward beside its torch twin"
+
+EXAMPLES = """examples:
+  numpy-attn show --list                 the operations, leaf to root
+  numpy-attn show softmax                numpy_attn/softmax.py beside torch_attn/softmax.py
+  numpy-attn show log_softmax            a function's name finds its file
+  numpy-attn show --html ops.html        every operation on one self-contained page
+"""
+
+
+def add_arguments(p):
+    term.describe(p, ("Print numpy_attn/OP.py beside torch_attn/OP.py, lines aligned where the twins "
+                     "mirror each other (\"=\" the same once NumPy's spellings are turned into "
+                     "torch's, \"~\" a mirrored line), or write every operation to one HTML page."), EXAMPLES)
+    p.add_argument("op", metavar="OP", nargs="?", default=None,
+                   help="an operation, e.g. softmax, or one of its functions, e.g. log_softmax (see --list)")
+    p.add_argument("--list", action="store_true", help="list the operations and exit")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="write every operation, side by side, to one self-contained HTML page")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns to lay the two files out in, long lines wrapped (default: the "
+                        "terminal's width, 80 when piped; 0: no limit, every line whole, e.g. for grep)")
+    term.add_color_option(p)
+
+
+def run(args, out=None, color=None):
     """The command. Returns the exit status."""
-    out = sys.stdout if out is None else out
+    out, color = term.output(args, out, color)
     ops = operations()
     if args.list:
         print("\n".join(render_list(ops)), file=out)
         return 0
     if args.op is None and args.html is None:
         raise ValueError("give an operation, e.g. numpy-attn show softmax (--list lists them), or --html FILE")
+    if args.width is not None and args.width != 0 and not 60 <= args.width <= 1000:
+        raise ValueError(f"--width must be 0 (no limit) or lie in 60..1000, got {args.width}")
     op = find_operation(args.op, ops) if args.op is not None else None
     if args.html is not None:
         try:
             Path(args.html).write_text(render_html(ops), encoding="utf-8")
         except OSError as err:
             raise ValueError(f"cannot write {args.html!r}: {err.strerror or err}") from None
-        print(f"wrote {len(ops)} operations to {os.path.abspath(args.html)}", file=out)
+        print(f"wrote {args.html} ({len(ops)} operations)", file=out)
     if op is not None:
-        width = shutil.get_terminal_size().columns if out.isatty() else None
+        width = term.width_of(out) if args.width is None else args.width or None
         print("\n".join(render_terminal(op, color=color, width=width)), file=out)
     return 0

@@ -14,6 +14,8 @@ import json
 import os
 import platform
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -35,6 +37,7 @@ def _env(library, device):
     env = dict(numpy=np.__version__, python=platform.python_version(),
                threadpools=threadpool_info(),
                cpus=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    env["numpy_simd"] = _numpy_simd()
     if library == "torch":
         import torch
 
@@ -49,6 +52,18 @@ def _env(library, device):
     return env
 
 
+def _numpy_simd():
+    """The SIMD targets NumPy found on this CPU beyond its baseline (e.g. ['X86_V3']), or None.
+
+    np.show_runtime() prints them; the dict it reads is private, so its absence is tolerated.
+    """
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:
+        return None
+    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+
+
 def _pin_threads(library, threads):
     """Give the process ``threads`` CPUs, and the timed library's pool as many threads.
 
@@ -60,9 +75,9 @@ def _pin_threads(library, threads):
         if threads < len(cpus):
             os.sched_setaffinity(0, cpus[:threads])
     if library == "numpy":
-        from threadpoolctl import threadpool_limits
+        from numpy_attn._threads import limit_blas_threads
 
-        threadpool_limits(limits=threads, user_api="blas")
+        limit_blas_threads(threads, required=True)      # for the rest of this process
     else:
         import torch
 
@@ -98,7 +113,25 @@ def _measure_case(job, op, T, impls, out):
                   time_s=stats, peak_mem_bytes=memory)
 
 
+PARENT_VAR = "NUMPY_ATTN_BENCH_PARENT"     # the parent's process id, set by cli.py
+
+
+def _die_with_parent():
+    """Exit when the parent (python -m benchmarks) is gone, killed or not: a daemon thread sees
+    the parent process id change, as the orphan is adopted, and ends this process. The parent
+    names itself in PARENT_VAR, so that one killed while this process was still starting counts."""
+    parent = int(os.environ.get(PARENT_VAR, os.getppid()))
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main():
+    _die_with_parent()
     out, sys.stdout = sys.stdout, sys.stderr       # keep stray prints out of the protocol
     job = json.load(sys.stdin)
     library, device = job["library"], job["device"]

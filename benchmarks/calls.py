@@ -9,6 +9,8 @@ torch functions, so the NumPy worker never loads it.
 
 import numpy as np
 
+from numpy_attn._tree import leaves, rebuild
+
 
 def make_inputs(op, size, dtype, seed):
     """The op's (diff, static) inputs at ``size``; the same seed gives the same arrays anywhere."""
@@ -20,21 +22,6 @@ def make_dout(shape, dtype, seed):
     scalar output, a loss, gets 1."""
     rng = np.random.default_rng([seed, 1, *shape])
     return rng.standard_normal(shape).astype(dtype) if shape else np.asarray(1.0, dtype)
-
-
-def leaves(tree):
-    """The arrays of a nested dict in a fixed order, with their dotted paths."""
-    if isinstance(tree, dict):
-        return [(f"{k}.{path}" if path else k, leaf)
-                for k, sub in tree.items() for path, leaf in leaves(sub)]
-    return [("", tree)]
-
-
-def rebuild(tree, values):
-    """A nested dict shaped like ``tree`` holding ``values`` (an iterator, in ``leaves`` order)."""
-    if isinstance(tree, dict):
-        return {k: rebuild(sub, values) for k, sub in tree.items()}
-    return next(values)
 
 
 def numpy_calls(op, diff, static, dout):

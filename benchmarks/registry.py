@@ -49,6 +49,8 @@ class Op:
     ``static`` holds the other keyword arguments. Both twins are called as ``f(**diff, **static)``.
     ``flops(size)`` counts the forward; forward+backward counts ``1 + bwd_factor`` times that.
     ``call_builtin(tensors, static)`` runs the PyTorch built-in on torch tensors shaped like diff.
+    ``numpy_module`` times a tuned kernel in place of ``numpy_attn/<stem>.py`` (e.g.
+    ``numpy_attn.kernels.flash_attention``); the twin stays ``torch_attn/<stem>.py``.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Op:
     flops: Callable
     call_builtin: Callable | None
     bwd_factor: float = 2.0
+    numpy_module: str | None = None
 
     def numpy_functions(self):
         """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
@@ -68,7 +71,7 @@ class Op:
         A callable forward/backward is a composite (e.g. model + loss) written below; the stem's
         module must still exist.
         """
-        module = importlib.import_module(f"numpy_attn.{self.stem}")
+        module = importlib.import_module(self.numpy_module or f"numpy_attn.{self.stem}")
         return tuple(f if callable(f) else getattr(module, f) for f in (self.forward, self.backward))
 
     def twin_function(self):
@@ -78,10 +81,11 @@ class Op:
 
     def describe(self):
         """{"numpy", "twin", "builtin"}: where each implementation lives, for the report."""
-        def label(f, tree):
-            return f"{tree}/{self.stem}.py:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
-        return dict(numpy=f"{label(self.forward, 'numpy_attn')} + {label(self.backward, 'numpy_attn')}",
-                    twin=label(self.twin, "torch_attn"), builtin=self.builtin)
+        def label(f, path):
+            return f"{path}:{f}" if isinstance(f, str) else f"benchmarks/registry.py:{f.__name__}"
+        numpy_path = (self.numpy_module or f"numpy_attn.{self.stem}").replace(".", "/") + ".py"
+        return dict(numpy=f"{label(self.forward, numpy_path)} + {label(self.backward, numpy_path)}",
+                    twin=label(self.twin, f"torch_attn/{self.stem}.py"), builtin=self.builtin)
 
     def count_flops(self, size, mode):
         forward = self.flops(size)
@@ -206,17 +210,16 @@ def _builtin_mha(t, static):
     Called functionally so that the gradients land on our parameter dict (for the parity check);
     nn.MultiheadAttention stores the transposed weights, q/k/v packed in one (3C, C) matrix.
     """
-    import torch
     import torch.nn.functional as F
 
-    x, p = t["x"], t["params"]
+    from torch_attn.convert import to_mha
+
+    x, s = t["x"], to_mha(t["params"])
     C = x.shape[-1]
-    w_in = torch.cat([p["q"]["w"], p["k"]["w"], p["v"]["w"]], dim=1).T   # (C, 3C) -> (3C, C)
-    b_in = torch.cat([p["q"]["b"], p["k"]["b"], p["v"]["b"]])            # (3C,)
     x_tbc = x.transpose(0, 1)                      # (B, T, C) -> (T, B, C): sequence first
     out, _ = F.multi_head_attention_forward(
-        x_tbc, x_tbc, x_tbc, C, static["num_heads"], w_in, b_in, None, None, False, 0.0,
-        p["o"]["w"].T, p["o"]["b"], training=True, need_weights=False,
+        x_tbc, x_tbc, x_tbc, C, static["num_heads"], s["in_proj_weight"], s["in_proj_bias"], None,
+        None, False, 0.0, s["out_proj.weight"], s["out_proj.bias"], training=True, need_weights=False,
     )
     return out.transpose(0, 1)                     # (T, B, C) -> (B, T, C)
 
@@ -233,6 +236,8 @@ def _builtin_block(t, static):
     import torch
     from torch import nn
 
+    from torch_attn.convert import to_encoder_layer
+
     x, p = t["x"], t["params"]
     B, T, C = x.shape
     key = (C, static["num_heads"], x.dtype, x.device)
@@ -240,19 +245,117 @@ def _builtin_block(t, static):
         _ENCODER_LAYERS[key] = nn.TransformerEncoderLayer(
             C, static["num_heads"], dim_feedforward=4 * C, dropout=0.0, activation="gelu",
             batch_first=True, norm_first=True, dtype=x.dtype, device=x.device)
-    a = p["attn"]
-    weights = {
-        "self_attn.in_proj_weight": torch.cat([a["q"]["w"], a["k"]["w"], a["v"]["w"]], dim=1).T,
-        "self_attn.in_proj_bias": torch.cat([a["q"]["b"], a["k"]["b"], a["v"]["b"]]),
-        "self_attn.out_proj.weight": a["o"]["w"].T, "self_attn.out_proj.bias": a["o"]["b"],
-        "linear1.weight": p["ffn"]["fc"]["w"].T, "linear1.bias": p["ffn"]["fc"]["b"],
-        "linear2.weight": p["ffn"]["proj"]["w"].T, "linear2.bias": p["ffn"]["proj"]["b"],
-        "norm1.weight": p["ln1"]["w"], "norm1.bias": p["ln1"]["b"],
-        "norm2.weight": p["ln2"]["w"], "norm2.bias": p["ln2"]["b"],
-    }
+    weights = to_encoder_layer(p)
     mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device, dtype=x.dtype)
     return torch.func.functional_call(_ENCODER_LAYERS[key], weights, (x,),
                                       {"src_mask": mask, "is_causal": True})
+
+
+# -- FlexAttention: a block-sparse mask through the tiled path, the dense path and SDPA -------
+
+FLEX_WINDOW = 256          # sliding-window width
+FLEX_BLOCK = 128           # block mask tile (torch's default)
+
+
+def flex_document_lengths(T):
+    """Packed documents of T // 16 to T // 4 tokens (seeded by T, so every run packs the same)."""
+    import numpy as np
+
+    rng = np.random.default_rng([7, T])
+    lengths = []
+    while sum(lengths) < T:
+        lengths.append(min(int(rng.integers(max(T // 16, 1), max(T // 4, 2))), T - sum(lengths)))
+    return lengths
+
+
+def _flex_mask_mod(lib, mask, T):
+    """The row's mask_mod written with ``lib`` (numpy_attn's or torch_attn's flex_attention)."""
+    if mask == "sliding_window":
+        return lib.sliding_window(FLEX_WINDOW)
+    return lib.and_masks(lib.document(flex_document_lengths(T)), lib.causal)
+
+
+_FLEX_BLOCK_MASKS = {}     # (mask, T) -> numpy_attn BlockMask, built once (outside the timing)
+
+
+def _flex_block_mask(mask, T):
+    from numpy_attn import flex_attention as nf
+
+    if (mask, T) not in _FLEX_BLOCK_MASKS:
+        _FLEX_BLOCK_MASKS[(mask, T)] = nf.create_block_mask(_flex_mask_mod(nf, mask, T), None, None,
+                                                            T, T, BLOCK_SIZE=FLEX_BLOCK)
+    return _FLEX_BLOCK_MASKS[(mask, T)]
+
+
+def _flex_inputs(mask):
+    def inputs(z, dtype, rng):
+        diff, _ = _qkv_inputs(False)(z, dtype, rng)
+        return diff, {"mask": mask}
+    return inputs
+
+
+def _flex_tiled_forward(q, k, v, mask):
+    """The tiled path: only the tiles the block mask lists."""
+    from numpy_attn.flex_attention import flex_attention_forward
+
+    return flex_attention_forward(q, k, v, block_mask=_flex_block_mask(mask, q.shape[2]))
+
+
+def _flex_dense_forward(q, k, v, mask):
+    """The dense path: every score, then mask_mod everywhere (its backward is dense too)."""
+    from numpy_attn.flex_attention import dense_flex_attention_forward
+
+    return dense_flex_attention_forward(q, k, v, block_mask=_flex_block_mask(mask, q.shape[2]))
+
+
+def _flex_backward(dout, cache):
+    """(dq, dk, dv): no score_mod, so no parameter gradients."""
+    from numpy_attn.flex_attention import flex_attention_backward
+
+    return flex_attention_backward(dout, cache)[:3]
+
+
+def _flex_twin(q, k, v, mask):
+    from torch_attn import flex_attention as tf
+
+    class _Mask:           # the twin reads only a block mask's mask_mod
+        mask_mod = _flex_mask_mod(tf, mask, q.shape[2])
+    return tf.flex_attention(q, k, v, block_mask=_Mask)
+
+
+def _builtin_sdpa_flex_mask(t, static):
+    """F.scaled_dot_product_attention with the equivalent dense boolean mask (True = attend)."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_attn import flex_attention as tf
+
+    T = t["q"].shape[2]
+    idx = torch.arange(T, device=t["q"].device)
+    keep = _flex_mask_mod(tf, static["mask"], T)(0, 0, idx[:, None], idx[None, :])   # (T, T)
+    return F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=keep)
+
+
+def _flex_kept_pairs(mask, T):
+    """Query-key pairs the mask keeps: the useful work."""
+    if mask == "sliding_window":
+        return sum(min(t + 1, FLEX_WINDOW) for t in range(T))
+    return sum(n * (n + 1) // 2 for n in flex_document_lengths(T))
+
+
+def _flex_ops():
+    """flex_<mask> (tiled) and flex_<mask>_dense for the sliding window and causal documents.
+
+    FLOPs count only the kept pairs, 4 hs per pair, for both paths: the dense path's larger time
+    for the same useful work is the point of the comparison.
+    """
+    for mask in ("sliding_window", "document"):
+        for suffix, forward in (("", _flex_tiled_forward), ("_dense", _flex_dense_forward)):
+            yield Op(f"flex_{mask}{suffix}", stem="flex_attention", forward=forward,
+                     backward=_flex_backward, twin=_flex_twin,
+                     builtin="F.scaled_dot_product_attention (dense bool mask)",
+                     inputs=_flex_inputs(mask), call_builtin=_builtin_sdpa_flex_mask,
+                     flops=lambda z, mask=mask: 4 * z.B * z.nh * z.hs * _flex_kept_pairs(mask, z.T))
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -297,7 +400,7 @@ OPS = {op.name: op for op in (
          backward="flash_attention_backward", twin="flash_attention",
          builtin="F.scaled_dot_product_attention", inputs=_qkv_inputs(causal),
          flops=lambda z, causal=causal: _attention_flops(z) // (2 if causal else 1),
-         call_builtin=_builtin_sdpa)
+         call_builtin=_builtin_sdpa, numpy_module="numpy_attn.kernels.flash_attention")
       for suffix, causal in (("", False), ("_causal", True))),
     Op("block", stem="block", forward="block_forward", backward="block_backward", twin="block",
        builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,
@@ -306,6 +409,7 @@ OPS = {op.name: op for op in (
        twin=_gpt_step_twin, builtin=None, inputs=_gpt_inputs, call_builtin=None,
        # forward: the loss; forward+backward: the loss and every parameter's gradient
        flops=lambda z: GPT_LAYERS * _block_flops(z) + 2 * z.B * z.T * z.C * GPT_VOCAB),
+    *_flex_ops(),
 )}
 
 

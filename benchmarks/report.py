@@ -15,12 +15,18 @@ from pathlib import Path
 
 IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
 
+# The vector extensions that decide which kernels NumPy, OpenBLAS and torch run (from the
+# /proc/cpuinfo flags): results from machines with and without AVX-512 are not comparable.
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw",
+                "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
+
 
 def machine():
     """CPU model, core counts and memory of this machine (from /proc where it exists)."""
     info = dict(cpu=platform.processor() or platform.machine(), logical_cpus=os.cpu_count(),
                 usable_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                physical_cores=None, memory_gib=None, os=platform.platform())
+                physical_cores=None, memory_gib=None, os=platform.platform(),
+                vector_extensions=None)
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         cores, core = set(), {}
@@ -28,6 +34,9 @@ def machine():
             key, _, value = (part.strip() for part in line.partition(":"))
             if key == "model name":
                 info["cpu"] = value
+            elif key == "flags" and info["vector_extensions"] is None:
+                flags = set(value.split())
+                info["vector_extensions"] = [f for f in VECTOR_FLAGS if f in flags]
             elif key in ("physical id", "core id"):
                 core[key] = value
                 if len(core) == 2:
@@ -49,6 +58,14 @@ def _blas(env):
         for p in env.get("threadpools", []) if p["user_api"] == "blas")
 
 
+def _vector_extensions(m):
+    """'sse4_2 avx avx2 fma f16c (no AVX-512)' from machine()'s flags; 'unknown' without them."""
+    flags = m.get("vector_extensions")
+    if flags is None:
+        return "unknown (no /proc/cpuinfo)"
+    return " ".join(flags) + ("" if "avx512f" in flags else " (no AVX-512)")
+
+
 def header_lines(results):
     """The lines above the table: machine, libraries, thread pools, sizes, conventions."""
     m, cfg = results["machine"], results["config"]
@@ -57,6 +74,7 @@ def header_lines(results):
         f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}"
         + (f"; load average {load['before']} before the run, {load['after']} after"
            if (load := results.get("load_average")) else ""),
+        "vector extensions: " + _vector_extensions(m),
         f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
         f"torch {results['versions']['torch']}"
         + (f"; numpy-attn at {results['git']['commit'][:10]}"
@@ -68,7 +86,8 @@ def header_lines(results):
         if env.get("cpus") is not None:
             where += f" (CPUs {','.join(map(str, env['cpus']))})"
         if env["library"] == "numpy":
-            lines.append(f"{where}: BLAS {_blas(env)}")
+            lines.append(f"{where}: BLAS {_blas(env)}"
+                         + (f"; NumPy SIMD {' '.join(env['numpy_simd'])}" if env.get("numpy_simd") else ""))
         else:
             lines.append(f"{where}: torch.get_num_threads() = {env['torch_threads']}, "
                          f"CPU capability {env['torch_cpu_capability']}"
@@ -85,7 +104,8 @@ def header_lines(results):
         f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
         f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)",
         "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
-        "np/this: NumPy's median time over this row's (>1: this row is faster); "
+        "np/this: NumPy's median time / this row's, the one ratio used here (above 1: this row "
+        "is faster than NumPy; below 1: NumPy is faster); "
         "parity: max relative error against NumPy at this size; mem: peak extra bytes "
         "(NumPy: tracemalloc, CUDA: max_memory_allocated, torch CPU: not measured)",
     ]
@@ -142,7 +162,7 @@ def table_lines(results, markdown=False):
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
-        lines += ["", "NumPy's median time / the other's, by T (below 1: NumPy is faster):", ""]
+        lines += ["", "np/this (as above) by T:", ""]
         lines += _layout(titles, ratios, markdown, left=3)
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
 
@@ -205,7 +225,8 @@ def write_plot(results, path):
     ops = list(dict.fromkeys(r["op"] for r in rows))
     if not ops:
         raise ValueError("nothing was measured, so there is nothing to plot")
-    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops) + 0.6), squeeze=False,
+                             layout="constrained")     # keeps the suptitle clear of the panels
     seq_lens = sorted({r["T"] for r in rows})
     lines = sorted({(r["impl"], r["device"]) for r in rows}, key=lambda k: (IMPL_ORDER[k[0]], k[1]))
     colors = {line: f"C{i}" for i, line in enumerate(lines)}
@@ -232,8 +253,7 @@ def write_plot(results, path):
         ax_time.legend(fontsize=8)
     cfg, m = results["config"], results["machine"]
     fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
-                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}")
-    fig.tight_layout()
+                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

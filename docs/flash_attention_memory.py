@@ -1,5 +1,9 @@
 """Peak extra memory of the attention forward against sequence length: reference vs FlashAttention.
 
+"flash" is the tuned numpy_attn/kernels/flash_attention.py (one tile per thread); the readable
+numpy_attn/flash_attention.py holds the same O(T) state but works on every head at once, so its
+tiles take B * nh times as much.
+
 Regenerates docs/images/flash_attention_memory.png and prints the table of docs/flash_attention.md.
 Run from the repository root with matplotlib installed ('.[tests]' has it):
 
@@ -16,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from numpy_attn.attention import scaled_dot_product_attention_forward
-from numpy_attn.flash_attention import flash_attention_forward
+from numpy_attn.kernels.flash_attention import flash_attention_forward
 
 B, NH, HS = 4, 8, 64
 LENGTHS = (256, 512, 1024, 2048, 4096)

@@ -15,16 +15,26 @@ Reading order, leaf to root:
     softmax          softmax and log-softmax, stable and mask-aware
     linear           x @ w + b with w stored (C_in, C_out)
     attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    masks            causal (both alignments), key padding and packed-sequence masks
     multi_head       split/merge heads and multi-head (self- or cross-) attention
+    small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
     layer_norm       layer normalisation, biased variance, eps inside the square root
-    gelu             GELU, exact (with our own erf) and tanh-approximated
+    erf              the error function in pure NumPy, to float64 precision
+    gelu             GELU, exact (with erf) and tanh-approximated
     dropout          inverted dropout with an explicit random generator
     feed_forward     linear C -> 4C, GELU, linear 4C -> C
     block            the pre-LayerNorm transformer block
     gpt              a mini GPT: embeddings, blocks, final layer norm, LM head
+    kv_cache         the keys and values of past tokens, for decoding
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix
+    flex_attention   score and mask modifiers, block masks that skip empty tiles
+    rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
+    rms_norm         root-mean-square norm (no centring, no bias), as in Llama
+    swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
+    gpt2             GPT-2 as released (tanh GELU, its eps), to run its checkpoints
+    llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)

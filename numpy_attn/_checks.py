@@ -65,3 +65,60 @@ def check_rng(rng, needed_for):
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"{needed_for} needs rng: rng must be a np.random.Generator, "
                         f"got {type(rng).__name__}")
+
+
+def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None):
+    """Raise on inputs scaled dot-product attention cannot take, naming the argument at fault.
+
+    q (..., T, hs), k (..., S, hs), v (..., S, hv): float arrays of one dtype, finite; k and v may
+    have fewer heads (axis -3) than q when they divide q's (grouped-query attention). attn_mask is
+    None, bool, or float of q's dtype without NaN or +inf, and broadcasts to the scores (..., T, S)
+    without growing them. TypeError for wrong types, ValueError for wrong shapes and values.
+    """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        check_float(name, a)
+        if a.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., length, head size), got {a.shape}")
+    check_same_dtype(q=q, k=k, v=v)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head sizes differ: q {q.shape}, k {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v lengths differ: k {k.shape}, v {v.shape}")
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"k and v leading dimensions differ: k {k.shape}, v {v.shape}")
+    if q.shape[:-2] != k.shape[:-2]:
+        if q.ndim != k.ndim or q.ndim < 3 or q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
+                             "or differ only in the head axis -3 (grouped-query attention)")
+        if q.shape[-3] % k.shape[-3]:
+            raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to "
+                             f"be a multiple of the key/value head count {k.shape[-3]}: "
+                             f"q {q.shape}, k {k.shape}")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, np.ndarray):
+            raise TypeError(f"attn_mask must be a NumPy array, got {type(attn_mask).__name__}")
+        if is_causal:
+            raise ValueError(f"attn_mask of shape {attn_mask.shape} and is_causal=True are both "
+                             "given (PyTorch's SDPA refuses this too); pass one mask, e.g. "
+                             "attn_mask & np.tri(T, S, dtype=bool)")
+        if attn_mask.dtype != np.bool_ and attn_mask.dtype != q.dtype:
+            raise ValueError(f"attn_mask of shape {attn_mask.shape} must be bool (True = may "
+                             f"attend) or float of q's dtype {q.dtype}, got dtype {attn_mask.dtype}")
+        if attn_mask.dtype != np.bool_ and not np.all(attn_mask < np.inf):
+            raise ValueError(f"attn_mask of shape {attn_mask.shape} holds NaN or +inf; a float mask "
+                             "is added to the scores, -inf where a query may not attend")
+        scores_shape = q.shape[:-1] + k.shape[-2:-1]
+        try:   # at least (T, S) or (1, S), as PyTorch requires, and no growing the output's shape
+            fits = attn_mask.ndim >= 2 and np.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"attn_mask of shape {attn_mask.shape} does not broadcast to the "
+                             f"scores' shape {scores_shape} (q {q.shape}, k {k.shape})")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"dropout_p = {dropout_p} needs rng, an np.random.Generator, got {rng!r}")

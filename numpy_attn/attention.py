@@ -13,148 +13,132 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
 - ``is_causal`` lets query t see keys 0..t (top-left aligned, also when T != S). Giving both
   ``is_causal`` and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
-- Dropout is inverted dropout on the weights: a keep-mask drawn from ``rng`` with P(keep) = 1 - p,
-  kept entries scaled by 1 / (1 - p); the keep-mask is cached so that the twin can replay it.
+- A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
+  ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
+  along which the mask was broadcast, in the mask's shape. Bool masks and is_causal have none.
+- Dropout is inverted dropout on the weights (numpy_attn/dropout.py): a keep-mask drawn from
+  ``rng`` with P(keep) = 1 - p, kept entries scaled by 1 / (1 - p); the keep-mask is cached so
+  that the twin can replay it.
 - Grouped-query attention: k and v may have fewer heads (axis -3) than q, the query head count a
   multiple g of theirs; query head h uses key/value head h // g, as with ``enable_gqa=True``.
-  Leading dimensions are otherwise equal (no broadcasting between q, k, v).
+  Leading dimensions are otherwise equal (no broadcasting between q, k, v). It is handled at the
+  edges: the forward repeats each key/value head g times, the backward sums each group.
 
-The attention weights (after softmax, before dropout) are ``cache.weights`` (..., T, S).
-Backward, with P = dropout(weights): dv = P^T dout, dweights = dropout(dout v^T) (the same
-keep-mask and scale), dscores = softmax_backward(dweights), dq = dscores k * scale,
-dk = dscores^T (q * scale). Masked entries have weight 0 and so get no gradient.
+Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
+dscores = softmax_backward(dweights), dq = dscores k * scale, dk = dscores^T (q * scale).
+Masked entries have weight 0 and so get no gradient; a float mask's own gradient is dscores.
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_same_dtype
+from numpy_attn._checks import check_attention_inputs, check_dout
+from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 
 class AttentionCache(NamedTuple):
     """What the backward needs. ``weights`` is public: the attention weights (..., T, S)."""
 
-    q_scaled: np.ndarray        # (..., nkv, g*T, hs) q * scale, query heads grouped by key head
-    k: np.ndarray               # (..., nkv, S, hs)
-    v: np.ndarray               # (..., nkv, S, hv)
+    q_scaled: np.ndarray        # (..., nh, T, hs) q * scale
+    k: np.ndarray               # (..., nh, S, hs) k, its heads repeated g times
+    v: np.ndarray               # (..., nh, S, hv) v, its heads repeated g times
     weights: np.ndarray         # (..., nh, T, S) after softmax, before dropout
     softmax_cache: tuple        # softmax_forward's cache (holds weights itself, not a copy)
-    keep: np.ndarray | None     # (..., nh, T, S) bool dropout keep-mask, None without dropout
-    keep_scale: float           # 1 / (1 - dropout_p)
+    dropped: np.ndarray         # (..., nh, T, S) dropout(weights): weights itself without dropout
+    dropout_cache: tuple        # dropout_forward's cache: (keep-mask, 1 / (1 - p)) or (None, None)
     scale: np.floating          # the score scale, in q's dtype
+    g: int                      # query heads per key/value head (1 without grouped-query heads)
+    mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
 
+    @property
+    def keep(self):
+        """(..., nh, T, S) bool dropout keep-mask (True = kept), None without dropout."""
+        return self.dropout_cache[0]
 
-def _check_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng):
-    """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        check_float(name, a)
-        if a.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., length, head size), got {a.shape}")
-    check_same_dtype(q=q, k=k, v=v)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k head sizes differ: q {q.shape}, k {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v lengths differ: k {k.shape}, v {v.shape}")
-    if k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"k and v leading dimensions differ: k {k.shape}, v {v.shape}")
-    if q.shape[:-2] != k.shape[:-2]:
-        if q.ndim != k.ndim or q.ndim < 3 or q.shape[:-3] != k.shape[:-3]:
-            raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
-                             "or differ only in the head axis -3 (grouped-query attention)")
-        if q.shape[-3] % k.shape[-3]:
-            raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to "
-                             f"be a multiple of the key/value head count {k.shape[-3]}: "
-                             f"q {q.shape}, k {k.shape}")
-    if attn_mask is not None:
-        if not isinstance(attn_mask, np.ndarray):
-            raise TypeError(f"attn_mask must be a NumPy array, got {type(attn_mask).__name__}")
-        if is_causal:
-            raise ValueError(f"attn_mask of shape {attn_mask.shape} and is_causal=True are both "
-                             "given (PyTorch's SDPA refuses this too); pass one mask, e.g. "
-                             "attn_mask & np.tri(T, S, dtype=bool)")
-        if attn_mask.dtype != np.bool_ and attn_mask.dtype != q.dtype:
-            raise ValueError(f"attn_mask of shape {attn_mask.shape} must be bool (True = may "
-                             f"attend) or float of q's dtype {q.dtype}, got dtype {attn_mask.dtype}")
-        scores_shape = q.shape[:-1] + k.shape[-2:-1]
-        try:   # at least (T, S) or (1, S), as PyTorch requires, and no growing the output's shape
-            fits = attn_mask.ndim >= 2 and np.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ValueError(f"attn_mask of shape {attn_mask.shape} does not broadcast to the "
-                             f"scores' shape {scores_shape} (q {q.shape}, k {k.shape})")
-    if not 0 <= dropout_p < 1:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    if dropout_p > 0 and not isinstance(rng, np.random.Generator):
-        raise ValueError(f"dropout_p = {dropout_p} needs rng, an np.random.Generator, got {rng!r}")
+    @property
+    def keep_scale(self):
+        """1 / (1 - dropout_p): the scale of the kept weights (1 without dropout)."""
+        return 1.0 if self.dropout_cache[1] is None else self.dropout_cache[1]
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None):
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False):
     """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
+
+    With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
 
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
-    The cache holds q * scale, k, v, the weights and the keep-mask; the dropped weights are
-    recomputed in the backward rather than stored as a second (..., T, S) array.
+    ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
+    ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
     """
-    _check_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
-    g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
-    # The scale goes into q (T x hs numbers) rather than the scores (T x S). The g query heads that
-    # share a key/value head become one matrix of g*T rows: one matmul serves the group, and the
-    # backward's dk, dv sum over it by themselves. Without GQA g = 1 and the reshape changes nothing.
-    q_scaled = (q * scale).reshape(k.shape[:-2] + (g * T, hs))   # (..., nh, T, hs) -> (..., nkv, g*T, hs)
-    scores = q_scaled @ k.swapaxes(-1, -2)                        # (..., nkv, g*T, S)
-    scores = scores.reshape(q.shape[:-1] + (S,))                  # (..., nkv, g*T, S) -> (..., nh, T, S)
+    g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
+    if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+    mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
     if is_causal:
         attn_mask = np.tri(T, S, dtype=np.bool_)                  # (T, S): query t sees keys 0..t
     if attn_mask is not None and attn_mask.dtype == np.bool_:
-        # In place: scores is our own fresh array, and np.where would allocate another (..., T, S).
-        np.copyto(scores, -np.inf, where=~attn_mask)
-    elif attn_mask is not None:
-        scores += attn_mask
+        attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
+    # The scale goes into q (T x hs numbers) rather than the scores (T x S).
+    q_scaled = q * scale                                          # (..., nh, T, hs)
+    scores = q_scaled @ k.swapaxes(-1, -2)                        # (..., nh, T, S)
+    if attn_mask is not None:
+        scores += attn_mask                                       # in place: scores is our own array
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
-    keep = None
-    keep_scale = 1 / (1 - float(dropout_p))    # a Python float, so float32 stays float32
-    dropped = weights
-    if dropout_p > 0:
-        keep = rng.random(weights.shape) < 1 - dropout_p         # (..., nh, T, S), P(keep) = 1 - p
-        dropped = weights * keep * keep_scale                     # inverted dropout: E[dropped] = weights
-    out = dropped.reshape(k.shape[:-2] + (g * T, S)) @ v          # (..., nh, T, S) -> (..., nkv, g*T, hv)
-    out = out.reshape(q.shape[:-1] + (hv,))                       # (..., nkv, g*T, hv) -> (..., nh, T, hv)
-    cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, keep, keep_scale, scale)
+    dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
+    out = dropped @ v                                             # (..., nh, T, hv)
+    cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,
+                           mask_shape)
     return out, cache
 
 
 def scaled_dot_product_attention_backward(dout, cache):
-    """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+    """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)),
+    and dattn_mask (the mask's shape) after them if the forward had ``attn_mask_grad=True``.
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q_scaled, k, v, weights, softmax_cache, keep, keep_scale, scale = cache
-    gT, hs = q_scaled.shape[-2:]
-    S, hv = v.shape[-2:]
-    dropped = weights if keep is None else weights * keep * keep_scale   # recomputed, not cached
-    # Undoes out = out.reshape(...): back to grouped query heads.
-    dout = dout.reshape(v.shape[:-2] + (gT, hv))                  # (..., nh, T, hv) -> (..., nkv, g*T, hv)
-    # Undoes out = dropped @ v; dv sums over the g query heads of each group through the matmul.
-    dv = dropped.reshape(v.shape[:-2] + (gT, S)).swapaxes(-1, -2) @ dout   # (..., nkv, S, hv)
-    ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nkv, g*T, S)
-    ddropped = ddropped.reshape(weights.shape)                    # (..., nkv, g*T, S) -> (..., nh, T, S)
-    # Undoes dropped = weights * keep * keep_scale.
-    dweights = ddropped if keep is None else ddropped * keep * keep_scale
-    # Undoes weights = softmax(scores). The masks are constants; masked scores have weight 0, so
-    # softmax_backward already gives them gradient 0 (and a fully masked row 0 throughout).
+    q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g, mask_shape = cache
+    check_dout("scaled_dot_product_attention", dout, weights.shape[:-1] + v.shape[-1:], v.dtype)
+    # Undoes out = dropped @ v.
+    dv = dropped.swapaxes(-1, -2) @ dout                          # (..., nh, S, hv)
+    ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
+    # Undoes dropped = dropout(weights): the same keep-mask and scale.
+    dweights = dropout_backward(ddropped, dropout_cache)          # (..., nh, T, S)
+    # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
+    # gives them gradient 0 (and a fully masked row 0 throughout).
     dscores = softmax_backward(dweights, softmax_cache)           # (..., nh, T, S)
-    # Undoes scores.reshape(...) and scores = q_scaled @ k^T; dk sums over each group.
-    dscores = dscores.reshape(k.shape[:-2] + (gT, S))             # (..., nh, T, S) -> (..., nkv, g*T, S)
-    dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nkv, S, hs)
-    dq_scaled = dscores @ k                                       # (..., nkv, g*T, hs)
-    # Undoes q_scaled = (q * scale).reshape(...).
-    dq = (dq_scaled * scale).reshape(weights.shape[:-1] + (hs,))  # (..., nkv, g*T, hs) -> (..., nh, T, hs)
+    # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
+    dq = (dscores @ k) * scale                                    # (..., nh, T, hs)
+    dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
+    if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
+        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+    if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
+        return dq, dk, dv, _sum_to_shape(dscores, mask_shape)    # (..., nh, T, S) -> mask's shape
     return dq, dk, dv
+
+
+def _sum_to_shape(x, shape):
+    """Sum ``x`` over the axes along which an array of ``shape`` was broadcast to x's shape."""
+    lead = x.ndim - len(shape)                                    # axes the array did not have
+    x = x.sum(axis=tuple(range(lead)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=stretched, keepdims=True)
+
+
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
+    """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
+    attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
+    check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng)
+    if not isinstance(attn_mask_grad, bool | np.bool_):
+        raise TypeError(f"attn_mask_grad must be True or False, got {attn_mask_grad!r}")
+    if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):
+        got = "no attn_mask" if attn_mask is None else f"a bool attn_mask of shape {attn_mask.shape}"
+        raise ValueError(f"attn_mask_grad=True needs a float attn_mask (its gradient), got {got}")

@@ -31,7 +31,7 @@ from numpy_attn.multi_head import (
 )
 
 
-def init_block_params(C, rng, bias=True, dtype=np.float32):
+def init_block_params(C, rng, bias=True, dtype=np.float32, kv_width=None):
     """{"ln1": {"w", "b"}, "attn": {"q", "k", "v", "o"}, "ln2": {"w", "b"}, "ffn": {"fc", "proj"}}.
 
     Layer norms start as the identity (w = 1, b = 0); attention and feed-forward are drawn by
@@ -40,7 +40,7 @@ def init_block_params(C, rng, bias=True, dtype=np.float32):
     check_rng(rng, "init_block_params")
     return {
         "ln1": {"w": np.ones(C, dtype), "b": np.zeros(C, dtype)},
-        "attn": init_multi_head_params(C, rng, bias=bias, dtype=dtype),
+        "attn": init_multi_head_params(C, rng, bias=bias, dtype=dtype, kv_width=kv_width),
         "ln2": {"w": np.ones(C, dtype), "b": np.zeros(C, dtype)},
         "ffn": init_feed_forward_params(C, rng, dtype=dtype, bias=bias),
     }
@@ -62,18 +62,23 @@ class BlockCache(NamedTuple):
         return {"attn": self.drop_attn[0], "ffn": self.drop_ffn[0]}
 
 
-def block_forward(x, params, num_heads, dropout_p=0.0, rng=None, masks=None):
+def block_forward(x, params, num_heads, dropout_p=0.0, rng=None, masks=None, attn_mask=None,
+                  kv_cache=None, layer=0):
     """One causal pre-LN block: x (B, T, C) -> out (B, T, C), params as from init_block_params.
 
     Dropout with ``dropout_p`` > 0 draws its keep-masks from ``rng``, or takes them from
     ``masks`` ({"attn": (B, T, C) bool, "ffn": (B, T, C) bool}). Returns ``(out, cache)``.
+    ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) replaces the causal mask, so it must
+    include causality (numpy_attn/masks.py builds one with padding or packing); ``kv_cache`` and
+    ``layer`` are multi_head_attention_forward's, for decoding.
     """
     _check_block(x, num_heads, dropout_p, rng, masks)
     B, T, C = x.shape
     masks = {"attn": None, "ffn": None} if masks is None else masks
     # 1-4: x + dropout(attn(ln1(x))), one step a line
     h, ln1_cache = layer_norm_forward(x, **params["ln1"])                          # (B, T, C)
-    a, attn_cache = multi_head_attention_forward(h, params["attn"], num_heads, is_causal=True)
+    a, attn_cache = multi_head_attention_forward(h, params["attn"], num_heads, attn_mask=attn_mask,
+                                                 is_causal=attn_mask is None, kv_cache=kv_cache, layer=layer)
     a, drop_attn_cache = dropout_forward(a, dropout_p, rng, mask=masks["attn"])    # (B, T, C)
     x = x + a
     # 5-8: x + dropout(ffn(ln2(x))), one step a line

@@ -1,11 +1,144 @@
-"""FlashAttention: exact attention computed in tiles (for now the tuned kernel itself).
+"""FlashAttention: exact attention computed in tiles, never forming the (T, S) scores, with backward.
 
-The implementation lives in ``numpy_attn/kernels/flash_attention.py``; this stem re-exports it so
-that the operation keeps its twin and its tests while a readable transcription is written.
+    out = softmax(scale * q @ k^T) @ v                          scale = 1 / sqrt(hs) unless given
+
+Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (2023),
+Algorithm 1 (forward) and Algorithm 2 (backward), written out as loops over tiles of block_q
+queries by block_k keys. Forward: each query tile visits the key tiles in order, keeping per row
+a running maximum m, a running sum l = sum_j exp(s_j - m) and a running numerator
+acc = sum_j exp(s_j - m) v_j. When a tile raises the maximum to m', the old l and acc are
+multiplied by exp(m - m'). This is exact, not an approximation, because for any constant m
+
+    softmax(s)_j = exp(s_j - m) / sum_i exp(s_i - m),
+
+so sums taken against an old maximum equal, once rescaled, sums taken against the new one. A row
+ends with out = acc / l and lse = m + log(l), its log-sum-exp: all that is stored besides the
+inputs, O(T) memory instead of O(T S). Backward: each tile's probabilities are recomputed as
+P = exp(S - lse) (no maximum, no sum), then dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
+dQ += scale dS K, dK += scale dS^T Q, where D = rowsum(dO * O) equals rowsum(P * dP), the softmax
+backward's sum, without a pass over the keys.
+
+``is_causal`` is top-left aligned as in ``torch.nn.functional.scaled_dot_product_attention``:
+query t sees keys 0..t. Tiles above the diagonal are skipped, not computed and masked, so causal
+attention does about half the work. Every query sees key 0, so no row is empty unless S = 0,
+which gives zeros and zero gradients. Unlike numpy_attn/attention.py there is no ``attn_mask``
+and no dropout. Grouped-query attention works as there, at the edges: k and v may have fewer
+heads (axis -3) than q, query head h reading key/value head h // g.
+
+This is the readable version; numpy_attn/kernels/flash_attention.py computes the same, faster.
 """
 
-from numpy_attn.kernels.flash_attention import (  # noqa: F401
-    FlashCache,
-    flash_attention_backward,
-    flash_attention_forward,
-)
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_attention_inputs, check_dout
+
+
+class FlashCache(NamedTuple):
+    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array)."""
+
+    q: np.ndarray           # (..., nh, T, hs)
+    k: np.ndarray           # (..., nh, S, hs) k, its heads repeated g times
+    v: np.ndarray           # (..., nh, S, hv) v, its heads repeated g times
+    out: np.ndarray         # (..., nh, T, hv) a copy of the forward's output
+    lse: np.ndarray         # (..., nh, T) log-sum-exp of each row of scale * q @ k^T
+    is_causal: bool
+    scale: np.floating      # in q's dtype
+    block_q: int
+    block_k: int
+    g: int                  # query heads per key/value head (1 without grouped-query heads)
+
+
+def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
+    """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> out (..., T, hv), in tiles.
+
+    Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
+    block_q queries by block_k keys (any sizes >= 1; larger than the lengths means one tile).
+    The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
+    so changing ``out`` in place after the forward leaves the gradients alone.
+    """
+    _check_flash_attention(q, k, v, block_q, block_k)
+    T, hs = q.shape[-2:]
+    S, hv = v.shape[-2:]
+    scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
+    g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
+    if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+    out = np.zeros(q.shape[:-1] + (hv,), q.dtype)            # (..., T, hv)
+    lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T); stays log(0) if S = 0
+    for i0 in range(0, T if S > 0 else 0, block_q):          # query tile: rows i0 .. i1-1
+        i1 = min(i0 + block_q, T)
+        q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
+        m = np.full(q_i.shape[:-1], -np.inf, q.dtype)        # (..., bq) running row maximum
+        row_sum = np.zeros(q_i.shape[:-1], q.dtype)          # (..., bq) running sum of exp(s - m): l
+        acc = np.zeros(q_i.shape[:-1] + (hv,), q.dtype)      # (..., bq, hv) running sum of exp(s - m) v
+        S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
+        for j0 in range(0, S_seen, block_k):                 # key tile: keys j0 .. j1-1
+            j1 = min(j0 + block_k, S_seen)
+            s = q_i @ k[..., j0:j1, :].swapaxes(-1, -2)      # (..., bq, bk)
+            if is_causal and j1 - 1 > i0:                    # a tile crossing the diagonal: hide later keys
+                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None], -np.inf, s)
+            m_new = np.maximum(m, s.max(axis=-1))            # (..., bq), finite: key 0 is seen first
+            p = np.exp(s - m_new[..., None])                 # (..., bq, bk) in [0, 1]
+            alpha = np.exp(m - m_new)                        # (..., bq) rescales the old sums to m_new
+            row_sum = alpha * row_sum + p.sum(axis=-1)       # (..., bq)
+            acc = alpha[..., None] * acc + p @ v[..., j0:j1, :]   # (..., bq, hv)
+            m = m_new
+        out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
+        lse[..., i0:i1] = m + np.log(row_sum)                # (..., bq)
+    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g)
+    return out, cache
+
+
+def flash_attention_backward(dout, cache):
+    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+
+    With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
+    """
+    q, k, v, out, lse, is_causal, scale, block_q, block_k, g = cache
+    check_dout("flash_attention", dout, out.shape, out.dtype)
+    T, hs = q.shape[-2:]
+    S, hv = v.shape[-2:]
+    # Undoes out = acc / row_sum: D = rowsum(dout * out) = rowsum(P * dP), the softmax backward's sum.
+    D = (dout * out).sum(axis=-1)                            # (..., T)
+    dq = np.zeros(q.shape, q.dtype)                          # (..., nh, T, hs)
+    dk = np.zeros(k.shape, k.dtype)                          # (..., nh, S, hs)
+    dv = np.zeros(v.shape, v.dtype)                          # (..., nh, S, hv)
+    for j0 in range(0, S if T > 0 else 0, block_k):          # key tile: keys j0 .. j1-1
+        j1 = min(j0 + block_k, S)
+        dk_j = np.zeros(k.shape[:-2] + (j1 - j0, hs), k.dtype)   # (..., bk, hs)
+        dv_j = np.zeros(v.shape[:-2] + (j1 - j0, hv), v.dtype)   # (..., bk, hv)
+        i_first = j0 // block_q * block_q if is_causal else 0    # causal: rows before j0 see none of these keys
+        for i0 in range(i_first, T, block_q):                # query tile: rows i0 .. i1-1
+            i1 = min(i0 + block_q, T)
+            q_i, dout_i = q[..., i0:i1, :], dout[..., i0:i1, :]
+            # Undoes the tile's p = exp(s - m) and the running sums: recomputed from lse directly.
+            s = (q_i * scale) @ k[..., j0:j1, :].swapaxes(-1, -2)   # (..., bq, bk)
+            if is_causal and j1 - 1 > i0:                    # a tile crossing the diagonal: hide later keys
+                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None], -np.inf, s)
+            p = np.exp(s - lse[..., i0:i1, None])            # (..., bq, bk) the softmax weights
+            # Undoes acc += p @ v.
+            dv_j += p.swapaxes(-1, -2) @ dout_i              # (..., bk, hv)
+            dp = dout_i @ v[..., j0:j1, :].swapaxes(-1, -2)  # (..., bq, bk)
+            # Undoes p = softmax(s) on this tile: dS = P * (dP - D).
+            ds = p * (dp - D[..., i0:i1, None])              # (..., bq, bk)
+            # Undoes s = (q * scale) @ k^T.
+            dq[..., i0:i1, :] += scale * (ds @ k[..., j0:j1, :])   # (..., bq, hs)
+            dk_j += scale * (ds.swapaxes(-1, -2) @ q_i)      # (..., bk, hs)
+        dk[..., j0:j1, :] = dk_j
+        dv[..., j0:j1, :] = dv_j
+    if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
+        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+    return dq, dk, dv
+
+
+def _check_flash_attention(q, k, v, block_q, block_k):
+    """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(b, int | np.integer) or isinstance(b, bool):
+            raise TypeError(f"{name} must be a positive integer, got {b!r}")
+        if b < 1:
+            raise ValueError(f"{name} must be a positive integer, got {b!r}")
+    # The shapes, dtypes and grouped-query heads that numpy_attn/attention.py takes, same messages.
+    check_attention_inputs(q, k, v)

@@ -11,9 +11,11 @@ reuses the token embedding (Press and Wolf, 2017): wte is used twice, so its gra
 of the two uses, written out as ``dwte = dwte_embedding + dwte_head``. Parameters are nested dicts
 all the way down; the blocks are keyed "0", "1", ... so that a path reads ``blocks.0.attn.q.w``.
 
-``small_forward`` / ``small_backward`` beside it are the model of "Attention Is All You Need"
-at its smallest, where a reader can start: token embedding + sinusoidal encoding + one causal
-multi-head attention + a linear layer to the vocabulary, no blocks, no layer norm.
+Decoding and real batches (all optional, handled before step 1): with a key/value cache
+(``gpt_kv_cache``) ids hold only the new tokens, their positions continue from the cached length
+and the causal mask aligns bottom-right; a key padding mask hides padding and numbers each row's
+real tokens from 0; ``position_ids`` and an extra ``attn_mask`` run packed sequences in one row
+(numpy_attn/masks.py). ``n_kv_head`` < ``n_head`` gives grouped-query attention.
 """
 
 from dataclasses import dataclass
@@ -25,13 +27,10 @@ from numpy_attn._checks import check_integer, check_ndim, check_rng
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.multi_head import (
-    init_multi_head_params,
-    multi_head_attention_backward,
-    multi_head_attention_forward,
-)
+from numpy_attn.masks import causal_mask, padded_position_ids, padding_attn_mask
 from numpy_attn.positional import sinusoidal_encoding
 
 
@@ -43,6 +42,7 @@ class GPTConfig:
     block_size: int = 32          # the longest context T
     n_layer: int = 2
     n_head: int = 2               # nh
+    n_kv_head: int | None = None  # nkv key/value heads (grouped-query attention); None: n_head
     n_embd: int = 32              # C = nh * hs
     dropout: float = 0.0
     bias: bool = True             # biases of the linear layers (layer norms always have one)
@@ -57,6 +57,10 @@ class GPTConfig:
             raise ValueError(f"n_layer must be an integer >= 0, got {self.n_layer!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
+        if self.n_kv_head is not None and (not isinstance(self.n_kv_head, int) or self.n_kv_head < 1
+                                           or self.n_head % self.n_kv_head):
+            raise ValueError(f"n_kv_head must be a positive integer dividing n_head = {self.n_head}, "
+                             f"got {self.n_kv_head!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
         if self.positions not in ("learned", "sinusoidal"):
@@ -74,7 +78,8 @@ def init_gpt_params(config, rng, dtype=np.float32):
     params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype)}                           # (V, C)
     if config.positions == "learned":
         params["wpe"] = rng.normal(0, 0.02, (config.block_size, C)).astype(dtype)         # (T_max, C)
-    params["blocks"] = {str(i): init_block_params(C, rng, bias=config.bias, dtype=dtype)
+    kv_width = _n_kv_head(config) * (C // config.n_head)                                 # nkv * hs
+    params["blocks"] = {str(i): init_block_params(C, rng, bias=config.bias, dtype=dtype, kv_width=kv_width)
                         for i in range(config.n_layer)}
     params["ln_f"] = {"w": np.ones(C, dtype), "b": np.zeros(C, dtype)}
     if not config.tie_weights:
@@ -99,30 +104,39 @@ class GPTCache(NamedTuple):
         return {"emb": self.drop[0], "blocks": [c.masks for c in self.blocks]}
 
 
-def gpt_forward(ids, params, config, rng=None, masks=None):
+def gpt_forward(ids, params, config, rng=None, masks=None, kv_cache=None, key_padding_mask=None,
+                position_ids=None, attn_mask=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken from ``masks``
-    (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
+    (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate. Decoding and real
+    batches, each optional: ``kv_cache`` (gpt_kv_cache) holds the past tokens, ids only the new
+    ones; ``key_padding_mask`` (B, S) is True at padding, S = past + T; ``position_ids`` (T,) or
+    (B, T) default to past..past+T-1, or with padding each row's real tokens counted from 0;
+    ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) restricts attention further, e.g.
+    numpy_attn/masks.py's varlen_attn_mask for packed sequences. Causality always applies.
     """
     ids = _check_gpt(ids, config, rng, masks)
     B, T = ids.shape
     masks = {"emb": None, "blocks": [None] * config.n_layer} if masks is None else masks
     wte = params["wte"]
+    # Positions 0..T-1 and the causal mask, unless decoding, padded or packed (then the mask).
+    positions, attn_mask = _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, attn_mask)
     # 1: token embedding and positions
     tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
     if config.positions == "learned":
-        pos, pos_cache = embedding_forward(np.arange(T), params["wpe"])   # (T,) -> (T, C)
+        pos, pos_cache = embedding_forward(positions, params["wpe"])      # (T,) -> (T, C) or (B, T) -> (B, T, C)
     else:
-        pos, pos_cache = sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype), None   # (T, C)
+        table = sinusoidal_encoding(int(positions.max(initial=-1)) + 1, wte.shape[1], dtype=wte.dtype)
+        pos, pos_cache = table[positions], None                           # (T, C) or (B, T, C)
     x = tok + pos                                                         # (B, T, C)
     # 2: dropout
     x, drop_cache = dropout_forward(x, config.dropout, rng, mask=masks["emb"])
     # 3: the blocks, in order
     block_caches = []
     for i in range(config.n_layer):
-        x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head,
-                                       config.dropout, rng, masks["blocks"][i])   # (B, T, C)
+        x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head, config.dropout, rng,
+                                       masks["blocks"][i], attn_mask, kv_cache, i)   # (B, T, C)
         block_caches.append(block_cache)
     # 4: final layer norm
     x, ln_f_cache = layer_norm_forward(x, **params["ln_f"])               # (B, T, C)
@@ -150,6 +164,7 @@ def gpt_backward(dlogits, cache):
     # 1: undoes x = tok + pos; pos was broadcast over the batch, so its gradient sums over B.
     dtok = dx                                                             # (B, T, C)
     dpos = dx.sum(axis=0)                                                 # (B, T, C) -> (T, C)
+    dpos = dx if cache.pos is not None and cache.pos[0].ndim == 2 else dpos   # positions per row: no sum
     dwte_embedding = embedding_backward(dtok, cache.wte)                  # (V, C)
     dparams = {"wte": dwte_embedding}
     if cache.pos is not None:
@@ -163,6 +178,43 @@ def gpt_backward(dlogits, cache):
     else:
         dparams["head"] = dhead
     return dparams
+
+
+def gpt_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default
+    block_size) tokens with this model: one layer per block, every head's keys and values."""
+    max_len = config.block_size if max_len is None else max_len
+    return init_kv_cache(config.n_layer, B, _n_kv_head(config), max_len, config.n_embd // config.n_head, dtype)
+
+
+def _n_kv_head(config):
+    """Key/value heads: n_kv_head, or n_head without grouped-query attention."""
+    return config.n_head if config.n_kv_head is None else config.n_kv_head
+
+
+def _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, attn_mask):
+    """Positions ((T,) or (B, T)) and attention mask (None: plain causal) for gpt_forward."""
+    past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
+    S = past + T
+    if S > config.block_size:
+        raise ValueError(f"{past} cached + {T} new tokens = {S} exceed block_size = {config.block_size}")
+    if key_padding_mask is not None and key_padding_mask.shape[-1:] != (S,):
+        raise ValueError(f"key_padding_mask {key_padding_mask.shape} must be (B, S) with S = {past} "
+                         f"cached + {T} new tokens = {S}")
+    if position_ids is None and key_padding_mask is not None:
+        position_ids = padded_position_ids(key_padding_mask)[:, past:]    # (B, S) -> (B, T)
+    positions = np.arange(past, S) if position_ids is None else np.asarray(position_ids)
+    if (positions.shape[-1:] != (T,) or positions.ndim > 2 or positions.min(initial=0) < 0
+            or positions.max(initial=0) >= config.block_size):
+        raise ValueError(f"position_ids must be (T,) or (B, T) with T = {T} and values in [0, block_size "
+                         f"= {config.block_size}), got shape {positions.shape}, values "
+                         f"{positions.min(initial=0)}..{positions.max(initial=0)}")
+    if key_padding_mask is None and attn_mask is None and kv_cache is None:
+        return positions, None                                            # causal, top-left
+    mask = causal_mask(T, S, "bottom_right")                              # (T, S); top-left if past = 0
+    mask = mask if key_padding_mask is None else mask & padding_attn_mask(key_padding_mask)   # (B, 1, T, S)
+    mask = mask if attn_mask is None else mask & attn_mask
+    return positions, mask
 
 
 def _check_gpt(ids, config, rng, masks):
@@ -185,44 +237,3 @@ def _check_ids(ids, config):
         raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
                          f"block_size = {config.block_size}")
     return ids
-
-
-# -- the small model of "Attention Is All You Need": start reading here ---------------------------
-
-def init_small_params(config, rng, dtype=np.float32):
-    """{"wte": (V, C), "attn": {"q", "k", "v", "o"}, "head": {"w": (C, V), "b": (V,)}} (no "b"
-    without config.bias). Uses vocab_size, n_embd and bias of the config."""
-    check_rng(rng, "init_small_params")
-    V, C = config.vocab_size, config.n_embd
-    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype),                           # (V, C)
-              "attn": init_multi_head_params(C, rng, bias=config.bias, dtype=dtype),
-              "head": {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}}                   # (C, V)
-    if config.bias:
-        params["head"]["b"] = np.zeros(V, dtype)                                          # (V,)
-    return params
-
-
-def small_forward(ids, params, config):
-    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
-    is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
-    ids = _check_ids(ids, config)
-    B, T = ids.shape
-    wte = params["wte"]
-    tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
-    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
-    x, attn_cache = multi_head_attention_forward(x, params["attn"], config.n_head, is_causal=True)
-    logits, head_cache = linear_forward(x, **params["head"])              # (B, T, C) -> (B, T, V)
-    cache = (wte_cache, attn_cache, head_cache)
-    return logits, cache
-
-
-def small_backward(dlogits, cache):
-    """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
-    wte_cache, attn_cache, head_cache = cache
-    # Undoes logits = x @ head.w + head.b.
-    dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
-    # Undoes x = attn(x).
-    dx, dattn = multi_head_attention_backward(dx, attn_cache)             # (B, T, C)
-    # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
-    dwte = embedding_backward(dx, wte_cache)                              # (V, C)
-    return {"wte": dwte, "attn": dattn, "head": dhead}

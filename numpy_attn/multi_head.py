@@ -9,19 +9,27 @@ Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.Multihe
 ``is_causal`` are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
 and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
 each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
-for self-attention and ``(dx, dparams, dkv)`` for cross-attention.
+for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when
+the forward was given ``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
+
+Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
+nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).
+For decoding, a ``kv_cache`` (numpy_attn/kv_cache.py) stores the keys and values of past tokens,
+so that x holds only the new ones; it is inference only.
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.kv_cache import kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.masks import causal_mask
 
 
 def _check_heads(name, x, num_heads):
@@ -48,19 +56,25 @@ def merge_heads(x):
     return x.reshape(B, T, nh * hs)                               # (B, T, nh, hs) -> (B, T, C)
 
 
-def init_multi_head_params(C, rng, bias=True, dtype=np.float32):
-    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias).
+def init_multi_head_params(C, rng, bias=True, dtype=np.float32, kv_width=None):
+    """Parameters {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,)} ("b" only with bias); k and v
+    are (C, kv_width) and (kv_width,) with grouped-query heads, kv_width = nkv * hs (default C).
 
     Weights are drawn from U(-1/sqrt(C), 1/sqrt(C)) in float64 and rounded once to ``dtype``,
     the default of ``torch.nn.Linear``, so each output starts with a variance of about a third of
     its inputs'; biases start at zero, as in ``torch.nn.MultiheadAttention``.
     """
+    if not isinstance(C, int | np.integer) or isinstance(C, bool):
+        raise TypeError(f"C must be a positive integer (the model width), got {C!r}")
+    if C < 1:
+        raise ValueError(f"C must be a positive integer (the model width), got {C}")
     bound = 1 / np.sqrt(C)
+    widths = {"q": C, "k": C if kv_width is None else kv_width, "v": C if kv_width is None else kv_width, "o": C}
     params = {}
-    for name in ("q", "k", "v", "o"):
-        params[name] = {"w": rng.uniform(-bound, bound, size=(C, C)).astype(dtype)}   # (C_in, C_out)
+    for name, out in widths.items():
+        params[name] = {"w": rng.uniform(-bound, bound, size=(C, out)).astype(dtype)}   # (C_in, C_out)
         if bias:
-            params[name]["b"] = np.zeros(C, dtype=dtype)                              # (C_out,)
+            params[name]["b"] = np.zeros(out, dtype=dtype)                              # (C_out,)
     return params
 
 
@@ -82,29 +96,32 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
-                                 dropout_p=0.0, rng=None, kv=None):
+                                 dropout_p=0.0, rng=None, kv=None, attn_mask_grad=False,
+                                 kv_cache=None, layer=0):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
-    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights.
+    Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
+    array the backward reads. ``out`` is a fresh array the cache does not hold. With a
+    ``kv_cache`` (numpy_attn/kv_cache.py) x holds only the T new tokens: their keys and values
+    join ``layer``'s cached ones, S = past + T, and ``is_causal`` aligns bottom-right.
     """
-    check_float("x", x)
-    check_ndim("x", x, 3)
-    _check_heads("x", x, num_heads)
+    _check_multi_head(x, params, num_heads, kv)
     B, T, C = x.shape
-    if kv is not None:
-        check_float("kv", kv)
-        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
-            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
-                             f"got {kv.shape}")
     src = x if kv is None else kv                                 # (B, S, C), S = T for self-attention
     q, q_cache = linear_forward(x, **params["q"])                 # (B, T, C)
     k, k_cache = linear_forward(src, **params["k"])               # (B, S, C)
     v, v_cache = linear_forward(src, **params["v"])               # (B, S, C)
     q = split_heads(q, num_heads)                                 # (B, T, C) -> (B, nh, T, hs)
-    k = split_heads(k, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
-    v = split_heads(v, num_heads)                                 # (B, S, C) -> (B, nh, S, hs)
+    num_kv_heads = k.shape[-1] // (C // num_heads)   # fewer than num_heads: grouped-query heads
+    k = split_heads(k, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    v = split_heads(v, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, layer, k, v)             # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+    if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
+        attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right"), False
     y, attention_cache = scaled_dot_product_attention_forward(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng)   # (B, nh, T, hs)
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng,
+        attn_mask_grad=attn_mask_grad)                            # (B, nh, T, hs)
     y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
     out, o_cache = linear_forward(y, **params["o"])               # (B, T, C)
     cache = MultiHeadCache(q_cache, k_cache, v_cache, attention_cache, o_cache, num_heads, kv is not None)
@@ -112,18 +129,22 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
 
 
 def multi_head_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), and dkv (B, S, C) after them
-    for cross-attention. dparams has the keys and nesting of params ("b" only with bias)."""
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), dkv (B, S, C) after them for
+    cross-attention, then dattn_mask (the mask's shape) if the forward had attn_mask_grad=True.
+    dparams has the keys and nesting of params ("b" only with bias)."""
+    B, nh, T, hs = cache.attention.q_scaled.shape
+    check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.attention.q_scaled.dtype)
     # Undoes out = linear(y, o).
     dy, do = linear_backward(dout, cache.o)                       # (B, T, C)
     # Undoes y = merge_heads(y): split_heads is its backward.
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
-    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    dq, dk, dv, *dattn_mask = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
-    dk = merge_heads(dk)                                          # (B, nh, S, hs) -> (B, S, C)
-    dv = merge_heads(dv)                                          # (B, nh, S, hs) -> (B, S, C)
+    dk = merge_heads(dk)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
+    dv = merge_heads(dv)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
     # Undoes the three projections; src fed both k and v, so its gradient is their sum.
     dx, dq_params = linear_backward(dq, cache.q)                  # (B, T, C)
     dsrc_k, dk_params = linear_backward(dk, cache.k)              # (B, S, C)
@@ -131,7 +152,70 @@ def multi_head_attention_backward(dout, cache):
     dsrc = dsrc_k + dsrc_v
     dparams = {"q": dq_params, "k": dk_params, "v": dv_params, "o": do}
     if cache.cross:
-        return dx, dparams, dsrc
+        return dx, dparams, dsrc, *dattn_mask
     # Undoes src = x: for self-attention x fed all three projections.
     dx = dx + dsrc
-    return dx, dparams
+    return dx, dparams, *dattn_mask
+
+
+def _check_multi_head(x, params, num_heads, kv):
+    """Raise TypeError/ValueError naming the argument at fault: x (B, T, C), kv (B, S, C) or None,
+    params {"q", "k", "v", "o"} -> {"w": (C, C), "b": (C,) optional}, all of x's dtype and finite
+    (k and v (C, nkv * hs) and (nkv * hs,) with nkv key/value heads dividing num_heads).
+
+    Checked here, on the caller's arguments, so that no error names an intermediate (the
+    projected q, k, v) that the caller never saw.
+    """
+    check_float("x", x)
+    check_ndim("x", x, 3)
+    _check_heads("x", x, num_heads)
+    B, T, C = x.shape
+    arrays = {"x": x}
+    if kv is not None:
+        check_float("kv", kv)
+        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != C:
+            raise ValueError(f"kv must have shape (B, S, C) = ({B}, S, {C}) to match x {x.shape}, "
+                             f"got {kv.shape}")
+        arrays["kv"] = kv
+    if not isinstance(params, dict) or sorted(params) != ["k", "o", "q", "v"]:
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise TypeError(f'params must be a dict with keys "q", "k", "v", "o", got {got}')
+    kv_width = _kv_width(params, C, num_heads)      # nkv * hs: C unless grouped-query heads
+    for name, p in params.items():
+        width = kv_width if name in ("k", "v") else C
+        expected = {"w": (C, width), "b": (width,)}
+        if not isinstance(p, dict) or "w" not in p or set(p) - set(expected):
+            raise TypeError(f'params["{name}"] must be a dict {{"w": {expected["w"]}, "b": '
+                            f'{expected["b"]} optional}}, got {sorted(p) if isinstance(p, dict) else type(p).__name__}')
+        for key, a in p.items():
+            label = f'params["{name}"]["{key}"]'
+            check_float(label, a)
+            if a.shape != expected[key]:
+                raise ValueError(f"{label} must have shape {expected[key]} for C = {C} of x {x.shape}, "
+                                 f"got {a.shape}")
+            arrays[label] = a
+    check_same_dtype(**arrays)
+    for name, a in arrays.items():
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+
+
+def _check_no_past(cache, dk):
+    """Raise ValueError if the keys came partly from a key/value cache: their past tokens' inputs
+    are not in this cache, so there is nothing to send their gradient to."""
+    S = cache.k[0].shape[1]
+    if dk.shape[2] != S:
+        raise ValueError(f"multi_head_attention_backward: the forward attended over {dk.shape[2]} "
+                         f"keys of which only {S} came from its input; the rest came from a "
+                         "key/value cache, which is for inference only")
+
+
+def _kv_width(params, C, num_heads):
+    """The width of the k and v projections, nkv * hs; raise ValueError unless nkv divides nh."""
+    w = params["k"].get("w") if isinstance(params.get("k"), dict) else None
+    width = w.shape[-1] if isinstance(w, np.ndarray) and w.ndim == 2 else C
+    hs = C // num_heads
+    if width % hs or num_heads % (width // hs or 1) or width == 0:
+        raise ValueError(f'params["k"]["w"] of shape {w.shape} must be (C, nkv * hs) with hs = {hs} '
+                         f"and nkv dividing num_heads = {num_heads} (C = {C})")
+    return width

@@ -22,27 +22,21 @@ path), so the two agree to rounding. Every call returns fresh arrays; the state 
 import numpy as np
 
 from numpy_attn._checks import check_float
+from numpy_attn._tree import tree_map, tree_pick
 
 
-def _tree_map(fn, tree, *others, path=""):
-    """Apply ``fn`` leaf by leaf to nested dicts of arrays with the same keys and shapes.
+def _check_leaf(path, leaf, *others):
+    """Every leaf a float array with the parameter's shape and dtype; raise if not."""
+    for i, other in enumerate((leaf,) + others):
+        check_float(path, other)
+        if other.shape != leaf.shape or other.dtype != leaf.dtype:
+            raise ValueError(f"'{path}' has shape {leaf.shape} {leaf.dtype} in the "
+                             f"parameters but {other.shape} {other.dtype} in argument {i}")
 
-    Raises ValueError naming the path where the trees disagree, TypeError on a non-float leaf.
-    """
-    if isinstance(tree, dict):
-        for other in others:
-            if not isinstance(other, dict) or other.keys() != tree.keys():
-                keys = sorted(other) if isinstance(other, dict) else type(other).__name__
-                raise ValueError(f"trees differ at '{path or '<root>'}': keys {sorted(tree)} "
-                                 f"!= {keys}")
-        return {k: _tree_map(fn, v, *(o[k] for o in others), path=f"{path}{'.' if path else ''}{k}")
-                for k, v in tree.items()}
-    for i, leaf in enumerate((tree,) + others):
-        check_float(path or "<root>", leaf)
-        if leaf.shape != tree.shape or leaf.dtype != tree.dtype:
-            raise ValueError(f"'{path or '<root>'}' has shape {tree.shape} {tree.dtype} in the "
-                             f"parameters but {leaf.shape} {leaf.dtype} in argument {i}")
-    return fn(tree, *others)
+
+def _tree_map(fn, tree, *others):
+    """tree_map over parameter trees, every leaf checked (ValueError/TypeError naming its path)."""
+    return tree_map(fn, tree, *others, check=_check_leaf)
 
 
 def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0,
@@ -87,8 +81,8 @@ def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weig
         return p, m, v
 
     triples = _tree_map(update, params, grads, state["m"], state["v"])
-    new_params = _tree_map_pick(triples, 0)
-    new_state = {"step": step, "m": _tree_map_pick(triples, 1), "v": _tree_map_pick(triples, 2)}
+    new_params = tree_pick(triples, 0)
+    new_state = {"step": step, "m": tree_pick(triples, 1), "v": tree_pick(triples, 2)}
     return new_params, new_state
 
 
@@ -116,12 +110,5 @@ def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_
         return p, buf.copy() if momentum == 0 else buf            # fresh arrays, even unused
 
     pairs = _tree_map(update, params, grads, state["buf"])
-    new_state = {"step": state["step"] + 1, "buf": _tree_map_pick(pairs, 1)}
-    return _tree_map_pick(pairs, 0), new_state
-
-
-def _tree_map_pick(tree, i):
-    """Element ``i`` of every tuple leaf of a nested dict."""
-    if isinstance(tree, dict):
-        return {k: _tree_map_pick(v, i) for k, v in tree.items()}
-    return tree[i]
+    new_state = {"step": state["step"] + 1, "buf": tree_pick(pairs, 1)}
+    return tree_pick(pairs, 0), new_state

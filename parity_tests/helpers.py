@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from numpy_attn._tree import leaves, tree_map
+
 TOLERANCES = {
     np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
     np.dtype(np.float32): dict(rtol=1e-4, atol=1e-5),
@@ -38,19 +40,12 @@ def to_numpy(t):
 
 def tree_to_torch(tree, requires_grad=False):
     """Convert a nested dict of arrays into the same nested dict of tensors."""
-    if isinstance(tree, dict):
-        return {k: tree_to_torch(v, requires_grad) for k, v in tree.items()}
-    return to_torch(tree, requires_grad)
+    return tree_map(lambda a: to_torch(a, requires_grad), tree)
 
 
-def tree_leaves(tree, prefix=""):
+def tree_leaves(tree):
     """(path, leaf) pairs of a nested dict, paths written ``q.w``."""
-    if isinstance(tree, dict):
-        out = []
-        for k, v in tree.items():
-            out += tree_leaves(v, f"{prefix}{k}.")
-        return out
-    return [(prefix[:-1], tree)]
+    return leaves(tree)
 
 
 def autograd(fn, inputs, dout):
@@ -70,10 +65,9 @@ def autograd(fn, inputs, dout):
     return to_numpy(out), grads
 
 
-def _grad_tree(t):
-    if isinstance(t, dict):
-        return {k: _grad_tree(v) for k, v in t.items()}
-    return np.zeros(tuple(t.shape), dtype=to_numpy(t).dtype) if t.grad is None else to_numpy(t.grad)
+def _grad_tree(tree):
+    return tree_map(lambda t: np.zeros(tuple(t.shape), dtype=to_numpy(t).dtype) if t.grad is None
+                    else to_numpy(t.grad), tree)
 
 
 def assert_close(name, actual, expected, rtol=None, atol=None):
@@ -127,12 +121,16 @@ def _target(value, label):
         target(value, label=label)
 
 
-def error_report():
-    """One line per compared tensor and dtype: the largest errors recorded this run."""
-    width = max((len(k[0]) for k in _WORST), default=0)
+def error_report(most=None):
+    """One line per compared tensor and dtype: the largest errors recorded this run, by name; with
+    ``most``, only that many lines, those that used the largest share of their tolerance first."""
+    rows = sorted(_WORST.items())
+    if most is not None:
+        rows = sorted(rows, key=lambda row: -row[1][1])[:most]
+    width = max((len(name) for (name, _), _ in rows), default=0)
     return [
         f"{name:<{width}}  {dtype:<8} max abs error {err:9.2e}   tolerance used {used:6.1%}"
-        for (name, dtype), (err, used) in sorted(_WORST.items())
+        for (name, dtype), (err, used) in rows
     ]
 
 
@@ -180,13 +178,6 @@ needs_vocab = pytest.mark.skipif(
     not os.environ.get("CI") and not _vocabulary_available(),
     reason="GPT-2 vocabulary unavailable: set TIKTOKEN_CACHE_DIR (README, 'Tokenizer offline')",
 )
-
-
-def tree_map(fn, tree, *others):
-    """Apply ``fn`` leaf by leaf to nested dicts with the same keys."""
-    if isinstance(tree, dict):
-        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
-    return fn(tree, *others)
 
 
 def tree_dot(a, b):

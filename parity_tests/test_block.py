@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
@@ -24,7 +23,9 @@ from parity_tests.helpers import (
     tree_dot,
     tree_leaves,
     tree_map,
+    tree_to_torch,
 )
+from torch_attn import convert
 from torch_attn.block import block
 
 
@@ -110,34 +111,14 @@ def _encoder_layer(params, nh):
     dtype = to_torch(params["ln1"]["w"]).dtype
     layer = nn.TransformerEncoderLayer(C, nh, dim_feedforward=4 * C, dropout=0.0, activation="gelu",
                                        batch_first=True, norm_first=True, dtype=dtype)
-    attn, ffn = params["attn"], params["ffn"]
-    with torch.no_grad():
-        layer.self_attn.in_proj_weight.copy_(to_torch(np.concatenate(
-            [attn[n]["w"].T for n in "qkv"])))
-        layer.self_attn.in_proj_bias.copy_(to_torch(np.concatenate([attn[n]["b"] for n in "qkv"])))
-        for module, p in ((layer.self_attn.out_proj, attn["o"]), (layer.linear1, ffn["fc"]),
-                          (layer.linear2, ffn["proj"]), (layer.norm1, params["ln1"]),
-                          (layer.norm2, params["ln2"])):
-            module.weight.copy_(to_torch(p["w"].T))
-            module.bias.copy_(to_torch(p["b"]))
+    layer.load_state_dict(convert.to_encoder_layer(tree_to_torch(params)))
     return layer
 
 
 def _encoder_layer_grads(layer):
     """The built-in's parameter gradients in our nesting and orientation."""
-    wq, wk, wv = to_numpy(layer.self_attn.in_proj_weight.grad).T.reshape(-1, 3, layer.self_attn.embed_dim).transpose(1, 0, 2)
-    bq, bk, bv = to_numpy(layer.self_attn.in_proj_bias.grad).reshape(3, -1)
-
-    def wb(module):
-        return {"w": to_numpy(module.weight.grad).T, "b": to_numpy(module.bias.grad)}
-
-    return {
-        "ln1": wb(layer.norm1),
-        "attn": {"q": {"w": wq, "b": bq}, "k": {"w": wk, "b": bk}, "v": {"w": wv, "b": bv},
-                 "o": wb(layer.self_attn.out_proj)},
-        "ln2": wb(layer.norm2),
-        "ffn": {"fc": wb(layer.linear1), "proj": wb(layer.linear2)},
-    }
+    grads = convert.from_encoder_layer({name: p.grad for name, p in layer.named_parameters()})
+    return tree_map(to_numpy, grads)
 
 
 def _builtin_tol(x, params, nh, dout):

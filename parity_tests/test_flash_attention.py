@@ -1,4 +1,5 @@
-"""Parity tests for numpy_attn/flash_attention.py and torch_attn/flash_attention.py."""
+"""Parity tests for numpy_attn/flash_attention.py and torch_attn/flash_attention.py, and for the
+tuned numpy_attn/kernels/flash_attention.py against the readable version."""
 
 import math
 import tracemalloc
@@ -28,6 +29,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
+from parity_tests.test_attention import assert_dout_refused
 
 
 @st.composite
@@ -77,10 +79,14 @@ EDGE_CASES = [
 
 KWARGS = ("is_causal", "scale", "block_q", "block_k")
 
+# The readable transcription and the tuned kernel: (forward, backward).
+IMPLS = {"readable": (flash_attention_forward, flash_attention_backward),
+         "kernel": (fa.flash_attention_forward, fa.flash_attention_backward)}
 
-def numpy_forward(case, **changes):
+
+def numpy_forward(case, impl="readable", **changes):
     c = {**case, **changes}
-    return flash_attention_forward(c["q"], c["k"], c["v"], **{n: c[n] for n in KWARGS})
+    return IMPLS[impl][0](c["q"], c["k"], c["v"], **{n: c[n] for n in KWARGS})
 
 
 def twin_fn(case):
@@ -243,18 +249,50 @@ def lse_allowance(case):
                    v=np.full((1, 8, 4), 4, np.float32), dout=np.full((2, 8, 4), 4, np.float32),
                    is_causal=False, scale=2.0, block_q=3, block_k=5))   # equal scores of 128
 def test_float32_error_within_the_references(case):
-    """float32 against the float64 truth (the reference on the same inputs, upcast exactly)."""
-    out, cache = numpy_forward(case)
-    flash = (out, *flash_attention_backward(case["dout"], cache))
+    """float32 against the float64 truth (the reference on the same inputs, upcast exactly), for
+    the readable version and for the kernel."""
     out_r, grads_r = reference(case)
     out_64, grads_64 = reference(case, np.float64)
     extra = lse_allowance(case)
-    for name, f, r, truth in zip(("out", "dq", "dk", "dv"), flash, (out_r, *grads_r),
-                                 (out_64, *grads_64), strict=True):
-        error = 2 * REFERENCE_F32_ERROR[name]
-        assert_close(f"reference.{name} float32 vs float64", r.astype(np.float64), truth, rtol=0, atol=error)
-        assert_close(f"flash.{name} float32 vs float64", f.astype(np.float64), truth, rtol=0,
-                     atol=error + extra[name])
+    for name, r, truth in zip(("out", "dq", "dk", "dv"), (out_r, *grads_r), (out_64, *grads_64), strict=True):
+        assert_close(f"reference.{name} float32 vs float64", r.astype(np.float64), truth, rtol=0,
+                     atol=2 * REFERENCE_F32_ERROR[name])
+    for impl, (_, backward) in IMPLS.items():
+        out, cache = numpy_forward(case, impl)
+        flash = (out, *backward(case["dout"], cache))
+        for name, f, truth in zip(("out", "dq", "dk", "dv"), flash, (out_64, *grads_64), strict=True):
+            assert_close(f"flash {impl}.{name} float32 vs float64", f.astype(np.float64), truth, rtol=0,
+                         atol=2 * REFERENCE_F32_ERROR[name] + extra[name])
+
+
+# -- the kernel equals the readable version ---------------------------------------------------------
+
+@given(case=flash_inputs())
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[1])
+@example(case=EDGE_CASES[2])
+@example(case=EDGE_CASES[3])
+@example(case=EQUAL_VALUES)
+def test_kernel_matches_readable(case):
+    """numpy_attn/kernels/flash_attention.py gives the readable version's output, lse and
+    gradients. float64: to float64 precision (grad_tol for dq, dk, as against the reference).
+    float32: test_float32_error_within_the_references bounds each one's distance to the float64
+    truth by 2 * REFERENCE_F32_ERROR + lse_allowance, so by the triangle inequality they are
+    within twice that of each other (lse is not compared there: out is what both promise)."""
+    out, cache = numpy_forward(case)
+    out_k, cache_k = numpy_forward(case, "kernel")
+    grads = flash_attention_backward(case["dout"], cache)
+    grads_k = fa.flash_attention_backward(case["dout"], cache_k)
+    if case["q"].dtype == np.float64:
+        tols = {"out": {}, "dq": grad_tol(case), "dk": grad_tol(case), "dv": {}}
+        assert_close("flash kernel.lse vs readable", cache_k.lse, cache.lse)
+    else:
+        extra = lse_allowance(case)
+        tols = {name: dict(rtol=0, atol=2 * (2 * REFERENCE_F32_ERROR[name] + extra[name]))
+                for name in ("out", "dq", "dk", "dv")}
+    for name, a_k, a in zip(("out", "dq", "dk", "dv"), (out_k, *grads_k), (out, *grads), strict=True):
+        assert a_k.dtype == a.dtype, f"flash kernel.{name} dtype {a_k.dtype}, readable {a.dtype}"
+        assert_close(f"flash kernel.{name} vs readable", a_k, a, **tols[name])
 
 
 # -- properties ---------------------------------------------------------------------------------
@@ -302,43 +340,52 @@ def test_large_scores_stay_finite(dtype, big):
     assert_close("flash.out with large scores", out, v[[2, 0, 3]])
 
 
-def test_forward_never_holds_a_T_by_S_array():
+@pytest.mark.parametrize("impl, blocks", [
+    ("kernel", {}),
+    # The readable version takes every head at once, and a tile lives in a few temporaries
+    # (s, s - m, p): 2 heads x 128 x 128 float32 is 128 KiB each, well under the bound.
+    ("readable", dict(block_q=128, block_k=128)),
+])
+def test_forward_never_holds_a_T_by_S_array(impl, blocks):
     """tracemalloc: the forward's peak extra memory is far below one (T, S) score matrix."""
     T = S_ = 1024
     q, k, v = (ramp(2, T, 8, dtype=np.float32) for _ in range(3))
-    flash_attention_forward(q, k, v)                     # warm up: first-call allocations
+    forward = IMPLS[impl][0]
+    forward(q, k, v, **blocks)                           # warm up: first-call allocations
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        out, _ = flash_attention_forward(q, k, v)
+        out, _ = forward(q, k, v, **blocks)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
     scores = T * S_ * 4                                  # one head's float32 scores: 4 MiB
-    assert peak < scores / 4, f"flash forward peak {peak / 2**20:.2f} MiB for T = S = {T}"
+    assert peak < scores / 4, f"flash {impl} forward peak {peak / 2**20:.2f} MiB for T = S = {T}"
 
 
 def test_threads_give_the_same_result(monkeypatch):
-    """The thread pool (forced here, even for small inputs) computes each slice exactly as the
-    serial loop does: the same code on the same numbers, so equal to the last bit."""
+    """The kernel's thread pool (forced here, even for small inputs) computes each slice exactly as
+    the serial loop does: the same code on the same numbers, so equal to the last bit."""
     case = make_case(ramp(2, 4, 9, 3), ramp(2, 2, 11, 3), ramp(2, 2, 11, 2), block_q=4, block_k=3)
-    out, cache = numpy_forward(case)
-    grads = flash_attention_backward(case["dout"], cache)
+    out, cache = numpy_forward(case, "kernel")
+    grads = fa.flash_attention_backward(case["dout"], cache)
     monkeypatch.setattr(fa, "PARALLEL_MIN_WORK", 0)
     monkeypatch.setattr(fa, "_cpu_count", lambda: 2)
-    out_p, cache_p = numpy_forward(case)
-    grads_p = flash_attention_backward(case["dout"], cache_p)
+    out_p, cache_p = numpy_forward(case, "kernel")
+    grads_p = fa.flash_attention_backward(case["dout"], cache_p)
     for name, a, b in [("out", out_p, out), *zip(("dq", "dk", "dv"), grads_p, grads, strict=True)]:
         assert np.array_equal(a, b), f"flash.{name} differs between threads and the serial loop"
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_no_keys_gives_zeros(is_causal):
+def test_no_keys_gives_zeros(is_causal, impl):
     """S = 0: every row has no key; out and the gradients are zeros, lse is -inf (log 0), as
     F.scaled_dot_product_attention gives zeros."""
     q, k, v = ramp(2, 3, 4), np.zeros((2, 0, 4)), np.zeros((2, 0, 5))
-    out, cache = flash_attention_forward(q, k, v, is_causal=is_causal)
-    dq, dk, dv = flash_attention_backward(ramp(2, 3, 5), cache)
+    forward, backward = IMPLS[impl]
+    out, cache = forward(q, k, v, is_causal=is_causal)
+    dq, dk, dv = backward(ramp(2, 3, 5), cache)
     builtin = F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), is_causal=is_causal)
     assert_close("flash.out with S = 0 vs builtin", out, to_numpy(builtin))
     assert_close("flash.out with S = 0", out, np.zeros((2, 3, 5)))
@@ -384,7 +431,7 @@ def test_dtype_is_preserved(dtype, is_causal):
 Q, K, V = (np.zeros(shape) for shape in ((2, 4, 3, 8), (2, 4, 5, 8), (2, 4, 5, 6)))
 BAD_INPUTS = [   # (q, k, v, keyword arguments), the error, and what its message must say
     *[((Q, K, V, {name: bad}), ValueError, rf"{name} must be a positive integer, got {bad}")
-      for name in ("block_q", "block_k") for bad in (0, -3, 2.5, None)],
+      for name in ("block_q", "block_k") for bad in (0, -3)],
     ((Q, np.zeros((2, 4, 5, 7)), V, {}), ValueError, r"head sizes differ: q \(2, 4, 3, 8\), k \(2, 4, 5, 7\)"),
     ((Q, K, np.zeros((2, 4, 6, 6)), {}), ValueError, r"lengths differ: k \(2, 4, 5, 8\), v \(2, 4, 6, 6\)"),
     ((Q, np.zeros((2, 3, 5, 8)), np.zeros((2, 3, 5, 6)), {}), ValueError,
@@ -397,11 +444,28 @@ BAD_INPUTS = [   # (q, k, v, keyword arguments), the error, and what its message
 ]
 
 
+# A block size that is not an integer at all: TypeError in the readable version (a wrong type),
+# ValueError in the kernel, which checks it as it always has.
+BAD_BLOCK_TYPES = [((Q, K, V, {name: bad}), rf"{name} must be a positive integer, got {bad}")
+                   for name in ("block_q", "block_k") for bad in (2.5, None, True)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("args, error, message", BAD_INPUTS)
-def test_bad_input(args, error, message):
+def test_bad_input(args, error, message, impl):
     *arrays, kwargs = args
     with pytest.raises(error, match=message):
+        IMPLS[impl][0](*arrays, **kwargs)
+
+
+@pytest.mark.parametrize("args, message", BAD_BLOCK_TYPES)
+def test_bad_block_type(args, message):
+    *arrays, kwargs = args
+    with pytest.raises(TypeError, match=message):
         flash_attention_forward(*arrays, **kwargs)
+    if kwargs[next(iter(kwargs))] is not True:   # the kernel takes True as 1
+        with pytest.raises(ValueError, match=message):
+            fa.flash_attention_forward(*arrays, **kwargs)
 
 
 @pytest.mark.parametrize("dout, error, message", [
@@ -409,7 +473,37 @@ def test_bad_input(args, error, message):
     (np.zeros((2, 4, 3, 6), np.float32), TypeError, "must share one dtype"),
     (np.zeros((2, 4, 3, 6), np.int64), TypeError, "float32 or float64"),
 ])
-def test_bad_dout(dout, error, message):
-    _, cache = flash_attention_forward(Q, K, V)
+def test_kernel_bad_dout(dout, error, message):
+    _, cache = fa.flash_attention_forward(Q, K, V)
     with pytest.raises(error, match=message):
-        flash_attention_backward(dout, cache)
+        fa.flash_attention_backward(dout, cache)
+
+
+@given(case=flash_inputs(), data=st.data())
+def test_bad_dout_is_refused(case, data):
+    out, cache = numpy_forward(case)
+    assert_dout_refused("flash_attention", flash_attention_backward, cache, out.shape, out.dtype, data)
+
+
+@given(case=flash_inputs())
+def test_changing_out_leaves_gradients_alone(case):
+    """The cache holds a copy of ``out``: writing into ``out`` after the forward changes no gradient."""
+    out, cache = numpy_forward(case)
+    grads = flash_attention_backward(case["dout"], cache)
+    out[...] = 7.0
+    again = flash_attention_backward(case["dout"], cache)
+    for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
+        assert np.array_equal(a, b), f"flash.{name} changed after writing into out"
+
+
+def test_huge_blocks_are_one_tile():
+    """Block sizes beyond the lengths mean one tile; nothing is allocated at the block size
+    (2**40 queries by 2**40 keys would be petabytes)."""
+    q, k, v = ramp(2, 3, 4), ramp(2, 5, 4), ramp(2, 5, 2)
+    out, cache = flash_attention_forward(q, k, v, block_q=2**40, block_k=2**40)
+    out_1, cache_1 = flash_attention_forward(q, k, v, block_q=3, block_k=5)
+    assert_close("flash.out with blocks of 2**40", out, out_1)
+    grads = flash_attention_backward(ramp(2, 3, 2), cache)
+    grads_1 = flash_attention_backward(ramp(2, 3, 2), cache_1)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_1, strict=True):
+        assert_close(f"flash.{name} with blocks of 2**40", a, b)

@@ -16,9 +16,6 @@ from numpy_attn.gpt import (
     gpt_backward,
     gpt_forward,
     init_gpt_params,
-    init_small_params,
-    small_backward,
-    small_forward,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from parity_tests import strategies as S
@@ -38,7 +35,7 @@ from parity_tests.helpers import (
 )
 from parity_tests.test_block import _encoder_layer, _encoder_layer_grads
 from torch_attn import optim as torch_optim
-from torch_attn.gpt import gpt, small
+from torch_attn.gpt import gpt
 from torch_attn.loss import cross_entropy
 
 
@@ -236,42 +233,6 @@ def test_backward_matches_finite_differences(case, seed):
     numeric = directional_derivative(
         lambda p: np.sum(gpt_forward(ids, p, config)[0] * dout), params, direction, h=h)
     assert_close("gpt directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
-
-
-# -- the small model ---------------------------------------------------------------------------------
-
-@st.composite
-def small_models(draw, dtype=None):
-    """(config, params, ids, dout) for the small model, params moved off their initial values."""
-    config, _, ids, dout = draw(models(dtype=dtype, n_layer=0))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dout.dtype),
-                      init_small_params(config, rng, dout.dtype))
-    return config, params, ids, dout
-
-
-@given(case=small_models())
-def test_small_model_matches_twin_and_autograd(case):
-    config, params, ids, dout = case
-    logits, cache = small_forward(ids, params, config)
-    dparams = small_backward(dout, cache)
-    twin_logits, grads = autograd(lambda params: small(to_torch(ids), params, config),
-                                  {"params": params}, dout)
-    assert_close("small.logits", logits, twin_logits)
-    assert_tree_close("small", dparams, grads["params"])
-
-
-@given(case=small_models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
-def test_small_model_matches_finite_differences(case, seed):
-    config, params, ids, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    grads = small_backward(dout, small_forward(ids, params, config)[1])
-    exact = tree_dot(grads, direction)
-    numeric = directional_derivative(
-        lambda p: np.sum(small_forward(ids, p, config)[0] * dout), params, direction)
-    assert_close("small directional derivative vs finite differences", np.float64(exact),
                  np.float64(numeric), **directional_tol(grads, direction))
 
 

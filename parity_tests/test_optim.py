@@ -14,6 +14,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_leaves,
+    tree_map,
     tree_to_torch,
 )
 from torch_attn import optim as torch_optim
@@ -105,7 +106,7 @@ def _run_twin(name, params, grads_seq, hyper):
 
 
 def _numpy_tree(tree):
-    return {k: _numpy_tree(v) for k, v in tree.items()} if isinstance(tree, dict) else to_numpy(tree)
+    return tree_map(to_numpy, tree)
 
 
 def _stacked(trees):

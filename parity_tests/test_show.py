@@ -56,7 +56,7 @@ def test_operations_come_leaf_to_root():
 
 
 def test_softmax_twins_stand_on_the_same_row():
-    status, out, _ = run("softmax")
+    status, out, _ = run("softmax", "--width", "0")
     assert status == 0
     assert row_with(out, "def softmax_forward(x, axis=-1):", "def softmax(x, dim=-1):")
     assert row_with(out, "e = np.exp(x - m)", "e = torch.exp(x - m)")
@@ -69,7 +69,7 @@ def test_softmax_twins_stand_on_the_same_row():
 
 
 def test_every_line_of_both_files_is_shown():
-    _, out, _ = run("linear")
+    _, out, _ = run("linear", "--width", "0")
     for path in (ROOT / "numpy_attn" / "linear.py", ROOT / "torch_attn" / "linear.py"):
         for line in path.read_text().splitlines():
             assert line.strip() in out, f"{path.name}: {line!r} missing"
@@ -94,6 +94,14 @@ def test_narrow_terminal_wraps_instead_of_cutting():
     assert max(len(line) for line in lines) <= 80
     text = "".join(lines).replace(" ", "")
     assert "F.linear(x,w.T,b)" in text
+
+
+def test_piped_output_fits_80_columns():
+    status, out, _ = run("multi_head")          # stdout is not a terminal here
+    assert status == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert "".join(lines).replace(" ", "").count("defsplit_heads(") == 2, "both twins are shown"
 
 
 def html_text_lines(page):

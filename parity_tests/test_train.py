@@ -1,4 +1,4 @@
-"""Tests for attn_cli/train.py: training and generation end to end on a tiny model, the
+"""Tests for attn_cli/train.py, generate.py and checkpoint.py: training and generation end to end on a tiny model, the
 vocabulary remapping, checkpoints, and the errors for bad input."""
 
 import contextlib
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from attn_cli import cli, train
+from attn_cli import checkpoint, cli, generate, train
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from parity_tests.helpers import assert_tree_close, needs_vocab
 
@@ -55,11 +55,11 @@ def test_top_1_sampling_is_greedy_and_seeds_repeat():
     config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, n_head=1, n_embd=4)
     params = init_gpt_params(config, np.random.default_rng(0), np.float64)
     params["wte"] *= 50                                    # confident logits, so greedy is not flat
-    greedy = train.generate(params, config, [1, 2], 6, temperature=0)
-    top1 = train.generate(params, config, [1, 2], 6, temperature=1.0, top_k=1,
+    greedy = generate.generate(params, config, [1, 2], 6, temperature=0)
+    top1 = generate.generate(params, config, [1, 2], 6, temperature=1.0, top_k=1,
                           rng=np.random.default_rng(0))
     assert greedy == top1, (greedy, top1)
-    first, again = (train.generate(params, config, [1], 6, 1.0, None, np.random.default_rng(5))
+    first, again = (generate.generate(params, config, [1], 6, 1.0, None, np.random.default_rng(5))
                     for _ in range(2))
     assert first == again, "the same seed must give the same sample"
     assert len(first) == 7 and all(0 <= i < 7 for i in first), first
@@ -70,12 +70,12 @@ def test_top_1_sampling_is_greedy_and_seeds_repeat():
 @needs_vocab
 def test_train_writes_a_checkpoint_that_loads(run):
     folder, stdout = run
-    params, config, vocab = train.load_checkpoint(str(folder))
+    params, config, vocab = checkpoint.load_checkpoint(str(folder))
     assert config.n_embd == 8 and config.vocab_size == len(vocab), config
     meta = json.loads((folder / "config.json").read_text())
     assert meta["dtype"] == "float32" and meta["steps"] == 4, meta
     template = init_gpt_params(config, np.random.default_rng(0), np.float32)
-    assert_tree_close("checkpoint vs itself reloaded", params, train.load_checkpoint(
+    assert_tree_close("checkpoint vs itself reloaded", params, checkpoint.load_checkpoint(
         str(folder / "model.npz"))[0])
     assert {k for k in params} == {k for k in template}, params.keys()
     assert "torch" in stdout and "tokens/s" in stdout, stdout
@@ -124,7 +124,7 @@ def test_checkpoint_that_does_not_match_its_config(run, tmp_path):
     meta["gpt"]["n_layer"] = 2
     (tmp_path / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"does not match config.json: missing blocks.1.ln1.w"):
-        train.load_checkpoint(str(tmp_path))
+        checkpoint.load_checkpoint(str(tmp_path))
 
 
 def test_empty_corpus(tmp_path, capsys):

@@ -11,13 +11,15 @@ from torch_attn.layer_norm import layer_norm
 from torch_attn.multi_head import multi_head_attention
 
 
-def block(x, params, num_heads, dropout_p=0.0, rng=None, masks=None):
+def block(x, params, num_heads, dropout_p=0.0, rng=None, masks=None, attn_mask=None, kv_cache=None,
+          layer=0):
     """One causal pre-LN block: x (B, T, C) -> out (B, T, C)."""
     B, T, C = x.shape
     masks = {"attn": None, "ffn": None} if masks is None else masks
     # 1-4: x + dropout(attn(ln1(x))), one step a line
     h = layer_norm(x, **params["ln1"])                                             # (B, T, C)
-    a, _ = multi_head_attention(h, params["attn"], num_heads, is_causal=True)
+    a, _ = multi_head_attention(h, params["attn"], num_heads, attn_mask=attn_mask,
+                                is_causal=attn_mask is None, kv_cache=kv_cache, layer=layer)
     a = dropout(a, dropout_p, rng, mask=masks["attn"])                             # (B, T, C)
     x = x + a
     # 5-8: x + dropout(ffn(ln2(x))), one step a line

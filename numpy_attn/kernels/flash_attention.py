@@ -25,7 +25,6 @@ which gives zeros and zero gradients. Unlike ``numpy_attn/attention.py`` there i
 heads (axis -3) than q, query head h reading key/value head h // g.
 """
 
-import contextlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +32,26 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_same_dtype
-from numpy_attn.attention import _check_inputs as check_attention_inputs
+from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype
 
-# Scores are kept in base 2: log2(e) is folded into q's scale (T x hs multiplies, not T x S) and
-# np.exp2 is then used in place of np.exp, which NumPy computes about twice as fast in float32.
 LOG2E = math.log2(math.e)
+
+
+def _exp2_is_vectorized():
+    """Whether this NumPy has a SIMD float32 exp2 on this CPU (AVX-512: X86_V4, or AVX512_SKX
+    before NumPy 2.4). Without it np.exp2 is scalar and half as fast as np.exp, which NumPy
+    vectorizes with AVX2 as well (measured here on AVX2: 0.22 against 0.46 Gelem/s)."""
+    try:   # private, np.show_runtime()'s source
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:
+        return False
+    return bool(__cpu_features__.get("X86_V4") or __cpu_features__.get("AVX512_SKX"))
+
+
+# The base the scores are exponentiated in, chosen once for this CPU: base 2 where np.exp2 is
+# vectorized (log2(e) is folded into q's scale, T x hs multiplies, not T x S), else base e.
+# LOG_FACTOR converts: a natural-log quantity x is x * LOG_FACTOR in the kernel's base.
+EXP, LOG, LOG_FACTOR = (np.exp2, np.log2, LOG2E) if _exp2_is_vectorized() else (np.exp, np.log, 1.0)
 
 # Below this many multiply-adds (slices x T x S x hs) the thread pool costs more than it saves.
 PARALLEL_MIN_WORK = 1 << 22
@@ -51,7 +64,7 @@ class FlashCache(NamedTuple):
     k: np.ndarray           # (..., nkv, S, hs)
     v: np.ndarray           # (..., nkv, S, hv)
     out: np.ndarray         # (..., nh, T, hv)
-    lse2: np.ndarray        # (..., nh, T) log-sum-exp of each row in base 2: lse * log2(e)
+    lse_b: np.ndarray       # (..., nh, T) log-sum-exp of each row in the kernel's base: lse * LOG_FACTOR
     is_causal: bool
     scale: np.floating      # in q's dtype
     block_q: int
@@ -61,11 +74,11 @@ class FlashCache(NamedTuple):
     def lse(self):
         """(..., nh, T) log-sum-exp of each row of scale * q @ k^T (natural log).
 
-        The cache keeps it in base 2, as the backward uses it: converting there and back would
-        round it twice more, and in float32 each rounding of lse (an ulp of |lse|, which grows
-        with the scores) enters every probability the backward recomputes.
+        The cache keeps it in the kernel's base, as the backward uses it: converting there and
+        back would round it twice more, and in float32 each rounding of lse (an ulp of |lse|,
+        which grows with the scores) enters every probability the backward recomputes.
         """
-        return self.lse2 / LOG2E
+        return self.lse_b / LOG_FACTOR
 
 
 def _check_inputs(q, k, v, block_q, block_k):
@@ -87,11 +100,9 @@ def _one_blas_thread():
     A BLAS that also spread each small tile matmul over every core would oversubscribe them.
     threadpoolctl is optional (numpy_attn needs NumPy only); without it BLAS keeps its setting.
     """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    from numpy_attn._threads import limit_blas_threads
+
+    return limit_blas_threads(1)
 
 
 def _map_slices(fn, count, work):
@@ -129,8 +140,51 @@ def _future_mask(block_q, T, dtype):
     return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
 
 
-def _forward_slice(q, k, v, out, lse2, is_causal, scale, block_q, block_k):
-    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse2 (T,)."""
+# The forward first tries each block of query rows without the running maximum: p = exp(s)
+# itself, no max, no subtraction and no rescaling, two passes over every tile fewer. That is
+# exact, like any shift, as long as nothing overflows and the row sums l are not so small that
+# underflow matters: each exp that underflows (or is flushed to 0) loses under 2^-126, so with
+# l >= 2^-64 the loss is below 2^-126 * 2^31 keys / 2^-64 = 2^-31 of l, under float32's
+# rounding. A block where some l is smaller, or where anything overflowed (inf or nan in
+# p @ v_1), is computed again with the running maximum: scores beyond about +-44 (float32:
+# exp overflows past 88.7) cost twice the time but give the same answer.
+UNSHIFTED_MIN_SUM = 2.0 ** -64
+
+
+def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+    """acc += sum over key tiles of exp(s) @ v_1, no maximum subtracted; whether that was safe."""
+    bq = len(q_blk)
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below
+        for j0 in range(0, S_seen, block_k):
+            j1 = min(j0 + block_k, S_seen)
+            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
+            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
+                _mask_future(s, i0, j0, future)
+            p = EXP(s, out=s)                                # (bq, bk) in place, unshifted
+            acc += np.matmul(p, v_1[j0:j1], out=pv)
+    return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
+
+
+def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+    """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m."""
+    bq = len(q_blk)
+    m = np.full(bq, -np.inf, q_blk.dtype)                    # (bq,) running row maximum
+    for j0 in range(0, S_seen, block_k):
+        j1 = min(j0 + block_k, S_seen)
+        s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
+        if is_causal and j1 - 1 > i0:
+            _mask_future(s, i0, j0, future)
+        m_new = np.maximum(m, s.max(axis=1))                 # (bq,), finite: key 0 is always seen first
+        acc *= EXP(m - m_new)[:, None]                       # rescale the old sums to the new maximum
+        m = m_new
+        s -= m[:, None]
+        p = EXP(s, out=s)                                    # (bq, bk) in [0, 1], in place
+        acc += np.matmul(p, v_1[j0:j1], out=pv)
+    return m
+
+
+def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
+    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse_b (T,)."""
     T, hs = q.shape
     S, hv = v.shape
     dtype = q.dtype
@@ -147,24 +201,18 @@ def _forward_slice(q, k, v, out, lse2, is_causal, scale, block_q, block_k):
     future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
-        q_blk = q[i0:i1] * (scale * LOG2E)                   # (bq, hs), scores in base 2
-        m = np.full(i1 - i0, -np.inf, dtype)                 # (bq,) running row maximum
+        q_blk = q[i0:i1] * (scale * LOG_FACTOR)              # (bq, hs), scores in the kernel's base
         acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
-        for j0 in range(0, S_seen, block_k):
-            j1 = min(j0 + block_k, S_seen)
-            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0))
-            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
-                _mask_future(s, i0, j0, future)
-            m_new = np.maximum(m, s.max(axis=1))             # (bq,), finite: key 0 is always seen first
-            acc *= np.exp2(m - m_new)[:, None]               # rescale the old sums to the new maximum
-            m = m_new
-            s -= m[:, None]
-            p = np.exp2(s, out=s)                            # (bq, bk) in [0, 1], in place
-            acc += np.matmul(p, v_1[j0:j1], out=pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1))
-        row_sum = acc[:, hv]                                 # (bq,) >= 1: the maximum contributes 1
+        pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
+        args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv)
+        m = 0
+        if not _rows_unshifted(*args):
+            acc[:] = 0
+            m = _rows_shifted(*args)
+        row_sum = acc[:, hv]                                 # (bq,) > 0 (>= 1 when shifted)
         out[i0:i1] = acc[:, :hv] / row_sum[:, None]
-        lse2[i0:i1] = m + np.log2(row_sum)                   # log-sum-exp in base 2
+        lse_b[i0:i1] = m + LOG(row_sum)                      # log-sum-exp in the kernel's base
 
 
 def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
@@ -183,21 +231,21 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     k3 = k.reshape(Nkv, S, hs)                               # (..., nkv, S, hs) -> (Nkv, S, hs)
     v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
     out = np.zeros((N, T, hv), q.dtype)                      # stays 0 if S = 0
-    lse2 = np.full((N, T), -np.inf, q.dtype)                 # log(0) if S = 0
+    lse_b = np.full((N, T), -np.inf, q.dtype)                # log(0) if S = 0
 
     def one(n):   # query slice n reads key/value slice n // g
-        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse2[n], is_causal, scale, block_q, block_k)
+        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse_b[n], is_causal, scale, block_q, block_k)
 
     if S > 0:
         _map_slices(one, N, N * T * S * hs)
     out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
-    lse2 = lse2.reshape(q.shape[:-1])                        # (N, T) -> (..., nh, T)
-    cache = FlashCache(q, k, v, out, lse2, is_causal, scale, block_q, block_k)
+    lse_b = lse_b.reshape(q.shape[:-1])                      # (N, T) -> (..., nh, T)
+    cache = FlashCache(q, k, v, out, lse_b, is_causal, scale, block_q, block_k)
     return out, cache
 
 
-def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, block_q, block_k):
-    """One key/value head and its g query heads: q, out, dout (g, T, .), lse2 (g, T), k, v (S, .)
+def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, block_q, block_k):
+    """One key/value head and its g query heads: q, out, dout (g, T, .), lse_b (g, T), k, v (S, .)
     -> writes dq (g, T, hs), dk (S, hs), dv (S, hv)."""
     g, T, hs = q.shape
     S, hv = v.shape
@@ -208,7 +256,7 @@ def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, bloc
     k_1[:hs] = k.T
     v_1 = np.ones((hv + 1, S), dtype)                        # (hv+1, S): v^T over a row of ones
     v_1[:hv] = v.T
-    q_lse = np.empty((T, hs + 1), dtype)                     # (T, hs+1): [q * scale * log2(e) | -lse2]
+    q_lse = np.empty((T, hs + 1), dtype)                     # (T, hs+1): [q * scale * LOG_FACTOR | -lse_b]
     dout_D = np.empty((T, hv + 1), dtype)                    # (T, hv+1): [dout | -D]
     s_buf = np.empty(block_q * block_k, dtype)
     dp_buf = np.empty(block_q * block_k, dtype)
@@ -216,8 +264,8 @@ def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, bloc
     dq_buf = np.empty(block_q * hs, dtype)
     future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for h in range(g):
-        np.multiply(q[h], scale * LOG2E, out=q_lse[:, :hs])
-        np.negative(lse2[h], out=q_lse[:, hs])
+        np.multiply(q[h], scale * LOG_FACTOR, out=q_lse[:, :hs])
+        np.negative(lse_b[h], out=q_lse[:, hs])
         dout_D[:, :hv] = dout[h]
         # D = rowsum(dout * out) without a (T, hv) temporary. Undoes out = acc / l (Algorithm 2).
         np.negative(np.einsum("ij,ij->i", dout[h], out[h]), out=dout_D[:, hv])
@@ -228,11 +276,11 @@ def _backward_slice(q, k, v, out, dout, lse2, dq, dk, dv, is_causal, scale, bloc
             for i0 in range(i_first, T, block_q):
                 i1 = min(i0 + block_q, T)
                 shape = (i1 - i0, j1 - j0)
-                # Undoes p = exp2(s - m) and the running sums: recomputed from lse directly.
+                # Undoes p = EXP(s - m) and the running sums: recomputed from lse directly.
                 s = np.matmul(q_lse[i0:i1], k_1[:, j0:j1], out=s_buf[:shape[0] * shape[1]].reshape(shape))
                 if is_causal and j1 - 1 > i0:
                     _mask_future(s, i0, j0, future)
-                p = np.exp2(s, out=s)                        # (bq, bk)
+                p = EXP(s, out=s)                            # (bq, bk)
                 # Undoes acc += p @ v: dv gets p^T dout.
                 dv_tile = np.matmul(p.T, dout[h, i0:i1], out=dkv_buf[:(j1 - j0) * hv].reshape(j1 - j0, hv))
                 dv[j0:j1] += dv_tile
@@ -252,7 +300,7 @@ def flash_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse2, is_causal, scale, block_q, block_k = cache
+    q, k, v, out, lse_b, is_causal, scale, block_q, block_k = cache
     check_float("dout", dout)
     check_same_dtype(dout=dout, out=out)
     if dout.shape != out.shape:
@@ -266,13 +314,13 @@ def flash_attention_backward(dout, cache):
     q4 = q.reshape(groups + (hs,))                           # (..., nh, T, hs) -> (Nkv, g, T, hs)
     out4 = out.reshape(groups + (hv,))
     dout4 = dout.reshape(groups + (hv,))
-    lse2 = lse2.reshape(groups)                              # (..., nh, T) -> (Nkv, g, T)
+    lse_b = lse_b.reshape(groups)                            # (..., nh, T) -> (Nkv, g, T)
     dq = np.zeros(q4.shape, q.dtype)
     dk = np.zeros(k3.shape, k.dtype)
     dv = np.zeros(v3.shape, v.dtype)
 
     def one(n):   # key/value slice n with its g query heads: no two workers write the same dk, dv
-        _backward_slice(q4[n], k3[n], v3[n], out4[n], dout4[n], lse2[n], dq[n], dk[n], dv[n],
+        _backward_slice(q4[n], k3[n], v3[n], out4[n], dout4[n], lse_b[n], dq[n], dk[n], dv[n],
                         is_causal, scale, block_q, block_k)
 
     if S > 0 and T > 0:

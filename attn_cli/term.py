@@ -1,0 +1,131 @@
+"""Terminal output shared by every command: the colour decision, styles, widths, wrapped prose,
+number tables (side by side when they fit, else one above the other) and a progress bar.
+
+Piped output is laid out for 80 columns, so that ``numpy-attn walkthrough | less`` reads as it
+does on a terminal of that width.
+"""
+
+import os
+import shutil
+import sys
+import textwrap
+
+import numpy as np
+
+PIPE_WIDTH = 80
+
+
+def use_color(mode, stream):
+    """Colour on ``always``; on ``auto`` only for a terminal and when NO_COLOR is unset or empty."""
+    if mode == "always":
+        return True
+    if mode == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return stream.isatty()
+
+
+def add_color_option(parser):
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="colour: auto (default) uses it on a terminal unless NO_COLOR is set")
+
+
+def describe(parser, description, examples):
+    """A command's description, and its examples kept as written below the options."""
+    import argparse
+
+    parser.description = description
+    parser.epilog = examples
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def output(args, out=None, color=None):
+    """(stream, colour on?) of a command: stdout unless given, colour by --color unless given."""
+    out = sys.stdout if out is None else out
+    return out, use_color(args.color, sys.stdout) if color is None else color
+
+
+def width_of(stream):
+    """Columns to lay text out in: the terminal's width, or PIPE_WIDTH when not a terminal."""
+    isatty = getattr(stream, "isatty", lambda: False)
+    return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns if isatty() else PIPE_WIDTH
+
+
+class Style:
+    """ANSI styles, or nothing when colour is off."""
+
+    CODES = dict(title="1;36", bold="1", dim="2", good="32", bad="1;31", note="33")
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __call__(self, kind, text):
+        return f"\x1b[{self.CODES[kind]}m{text}\x1b[0m" if self.enabled and kind and text else text
+
+
+def wrap(text, width, indent="", more=4):
+    """``text`` as lines of at most ``width`` columns, each starting with ``indent``; the lines
+    after the first are indented ``more`` further. Words longer than a line are split."""
+    width = max(width, len(indent) + more + 20)
+    return textwrap.wrap(text, width, initial_indent=indent,
+                         subsequent_indent=indent + " " * more, break_on_hyphens=False,
+                         drop_whitespace=True) or [indent.rstrip()]
+
+
+def printable(text):
+    """``text`` with control characters (newlines, tabs, escapes) written as escapes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def fmt(value, precision):
+    """One table cell: booleans as 0/1, integers as they are, -inf spelled out, no "-0.0000"."""
+    if isinstance(value, np.bool_ | bool):
+        return "1" if value else "0"
+    if isinstance(value, np.integer | int):
+        return str(int(value))
+    if np.isneginf(value):
+        return "-inf"
+    text = f"{value:.{precision}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.") else text
+
+
+def table_lines(a, rows, cols, precision, sums=False):
+    """Right-aligned text rows of a 2-D array, rows and columns labelled; ``sums`` adds row sums."""
+    cells = [[fmt(v, precision) for v in row] for row in a]
+    cols = list(cols)
+    if sums:
+        cols.append("sum")
+        for cell_row, row in zip(cells, a, strict=True):
+            cell_row.append(fmt(row.sum(dtype=np.float64), precision))
+    widths = [max([len(c)] + [len(r[j]) for r in cells]) for j, c in enumerate(cols)]
+    lw = max(len(r) for r in rows)
+    lines = [" " * lw + "".join(f"  {c:>{w}}" for c, w in zip(cols, widths, strict=True))]
+    for label, cell_row in zip(rows, cells, strict=True):
+        lines.append(f"{label:<{lw}}" + "".join(f"  {c:>{w}}" for c, w in zip(cell_row, widths, strict=True)))
+    return lines
+
+
+def side_by_side(blocks, width, style, indent="    "):
+    """Labelled blocks of lines beside each other, split by " | ", when they fit ``width``;
+    otherwise one above the other, each under its label."""
+    widths = [max(len(s) for s in lines) for _, lines in blocks]
+    if len(indent) + sum(widths) + 5 * (len(blocks) - 1) <= width:
+        first = [f"{label:<{w}}" for (label, _), w in zip(blocks, widths, strict=True)]
+        out = [indent + style("dim", "  |  ".join(first).rstrip())]
+        for row in zip(*(lines for _, lines in blocks), strict=True):
+            out.append(indent + "  |  ".join(f"{s:<{w}}" for s, w in zip(row, widths, strict=True)).rstrip())
+        return out
+    out = []
+    for label, lines in blocks:
+        out.append(indent + style("dim", label))
+        out += [indent + text for text in lines]
+    return out
+
+
+def progress(step, total, text, stream=None, width=30):
+    """A one-line progress bar, redrawn in place (on stderr by default)."""
+    stream = sys.stderr if stream is None else stream
+    done = int(width * step / total)
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} {text}")
+    if step == total:
+        stream.write("\n")
+    stream.flush()

@@ -1,0 +1,74 @@
+"""The model of "Attention Is All You Need" at its smallest, and its backward: start reading here.
+
+    x      = wte[ids] + PE[0..T-1]          PE: the sinusoidal table (numpy_attn/positional.py)
+    x      = attn(x)                        one causal multi-head self-attention
+    logits = x @ head.w + head.b            a linear layer to the vocabulary
+
+No blocks, no layer norm, no dropout: token embedding, position encoding and attention are all
+there is (Vaswani et al., 2017, sections 3.2 to 3.5). Its config is a ``GPTConfig``
+(numpy_attn/gpt.py), of which it uses vocab_size, block_size, n_head, n_embd and bias; the full
+model with blocks is numpy_attn/gpt.py.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_integer, check_ndim, check_rng
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.multi_head import (
+    init_multi_head_params,
+    multi_head_attention_backward,
+    multi_head_attention_forward,
+)
+from numpy_attn.positional import sinusoidal_encoding
+
+
+def init_small_gpt_params(config, rng, dtype=np.float32):
+    """{"wte": (V, C), "attn": {"q", "k", "v", "o"}, "head": {"w": (C, V), "b": (V,)}} (no "b"
+    without config.bias). Uses vocab_size, n_embd and bias of the config."""
+    check_rng(rng, "init_small_gpt_params")
+    V, C = config.vocab_size, config.n_embd
+    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype),                           # (V, C)
+              "attn": init_multi_head_params(C, rng, bias=config.bias, dtype=dtype),
+              "head": {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}}                   # (C, V)
+    if config.bias:
+        params["head"]["b"] = np.zeros(V, dtype)                                          # (V,)
+    return params
+
+
+def small_gpt_forward(ids, params, config):
+    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
+    is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
+    ids = _check_small_gpt(ids, config)
+    B, T = ids.shape
+    wte = params["wte"]
+    tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
+    x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
+    x, attn_cache = multi_head_attention_forward(x, params["attn"], config.n_head, is_causal=True)
+    logits, head_cache = linear_forward(x, **params["head"])              # (B, T, C) -> (B, T, V)
+    cache = (wte_cache, attn_cache, head_cache)
+    return logits, cache
+
+
+def small_gpt_backward(dlogits, cache):
+    """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
+    wte_cache, attn_cache, head_cache = cache
+    # Undoes logits = x @ head.w + head.b.
+    dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
+    # Undoes x = attn(x).
+    dx, dattn = multi_head_attention_backward(dx, attn_cache)             # (B, T, C)
+    # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
+    dwte = embedding_backward(dx, wte_cache)                              # (V, C)
+    return {"wte": dwte, "attn": dattn, "head": dhead}
+
+
+def _check_small_gpt(ids, config):
+    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with
+    T <= config.block_size (the embedding checks ids against V)."""
+    ids = np.asarray(ids)
+    check_ndim("ids", ids, 2)
+    check_integer("token ids", ids)
+    if ids.shape[1] > config.block_size:
+        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
+                         f"block_size = {config.block_size}")
+    return ids

@@ -1,0 +1,241 @@
+"""Tests for numpy_attn/masks.py and torch_attn/masks.py: the twins agree, and attention with each
+mask equals PyTorch's F.scaled_dot_product_attention given the equivalent mask, or the sequences
+run alone (padding dropped, packed sequences taken apart), forward and backward."""
+
+import numpy as np
+import pytest
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from torch.nn.attention.bias import causal_lower_right
+
+import torch_attn.masks as tw
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
+from numpy_attn.masks import (
+    causal_mask,
+    padded_position_ids,
+    padding_attn_mask,
+    varlen_attn_mask,
+    varlen_position_ids,
+    varlen_sequence_ids,
+)
+from parity_tests import strategies as S
+from parity_tests.helpers import TOLERANCES, assert_close, autograd, to_numpy, to_torch
+
+BOUND = 4.0   # |q|, |k|, |v|, |dout| <= BOUND
+
+
+def grad_tols(dtype, hs):
+    """Tolerances for dq, dk, dv against another program: the dtype's, atol scaled by the terms
+    that cancel. The weights' gradient dout @ v^T has entries up to hs * BOUND^2; the softmax
+    backward subtracts terms that large however small the result, and dq, dk multiply what is left
+    by |k| or |q| / sqrt(hs) <= BOUND; dv sums weight * dout <= BOUND."""
+    tol = TOLERANCES[np.dtype(dtype)]
+    big = hs * BOUND**2 * BOUND / np.sqrt(hs)
+    return {"q": dict(rtol=tol["rtol"], atol=tol["atol"] * big),
+            "k": dict(rtol=tol["rtol"], atol=tol["atol"] * big),
+            "v": dict(rtol=tol["rtol"], atol=tol["atol"] * BOUND)}
+
+
+@st.composite
+def qkv(draw, T, S_, lead=None, dtype=None):
+    """q (..., T, hs), k, v (..., S, hs) and dout (..., T, hs), leading dims (B, nh) unless given."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    lead = (draw(S.dim(1, 2)), draw(S.dim(1, 2))) if lead is None else lead
+    hs = draw(S.dim(1, 4))
+    return dict(q=draw(S.arrays(dtype, lead + (T, hs), BOUND)),
+                k=draw(S.arrays(dtype, lead + (S_, hs), BOUND)),
+                v=draw(S.arrays(dtype, lead + (S_, hs), BOUND)),
+                dout=draw(S.arrays(dtype, lead + (T, hs), BOUND)))
+
+
+def numpy_attention(case, attn_mask):
+    """out and (dq, dk, dv) of the NumPy attention with ``attn_mask``."""
+    out, cache = scaled_dot_product_attention_forward(case["q"], case["k"], case["v"], attn_mask=attn_mask)
+    return out, dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+
+
+def assert_matches(label, case, out, grads, out_ref, grads_ref):
+    tols = grad_tols(case["q"].dtype, case["q"].shape[-1])
+    assert_close(f"{label}.out", out, out_ref)
+    for name in "qkv":
+        assert_close(f"{label}.d{name}", grads[name], grads_ref[name], **tols[name])
+
+
+@st.composite
+def cu_seqlens_of(draw, max_seqs=4, max_len=4):
+    """Cumulative lengths [0, n1, n1+n2, ...] of 1..max_seqs sequences (empty ones allowed)."""
+    lengths = draw(st.lists(st.integers(0, max_len), min_size=1, max_size=max_seqs))
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+@st.composite
+def padding_masks(draw, B=None, T=None):
+    """(key_padding_mask (B, T) True at padding, lengths, side): each row's real tokens on one
+    side, padding on the other, as a tokenizer pads a batch."""
+    B = draw(S.dim(1, 3)) if B is None else B
+    T = draw(S.dim(1, 6)) if T is None else T
+    lengths = draw(st.lists(st.integers(0, T), min_size=B, max_size=B))
+    side = draw(st.sampled_from(["left", "right"]))
+    real = np.arange(T)[None, :] < np.array(lengths)[:, None]          # right padding: real first
+    return (~real if side == "right" else ~real[:, ::-1].copy()), lengths, side
+
+
+# -- the twins agree ------------------------------------------------------------------------------
+
+@given(T=S.dim(0, 6), S_=S.dim(0, 6), align=st.sampled_from(["top_left", "bottom_right"]),
+       padding=padding_masks(), cu_seqlens=cu_seqlens_of(), causal=st.booleans())
+def test_twins_agree(T, S_, align, padding, cu_seqlens, causal):
+    kpm = padding[0]
+    pairs = {
+        "causal_mask": (causal_mask(T, S_, align), tw.causal_mask(T, S_, align)),
+        "padding_attn_mask": (padding_attn_mask(kpm), tw.padding_attn_mask(to_torch(kpm))),
+        "padded_position_ids": (padded_position_ids(kpm), tw.padded_position_ids(to_torch(kpm))),
+        "varlen_attn_mask": (varlen_attn_mask(cu_seqlens, causal),
+                             tw.varlen_attn_mask(to_torch(cu_seqlens), causal)),
+        "varlen_position_ids": (varlen_position_ids(cu_seqlens), tw.varlen_position_ids(to_torch(cu_seqlens))),
+        "varlen_sequence_ids": (varlen_sequence_ids(cu_seqlens), tw.varlen_sequence_ids(to_torch(cu_seqlens))),
+    }
+    for name, (ours, twin) in pairs.items():
+        twin = to_numpy(twin)
+        assert ours.dtype == twin.dtype, f"{name}: dtype {ours.dtype} != twin's {twin.dtype}"
+        np.testing.assert_array_equal(ours, twin, err_msg=name, strict=True)
+
+
+# -- causal masks in both alignments ----------------------------------------------------------------
+
+@given(T=S.dim(0, 6), S_=S.dim(0, 6))
+@example(T=3, S_=5)
+def test_causal_masks_by_definition(T, S_):
+    """top_left: key s visible to query t iff s <= t; bottom_right: iff s <= S - T + t."""
+    t, s = np.arange(T)[:, None], np.arange(S_)[None, :]
+    np.testing.assert_array_equal(causal_mask(T, S_), s <= t, err_msg="top_left", strict=True)
+    np.testing.assert_array_equal(causal_mask(T, S_, "bottom_right"), s <= S_ - T + t,
+                                  err_msg="bottom_right", strict=True)
+    if T == S_:
+        np.testing.assert_array_equal(causal_mask(T, S_, "bottom_right"), causal_mask(T, S_),
+                                      err_msg="alignments agree when T = S", strict=True)
+
+
+@given(data=st.data(), T=S.dim(1, 5), S_=S.dim(1, 5))
+def test_top_left_equals_is_causal(data, T, S_):
+    """Attention with causal_mask(T, S) equals F.scaled_dot_product_attention(is_causal=True), also
+    when T != S (the built-in aligns it top-left too), output and gradients."""
+    case = data.draw(qkv(T, S_))
+    out, grads = numpy_attention(case, causal_mask(T, S_))
+    out_ref, grads_ref = autograd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                  {n: case[n] for n in "qkv"}, case["dout"])
+    assert_matches("causal top_left vs is_causal", case, out, grads, out_ref, grads_ref)
+
+
+@given(data=st.data(), T=S.dim(1, 5), past=S.dim(0, 4))
+@example(data=None, T=1, past=3)
+def test_bottom_right_equals_causal_lower_right(data, T, past):
+    """Attention with causal_mask(T, S, "bottom_right") equals the built-in given
+    torch.nn.attention.bias.causal_lower_right(T, S), for S = past + T >= T (where the built-in
+    warns of NaN rows it does not produce on this path, it is not asked)."""
+    S_ = past + T
+    case = data.draw(qkv(T, S_)) if data is not None else dict(
+        q=S.ramp(1, 1, T, 2), k=S.ramp(1, 1, S_, 2), v=S.ramp(1, 1, S_, 2), dout=S.ramp(1, 1, T, 2) / 2)
+    out, grads = numpy_attention(case, causal_mask(T, S_, "bottom_right"))
+    bias = causal_lower_right(T, S_)
+    out_ref, grads_ref = autograd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                                  {n: case[n] for n in "qkv"}, case["dout"])
+    assert_matches("causal bottom_right vs causal_lower_right", case, out, grads, out_ref, grads_ref)
+
+
+# -- key padding --------------------------------------------------------------------------------------
+
+@given(data=st.data(), padding=padding_masks())
+def test_padding_equals_dropping_padded_keys(data, padding):
+    """With padding_attn_mask, each sequence's output equals F.scaled_dot_product_attention over its
+    real keys only, and padded keys get zero gradient; a sequence with no real key gives zeros."""
+    kpm, lengths, side = padding
+    B, S_ = kpm.shape
+    T = data.draw(S.dim(1, 4), label="T")
+    case = data.draw(qkv(T, S_, lead=(B, data.draw(S.dim(1, 2), label="nh"))))
+    out, grads = numpy_attention(case, padding_attn_mask(kpm))
+    out_ref, grads_ref = np.zeros_like(out), {n: np.zeros_like(case[n]) for n in "qkv"}
+    for b in range(B):
+        real = ~kpm[b]
+        if not real.any():
+            continue
+        sub = {"q": case["q"][b], "k": case["k"][b][:, real], "v": case["v"][b][:, real]}
+        out_ref[b], g = autograd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), sub, case["dout"][b])
+        grads_ref["q"][b] = g["q"]
+        grads_ref["k"][b][:, real] = g["k"]
+        grads_ref["v"][b][:, real] = g["v"]
+    assert_matches(f"key padding ({side})", case, out, grads, out_ref, grads_ref)
+
+
+@given(padding=padding_masks())
+@example(padding=(np.array([[True, True, False, False], [False, False, False, False]]), [2, 4], "left"))
+def test_padded_position_ids_number_real_tokens_from_zero(padding):
+    """Left or right padded, a sequence's real tokens get positions 0..n-1, as alone; padding 0."""
+    kpm, lengths, side = padding
+    pos = padded_position_ids(kpm)
+    assert pos.dtype == np.int64, f"position ids dtype {pos.dtype}"
+    for b, n in enumerate(lengths):
+        np.testing.assert_array_equal(pos[b][~kpm[b]], np.arange(n), err_msg=f"real positions of row {b}")
+        np.testing.assert_array_equal(pos[b][kpm[b]], 0, err_msg=f"padding positions of row {b}")
+
+
+# -- packed sequences ---------------------------------------------------------------------------------
+
+@given(data=st.data(), cu_seqlens=cu_seqlens_of(), causal=st.booleans())
+@example(data=None, cu_seqlens=np.array([0, 1, 1, 4]), causal=True)   # T = 1, an empty sequence
+def test_packed_sequences_equal_sequences_alone(data, cu_seqlens, causal):
+    """One packed row with varlen_attn_mask gives, for each sequence, what
+    F.scaled_dot_product_attention gives it alone (is_causal with ``causal``), output and
+    gradients: no attention crosses a boundary, as in FlashAttention's varlen functions."""
+    N = int(cu_seqlens[-1])
+    if data is None:
+        case = dict(q=S.ramp(2, N, 3), k=S.ramp(2, N, 3) / 2, v=S.ramp(2, N, 3) * 2, dout=S.ramp(2, N, 3))
+    else:
+        case = data.draw(qkv(N, N, lead=(data.draw(S.dim(1, 2), label="nh"),)))
+    out, grads = numpy_attention(case, varlen_attn_mask(cu_seqlens, causal))
+    out_ref, grads_ref = np.zeros_like(out), {n: np.zeros_like(case[n]) for n in "qkv"}
+    for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
+        if a == b:
+            continue
+        sub = {n: case[n][:, a:b] for n in "qkv"}
+        out_ref[:, a:b], g = autograd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                      sub, case["dout"][:, a:b])
+        for n in "qkv":
+            grads_ref[n][:, a:b] = g[n]
+    assert_matches(f"packed (causal={causal})", case, out, grads, out_ref, grads_ref)
+
+
+@given(cu_seqlens=cu_seqlens_of())
+def test_varlen_position_ids_restart_at_each_sequence(cu_seqlens):
+    lengths = np.diff(cu_seqlens)
+    expected = np.concatenate([np.arange(n) for n in lengths]).astype(np.int64)
+    np.testing.assert_array_equal(varlen_position_ids(cu_seqlens), expected, err_msg="varlen positions",
+                                  strict=True)
+    expected_seq = np.concatenate([np.full(n, i) for i, n in enumerate(lengths)]).astype(np.int64)
+    np.testing.assert_array_equal(varlen_sequence_ids(cu_seqlens), expected_seq, err_msg="sequence ids",
+                                  strict=True)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="align must be one of"):
+        causal_mask(2, 2, "lower_right")
+    with pytest.raises(ValueError, match="S must be >= 0"):
+        causal_mask(2, -1)
+    with pytest.raises(TypeError, match="T must be an integer"):
+        causal_mask(2.0, 2)
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool NumPy array"):
+        padding_attn_mask(np.array([[1, 0]]))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have 2 dimensions, got shape \(2,\)"):
+        padded_position_ids(np.array([True, False]))
+    with pytest.raises(ValueError, match=r"cu_seqlens must start at 0 and never decrease.*\[0, 3, 2\]"):
+        varlen_attn_mask(np.array([0, 3, 2]))
+    with pytest.raises(ValueError, match=r"cu_seqlens must start at 0.*\[1, 3\]"):
+        varlen_position_ids(np.array([1, 3]))
+    with pytest.raises(TypeError, match="cu_seqlens must be an integer NumPy array"):
+        varlen_attn_mask(np.array([0.0, 2.0]))

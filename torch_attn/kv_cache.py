@@ -1,0 +1,63 @@
+"""A key/value cache for decoding in plain PyTorch: every layer's keys and values so far.
+
+Twin of numpy_attn/kv_cache.py: k and v allocated once as (L, B, nkv, max_len, hs) tensors, each
+step writes its new tokens in place and reads back the layer's keys and values up to its length.
+Only the key/value heads are stored (grouped-query attention); ``bytes_per_token`` is
+2 x layers x nkv x hs x itemsize. Inference only: run it under ``torch.no_grad()``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Keys and values of ``lengths[i]`` tokens for each layer i, in tensors of ``max_len`` slots."""
+
+    k: torch.Tensor          # (L, B, nkv, max_len, hs)
+    v: torch.Tensor          # (L, B, nkv, max_len, hs)
+    lengths: list            # L ints: tokens stored in each layer
+
+    @property
+    def max_len(self):
+        return self.k.shape[3]
+
+    @property
+    def length(self):
+        return self.lengths[0]
+
+    @property
+    def bytes_per_token(self):
+        L, B, nkv, max_len, hs = self.k.shape
+        return 2 * L * nkv * hs * self.k.element_size()
+
+    @property
+    def nbytes(self):
+        return (self.k.numel() + self.v.numel()) * self.k.element_size()
+
+
+def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=torch.float32, device=None):
+    """An empty cache: k and v of shape (n_layer, B, n_kv_head, max_len, head_size), lengths 0."""
+    shape = (n_layer, B, n_kv_head, max_len, head_size)                 # (L, B, nkv, max_len, hs)
+    return KVCache(torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(shape, dtype=dtype, device=device), [0] * n_layer)
+
+
+def kv_cache_update(cache, layer, k, v):
+    """Append k, v (B, nkv, T, hs) to ``layer``; return k_all, v_all (B, nkv, S, hs)."""
+    start = cache.lengths[layer]
+    end = start + k.shape[2]
+    if end > cache.max_len:
+        raise ValueError(f"cache overflow: layer {layer} holds {start} tokens, appending "
+                         f"{k.shape[2]} would make {end} > max_len = {cache.max_len}")
+    cache.k[layer, :, :, start:end] = k                                 # (B, nkv, T, hs) into its slots
+    cache.v[layer, :, :, start:end] = v
+    cache.lengths[layer] = end
+    k_all = cache.k[layer, :, :, :end]                                  # (B, nkv, S, hs)
+    v_all = cache.v[layer, :, :, :end]                                  # (B, nkv, S, hs)
+    return k_all, v_all
+
+
+# No single PyTorch built-in: test_kv_cache.py checks it against torch.cat of the steps' keys and
+# values, and against transformers' DynamicCache.update (the same contract) where it is installed.

@@ -1,0 +1,52 @@
+"""Boolean attention masks for causal models, padded batches and packed sequences, in PyTorch.
+
+Twin of numpy_attn/masks.py: True where a query may attend; causal masks top-left or bottom-right
+aligned; ``key_padding_mask`` True at padding; packed sequences by ``cu_seqlens``.
+"""
+
+import torch
+
+
+def causal_mask(T, S, align="top_left", device=None):
+    """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t."""
+    offset = 0 if align == "top_left" else S - T          # the diagonal moves right by S - T
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(offset)   # (T, S)
+
+
+def padding_attn_mask(key_padding_mask):
+    """key_padding_mask (B, S), True at padding -> attn_mask (B, 1, 1, S), True where a query may attend."""
+    B, S = key_padding_mask.shape
+    return ~key_padding_mask[:, None, None, :]            # (B, S) -> (B, 1, 1, S): every head, every query
+
+
+def padded_position_ids(key_padding_mask):
+    """key_padding_mask (B, T) -> position ids (B, T) int64; padding gets position 0."""
+    real = ~key_padding_mask                              # (B, T)
+    positions = torch.cumsum(real, dim=1) - 1             # (B, T): real tokens before t, minus one
+    return torch.where(real, positions, 0).to(torch.int64)   # padding before the first token would be -1
+
+
+def varlen_attn_mask(cu_seqlens, causal=False):
+    """cu_seqlens (n + 1,) -> (N, N) bool block-diagonal mask (causal within each block if asked)."""
+    seq = varlen_sequence_ids(cu_seqlens)                 # (N,)
+    mask = seq[:, None] == seq[None, :]                   # (N, 1) == (1, N) -> (N, N)
+    if causal:
+        mask &= causal_mask(len(seq), len(seq), device=seq.device)   # within a block, top-left is its own causal
+    return mask
+
+
+def varlen_position_ids(cu_seqlens):
+    """cu_seqlens (n + 1,) -> position ids (N,) int64, restarting at 0 at each sequence's start."""
+    seq = varlen_sequence_ids(cu_seqlens)                 # (N,)
+    return torch.arange(len(seq), device=seq.device) - cu_seqlens[seq]   # index minus its sequence's start
+
+
+def varlen_sequence_ids(cu_seqlens):
+    """cu_seqlens (n + 1,) -> (N,) int64: the index of the sequence each packed token belongs to."""
+    lengths = torch.diff(cu_seqlens)                      # (n,)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths)   # (n,) -> (N,)
+
+
+# causal_mask(T, S, "top_left") is the mask of F.scaled_dot_product_attention(..., is_causal=True);
+# causal_mask(T, S, "bottom_right") equals torch.nn.attention.bias.causal_lower_right(T, S), and
+# varlen_attn_mask equals running each sequence alone (FlashAttention's flash_attn_varlen_func).
