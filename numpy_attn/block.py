@@ -51,7 +51,7 @@ class BlockCache(NamedTuple):
 
     ln1: tuple
     attn: tuple
-    drop_attn: tuple         # (keep-mask or None, scale)
+    drop_attn: tuple         # (keep-mask or None, scale, shape, dtype)
     ln2: tuple
     ffn: tuple
     drop_ffn: tuple

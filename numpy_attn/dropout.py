@@ -14,7 +14,7 @@ backward returns a fresh copy of dout, never dout itself.
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_rng
+from numpy_attn._checks import check_dout, check_float, check_rng
 
 
 def dropout_forward(x, p, rng=None, training=True, mask=None):
@@ -23,22 +23,24 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
 
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
     ``training=False`` or p = 0 the output is x itself; nothing is drawn and any mask is ignored.
-    Returns ``(out, cache)``; the cache is ``(mask, scale)``, (None, None) for the identity.
+    Returns ``(out, cache)``; the cache is ``(mask, scale, shape, dtype)``, mask and scale None for
+    the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
-        return x, (None, None)
+        return x, (None, None, x.shape, x.dtype)
     if mask is None:
         mask = rng.random(x.shape, dtype=x.dtype) < 1 - p  # (...), True with probability 1 - p
     scale = x.dtype.type(0 if p == 1 else 1 / (1 - p))     # p = 1 keeps nothing: 0, not 1 / 0
     out = x * mask * scale
-    cache = (mask, scale)
+    cache = (mask, scale, x.shape, x.dtype)
     return out, cache
 
 
 def dropout_backward(dout, cache):
     """Gradient of dropout: dout (...) -> dx (...), zero where the entry was dropped."""
-    mask, scale = cache
+    mask, scale, shape, dtype = cache
+    check_dout("dropout_backward", dout, shape, dtype)
     if mask is None:
         return dout.copy()                                 # undoes the identity
     # Undoes out = x * mask * scale.

@@ -115,7 +115,7 @@ def test_keep_rule_at_the_boundary(p, dtype, monkeypatch):
                      dtype)
     expected = np.array([False, True, p < 1 - p, True, False])
     x = np.arange(1, 6, dtype=dtype)
-    out, (mask, _) = dropout_forward(x, p, rng=_Draws(draws))
+    out, (mask, *_) = dropout_forward(x, p, rng=_Draws(draws))
     np.testing.assert_array_equal(mask, expected, err_msg=f"dropout keep-mask at p = {p}, draws {draws}")
     monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: to_torch(draws))
     twin_out = to_numpy(dropout(to_torch(x), p, rng=None))
