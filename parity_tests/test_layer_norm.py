@@ -192,6 +192,19 @@ def test_several_axes_equal_one_flattened_axis(case):
                       {k: v.reshape(w.shape) for k, v in dparams1.items()}, **tol)
 
 
+@given(case=rows())
+def test_gradients_share_no_memory(case):
+    """dx, dw and db are fresh arrays, with or without w and b: never x, w, b, dout or the cache
+    (without w, dxhat is dout itself, which the backward must not hand back)."""
+    x, w, b, dout, eps, shape = case
+    _, cache = layer_norm_forward(x, w, b, eps, shape)
+    dx, dparams = layer_norm_backward(dout, cache)
+    inputs = {"x": x, "dout": dout, "cache xhat": cache[0], "cache rstd": cache[1], **_params(w, b)}
+    for out_name, g in (("dx", dx), *(("d" + k, v) for k, v in dparams.items())):
+        for name, a in inputs.items():
+            assert not np.shares_memory(g, a), f"layer_norm.{out_name} shares memory with {name}"
+
+
 def _exact_layer_norm(x, eps):
     """Rows normalised with exact rational mean and variance, then one rounding: an oracle that
     shares no arithmetic with the code under test."""

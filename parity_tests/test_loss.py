@@ -246,6 +246,19 @@ def test_label_smoothing_interpolates_towards_uniform_targets(case, s):
                  atol=tol["atol"] * max(1.0, float(uniform), float(plain)))
 
 
+@given(case=batches())
+def test_gradient_shares_no_memory(case):
+    """dlogits is a fresh array (moved back to the class axis as a view of it): never logits,
+    targets, dloss or an array of the cache."""
+    logits, targets, kw, dloss = case
+    _, cache = cross_entropy_forward(logits, targets, **kw)
+    dlogits = cross_entropy_backward(dloss, cache)
+    wq, _, _, _, (p, _) = cache
+    for name, a in (("logits", logits), ("targets", targets), ("dloss", dloss), ("cache wq", wq),
+                    ("cache softmax", p)):
+        assert not np.shares_memory(dlogits, a), f"cross_entropy.dlogits shares memory with {name}"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=batches(dtype=np.float64))
