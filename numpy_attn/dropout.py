@@ -4,9 +4,12 @@
 
 Scaling the kept entries by 1 / (1 - p) during training keeps E[out] = x, so evaluation is the
 identity (Srivastava et al., "Dropout", 2014; the "inverted" form of ``torch.nn.functional.dropout``).
-The keep-mask is drawn from an explicit ``np.random.Generator`` (keep where a uniform draw is
->= p), or passed in as ``mask``; either way it is kept in the cache, and the torch twin accepts
-the same mask, so the two agree exactly.
+The keep-mask is drawn from an explicit ``np.random.Generator`` (keep where a uniform draw u in
+[0, 1) is < 1 - p, PyTorch's Bernoulli(1 - p) rule, also numpy_attn/attention.py's), or passed in
+as ``mask``; either way it is kept in the cache, and the torch twin accepts the same mask, so the
+two agree exactly. p = 1 drops everything (zeros, as F.dropout; the scale is 0, not 1 / 0).
+``training=False`` is the identity for any p: the output is x itself (as F.dropout), and the
+backward returns a fresh copy of dout, never dout itself.
 """
 
 import numpy as np
@@ -15,7 +18,8 @@ from numpy_attn._checks import check_dout, check_float, check_rng
 
 
 def dropout_forward(x, p, rng=None, training=True, mask=None):
-    """Zero each entry of ``x`` (...) with probability p and scale the rest by 1 / (1 - p) -> (...).
+    """Zero each entry of ``x`` (...) with probability p in [0, 1] and scale the rest by
+    1 / (1 - p) -> (...).
 
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
     ``training=False`` or p = 0 the output is a copy of x; nothing is drawn and any mask is ignored.
@@ -26,8 +30,8 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     if not training or p == 0:
         return x.copy(), (None, None, x.shape, x.dtype)   # a copy: changing out must not change x
     if mask is None:
-        mask = rng.random(x.shape, dtype=x.dtype) >= p     # (...), True with probability 1 - p
-    scale = x.dtype.type(1 / (1 - p))
+        mask = rng.random(x.shape, dtype=x.dtype) < 1 - p  # (...), True with probability 1 - p
+    scale = x.dtype.type(0 if p == 1 else 1 / (1 - p))     # p = 1 keeps nothing: 0, not 1 / 0
     out = x * mask * scale
     cache = (mask, scale, x.shape, x.dtype)
     return out, cache
@@ -45,11 +49,11 @@ def dropout_backward(dout, cache):
 
 
 def _check_dropout(x, p, rng, training, mask):
-    """Raise unless x is a float array and p lies in [0, 1); when a mask is needed, unless
+    """Raise unless x is a float array and p lies in [0, 1]; when a mask is needed, unless
     ``mask`` is a boolean array of x's shape or, without one, ``rng`` is a Generator."""
     check_float("x", x)
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability p must lie in [0, 1), got {p}")
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability p must lie in [0, 1], got {p}")
     if not training or p == 0:
         return
     if mask is None:

@@ -1,10 +1,13 @@
-"""Layer normalisation over the last axis, with its backward.
+"""Layer normalisation over the last axis (or the last few), with its backward.
 
     mu = mean(x),  var = mean((x - mu)^2),  xhat = (x - mu) / sqrt(var + eps),  out = xhat * w + b
 
-The variance is the biased one (divide by C) and eps sits inside the square root, as in
-``torch.nn.LayerNorm`` (Ba, Kiros and Hinton, "Layer Normalization", 2016). Backward, the
-standard closed form: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
+The means run over the trailing axes of ``normalized_shape`` (the last axis by default), C being
+the number of elements they hold. The variance is the biased one (divide by C) and eps sits
+inside the square root, as in ``torch.nn.LayerNorm`` (Ba, Kiros and Hinton, "Layer
+Normalization", 2016). w and b have ``normalized_shape``; either may be None, as with
+``nn.LayerNorm(elementwise_affine=False)`` (neither) or ``nn.LayerNorm(bias=False)`` (no b).
+Backward, the standard closed form: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
 dxhat = dout * w, with rstd = 1 / sqrt(var + eps).
 
 Near-constant rows. Centring first (never mean(x^2) - mu^2, which cancels catastrophically and can
@@ -19,50 +22,68 @@ import numpy as np
 from numpy_attn._checks import check_dout, check_float, check_same_dtype
 
 
-def layer_norm_forward(x, w, b, eps=1e-5):
-    """Normalise each row of ``x`` (..., C), then scale by w (C,) and shift by b (C,) -> (..., C).
+def layer_norm_forward(x, w=None, b=None, eps=1e-5, normalized_shape=None):
+    """Normalise x (..., *S) over its trailing axes S = ``normalized_shape`` (default: the last
+    axis, S = (C,)), then scale by w S and shift by b S, each optional -> (..., *S).
 
-    Returns ``(out, cache)``; the cache is ``(xhat, rstd, w)``: the backward needs the normalised
-    rows, their reciprocal standard deviations and the scale, and recomputes nothing.
+    Returns ``(out, cache)``; the cache is ``(xhat, rstd, w, has_b, axes)``: the backward needs the
+    normalised rows, their reciprocal standard deviations, the scale, whether there was a shift
+    and which axes were normalised; it recomputes nothing.
     """
-    _check_layer_norm(x, w, b, eps)
-    mu = x.mean(axis=-1, keepdims=True)                    # (..., C) -> (..., 1)
-    xc = x - mu                                            # (..., C)
-    xc = xc - xc.mean(axis=-1, keepdims=True)              # removes mu's rounding error (see above)
-    var = (xc * xc).mean(axis=-1, keepdims=True)           # (..., 1), biased
-    rstd = 1 / np.sqrt(var + x.dtype.type(eps))            # (..., 1)
-    xhat = xc * rstd                                       # (..., C), zero mean, unit variance
-    out = xhat * w + b                                     # (..., C)
-    cache = (xhat, rstd, w)
+    normalized_shape = _check_layer_norm(x, w, b, eps, normalized_shape)
+    axes = tuple(range(-len(normalized_shape), 0))         # the normalised trailing axes
+    mu = x.mean(axis=axes, keepdims=True)                  # (..., *S) -> (..., 1, ..., 1)
+    xc = x - mu                                            # (..., *S)
+    xc = xc - xc.mean(axis=axes, keepdims=True)            # removes mu's rounding error (see above)
+    var = (xc * xc).mean(axis=axes, keepdims=True)         # (..., 1, ..., 1), biased
+    rstd = 1 / np.sqrt(var + x.dtype.type(eps))            # (..., 1, ..., 1)
+    xhat = xc * rstd                                       # (..., *S), zero mean, unit variance
+    out = xhat if w is None else xhat * w                  # no w: elementwise_affine=False
+    out = out if b is None else out + b                    # no b: bias=False
+    cache = (xhat, rstd, w, b is not None, axes)
     return out, cache
 
 
 def layer_norm_backward(dout, cache):
-    """Gradients of layer norm: dout (..., C) -> (dx (..., C), {"w": dw (C,), "b": db (C,)})."""
-    xhat, rstd, w = cache
+    """Gradients of layer norm: dout (..., *S) -> (dx (..., *S), {"w": dw S, "b": db S}), with
+    only the parameters the forward was given."""
+    xhat, rstd, w, has_b, axes = cache
     check_dout("layer_norm_backward", dout, xhat.shape, xhat.dtype)
-    C = w.shape[0]
+    S = xhat.shape[len(xhat.shape) - len(axes):]
+    dparams = {}
     # Undoes out = xhat * w + b: w and b were applied to every row.
-    db = dout.reshape(-1, C).sum(axis=0)                   # (..., C) -> (C,)
-    dw = (dout * xhat).reshape(-1, C).sum(axis=0)          # (C,)
-    dxhat = dout * w                                       # (..., C)
+    if w is not None:
+        dparams["w"] = (dout * xhat).reshape((-1,) + S).sum(axis=0)        # (..., *S) -> S
+    if has_b:
+        dparams["b"] = dout.reshape((-1,) + S).sum(axis=0)                 # (..., *S) -> S
+    dxhat = dout if w is None else dout * w                                # (..., *S)
     # Undoes xhat = xc * rstd, var = mean(xc^2) and both centrings together: the Jacobian of
     # row normalisation is rstd * (I - 1/C - xhat xhat^T / C), applied without forming it.
-    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    return dx, {"w": dw, "b": db}
+    dx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
+    return dx, dparams
 
 
-def _check_layer_norm(x, w, b, eps):
-    """Raise unless x (..., C), w (C,) and b (C,) are float arrays of one dtype and eps >= 0."""
+def _check_layer_norm(x, w, b, eps, normalized_shape):
+    """Return normalized_shape as a tuple (x's last axis if None); raise unless x (..., *S) is a
+    float array that ends in it, w and b (each optional) are float arrays of shape S, all of one
+    dtype, and eps >= 0."""
     check_float("x", x)
-    check_float("w", w)
-    check_float("b", b)
     if x.ndim < 1:
         raise ValueError(f"x must have at least one dimension (..., C), got shape {x.shape}")
-    C = x.shape[-1]
-    if w.shape != (C,) or b.shape != (C,):
-        raise ValueError(f"w {w.shape} and b {b.shape} must both have shape ({C},) to match x {x.shape}")
+    if normalized_shape is None:
+        normalized_shape = x.shape[-1:]
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not 1 <= len(normalized_shape) <= x.ndim or x.shape[x.ndim - len(normalized_shape):] != normalized_shape:
+        raise ValueError(f"normalized_shape {normalized_shape} must be a non-empty tail of x's "
+                         f"shape {x.shape}")
+    for name, p in (("w", w), ("b", b)):
+        if p is not None:
+            check_float(name, p)
+            if p.shape != normalized_shape:
+                raise ValueError(f"{name} {p.shape} must have shape {normalized_shape} to match "
+                                 f"x {x.shape} (w {np.shape(w)}, b {np.shape(b)})")
     check_same_dtype(x=x, w=w, b=b)
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    return normalized_shape

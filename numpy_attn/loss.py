@@ -11,10 +11,11 @@ numpy_attn.softmax's log-softmax, so it is stable for any finite logits. Backwar
 dlogits[t] = (sum(weight * q[t]) * softmax(logits[t]) - weight * q[t]) * dloss / n. Follows
 ``torch.nn.functional.cross_entropy``, class axis included: ``axis=1`` takes its (N, V, d1, ...).
 
-Where we differ. Every token ignored (or n = 0 otherwise): PyTorch divides 0 by 0 and returns NaN,
-which would poison an optimiser's state for the rest of training. Here the sum over no tokens is
-divided by 1 instead, so the loss is 0 and every gradient is 0 (the same choice as softmax's
+Where we differ. A mean over nothing (every token ignored, or n = 0 otherwise): PyTorch divides by
+0 and returns NaN, which would poison an optimiser's state for the rest of training. Here the sum
+is divided by inf instead, so the loss is 0 and every gradient is 0 (the same choice as softmax's
 all-masked rows). ``ignore_index`` with probability targets is refused (PyTorch ignores it).
+A logit of -inf (a class that cannot occur) costs nothing where its target weight is 0.
 """
 
 import numpy as np
@@ -51,8 +52,9 @@ def cross_entropy_forward(logits, targets, ignore_index=None, reduction="mean", 
     q = np.where(counted[..., None], q, 0).astype(logits.dtype)        # ignored tokens cost nothing
     wq = weight * q                                                    # (..., V)
     logp, logp_cache = log_softmax_forward(logits)                     # (..., V)
-    loss = -(wq * logp).sum(axis=-1)                                   # (..., V) -> (...)
-    n = 1 if reduction != "mean" or n == 0 else n                      # n = 0: 0 / 1, not 0 / 0
+    terms = wq * np.where(wq == 0, 0, logp)                            # a -inf logit of weight 0: 0, not NaN
+    loss = -terms.sum(axis=-1)                                         # (..., V) -> (...)
+    n = 1 if reduction != "mean" else n if n != 0 else np.inf          # n = 0: 0 / inf, not 0 / 0
     if reduction != "none":
         loss = loss.sum() / logits.dtype.type(n)                       # (...) -> ()
     loss = np.asarray(loss, dtype=logits.dtype)
@@ -64,18 +66,18 @@ def cross_entropy_backward(dloss, cache):
     """Gradient of the cross-entropy: dloss () (or (...) for reduction="none") -> dlogits, the
     shape of the forward's logits.
 
-    dloss is an array of the loss's shape and dtype; for a scalar loss a Python or NumPy float
-    scalar is also taken (the 1 of ``loss.backward()``) and cast to the loss's dtype."""
+    dloss is an array of the loss's shape and dtype or, for a 0-d loss, a Python or NumPy float
+    scalar (the 1 of ``loss.backward()``), which is cast to the loss's dtype.
+    """
     wq, n, reduction, axis, logp_cache = cache
     p, _ = logp_cache
-    if reduction != "none" and isinstance(dloss, float | np.floating):   # a scalar's upstream 1
-        dloss = np.asarray(dloss, p.dtype)
+    dloss = np.asarray(dloss, p.dtype) if isinstance(dloss, float | np.floating) else dloss
     check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
                p.dtype, name="dloss")
     # Undoes loss = sum(loss) / n (mean), sum(loss) (sum, n = 1) or nothing (none): every token
     # receives dloss / n.
     dtok = (dloss / p.dtype.type(n))[..., None]                        # () or (...) -> (..., 1)
-    # Undoes loss = -sum(weight * q * logp).
+    # Undoes loss = -sum(weight * q * logp) (terms of weight 0 had no gradient).
     dlogp = -wq * dtok                                                 # (..., V)
     # Undoes logp = log_softmax(logits).
     dlogits = log_softmax_backward(dlogp, logp_cache)                  # (..., V)

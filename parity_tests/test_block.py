@@ -146,7 +146,7 @@ def _builtin_tol(x, params, nh, dout):
     dh1, _ = multi_head_attention_backward(dx2, attn)
     tol = layer_norm_tol([ln1[1], ln2[1]], x.dtype)
     bounds = {}
-    for name, xin, (xhat, rstd, w), dh in (("ln1", x, ln1, dh1), ("ln2", x2, ln2, dh2)):
+    for name, xin, (xhat, rstd, w, *_), dh in (("ln1", x, ln1, dh1), ("ln2", x2, ln2, dh2)):
         e = eps * np.abs(xin.mean(axis=-1, keepdims=True)) * rstd          # (B, T, 1)
         dxhat = np.abs(dh * w)                                               # (B, T, C)
         bounds[f"{name}.w"] = float((np.abs(dh) * e).sum(axis=(0, 1)).max())

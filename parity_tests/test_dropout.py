@@ -18,7 +18,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 from torch_attn.dropout import dropout
 
-probabilities = st.sampled_from([0.0, 0.1, 0.5, 0.9]) | st.floats(0.0, 0.99)
+probabilities = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]) | st.floats(0.0, 1.0)
 
 
 @st.composite
@@ -66,12 +66,61 @@ def test_backward_matches_autograd(case):
 
 @given(case=dropped())
 def test_twin_matches_builtin_formula(case):
-    """F.dropout(x, p) is x * mask / (1 - p) for its own mask; the twin is that for ours."""
+    """F.dropout(x, p) is x * mask / (1 - p) for its own mask; the twin is that for ours. At
+    p = 1 F.dropout itself is deterministic (zeros, zero gradient), whatever mask we pass."""
     x, dout, p, mask = case
     twin_out, twin_grads = autograd(lambda x: dropout(x, p, mask=to_torch(mask)), {"x": x}, dout)
-    formula_out, formula_grads = autograd(lambda x: x * to_torch(mask) / (1 - p), {"x": x}, dout)
+    formula = (lambda x: F.dropout(x, 1.0)) if p == 1 else (lambda x: x * to_torch(mask) / (1 - p))
+    formula_out, formula_grads = autograd(formula, {"x": x}, dout)
     assert_close("dropout.out vs x * mask / (1 - p)", twin_out, formula_out)
     assert_close("dropout.dx vs x * mask / (1 - p)", twin_grads["x"], formula_grads["x"])
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_p_one_gives_zeros_as_builtin(dtype):
+    """p = 1 drops every entry: zeros and zero gradients (F.dropout's result), never 0 * inf."""
+    x = np.array([[1.0, -2.0, 3.0], [0.5, 0.0, -4.0]], dtype)
+    dout = np.array([[0.5, 1.0, -1.0], [2.0, -3.0, 0.25]], dtype)
+    out, cache = dropout_forward(x, 1.0, rng=np.random.default_rng(0))
+    dx = dropout_backward(dout, cache)
+    builtin_out, builtin_grads = autograd(lambda x: F.dropout(x, 1.0), {"x": x}, dout)
+    assert_close("dropout.out at p = 1 vs F.dropout", out, builtin_out, rtol=0, atol=0)
+    assert_close("dropout.dx at p = 1 vs F.dropout", dx, builtin_grads["x"], rtol=0, atol=0)
+    twin_out, twin_grads = autograd(lambda x: dropout(x, 1.0, torch.Generator().manual_seed(0)),
+                                    {"x": x}, dout)
+    assert_close("twin dropout.out at p = 1", twin_out, builtin_out, rtol=0, atol=0)
+    assert_close("twin dropout.dx at p = 1", twin_grads["x"], builtin_grads["x"], rtol=0, atol=0)
+
+
+class _Draws(np.random.Generator):
+    """A Generator whose ``random`` returns the given draws: the keep rule meets chosen values."""
+
+    def __init__(self, draws):
+        super().__init__(np.random.PCG64(0))
+        self.draws = draws
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        return np.asarray(self.draws, dtype).reshape(size)
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.25, 0.5, 0.75])
+def test_keep_rule_at_the_boundary(p, dtype, monkeypatch):
+    """PyTorch's rule, Bernoulli(1 - p): keep where the draw u is < 1 - p. A draw of exactly
+    1 - p is dropped, the one below it kept; a draw of exactly p is kept only when p < 1 - p (the
+    rule u >= p would keep it always, and u > p never). The twin, fed the same draws through
+    torch.rand, decides the same."""
+    t = dtype(1 - p)
+    draws = np.array([t, np.nextafter(t, dtype(0)), dtype(p), dtype(0), np.nextafter(dtype(1), dtype(0))],
+                     dtype)
+    expected = np.array([False, True, p < 1 - p, True, False])
+    x = np.arange(1, 6, dtype=dtype)
+    out, (mask, *_) = dropout_forward(x, p, rng=_Draws(draws))
+    np.testing.assert_array_equal(mask, expected, err_msg=f"dropout keep-mask at p = {p}, draws {draws}")
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: to_torch(draws))
+    twin_out = to_numpy(dropout(to_torch(x), p, rng=None))
+    np.testing.assert_array_equal(twin_out != 0, expected, err_msg=f"twin dropout keep-mask at p = {p}")
+    assert_close("twin dropout.out on the boundary draws", twin_out, out, rtol=0, atol=0)
 
 
 def _check_dropout_statistics(name, x, out, p):
@@ -108,15 +157,31 @@ def test_keep_rate_and_scale(p, dtype):
 
 
 @given(case=dropped(), training=st.booleans())
+@example(case=ONE_DROPPED[:2] + (1.0, ONE_DROPPED[3]), training=False)
 def test_identity_when_p_is_zero_or_not_training(case, training):
-    """No rng is needed: nothing is drawn. The backward passes dout through."""
+    """Any p in [0, 1] when not training (p = 1 included), p = 0 when training: no rng is needed,
+    nothing is drawn, F.dropout returns x. The backward passes dout through as a fresh array."""
     x, dout, p, _ = case
     p = 0.0 if training else p
     out, cache = dropout_forward(x, p, rng=None, training=training)
     assert_close("dropout.out as identity", out, x, rtol=0, atol=0)
-    assert_close("dropout.dx as identity", dropout_backward(dout, cache), dout, rtol=0, atol=0)
-    assert_close("twin dropout.out as identity",
-                 to_numpy(dropout(to_torch(x), p, training=training)), x, rtol=0, atol=0)
+    dx = dropout_backward(dout, cache)
+    assert_close("dropout.dx as identity", dx, dout, rtol=0, atol=0)
+    assert not np.shares_memory(dx, dout), "dropout.dx as identity is dout itself, not a copy"
+    builtin = to_numpy(F.dropout(to_torch(x), p, training=training))
+    assert_close("twin dropout.out as identity", to_numpy(dropout(to_torch(x), p, training=training)),
+                 builtin, rtol=0, atol=0)
+    assert_close("F.dropout as identity", builtin, x, rtol=0, atol=0)
+
+
+@given(case=dropped())
+def test_gradient_shares_no_memory(case):
+    """dx is a fresh array: never dout, x, the cached mask, or the forward's output."""
+    x, dout, p, mask = case
+    out, cache = dropout_forward(x, p, mask=mask)
+    dx = dropout_backward(dout, cache)
+    for name, a in (("dout", dout), ("x", x), ("out", out), ("cache.mask", cache[0])):
+        assert a is None or not np.shares_memory(dx, a), f"dropout.dx shares memory with {name}"
 
 
 def test_same_seed_same_mask():
@@ -155,8 +220,8 @@ def test_dtype_is_preserved(dtype):
 
 def test_bad_input():
     x, rng = np.zeros((2, 3)), np.random.default_rng(0)
-    for p in (1.0, -0.1, 1.5, float("nan")):
-        with pytest.raises(ValueError, match=f"p must lie in \\[0, 1\\), got {p}"):
+    for p in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=f"dropout probability p must lie in \\[0, 1\\], got {p}"):
             dropout_forward(x, p, rng=rng)
     with pytest.raises(TypeError, match="dropout with p = 0.5 in training.* needs rng.* got NoneType"):
         dropout_forward(x, 0.5)
@@ -166,5 +231,9 @@ def test_bad_input():
         dropout_forward(x, 0.5, mask=np.ones(3, dtype=bool))
     with pytest.raises(TypeError, match=r"got float64 \(2, 3\)"):
         dropout_forward(x, 0.5, mask=np.ones((2, 3)))
-    with pytest.raises(TypeError, match="int64"):
+    with pytest.raises(TypeError, match="x must be float32 or float64, got dtype int64"):
         dropout_forward(np.arange(3), 0.5, rng=rng)
+    with pytest.raises(TypeError, match="x must be a NumPy array, got list"):
+        dropout_forward([1.0, 2.0], 0.5, rng=rng)
+    with pytest.raises(TypeError, match="dropout with p = 1.0 in training.* needs rng"):
+        dropout_forward(x, 1.0)

@@ -112,6 +112,16 @@ def test_gradient_total_is_preserved(case):
                  dout.reshape(-1, wte.shape[1]).sum(axis=0), rtol=1e-5 if wte.dtype == np.float32 else None)
 
 
+@given(case=lookups())
+def test_gradient_shares_no_memory(case):
+    """dwte is a fresh table: never wte, the forward's output or dout."""
+    ids, wte, dout, padding_idx = case
+    out, cache = embedding_forward(ids, wte, padding_idx)
+    dwte = embedding_backward(dout, cache)
+    for name, a in (("wte", wte), ("out", out), ("dout", dout), ("ids", ids)):
+        assert not np.shares_memory(dwte, a), f"embedding.dwte shares memory with {name}"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=lookups(dtype=np.float64))

@@ -40,8 +40,11 @@ def batches(draw, dtype=None, soft=None, options=True):
     if options:
         kw["reduction"] = draw(st.sampled_from(REDUCTIONS))
         kw["label_smoothing"] = draw(st.sampled_from([0.0, 0.1, 1.0]) | st.floats(0, 1))
-        # class weights are >= 0 (a mean over weights that cancel would divide by nearly 0)
-        kw["weight"] = draw(st.none() | S.arrays(dtype, (V,), 2.0).map(np.abs))
+        # Class weights are 0 or in [1/16, 2]: a mean divides by the counted tokens' weight, and
+        # weights that cancel, or a lone counted weight of 1e-184, would make that divisor nearly
+        # 0 and the gradients as large as 1e182, where no fixed tolerance means anything.
+        weights = st.just(0.0) | st.floats(1 / 16, 2.0, width=32 if dtype == np.float32 else 64)
+        kw["weight"] = draw(st.none() | hnp.arrays(dtype, (V,), elements=weights))
     if soft:
         raw = np.abs(draw(S.arrays(dtype, shape, 1.0)))
         total = raw.sum(axis=at, keepdims=True)
@@ -104,12 +107,19 @@ SOFT = (S.ramp(2, 4) * 5, np.array([[0.25, 0.25, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]
         np.array(-1.25))
 
 
+# A class that cannot occur (logit -inf) beside the targets, summed: its weight is 0 in q.
+MINUS_INF = (np.array([[1.0, -np.inf, 0.5], [-np.inf, 3.0, -1.0]]), np.array([0, 1]),
+             dict(axis=-1, reduction="sum", label_smoothing=0.0, weight=np.array([1.0, 0.0, 2.0]),
+                  ignore_index=None), np.array(0.5))
+
+
 # -- forward matches the twin -----------------------------------------------------------------
 
 @given(case=batches())
 @example(case=REPEATED)
 @example(case=CLASS_AXIS_1)
 @example(case=SOFT)
+@example(case=MINUS_INF)
 def test_forward_matches_twin(case):
     logits, targets, kw, dloss = case
     loss, _ = cross_entropy_forward(logits, targets, **kw)
@@ -123,6 +133,7 @@ def test_forward_matches_twin(case):
 @example(case=REPEATED)
 @example(case=CLASS_AXIS_1)
 @example(case=SOFT)
+@example(case=MINUS_INF)
 def test_backward_matches_autograd(case):
     logits, targets, kw, dloss = case
     _, cache = cross_entropy_forward(logits, targets, **kw)
@@ -137,6 +148,7 @@ def test_backward_matches_autograd(case):
 @example(case=REPEATED)
 @example(case=CLASS_AXIS_1)
 @example(case=SOFT)
+@example(case=MINUS_INF)
 def test_twin_matches_builtin(case):
     """F.cross_entropy with the same reduction, label_smoothing, weight and targets, the class
     axis moved to where it expects it. A mean over zero weight: see the next test."""
@@ -152,20 +164,24 @@ def test_twin_matches_builtin(case):
         assert twin_loss == 0, f"cross-entropy over no weight is {twin_loss}, not 0"
 
 
-@pytest.mark.parametrize("weight", [None, np.array([0.0, 0.0, 1.0])])
-def test_all_ignored_gives_zero_where_builtin_gives_nan(weight):
-    """Mean over zero tokens (or tokens of zero weight): PyTorch computes 0 / 0 = NaN; we return 0
-    and zero gradients, so a batch of padding cannot poison the optimiser (documented in both
-    twins)."""
+@pytest.mark.parametrize("weight, smoothing", [(None, 0.0), (np.array([0.0, 0.0, 1.0]), 0.0),
+                                               (np.array([0.0, 0.0, 1.0]), 0.1)])
+def test_all_ignored_gives_zero_where_builtin_gives_nan(weight, smoothing):
+    """Mean over zero tokens (or tokens of zero weight, even when smoothing gives the other
+    classes weight): PyTorch divides by 0 and returns NaN; we return 0 and zero gradients, so a
+    batch of padding cannot poison the optimiser (documented in both twins)."""
     logits = np.array([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]])
     targets = np.array([-100, -100]) if weight is None else np.array([0, 1])
     w_t = None if weight is None else to_torch(weight)
-    assert torch.isnan(F.cross_entropy(to_torch(logits), to_torch(targets), w_t)), "built-in not NaN"
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index=-100, weight=weight)
+    assert torch.isnan(F.cross_entropy(to_torch(logits), to_torch(targets), w_t,
+                                       label_smoothing=smoothing)), "built-in not NaN"
+    loss, cache = cross_entropy_forward(logits, targets, ignore_index=-100, weight=weight,
+                                        label_smoothing=smoothing)
     assert loss == 0, f"cross_entropy.loss over no tokens is {loss}"
     assert np.array_equal(cross_entropy_backward(np.array(1.5), cache), np.zeros_like(logits)), \
         "cross_entropy.dlogits over no tokens is not zero"
-    twin = cross_entropy(to_torch(logits), to_torch(targets), ignore_index=-100, weight=w_t)
+    twin = cross_entropy(to_torch(logits), to_torch(targets), ignore_index=-100, weight=w_t,
+                         label_smoothing=smoothing)
     assert twin.item() == 0, f"twin cross_entropy over no tokens is {twin.item()}"
 
 
@@ -230,6 +246,19 @@ def test_label_smoothing_interpolates_towards_uniform_targets(case, s):
                  atol=tol["atol"] * max(1.0, float(uniform), float(plain)))
 
 
+@given(case=batches())
+def test_gradient_shares_no_memory(case):
+    """dlogits is a fresh array (moved back to the class axis as a view of it): never logits,
+    targets, dloss or an array of the cache."""
+    logits, targets, kw, dloss = case
+    _, cache = cross_entropy_forward(logits, targets, **kw)
+    dlogits = cross_entropy_backward(dloss, cache)
+    wq, _, _, _, (p, _) = cache
+    for name, a in (("logits", logits), ("targets", targets), ("dloss", dloss), ("cache wq", wq),
+                    ("cache softmax", p)):
+        assert not np.shares_memory(dlogits, a), f"cross_entropy.dlogits shares memory with {name}"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=batches(dtype=np.float64))
@@ -255,6 +284,10 @@ def test_dtype_is_preserved(dtype, reduction):
                                         reduction=reduction, label_smoothing=0.1, weight=weight)
     dlogits = cross_entropy_backward(np.full(loss.shape, 0.5, dtype), cache)
     assert loss.dtype == dtype, f"cross_entropy.loss dtype {loss.dtype}"
+    assert dlogits.dtype == dtype, f"cross_entropy.dlogits dtype {dlogits.dtype}"
+    if reduction != "none":
+        # A dloss given as a NumPy float64 scalar must not upcast float32.
+        dlogits = cross_entropy_backward(np.float64(0.5), cache)
     assert dlogits.dtype == dtype, f"cross_entropy.dlogits dtype {dlogits.dtype}"
 
 
@@ -312,6 +345,8 @@ def test_bad_input():
     with pytest.raises(TypeError, match="cross_entropy_backward: dloss must have the dtype .* float64, got float32"):
         cross_entropy_backward(np.ones(2, np.float32), cache)
     with pytest.raises(TypeError, match="cross_entropy_backward: dloss must be a NumPy array"):
+        cross_entropy_backward([1.0, 1.0], cache)
+    with pytest.raises(ValueError, match=r"cross_entropy_backward: dloss must have the shape .* \(2,\), got \(\)"):
         cross_entropy_backward(1.0, cache)
     with pytest.raises(ValueError, match=r"logits of shape \(2, 5\) hold NaN or \+inf"):
         cross_entropy_forward(np.where(np.eye(2, 5, dtype=bool), np.nan, logits), np.array([0, 1]))

@@ -213,6 +213,33 @@ def test_inputs_are_not_modified(name):
         assert not np.shares_memory(new, old), f"{name} returned the input array {path}"
 
 
+def _state_leaves(state):
+    """(path, array) for every array of an optimiser state (the step counter is an int)."""
+    return [(f"state.{path}", a) for path, a in tree_leaves({k: v for k, v in state.items() if k != "step"})]
+
+
+@pytest.mark.parametrize("name, hyper", [("adamw", {}), ("sgd", {}), ("sgd", {"momentum": 0.9}),
+                                         ("sgd", {"momentum": 0.9, "nesterov": True})])
+def test_results_share_no_memory_with_inputs_or_state(name, hyper):
+    """Over two steps, every new parameter and state array is fresh: never a parameter, a gradient
+    or an array of the old state. SGD without momentum carries a buffer it never reads (returning
+    the old one would alias it); with momentum the first buffer holds the gradient's values, not
+    the gradient array. A caller that updates one in place must not change the others."""
+    params, grads_seq = HAND_PICKED
+    init, step, *_ = OPTIMIZERS[name]
+    state = init(params)
+    for i, grads in enumerate(grads_seq[:2]):
+        new_params, new_state = step(params, grads, state, lr=0.1, **hyper)
+        inputs = ([(f"params.{p}", a) for p, a in tree_leaves(params)]
+                  + [(f"grads.{p}", a) for p, a in tree_leaves(grads)] + _state_leaves(state))
+        outputs = [(f"new params.{p}", a) for p, a in tree_leaves(new_params)] + _state_leaves(new_state)
+        for out_path, out in outputs:
+            for in_path, a in inputs:
+                assert not np.shares_memory(out, a), \
+                    f"{name} {hyper} step {i + 1}: {out_path} shares memory with {in_path}"
+        params, state = new_params, new_state
+
+
 # -- dtype preservation --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)

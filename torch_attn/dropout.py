@@ -13,8 +13,8 @@ def dropout(x, p, rng=None, training=True, mask=None):
     if not training or p == 0:
         return x
     if mask is None:
-        mask = torch.rand(x.shape, generator=rng, dtype=x.dtype) >= p   # (...), True w.p. 1 - p
-    scale = 1 / (1 - p)
+        mask = torch.rand(x.shape, generator=rng, dtype=x.dtype) < 1 - p  # (...), True w.p. 1 - p
+    scale = 0.0 if p == 1 else 1 / (1 - p)                 # p = 1 keeps nothing: 0, not 1 / 0
     out = x * mask * scale
     return out
 

@@ -1,22 +1,29 @@
-"""Layer normalisation over the last axis in plain PyTorch; autograd supplies the backward.
+"""Layer normalisation over the last axis (or the last few) in plain PyTorch; autograd supplies
+the backward.
 
-Twin of numpy_attn/layer_norm.py: biased variance, eps inside the square root, and the same
-second centring that keeps near-constant rows accurate.
+Twin of numpy_attn/layer_norm.py: biased variance, eps inside the square root, the same second
+centring that keeps near-constant rows accurate, and w and b each optional.
 """
 
 import torch
 
 
-def layer_norm(x, w, b, eps=1e-5):
-    """Normalise each row of ``x`` (..., C), then scale by w (C,) and shift by b (C,) -> (..., C)."""
-    mu = x.mean(dim=-1, keepdim=True)                      # (..., C) -> (..., 1)
-    xc = x - mu                                            # (..., C)
-    xc = xc - xc.mean(dim=-1, keepdim=True)                # removes mu's rounding error
-    var = (xc * xc).mean(dim=-1, keepdim=True)             # (..., 1), biased
-    rstd = 1 / torch.sqrt(var + eps)                       # (..., 1)
-    xhat = xc * rstd                                       # (..., C), zero mean, unit variance
-    out = xhat * w + b                                     # (..., C)
+def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
+    """Normalise x (..., *S) over its trailing axes S = ``normalized_shape`` (default: the last
+    axis), then scale by w S and shift by b S, each optional -> (..., *S)."""
+    normalized_shape = x.shape[-1:] if normalized_shape is None else normalized_shape  # the checker's default
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    axes = tuple(range(-len(normalized_shape), 0))         # the normalised trailing axes
+    mu = x.mean(dim=axes, keepdim=True)                    # (..., *S) -> (..., 1, ..., 1)
+    xc = x - mu                                            # (..., *S)
+    xc = xc - xc.mean(dim=axes, keepdim=True)              # removes mu's rounding error
+    var = (xc * xc).mean(dim=axes, keepdim=True)           # (..., 1, ..., 1), biased
+    rstd = 1 / torch.sqrt(var + eps)                       # (..., 1, ..., 1)
+    xhat = xc * rstd                                       # (..., *S), zero mean, unit variance
+    out = xhat if w is None else xhat * w                  # no w: elementwise_affine=False
+    out = out if b is None else out + b                    # no b: bias=False
     return out
 
 
-# Equals torch.nn.functional.layer_norm(x, (C,), w, b, eps).
+# Equals torch.nn.functional.layer_norm(x, normalized_shape, w, b, eps), and so nn.LayerNorm with
+# elementwise_affine=False (w = b = None) or bias=False (b = None).

@@ -32,8 +32,9 @@ def cross_entropy(logits, targets, ignore_index=None, reduction="mean", label_sm
     q = torch.where(counted[..., None], q, 0)                          # ignored tokens cost nothing
     wq = weight * q                                                    # (..., V)
     logp = log_softmax(logits)                                         # (..., V)
-    loss = -(wq * logp).sum(dim=-1)                                    # (..., V) -> (...)
-    n = 1 if reduction != "mean" or n == 0 else n                      # n = 0: 0 / 1, not 0 / 0
+    terms = wq * torch.where(wq == 0, 0, logp)                         # a -inf logit of weight 0: 0, not NaN
+    loss = -terms.sum(dim=-1)                                          # (..., V) -> (...)
+    n = 1 if reduction != "mean" else n if n != 0 else torch.inf       # n = 0: 0 / inf, not 0 / 0
     if reduction != "none":
         loss = loss.sum() / n                                          # (...) -> ()
     return loss
