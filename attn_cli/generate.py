@@ -6,12 +6,12 @@ each new token only, reading the past ones' keys and values from a key/value cac
 context is full; ``--no-cache`` runs the whole context for every token instead (the same tokens).
 """
 
-import argparse
 import dataclasses
 import os
 
 import numpy as np
 
+from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
 from numpy_attn.gpt import gpt_forward, gpt_kv_cache
 from numpy_attn.softmax import softmax_forward
@@ -28,6 +28,8 @@ EXAMPLES = f"""examples:
   numpy-attn generate --prompt "The with statement"
   numpy-attn generate --prompt "The with statement" --temperature 0       greedy
   numpy-attn generate --checkpoint my-run --prompt "A list" --top-k 40 --temperature 0.8
+  numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0
+  numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --max-new-tokens 8
 
 The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default.
 """
@@ -70,14 +72,17 @@ def _next_logits(params, config, ids, kv_cache):
 
 
 def add_arguments(p):
-    p.description = ("Continue --prompt with the mini GPT of a numpy-attn train run, in NumPy. "
-                     + EXPECT)
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    term.describe(p, ("Continue --prompt with the mini GPT of a numpy-attn train run, in NumPy. "
+                     + EXPECT), EXAMPLES)
     p.add_argument("--checkpoint", metavar="PATH", default=None,
                    help=f"a run folder of numpy-attn train, or its model.npz (default {DEFAULT_OUT}, "
                         "train's default --out)")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--prompt", help="the text to continue")
+    p.add_argument("--hf", metavar="DIR", default=None,
+                   help="a Hugging Face GPT-2 or Llama folder (config.json + model.safetensors) "
+                        "instead of a train checkpoint; see attn_cli/hf_generate.py")
+    p.add_argument("--ids", metavar="1,2,3", default=None,
+                   help="with --hf: the prompt as token ids (Llama folders need it); prints ids")
     p.add_argument("--max-new-tokens", type=int, default=40, dest="max_new_tokens",
                    help="tokens to add (default 40)")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -96,6 +101,18 @@ def run(args):
     from attn_cli.checkpoint import load_checkpoint
     from attn_cli.train import to_model_ids
 
+    for option, value, low in (("--max-new-tokens", args.max_new_tokens, 0), ("--seed", args.seed, 0),
+                               ("--top-k", 1 if args.top_k is None else args.top_k, 1)):
+        if value < low:
+            raise ValueError(f"{option} must be at least {low}, got {value}")
+    if not (np.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.hf is not None:
+        from attn_cli import hf_generate
+
+        return hf_generate.run(args)
+    if args.ids is not None:
+        raise ValueError("--ids goes with --hf DIR (a Hugging Face folder); give --prompt text here")
     path = args.checkpoint
     if path is None:
         path = DEFAULT_OUT

@@ -12,13 +12,11 @@ NumPy backward, which torch leaves to autograd, stands opposite blank lines. Syn
 from pygments when it is installed (an optional import); without it the code is printed plain.
 """
 
-import argparse
 import ast
 import difflib
 import html
 import importlib.util
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,10 +280,17 @@ def render_list(ops):
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 nav ol { columns: 3; }
-table.twins { border-collapse: collapse; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; }
-table.twins th { text-align: left; padding: 4px 8px; background: #eef; font-weight: 600; }
+/* The two files share the window's width: a fixed layout gives each code column half of what the
+   line numbers leave, and a long line wraps inside its cell (continuations indented), so the page
+   never scrolls sideways. */
+table.twins { border-collapse: collapse; width: 100%; table-layout: fixed;
+              font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; }
+table.twins col.ln { width: 3.5em; } table.twins col.mark { width: 1.5em; }
+table.twins th { text-align: left; padding: 4px 8px; background: #eef; font-weight: 600;
+                 overflow-wrap: anywhere; }
 table.twins td { padding: 0 8px; vertical-align: top; }
-td.code { white-space: pre; }
+table.twins td.code { white-space: pre-wrap; overflow-wrap: anywhere; padding-left: 2.5em;
+                      text-indent: -2em; }
 td.ln { color: #999; text-align: right; user-select: none; }
 td.mark { color: #999; text-align: center; }
 tr.same td.code, tr.twin td.code { background: #f5fbf5; }
@@ -319,7 +324,8 @@ def render_html(ops):
         right_src = op.torch_path.read_text(encoding="utf-8")
         left, right = highlight(left_src), highlight(right_src)
         parts.append(f'<section id="op-{op.name}"><h2>{op.name}</h2>')
-        parts.append('<table class="twins"><tr>'
+        parts.append('<table class="twins"><colgroup><col class="ln"><col class="code">'
+                     '<col class="mark"><col class="ln"><col class="code"></colgroup><tr>'
                      f'<th colspan="2">{op.numpy_path.relative_to(root)}</th><th></th>'
                      f'<th colspan="2">{op.torch_path.relative_to(root)}</th></tr>')
         for i, j, kind in align(left_src.splitlines(), right_src.splitlines()):
@@ -348,11 +354,9 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p):
-    p.description = ("Print numpy_attn/OP.py beside torch_attn/OP.py, lines aligned where the twins "
+    term.describe(p, ("Print numpy_attn/OP.py beside torch_attn/OP.py, lines aligned where the twins "
                      "mirror each other (\"=\" the same once NumPy's spellings are turned into "
-                     "torch's, \"~\" a mirrored line), or write every operation to one HTML page.")
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+                     "torch's, \"~\" a mirrored line), or write every operation to one HTML page."), EXAMPLES)
     p.add_argument("op", metavar="OP", nargs="?", default=None,
                    help="an operation, e.g. softmax, or one of its functions, e.g. log_softmax (see --list)")
     p.add_argument("--list", action="store_true", help="list the operations and exit")
@@ -366,8 +370,7 @@ def add_arguments(p):
 
 def run(args, out=None, color=None):
     """The command. Returns the exit status."""
-    out = sys.stdout if out is None else out
-    color = term.use_color(args.color, sys.stdout) if color is None else color
+    out, color = term.output(args, out, color)
     ops = operations()
     if args.list:
         print("\n".join(render_list(ops)), file=out)

@@ -29,6 +29,21 @@ def add_color_option(parser):
                         help="colour: auto (default) uses it on a terminal unless NO_COLOR is set")
 
 
+def describe(parser, description, examples):
+    """A command's description, and its examples kept as written below the options."""
+    import argparse
+
+    parser.description = description
+    parser.epilog = examples
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def output(args, out=None, color=None):
+    """(stream, colour on?) of a command: stdout unless given, colour by --color unless given."""
+    out = sys.stdout if out is None else out
+    return out, use_color(args.color, sys.stdout) if color is None else color
+
+
 def width_of(stream):
     """Columns to lay text out in: the terminal's width, or PIPE_WIDTH when not a terminal."""
     isatty = getattr(stream, "isatty", lambda: False)

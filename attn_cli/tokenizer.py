@@ -2,8 +2,8 @@
 
 tiktoken downloads GPT-2's vocabulary the first time it is asked for it and caches it in the folder
 named by ``TIKTOKEN_CACHE_DIR``. On a machine without internet, point that variable at a folder
-that already holds the cached files (this project's CI uses ``../shared/tiktoken_cache``);
-otherwise every function here raises ``TokenizerUnavailable`` saying so.
+that already holds tiktoken's cached GPT-2 files; otherwise every function here raises
+``TokenizerUnavailable`` saying so.
 """
 
 import os
@@ -13,8 +13,9 @@ _ENCODING = None
 OFFLINE_HELP = (
     "tiktoken could not load GPT-2's vocabulary: it downloads it on first use and caches it in "
     "the folder named by TIKTOKEN_CACHE_DIR. To work offline, set TIKTOKEN_CACHE_DIR to a folder "
-    "that already holds tiktoken's cached GPT-2 files (in this project's workspace: "
-    "export TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache), or run once with internet access."
+    "that already holds tiktoken's cached GPT-2 files (e.g. export "
+    "TIKTOKEN_CACHE_DIR=/path/to/tiktoken_cache, a copy of the folder from a machine where "
+    "tiktoken has run once), or run once with internet access."
 )
 
 

@@ -1,6 +1,5 @@
 """``numpy-attn tokenize``: the GPT-2 token ids and text pieces of a text."""
 
-import argparse
 
 from attn_cli import term
 
@@ -13,11 +12,9 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p):
-    p.description = ("Split TEXT into GPT-2 byte-pair tokens (tiktoken's gpt2 encoding) and print "
+    term.describe(p, ("Split TEXT into GPT-2 byte-pair tokens (tiktoken's gpt2 encoding) and print "
                      "each token's position, id and text piece. Needs the GPT-2 vocabulary: "
-                     "downloaded on first use, or read from the folder TIKTOKEN_CACHE_DIR names.")
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+                     "downloaded on first use, or read from the folder TIKTOKEN_CACHE_DIR names."), EXAMPLES)
     p.add_argument("text", metavar="TEXT", help="the text to split into tokens (quote it)")
 
 

@@ -13,7 +13,6 @@ Output (in ``--out``, refused if it holds a run unless ``--force``): ``model.npz
 ``config.json`` (see ``attn_cli.checkpoint``), ``loss.png`` (when matplotlib is present).
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -22,7 +21,15 @@ import time
 import numpy as np
 
 from attn_cli import term
-from attn_cli.checkpoint import CHECKPOINT, CONFIG, DEFAULT_OUT, PLOT, check_out, save_checkpoint
+from attn_cli.checkpoint import (
+    CHECKPOINT,
+    CONFIG,
+    DEFAULT_OUT,
+    PLOT,
+    check_out,
+    save_checkpoint,
+    writer_lock,
+)
 from numpy_attn import optim
 from numpy_attn._threads import limit_blas_threads
 from numpy_attn._tree import flatten, tree_map
@@ -116,14 +123,32 @@ def evaluate(params, config, data, B, rng, batches=4):
 
 def run(args):
     """Train, print the losses (beside torch's with --compare-torch), save the checkpoint."""
-    with limit_blas_threads(args.threads, required=True):
+    _check_arguments(args)
+    check_out(args.out, args.force)       # before spending a minute on training
+    with limit_blas_threads(args.threads, required=True), writer_lock(args.out):
         return _train(args)
+
+
+def _check_arguments(args):
+    """Every numeric option in its range; ValueError naming the option."""
+    for option, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
+                               ("--block-size", args.block_size, 1), ("--n-layer", args.n_layer, 0),
+                               ("--n-head", args.n_head, 1), ("--n-embd", args.n_embd, 1),
+                               ("--seed", args.seed, 0), ("--threads", args.threads, 1)):
+        if value < low:
+            raise ValueError(f"{option} must be at least {low}, got {value}")
+    if args.n_embd % args.n_head:
+        raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+    if not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout must lie in [0, 1), got {args.dropout}")
+    for option, value in (("--lr", args.lr), ("--weight-decay", args.weight_decay)):
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"{option} must be a finite number >= 0, got {value}")
 
 
 def _train(args):
     from attn_cli import tokenizer
 
-    check_out(args.out, args.force)       # before spending a minute on training
     text, source = load_corpus(args.text)
     vocab, data = build_vocab(tokenizer.encode(text))
     split = int(0.9 * len(data))
@@ -140,16 +165,13 @@ def _train(args):
     params = init_gpt_params(config, rng, dtype)
     state = optim.adamw_init(params)
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay)
-    print(f"corpus {source}: {len(data)} GPT-2 tokens, {len(vocab)} distinct (the vocabulary); "
-          f"{sum(p.size for p in flatten(params).values())} parameters, {dtype.name}; "
-          f"{args.threads} BLAS thread{'s' if args.threads > 1 else ''} (--threads)")
-    for line in term.wrap(LOSSES, term.width_of(sys.stdout)):
-        print(line)
+    say(f"corpus {source}: {len(data)} GPT-2 tokens, {len(vocab)} distinct (the vocabulary); "
+        f"{sum(p.size for p in flatten(params).values())} parameters, {dtype.name}; "
+        f"{args.threads} BLAS thread{'s' if args.threads > 1 else ''} (--threads)")
+    say(LOSSES)
     twin = _TorchTwin(params, config, hyper, args.threads) if args.compare_torch else None
     if twin is not None:
-        for line in term.wrap(_drift_note(dtype), term.width_of(sys.stdout)):
-            print(line)
-    val_rng = np.random.default_rng(args.seed + 1)      # held-out batches: apart from training's
+        say(_drift_note(dtype))
     every = max(1, args.steps // 10)
     losses, twin_losses, held_out, seconds, twin_seconds = [], [], [], 0.0, 0.0
     for step in range(1, args.steps + 1):
@@ -168,6 +190,8 @@ def _train(args):
         if twin is not None or args.verbose:
             print(f"step {step:>5}  {line}")
         if step % every == 0 or step == args.steps:
+            # The same held-out windows every time (their own seed), so the points compare.
+            val_rng = np.random.default_rng(args.seed + 1)
             held_out.append((step, evaluate(params, config, val_data, args.batch_size, val_rng)))
             line += f"  held-out {held_out[-1][1]:.4f}"
             if twin is not None or args.verbose:
@@ -176,29 +200,44 @@ def _train(args):
             term.progress(step, args.steps, line)
     tokens = args.steps * args.batch_size * T
     val = held_out[-1][1]
-    print(f"NumPy: {tokens / seconds:,.0f} tokens/s; training loss {losses[0]:.4f} -> "
-          f"{losses[-1]:.4f} (last batch; mean of the last {every} steps "
-          f"{np.mean(losses[-every:]):.4f}), held-out loss {val:.4f}")
+    say(f"NumPy: {tokens / seconds:,.0f} tokens/s; training loss {losses[0]:.4f} -> "
+        f"{losses[-1]:.4f} (last batch; mean of the last {every} steps "
+        f"{np.mean(losses[-every:]):.4f}), held-out loss {val:.4f}")
     if twin is not None:
         diff = np.abs(np.array(losses) - twin_losses)
-        print(f"torch: {tokens / twin_seconds:,.0f} tokens/s; largest loss difference "
-              f"{diff.max():.2e} (step {int(diff.argmax()) + 1})")
+        say(f"torch: {tokens / twin_seconds:,.0f} tokens/s; largest loss difference "
+            f"{diff.max():.2e} (step {int(diff.argmax()) + 1})")
     facts = {"corpus": source, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
              "weight_decay": args.weight_decay, "seed": args.seed, "final_loss": losses[-1],
              "val_loss": val, "held_out": held_out}
-    save_checkpoint(args.out, params, config, vocab, dtype, facts, force=args.force)
-    print(f"wrote {os.path.join(args.out, CHECKPOINT)}")
-    print(f"wrote {os.path.join(args.out, CONFIG)}")
-    _plot(losses, held_out, twin_losses, os.path.join(args.out, PLOT), source)
+    plotted = []
+
+    def plot(folder):
+        plotted.append(_plot(losses, held_out, twin_losses, os.path.join(folder, PLOT), source))
+
+    save_checkpoint(args.out, params, config, vocab, dtype, facts, force=args.force, extra=plot)
+    for name in (CHECKPOINT, CONFIG, PLOT)[:3 if plotted[0] else 2]:
+        print(f"wrote {os.path.join(args.out, name)}")
     return 0
 
 
+def say(text):
+    """Print prose wrapped to the terminal (80 columns when piped)."""
+    print("\n".join(term.wrap(text, term.width_of(sys.stdout))))
+
+
 def _drift_note(dtype):
+    """What --compare-torch should show, measured with the default settings (seed 0)."""
+    common = ("NumPy and torch add in different orders, so their losses differ by rounding, and "
+              "training amplifies any difference step by step (AdamW divides by the gradients' "
+              "size, so tiny gradients count fully): ")
     if dtype == np.float32:
-        return ("float32: NumPy and torch add in different orders, so their losses drift apart "
-                "by rounding, about 1e-6 at first and growing to 1e-4..1e-3 over hundreds of "
-                "AdamW steps; that is expected. With --dtype float64 they match to about 1e-12.")
-    return "float64: NumPy and torch should match to about 1e-12 at every step."
+        return common + ("in float32 they agree to about 1e-6 for the first tens of steps, then "
+                         "drift apart to 1e-3..1e-1 after a few hundred; that is expected. With "
+                         "--dtype float64 they agree to about 1e-14 at first and to 1e-12 still "
+                         "after 50 steps.")
+    return common + ("in float64 they agree to about 1e-14 at first and to 1e-12 after 50 steps; "
+                     "over a hundred steps or more they drift apart too.")
 
 
 class _TorchTwin:
@@ -237,21 +276,19 @@ def _plot(losses, held_out, twin_losses, path, source):
         import matplotlib  # noqa: F401
     except ImportError:
         print("matplotlib is not installed: no loss plot (pip install matplotlib)")
-        return
+        return False
     from attn_cli import plots
 
     plots.write_loss_plot(losses, held_out, path, twin_losses,
                           title=f"mini GPT trained in NumPy on {os.path.basename(source)}")
-    print(f"wrote {path}")
+    return True
 
 
 # -- arguments ------------------------------------------------------------------------------------------
 
 def add_arguments(p):
     """The options of ``numpy-attn train``."""
-    p.description = "Train the mini GPT of numpy_attn/gpt.py in NumPy. " + LOSSES
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    term.describe(p, "Train the mini GPT of numpy_attn/gpt.py in NumPy. " + LOSSES, EXAMPLES)
     p.add_argument("--text", metavar="FILE", default=None,
                    help="train on this UTF-8 file (default: the standard library's pydoc topics)")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
@@ -275,8 +312,9 @@ def add_arguments(p):
                    help="dtype of the weights (default float32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, batches and dropout (default 0)")
     p.add_argument("--compare-torch", action="store_true", dest="compare_torch",
-                   help="train the torch twin beside NumPy and print both losses per step "
-                        "(float32 drifts apart by rounding; float64 matches closely)")
+                   help="train the torch twin beside NumPy and print both losses per step (in "
+                        "float32 they drift apart after tens of steps, by rounding; with --dtype "
+                        "float64 they match closely, to about 1e-12 for the first 50 steps)")
     p.add_argument("--threads", type=int, default=1,
                    help="BLAS and torch threads, set whatever OMP_NUM_THREADS and the like say "
                         "(default 1: on matrices this small more threads mostly wait for each "

@@ -81,7 +81,11 @@ class Printer:
         if index != ():
             where = f"{where}, showing [{', '.join(map(str, np.atleast_1d(index)))}]"
         self.raw()
-        self.raw(f"  {self.style('bold', title)}  shape {where}")
+        if len(f"  {title}  shape {where}") <= self.width:
+            self.raw(f"  {self.style('bold', title)}  shape {where}")
+        else:                         # the shape on a line of its own
+            self.raw(f"  {self.style('bold', title)}")
+            self.raw(f"    shape {where}")
         left = term.table_lines(a, rows, cols, self.precision, sums)
         if b is None:
             for text in left:
@@ -158,7 +162,7 @@ def _worked_dot_products(p, inputs):
     else:
         for lhs, products, rhs in rows:
             p.raw(f"{lhs} {products}")
-            p.raw(f"{' ' * len(lhs)} {rhs}")
+            p.raw(f"{' ' * (len(lhs) - 1)}= {rhs}")
     weights = r["s5_weights"][i]
     p.line(f"weights = softmax(scaled scores) = {_vec(weights, prec)}  (sum {term.fmt(weights.sum(dtype=np.float64), prec)})",
            indent="    ")

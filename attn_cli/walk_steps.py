@@ -20,6 +20,7 @@ import numpy as np
 
 from attn_cli import tokenizer
 from attn_cli.source_example import SOURCE_EXAMPLE
+from attn_cli.term import printable
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.linear import linear_forward
@@ -235,10 +236,11 @@ class Inputs:
 
 
 def _labels(pieces):
-    """Short row/column labels: the token without its leading space, or its repr if blank."""
+    """Short row/column labels: the token without its leading space, or its repr if blank;
+    control characters (a newline, an escape) written as escapes, never sent to the terminal."""
     out = []
     for piece in pieces:
-        label = piece.strip() or repr(piece)
+        label = printable(piece.strip()) or repr(piece)
         out.append(label if len(label) <= 10 else label[:9] + "~")
     return out
 
@@ -295,6 +297,8 @@ def prepare(args):
     num_heads = _default_heads(C) if args.heads is None else args.heads
     if num_heads < 1 or C % num_heads:
         raise ValueError(f"--heads {num_heads} does not divide --dim {C}: each head takes C / nh channels")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be at least 0, got {args.seed}")
     if args.precision is not None and not 0 <= args.precision <= 12:
         raise ValueError(f"--precision must lie in 0..12, got {args.precision}")
     dtype = np.dtype(args.dtype)

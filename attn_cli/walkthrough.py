@@ -6,12 +6,15 @@ imported only when the PyTorch side runs; matplotlib only for ``--plot``.
 """
 
 import argparse
-import sys
+import os
 
 from attn_cli import term
 from attn_cli.source_example import SOURCE_DESCRIPTION
 
 HELP = "attention step by step, NumPy and PyTorch side by side"
+
+# The heatmaps --plot writes (one figure per step; every head of step 7 in one).
+PLOT_FILES = ("step4_weight_free.png", "step5_qkv.png", "step6_causal.png", "step7_heads.png")
 
 EXAMPLES = """examples:
   numpy-attn walkthrough                        "The cat sat on the mat", every table
@@ -22,12 +25,10 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p):
-    p.description = (
+    term.describe(p, (
         "Seven steps of self-attention (tokens, embeddings, positions, weight-free attention, "
         "Q/K/V projections, the causal mask, multi-head attention), each computed by numpy_attn "
-        "and by torch_attn, printed side by side with the largest absolute difference between them.")
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+        "and by torch_attn, printed side by side with the largest absolute difference between them."), EXAMPLES)
     p.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help='the text to walk through (default "The cat sat on the mat"; at most 32 '
                         "GPT-2 tokens)")
@@ -56,6 +57,7 @@ def add_arguments(p):
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="write PNG heatmaps of the attention weights of each step (all heads of "
                         "step 7 in one figure) to DIR")
+    p.add_argument("--force", action="store_true", help="let --plot overwrite heatmaps already in DIR")
     term.add_color_option(p)
 
 
@@ -63,10 +65,13 @@ def run(args, out=None, color=None):
     """The command: prepare, run both sides, print, plot. Returns the exit status."""
     from attn_cli import plots, walk_render, walk_steps
 
-    out = sys.stdout if out is None else out
-    color = term.use_color(args.color, sys.stdout) if color is None else color
+    out, color = term.output(args, out, color)
     if args.plot is not None:
         plots.check_plot_dir(args.plot)
+        taken = [f for f in PLOT_FILES if os.path.exists(os.path.join(args.plot, f))]
+        if taken and not args.force:
+            raise ValueError(f"{args.plot} already holds {', '.join(taken)}; pass --force to "
+                             "overwrite, or choose another --plot folder")
     inputs = walk_steps.prepare(args)
     sides = [walk_steps.NumpySide()]
     torch_missing = False
@@ -88,9 +93,9 @@ def run(args, out=None, color=None):
     p.line(f"positions {'added' if inputs.positional else 'left out'} (--positional), "
            f"focus {inputs.labels[inputs.focus]!r} (--focus)")
     if len(sides) == 2:
-        p.line("Every step runs twice: numpy_attn (backward by hand) on the left, or above when "
-               "the terminal is narrow, torch_attn (autograd) on the right, or below, and the "
-               "largest difference after them.")
+        p.line("Every step runs twice, in numpy_attn (backward by hand) and in torch_attn "
+               "(autograd). Each table shows NumPy left and PyTorch right (NumPy above and "
+               "PyTorch below when both do not fit), then their largest difference.")
     elif torch_missing:
         p.line("PyTorch is not installed, so only the NumPy side runs: "
                "pip install -c constraints.txt -e '.[torch]' to see both.", "bad")

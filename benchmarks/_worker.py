@@ -14,6 +14,8 @@ import json
 import os
 import platform
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -111,7 +113,25 @@ def _measure_case(job, op, T, impls, out):
                   time_s=stats, peak_mem_bytes=memory)
 
 
+PARENT_VAR = "NUMPY_ATTN_BENCH_PARENT"     # the parent's process id, set by cli.py
+
+
+def _die_with_parent():
+    """Exit when the parent (python -m benchmarks) is gone, killed or not: a daemon thread sees
+    the parent process id change, as the orphan is adopted, and ends this process. The parent
+    names itself in PARENT_VAR, so that one killed while this process was still starting counts."""
+    parent = int(os.environ.get(PARENT_VAR, os.getppid()))
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main():
+    _die_with_parent()
     out, sys.stdout = sys.stdout, sys.stderr       # keep stray prints out of the protocol
     job = json.load(sys.stdin)
     library, device = job["library"], job["device"]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import parity, registry, report
-from benchmarks._worker import PREFIX
+from benchmarks._worker import PARENT_VAR, PREFIX
 from benchmarks.registry import IMPLS, MODES, Size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +41,17 @@ QUICK = dict(seq_lens=[32, 64, 128], batch=2, heads=4, head_size=32,
              repeats=3, min_time=0.02, peak_size=512, threads=1)
 
 
-def _number(kind, minimum=1):
-    """An argparse type: ``kind`` (int or float) of at least ``minimum``, with a clear message."""
+def _number(kind, minimum=1, maximum=None):
+    """An argparse type: ``kind`` (int or float) in [minimum, maximum], with a clear message."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < minimum:
+        if not value >= minimum:                    # also refuses NaN
             raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        if maximum is not None and not value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum}")
         return value
     return parse
 
@@ -91,32 +93,35 @@ def build_parser():
                    "torch.cuda.is_available() is False; default all")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                    help="forward only, and/or forward+backward; default both")
-    p.add_argument("--seq-lens", nargs="+", type=_number(int), metavar="T",
+    # Upper bounds keep a typo from asking for hours of timing or more memory than any machine has.
+    p.add_argument("--seq-lens", nargs="+", type=_number(int, 1, 65536), metavar="T",
                    help=f"sequence lengths T (= key length S) to sweep; default {f['seq_lens']}")
-    p.add_argument("--batch", type=_number(int), metavar="B", help=f"batch size; default {f['batch']}")
-    p.add_argument("--heads", type=_number(int), metavar="NH", help=f"attention heads; default {f['heads']}")
-    p.add_argument("--head-size", type=_number(int), metavar="HS",
+    p.add_argument("--batch", type=_number(int, 1, 4096), metavar="B", help=f"batch size; default {f['batch']}")
+    p.add_argument("--heads", type=_number(int, 1, 1024), metavar="NH", help=f"attention heads; default {f['heads']}")
+    p.add_argument("--head-size", type=_number(int, 1, 4096), metavar="HS",
                    help=f"head size (model width C = heads * head size); default {f['head_size']}")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="floating-point type of every array and tensor; default float32")
-    p.add_argument("--threads", type=_number(int),
+    p.add_argument("--threads", type=_number(int, 1, 1024),
                    help=f"threads for NumPy's BLAS and torch's intra-op pool in each timed process; "
                    f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
-    p.add_argument("--repeats", type=_number(int), metavar="N",
+    p.add_argument("--repeats", type=_number(int, 1, 100000), metavar="N",
                    help=f"at least this many timed samples per row (median and quartiles are taken "
                    f"over them); default {f['repeats']}")
-    p.add_argument("--min-time", type=_number(float, 0), metavar="SEC",
+    p.add_argument("--min-time", type=_number(float, 0, 600), metavar="SEC",
                    help=f"and at least this many seconds of timed calls per row; default {f['min_time']}")
-    p.add_argument("--warmup", type=_number(int), default=1, metavar="N",
+    p.add_argument("--warmup", type=_number(int, 1, 1000), default=1, metavar="N",
                    help="untimed calls before sampling (the first call pays for allocation and "
                    "lazy initialisation; the last one sizes the blocks of calls timed); default 1")
-    p.add_argument("--peak-size", type=_number(int), metavar="N",
+    p.add_argument("--peak-size", type=_number(int, 1, 32768), metavar="N",
                    help=f"N of the N x N matmul that measures each CPU library's peak GFLOP/s "
                    f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
-    p.add_argument("--tolerance", type=_number(float, 0), metavar="REL",
+    p.add_argument("--tolerance", type=_number(float, 0, 1), metavar="REL",
                    help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
                    "default 1e-4 for float32, 1e-9 for float64")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs; default 0")
+    p.add_argument("--seed", type=_number(int, 0), default=0, help="seed of the random inputs; default 0")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite output files (--json, --csv, --markdown, --plot) that exist")
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny sweep that finishes in well under a minute (T in {QUICK['seq_lens']}, "
                    f"B={QUICK['batch']}, nh={QUICK['heads']}, hs={QUICK['head_size']}, "
@@ -173,10 +178,20 @@ def _run_worker(library, device, job, cases, progress):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(job["threads"])             # read once, when each library loads
+    env[PARENT_VAR] = str(os.getpid())             # the worker exits if this process dies
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks._worker"], cwd=ROOT, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    proc.stdin.write(json.dumps(dict(job, library=library, device=device, cases=cases)))
-    proc.stdin.close()
+    try:
+        proc.stdin.write(json.dumps(dict(job, library=library, device=device, cases=cases)))
+        proc.stdin.close()
+        yield from _records(proc, library, device, progress)
+    finally:                                       # an error or Ctrl-C here: no orphan worker
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _records(proc, library, device, progress):
     for line in proc.stdout:
         if not line.startswith(PREFIX):
             sys.stderr.write(line)                 # a library's stray print
@@ -343,6 +358,8 @@ def _check_outputs(parser, args):
             parser.error(f"cannot create the folder of {path}: {err}")
         if Path(path).is_dir() or not os.access(Path(path).parent, os.W_OK):
             parser.error(f"cannot write {path}")
+        if Path(path).exists() and not args.force:
+            parser.error(f"{path} exists; pass --force to overwrite it")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -378,20 +395,25 @@ def main(argv=None):
         except (parity.ParityError, RuntimeError) as err:
             print(f"python -m benchmarks: {err}", file=sys.stderr)
             return 1
-    # Files first: a closed stdout (``| head``) must not cost the results.
+    # Files first: a closed stdout (``| head``) must not cost the results. Each is announced on
+    # stderr, so that stdout stays the table.
     if args.json:
         report.write_json(results, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
     if args.csv:
         report.write_csv(results, args.csv)
+        print(f"wrote {args.csv}", file=sys.stderr)
     if args.markdown:
         Path(args.markdown).write_text("\n".join(
             [f"- {line}" for line in report.header_lines(results)] + [""]
             + report.table_lines(results, markdown=True)) + "\n")
+        print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         try:
             report.write_plot(results, args.plot)
         except ValueError as err:
             print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
             return 1
+        print(f"wrote {args.plot}", file=sys.stderr)
     print("\n".join(report.header_lines(results) + [""] + report.table_lines(results)))
     return 0

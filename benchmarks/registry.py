@@ -251,6 +251,113 @@ def _builtin_block(t, static):
                                       {"src_mask": mask, "is_causal": True})
 
 
+# -- FlexAttention: a block-sparse mask through the tiled path, the dense path and SDPA -------
+
+FLEX_WINDOW = 256          # sliding-window width
+FLEX_BLOCK = 128           # block mask tile (torch's default)
+
+
+def flex_document_lengths(T):
+    """Packed documents of T // 16 to T // 4 tokens (seeded by T, so every run packs the same)."""
+    import numpy as np
+
+    rng = np.random.default_rng([7, T])
+    lengths = []
+    while sum(lengths) < T:
+        lengths.append(min(int(rng.integers(max(T // 16, 1), max(T // 4, 2))), T - sum(lengths)))
+    return lengths
+
+
+def _flex_mask_mod(lib, mask, T):
+    """The row's mask_mod written with ``lib`` (numpy_attn's or torch_attn's flex_attention)."""
+    if mask == "sliding_window":
+        return lib.sliding_window(FLEX_WINDOW)
+    return lib.and_masks(lib.document(flex_document_lengths(T)), lib.causal)
+
+
+_FLEX_BLOCK_MASKS = {}     # (mask, T) -> numpy_attn BlockMask, built once (outside the timing)
+
+
+def _flex_block_mask(mask, T):
+    from numpy_attn import flex_attention as nf
+
+    if (mask, T) not in _FLEX_BLOCK_MASKS:
+        _FLEX_BLOCK_MASKS[(mask, T)] = nf.create_block_mask(_flex_mask_mod(nf, mask, T), None, None,
+                                                            T, T, BLOCK_SIZE=FLEX_BLOCK)
+    return _FLEX_BLOCK_MASKS[(mask, T)]
+
+
+def _flex_inputs(mask):
+    def inputs(z, dtype, rng):
+        diff, _ = _qkv_inputs(False)(z, dtype, rng)
+        return diff, {"mask": mask}
+    return inputs
+
+
+def _flex_tiled_forward(q, k, v, mask):
+    """The tiled path: only the tiles the block mask lists."""
+    from numpy_attn.flex_attention import flex_attention_forward
+
+    return flex_attention_forward(q, k, v, block_mask=_flex_block_mask(mask, q.shape[2]))
+
+
+def _flex_dense_forward(q, k, v, mask):
+    """The dense path: every score, then mask_mod everywhere (its backward is dense too)."""
+    from numpy_attn.flex_attention import dense_flex_attention_forward
+
+    return dense_flex_attention_forward(q, k, v, block_mask=_flex_block_mask(mask, q.shape[2]))
+
+
+def _flex_backward(dout, cache):
+    """(dq, dk, dv): no score_mod, so no parameter gradients."""
+    from numpy_attn.flex_attention import flex_attention_backward
+
+    return flex_attention_backward(dout, cache)[:3]
+
+
+def _flex_twin(q, k, v, mask):
+    from torch_attn import flex_attention as tf
+
+    class _Mask:           # the twin reads only a block mask's mask_mod
+        mask_mod = _flex_mask_mod(tf, mask, q.shape[2])
+    return tf.flex_attention(q, k, v, block_mask=_Mask)
+
+
+def _builtin_sdpa_flex_mask(t, static):
+    """F.scaled_dot_product_attention with the equivalent dense boolean mask (True = attend)."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_attn import flex_attention as tf
+
+    T = t["q"].shape[2]
+    idx = torch.arange(T, device=t["q"].device)
+    keep = _flex_mask_mod(tf, static["mask"], T)(0, 0, idx[:, None], idx[None, :])   # (T, T)
+    return F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=keep)
+
+
+def _flex_kept_pairs(mask, T):
+    """Query-key pairs the mask keeps: the useful work."""
+    if mask == "sliding_window":
+        return sum(min(t + 1, FLEX_WINDOW) for t in range(T))
+    return sum(n * (n + 1) // 2 for n in flex_document_lengths(T))
+
+
+def _flex_ops():
+    """flex_<mask> (tiled) and flex_<mask>_dense for the sliding window and causal documents.
+
+    FLOPs count only the kept pairs, 4 hs per pair, for both paths: the dense path's larger time
+    for the same useful work is the point of the comparison.
+    """
+    for mask in ("sliding_window", "document"):
+        for suffix, forward in (("", _flex_tiled_forward), ("_dense", _flex_dense_forward)):
+            yield Op(f"flex_{mask}{suffix}", stem="flex_attention", forward=forward,
+                     backward=_flex_backward, twin=_flex_twin,
+                     builtin="F.scaled_dot_product_attention (dense bool mask)",
+                     inputs=_flex_inputs(mask), call_builtin=_builtin_sdpa_flex_mask,
+                     flops=lambda z, mask=mask: 4 * z.B * z.nh * z.hs * _flex_kept_pairs(mask, z.T))
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 def _attention_flops(z):
@@ -302,6 +409,7 @@ OPS = {op.name: op for op in (
        twin=_gpt_step_twin, builtin=None, inputs=_gpt_inputs, call_builtin=None,
        # forward: the loss; forward+backward: the loss and every parameter's gradient
        flops=lambda z: GPT_LAYERS * _block_flops(z) + 2 * z.B * z.T * z.C * GPT_VOCAB),
+    *_flex_ops(),
 )}
 
 

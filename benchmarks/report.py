@@ -104,7 +104,8 @@ def header_lines(results):
         f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
         f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)",
         "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
-        "np/this: NumPy's median time over this row's (>1: this row is faster); "
+        "np/this: NumPy's median time / this row's, the one ratio used here (above 1: this row "
+        "is faster than NumPy; below 1: NumPy is faster); "
         "parity: max relative error against NumPy at this size; mem: peak extra bytes "
         "(NumPy: tracemalloc, CUDA: max_memory_allocated, torch CPU: not measured)",
     ]
@@ -161,7 +162,7 @@ def table_lines(results, markdown=False):
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
-        lines += ["", "NumPy's median time / the other's, by T (below 1: NumPy is faster):", ""]
+        lines += ["", "np/this (as above) by T:", ""]
         lines += _layout(titles, ratios, markdown, left=3)
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
 
@@ -224,7 +225,8 @@ def write_plot(results, path):
     ops = list(dict.fromkeys(r["op"] for r in rows))
     if not ops:
         raise ValueError("nothing was measured, so there is nothing to plot")
-    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops) + 0.6), squeeze=False,
+                             layout="constrained")     # keeps the suptitle clear of the panels
     seq_lens = sorted({r["T"] for r in rows})
     lines = sorted({(r["impl"], r["device"]) for r in rows}, key=lambda k: (IMPL_ORDER[k[0]], k[1]))
     colors = {line: f"C{i}" for i, line in enumerate(lines)}
@@ -251,8 +253,7 @@ def write_plot(results, path):
         ax_time.legend(fontsize=8)
     cfg, m = results["config"], results["machine"]
     fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
-                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}")
-    fig.tight_layout()
+                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

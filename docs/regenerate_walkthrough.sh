@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Regenerates the walkthrough excerpt (docs/walkthrough_excerpt.txt, and between the markers of
 # docs/walkthrough.md) and the heatmap docs/images/walkthrough_step5_weights.png.
-# Run from anywhere, with numpy-attn installed (torch and matplotlib too: '.[tests]' has both):
+# Run from anywhere, with numpy-attn installed (torch and matplotlib too: '.[tests]' has both) and,
+# offline, TIKTOKEN_CACHE_DIR naming a folder that holds tiktoken's cached GPT-2 files:
 #   NUMPY_ATTN=.venv/bin/numpy-attn docs/regenerate_walkthrough.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 numpy_attn=${NUMPY_ATTN:-numpy-attn}
-export TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-../shared/tiktoken_cache}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The source's worked example: typed-in embeddings and W matrices, so every number can be checked.
+# The source example: typed-in embeddings and W matrices, so every number can be checked.
 "$numpy_attn" walkthrough --example source --color never --plot "$work" > "$work/walkthrough.txt"
 {
-  sed -n '1,5p' "$work/walkthrough.txt"
+  sed -n '1,/^$/p' "$work/walkthrough.txt" | head -n -1       # the header, up to its blank line
   echo "[...]"
   sed -n '/^  context = weights @ values/,/^Step 6/p' "$work/walkthrough.txt" | head -n -2   # not the blank line and the Step 6 title
 } > docs/walkthrough_excerpt.txt

@@ -29,6 +29,12 @@ Reading order, leaf to root:
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix
+    flex_attention   score and mask modifiers, block masks that skip empty tiles
+    rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
+    rms_norm         root-mean-square norm (no centring, no bias), as in Llama
+    swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
+    gpt2             GPT-2 as released (tanh GELU, its eps), to run its checkpoints
+    llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)

@@ -13,6 +13,9 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
 - ``is_causal`` lets query t see keys 0..t (top-left aligned, also when T != S). Giving both
   ``is_causal`` and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
+- A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
+  ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
+  along which the mask was broadcast, in the mask's shape. Bool masks and is_causal have none.
 - Dropout is inverted dropout on the weights (numpy_attn/dropout.py): a keep-mask drawn from
   ``rng`` with P(keep) = 1 - p, kept entries scaled by 1 / (1 - p); the keep-mask is cached so
   that the twin can replay it.
@@ -23,7 +26,7 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
 
 Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
 dscores = softmax_backward(dweights), dq = dscores k * scale, dk = dscores^T (q * scale).
-The masks are constants: masked entries have weight 0 and so get no gradient.
+Masked entries have weight 0 and so get no gradient; a float mask's own gradient is dscores.
 """
 
 from typing import NamedTuple
@@ -47,6 +50,7 @@ class AttentionCache(NamedTuple):
     dropout_cache: tuple        # dropout_forward's cache: (keep-mask, 1 / (1 - p)) or (None, None)
     scale: np.floating          # the score scale, in q's dtype
     g: int                      # query heads per key/value head (1 without grouped-query heads)
+    mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
 
     @property
     def keep(self):
@@ -60,21 +64,24 @@ class AttentionCache(NamedTuple):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None):
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False):
     """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
+
+    With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
 
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
     ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
     """
-    check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+    mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
     if is_causal:
         attn_mask = np.tri(T, S, dtype=np.bool_)                  # (T, S): query t sees keys 0..t
     if attn_mask is not None and attn_mask.dtype == np.bool_:
@@ -87,16 +94,18 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
-    cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g)
+    cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,
+                           mask_shape)
     return out, cache
 
 
 def scaled_dot_product_attention_backward(dout, cache):
-    """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+    """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)),
+    and dattn_mask (the mask's shape) after them if the forward had ``attn_mask_grad=True``.
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g = cache
+    q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g, mask_shape = cache
     check_dout("scaled_dot_product_attention", dout, weights.shape[:-1] + v.shape[-1:], v.dtype)
     # Undoes out = dropped @ v.
     dv = dropped.swapaxes(-1, -2) @ dout                          # (..., nh, S, hv)
@@ -106,9 +115,30 @@ def scaled_dot_product_attention_backward(dout, cache):
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
     dscores = softmax_backward(dweights, softmax_cache)           # (..., nh, T, S)
-    # Undoes scores = q_scaled @ k^T + attn_mask (the mask is a constant) and q_scaled = q * scale.
+    # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
     dq = (dscores @ k) * scale                                    # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+    if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
+        return dq, dk, dv, _sum_to_shape(dscores, mask_shape)    # (..., nh, T, S) -> mask's shape
     return dq, dk, dv
+
+
+def _sum_to_shape(x, shape):
+    """Sum ``x`` over the axes along which an array of ``shape`` was broadcast to x's shape."""
+    lead = x.ndim - len(shape)                                    # axes the array did not have
+    x = x.sum(axis=tuple(range(lead)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=stretched, keepdims=True)
+
+
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
+    """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
+    attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
+    check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng)
+    if not isinstance(attn_mask_grad, bool | np.bool_):
+        raise TypeError(f"attn_mask_grad must be True or False, got {attn_mask_grad!r}")
+    if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):
+        got = "no attn_mask" if attn_mask is None else f"a bool attn_mask of shape {attn_mask.shape}"
+        raise ValueError(f"attn_mask_grad=True needs a float attn_mask (its gradient), got {got}")

@@ -5,40 +5,45 @@
 The backward sends each upstream gradient row back to the table row it was read from. A token id
 that appears several times collects the sum of its rows, so the backward must use ``np.add.at``:
 ``dwte[ids] += dout`` would keep only one of the repeated rows (fancy-index assignment does not
-accumulate). Follows ``torch.nn.functional.embedding``.
+accumulate). With ``padding_idx`` that row is read like any other but receives no gradient, so
+training never moves it. Follows ``torch.nn.functional.embedding`` (padding_idx included; a
+negative one counts from the end, as there).
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_integer, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim
 
 
-def embedding_forward(ids, wte):
+def embedding_forward(ids, wte, padding_idx=None):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` of any shape (...,) -> out (..., C).
 
-    Returns ``(out, cache)``; the cache is ``(ids, V)``: the backward needs where each row came
-    from and the table's height, not the table itself.
+    Returns ``(out, cache)``; the cache is ``(ids, V, C, dtype, padding_idx)``: the backward needs
+    where each row came from, the table's shape and dtype and the frozen row, not the table itself.
     """
-    ids = _check_embedding(ids, wte)
+    ids, padding_idx = _check_embedding(ids, wte, padding_idx)
     V, C = wte.shape
     out = wte[ids]                                 # (...,) -> (..., C)
-    cache = (ids, V)
+    cache = (ids, V, C, wte.dtype, padding_idx)
     return out, cache
 
 
 def embedding_backward(dout, cache):
     """Gradient of the table: dout (..., C) -> dwte (V, C); repeated ids add up."""
-    ids, V = cache
-    C = dout.shape[-1]
+    ids, V, C, dtype, padding_idx = cache
+    check_dout("embedding_backward", dout, ids.shape + (C,), dtype)
     dwte = np.zeros((V, C), dtype=dout.dtype)      # (V, C)
     # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
     np.add.at(dwte, ids, dout)
+    if padding_idx is not None:
+        dwte[padding_idx] = 0                      # the padding row is frozen, as in F.embedding
     return dwte
 
 
-def _check_embedding(ids, wte):
-    """Return ``ids`` as an integer array; raise unless wte is a float (V, C) table and every id
-    lies in [0, V)."""
+def _check_embedding(ids, wte, padding_idx):
+    """Return ``(ids, padding_idx)``: ids as an integer array, padding_idx in [0, V) or None.
+    Raise unless wte is a float (V, C) table, every id lies in [0, V) and padding_idx (if given) is
+    an integer in [-V, V)."""
     check_float("wte", wte)
     check_ndim("wte", wte, 2)
     V = wte.shape[0]
@@ -50,4 +55,10 @@ def _check_embedding(ids, wte):
             raise ValueError(f"token id {low} is negative; ids must lie in [0, V) with V = {V}")
         if high >= V:
             raise ValueError(f"token id {high} is out of range for a vocabulary of size V = {V}")
-    return ids
+    if padding_idx is not None:
+        if isinstance(padding_idx, bool) or not isinstance(padding_idx, int | np.integer):
+            raise TypeError(f"padding_idx must be an integer or None, got {type(padding_idx).__name__}")
+        if not -V <= padding_idx < V:
+            raise ValueError(f"padding_idx = {padding_idx} must lie in [-V, V) with V = {V}")
+        padding_idx = int(padding_idx) % V
+    return ids, padding_idx

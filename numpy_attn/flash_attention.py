@@ -41,7 +41,7 @@ class FlashCache(NamedTuple):
     q: np.ndarray           # (..., nh, T, hs)
     k: np.ndarray           # (..., nh, S, hs) k, its heads repeated g times
     v: np.ndarray           # (..., nh, S, hv) v, its heads repeated g times
-    out: np.ndarray         # (..., nh, T, hv) the forward's output (the same array)
+    out: np.ndarray         # (..., nh, T, hv) a copy of the forward's output
     lse: np.ndarray         # (..., nh, T) log-sum-exp of each row of scale * q @ k^T
     is_causal: bool
     scale: np.floating      # in q's dtype
@@ -55,8 +55,8 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
 
     Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
     block_q queries by block_k keys (any sizes >= 1; larger than the lengths means one tile).
-    ``cache.out`` is ``out`` itself, which the backward reads (D = rowsum(dout * out)): change
-    ``out`` in place after the forward and the gradients change with it; copy it first.
+    The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
+    so changing ``out`` in place after the forward leaves the gradients alone.
     """
     _check_flash_attention(q, k, v, block_q, block_k)
     T, hs = q.shape[-2:]
@@ -87,7 +87,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
             m = m_new
         out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
         lse[..., i0:i1] = m + np.log(row_sum)                # (..., bq)
-    cache = FlashCache(q, k, v, out, lse, is_causal, scale, block_q, block_k, g)
+    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g)
     return out, cache
 
 

@@ -1,69 +1,125 @@
-"""Cross-entropy of logits against integer targets, mean over tokens, with its backward.
+"""Cross-entropy of logits against class targets or class probabilities, with its backward.
 
-    loss = -(1/n) * sum over counted tokens t of log_softmax(logits[t])[targets[t]]
+    q[t]    = onehot(targets[t])  or the given probabilities,  then (1 - s) * q[t] + s / V
+    loss[t] = -sum over classes c of weight[c] * q[t, c] * log_softmax(logits[t])[c]
 
-n counts the tokens whose target is not ``ignore_index``. Built on numpy_attn.softmax's
-log-softmax, so it is stable for any finite logits. Backward: dlogits = (softmax - onehot) * dloss / n
-on counted tokens, zero on ignored ones. Follows ``torch.nn.functional.cross_entropy`` with
-reduction="mean".
+s is ``label_smoothing``, weight the per-class ``weight`` (ones if not given). Tokens whose target
+is ``ignore_index`` get q = 0, so they cost nothing. reduction="none" returns loss[t];
+"sum" their sum; "mean" divides the sum by n, the summed weight[targets[t]] of the counted tokens
+for class targets (their count without weights), the number of tokens for probabilities. Built on
+numpy_attn.softmax's log-softmax, so it is stable for any finite logits. Backward:
+dlogits[t] = (sum(weight * q[t]) * softmax(logits[t]) - weight * q[t]) * dloss / n. Follows
+``torch.nn.functional.cross_entropy``, class axis included: ``axis=1`` takes its (N, V, d1, ...).
 
-Every token ignored: PyTorch divides 0 by 0 and returns NaN, which would poison an optimiser's
-state for the rest of training. Here the sum over no tokens is divided by max(n, 1), so the loss
-is 0 and every gradient is 0 (the same choice as softmax's all-masked rows, DESIGN.md section 6).
+Where we differ. Every token ignored (or n = 0 otherwise): PyTorch divides 0 by 0 and returns NaN,
+which would poison an optimiser's state for the rest of training. Here the sum over no tokens is
+divided by 1 instead, so the loss is 0 and every gradient is 0 (the same choice as softmax's
+all-masked rows). ``ignore_index`` with probability targets is refused (PyTorch ignores it).
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_float, check_integer
+from numpy_attn._checks import check_axis, check_dout, check_float, check_integer, check_same_dtype
 from numpy_attn.softmax import log_softmax_backward, log_softmax_forward
 
+REDUCTIONS = ("none", "mean", "sum")
 
-def cross_entropy_forward(logits, targets, ignore_index=None):
-    """Mean cross-entropy: logits (..., V), integer targets (...) -> loss, a 0-d array.
 
-    Targets equal to ``ignore_index`` (if given) are left out of the sum and of the count.
-    Returns ``(loss, cache)``; the cache is ``(targets, counted, n, log_softmax cache)`` with
-    ignored targets replaced by 0, so that the backward can scatter without checking them again.
+def cross_entropy_forward(logits, targets, ignore_index=None, reduction="mean", label_smoothing=0.0,
+                          weight=None, axis=-1):
+    """Cross-entropy: logits (..., V), targets (...) of class indices or (..., V) of class
+    probabilities, weight (V,) or None -> loss, 0-d (or (...) for reduction="none").
+
+    ``axis`` is the class axis of logits (and of probability targets); the math below runs with it
+    last. Returns ``(loss, cache)``; the cache is ``(q, weight, n, reduction, axis, log_softmax
+    cache)``: the backward needs the weighted targets, the divisor and where the classes were.
     """
-    targets = _check_cross_entropy(logits, targets, ignore_index)
-    counted = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
-    targets = np.where(counted, targets, 0)                            # (...), ignored -> class 0
-    n = max(int(counted.sum()), 1)                                     # all ignored: 0 / 1, not 0 / 0
+    targets, weight, soft = _check_cross_entropy(logits, targets, ignore_index, reduction,
+                                                 label_smoothing, weight, axis)
+    logits = np.moveaxis(logits, axis, -1)                             # class axis last: (..., V)
+    V = logits.shape[-1]
+    if soft:                                                           # probabilities: (..., V)
+        q = np.moveaxis(targets, axis, -1)                             # class axis last: (..., V)
+        counted = np.ones(q.shape[:-1], bool)                          # (...)
+        n = q[..., 0].size                                             # the number of tokens
+    else:                                                              # class indices: (...)
+        counted = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
+        targets = np.where(counted, targets, 0)                        # (...), ignored -> class 0
+        q = (targets[..., None] == np.arange(V)).astype(logits.dtype)  # (...) -> (..., V) one-hot
+        n = weight[targets][counted].sum()                             # weight of the counted tokens
+    q = (1 - label_smoothing) * q + label_smoothing / V                # (..., V), smoothed
+    q = np.where(counted[..., None], q, 0).astype(logits.dtype)        # ignored tokens cost nothing
+    wq = weight * q                                                    # (..., V)
     logp, logp_cache = log_softmax_forward(logits)                     # (..., V)
-    picked = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]   # (..., V) -> (...)
-    loss = -np.where(counted, picked, 0).sum() / logits.dtype.type(n)  # (...) -> ()
+    loss = -(wq * logp).sum(axis=-1)                                   # (..., V) -> (...)
+    n = 1 if reduction != "mean" or n == 0 else n                      # n = 0: 0 / 1, not 0 / 0
+    if reduction != "none":
+        loss = loss.sum() / logits.dtype.type(n)                       # (...) -> ()
     loss = np.asarray(loss, dtype=logits.dtype)
-    cache = (targets, counted, n, logp_cache)
+    cache = (wq, n, reduction, axis, logp_cache)
     return loss, cache
 
 
 def cross_entropy_backward(dloss, cache):
-    """Gradient of the mean cross-entropy: dloss () -> dlogits (..., V)."""
-    targets, counted, n, logp_cache = cache
+    """Gradient of the cross-entropy: dloss () (or (...) for reduction="none") -> dlogits, the
+    shape of the forward's logits."""
+    wq, n, reduction, axis, logp_cache = cache
     p, _ = logp_cache
-    # Undoes loss = -sum(picked over counted tokens) / n.
-    dpicked = np.where(counted, -dloss / p.dtype.type(n), 0).astype(p.dtype)   # (...)
-    # Undoes picked = logp[..., targets]: each token's gradient goes to its target's column.
-    dlogp = np.zeros_like(p)                                                     # (..., V)
-    np.put_along_axis(dlogp, targets[..., None], dpicked[..., None], axis=-1)
+    check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
+               p.dtype, name="dloss")
+    # Undoes loss = sum(loss) / n (mean), sum(loss) (sum, n = 1) or nothing (none): every token
+    # receives dloss / n.
+    dtok = (dloss / p.dtype.type(n))[..., None]                        # () or (...) -> (..., 1)
+    # Undoes loss = -sum(weight * q * logp).
+    dlogp = -wq * dtok                                                 # (..., V)
     # Undoes logp = log_softmax(logits).
-    dlogits = log_softmax_backward(dlogp, logp_cache)                            # (..., V)
+    dlogits = log_softmax_backward(dlogp, logp_cache)                  # (..., V)
+    dlogits = np.moveaxis(dlogits, -1, axis)                           # class axis back in place
     return dlogits
 
 
-def _check_cross_entropy(logits, targets, ignore_index):
-    """Return ``targets`` as an integer array; raise unless it matches ``logits`` (..., V) and
-    every counted target is a class in [0, V)."""
+def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, weight, axis):
+    """Return ``(targets, weight, soft)``: targets as an array, weight as a (V,) array (ones if
+    None), soft True for probability targets. Raise unless targets are integers of logits' shape
+    without the class axis, every counted one a class in [0, V), or floats of logits' shape and
+    dtype; and unless the options are valid."""
     check_float("logits", logits)
-    targets = np.asarray(targets)
+    if logits.ndim < 1:
+        raise ValueError(f"logits must have a class axis (..., V), got a 0-d array of shape {logits.shape}")
+    if not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis must be an integer, got {type(axis).__name__}")
+    axis = check_axis("logits", logits, axis)
+    V = logits.shape[axis]
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0 <= label_smoothing <= 1:
+        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
+    if weight is None:
+        weight = np.ones(V, logits.dtype)
+    check_float("weight", weight)
+    if weight.shape != (V,):
+        raise ValueError(f"weight of shape {weight.shape} must have shape ({V},), one per class "
+                         f"of logits {logits.shape} (class axis {axis})")
+    check_same_dtype(logits=logits, weight=weight)
+    if not isinstance(targets, np.ndarray):
+        raise TypeError(f"targets must be a NumPy array, got {type(targets).__name__}")
+    if np.issubdtype(targets.dtype, np.floating):
+        check_same_dtype(logits=logits, targets=targets)
+        if targets.shape != logits.shape:
+            raise ValueError(f"probability targets of shape {targets.shape} must have logits' "
+                             f"shape {logits.shape}")
+        if ignore_index is not None:
+            raise ValueError(f"ignore_index = {ignore_index} applies to class targets only, "
+                             f"not to probabilities")
+        return targets, weight, True
     check_integer("targets", targets)
-    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+    class_shape = logits.shape[:axis] + logits.shape[axis + 1:]
+    if targets.shape != class_shape:
         raise ValueError(f"targets of shape {targets.shape} must match logits {logits.shape} "
-                         f"without its last axis")
-    V = logits.shape[-1]
+                         f"without its class axis {axis}: {class_shape}")
     counted = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
     outside = counted & ((targets < 0) | (targets >= V))
     if outside.any():
         raise ValueError(f"target {targets[outside][0]} is out of range for V = {V} classes "
                          f"(ignore_index = {ignore_index})")
-    return targets
+    return targets, weight, False

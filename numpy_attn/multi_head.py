@@ -9,7 +9,8 @@ Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.Multihe
 ``is_causal`` are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
 and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
 each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
-for self-attention and ``(dx, dparams, dkv)`` for cross-attention.
+for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when
+the forward was given ``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
 
 Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
 nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).
@@ -95,7 +96,8 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
-                                 dropout_p=0.0, rng=None, kv=None, kv_cache=None, layer=0):
+                                 dropout_p=0.0, rng=None, kv=None, attn_mask_grad=False,
+                                 kv_cache=None, layer=0):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
     Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
@@ -118,7 +120,8 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
     if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
         attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right"), False
     y, attention_cache = scaled_dot_product_attention_forward(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng)   # (B, nh, T, hs)
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng,
+        attn_mask_grad=attn_mask_grad)                            # (B, nh, T, hs)
     y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
     out, o_cache = linear_forward(y, **params["o"])               # (B, T, C)
     cache = MultiHeadCache(q_cache, k_cache, v_cache, attention_cache, o_cache, num_heads, kv is not None)
@@ -126,8 +129,9 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
 
 
 def multi_head_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), and dkv (B, S, C) after them
-    for cross-attention. dparams has the keys and nesting of params ("b" only with bias)."""
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams), dkv (B, S, C) after them for
+    cross-attention, then dattn_mask (the mask's shape) if the forward had attn_mask_grad=True.
+    dparams has the keys and nesting of params ("b" only with bias)."""
     B, nh, T, hs = cache.attention.q_scaled.shape
     check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.attention.q_scaled.dtype)
     # Undoes out = linear(y, o).
@@ -135,7 +139,7 @@ def multi_head_attention_backward(dout, cache):
     # Undoes y = merge_heads(y): split_heads is its backward.
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
-    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
+    dq, dk, dv, *dattn_mask = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
     _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
@@ -148,10 +152,10 @@ def multi_head_attention_backward(dout, cache):
     dsrc = dsrc_k + dsrc_v
     dparams = {"q": dq_params, "k": dk_params, "v": dv_params, "o": do}
     if cache.cross:
-        return dx, dparams, dsrc
+        return dx, dparams, dsrc, *dattn_mask
     # Undoes src = x: for self-attention x fed all three projections.
     dx = dx + dsrc
-    return dx, dparams
+    return dx, dparams, *dattn_mask
 
 
 def _check_multi_head(x, params, num_heads, kv):

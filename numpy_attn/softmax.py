@@ -7,7 +7,7 @@ Subtracting the row maximum m changes nothing mathematically and keeps exp from 
 (logits of +-1e4 in float32, +-1e300 in float64). ``-inf`` entries are masked positions: they get
 probability 0. A row that is entirely ``-inf`` has no valid entry; softmax returns zeros there and
 log-softmax ``-inf`` (the log of those zeros), and both pass back zero gradient, where PyTorch
-returns NaN (DESIGN.md section 6). Backward: dx = y * (dy - sum(dy * y)) for softmax,
+returns NaN (docs/design.md). Backward: dx = y * (dy - sum(dy * y)) for softmax,
 dx = dy - softmax(x) * sum(dy) for log-softmax.
 """
 

@@ -1,9 +1,9 @@
-"""Hypothesis profiles, one BLAS/OpenMP thread, and a summary of the largest errors seen.
+"""Hypothesis profiles, one BLAS/OpenMP thread, and a report of the largest errors seen.
 
 Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
     default   a quick local run
     ci        derandomized, so CI sees the same examples on every run
-    thorough  many more examples; run before resolving an issue
+    thorough  many more examples; run after changing an operation
 """
 
 import os
@@ -45,10 +45,18 @@ def pytest_report_header(config):
     return f"hypothesis profile: {settings.get_current_profile_name()}"
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Print the largest error seen per compared tensor (for the issue notes)."""
+ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The ten comparisons closest to their tolerance on the terminal; every one in ERROR_FILE."""
     lines = helpers.error_report()
-    if lines:
-        terminalreporter.write_sep("-", "largest errors seen")
-        for line in lines:
-            terminalreporter.write_line(line)
+    if not lines:
+        return
+    path = config.rootpath / ERROR_FILE
+    path.write_text("Largest error seen per compared tensor and dtype (by name), and the share of "
+                    "its tolerance it used.\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    terminalreporter.write_sep("-", "largest errors seen: the ten closest to their tolerance")
+    for line in helpers.error_report(most=10):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(f"all {len(lines)} compared tensors: {path}")

@@ -121,12 +121,16 @@ def _target(value, label):
         target(value, label=label)
 
 
-def error_report():
-    """One line per compared tensor and dtype: the largest errors recorded this run."""
-    width = max((len(k[0]) for k in _WORST), default=0)
+def error_report(most=None):
+    """One line per compared tensor and dtype: the largest errors recorded this run, by name; with
+    ``most``, only that many lines, those that used the largest share of their tolerance first."""
+    rows = sorted(_WORST.items())
+    if most is not None:
+        rows = sorted(rows, key=lambda row: -row[1][1])[:most]
+    width = max((len(name) for (name, _), _ in rows), default=0)
     return [
         f"{name:<{width}}  {dtype:<8} max abs error {err:9.2e}   tolerance used {used:6.1%}"
-        for (name, dtype), (err, used) in sorted(_WORST.items())
+        for (name, dtype), (err, used) in rows
     ]
 
 

@@ -1,12 +1,13 @@
 """Parity tests for numpy_attn/attention.py and torch_attn/attention.py."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -77,7 +78,8 @@ def numpy_forward(case, **changes):
     c = {**case, **changes}
     return scaled_dot_product_attention_forward(
         c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
-        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]))
+        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
+        attn_mask_grad=c.get("attn_mask_grad", False))
 
 
 def twin_fn(case, keep):
@@ -359,6 +361,91 @@ def test_backward_matches_finite_differences(case):
         assert_close(f"sdpa.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
+# -- the gradient of a float mask (attn_mask_grad=True) ---------------------------------------------
+
+def mask_tol(case, cache):
+    """dattn_mask is dscores summed over the axes the mask was broadcast along: the dtype's atol
+    times the size D of the terms the softmax backward cancels (as in gradient_tols), times the
+    number of entries each mask entry sums."""
+    tol = TOLERANCES[np.dtype(case["q"].dtype)]
+    D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
+    summed = cache.weights.size // case["attn_mask"].size
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(D) * summed))
+
+
+@given(case=attention_inputs(kinds=("float",)))
+@example(case=EDGE_CASES[1])
+def test_float_mask_gradient_matches_autograd(case):
+    """With attn_mask_grad=True the backward returns dattn_mask, in the mask's shape, equal to
+    autograd's gradient of the twin with respect to the mask; dq, dk, dv are unchanged."""
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    assert len(grads) == 4, f"attn_mask_grad=True returned {len(grads)} gradients, not 4"
+    dq, dk, dv, dmask = grads
+    keep = None if cache.keep is None else to_torch(cache.keep)
+
+    def fn(q, k, v, attn_mask):
+        return tw.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=case["scale"],
+                                               dropout_p=case["dropout_p"], keep=keep)[0]
+    _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert dmask.shape == case["attn_mask"].shape and dmask.dtype == case["attn_mask"].dtype, \
+        f"dattn_mask {dmask.shape} {dmask.dtype} for a mask {case['attn_mask'].shape} {case['attn_mask'].dtype}"
+    assert_close("sdpa.dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
+    tols = gradient_tols(case, cache)
+    for name, d in zip("qkv", (dq, dk, dv), strict=True):
+        assert_close(f"sdpa.d{name} with attn_mask_grad", d, expected[name], **tols[name])
+
+
+@given(case=attention_inputs(dtype=np.float64, kinds=("float",), dropout=False, bound=1.0))
+@example(case={**EDGE_CASES[1], "dropout_p": 0.0})
+def test_float_mask_gradient_matches_finite_differences(case):
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    mask = case["attn_mask"].copy()
+    expected = numerical_grad(lambda m: numpy_forward(case, attn_mask=m)[0], mask, case["dout"])
+    assert_close("sdpa.dattn_mask vs finite differences", dmask, expected, **FD_TOL)
+
+
+def relative_positions(T, S):
+    """(T, S) index into a table of 2 * max(T, S) - 1 biases: one per offset key - query."""
+    return np.arange(S)[None, :] - np.arange(T)[:, None] + max(T, S) - 1
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_learned_relative_position_bias_trains_like_autograd(dtype):
+    """A per-head relative-position bias table (nh, 2T-1), gathered into a float mask (nh, T, S),
+    trained by three steps of gradient descent on 0.5 |out - target|^2: the NumPy table (its
+    gradient dattn_mask scattered back with np.add.at) follows torch's, trained through the twin
+    by autograd, step by step; and the loss goes down."""
+    nh, T, hs, lr = 2, 5, 3, 0.5
+    q, k, v = (S.ramp(nh, T, hs, dtype=dtype) * c for c in (1.0, 0.7, 1.3))
+    target = S.ramp(nh, T, hs, dtype=dtype)[:, ::-1].copy()
+    index = relative_positions(T, T)
+    table = np.zeros((nh, 2 * T - 1), dtype)
+    table_t = to_torch(table, requires_grad=True)
+    heads = np.arange(nh)[:, None, None]
+    losses = []
+    for step in range(3):
+        mask = table[heads, index]                                # (nh, T, T)
+        out, cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, attn_mask_grad=True)
+        losses.append(0.5 * float(np.sum((out - target) ** 2)))
+        dmask = scaled_dot_product_attention_backward(out - target, cache)[3]
+        dtable = np.zeros_like(table)
+        np.add.at(dtable, (heads, index), dmask)                   # offsets repeat: add, not assign
+        table = table - dtype(lr) * dtable
+
+        out_t, _ = tw.scaled_dot_product_attention(*(to_torch(a) for a in (q, k, v)),
+                                                   attn_mask=table_t[heads, index])
+        (0.5 * ((out_t - to_torch(target)) ** 2).sum()).backward()
+        with torch.no_grad():
+            table_t -= lr * table_t.grad
+            table_t.grad = None
+        assert_close(f"relative bias table after step {step + 1}", table, to_numpy(table_t))
+    assert losses[-1] < losses[0], f"training the bias did not lower the loss: {losses}"
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
@@ -407,6 +494,85 @@ def test_bad_input():
         sdpa(q.astype(np.int64), k, v)
     with pytest.raises(TypeError, match="must share one dtype"):
         sdpa(q.astype(np.float32), k, v)
+
+
+def test_non_finite_inputs_are_refused_by_name():
+    """NaN or inf in q, k or v is refused naming the argument and its shape, not the scores;
+    so is NaN or +inf in a float mask (-inf there means masked)."""
+    q, k, v = np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 6))
+    for name, bad in (("q", np.nan), ("k", np.inf), ("v", -np.inf)):
+        arrays = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
+        arrays[name][1, 2, 3] = bad
+        with pytest.raises(ValueError, match=rf"{name} of shape {re.escape(str(arrays[name].shape))} holds NaN"):
+            scaled_dot_product_attention_forward(**arrays)
+    for bad in (np.nan, np.inf):
+        mask = np.zeros((3, 5))
+        mask[0, 1] = bad
+        with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) holds NaN or \+inf"):
+            scaled_dot_product_attention_forward(q, k, v, attn_mask=mask)
+
+
+@st.composite
+def bad_dout(draw, shape, dtype):
+    """A dout unlike the forward's output of ``shape`` and ``dtype``, built to differ: another
+    shape (one axis longer, or an extra leading axis), the other float dtype, the last two axes
+    swapped (a transposed layout, only where that changes the shape), or integers of the right
+    shape. Returns (dout, the exception it must raise, the texts its message must hold)."""
+    kind = draw(st.sampled_from(("shape", "dtype", "transposed", "int")))
+    if kind == "shape":
+        axis = draw(st.integers(-1, len(shape) - 1))     # -1: an extra leading axis
+        if axis < 0:
+            bad = (draw(st.integers(1, 3)),) + shape
+        else:
+            bad = shape[:axis] + (shape[axis] + draw(st.integers(1, 3)),) + shape[axis + 1:]
+    elif kind == "transposed":
+        assume(len(shape) >= 2 and shape[-1] != shape[-2])
+        bad = shape[:-2] + (shape[-1], shape[-2])
+    else:
+        bad = shape
+    if kind in ("shape", "transposed"):
+        return draw(S.arrays(dtype, bad)), ValueError, [str(tuple(shape)), str(bad)]
+    bad_dtype = {"dtype": np.float32 if dtype == np.float64 else np.float64, "int": np.int64}[kind]
+    return np.zeros(shape, bad_dtype), TypeError, [str(np.dtype(dtype)), str(np.dtype(bad_dtype))]
+
+
+def assert_dout_refused(op, backward, cache, shape, dtype, data):
+    """The backward refuses a drawn bad dout with the right error, naming the op, the expected
+    and the received shape or dtype."""
+    dout, error, texts = data.draw(bad_dout(tuple(shape), np.dtype(dtype)), label="bad dout")
+    with pytest.raises(error) as info:
+        backward(dout, cache)
+    for text in (op, *texts):
+        assert text in str(info.value), f"{op}: {text!r} missing from {str(info.value)!r}"
+
+
+@given(case=attention_inputs(), data=st.data())
+def test_bad_dout_is_refused(case, data):
+    out, cache = numpy_forward(case)
+    assert_dout_refused("scaled_dot_product_attention", scaled_dot_product_attention_backward, cache,
+                        out.shape, out.dtype, data)
+
+
+@given(case=attention_inputs(dropout=False))
+def test_changing_out_leaves_gradients_alone(case):
+    """The cache does not hold ``out``: writing into it after the forward changes no gradient."""
+    out, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    out[...] = 7.0
+    again = scaled_dot_product_attention_backward(case["dout"], cache)
+    for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
+        assert np.array_equal(a, b), f"sdpa.{name} changed after writing into out"
+
+
+def test_bad_attn_mask_grad():
+    q, k, v = np.zeros((3, 4)), np.zeros((5, 4)), np.zeros((5, 2))
+    sdpa = scaled_dot_product_attention_forward
+    with pytest.raises(ValueError, match="attn_mask_grad=True needs a float attn_mask .* got no attn_mask"):
+        sdpa(q, k, v, attn_mask_grad=True)
+    with pytest.raises(ValueError, match=r"got a bool attn_mask of shape \(3, 5\)"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 5), dtype=bool), attn_mask_grad=True)
+    with pytest.raises(TypeError, match="attn_mask_grad must be True or False, got 'yes'"):
+        sdpa(q, k, v, attn_mask=np.zeros((3, 5)), attn_mask_grad="yes")
 
 
 def test_builtin_also_refuses_mask_with_is_causal():

@@ -15,49 +15,61 @@ from torch_attn.embedding import embedding
 
 @st.composite
 def lookups(draw, dtype=None):
-    """(ids, wte, dout): ids of shape (T,) or (B, T) from a small vocabulary, so they repeat."""
+    """(ids, wte, dout, padding_idx): ids of shape (T,) or (B, T) from a small vocabulary, so they
+    repeat; padding_idx None or a row counted from either end."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     V, C = draw(S.dim(1, 5)), draw(S.dim(1, 6))
     ids_shape = draw(st.sampled_from([(draw(S.dim(1, 8)),), (draw(S.dim(1, 3)), draw(S.dim(1, 8)))]))
     ids = draw(S.token_ids(V, ids_shape))
     wte = draw(S.arrays(dtype, (V, C)))
     dout = draw(S.arrays(dtype, ids_shape + (C,)))
-    return ids, wte, dout
+    return ids, wte, dout, draw(st.none() | st.integers(-V, V - 1))
 
 
 REPEATED = (np.array([[1, 1, 0, 1]]), np.arange(6.0).reshape(3, 2),
-            np.array([[[0.5, -1.0], [2.0, 0.25], [1.5, 1.5], [-3.0, 4.0]]]))
+            np.array([[[0.5, -1.0], [2.0, 0.25], [1.5, 1.5], [-3.0, 4.0]]]), None)
+# The repeated id is the padding row, given from the end (-2 is row 1 of 3).
+PADDED = REPEATED[:3] + (-2,)
+
+
+def _twin(ids, padding_idx):
+    """The twin as a function of the table alone, for autograd (ids are not differentiable)."""
+    return lambda wte: embedding(to_torch(ids), wte, padding_idx)
 
 
 # -- forward matches the twin -----------------------------------------------------------------
 
 @given(case=lookups())
 @example(case=REPEATED)
+@example(case=PADDED)
 def test_forward_matches_twin(case):
-    ids, wte, _ = case
-    out, _ = embedding_forward(ids, wte)
-    assert_close("embedding.out", out, to_numpy(embedding(to_torch(ids), to_torch(wte))))
+    ids, wte, _, padding_idx = case
+    out, _ = embedding_forward(ids, wte, padding_idx)
+    assert_close("embedding.out", out, to_numpy(embedding(to_torch(ids), to_torch(wte), padding_idx)))
 
 
 # -- backward matches autograd ----------------------------------------------------------------
 
 @given(case=lookups())
 @example(case=REPEATED)
+@example(case=PADDED)
 def test_backward_matches_autograd(case):
-    ids, wte, dout = case
-    _, cache = embedding_forward(ids, wte)
+    ids, wte, dout, padding_idx = case
+    _, cache = embedding_forward(ids, wte, padding_idx)
     dwte = embedding_backward(dout, cache)
-    _, grads = autograd(lambda wte: embedding(to_torch(ids), wte), {"wte": wte}, dout)
+    _, grads = autograd(_twin(ids, padding_idx), {"wte": wte}, dout)
     assert_close("embedding.dwte", dwte, grads["wte"])
 
 
 # -- the twin matches PyTorch's built-in --------------------------------------------------------
 
 @given(case=lookups())
+@example(case=PADDED)
 def test_twin_matches_builtin(case):
-    ids, wte, dout = case
-    out_twin, g_twin = autograd(lambda wte: embedding(to_torch(ids), wte), {"wte": wte}, dout)
-    out_builtin, g_builtin = autograd(lambda wte: F.embedding(to_torch(ids), wte), {"wte": wte}, dout)
+    ids, wte, dout, padding_idx = case
+    out_twin, g_twin = autograd(_twin(ids, padding_idx), {"wte": wte}, dout)
+    out_builtin, g_builtin = autograd(lambda wte: F.embedding(to_torch(ids), wte, padding_idx),
+                                      {"wte": wte}, dout)
     assert_close("embedding.out vs F.embedding", out_twin, out_builtin)
     assert_close("embedding.dwte vs F.embedding", g_twin["wte"], g_builtin["wte"])
 
@@ -67,7 +79,7 @@ def test_twin_matches_builtin(case):
 def test_repeated_ids_accumulate():
     """Id 1 appears three times: its gradient row is the sum of the three upstream rows.
     Fancy-index assignment (dwte[ids] += dout) would keep only the last of them."""
-    ids, wte, dout = REPEATED
+    ids, wte, dout, _ = REPEATED
     _, cache = embedding_forward(ids, wte)
     dwte = embedding_backward(dout, cache)
     assert_close("embedding.dwte row of id 1", dwte[1], dout[0, 0] + dout[0, 1] + dout[0, 3])
@@ -77,10 +89,23 @@ def test_repeated_ids_accumulate():
     assert not np.allclose(naive, dwte), "the repeated-id example should defeat fancy-index +="
 
 
+def test_padding_row_is_read_but_frozen():
+    """Id 1 is the padding row and appears three times: it is looked up like any row, but its
+    gradient row is exactly zero; the other rows are unchanged by padding_idx."""
+    ids, wte, dout, padding_idx = PADDED
+    out, cache = embedding_forward(ids, wte, padding_idx)
+    assert_close("embedding.out of the padding row", out[0, 0], wte[1])
+    dwte = embedding_backward(dout, cache)
+    assert not dwte[1].any(), f"embedding.dwte of the padding row is {dwte[1]}, not 0"
+    _, plain_cache = embedding_forward(ids, wte)
+    plain = embedding_backward(dout, plain_cache)
+    assert_close("embedding.dwte of the other rows", dwte[[0, 2]], plain[[0, 2]])
+
+
 @given(case=lookups())
 def test_gradient_total_is_preserved(case):
     """Every upstream row lands in exactly one table row: the column sums agree."""
-    ids, wte, dout = case
+    ids, wte, dout, _ = case
     _, cache = embedding_forward(ids, wte)
     dwte = embedding_backward(dout, cache)
     assert_close("embedding.dwte column sums", dwte.sum(axis=0),
@@ -90,11 +115,16 @@ def test_gradient_total_is_preserved(case):
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=lookups(dtype=np.float64))
+@example(case=PADDED)
 def test_backward_matches_finite_differences(case):
-    ids, wte, dout = case
-    _, cache = embedding_forward(ids, wte)
+    """The padding row is read, so the function does depend on it: padding_idx is a rule about
+    the gradient (that row is frozen), so its finite-difference row is set to 0 before comparing."""
+    ids, wte, dout, padding_idx = case
+    _, cache = embedding_forward(ids, wte, padding_idx)
     dwte = embedding_backward(dout, cache)
-    expected = numerical_grad(lambda wte: embedding_forward(ids, wte)[0], wte.copy(), dout)
+    expected = numerical_grad(lambda wte: embedding_forward(ids, wte, padding_idx)[0], wte.copy(), dout)
+    if padding_idx is not None:
+        expected[padding_idx] = 0
     assert_close("embedding.dwte vs finite differences", dwte, expected, **FD_TOL)
 
 
@@ -131,6 +161,19 @@ def test_bad_input():
         embedding_forward(np.array([0]), np.zeros(5))
     with pytest.raises(TypeError, match="wte must be float32 or float64"):
         embedding_forward(np.array([0]), np.zeros((5, 3), dtype=np.int64))
+    with pytest.raises(TypeError, match="wte must be a NumPy array, got list"):
+        embedding_forward(np.array([0]), [[0.0, 1.0]])
+    for bad in (5, -6):
+        with pytest.raises(ValueError, match=f"padding_idx = {bad} must lie in \\[-V, V\\) with V = 5"):
+            embedding_forward(np.array([0]), wte, padding_idx=bad)
+    for bad in (1.0, True, "0"):
+        with pytest.raises(TypeError, match="padding_idx must be an integer or None, got "):
+            embedding_forward(np.array([0]), wte, padding_idx=bad)
+    _, cache = embedding_forward(np.array([0, 1]), wte)
+    with pytest.raises(ValueError, match=r"embedding_backward: dout must have the shape .* \(2, 3\), got \(3, 2\)"):
+        embedding_backward(np.zeros((3, 2)), cache)
+    with pytest.raises(TypeError, match="embedding_backward: dout must have the dtype .* float64, got float32"):
+        embedding_backward(np.zeros((2, 3), np.float32), cache)
 
 
 def test_builtin_rejects_out_of_range_too():

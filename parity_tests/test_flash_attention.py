@@ -29,6 +29,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
+from parity_tests.test_attention import assert_dout_refused
 
 
 @st.composite
@@ -476,3 +477,33 @@ def test_kernel_bad_dout(dout, error, message):
     _, cache = fa.flash_attention_forward(Q, K, V)
     with pytest.raises(error, match=message):
         fa.flash_attention_backward(dout, cache)
+
+
+@given(case=flash_inputs(), data=st.data())
+def test_bad_dout_is_refused(case, data):
+    out, cache = numpy_forward(case)
+    assert_dout_refused("flash_attention", flash_attention_backward, cache, out.shape, out.dtype, data)
+
+
+@given(case=flash_inputs())
+def test_changing_out_leaves_gradients_alone(case):
+    """The cache holds a copy of ``out``: writing into ``out`` after the forward changes no gradient."""
+    out, cache = numpy_forward(case)
+    grads = flash_attention_backward(case["dout"], cache)
+    out[...] = 7.0
+    again = flash_attention_backward(case["dout"], cache)
+    for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
+        assert np.array_equal(a, b), f"flash.{name} changed after writing into out"
+
+
+def test_huge_blocks_are_one_tile():
+    """Block sizes beyond the lengths mean one tile; nothing is allocated at the block size
+    (2**40 queries by 2**40 keys would be petabytes)."""
+    q, k, v = ramp(2, 3, 4), ramp(2, 5, 4), ramp(2, 5, 2)
+    out, cache = flash_attention_forward(q, k, v, block_q=2**40, block_k=2**40)
+    out_1, cache_1 = flash_attention_forward(q, k, v, block_q=3, block_k=5)
+    assert_close("flash.out with blocks of 2**40", out, out_1)
+    grads = flash_attention_backward(ramp(2, 3, 2), cache)
+    grads_1 = flash_attention_backward(ramp(2, 3, 2), cache_1)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_1, strict=True):
+        assert_close(f"flash.{name} with blocks of 2**40", a, b)

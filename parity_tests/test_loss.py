@@ -8,45 +8,112 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.loss import REDUCTIONS, cross_entropy_backward, cross_entropy_forward
 from parity_tests import strategies as S
-from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_torch
+from parity_tests.helpers import (
+    FD_TOL,
+    TOLERANCES,
+    assert_close,
+    autograd,
+    numerical_grad,
+    to_torch,
+)
 from torch_attn.loss import cross_entropy
 
 
 @st.composite
-def batches(draw, dtype=None):
-    """(logits, targets, ignore_index, dloss): logits (..., V), repeating targets (...), some of
-    them set to ignore_index (None, PyTorch's -100, or a real class), and a drawn scalar dloss."""
+def batches(draw, dtype=None, soft=None, options=True):
+    """(logits, targets, options, dloss): logits with V classes on a drawn axis; targets either
+    class indices (repeating, some set to ignore_index: None, PyTorch's -100, or a real class) of
+    logits' shape without that axis, or probabilities of logits' shape; drawn keyword options
+    (axis, reduction, label_smoothing, weight; only the defaults with ``options=False``), and dloss
+    of the loss's shape."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     lead = draw(S.batch_shapes())
     V = draw(S.dim(1, 8))
-    logits = draw(S.arrays(dtype, lead + (V,), bound=10.0))
-    targets = draw(S.token_ids(V, lead))
-    ignore_index = draw(st.sampled_from([None, -100]) | st.integers(0, V - 1))
-    if ignore_index is not None:
-        targets = np.where(draw(hnp.arrays(np.bool_, lead)), ignore_index, targets)
-    return logits, targets, ignore_index, draw(S.arrays(dtype, ()))
+    soft = draw(st.booleans()) if soft is None else soft
+    axis = draw(st.integers(-len(lead) - 1, len(lead))) if options else -1
+    at = axis % (len(lead) + 1)
+    shape = lead[:at] + (V,) + lead[at:]
+    logits = draw(S.arrays(dtype, shape, bound=10.0))
+    kw = dict(axis=axis, reduction="mean", label_smoothing=0.0, weight=None)
+    if options:
+        kw["reduction"] = draw(st.sampled_from(REDUCTIONS))
+        kw["label_smoothing"] = draw(st.sampled_from([0.0, 0.1, 1.0]) | st.floats(0, 1))
+        # class weights are >= 0 (a mean over weights that cancel would divide by nearly 0)
+        kw["weight"] = draw(st.none() | S.arrays(dtype, (V,), 2.0).map(np.abs))
+    if soft:
+        raw = np.abs(draw(S.arrays(dtype, shape, 1.0)))
+        total = raw.sum(axis=at, keepdims=True)
+        targets = np.where(total > 0, raw / np.where(total > 0, total, 1), 1 / V).astype(dtype)
+        kw["ignore_index"] = None
+    else:
+        targets = draw(S.token_ids(V, lead))
+        kw["ignore_index"] = draw(st.sampled_from([None, -100]) | st.integers(0, V - 1))
+        if kw["ignore_index"] is not None:
+            targets = np.where(draw(hnp.arrays(np.bool_, lead)), kw["ignore_index"], targets)
+    dloss = draw(S.arrays(dtype, lead if kw["reduction"] == "none" else ()))
+    return logits, targets, kw, dloss
 
 
-def _twin(targets, ignore_index):
-    """The twin as a function of logits alone, for autograd (targets are not differentiable)."""
-    return lambda logits: cross_entropy(logits, to_torch(targets), ignore_index)
+def _twin(targets, kw):
+    """The twin as a function of logits alone, for autograd (targets and weight are constants)."""
+    weight = None if kw["weight"] is None else to_torch(kw["weight"])
+    return lambda logits: cross_entropy(logits, to_torch(targets), **dict(kw, weight=weight))
+
+
+def _builtin(targets, kw):
+    """F.cross_entropy with the same options: the class axis moved to 1 (0 for logits (V,)); its
+    ignore_index must be an int, and -100 (its default) never matches a real class."""
+    weight = None if kw["weight"] is None else to_torch(kw["weight"])
+    ignore = -100 if kw["ignore_index"] is None else kw["ignore_index"]
+
+    def builtin(logits):
+        logits = torch.movedim(logits, kw["axis"], min(1, logits.ndim - 1))
+        targets_t = to_torch(targets)
+        if targets_t.is_floating_point():
+            targets_t = torch.movedim(targets_t, kw["axis"], min(1, logits.ndim - 1))
+        return F.cross_entropy(logits, targets_t, weight, ignore_index=ignore,
+                               reduction=kw["reduction"], label_smoothing=kw["label_smoothing"])
+
+    return builtin
+
+
+def _divisor(targets, kw, V):
+    """The mean's divisor: the counted tokens' summed weight (class targets), the token count
+    (probabilities)."""
+    if np.issubdtype(targets.dtype, np.floating):
+        return targets.size // V
+    counted = targets != kw["ignore_index"] if kw["ignore_index"] is not None else np.ones(targets.shape, bool)
+    weight = np.ones(V) if kw["weight"] is None else kw["weight"]
+    return weight[np.where(counted, targets, 0)][counted].sum()
 
 
 # Two tokens with the same target, one ignored, in a vocabulary of three.
 REPEATED = (np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0], [2.0, 2.0, 2.0]]), np.array([1, -100, 1]),
-            -100, np.array(0.75))
+            dict(axis=-1, reduction="mean", label_smoothing=0.0, weight=None, ignore_index=-100),
+            np.array(0.75))
+# (N, V, d1) as F.cross_entropy takes it, weighted and smoothed, one token per position kept.
+CLASS_AXIS_1 = (S.ramp(2, 3, 2) * 4, np.array([[0, 2], [1, -100]]),
+                dict(axis=1, reduction="none", label_smoothing=0.2,
+                     weight=np.array([0.5, 2.0, 1.0]), ignore_index=-100),
+                S.ramp(2, 2) + 0.5)
+# Probabilities on the last axis, one of them a one-hot row, summed.
+SOFT = (S.ramp(2, 4) * 5, np.array([[0.25, 0.25, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]]),
+        dict(axis=-1, reduction="sum", label_smoothing=0.1, weight=None, ignore_index=None),
+        np.array(-1.25))
 
 
 # -- forward matches the twin -----------------------------------------------------------------
 
 @given(case=batches())
 @example(case=REPEATED)
+@example(case=CLASS_AXIS_1)
+@example(case=SOFT)
 def test_forward_matches_twin(case):
-    logits, targets, ignore_index, dloss = case
-    loss, _ = cross_entropy_forward(logits, targets, ignore_index)
-    twin_loss, _ = autograd(_twin(targets, ignore_index), {"logits": logits}, dloss)
+    logits, targets, kw, dloss = case
+    loss, _ = cross_entropy_forward(logits, targets, **kw)
+    twin_loss, _ = autograd(_twin(targets, kw), {"logits": logits}, dloss)
     assert_close("cross_entropy.loss", loss, twin_loss)
 
 
@@ -54,11 +121,13 @@ def test_forward_matches_twin(case):
 
 @given(case=batches())
 @example(case=REPEATED)
+@example(case=CLASS_AXIS_1)
+@example(case=SOFT)
 def test_backward_matches_autograd(case):
-    logits, targets, ignore_index, dloss = case
-    _, cache = cross_entropy_forward(logits, targets, ignore_index)
+    logits, targets, kw, dloss = case
+    _, cache = cross_entropy_forward(logits, targets, **kw)
     dlogits = cross_entropy_backward(dloss, cache)
-    _, grads = autograd(_twin(targets, ignore_index), {"logits": logits}, dloss)
+    _, grads = autograd(_twin(targets, kw), {"logits": logits}, dloss)
     assert_close("cross_entropy.dlogits", dlogits, grads["logits"])
 
 
@@ -66,76 +135,111 @@ def test_backward_matches_autograd(case):
 
 @given(case=batches())
 @example(case=REPEATED)
+@example(case=CLASS_AXIS_1)
+@example(case=SOFT)
 def test_twin_matches_builtin(case):
-    """F.cross_entropy on the tokens flattened to (N, V); its ignore_index must be an int, and
-    -100 (its default) never matches a real class. All ignored: see the next test."""
-    logits, targets, ignore_index, dloss = case
-    V = logits.shape[-1]
-    builtin_ignore = -100 if ignore_index is None else ignore_index
-
-    def builtin(logits):
-        return F.cross_entropy(logits.reshape(-1, V), to_torch(targets).reshape(-1),
-                               ignore_index=builtin_ignore)
-
-    twin_loss, twin_grads = autograd(_twin(targets, ignore_index), {"logits": logits}, dloss)
-    builtin_loss, builtin_grads = autograd(builtin, {"logits": logits}, dloss)
-    if (targets != builtin_ignore).any():
+    """F.cross_entropy with the same reduction, label_smoothing, weight and targets, the class
+    axis moved to where it expects it. A mean over zero weight: see the next test."""
+    logits, targets, kw, dloss = case
+    twin_loss, twin_grads = autograd(_twin(targets, kw), {"logits": logits}, dloss)
+    builtin_loss, builtin_grads = autograd(_builtin(targets, kw), {"logits": logits}, dloss)
+    if kw["reduction"] != "mean" or _divisor(targets, kw, logits.shape[kw["axis"]]) != 0:
         assert_close("cross_entropy.loss vs F.cross_entropy", twin_loss, builtin_loss)
         assert_close("cross_entropy.dlogits vs F.cross_entropy", twin_grads["logits"],
                      builtin_grads["logits"])
     else:
-        assert np.isnan(builtin_loss), "F.cross_entropy over no tokens was expected to be NaN"
-        assert twin_loss == 0, f"cross-entropy over no tokens is {twin_loss}, not 0"
+        assert np.isnan(builtin_loss), "F.cross_entropy over no weight was expected to be NaN"
+        assert twin_loss == 0, f"cross-entropy over no weight is {twin_loss}, not 0"
 
 
-def test_all_ignored_gives_zero_where_builtin_gives_nan():
-    """Mean over zero tokens: PyTorch computes 0 / 0 = NaN; we return 0 and zero gradients, so
-    a batch of padding cannot poison the optimiser (documented in both twins)."""
+@pytest.mark.parametrize("weight", [None, np.array([0.0, 0.0, 1.0])])
+def test_all_ignored_gives_zero_where_builtin_gives_nan(weight):
+    """Mean over zero tokens (or tokens of zero weight): PyTorch computes 0 / 0 = NaN; we return 0
+    and zero gradients, so a batch of padding cannot poison the optimiser (documented in both
+    twins)."""
     logits = np.array([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]])
-    targets = np.array([-100, -100])
-    assert torch.isnan(F.cross_entropy(to_torch(logits), to_torch(targets))), "built-in not NaN"
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index=-100)
+    targets = np.array([-100, -100]) if weight is None else np.array([0, 1])
+    w_t = None if weight is None else to_torch(weight)
+    assert torch.isnan(F.cross_entropy(to_torch(logits), to_torch(targets), w_t)), "built-in not NaN"
+    loss, cache = cross_entropy_forward(logits, targets, ignore_index=-100, weight=weight)
     assert loss == 0, f"cross_entropy.loss over no tokens is {loss}"
     assert np.array_equal(cross_entropy_backward(np.array(1.5), cache), np.zeros_like(logits)), \
         "cross_entropy.dlogits over no tokens is not zero"
-    twin = cross_entropy(to_torch(logits), to_torch(targets), ignore_index=-100)
+    twin = cross_entropy(to_torch(logits), to_torch(targets), ignore_index=-100, weight=w_t)
     assert twin.item() == 0, f"twin cross_entropy over no tokens is {twin.item()}"
 
 
 # -- properties ---------------------------------------------------------------------------------
 
-@given(case=batches(), constant=st.floats(-10, 10))
+@given(case=batches(soft=False, options=False), constant=st.floats(-10, 10))
 def test_uniform_logits_give_log_V(case, constant):
     """Equal logits are a uniform prediction: every counted token costs log V."""
-    logits, targets, ignore_index, _ = case
+    logits, targets, kw, _ = case
     uniform = np.full_like(logits, constant)
-    loss, _ = cross_entropy_forward(uniform, targets, ignore_index)
-    counted = targets != ignore_index
+    loss, _ = cross_entropy_forward(uniform, targets, **kw)
+    counted = targets != kw["ignore_index"]
     expected = np.log(logits.shape[-1]) if counted.any() else 0.0
     assert_close("cross_entropy.loss of uniform logits", loss, np.asarray(expected, logits.dtype))
 
 
 @given(case=batches())
 def test_gradient_rows_sum_to_zero_and_ignored_rows_are_zero(case):
-    """softmax - onehot sums to zero over V; ignored tokens contribute nothing."""
-    logits, targets, ignore_index, dloss = case
-    loss, cache = cross_entropy_forward(logits, targets, ignore_index)
+    """(sum(weight * q) * softmax - weight * q) sums to zero over V; ignored tokens contribute
+    nothing; every token's loss is >= 0 (weights >= 0)."""
+    logits, targets, kw, dloss = case
+    loss, cache = cross_entropy_forward(logits, targets, **kw)
     dlogits = cross_entropy_backward(dloss, cache)
-    assert loss >= 0, f"cross_entropy.loss {loss} is negative"
-    assert_close("cross_entropy.dlogits row sums", dlogits.sum(axis=-1),
-                 np.zeros(targets.shape, logits.dtype))
-    ignored = targets == ignore_index
-    assert not dlogits[ignored].any(), "an ignored token received a gradient"
+    assert np.all(loss >= 0), f"cross_entropy.loss {loss} is negative"
+    assert_close("cross_entropy.dlogits row sums", dlogits.sum(axis=kw["axis"]),
+                 np.zeros(dlogits.sum(axis=kw["axis"]).shape, logits.dtype),
+                 atol=TOLERANCES[logits.dtype]["atol"] * max(1.0, float(np.abs(dlogits).max())))
+    if kw["ignore_index"] is not None:
+        ignored = np.expand_dims(targets == kw["ignore_index"], kw["axis"])
+        assert not (dlogits * ignored).any(), "an ignored token received a gradient"
+
+
+@given(case=batches(soft=False))
+def test_class_targets_equal_their_one_hot_probabilities(case):
+    """Token by token (reduction="none"), a class index costs what its one-hot row of
+    probabilities costs, with the same smoothing and weight; ignored tokens cost 0."""
+    logits, targets, kw, _ = case
+    V = logits.shape[kw["axis"]]
+    kw = dict(kw, reduction="none")
+    loss, _ = cross_entropy_forward(logits, targets, **kw)
+    onehot = np.moveaxis(np.eye(V, dtype=logits.dtype)[targets % V], -1, kw["axis"])
+    soft, _ = cross_entropy_forward(logits, onehot, **dict(kw, ignore_index=None))
+    counted = np.ones(targets.shape, bool) if kw["ignore_index"] is None else targets != kw["ignore_index"]
+    assert_close("cross_entropy.loss of class targets vs one-hot probabilities", loss,
+                 np.where(counted, soft, 0).astype(logits.dtype))
+
+
+@given(case=batches(options=False), s=st.floats(0, 1))
+def test_label_smoothing_interpolates_towards_uniform_targets(case, s):
+    """Summed, smoothing by s is (1 - s) times the plain loss plus s times the loss against the
+    uniform distribution 1 / V (on the counted tokens)."""
+    logits, targets, kw, _ = case
+    kw = dict(kw, reduction="sum")
+    plain, _ = cross_entropy_forward(logits, targets, **kw)
+    smoothed, _ = cross_entropy_forward(logits, targets, **dict(kw, label_smoothing=s))
+    uniform, _ = cross_entropy_forward(logits, targets, **dict(kw, label_smoothing=1.0))
+    expected = ((1 - s) * plain.astype(np.float64) + s * uniform.astype(np.float64))
+    # the sum of nonnegative terms of up to 2 * (20 + log V) each: atol relative to it
+    tol = TOLERANCES[logits.dtype]
+    assert_close("cross_entropy.loss smoothed vs interpolated", smoothed,
+                 expected.astype(logits.dtype), rtol=tol["rtol"],
+                 atol=tol["atol"] * max(1.0, float(uniform), float(plain)))
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=batches(dtype=np.float64))
+@example(case=CLASS_AXIS_1)
+@example(case=SOFT)
 def test_backward_matches_finite_differences(case):
-    logits, targets, ignore_index, dloss = case
-    _, cache = cross_entropy_forward(logits, targets, ignore_index)
+    logits, targets, kw, dloss = case
+    _, cache = cross_entropy_forward(logits, targets, **kw)
     dlogits = cross_entropy_backward(dloss, cache)
-    expected = numerical_grad(lambda z: cross_entropy_forward(z, targets, ignore_index)[0],
+    expected = numerical_grad(lambda z: cross_entropy_forward(z, targets, **kw)[0],
                               logits.copy(), dloss)
     assert_close("cross_entropy.dlogits vs finite differences", dlogits, expected, **FD_TOL)
 
@@ -143,11 +247,13 @@ def test_backward_matches_finite_differences(case):
 # -- dtype preservation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
-def test_dtype_is_preserved(dtype):
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_dtype_is_preserved(dtype, reduction):
     logits = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], dtype=dtype)
-    loss, cache = cross_entropy_forward(logits, np.array([2, 0], dtype=np.int32))
-    # A dloss given as a NumPy float64 must not upcast float32.
-    dlogits = cross_entropy_backward(np.float64(0.5), cache)
+    weight = np.array([1.0, 0.5, 2.0], dtype)
+    loss, cache = cross_entropy_forward(logits, np.array([2, 0], dtype=np.int32),
+                                        reduction=reduction, label_smoothing=0.1, weight=weight)
+    dlogits = cross_entropy_backward(np.full(loss.shape, 0.5, dtype), cache)
     assert loss.dtype == dtype, f"cross_entropy.loss dtype {loss.dtype}"
     assert dlogits.dtype == dtype, f"cross_entropy.dlogits dtype {dlogits.dtype}"
 
@@ -164,7 +270,46 @@ def test_bad_input():
         cross_entropy_forward(logits, np.array([-100, -1]), ignore_index=-1)
     with pytest.raises(ValueError, match=r"targets of shape \(3,\) must match logits \(2, 5\)"):
         cross_entropy_forward(logits, np.array([0, 1, 2]))
-    with pytest.raises(TypeError, match="targets must be integers, got dtype float64"):
-        cross_entropy_forward(logits, np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"targets of shape \(2,\) must match logits \(2, 5\) without its class axis 0: \(5,\)"):
+        cross_entropy_forward(logits, np.array([0, 1]), axis=0)
+    with pytest.raises(TypeError, match="targets must be integers, got dtype bool"):
+        cross_entropy_forward(logits, np.array([True, False]))
+    with pytest.raises(TypeError, match="targets must be a NumPy array, got list"):
+        cross_entropy_forward(logits, [0, 1])
     with pytest.raises(TypeError, match="logits must be float32 or float64, got dtype int64"):
         cross_entropy_forward(np.zeros((2, 5), dtype=np.int64), np.array([0, 1]))
+    with pytest.raises(TypeError, match="logits must be a NumPy array, got list"):
+        cross_entropy_forward([[0.0, 1.0]], np.array([0]))
+    with pytest.raises(ValueError, match=r"logits must have a class axis \(\.\.\., V\), got a 0-d array"):
+        cross_entropy_forward(np.array(1.0), np.array(0))
+    # probability targets
+    with pytest.raises(ValueError, match=r"probability targets of shape \(2,\) must have logits' shape \(2, 5\)"):
+        cross_entropy_forward(logits, np.array([0.0, 1.0]))
+    with pytest.raises(TypeError, match="logits is float64, targets is float32"):
+        cross_entropy_forward(logits, np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match="ignore_index = -100 applies to class targets only"):
+        cross_entropy_forward(logits, np.zeros((2, 5)), ignore_index=-100)
+    # options
+    with pytest.raises(ValueError, match="reduction must be one of \\('none', 'mean', 'sum'\\), got 'avg'"):
+        cross_entropy_forward(logits, np.array([0, 1]), reduction="avg")
+    for s in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=f"label_smoothing must lie in \\[0, 1\\], got {s}"):
+            cross_entropy_forward(logits, np.array([0, 1]), label_smoothing=s)
+    with pytest.raises(ValueError, match=r"weight of shape \(4,\) must have shape \(5,\)"):
+        cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(4))
+    with pytest.raises(TypeError, match="logits is float64, weight is float32"):
+        cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(5, np.float32))
+    with pytest.raises(TypeError, match="weight must be a NumPy array, got list"):
+        cross_entropy_forward(logits, np.array([0, 1]), weight=[1.0] * 5)
+    with pytest.raises(ValueError, match=r"axis 2 is out of range for logits of shape \(2, 5\)"):
+        cross_entropy_forward(logits, np.array([0, 1]), axis=2)
+    with pytest.raises(TypeError, match="axis must be an integer, got float"):
+        cross_entropy_forward(logits, np.array([0, 1]), axis=1.0)
+    # the backward's dloss: the loss's shape and dtype
+    _, cache = cross_entropy_forward(logits, np.array([0, 1]), reduction="none")
+    with pytest.raises(ValueError, match=r"cross_entropy_backward: dloss must have the shape .* \(2,\), got \(\)"):
+        cross_entropy_backward(np.array(1.0), cache)
+    with pytest.raises(TypeError, match="cross_entropy_backward: dloss must have the dtype .* float64, got float32"):
+        cross_entropy_backward(np.ones(2, np.float32), cache)
+    with pytest.raises(TypeError, match="cross_entropy_backward: dloss must be a NumPy array"):
+        cross_entropy_backward(1.0, cache)

@@ -29,6 +29,7 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
+from parity_tests.test_attention import assert_dout_refused
 from torch_attn import convert
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
@@ -383,3 +384,82 @@ def test_bad_input():
         multi_head_attention_forward(x, params, 3, attn_mask=np.ones((3, 4), dtype=bool))
     with pytest.raises(TypeError, match="dropout_p = 0.1 needs rng"):
         multi_head_attention_forward(x, params, 3, dropout_p=0.1)
+
+
+def test_bad_input_names_the_callers_argument():
+    """Errors name what the caller passed (x, kv, params["k"]["w"]), not the projected q, k, v."""
+    x, params = np.zeros((2, 3, 6)), hand_params(6)
+    with pytest.raises(TypeError, match=r"kv must be float32 or float64, got dtype int64"):
+        multi_head_attention_forward(x, params, 2, kv=np.zeros((2, 5, 6), dtype=np.int64))
+    with pytest.raises(TypeError, match=r"x is float64, kv is float32"):
+        multi_head_attention_forward(x, params, 2, kv=np.zeros((2, 5, 6), dtype=np.float32))
+    with pytest.raises(TypeError, match=r'x is float64, .*params\["v"\]\["w"\] is float32'):
+        multi_head_attention_forward(x, {**params, "v": {"w": params["v"]["w"].astype(np.float32)}}, 2)
+    with pytest.raises(ValueError, match=r'params\["o"\]\["b"\] must have shape \(6,\) for C = 6 '
+                                         r"of x \(2, 3, 6\), got \(5,\)"):
+        multi_head_attention_forward(x, {**params, "o": {"w": params["o"]["w"], "b": np.zeros(5)}}, 2)
+    with pytest.raises(TypeError, match=r'params must be a dict with keys "q", "k", "v", "o"'):
+        multi_head_attention_forward(x, {"q": params["q"]}, 2)
+    for name in ("x", "kv"):
+        arrays = {"x": x.copy(), "kv": np.zeros((2, 4, 6))}
+        arrays[name][1, 2, 3] = np.nan
+        with pytest.raises(ValueError, match=rf"{name} of shape \(2, \d, 6\) holds NaN or inf"):
+            multi_head_attention_forward(arrays["x"], params, 2, kv=arrays["kv"])
+    bad = hand_params(6)
+    bad["k"]["w"][0, 0] = np.inf
+    with pytest.raises(ValueError, match=r'params\["k"\]\["w"\] of shape \(6, 6\) holds NaN or inf'):
+        multi_head_attention_forward(x, bad, 2)
+
+
+@pytest.mark.parametrize("C, error, message", [
+    (0, ValueError, "C must be a positive integer"), (-4, ValueError, "C must be a positive integer"),
+    (2.5, TypeError, "C must be a positive integer"), (None, TypeError, "C must be a positive integer"),
+])
+def test_init_multi_head_params_bad_width(C, error, message):
+    with pytest.raises(error, match=message):
+        init_multi_head_params(C, np.random.default_rng(0))
+
+
+@given(case=mha_inputs(), data=st.data())
+def test_bad_dout_is_refused(case, data):
+    out, cache = numpy_forward(case)
+    assert_dout_refused("multi_head_attention", multi_head_attention_backward, cache, out.shape, out.dtype, data)
+
+
+@given(case=mha_inputs(dropout=False))
+def test_changing_out_leaves_gradients_alone(case):
+    """The cache does not hold ``out``: writing into it after the forward changes no gradient."""
+    out, cache = numpy_forward(case)
+    grads = numpy_backward(case, cache)
+    out[...] = 7.0
+    again = numpy_backward(case, cache)
+    for name, a, b in zip(("dx", "dparams", "dkv"), again, grads, strict=True):
+        if name == "dparams":
+            assert_tree_close("mha.dparams after writing into out", a, b, rtol=0, atol=0)
+        elif a is not None:
+            assert np.array_equal(a, b), f"mha.{name} changed after writing into out"
+
+
+@given(case=mha_inputs(kinds=("float",)))
+@example(case=EDGE_CASES[1])
+def test_float_mask_gradient_matches_autograd(case):
+    """attn_mask_grad=True passes the float mask's gradient through: the backward returns it
+    last, in the mask's shape, equal to autograd's through the twin."""
+    out, cache = multi_head_attention_forward(
+        case["x"], case["params"], case["num_heads"], attn_mask=case["attn_mask"],
+        dropout_p=case["dropout_p"], rng=np.random.default_rng(case["seed"]), kv=case["kv"],
+        attn_mask_grad=True)
+    grads = multi_head_attention_backward(case["dout"], cache)
+    assert len(grads) == (4 if case["kv"] is not None else 3), "one gradient per input, then dattn_mask"
+    dmask = grads[-1]
+    keep = None if cache.attention.keep is None else to_torch(cache.attention.keep)
+
+    def fn(x, params, attn_mask, kv=None):
+        return tw.multi_head_attention(x, params, case["num_heads"], attn_mask=attn_mask,
+                                       dropout_p=case["dropout_p"], keep=keep, kv=kv)[0]
+    _, expected = autograd(fn, {**differentiable(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert dmask.shape == case["attn_mask"].shape, f"dattn_mask {dmask.shape}, mask {case['attn_mask'].shape}"
+    # As gradient_tol, times the number of scores each mask entry sums.
+    tol = gradient_tol(case["x"], case["params"], case["kv"], case["dout"], cache)
+    tol["atol"] *= cache.weights.size // case["attn_mask"].size
+    assert_close("mha.dattn_mask", dmask, expected["attn_mask"], **tol)

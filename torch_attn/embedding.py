@@ -2,14 +2,19 @@
 
 Twin of numpy_attn/embedding.py. Indexing ``wte[ids]`` is differentiable; autograd's backward is
 the same scatter-add (repeated ids accumulate) that the NumPy twin writes with ``np.add.at``.
+The padding row's lookups are detached, so it receives no gradient (the NumPy backward zeroes it).
 """
 
+import torch
 
-def embedding(ids, wte):
+
+def embedding(ids, wte, padding_idx=None):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` (...,) -> out (..., C)."""
     V, C = wte.shape
     out = wte[ids]                                 # (...,) -> (..., C)
+    if padding_idx is not None:                    # the padding row is frozen, as in F.embedding
+        out = torch.where((ids == padding_idx % V)[..., None], out.detach(), out)
     return out
 
 
-# Equals torch.nn.functional.embedding(ids, wte).
+# Equals torch.nn.functional.embedding(ids, wte, padding_idx), forward and backward.

@@ -140,6 +140,49 @@ def _future_mask(block_q, T, dtype):
     return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
 
 
+# The forward first tries each block of query rows without the running maximum: p = exp(s)
+# itself, no max, no subtraction and no rescaling, two passes over every tile fewer. That is
+# exact, like any shift, as long as nothing overflows and the row sums l are not so small that
+# underflow matters: each exp that underflows (or is flushed to 0) loses under 2^-126, so with
+# l >= 2^-64 the loss is below 2^-126 * 2^31 keys / 2^-64 = 2^-31 of l, under float32's
+# rounding. A block where some l is smaller, or where anything overflowed (inf or nan in
+# p @ v_1), is computed again with the running maximum: scores beyond about +-44 (float32:
+# exp overflows past 88.7) cost twice the time but give the same answer.
+UNSHIFTED_MIN_SUM = 2.0 ** -64
+
+
+def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+    """acc += sum over key tiles of exp(s) @ v_1, no maximum subtracted; whether that was safe."""
+    bq = len(q_blk)
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below
+        for j0 in range(0, S_seen, block_k):
+            j1 = min(j0 + block_k, S_seen)
+            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
+            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
+                _mask_future(s, i0, j0, future)
+            p = EXP(s, out=s)                                # (bq, bk) in place, unshifted
+            acc += np.matmul(p, v_1[j0:j1], out=pv)
+    return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
+
+
+def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+    """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m."""
+    bq = len(q_blk)
+    m = np.full(bq, -np.inf, q_blk.dtype)                    # (bq,) running row maximum
+    for j0 in range(0, S_seen, block_k):
+        j1 = min(j0 + block_k, S_seen)
+        s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
+        if is_causal and j1 - 1 > i0:
+            _mask_future(s, i0, j0, future)
+        m_new = np.maximum(m, s.max(axis=1))                 # (bq,), finite: key 0 is always seen first
+        acc *= EXP(m - m_new)[:, None]                       # rescale the old sums to the new maximum
+        m = m_new
+        s -= m[:, None]
+        p = EXP(s, out=s)                                    # (bq, bk) in [0, 1], in place
+        acc += np.matmul(p, v_1[j0:j1], out=pv)
+    return m
+
+
 def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
     """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse_b (T,)."""
     T, hs = q.shape
@@ -159,21 +202,15 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
         q_blk = q[i0:i1] * (scale * LOG_FACTOR)              # (bq, hs), scores in the kernel's base
-        m = np.full(i1 - i0, -np.inf, dtype)                 # (bq,) running row maximum
         acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
-        for j0 in range(0, S_seen, block_k):
-            j1 = min(j0 + block_k, S_seen)
-            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0))
-            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
-                _mask_future(s, i0, j0, future)
-            m_new = np.maximum(m, s.max(axis=1))             # (bq,), finite: key 0 is always seen first
-            acc *= EXP(m - m_new)[:, None]                   # rescale the old sums to the new maximum
-            m = m_new
-            s -= m[:, None]
-            p = EXP(s, out=s)                                # (bq, bk) in [0, 1], in place
-            acc += np.matmul(p, v_1[j0:j1], out=pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1))
-        row_sum = acc[:, hv]                                 # (bq,) >= 1: the maximum contributes 1
+        pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
+        args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv)
+        m = 0
+        if not _rows_unshifted(*args):
+            acc[:] = 0
+            m = _rows_shifted(*args)
+        row_sum = acc[:, hv]                                 # (bq,) > 0 (>= 1 when shifted)
         out[i0:i1] = acc[:, :hv] / row_sum[:, None]
         lse_b[i0:i1] = m + LOG(row_sum)                      # log-sum-exp in the kernel's base
 

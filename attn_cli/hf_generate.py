@@ -1,0 +1,81 @@
+"""``numpy-attn generate --hf DIR``: continue a prompt with a Hugging Face checkpoint, in NumPy.
+
+The folder is one that ``huggingface-cli download gpt2 --local-dir gpt2`` (or ``save_pretrained``)
+writes: config.json and model.safetensors, read by attn_cli.hf. GPT-2 folders take ``--prompt``
+text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama folders come with
+tokenizers this project does not implement, so they take ``--ids 1,2,3`` and print ids. Every step
+runs the whole context through numpy_attn (no key/value cache): simple, and quick enough for GPT-2
+small on a CPU.
+"""
+
+import numpy as np
+
+from numpy_attn.softmax import softmax_forward
+
+
+def parse_ids(text):
+    """``"1,2,3"`` -> [1, 2, 3]; a clear ValueError for anything else."""
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--ids must be comma-separated integers such as 1,2,3, got {text!r}") from None
+    if not ids:
+        raise ValueError("--ids is empty: give at least one token id, such as 1,2,3")
+    return ids
+
+
+def next_token(logits, temperature, top_k, rng):
+    """Greedy at temperature 0, else a draw from softmax(logits / temperature) over the top_k."""
+    logits = logits.astype(np.float64)
+    if temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    if top_k is not None and top_k < len(logits):
+        kth = np.sort(logits)[-top_k]
+        logits = np.where(logits < kth, -np.inf, logits)                    # keep the top k
+    probs, _ = softmax_forward(logits)
+    return int(rng.choice(len(probs), p=probs))
+
+
+def generate(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=None, rng=None):
+    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T)) -> logits (1, T, V)``."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    ids = list(ids)
+    for _ in range(max_new_tokens):
+        context = np.array([ids[-block_size:]])                              # (1, T)
+        ids.append(next_token(forward(context)[0, -1], temperature, top_k, rng))
+    return ids
+
+
+def run(args):
+    """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (Llama)."""
+    from attn_cli.hf import load_checkpoint
+    from numpy_attn.gpt2 import gpt2_forward
+    from numpy_attn.llama import llama_forward
+
+    kind, config, params = load_checkpoint(args.hf, np.float32)
+    if kind == "gpt2":
+        from attn_cli import tokenizer
+
+        if args.ids is not None:
+            prompt_ids = parse_ids(args.ids)
+        elif args.prompt:
+            prompt_ids = tokenizer.encode(args.prompt)
+        else:
+            raise ValueError("give --prompt TEXT (or --ids 1,2,3) to continue")
+        out = generate(lambda ids: gpt2_forward(ids, params, config)[0], prompt_ids, config.block_size,
+                       args.max_new_tokens, args.temperature, args.top_k, np.random.default_rng(args.seed))
+        print(tokenizer.decode(out) if args.ids is None else ",".join(map(str, out)))
+        return 0
+    if args.ids is None:
+        raise ValueError(f"{args.hf} is a Llama checkpoint, whose tokenizer numpy-attn does not "
+                         "implement: give the prompt as token ids, --ids 1,2,3 (its tokenizer "
+                         "gives them), and read the continuation as ids")
+    out = generate(lambda ids: llama_forward(ids, params, config)[0], parse_ids(args.ids),
+                   config.block_size, args.max_new_tokens, args.temperature, args.top_k,
+                   np.random.default_rng(args.seed))
+    print(",".join(map(str, out)))
+    return 0

@@ -1,0 +1,303 @@
+"""A Llama-style language model, and its backward.
+
+    x      = wte[ids]
+    x      = x + attn(rms_norm(x))           causal, RoPE on q and k, grouped-query heads
+    x      = x + swiglu(rms_norm(x))         (the two lines above once per block)
+    x      = rms_norm(x)
+    logits = x @ head.w                      head.w = wte^T with tied weights
+
+Touvron et al., "LLaMA: Open and Efficient Foundation Language Models" (2023), section 2.2, and
+"Llama 2" (2023) for grouped-query attention: GPT-2's pre-norm block with RMS norm in place of
+layer norm (numpy_attn/rms_norm.py), rotary positions in place of a position table
+(numpy_attn/rope.py), SwiGLU in place of the GELU network (numpy_attn/swiglu.py), and no biases
+(``attn_bias`` and ``mlp_bias`` turn them on, as Hugging Face's ``attention_bias`` and
+``mlp_bias``). With n_kv_head < n_head, the n_head / n_kv_head query heads of a group share one
+key/value head; numpy_attn/attention.py does the sharing and sums their gradients.
+
+Parameters are nested dicts: ``blocks.0.attn.q.w`` (C, nh * hs), ``blocks.0.attn.k.w``
+(C, nkv * hs), ``blocks.0.attn.o.w`` (nh * hs, C), ``blocks.0.mlp.gate.w`` (C, H), norms
+``{"w": (C,)}``. The head size hs need not be C / nh (``head_dim``, as in Hugging Face's config).
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_dout, check_integer, check_ndim
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
+from numpy_attn.swiglu import swiglu_backward, swiglu_forward
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The model's sizes and switches; the defaults are a toy that runs in milliseconds."""
+
+    vocab_size: int = 64          # V
+    block_size: int = 32          # the longest context T (max_position_embeddings)
+    n_layer: int = 2
+    n_head: int = 4               # nh, query heads
+    n_kv_head: int = 2            # nkv, key/value heads; nh must be a multiple
+    n_embd: int = 32              # C
+    head_dim: int | None = None   # hs; None means C // nh
+    hidden: int = 64              # H, the SwiGLU width (Hugging Face's intermediate_size)
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None   # rope.py's scaling: None, linear or llama3
+    rope_layout: str = "half"     # "half" (Hugging Face) or "interleaved" (Meta's original)
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    tie_weights: bool = False     # the output layer is the token embedding, transposed
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_head", "n_kv_head", "n_embd", "hidden"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("n_layer", self.n_layer, 0)
+        if self.head_dim is not None:
+            _check_int("head_dim", self.head_dim, 2)
+        if self.hs % 2:
+            raise ValueError(f"the head size must be even for rotary positions, got {self.hs} "
+                             f"(head_dim = {self.head_dim}, n_embd = {self.n_embd}, n_head = {self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head = {self.n_head} must be a multiple of n_kv_head = {self.n_kv_head}")
+        for name in ("attn_bias", "mlp_bias", "tie_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if isinstance(self.rms_eps, bool) or not isinstance(self.rms_eps, int | float) or not self.rms_eps >= 0:
+            raise ValueError(f"rms_eps must be a number >= 0, got {self.rms_eps!r}")
+        if self.rope_layout not in LAYOUTS:
+            raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
+        rope_frequencies(self.hs, self.rope_theta, self.rope_scaling)   # raises on bad theta, scaling
+
+    @property
+    def hs(self):
+        """The head size: head_dim, or n_embd // n_head."""
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+
+
+def _check_int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def init_llama_params(config, rng, dtype=np.float32):
+    """{"wte": (V, C), "blocks": {"0": ..., ...}, "norm": {"w": (C,)}, ["head": {"w": (C, V)}]}.
+
+    Embeddings and linear weights are drawn from N(0, 0.02^2), as Hugging Face's Llama
+    (initializer_range); norms start at 1, biases at 0; head only without tied weights.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    V, C, hs = config.vocab_size, config.n_embd, config.hs
+    nh, nkv = config.n_head, config.n_kv_head
+
+    def linear(C_in, C_out, bias):
+        layer = {"w": rng.normal(0, 0.02, (C_in, C_out)).astype(dtype)}
+        if bias:
+            layer["b"] = np.zeros(C_out, dtype)
+        return layer
+
+    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype), "blocks": {}}          # (V, C)
+    for i in range(config.n_layer):
+        attn = {"q": linear(C, nh * hs, config.attn_bias), "k": linear(C, nkv * hs, config.attn_bias),
+                "v": linear(C, nkv * hs, config.attn_bias), "o": linear(nh * hs, C, config.attn_bias)}
+        mlp = {"gate": linear(C, config.hidden, config.mlp_bias),
+               "up": linear(C, config.hidden, config.mlp_bias),
+               "down": linear(config.hidden, C, config.mlp_bias)}
+        params["blocks"][str(i)] = {"attn_norm": {"w": np.ones(C, dtype)}, "attn": attn,
+                                    "mlp_norm": {"w": np.ones(C, dtype)}, "mlp": mlp}
+    params["norm"] = {"w": np.ones(C, dtype)}
+    if not config.tie_weights:
+        params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}               # (C, V)
+    return params
+
+
+# -- attention with rotary positions and grouped-query heads ------------------------------------
+
+class LlamaAttentionCache(NamedTuple):
+    q: tuple
+    k: tuple
+    v: tuple
+    q_rope: tuple
+    k_rope: tuple
+    sdpa: tuple
+    o: tuple
+
+
+def llama_attention_forward(x, params, config, positions):
+    """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C).
+
+    Returns ``(out, cache)``: the caches of the four projections, the two rotations and attention.
+    """
+    B, T, C = x.shape
+    nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
+    k, k_cache = linear_forward(x, **params["k"])                             # (B, T, C) -> (B, T, nkv*hs)
+    v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
+    q = q.reshape(B, T, nh, hs).swapaxes(1, 2)                                # (B, T, nh*hs) -> (B, nh, T, hs)
+    k = k.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    v = v.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+    q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
+    k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True)   # (B, nh, T, hs)
+    y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
+    out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
+    cache = LlamaAttentionCache(q_cache, k_cache, v_cache, q_rope_cache, k_rope_cache, sdpa_cache, o_cache)
+    return out, cache
+
+
+def llama_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
+    B, T, C = dout.shape
+    # Undoes out = y @ o.w (+ o.b).
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    _, nh, _, hs = cache.q_rope[3]                                            # q's shape, from rope's cache
+    # Undoes y = y.swapaxes(1, 2).reshape(...).
+    dy = dy.reshape(B, T, nh, hs).swapaxes(1, 2)                              # (B, T, nh*hs) -> (B, nh, T, hs)
+    # Undoes attention; dk and dv come back with the nkv heads of k and v.
+    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)
+    # Undoes the two rotations.
+    dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
+    dq = rope_backward(dq, cache.q_rope)                                      # (B, nh, T, hs)
+    # Undoes the reshapes of q, k, v into heads.
+    dv = dv.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nkv, T, hs) -> (B, T, nkv*hs)
+    dk = dk.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nkv, T, hs) -> (B, T, nkv*hs)
+    dq = dq.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nh, T, hs) -> (B, T, nh*hs)
+    # Undoes the three projections: x fed all of them, so their gradients add.
+    dx_v, dv_params = linear_backward(dv, cache.v)                            # (B, T, C)
+    dx_k, dk_params = linear_backward(dk, cache.k)                            # (B, T, C)
+    dx_q, dq_params = linear_backward(dq, cache.q)                            # (B, T, C)
+    dx = dx_q + dx_k + dx_v
+    return dx, {"q": dq_params, "k": dk_params, "v": dv_params, "o": do}
+
+
+# -- the block ------------------------------------------------------------------------------------
+
+class LlamaBlockCache(NamedTuple):
+    attn_norm: tuple
+    attn: LlamaAttentionCache
+    mlp_norm: tuple
+    mlp: tuple
+
+
+def llama_block_forward(x, params, config, positions):
+    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches."""
+    # 1-3: x + attn(rms_norm(x))
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
+    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions)      # (B, T, C)
+    x = x + a
+    # 4-6: x + swiglu(rms_norm(x))
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
+    f, mlp_cache = swiglu_forward(h, params["mlp"])                                    # (B, T, C) via (B, T, H)
+    out = x + f
+    cache = LlamaBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache)
+    return out, cache
+
+
+def llama_block_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
+    # 6: undoes out = x + f: the skip hands dout to x, the branch to f.
+    dx_skip = dout
+    df = dout
+    # 5: undoes f = swiglu(h).
+    dh, dmlp = swiglu_backward(df, cache.mlp)                                 # (B, T, C)
+    # 4: undoes h = rms_norm(x); x also fed the skip.
+    dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
+    dx = dx_mlp + dx_skip
+    # 3: undoes x = x + a, as step 6.
+    dx_skip = dx
+    da = dx
+    # 2: undoes a = attn(h).
+    dh, dattn = llama_attention_backward(da, cache.attn)                      # (B, T, C)
+    # 1: undoes h = rms_norm(x).
+    dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
+    dx = dx_attn + dx_skip
+    return dx, {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+class LlamaCache(NamedTuple):
+    wte: tuple
+    blocks: list
+    norm: tuple
+    head: tuple
+    tied: bool
+
+
+def llama_forward(ids, params, config, positions=None):
+    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
+
+    ``positions`` (T,) or (B, T), integers, default 0..T-1: where each token sits (RoPE).
+    """
+    ids, positions = _check_llama(ids, positions, config)
+    B, T = ids.shape
+    wte = params["wte"]
+    # 1: token embedding (positions enter through RoPE inside attention)
+    x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
+    # 2: the blocks, in order
+    block_caches = []
+    for i in range(config.n_layer):
+        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions)   # (B, T, C)
+        block_caches.append(block_cache)
+    # 3: final RMS norm
+    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps)  # (B, T, C)
+    # 4: the output layer
+    head_w = wte.T if config.tie_weights else params["head"]["w"]             # (C, V)
+    logits, head_cache = linear_forward(x, head_w)                            # (B, T, C) -> (B, T, V)
+    cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache, config.tie_weights)
+    return logits, cache
+
+
+def llama_backward(dlogits, cache):
+    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    x, head_w, _ = cache.head
+    check_dout("llama", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype, name="dlogits")
+    # 4: undoes logits = x @ head_w.
+    dx, dhead = linear_backward(dlogits, cache.head)                          # (B, T, V) -> (B, T, C)
+    # 3: undoes x = rms_norm(x).
+    dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
+    # 2: undoes the blocks, the last one first.
+    dblocks = {}
+    for i in reversed(range(len(cache.blocks))):
+        dx, dblocks[str(i)] = llama_block_backward(dx, cache.blocks[i])       # (B, T, C)
+    dblocks = {str(i): dblocks[str(i)] for i in range(len(cache.blocks))}     # in params' order
+    # 1: undoes x = wte[ids].
+    dwte_embedding = embedding_backward(dx, cache.wte)                        # (V, C)
+    dparams = {"wte": dwte_embedding, "blocks": dblocks, "norm": dnorm}
+    if cache.tied:
+        # wte was used twice, as the embedding and (transposed) as the head: the uses add.
+        dwte_head = dhead["w"].T                                              # (C, V) -> (V, C)
+        dparams["wte"] = dwte_embedding + dwte_head
+    else:
+        dparams["head"] = dhead
+    return dparams
+
+
+def _check_llama(ids, positions, config):
+    """Return ids (B, T) and positions (T,) or (B, T) as integer arrays, or raise."""
+    if not isinstance(config, LlamaConfig):
+        raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+    ids = np.asarray(ids)
+    check_ndim("ids", ids, 2)
+    check_integer("token ids", ids)
+    B, T = ids.shape
+    if T > config.block_size:
+        raise ValueError(f"sequence length T = {T} of ids {ids.shape} exceeds block_size = {config.block_size}")
+    positions = np.arange(T) if positions is None else np.asarray(positions)
+    check_integer("positions", positions)
+    if positions.shape not in ((T,), (B, T)):
+        raise ValueError(f"positions must have shape ({T},) or ({B}, {T}) to match ids {ids.shape}, "
+                         f"got {positions.shape}")
+    return ids, positions

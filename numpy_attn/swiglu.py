@@ -1,0 +1,109 @@
+"""The SwiGLU feed-forward network of Llama, and its backward.
+
+    g   = x @ gate.w          (..., C) -> (..., H)
+    u   = x @ up.w            (..., C) -> (..., H)
+    a   = silu(g) * u         silu(g) = g * sigmoid(g), the gate
+    out = a @ down.w          (..., H) -> (..., C)
+
+Shazeer, "GLU Variants Improve Transformer" (2020), FFN_SwiGLU; Llama uses it without biases and
+with H about 8C/3 (the three matrices then hold as many numbers as GPT's two of 4C). Weights are
+stored (C_in, C_out) as everywhere here; Hugging Face's ``LlamaMLP`` stores their transposes in
+``gate_proj``, ``up_proj`` and ``down_proj``. Biases are optional (``mlp_bias``).
+
+SiLU's derivative: silu'(g) = s + g s (1 - s) = s (1 + g (1 - s)) with s = sigmoid(g). The sigmoid
+is evaluated from exp(-|g|), which never overflows.
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_dout, check_float
+from numpy_attn.linear import linear_backward, linear_forward
+
+
+def init_swiglu_params(C, H, rng, bias=False, dtype=np.float32):
+    """{"gate": {"w": (C, H)}, "up": {"w": (C, H)}, "down": {"w": (H, C)}}, with "b" each if ``bias``.
+
+    Drawn like ``torch.nn.Linear``'s default: every entry U(-1/sqrt(C_in), 1/sqrt(C_in)).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    params = {}
+    for name, C_in, C_out in (("gate", C, H), ("up", C, H), ("down", H, C)):
+        bound = 1 / np.sqrt(C_in)
+        params[name] = {"w": rng.uniform(-bound, bound, (C_in, C_out)).astype(dtype)}
+        if bias:
+            params[name]["b"] = rng.uniform(-bound, bound, (C_out,)).astype(dtype)
+    return params
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)), from exp(-|x|) so that no exponential overflows."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def silu_forward(x):
+    """SiLU (swish) x * sigmoid(x): (...) -> (...). The cache is ``(x, sigmoid(x))``."""
+    check_float("x", x)
+    s = sigmoid(x)
+    out = x * s
+    cache = (x, s)
+    return out, cache
+
+
+def silu_backward(dout, cache):
+    """Gradient of SiLU: dout (...) -> dx (...)."""
+    x, s = cache
+    check_dout("silu", dout, x.shape, x.dtype)
+    # Undoes out = x * s(x): the product rule, with s' = s (1 - s).
+    dx = dout * s * (1 + x * (1 - s))
+    return dx
+
+
+def swiglu_forward(x, params):
+    """SwiGLU network on x (..., C), params as from init_swiglu_params -> (..., C).
+
+    Returns ``(out, cache)``; the cache holds the three linear caches, silu's, and g's silu and
+    u (the backward multiplies each by the other's gradient).
+    """
+    _check_swiglu(x, params)
+    g, gate_cache = linear_forward(x, **params["gate"])               # (..., C) -> (..., H)
+    u, up_cache = linear_forward(x, **params["up"])                   # (..., C) -> (..., H)
+    s, silu_cache = silu_forward(g)                                   # (..., H)
+    a = s * u                                                         # (..., H)
+    out, down_cache = linear_forward(a, **params["down"])             # (..., H) -> (..., C)
+    cache = (gate_cache, up_cache, silu_cache, s, u, down_cache)
+    return out, cache
+
+
+def swiglu_backward(dout, cache):
+    """Gradients: dout (..., C) -> (dx (..., C), {"gate", "up", "down"} like the params)."""
+    gate_cache, up_cache, silu_cache, s, u, down_cache = cache
+    check_dout("swiglu", dout, s.shape[:-1] + down_cache[1].shape[1:], s.dtype)
+    # Undoes out = a @ down.w.
+    da, ddown = linear_backward(dout, down_cache)                     # (..., C) -> (..., H)
+    # Undoes a = s * u.
+    ds = da * u                                                       # (..., H)
+    du = da * s                                                       # (..., H)
+    # Undoes s = silu(g).
+    dg = silu_backward(ds, silu_cache)                                # (..., H)
+    # Undoes u = x @ up.w and g = x @ gate.w: x fed both, so the two gradients add.
+    dx_up, dup = linear_backward(du, up_cache)                        # (..., H) -> (..., C)
+    dx_gate, dgate = linear_backward(dg, gate_cache)                  # (..., H) -> (..., C)
+    dx = dx_gate + dx_up
+    return dx, {"gate": dgate, "up": dup, "down": ddown}
+
+
+def _check_swiglu(x, params):
+    check_float("x", x)
+    if not isinstance(params, dict) or set(params) != {"gate", "up", "down"}:
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params must be a dict with keys 'gate', 'up', 'down', got {got}")
+    C = x.shape[-1] if x.ndim else None
+    H = params["gate"]["w"].shape[-1]
+    expected = {"gate": (C, H), "up": (C, H), "down": (H, C)}
+    for name, shape in expected.items():
+        w = params[name].get("w")
+        if not isinstance(w, np.ndarray) or w.shape != shape:
+            got = w.shape if isinstance(w, np.ndarray) else type(w).__name__
+            raise ValueError(f"{name}.w must have shape {shape} for x {x.shape}, got {got}")

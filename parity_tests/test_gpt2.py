@@ -1,0 +1,150 @@
+"""Parity tests for numpy_attn/gpt2.py and torch_attn/gpt2.py (Hugging Face's GPT2LMHeadModel is
+compared through saved checkpoints in test_hf.py)."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numpy_attn.gpt2 import GPT2Config, gpt2_backward, gpt2_forward, init_gpt2_params
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    assert_close,
+    assert_tree_close,
+    autograd,
+    directional_derivative,
+    directional_tol,
+    layer_norm_tol,
+    to_torch,
+    tree_dot,
+    tree_leaves,
+    tree_map,
+)
+from torch_attn.gpt2 import gpt2
+
+
+@st.composite
+def models(draw, dtype=None):
+    """(config, params, ids, dout): tiny configs, params moved by U(-0.5, 0.5), repeating ids."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 3))
+    config = GPT2Config(vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
+                        n_layer=draw(st.integers(0, 2)), n_head=nh, n_embd=nh * hs,
+                        ln_eps=draw(st.sampled_from([1e-5, 1e-6])),
+                        gelu=draw(st.sampled_from(["tanh", "none"])), tie_weights=draw(st.booleans()))
+    B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    hidden = draw(S.dim(1, 5))
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
+                      init_gpt2_params(config, rng, dtype, hidden=hidden))
+    ids = draw(S.token_ids(config.vocab_size, (B, T)))
+    return config, params, ids, draw(S.arrays(dtype, (B, T, config.vocab_size), 2.0))
+
+
+def _pinned_case():
+    config = GPT2Config(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4)
+    rng = np.random.default_rng(1)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
+                      init_gpt2_params(config, rng, np.float64))
+    ids = np.array([[1, 3, 1, 1]])
+    return config, params, ids, rng.normal(size=ids.shape + (config.vocab_size,))
+
+
+def _rstds(cache):
+    """The rstd of every layer norm (caches (xhat, rstd, w))."""
+    return [cache.ln_f[1]] + [c[i][1] for c in cache.blocks for i in (0, 2)]
+
+
+def _tol(cache, dtype):
+    return layer_norm_tol(_rstds(cache), dtype)
+
+
+def _twin(config, ids):
+    return lambda params: gpt2(to_torch(ids), params, config)
+
+
+@given(case=models())
+@example(case=_pinned_case())
+def test_forward_matches_twin(case):
+    config, params, ids, dout = case
+    logits, cache = gpt2_forward(ids, params, config)
+    twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
+    assert_close("gpt2.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+
+
+@given(case=models())
+@example(case=_pinned_case())
+def test_backward_matches_autograd(case):
+    config, params, ids, dout = case
+    _, cache = gpt2_forward(ids, params, config)
+    dparams = gpt2_backward(dout, cache)
+    _, grads = autograd(_twin(config, ids), {"params": params}, dout)
+    assert_tree_close("gpt2", dparams, grads["params"], **_tol(cache, dout.dtype))
+
+
+@given(case=models(), data=st.data())
+def test_causal(case, data):
+    config, params, ids, _ = case
+    t = data.draw(st.integers(0, ids.shape[1] - 1))
+    changed = ids.copy()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % config.vocab_size
+    logits, cache = gpt2_forward(ids, params, config)
+    assert_close(f"gpt2.logits[:, :{t + 1}] after changing later tokens",
+                 gpt2_forward(changed, params, config)[0][:, : t + 1], logits[:, : t + 1],
+                 **_tol(cache, logits.dtype))
+
+
+@given(case=models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
+@example(case=_pinned_case(), seed=0)
+def test_backward_matches_finite_differences(case, seed):
+    """One directional derivative of sum(logits * dout) along a random direction in every parameter."""
+    config, params, ids, dout = case
+    rng = np.random.default_rng(seed)
+    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
+    _, cache = gpt2_forward(ids, params, config)
+    grads = gpt2_backward(dout, cache)
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    numeric = directional_derivative(
+        lambda p: np.sum(gpt2_forward(ids, p, config)[0] * dout), params, direction, h=h)
+    assert_close("gpt2 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
+                 np.float64(numeric), **directional_tol(grads, direction))
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1, tie_weights=False)
+    params = init_gpt2_params(config, np.random.default_rng(0), dtype)
+    logits, cache = gpt2_forward(np.array([[1, 2, 2]]), params, config)
+    grads = gpt2_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
+    assert logits.dtype == dtype, f"gpt2.logits dtype {logits.dtype}"
+    for path, g in tree_leaves(grads):
+        assert g.dtype == dtype, f"gpt2.{path} gradient dtype {g.dtype}"
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(n_embd=5, n_head=2), ValueError, "n_embd = 5 is not divisible by n_head = 2"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1, got 0"),
+    (dict(n_layer=True), TypeError, "n_layer must be an int, got True"),
+    (dict(gelu="gelu_new"), ValueError, "gelu must be 'tanh' or 'none', got 'gelu_new'"),
+    (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number >= 0, got -1.0"),
+    (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got 'yes'"),
+])
+def test_bad_config(kw, error, message):
+    with pytest.raises(error, match=message):
+        GPT2Config(**kw)
+
+
+def test_bad_input():
+    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1)
+    params = init_gpt2_params(config, np.random.default_rng(0), np.float64)
+    with pytest.raises(ValueError, match=r"T = 5 of ids \(1, 5\) exceeds block_size = 4"):
+        gpt2_forward(np.zeros((1, 5), np.int64), params, config)
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        gpt2_forward(np.zeros((1, 3)), params, config)
+    with pytest.raises(TypeError, match="config must be a GPT2Config, got dict"):
+        gpt2_forward(np.zeros((1, 3), np.int64), params, {})
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_gpt2_params(config, 0)
+    _, cache = gpt2_forward(np.zeros((1, 3), np.int64), params, config)
+    with pytest.raises(ValueError, match=r"gpt2: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
+        gpt2_backward(np.zeros((1, 3, 4)), cache)

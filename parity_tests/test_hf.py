@@ -1,0 +1,299 @@
+"""Hugging Face checkpoints in NumPy: attn_cli/hf.py reads folders that transformers saved.
+
+No download: each test builds a small random GPT2LMHeadModel or LlamaForCausalLM, saves it with
+``save_pretrained`` (safetensors) into a temporary folder, loads the folder with attn_cli.hf, and
+compares the logits of numpy_attn (gpt2.py, llama.py) with transformers', and the gradients of the
+cross-entropy loss (NumPy's hand-written backward and the torch twin's autograd) with
+transformers' autograd.
+
+Tolerances.
+- float64: the logits within 1e-10 of the largest logit (relative), gradients likewise relative to
+  the largest gradient of the model (some are zero but for rounding: the key bias's, since adding
+  q . b_k to every score of a row leaves its softmax unchanged). Both programs compute in float64 (Llama's RMS norm and
+  rotary angles are moved to float64 by test_llama.exact_hf_llama, as transformers computes them
+  in float32 whatever the model's dtype); what remains is reordered rounding, about 1e-15.
+- float32: transformers runs unchanged. Two float32 programs that round differently differ by a
+  few ulps (2^-24 = 6e-8) per operation; each layer norm or RMS norm multiplies its input's error
+  by its rstd (see helpers.layer_norm_tol), and a logit sums C products whose terms may cancel:
+  rtol 1e-4 * max rstd and an atol of 1e-5 * max rstd times the largest |value| compared,
+  the project's float32 tolerance applied to the scale of the logits (measured: below 1e-6).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from attn_cli.hf import CheckpointError, load_checkpoint
+from numpy_attn.gpt2 import gpt2_backward, gpt2_forward
+from numpy_attn.llama import llama_backward, llama_forward
+from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from parity_tests.helpers import assert_close, layer_norm_tol, to_numpy, to_torch, tree_to_torch
+from parity_tests.test_llama import exact_hf_llama, hf_logits_and_grads, to_hf_names
+from torch_attn.gpt2 import gpt2
+from torch_attn.llama import llama
+
+DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
+
+
+def _randomise(model, seed):
+    """Every parameter U(-0.5, 0.5) + (1 for norm weights): far from the 0.02 initialisation, so
+    that every layer matters to the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) - 0.5)
+            if "norm" in name or ".ln_" in name or name.endswith("ln_f.weight"):
+                p.add_(1.0)
+    return model
+
+
+def _save(model, folder):
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _ids(V, B=2, T=7, seed=0):
+    return np.random.default_rng(seed).integers(0, V, (B, T))
+
+
+def _loss(logits, ids):
+    """Next-token cross-entropy (torch): logits (B, T, V) at t predict ids at t + 1."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _compare(label, ours, theirs, dtype, rstds=(), scale=None):
+    """assert_close with this module's tolerance (see the module docstring); ``scale`` is the
+    largest |value| of the kind compared, by default theirs."""
+    scale = float(np.abs(theirs).max(initial=0)) if scale is None else scale
+    if dtype == np.float64:
+        tol = dict(rtol=1e-10, atol=1e-10 * scale)
+    else:
+        base = layer_norm_tol(list(rstds), dtype)
+        tol = dict(rtol=base["rtol"], atol=base["atol"] * max(1.0, scale))
+    assert_close(label, ours, theirs, **tol)
+    return float(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)).max(initial=0))
+
+
+# -- GPT-2 ------------------------------------------------------------------------------------------
+
+def _gpt2_model(tie, dtype, seed=0):
+    config = transformers.GPT2Config(vocab_size=23, n_positions=9, n_embd=12, n_layer=2, n_head=3,
+                                     tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0,
+                                     attn_implementation="sdpa")
+    return _randomise(transformers.GPT2LMHeadModel(config), seed).to(DTYPES[dtype]).eval()
+
+
+def _gpt2_hf_grads_as_ours(model, config):
+    """transformers' parameter gradients in our names: c_attn split into q, k, v."""
+    grads = {k: to_numpy(p.grad) for k, p in model.named_parameters()}
+    C = config.n_embd
+    out = {"wte": grads["transformer.wte.weight"], "wpe": grads["transformer.wpe.weight"],
+           "ln_f.w": grads["transformer.ln_f.weight"], "ln_f.b": grads["transformer.ln_f.bias"]}
+    if not config.tie_weights:
+        out["head.w"] = grads["lm_head.weight"].T
+    for i in range(config.n_layer):
+        h = f"transformer.h.{i}."
+        for j, name in enumerate("qkv"):
+            out[f"blocks.{i}.attn.{name}.w"] = grads[h + "attn.c_attn.weight"][:, j * C:(j + 1) * C]
+            out[f"blocks.{i}.attn.{name}.b"] = grads[h + "attn.c_attn.bias"][j * C:(j + 1) * C]
+        pairs = {"attn.o": "attn.c_proj", "ffn.fc": "mlp.c_fc", "ffn.proj": "mlp.c_proj",
+                 "ln1": "ln_1", "ln2": "ln_2"}
+        for ours, theirs in pairs.items():
+            out[f"blocks.{i}.{ours}.w"] = grads[h + theirs + ".weight"]
+            out[f"blocks.{i}.{ours}.b"] = grads[h + theirs + ".bias"]
+    return out
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt2_checkpoint_matches_transformers(tmp_path, tie, dtype):
+    model = _gpt2_model(tie, dtype)
+    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    assert kind == "gpt2" and config.gelu == "tanh" and config.tie_weights == tie, config
+    ids = _ids(config.vocab_size)
+    logits, cache = gpt2_forward(ids, params, config)
+    hf_logits = model(input_ids=to_torch(ids)).logits
+    rstds = [cache.ln_f[1]] + [c[i][1] for c in cache.blocks for i in (0, 2)]
+    err = _compare(f"gpt2 checkpoint logits (tied={tie})", logits, to_numpy(hf_logits), dtype, rstds)
+    print(f"gpt2 {np.dtype(dtype)} tied={tie}: largest logit difference {err:.2e}")
+    # Gradients of the loss: transformers' autograd, the twin's autograd, our backward.
+    _loss(hf_logits, to_torch(ids)).backward()
+    theirs = _gpt2_hf_grads_as_ours(model, config)
+    tparams = tree_to_torch(params, requires_grad=True)
+    _loss(gpt2(to_torch(ids), tparams, config), to_torch(ids)).backward()
+    twin = {k: to_numpy(v.grad) for k, v in _flat(tparams).items()}
+    loss, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
+    dlogits = np.zeros_like(logits)
+    dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
+    ours = _flat(gpt2_backward(dlogits, cache))
+    assert ours.keys() == theirs.keys() == twin.keys(), (sorted(ours), sorted(theirs))
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for name, g in theirs.items():
+        _compare(f"gpt2 checkpoint d{name} (twin)", twin[name], g, dtype, rstds, scale)
+        _compare(f"gpt2 checkpoint d{name} (backward)", ours[name], g, dtype, rstds, scale)
+
+
+def test_gpt2_original_release_layout(tmp_path):
+    """The original GPT-2 files name tensors without "transformer." and store the causal-mask
+    buffers h.N.attn.bias: both are read."""
+    model = _gpt2_model(True, np.float64)
+    _save(model, tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    renamed = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    for i in range(model.config.n_layer):
+        renamed[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 9, 9), np.float32))
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    _, config, params = load_checkpoint(tmp_path, np.float64)
+    ids = _ids(config.vocab_size)
+    _compare("gpt2 original layout logits", gpt2_forward(ids, params, config)[0],
+             to_numpy(model(input_ids=to_torch(ids)).logits), np.float64)
+
+
+# -- Llama ------------------------------------------------------------------------------------------
+
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 4}
+LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def _llama_model(rope, tie, bias, dtype, seed=0):
+    config = transformers.LlamaConfig(
+        vocab_size=19, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
+        rope_parameters=dict(rope), tie_word_embeddings=tie, attention_bias=bias, mlp_bias=bias,
+        rms_norm_eps=1e-5, attn_implementation="sdpa")
+    return _randomise(transformers.LlamaForCausalLM(config), seed).to(DTYPES[dtype]).eval()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rope, tie, bias", [(LLAMA3, False, False), (LINEAR, True, False),
+                                             (DEFAULT, False, True)])
+def test_llama_checkpoint_matches_transformers(tmp_path, rope, tie, bias, dtype):
+    """Grouped-query heads (4 on 2), head size 8 for C = 16, two layers; llama3 scaling with an
+    original context of 4 so that all three bands act on 7 positions."""
+    model = _llama_model(rope, tie, bias, dtype)
+    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    assert kind == "llama" and config.n_kv_head == 2 and config.tie_weights == tie, config
+    if dtype == np.float64:
+        model = exact_hf_llama(model, config)
+    ids = _ids(config.vocab_size)
+    logits, cache = llama_forward(ids, params, config)
+    rstds = [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
+    loss, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
+    dlogits = np.zeros_like(logits)
+    dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
+    hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
+    label = f"llama checkpoint ({rope['rope_type']}, tied={tie}, bias={bias})"
+    err = _compare(f"{label} logits", logits, hf_logits, dtype, rstds)
+    print(f"llama {np.dtype(dtype)} {rope['rope_type']} tied={tie}: largest logit difference {err:.2e}")
+    tparams = tree_to_torch(params, requires_grad=True)
+    (llama(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
+    twin = to_hf_names(tree_map_grad(tparams), config)
+    ours = to_hf_names(llama_backward(dlogits, cache), config)
+    assert ours.keys() == theirs.keys(), (sorted(ours), sorted(theirs))
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for name, g in theirs.items():
+        _compare(f"{label} d{name} (twin)", twin[name], g, dtype, rstds, scale)
+        _compare(f"{label} d{name} (backward)", ours[name], g, dtype, rstds, scale)
+
+
+def tree_map_grad(tree):
+    if isinstance(tree, dict):
+        return {k: tree_map_grad(v) for k, v in tree.items()}
+    return to_numpy(tree.grad)
+
+
+def test_bfloat16_checkpoint_is_widened_exactly(tmp_path):
+    """safetensors.numpy cannot hold bfloat16; the loader widens it to float32 bit by bit."""
+    model = _llama_model(DEFAULT, True, False, np.float32).to(torch.bfloat16)
+    _, config, params = load_checkpoint(_save(model, tmp_path), np.float32)
+    expected = to_numpy(model.model.layers[0].self_attn.k_proj.weight.float()).T
+    assert_close("bfloat16 k_proj widened", params["blocks"]["0"]["attn"]["k"]["w"], expected, rtol=0, atol=0)
+
+
+def test_sharded_checkpoint(tmp_path):
+    model = _llama_model(LINEAR, False, False, np.float64)
+    model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file(), "the model was not sharded"
+    _, config, params = load_checkpoint(tmp_path, np.float64)
+    ids = _ids(config.vocab_size)
+    _compare("sharded llama logits", llama_forward(ids, params, config)[0],
+             hf_logits_and_grads(exact_hf_llama(model, config), ids, None,
+                                 np.zeros((2, 7, config.vocab_size)))[0], np.float64)
+
+
+# -- bad checkpoints --------------------------------------------------------------------------------
+
+def _edit(folder, tensors=None, config=None):
+    if tensors is not None:
+        save_file(tensors, str(folder / "model.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_bad_checkpoints(tmp_path):
+    _save(_gpt2_model(True, np.float32), tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    config = json.loads((tmp_path / "config.json").read_text())
+
+    missing = {k: v for k, v in tensors.items() if k != "transformer.h.1.mlp.c_fc.weight"}
+    _edit(tmp_path, missing)
+    with pytest.raises(CheckpointError, match=r"tensor 'transformer.h.1.mlp.c_fc.weight' is missing "
+                                              r"\(expected shape \(12, 48\)\)"):
+        load_checkpoint(tmp_path)
+
+    _edit(tmp_path, {**tensors, "transformer.h.7.attn.c_attn.weight": np.zeros((12, 36), np.float32)})
+    with pytest.raises(CheckpointError, match=r"unexpected tensors \['transformer.h.7.attn.c_attn.weight'\]"):
+        load_checkpoint(tmp_path)
+
+    _edit(tmp_path, {**tensors, "transformer.wpe.weight": np.zeros((8, 12), np.float32)})
+    with pytest.raises(CheckpointError, match=r"'transformer.wpe.weight' has shape \(8, 12\), expected \(9, 12\)"):
+        load_checkpoint(tmp_path)
+
+    _edit(tmp_path, tensors, {**config, "architectures": ["BertForMaskedLM"]})
+    with pytest.raises(CheckpointError, match=r"architecture \['BertForMaskedLM'\] is not supported"):
+        load_checkpoint(tmp_path)
+
+    _edit(tmp_path, config={**config, "activation_function": "relu"})
+    with pytest.raises(CheckpointError, match="activation_function 'relu' is not supported"):
+        load_checkpoint(tmp_path)
+
+    _edit(tmp_path, config={**config, "scale_attn_by_inverse_layer_idx": True})
+    with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx = True is not supported"):
+        load_checkpoint(tmp_path)
+
+    (tmp_path / "model.safetensors").unlink()
+    _edit(tmp_path, config=config)
+    with pytest.raises(CheckpointError, match="has no model.safetensors"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="has no config.json"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_bad_llama_config(tmp_path):
+    _save(_llama_model(DEFAULT, False, False, np.float32), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    _edit(tmp_path, config={**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}})
+    with pytest.raises(CheckpointError, match="rope_type 'yarn' is not supported"):
+        load_checkpoint(tmp_path)
+    _edit(tmp_path, config={**config, "hidden_act": "gelu"})
+    with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported"):
+        load_checkpoint(tmp_path)
+    # transformers 4 wrote rope_theta and rope_scaling (with "type") beside the other keys.
+    old = {k: v for k, v in config.items() if k != "rope_parameters"}
+    _edit(tmp_path, config={**old, "rope_theta": 123.0, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    _, llama_config, _ = load_checkpoint(tmp_path)
+    assert llama_config.rope_theta == 123.0, llama_config
+    assert llama_config.rope_scaling == {"rope_type": "linear", "factor": 2.0}, llama_config

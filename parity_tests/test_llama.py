@@ -1,0 +1,394 @@
+"""Parity tests for numpy_attn/llama.py and torch_attn/llama.py, against Hugging Face's Llama."""
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_backward, llama_forward
+from numpy_attn.rope import half_to_interleaved, rope_frequencies
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    assert_close,
+    assert_tree_close,
+    autograd,
+    directional_derivative,
+    directional_tol,
+    layer_norm_tol,
+    to_numpy,
+    to_torch,
+    tree_dot,
+    tree_leaves,
+    tree_map,
+)
+from torch_attn.llama import llama
+
+SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
+            {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+             "original_max_position_embeddings": 16}]
+
+
+@st.composite
+def configs(draw, n_layer=None, tie_weights=None, rope_layout=None):
+    """Tiny configs: grouped-query heads (1 or 2 key/value heads, 1 or 2 queries each), head
+    sizes 2 or 4 independent of C (which Hugging Face's config wants a multiple of nh), biases,
+    tied heads, both layouts, every scaling."""
+    nkv, g = draw(S.dim(1, 2)), draw(S.dim(1, 2))
+    return LlamaConfig(
+        vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
+        n_layer=draw(st.integers(0, 2)) if n_layer is None else n_layer,
+        n_head=nkv * g, n_kv_head=nkv, n_embd=nkv * g * draw(S.dim(1, 3)),
+        head_dim=draw(st.sampled_from([2, 4])), hidden=draw(S.dim(1, 5)),
+        rms_eps=draw(st.sampled_from([1e-6, 1e-5])),
+        rope_theta=draw(st.sampled_from([10000.0, 500000.0, 3.0])),
+        rope_scaling=draw(st.sampled_from(SCALINGS)),
+        rope_layout=draw(st.sampled_from(["half", "interleaved"])) if rope_layout is None else rope_layout,
+        attn_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+        tie_weights=draw(st.booleans()) if tie_weights is None else tie_weights)
+
+
+@st.composite
+def models(draw, dtype=None, **config_kw):
+    """(config, params, ids, positions, dout): params from init_llama_params moved by U(-0.5, 0.5)
+    (so that norms and biases are not at 1 and 0), repeating ids, default or drawn positions."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    config = draw(configs(**config_kw))
+    B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
+                      init_llama_params(config, rng, dtype))
+    ids = draw(S.token_ids(config.vocab_size, (B, T)))
+    positions = draw(st.sampled_from([None, (T,), (B, T)]))
+    if positions is not None:
+        positions = draw(S.token_ids(100, positions))
+    return config, params, ids, positions, draw(S.arrays(dtype, (B, T, config.vocab_size), 2.0))
+
+
+def _pinned_case():
+    """GQA (4 query heads on 2 key/value heads), llama3 scaling, two layers, float64."""
+    config = LlamaConfig(vocab_size=5, block_size=4, n_layer=2, n_head=4, n_kv_head=2, n_embd=8,
+                         head_dim=2, hidden=5, rope_scaling=SCALINGS[2])
+    rng = np.random.default_rng(1)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
+                      init_llama_params(config, rng, np.float64))
+    ids = np.array([[1, 3, 1, 1]])
+    return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
+
+
+def _rstds(cache):
+    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w))."""
+    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
+
+
+def _tol(cache, dtype):
+    """RMS norms amplify rounding as layer norms do (see layer_norm_tol)."""
+    return layer_norm_tol(_rstds(cache), dtype)
+
+
+def _twin(config, ids, positions):
+    """The torch twin as a function of its parameters only, for autograd()."""
+    pos = None if positions is None else to_torch(positions)
+    return lambda params: llama(to_torch(ids), params, config, pos)
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=models())
+@example(case=_pinned_case())
+def test_forward_matches_twin(case):
+    config, params, ids, positions, dout = case
+    logits, cache = llama_forward(ids, params, config, positions)
+    twin_logits, _ = autograd(_twin(config, ids, positions), {"params": params}, dout)
+    assert_close("llama.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=models())
+@example(case=_pinned_case())
+def test_backward_matches_autograd(case):
+    """Every gradient of the nested parameters, labelled by path (llama.blocks.0.attn.q.w, ...)."""
+    config, params, ids, positions, dout = case
+    _, cache = llama_forward(ids, params, config, positions)
+    dparams = llama_backward(dout, cache)
+    _, grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
+    assert_tree_close("llama", dparams, grads["params"], **_tol(cache, dout.dtype))
+
+
+# -- the twin matches Hugging Face's LlamaForCausalLM ---------------------------------------------
+
+def hf_llama(config, params):
+    """A transformers LlamaForCausalLM holding our parameters (nn.Linear stores w transposed),
+    in the params' dtype, with PyTorch's own attention (sdpa; the eager path computes its softmax
+    in float32)."""
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,
+        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_kv_head, head_dim=config.hs,
+        max_position_embeddings=config.block_size, rms_norm_eps=config.rms_eps,
+        rope_parameters=rope, attention_bias=config.attn_bias, mlp_bias=config.mlp_bias,
+        tie_word_embeddings=config.tie_weights, attn_implementation="sdpa")
+    dtype = to_torch(params["wte"]).dtype
+    model = transformers.LlamaForCausalLM(hf_config).to(dtype).eval()
+    state = {"model.embed_tokens.weight": params["wte"], "model.norm.weight": params["norm"]["w"],
+             "lm_head.weight": params["wte"] if config.tie_weights else params["head"]["w"].T}
+    for i, block in params["blocks"].items():
+        prefix = f"model.layers.{i}."
+        state[prefix + "input_layernorm.weight"] = block["attn_norm"]["w"]
+        state[prefix + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
+        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
+            state[f"{prefix}self_attn.{theirs}.weight"] = block["attn"][ours]["w"].T
+            if "b" in block["attn"][ours]:
+                state[f"{prefix}self_attn.{theirs}.bias"] = block["attn"][ours]["b"]
+        for ours in ("gate", "up", "down"):
+            state[f"{prefix}mlp.{ours}_proj.weight"] = block["mlp"][ours]["w"].T
+            if "b" in block["mlp"][ours]:
+                state[f"{prefix}mlp.{ours}_proj.bias"] = block["mlp"][ours]["b"]
+    missing, unexpected = model.load_state_dict({k: to_torch(v) for k, v in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return model
+
+
+def exact_hf_llama(model, config):
+    """Make a float64 LlamaForCausalLM compute in float64 throughout. LlamaRMSNorm casts to
+    float32 and LlamaRotaryEmbedding computes its angles in float32 whatever the model's dtype
+    (sound choices for bfloat16 models); with those two forwards swapped for the same formulas
+    in the model's dtype, every other part of Hugging Face's model (projections and their
+    layout, grouped-query heads, attention, MLP, residuals, head) is compared at float64
+    precision. The frequencies are rope_frequencies', which test_rope.py checks against
+    LlamaRotaryEmbedding for every scaling; the float32 comparison runs the model unchanged."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+    inv_freq = torch.from_numpy(rope_frequencies(config.hs, config.rope_theta, config.rope_scaling))
+
+    def rms_norm(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        angles = position_ids[..., None].to(torch.float64) * inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.forward = types.MethodType(rms_norm, module)
+        if isinstance(module, LlamaRotaryEmbedding):
+            module.forward = types.MethodType(rotary, module)
+    return model
+
+
+def hf_logits_and_grads(model, ids, positions, dout):
+    """Logits and the gradients of sum(logits * dout), keyed by Hugging Face's parameter names."""
+    model.zero_grad()
+    pos = None if positions is None else to_torch(np.broadcast_to(positions, ids.shape).copy())
+    logits = model(input_ids=to_torch(ids), position_ids=pos).logits
+    (logits * to_torch(dout)).sum().backward()
+    return to_numpy(logits), {k: to_numpy(p.grad) for k, p in model.named_parameters()}
+
+
+def to_hf_names(grads, config):
+    """Our gradient tree under Hugging Face's parameter names, weights transposed."""
+    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"]}
+    if not config.tie_weights:
+        out["lm_head.weight"] = grads["head"]["w"].T
+    names = {"attn_norm.w": "input_layernorm.weight", "mlp_norm.w": "post_attention_layernorm.weight"}
+    for i, block in grads["blocks"].items():
+        for path, g in tree_leaves(block):
+            if path in names:
+                out[f"model.layers.{i}.{names[path]}"] = g
+                continue
+            group, layer, kind = path.split(".")
+            module = "self_attn" if group == "attn" else "mlp"
+            name = f"model.layers.{i}.{module}.{layer}_proj.{'weight' if kind == 'w' else 'bias'}"
+            out[name] = g.T if kind == "w" else g
+    return out
+
+
+@given(case=models(n_layer=1, rope_layout="half") | models(n_layer=2, dtype=np.float64, rope_layout="half"))
+@example(case=_pinned_case())
+def test_twin_matches_hugging_face(case):
+    """The twin's logits and gradients against LlamaForCausalLM holding the same weights: float64
+    with RMS norm and rotary angles in float64 (exact_hf_llama), float32 unchanged."""
+    config, params, ids, positions, dout = case
+    model = hf_llama(config, params)
+    if dout.dtype == np.float64:
+        model = exact_hf_llama(model, config)
+    twin_logits, twin_grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
+    hf_logits, hf_grads = hf_logits_and_grads(model, ids, positions, dout)
+    _, cache = llama_forward(ids, params, config, positions)
+    tol = _tol(cache, dout.dtype)
+    # Hugging Face's layout is half; test_layouts_agree_through_permuted_weights links the other.
+    label = "llama vs LlamaForCausalLM"
+    assert_close(f"{label}.logits", twin_logits, hf_logits, **tol)
+    assert_tree_close(label, to_hf_names(twin_grads["params"], config), hf_grads, **tol)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+def permute_qk(params, config):
+    """The half-layout model that equals an interleaved one: each head's q and k columns in the
+    order half_to_interleaved (the permutation that converts Meta's checkpoints)."""
+    perm = half_to_interleaved(config.hs)
+    out = tree_map(lambda p: p.copy(), params)
+    for block in out["blocks"].values():
+        for name, heads in (("q", config.n_head), ("k", config.n_kv_head)):
+            cols = (np.arange(heads)[:, None] * config.hs + perm).reshape(-1)   # per head
+            block["attn"][name]["w"] = block["attn"][name]["w"][:, cols]
+            if "b" in block["attn"][name]:
+                block["attn"][name]["b"] = block["attn"][name]["b"][cols]
+    return out
+
+
+@given(case=models(rope_layout="interleaved"))
+def test_layouts_agree_through_permuted_weights(case):
+    config, params, ids, positions, _ = case
+    interleaved, cache = llama_forward(ids, params, config, positions)
+    half_config = dataclasses.replace(config, rope_layout="half")
+    half, _ = llama_forward(ids, permute_qk(params, config), half_config, positions)
+    assert_close("llama[half] with permuted q, k vs llama[interleaved]", half, interleaved,
+                 **_tol(cache, half.dtype))
+
+
+@given(case=models(), data=st.data())
+def test_causal(case, data):
+    """Logits at t do not depend on the tokens after t."""
+    config, params, ids, positions, _ = case
+    B, T = ids.shape
+    t = data.draw(st.integers(0, T - 1))
+    changed = ids.copy()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % config.vocab_size
+    logits, cache = llama_forward(ids, params, config, positions)
+    logits_changed, _ = llama_forward(changed, params, config, positions)
+    assert_close(f"llama.logits[:, :{t + 1}] after changing later tokens", logits_changed[:, : t + 1],
+                 logits[:, : t + 1], **_tol(cache, logits.dtype))
+
+
+@given(case=models(), shift=st.integers(1, 1000))
+def test_only_relative_positions_matter(case, shift):
+    """Moving every position by the same shift leaves the logits unchanged (RoPE scores depend
+    on i - j only), up to the rounding of the larger angles: an ulp of 1100 radians, 2.4e-13,
+    within the float64 tolerance; float32 rounds its cos and sin more coarsely than that."""
+    config, params, ids, positions, _ = case
+    T = ids.shape[1]
+    pos = np.arange(T) if positions is None else positions
+    logits, cache = llama_forward(ids, params, config, pos)
+    shifted, _ = llama_forward(ids, params, config, pos + shift)
+    tol = _tol(cache, logits.dtype)
+    if logits.dtype == np.float32:   # cos and sin of the rotations differ by an ulp: rtol 1e-4
+        tol["atol"] *= max(1.0, float(np.abs(logits).max()))
+    assert_close(f"llama.logits with positions shifted by {shift}", shifted, logits, **tol)
+
+
+@given(case=models(tie_weights=True))
+def test_tied_gradient_is_the_sum_of_both_uses(case):
+    config, params, ids, positions, dout = case
+    dtied = llama_backward(dout, llama_forward(ids, params, config, positions)[1])
+    untied = {**params, "head": {"w": params["wte"].T.copy()}}
+    _, cache = llama_forward(ids, untied, dataclasses.replace(config, tie_weights=False), positions)
+    duntied = llama_backward(dout, cache)
+    assert_close("llama tied wte = embedding + head", dtied["wte"],
+                 duntied["wte"] + duntied["head"]["w"].T, **_tol(cache, dout.dtype))
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("tie_weights, bias", [(True, False), (False, True)])
+def test_init_shapes_and_dtype(dtype, tie_weights, bias):
+    config = LlamaConfig(vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=8, head_dim=6,
+                         hidden=10, attn_bias=bias, mlp_bias=bias, tie_weights=tie_weights)
+    params = init_llama_params(config, np.random.default_rng(0), dtype)
+    shapes = {k: v.shape for k, v in tree_leaves(params)}
+    expected = {"wte": (11, 8), "norm.w": (8,), "blocks.1.attn.q.w": (8, 24), "blocks.1.attn.k.w": (8, 12),
+                "blocks.1.attn.v.w": (8, 12), "blocks.1.attn.o.w": (24, 8), "blocks.1.mlp.gate.w": (8, 10),
+                "blocks.1.mlp.down.w": (10, 8), "blocks.0.attn_norm.w": (8,)}
+    for path, shape in expected.items():
+        assert shapes[path] == shape, f"{path}: {shapes[path]} != {shape}"
+    assert ("head.w" in shapes) == (not tie_weights), "head present with tied weights, or missing"
+    assert ("blocks.0.attn.q.b" in shapes) == bias and ("blocks.0.mlp.up.b" in shapes) == bias
+    assert all(v.dtype == dtype for _, v in tree_leaves(params)), "init_llama_params dtype"
+    again = init_llama_params(config, np.random.default_rng(0), dtype)
+    assert_tree_close("init_llama_params with the same seed", again, params, rtol=0, atol=0)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
+@example(case=_pinned_case(), seed=0)
+def test_backward_matches_finite_differences(case, seed):
+    """One directional derivative of sum(logits * dout) along a random direction in every parameter."""
+    config, params, ids, positions, dout = case
+    rng = np.random.default_rng(seed)
+    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
+    _, cache = llama_forward(ids, params, config, positions)
+    grads = llama_backward(dout, cache)
+    exact = tree_dot(grads, direction)
+    # The step shrinks with the narrowest RMS-norm row, as in test_gpt.py.
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    numeric = directional_derivative(
+        lambda p: np.sum(llama_forward(ids, p, config, positions)[0] * dout), params, direction, h=h)
+    assert_close("llama directional derivative vs finite differences", np.float64(exact),
+                 np.float64(numeric), **directional_tol(grads, direction))
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    config = LlamaConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
+    params = init_llama_params(config, np.random.default_rng(0), dtype)
+    logits, cache = llama_forward(np.array([[1, 2, 2]]), params, config)
+    grads = llama_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
+    assert logits.dtype == dtype, f"llama.logits dtype {logits.dtype}"
+    for path, g in tree_leaves(grads):
+        assert g.dtype == dtype, f"llama.{path} gradient dtype {g.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(n_head=3, n_kv_head=2), ValueError, "n_head = 3 must be a multiple of n_kv_head = 2"),
+    (dict(n_embd=0), ValueError, "n_embd must be >= 1, got 0"),
+    (dict(n_layer=-1), ValueError, "n_layer must be >= 0, got -1"),
+    (dict(vocab_size=True), TypeError, "vocab_size must be an int, got True"),
+    (dict(hidden=2.0), TypeError, "hidden must be an int, got 2.0"),
+    (dict(head_dim=3), ValueError, "the head size must be even for rotary positions, got 3"),
+    (dict(n_embd=12, n_head=4, n_kv_head=4), ValueError, "the head size must be even .* got 3"),
+    (dict(tie_weights=1), TypeError, "tie_weights must be a bool, got 1"),
+    (dict(attn_bias="no"), TypeError, "attn_bias must be a bool, got 'no'"),
+    (dict(rms_eps=-1e-6), ValueError, "rms_eps must be a number >= 0"),
+    (dict(rope_layout="neox"), ValueError, "rope_layout must be 'half' or 'interleaved', got 'neox'"),
+    (dict(rope_theta=1.0), ValueError, "theta must be a number > 1, got 1.0"),
+    (dict(rope_scaling={"rope_type": "yarn"}), ValueError, "rope_type must be one of"),
+])
+def test_bad_config(kw, error, message):
+    with pytest.raises(error, match=message):
+        LlamaConfig(**kw)
+
+
+def test_bad_input():
+    config = LlamaConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
+    params = init_llama_params(config, np.random.default_rng(0), np.float64)
+    with pytest.raises(ValueError, match=r"T = 5 of ids \(1, 5\) exceeds block_size = 4"):
+        llama_forward(np.zeros((1, 5), np.int64), params, config)
+    with pytest.raises(ValueError, match=r"ids must have 2 dimensions, got shape \(3,\)"):
+        llama_forward(np.zeros(3, np.int64), params, config)
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        llama_forward(np.zeros((1, 3)), params, config)
+    with pytest.raises(ValueError, match=r"positions must have shape \(3,\) or \(1, 3\) .* got \(2,\)"):
+        llama_forward(np.zeros((1, 3), np.int64), params, config, positions=np.arange(2))
+    with pytest.raises(TypeError, match="positions must be integers"):
+        llama_forward(np.zeros((1, 3), np.int64), params, config, positions=np.arange(3.0))
+    with pytest.raises(ValueError, match="token id 7 is out of range"):
+        llama_forward(np.full((1, 3), 7), params, config)
+    with pytest.raises(TypeError, match="config must be a LlamaConfig, got dict"):
+        llama_forward(np.zeros((1, 3), np.int64), params, {})
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_llama_params(config, 0)
+    _, cache = llama_forward(np.zeros((1, 3), np.int64), params, config)
+    with pytest.raises(ValueError, match=r"llama: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
+        llama_backward(np.zeros((1, 3, 4)), cache)

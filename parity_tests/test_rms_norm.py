@@ -1,0 +1,177 @@
+"""Parity tests for numpy_attn/rms_norm.py and torch_attn/rms_norm.py."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    layer_norm_tol,
+    numerical_grad,
+    to_numpy,
+    to_torch,
+)
+from torch_attn.rms_norm import rms_norm
+
+eps_values = st.sampled_from([1e-6, 1e-5, 1e-2])
+
+
+@st.composite
+def rows(draw, dtype=None):
+    """(x, w, dout, eps): x (..., C) with 0 to 2 leading dims, w (C,)."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    lead = draw(S.batch_shapes())
+    C = draw(S.dim(1, 8))
+    x = draw(S.arrays(dtype, lead + (C,)))
+    w = draw(S.arrays(dtype, (C,)))
+    dout = draw(S.arrays(dtype, lead + (C,)))
+    return x, w, dout, draw(eps_values)
+
+
+# A zero row (rstd = 1 / sqrt(eps): the output is 0 but the gradient is 1000 * dxhat), a tiny
+# row and an ordinary one.
+ZERO_ROW = (np.array([[0.0, 0.0, 0.0], [1e-3, -2e-3, 0.0], [-1.0, 0.5, 3.0]]),
+            np.array([1.5, -0.5, 2.0]), S.ramp(3, 3), 1e-6)
+
+
+def _tol(cache, dtype):
+    """RMS norm's backward cancels like layer norm's (dxhat - xhat * mean(dxhat * xhat)), scaled
+    by rstd up to 1 / sqrt(eps) = 1000 on a zero row: layer_norm_tol's reasoning applies."""
+    return layer_norm_tol([cache[1]], dtype)
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_forward_matches_twin(case):
+    x, w, dout, eps = case
+    out, _ = rms_norm_forward(x, w, eps)
+    assert_close("rms_norm.out", out, to_numpy(rms_norm(to_torch(x), to_torch(w), eps)))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_backward_matches_autograd(case):
+    x, w, dout, eps = case
+    _, cache = rms_norm_forward(x, w, eps)
+    dx, dparams = rms_norm_backward(dout, cache)
+    _, grads = autograd(lambda **kw: rms_norm(**kw, eps=eps), {"x": x, "w": w}, dout)
+    tol = _tol(cache, x.dtype)
+    assert_close("rms_norm.dx", dx, grads.pop("x"), **tol)
+    assert_tree_close("rms_norm", dparams, grads, **tol)
+
+
+# -- the twin matches PyTorch's built-in --------------------------------------------------------
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_twin_matches_builtin(case):
+    """F.rms_norm and nn.RMSNorm: the same formula, rounded in another order."""
+    x, w, dout, eps = case
+    C = x.shape[-1]
+    twin_out, twin_grads = autograd(lambda **kw: rms_norm(**kw, eps=eps), {"x": x, "w": w}, dout)
+    builtin_out, builtin_grads = autograd(lambda x, w: F.rms_norm(x, (C,), w, eps), {"x": x, "w": w}, dout)
+    tol = _tol(rms_norm_forward(x, w, eps)[1], x.dtype)
+    assert_close("rms_norm.out vs F.rms_norm", twin_out, builtin_out, **tol)
+    assert_tree_close("rms_norm.grads vs F.rms_norm", twin_grads, builtin_grads, **tol)
+    module = torch.nn.RMSNorm(C, eps=eps, dtype=to_torch(x).dtype)
+    with torch.no_grad():
+        module.weight.copy_(to_torch(w))
+        assert_close("rms_norm.out vs nn.RMSNorm", twin_out, to_numpy(module(to_torch(x))), **tol)
+
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_matches_llama_rms_norm(case):
+    """LlamaRMSNorm computes in float32 whatever x's dtype: in float32 it is our computation; in
+    float64 it agrees only to float32's tolerance (the numbers are rounded to float32 and back)."""
+    x, w, _, eps = case
+    C = x.shape[-1]
+    module = LlamaRMSNorm(C, eps=eps).to(to_torch(x).dtype)
+    with torch.no_grad():
+        module.weight.copy_(to_torch(w))
+        theirs = to_numpy(module(to_torch(x)))
+    out, cache = rms_norm_forward(x, w, eps)
+    tol = _tol(cache, np.float32)
+    assert_close(f"rms_norm.out vs LlamaRMSNorm ({x.dtype})", out, theirs,
+                 rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(theirs).max(initial=0))))
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=rows(), scale=st.sampled_from([1e-3, 0.5, 3.0, 1e3]))
+def test_scale_invariant_rows_of_unit_root_mean_square(case, scale):
+    """With w = 1 each row has root mean square ms / (ms + eps) under the square root, and with
+    eps = 0 scaling x changes nothing."""
+    x, _, _, eps = case
+    C = x.shape[-1]
+    ones = np.ones(C, x.dtype)
+    out, _ = rms_norm_forward(x, ones, eps)
+    ms = (x.astype(np.float64) ** 2).mean(axis=-1)
+    assert_close("rms_norm row mean squares", (out * out).mean(axis=-1),
+                 (ms / (ms + eps)).astype(x.dtype))
+    x = x + x.dtype.type(0.5)   # no zero rows: with eps = 0 they would divide 0 by 0
+    plain, _ = rms_norm_forward(x, ones, 0.0)
+    scaled, _ = rms_norm_forward(x * x.dtype.type(scale), ones, 0.0)
+    assert_close(f"rms_norm(x * {scale}) vs rms_norm(x), eps = 0", scaled, plain)
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=rows(dtype=np.float64))
+@example(case=ZERO_ROW)
+def test_backward_matches_finite_differences(case):
+    x, w, dout, eps = case
+    _, cache = rms_norm_forward(x, w, eps)
+    dx, dparams = rms_norm_backward(dout, cache)
+    # RMS norm bends on the scale sqrt(ms + eps), down to 1e-3 on a zero row: step 1e-5 as in
+    # test_layer_norm.py, and atol scaled by rstd, as the gradients are.
+    fd = {"x": numerical_grad(lambda x: rms_norm_forward(x, w, eps)[0], x.copy(), dout, h=1e-5),
+          "w": numerical_grad(lambda w: rms_norm_forward(x, w, eps)[0], w.copy(), dout, h=1e-5)}
+    rstd = max(1.0, float(cache[1].max()))
+    assert_tree_close("rms_norm vs finite differences", {"x": dx, **dparams}, fd,
+                      rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] * rstd)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    x = S.ramp(2, 3, dtype=dtype)
+    out, cache = rms_norm_forward(x, np.full(3, 1.5, dtype), eps=np.float64(1e-6))
+    dx, dparams = rms_norm_backward(S.ramp(2, 3, dtype=dtype), cache)
+    for name, a in [("out", out), ("dx", dx), ("dw", dparams["w"])]:
+        assert a.dtype == dtype, f"rms_norm.{name} dtype {a.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    x = np.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"w must have shape \(3,\) to match x \(2, 3\), got \(4,\)"):
+        rms_norm_forward(x, np.ones(4))
+    with pytest.raises(ValueError, match="eps must be a number >= 0, got -0.1"):
+        rms_norm_forward(x, np.ones(3), eps=-0.1)
+    with pytest.raises(ValueError, match="eps must be a number >= 0, got True"):
+        rms_norm_forward(x, np.ones(3), eps=True)
+    with pytest.raises(TypeError, match="x is float32, w is float64"):
+        rms_norm_forward(x.astype(np.float32), np.ones(3))
+    with pytest.raises(TypeError, match="int64"):
+        rms_norm_forward(np.arange(3), np.ones(3))
+    with pytest.raises(ValueError, match=r"at least one dimension .* got shape \(\)"):
+        rms_norm_forward(np.array(1.0), np.ones(3))
+    _, cache = rms_norm_forward(x, np.ones(3))
+    with pytest.raises(ValueError, match=r"rms_norm: dout must have the shape .* \(2, 3\), got \(3, 2\)"):
+        rms_norm_backward(np.zeros((3, 2)), cache)

@@ -1,0 +1,220 @@
+"""Parity tests for numpy_attn/swiglu.py and torch_attn/swiglu.py, against Hugging Face's LlamaMLP."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP
+
+from numpy_attn.swiglu import (
+    init_swiglu_params,
+    silu_backward,
+    silu_forward,
+    swiglu_backward,
+    swiglu_forward,
+)
+from parity_tests import strategies as S
+from parity_tests.helpers import (
+    FD_TOL,
+    TOLERANCES,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    numerical_grad,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+)
+from torch_attn.swiglu import silu, swiglu
+
+
+@st.composite
+def networks(draw, dtype=None, max_C=6, max_H=8, max_dims=2):
+    """(x, params, dout): x (..., C), params for C -> H -> C with or without biases."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    lead = draw(S.batch_shapes(max_dims=max_dims))
+    C, H = draw(S.dim(1, max_C)), draw(S.dim(1, max_H))
+    bias = draw(st.booleans())
+    params = {}
+    for name, C_in, C_out in (("gate", C, H), ("up", C, H), ("down", H, C)):
+        params[name] = {"w": draw(S.arrays(dtype, (C_in, C_out), bound=1.0))}
+        if bias:
+            params[name]["b"] = draw(S.arrays(dtype, (C_out,), bound=1.0))
+    return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
+
+
+def _terms_tol(x, params, dout):
+    """The dtype's tolerance with atol scaled by the largest sum of absolute terms behind any
+    compared value: out sums |a| |down.w|; the gradients carry |dout| |down.w| back through
+    |u| and SiLU's slope (at most 1.1) or |silu(g)|, then through |gate.w| + |up.w| or |x|. A
+    result that cancels to near zero keeps the rounding error of those terms."""
+    C, H = params["gate"]["w"].shape
+    xs = np.abs(x).reshape(-1, C).astype(np.float64)
+    g = xs @ np.abs(params["gate"]["w"]) + sum(np.abs(params[n].get("b", 0)) for n in ("gate",))
+    u = xs @ np.abs(params["up"]["w"]) + np.abs(params["up"].get("b", 0))
+    a = g * u                                                              # |silu(g)| <= |g|
+    da = np.abs(dout).reshape(-1, C) @ np.abs(params["down"]["w"]).T       # (N, C) -> (N, H)
+    dgu = da * (1.1 * u + g)                                               # (N, H)
+    scales = [a @ np.abs(params["down"]["w"]), dgu @ (np.abs(params["gate"]["w"]) + np.abs(params["up"]["w"])).T,
+              xs.T @ dgu, a.T @ np.abs(dout).reshape(-1, C), dgu.sum(axis=0)]
+    tol = TOLERANCES[x.dtype]
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, max(float(s.max(initial=0)) for s in scales)))
+
+
+# -- forward matches the twin -----------------------------------------------------------------
+
+@given(case=networks())
+def test_forward_matches_twin(case):
+    x, params, dout = case
+    out, _ = swiglu_forward(x, params)
+    twin_out, _ = autograd(swiglu, {"x": x, "params": params}, dout)
+    assert_close("swiglu.out", out, twin_out, **_terms_tol(x, params, dout))
+
+
+# -- backward matches autograd ----------------------------------------------------------------
+
+@given(case=networks())
+def test_backward_matches_autograd(case):
+    x, params, dout = case
+    _, cache = swiglu_forward(x, params)
+    dx, dparams = swiglu_backward(dout, cache)
+    _, grads = autograd(swiglu, {"x": x, "params": params}, dout)
+    tol = _terms_tol(x, params, dout)
+    assert_close("swiglu.dx", dx, grads["x"], **tol)
+    assert_tree_close("swiglu", dparams, grads["params"], **tol)
+
+
+@given(x=S.arrays(np.float64, (7,), bound=40.0) | S.arrays(np.float32, (7,), bound=40.0), data=st.data())
+@example(x=np.array([-1000.0, -40.0, -1.0, 0.0, 1.0, 40.0, 1000.0]), data=None)
+def test_silu_matches_twin_and_f_silu(x, data):
+    dout = S.ramp(7, dtype=x.dtype) if data is None else data.draw(S.arrays(x.dtype, (7,)))
+    with np.errstate(over="raise", invalid="raise"):   # no overflow or NaN, whatever the sign
+        out, cache = silu_forward(x)
+        dx = silu_backward(dout, cache)
+    twin_out, twin = autograd(silu, {"x": x}, dout)
+    builtin_out, builtin = autograd(lambda x: F.silu(x), {"x": x}, dout)
+    assert_close("silu.out", out, twin_out)
+    assert_close("silu.dx", dx, twin["x"])
+    assert_close("silu.out vs F.silu", twin_out, builtin_out)
+    assert_close("silu.dx vs F.silu", twin["x"], builtin["x"])
+
+
+# -- the twin matches Hugging Face's LlamaMLP ---------------------------------------------------
+
+@given(case=networks())
+def test_twin_matches_llama_mlp(case):
+    x, params, dout = case
+    C, H = params["gate"]["w"].shape
+    bias = "b" in params["gate"]
+    config = LlamaConfig(hidden_size=C, intermediate_size=H, mlp_bias=bias,
+                                      hidden_act="silu", num_attention_heads=1, head_dim=2)
+    mlp = LlamaMLP(config).to(to_torch(x).dtype)
+    layers = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+    with torch.no_grad():
+        for name, layer in layers.items():
+            layer.weight.copy_(to_torch(params[name]["w"].T))   # nn.Linear stores (C_out, C_in)
+            if bias:
+                layer.bias.copy_(to_torch(params[name]["b"]))
+    xt = to_torch(x, requires_grad=True)
+    out = mlp(xt)
+    (out * to_torch(dout)).sum().backward()
+    theirs = {name: {"w": to_numpy(layer.weight.grad).T} for name, layer in layers.items()}
+    if bias:
+        for name, layer in layers.items():
+            theirs[name]["b"] = to_numpy(layer.bias.grad)
+    twin_out, twin_grads = autograd(swiglu, {"x": x, "params": params}, dout)
+    tol = _terms_tol(x, params, dout)
+    assert_close("swiglu.out vs LlamaMLP", twin_out, to_numpy(out), **tol)
+    assert_close("swiglu.dx vs LlamaMLP", twin_grads["x"], to_numpy(xt.grad), **tol)
+    assert_tree_close("swiglu vs LlamaMLP", twin_grads["params"], theirs, **tol)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+@given(case=networks(), data=st.data())
+def test_positions_are_independent(case, data):
+    x, params, _ = case
+    rows = x.reshape(-1, x.shape[-1])
+    perm = data.draw(st.permutations(range(rows.shape[0])))
+    out, _ = swiglu_forward(rows, params)
+    out_perm, _ = swiglu_forward(rows[perm], params)
+    assert_close("swiglu.out of permuted rows", out_perm, out[perm])
+
+
+@given(case=networks())
+def test_closed_gate_blocks_everything(case):
+    """With gate.w = 0 (and no gate bias) every gate is silu(0) = 0: out is down.b or zero."""
+    x, params, _ = case
+    closed = {**params, "gate": {"w": np.zeros_like(params["gate"]["w"])}}
+    out, _ = swiglu_forward(x, closed)
+    expected = np.broadcast_to(params["down"].get("b", np.zeros(x.shape[-1], x.dtype)), x.shape)
+    assert_close("swiglu.out with a closed gate", out, np.ascontiguousarray(expected))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_init_shapes_dtype_and_range(dtype, bias):
+    C, H = 8, 22
+    params = init_swiglu_params(C, H, np.random.default_rng(0), bias=bias, dtype=dtype)
+    shapes = {"gate.w": (C, H), "up.w": (C, H), "down.w": (H, C)}
+    if bias:
+        shapes.update({"gate.b": (H,), "up.b": (H,), "down.b": (C,)})
+    leaves = dict(tree_leaves(params))
+    assert {k: v.shape for k, v in leaves.items()} == shapes, "init_swiglu_params shapes"
+    for path, leaf in leaves.items():
+        bound = 1 / np.sqrt(H if path.startswith("down") else C)
+        assert leaf.dtype == dtype, f"{path} dtype {leaf.dtype}"
+        assert np.abs(leaf).max() <= bound, f"{path} exceeds the nn.Linear bound {bound}"
+
+
+# -- finite differences (no torch) ----------------------------------------------------------------
+
+@given(case=networks(dtype=np.float64, max_C=2, max_H=3, max_dims=1))
+def test_backward_matches_finite_differences(case):
+    x, params, dout = case
+    _, cache = swiglu_forward(x, params)
+    dx, dparams = swiglu_backward(dout, cache)
+    expected = {"x": numerical_grad(lambda x: swiglu_forward(x, params)[0], x.copy(), dout)}
+    for name, layer in params.items():
+        expected[name] = {}
+        for key, leaf in layer.items():
+            def f(value, name=name, key=key):
+                return swiglu_forward(x, {**params, name: {**params[name], key: value}})[0]
+            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    assert_tree_close("swiglu vs finite differences", {"x": dx, **dparams}, expected, **FD_TOL)
+
+
+# -- dtype preservation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_dtype_is_preserved(dtype):
+    params = init_swiglu_params(4, 6, np.random.default_rng(0), dtype=dtype)
+    x = S.ramp(2, 3, 4, dtype=dtype)
+    out, cache = swiglu_forward(x, params)
+    dx, dparams = swiglu_backward(S.ramp(2, 3, 4, dtype=dtype), cache)
+    assert out.dtype == dtype, f"swiglu.out dtype {out.dtype}"
+    assert dx.dtype == dtype, f"swiglu.dx dtype {dx.dtype}"
+    for path, leaf in tree_leaves(dparams):
+        assert leaf.dtype == dtype, f"swiglu.{path} gradient dtype {leaf.dtype}"
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_bad_input():
+    params = init_swiglu_params(4, 6, np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match=r"gate.w must have shape \(3, 6\) for x \(2, 3\), got \(4, 6\)"):
+        swiglu_forward(np.zeros((2, 3)), params)
+    with pytest.raises(ValueError, match=r"down.w must have shape \(6, 4\) for x \(2, 4\), got \(5, 4\)"):
+        swiglu_forward(np.zeros((2, 4)), {**params, "down": {"w": np.zeros((5, 4))}})
+    with pytest.raises(ValueError, match=r"keys 'gate', 'up', 'down', got \['down', 'gate'\]"):
+        swiglu_forward(np.zeros((2, 4)), {"gate": params["gate"], "down": params["down"]})
+    with pytest.raises(TypeError, match="x is float32, w is float64"):
+        swiglu_forward(np.zeros((2, 4), np.float32), params)
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_swiglu_params(4, 6, 0)
+    _, cache = swiglu_forward(np.zeros((2, 4)), params)
+    with pytest.raises(ValueError, match=r"swiglu: dout must have the shape .* \(2, 4\), got \(2, 6\)"):
+        swiglu_backward(np.zeros((2, 6)), cache)

@@ -1,0 +1,72 @@
+"""A Llama-style language model in plain PyTorch; autograd supplies the backward.
+
+Twin of numpy_attn/llama.py: token embedding, blocks of x + attn(rms_norm(x)) (RoPE on q and k,
+grouped-query heads, causal) and x + swiglu(rms_norm(x)), a final RMS norm and the output layer
+(the token embedding, transposed, with tied weights), on the same nested parameter dict and the
+same ``LlamaConfig``.
+"""
+
+import torch
+
+from torch_attn.attention import scaled_dot_product_attention
+from torch_attn.embedding import embedding
+from torch_attn.linear import linear
+from torch_attn.rms_norm import rms_norm
+from torch_attn.rope import rope as rotate
+from torch_attn.swiglu import swiglu
+
+
+def llama_attention(x, params, config, positions):
+    """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C)."""
+    B, T, C = x.shape
+    nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    q = linear(x, **params["q"])                                              # (B, T, C) -> (B, T, nh*hs)
+    k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
+    v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
+    q = q.reshape(B, T, nh, hs).transpose(1, 2)                               # (B, T, nh*hs) -> (B, nh, T, hs)
+    k = k.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    v = v.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+    q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
+    k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
+    y, _ = scaled_dot_product_attention(q, k, v, is_causal=True)              # (B, nh, T, hs)
+    y = y.transpose(1, 2).reshape(B, T, nh * hs)                              # (B, nh, T, hs) -> (B, T, nh*hs)
+    out = linear(y, **params["o"])                                            # (B, T, nh*hs) -> (B, T, C)
+    return out
+
+
+def llama_block(x, params, config, positions):
+    """One block: x (B, T, C) -> (B, T, C)."""
+    # 1-3: x + attn(rms_norm(x))
+    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps)                 # (B, T, C)
+    a = llama_attention(h, params["attn"], config, positions)                 # (B, T, C)
+    x = x + a
+    # 4-6: x + swiglu(rms_norm(x))
+    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps)                  # (B, T, C)
+    f = swiglu(h, params["mlp"])                                              # (B, T, C) via (B, T, H)
+    out = x + f
+    return out
+
+
+def llama(ids, params, config, positions=None):
+    """Logits for integer ``ids`` (B, T) at ``positions`` (T,) or (B, T), default 0..T-1 -> (B, T, V)."""
+    B, T = ids.shape
+    positions = torch.arange(T, device=ids.device) if positions is None else positions
+    wte = params["wte"]
+    # 1: token embedding (positions enter through RoPE inside attention)
+    x = embedding(ids, wte)                                                   # (B, T) -> (B, T, C)
+    # 2: the blocks, in order
+    for i in range(config.n_layer):
+        x = llama_block(x, params["blocks"][str(i)], config, positions)       # (B, T, C)
+    # 3: final RMS norm
+    x = rms_norm(x, params["norm"]["w"], config.rms_eps)                      # (B, T, C)
+    # 4: the output layer
+    head_w = wte.T if config.tie_weights else params["head"]["w"]             # (C, V)
+    logits = linear(x, head_w)                                                # (B, T, C) -> (B, T, V)
+    return logits
+
+
+# Equals Hugging Face's transformers.LlamaForCausalLM(...).logits holding the same weights
+# (transposed into nn.Linear's (C_out, C_in)); parity_tests/test_llama.py checks it in float32 and
+# float64, and parity_tests/test_hf.py through checkpoints saved by transformers.
