@@ -156,7 +156,7 @@ def test_loss_ignores_padded_targets(case, data):
         loss_b, loss_b_cache = cross_entropy_forward(alone, targets[b:b + 1, real])
         weight = np.asarray(real.sum() / n, dtype)              # each sequence's share of the mean
         total += float(loss_b) * float(weight)
-        grads.append(gpt_backward(cross_entropy_backward(weight, loss_b_cache), alone_cache))
+        grads.append(gpt_backward(cross_entropy_backward(np.asarray(weight), loss_b_cache), alone_cache))
     tol = layer_norm_tol(rstds, dtype)
     assert_close("padded loss vs alone", loss, np.asarray(total, dtype), **tol)
     assert_tree_close("padded loss grads vs alone", dparams, _sum_trees(grads), **tol)
