@@ -154,7 +154,7 @@ def test_loss_ignores_padded_targets(case, data):
         alone, alone_cache = gpt_forward(ids[b:b + 1, real], params, config)
         rstds += _rstds(alone_cache)
         loss_b, loss_b_cache = cross_entropy_forward(alone, targets[b:b + 1, real])
-        weight = np.asarray(real.sum() / n, dtype)              # each sequence's share of the mean
+        weight = dtype.type(real.sum() / n)                     # each sequence's share of the mean
         total += float(loss_b) * float(weight)
         grads.append(gpt_backward(cross_entropy_backward(np.asarray(weight), loss_b_cache), alone_cache))
     tol = layer_norm_tol(rstds, dtype)
