@@ -23,6 +23,11 @@ attention does about half the work. Every query sees key 0, so no row is empty u
 which gives zeros and zero gradients. Unlike ``numpy_attn/attention.py`` there is no
 ``attn_mask`` and no dropout. Grouped-query attention works as there: k and v may have fewer
 heads (axis -3) than q, query head h reading key/value head h // g.
+
+Speed-ups over that description (docs/flash_attention_breakdown.md measures each): a block of
+query rows is first tried without the running maximum, p = exp(s) unshifted, and redone with it
+only where that overflowed or a row sum underflowed (see UNSHIFTED_MIN_SUM); exponentials are in
+base 2 where NumPy vectorizes np.exp2 (AVX-512) and in base e elsewhere (see EXP).
 """
 
 import math
