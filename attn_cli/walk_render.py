@@ -270,6 +270,61 @@ def print_steps(p, inputs):
     p.table("mh_out", "out = merged @ Wo + bo", tok, chan, index=0, main=True)
     p.same("multi_head_attention_forward(x, params, num_heads, is_causal=True) in one call gives the same out",
            "mh_out", "mh_one_call")
+    _print_kv_decoding(p, inputs)
+
+
+def _print_kv_decoding(p, inputs):
+    """Step 8: step 7's heads fed one token at a time, with a key/value cache; each new token's
+    out against row t of step 7's (its largest difference), and the cache growing."""
+    r, tok = p.np, inputs.labels
+    T, C, nh = len(tok), inputs.C, inputs.num_heads
+    hs = C // nh
+    nkv = r["kv_k"].shape[1]
+    itemsize = inputs.dtype.itemsize
+    p.step(8, "Decoding with a KV cache, one token at a time",
+           "kv_cache.init_kv_cache, multi_head.multi_head_attention_forward(x_t, ..., "
+           "kv_cache=cache, is_causal=True)",
+           "kv_cache.init_kv_cache, multi_head.multi_head_attention(x_t, ..., "
+           "kv_cache=cache, is_causal=True)")
+    p.note("a decoder generates one token at a time. Under the causal mask a token's key and value "
+           "never change once computed, so a cache keeps them: step t projects only the new token "
+           f"x_t (1, 1, {C}), appends its key and value, and its query attends over the t + 1 "
+           "cached keys. Its out should be row t of step 7's out.")
+    p.note(f"init_kv_cache(1 layer, batch 1, {nkv} kv heads, max_len {T}, head size {hs}, "
+           f"{inputs.dtype.name}): bytes per token = 2 (k and v) x 1 layer x {nkv} kv heads x "
+           f"{hs} x {itemsize} bytes = {int(r['kv_bytes_per_token'])}; allocated once, "
+           f"{int(r['kv_nbytes'])} bytes for all {T} tokens")
+    # One row per token: the cache after it, and |out_t - row t of step 7's out| on each side.
+    sides = [("NumPy", r)] + ([] if p.torch is None else [("PyTorch", p.torch)])
+    cols = ["t", "token", "length", "bytes"] + [name for name, _ in sides]
+    rows, worst = [], 0.0
+    for t, label in enumerate(tok):
+        diffs = [max_abs_diff(side["kv_out"][0, t], side["mh_out"][0, t]) for _, side in sides]
+        worst = max(worst, *diffs)
+        rows.append([str(t), label, str(int(r["kv_length"][t])), str(int(r["kv_bytes"][t]))]
+                    + [f"{d:.2e}" for d in diffs])
+    widths = [max(len(c), *(len(row[j]) for row in rows)) for j, c in enumerate(cols)]
+
+    def layout(cells):
+        return "    " + "  ".join(f"{c:<{w}}" if j == 1 else f"{c:>{w}}"
+                                  for j, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    p.raw()
+    p.line("decoding token by token: the cache's length (tokens) and bytes after token t, and "
+           "max |out_t - row t of step 7's out|", "bold")
+    p.raw(layout(cols))
+    for row in rows:
+        p.raw(layout(row))
+    kind = "good" if worst <= p.tolerance else "bad"
+    p.raw("    " + p.style(kind, f"largest over all tokens = {worst:.2e}; bytes = length x "
+                                  f"{int(r['kv_bytes_per_token'])} per token"))
+    p.same(f"the cached keys after token {T - 1} equal step 7's K heads", "kv_k", "mh_k_heads")
+    p.same(f"the cached values after token {T - 1} equal step 7's V heads", "kv_v", "mh_v_heads")
+    if not p.brief:
+        p.raw()
+    p.note(f"each step projected one token: {T} key/value projections in all, where running step 7 "
+           f"again on the whole prefix at every token would make 1 + 2 + ... + {T} = "
+           f"{T * (T + 1) // 2}.")
 
 
 def print_summary(p):

@@ -1,4 +1,4 @@
-"""The walkthrough's computation: its inputs checked and drawn (or typed in) once, and the seven
+"""The walkthrough's computation: its inputs checked and drawn (or typed in) once, and the eight
 steps run on each side, NumPy (``numpy_attn``) and PyTorch (``torch_attn``), through one pipeline.
 
     1  GPT-2 tokenization                   ids = encode(text)
@@ -8,6 +8,7 @@ steps run on each side, NumPy (``numpy_attn``) and PyTorch (``torch_attn``), thr
     5  trainable projections                q, k, v = x @ Wq, x @ Wk, x @ Wv; softmax(q k^T / sqrt(d)) v
     6  the causal mask                      query t sees keys 0..t only
     7  multi-head attention                 split into heads, attend, merge, project
+    8  decoding with a key/value cache      step 7 again, one token at a time, past k, v cached
 
 Both sides run ``pipeline`` from the same inputs, each through its own operations (``NumpySide``
 and ``TorchSide`` say which). torch is imported only when the PyTorch side is built.
@@ -24,6 +25,7 @@ from attn_cli.term import printable
 from numpy_attn._tree import tree_map
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
+from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.linear import linear_forward
 from numpy_attn.multi_head import (
     init_multi_head_params,
@@ -81,6 +83,16 @@ class NumpySide:
         out, cache = multi_head_attention_forward(x, params, num_heads, is_causal=is_causal)
         return out, cache.weights
 
+    def kv_cache(self, n_layer, B, n_kv_head, max_len, head_size, dtype):
+        return init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=dtype)
+
+    def decode(self, x, params, num_heads, kv_cache):
+        """One decoding step: x (1, 1, C) is the new token; its key and value join ``kv_cache``."""
+        return multi_head_attention_forward(x, params, num_heads, is_causal=True, kv_cache=kv_cache)[0]
+
+    def concat_tokens(self, arrays):
+        return np.concatenate(arrays, axis=1)
+
     def transpose(self, x):
         return x.swapaxes(-1, -2)
 
@@ -99,10 +111,18 @@ class TorchSide:
     def __init__(self):
         import torch
 
-        from torch_attn import attention, embedding, linear, multi_head, positional, softmax
+        from torch_attn import (
+            attention,
+            embedding,
+            kv_cache,
+            linear,
+            multi_head,
+            positional,
+            softmax,
+        )
 
         self.torch = torch
-        self.ops = dict(attention=attention, embedding=embedding, linear=linear,
+        self.ops = dict(attention=attention, embedding=embedding, kv_cache=kv_cache, linear=linear,
                         multi_head=multi_head, positional=positional, softmax=softmax)
 
     def asarray(self, a):
@@ -135,6 +155,18 @@ class TorchSide:
 
     def multi_head(self, x, params, num_heads, is_causal=False):
         return self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal=is_causal)
+
+    def kv_cache(self, n_layer, B, n_kv_head, max_len, head_size, dtype):
+        return self.ops["kv_cache"].init_kv_cache(n_layer, B, n_kv_head, max_len, head_size,
+                                                  dtype=getattr(self.torch, np.dtype(dtype).name))
+
+    def decode(self, x, params, num_heads, kv_cache):
+        with self.torch.no_grad():    # the cache is for inference only
+            return self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal=True,
+                                                               kv_cache=kv_cache)[0]
+
+    def concat_tokens(self, tensors):
+        return self.torch.cat(tensors, dim=1)
 
     def transpose(self, x):
         return x.transpose(-1, -2)
@@ -206,6 +238,21 @@ def pipeline(side, inputs):
     r["mh_merged"] = side.merge_heads(heads)                     # (1, nh, T, hs) -> (1, T, C)
     r["mh_out"] = side.linear(r["mh_merged"], **params["o"])     # (1, T, C)
     r["mh_one_call"], r["mh_one_call_weights"] = side.multi_head(xb, params, nh, is_causal=True)
+    # Step 8: the same heads, decoding: one token at a time, past keys and values from a cache.
+    hs = inputs.C // nh
+    nkv = inputs.params["k"]["w"].shape[1] // hs                 # key/value heads (nh here)
+    cache = side.kv_cache(1, 1, nkv, T, hs, inputs.dtype)        # k, v (1, 1, nkv, T, hs) of zeros
+    outs, lengths = [], []
+    for t in range(T):
+        outs.append(side.decode(xb[:, t:t + 1], params, nh, cache))   # (1, 1, C) -> (1, 1, C)
+        lengths.append(cache.length)
+    r["kv_out"] = side.concat_tokens(outs)                       # T x (1, 1, C) -> (1, T, C)
+    r["kv_k"] = cache.k[0, :, :, :cache.length]                  # (1, nkv, T, hs): the cached keys
+    r["kv_v"] = cache.v[0, :, :, :cache.length]                  # (1, nkv, T, hs): the cached values
+    r["kv_length"] = side.asarray(np.array(lengths, dtype=np.int64))                   # (T,)
+    r["kv_bytes"] = side.asarray(np.array(lengths, dtype=np.int64) * cache.bytes_per_token)  # (T,)
+    r["kv_bytes_per_token"] = side.asarray(np.array(cache.bytes_per_token))
+    r["kv_nbytes"] = side.asarray(np.array(cache.nbytes))
     return {name: side.to_numpy(value) for name, value in r.items()}
 
 

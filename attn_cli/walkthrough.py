@@ -26,8 +26,9 @@ EXAMPLES = """examples:
 
 def add_arguments(p):
     term.describe(p, (
-        "Seven steps of self-attention (tokens, embeddings, positions, weight-free attention, "
-        "Q/K/V projections, the causal mask, multi-head attention), each computed by numpy_attn "
+        "Eight steps of self-attention (tokens, embeddings, positions, weight-free attention, "
+        "Q/K/V projections, the causal mask, multi-head attention, decoding with a key/value "
+        "cache), each computed by numpy_attn "
         "and by torch_attn, printed side by side with the largest absolute difference between them."), EXAMPLES)
     p.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help='the text to walk through (default "The cat sat on the mat"; at most 32 '

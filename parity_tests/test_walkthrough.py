@@ -14,7 +14,7 @@ import pytest
 
 from attn_cli import cli
 from attn_cli.source_example import SOURCE_EXAMPLE
-from parity_tests.helpers import needs_vocab
+from parity_tests.helpers import assert_close, needs_vocab
 
 pytestmark = needs_vocab
 
@@ -272,4 +272,117 @@ def test_brief_prints_each_step_s_key_table_only():
                       "weights = softmax(scaled scores)", "causal weights = softmax(masked scores)",
                       "out = merged @ Wo + bo"], titles
     assert "Done: 27 tables computed by NumPy and by PyTorch." in out, "every table still compared"
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 8: decoding with a key/value cache.
+
+KV_ROW = re.compile(r"^    (\d+)  (\S+)\s+(\d+)\s+(\d+)\s+(\S+)(?:\s+(\S+))?$")
+
+
+def kv_table(out):
+    """Step 8's table: [(t, token, length, bytes, NumPy difference, PyTorch difference or None)]."""
+    section = out.split("Step 8. Decoding with a KV cache")[1]
+    rows = []
+    for line in section.splitlines():
+        m = KV_ROW.match(line)
+        if m:
+            t, label, length, nbytes, d_np, d_torch = m.groups()
+            rows.append((int(t), label, int(length), int(nbytes), float(d_np),
+                         None if d_torch is None else float(d_torch)))
+    return rows
+
+
+def walk_results(*argv, torch_side=True):
+    """(inputs, {side: results}) of the walkthrough's pipeline for these arguments."""
+    from attn_cli import walk_steps
+
+    args = cli.build_parser().parse_args(["walkthrough", *argv])
+    inputs = walk_steps.prepare(args)
+    sides = [walk_steps.NumpySide()] + ([walk_steps.TorchSide()] if torch_side else [])
+    return inputs, {side.name: walk_steps.pipeline(side, inputs) for side in sides}
+
+
+def reference_causal_multi_head(inputs):
+    """Step 7's causal multi-head out (T, C), in float64 from the walkthrough's inputs, written
+    here from the formulas and not with numpy_attn."""
+    x = inputs.wte[inputs.ids].astype(np.float64)                  # (T, C)
+    T, C = x.shape
+    if inputs.positional:
+        pos = np.arange(T)[:, None]
+        freq = 10000.0 ** (-(np.arange(C) // 2 * 2) / C)           # channel 2i and 2i+1 share one
+        x = x + np.where(np.arange(C) % 2 == 0, np.sin(pos * freq), np.cos(pos * freq))
+    nh = inputs.num_heads
+    hs = C // nh
+    p = {name: {key: a.astype(np.float64) for key, a in inputs.params[name].items()}
+         for name in "qkvo"}
+    q, k, v = (x @ p[n]["w"] + p[n]["b"] for n in "qkv")           # (T, C) each
+    heads = []
+    for h in range(nh):
+        cols = slice(h * hs, (h + 1) * hs)
+        scores = q[:, cols] @ k[:, cols].T / np.sqrt(hs)           # (T, T)
+        scores[np.triu_indices(T, 1)] = -np.inf                    # query t sees keys 0..t
+        heads.append(softmax(scores) @ v[:, cols])                 # (T, hs)
+    return np.concatenate(heads, axis=1) @ p["o"]["w"] + p["o"]["b"]   # (T, C)
+
+
+def test_kv_decoding_step_prints_rounding_level_differences_and_the_growing_cache(default_run):
+    status, out, err = default_run
+    assert status == 0, err
+    rows = kv_table(out)
+    assert [r[1] for r in rows] == TOKENS, rows
+    # Cache after token t: t + 1 tokens of 2 (k, v) x 1 layer x 2 kv heads x head size 2 x 4 bytes.
+    assert [r[2] for r in rows] == list(range(1, 7)), "cache length after each token"
+    assert [r[3] for r in rows] == [32 * n for n in range(1, 7)], "cache bytes after each token"
+    # float32: the decoded and the full outputs differ only in the order of a few sums of O(1)
+    # numbers (one-row against six-row matmuls, softmax over t + 1 keys against masked ones), a
+    # few units of 2^-24 each; 1e-5 leaves a wide margin and still catches a wrong row (O(0.1)).
+    for t, label, _, _, d_np, d_torch in rows:
+        assert d_np < 1e-5, f"NumPy out of {label!r} differs from step 7's row {t} by {d_np}"
+        assert d_torch is not None and d_torch < 1e-5, f"PyTorch out of {label!r}: {d_torch}"
+
+
+def test_kv_decoding_step_float64_differences_at_rounding_level():
+    status, out, _ = run("A dog ran after the cat", "--dtype", "float64", "--seed", "3")
+    assert status == 0
+    rows = kv_table(out)
+    assert [r[2] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == 6
+    assert [r[3] for r in rows] == [2 * 1 * 2 * 2 * 8 * r[2] for r in rows], "float64: 8 bytes a number"
+    diffs = [d for r in rows for d in r[4:]]
+    assert None not in diffs and max(diffs) < 1e-12, f"float64 decode differs by {max(diffs)}"
+
+
+@pytest.mark.parametrize("argv", [
+    (),
+    ("--dtype", "float64"),
+    ("A dog ran", "--dim", "6", "--heads", "3", "--no-positional", "--seed", "5"),
+    ("Attention is all you need, they said; then came the cache.", "--dim", "8", "--heads", "1"),
+    ("x", "--dim", "4", "--heads", "4"),
+])
+def test_kv_decoded_rows_equal_an_independent_full_computation(argv):
+    inputs, results = walk_results(*argv)
+    T = len(inputs.ids)
+    expected = reference_causal_multi_head(inputs)
+    for side, r in results.items():
+        # Each decoded token's out is row t of the full causal computation (float32: the float64
+        # reference rounded once, plus a few roundings of O(1) sums: within assert_close's
+        # float32 tolerance; float64: within its float64 one).
+        assert_close(f"{side} decoded out", r["kv_out"][0], expected.astype(inputs.dtype))
+        assert r["kv_length"][-1] == T, f"{side}: cache holds {r['kv_length'][-1]} tokens, text has {T}"
+        np.testing.assert_array_equal(r["kv_length"], np.arange(1, T + 1), err_msg=f"{side} kv_length")
+        hs = inputs.C // inputs.num_heads
+        bytes_per_token = 2 * 1 * inputs.num_heads * hs * inputs.dtype.itemsize
+        np.testing.assert_array_equal(r["kv_bytes"], np.arange(1, T + 1) * bytes_per_token,
+                                      err_msg=f"{side} kv_bytes")
+        assert r["kv_k"].shape == (1, inputs.num_heads, T, hs), f"{side} cached keys {r['kv_k'].shape}"
+
+
+def test_kv_decoding_step_in_brief_and_without_torch():
+    status, out, err = run("--brief", "--no-torch")
+    assert status == 0, err
+    section = out.split("Step 8. Decoding with a KV cache")[1]
+    assert "init_kv_cache(" not in section and "cached keys" not in section, "brief: the table only"
+    rows = kv_table(out)
+    assert len(rows) == 6 and all(r[5] is None for r in rows), "no PyTorch column with --no-torch"
     assert max(len(line) for line in out.splitlines()) <= 80
