@@ -186,3 +186,20 @@ def test_either_base_gives_the_reference(case, base2):
             for name, value in zip(("EXP", "LOG", "LOG_FACTOR"), bases[not base2], strict=True):
                 mp.setattr(fa, name, value)
             assert_all_close(f"{label} vs the other base", got, kernel(case), tolerances(case))
+
+
+def test_kernel_refuses_alignments_it_does_not_tune():
+    """A truthy string would otherwise run as top-left causal attention without a word."""
+    q = np.zeros((1, 1, 3, 2))
+    with pytest.raises(ValueError, match="is_causal must be True or False .* got 'bottom_right'"):
+        fa.flash_attention_forward(q, q, q, is_causal="bottom_right")
+
+
+def test_kernel_tiles_are_clamped_to_the_lengths():
+    """Huge tile sizes on a few tokens allocate tiles of the sequence's size, not of the request."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
+    out, cache = fa.flash_attention_forward(q, k, v, block_q=2**40, block_k=2**40)
+    ref, _ = scaled_dot_product_attention_forward(q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14, err_msg="kernel out, clamped tiles")
+    assert (cache.block_q, cache.block_k) == (3, 3), (cache.block_q, cache.block_k)

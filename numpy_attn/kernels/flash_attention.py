@@ -86,11 +86,16 @@ class FlashCache(NamedTuple):
         return self.lse_b / LOG_FACTOR
 
 
-def _check_inputs(q, k, v, block_q, block_k):
+def _check_inputs(q, k, v, is_causal, block_q, block_k):
     """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
+    if not isinstance(is_causal, bool | np.bool_):
+        # Only the top-left diagonal is tuned here; a string such as "bottom_right" would be truthy
+        # and silently give top-left. numpy_attn/flash_attention.py takes both alignments.
+        raise ValueError(f"is_causal must be True or False (top-left) in the tuned kernel, got "
+                         f"{is_causal!r}; numpy_attn.flash_attention takes is_causal='bottom_right'")
     # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
     check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
 
@@ -226,9 +231,11 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
     block_q queries by block_k keys (any sizes >= 1; the defaults fit a core's L2 cache).
     """
-    _check_inputs(q, k, v, block_q, block_k)
+    _check_inputs(q, k, v, is_causal, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
+    # A tile never needs to be larger than the sequence: buffers are sized by the tiles.
+    block_q, block_k = int(min(block_q, max(T, 1))), int(min(block_k, max(S, 1)))
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])   # (batch, head) slices
     g = N // Nkv if Nkv else 1                               # query heads per key/value head
