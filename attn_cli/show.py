@@ -266,11 +266,40 @@ def render_terminal(op, color=False, width=None):
     return out
 
 
+def _code_lines(source):
+    """Indices of the lines that are code: not blank, not a comment, not an import, not a
+    docstring (imports differ by nature: NumPy against torch)."""
+    lines = source.splitlines()
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                docstrings.update(range(first.lineno - 1, first.end_lineno))
+    return {i for i, line in enumerate(lines) if line.strip() and i not in docstrings
+            and not line.strip().startswith(("#", "import ", "from "))}
+
+
+def pairing_share(op):
+    """(paired, total): how many of the twin's code lines ``align`` pairs, in order, with an
+    equal or similar NumPy line, out of all its code lines. How closely the twin mirrors."""
+    numpy_source = op.numpy_path.read_text(encoding="utf-8")
+    torch_source = op.torch_path.read_text(encoding="utf-8")
+    rows = align(numpy_source.splitlines(), torch_source.splitlines())
+    paired = {j for i, j, kind in rows if i is not None and j is not None and kind in ("same", "twin")}
+    code = _code_lines(torch_source)
+    return len(paired & code), len(code)
+
+
 def render_list(ops):
     width = max(len(op.name) for op in ops)
-    lines = [f"{len(ops)} operations (numpy_attn/<op>.py with a twin torch_attn/<op>.py), leaf to root:"]
+    lines = [f"{len(ops)} operations (numpy_attn/<op>.py with a twin torch_attn/<op>.py), leaf to "
+             "root; the share of the twin's code lines that pair with a NumPy line:"]
     for op in ops:
-        lines.append(f"  {op.name:<{width}}  {', '.join(op.numpy_functions)}  |  {', '.join(op.torch_functions)}")
+        paired, total = pairing_share(op)
+        lines.append(f"  {op.name:<{width}}  {100 * paired / max(total, 1):3.0f}%  "
+                     f"{', '.join(op.numpy_functions)}  |  {', '.join(op.torch_functions)}")
     return lines
 
 

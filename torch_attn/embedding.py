@@ -12,8 +12,9 @@ def embedding(ids, wte, padding_idx=None):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` (...,) -> out (..., C)."""
     V, C = wte.shape
     out = wte[ids]                                 # (...,) -> (..., C)
-    if padding_idx is not None:                    # the padding row is frozen, as in F.embedding
-        out = torch.where((ids == padding_idx % V)[..., None], out.detach(), out)
+    # The padding row gets no gradient, as in F.embedding: NumPy zeroes it in its backward; here
+    # the forward hands autograd a detached copy of it.
+    out = out if padding_idx is None else torch.where((ids == padding_idx % V)[..., None], out.detach(), out)
     return out
 
 

@@ -11,8 +11,7 @@ import torch
 def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
     """Normalise x (..., *S) over its trailing axes S = ``normalized_shape`` (default: the last
     axis), then scale by w S and shift by b S, each optional -> (..., *S)."""
-    normalized_shape = x.shape[-1:] if normalized_shape is None else normalized_shape  # the checker's default
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    normalized_shape = _check_layer_norm(x, normalized_shape)
     axes = tuple(range(-len(normalized_shape), 0))         # the normalised trailing axes
     mu = x.mean(dim=axes, keepdim=True)                    # (..., *S) -> (..., 1, ..., 1)
     xc = x - mu                                            # (..., *S)
@@ -23,6 +22,16 @@ def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
     out = xhat if w is None else xhat * w                  # no w: elementwise_affine=False
     out = out if b is None else out + b                    # no b: bias=False
     return out
+
+
+
+def _check_layer_norm(x, normalized_shape):
+    """Return normalized_shape as a tuple (x's last axis if None): the part of the NumPy twin's
+    checker that the maths needs; its refusals are left to the NumPy side and to torch itself."""
+    if normalized_shape is None:
+        normalized_shape = x.shape[-1:]
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return normalized_shape
 
 
 # Equals torch.nn.functional.layer_norm(x, normalized_shape, w, b, eps), and so nn.LayerNorm with

@@ -8,18 +8,17 @@ SGD: fold wd * p into the gradient, then momentum (optionally Nesterov), then p 
 
 import torch
 
+from numpy_attn._tree import tree_map, tree_pick  # plain Python: walks the nested dicts
+
 
 def _tree_map(fn, tree, *others):
-    """Apply ``fn`` leaf by leaf to nested dicts with the same keys."""
-    if isinstance(tree, dict):
-        return {k: _tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
-    return fn(tree, *others)
+    """tree_map over parameter trees (the NumPy twin also checks every leaf)."""
+    return tree_map(fn, tree, *others)
 
 
 def adamw_init(params):
     """AdamW state for ``params``: step 0 and zero first and second moments shaped like params."""
-    return {"step": 0, "m": _tree_map(torch.zeros_like, params),
-            "v": _tree_map(torch.zeros_like, params)}
+    return {"step": 0, "m": _tree_map(torch.zeros_like, params), "v": _tree_map(torch.zeros_like, params)}
 
 
 @torch.no_grad()
@@ -39,8 +38,8 @@ def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weig
         return p, m, v
 
     triples = _tree_map(update, params, grads, state["m"], state["v"])
-    new_params = _tree_map_pick(triples, 0)
-    new_state = {"step": step, "m": _tree_map_pick(triples, 1), "v": _tree_map_pick(triples, 2)}
+    new_params = tree_pick(triples, 0)
+    new_state = {"step": step, "m": tree_pick(triples, 1), "v": tree_pick(triples, 2)}
     return new_params, new_state
 
 
@@ -65,15 +64,8 @@ def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_
         return p, buf.clone() if momentum == 0 else buf           # fresh tensors, even unused
 
     pairs = _tree_map(update, params, grads, state["buf"])
-    new_state = {"step": state["step"] + 1, "buf": _tree_map_pick(pairs, 1)}
-    return _tree_map_pick(pairs, 0), new_state
-
-
-def _tree_map_pick(tree, i):
-    """Element ``i`` of every tuple leaf of a nested dict."""
-    if isinstance(tree, dict):
-        return {k: _tree_map_pick(v, i) for k, v in tree.items()}
-    return tree[i]
+    new_state = {"step": state["step"] + 1, "buf": tree_pick(pairs, 1)}
+    return tree_pick(pairs, 0), new_state
 
 
 # Equals torch.optim.AdamW(params, lr, betas, eps, weight_decay) and
