@@ -12,7 +12,9 @@ default eps, while GPT-2's checkpoints were trained with the tanh approximation
 both from its config, and the feed-forward width H from the weights (GPT-2's n_inner, 4C unless
 given). Parameters have gpt.py's nesting: ``blocks.0.attn.q.w`` (C, C), ``blocks.0.ffn.fc.w``
 (C, H), ``blocks.0.ln1.w``, so one loader fills either. No dropout: this model is for inference
-and for checking gradients against Hugging Face's ``GPT2LMHeadModel``.
+and for checking gradients against Hugging Face's ``GPT2LMHeadModel``. With a key/value cache
+(``gpt2_kv_cache``, numpy_attn/kv_cache.py) ids hold only the new tokens, their positions continue
+from the cached length and the causal mask aligns bottom-right, as in numpy_attn/gpt.py.
 """
 
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import numpy as np
 from numpy_attn._checks import check_dout, check_integer, check_ndim
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.feed_forward import feed_forward_backward, feed_forward_forward
+from numpy_attn.kv_cache import KVCache, init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
@@ -100,22 +103,27 @@ class GPT2Cache(NamedTuple):
     tied: bool
 
 
-def gpt2_forward(ids, params, config):
-    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``."""
-    ids = _check_gpt2(ids, config)
+def gpt2_forward(ids, params, config, kv_cache=None):
+    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
+
+    ``kv_cache`` (gpt2_kv_cache) holds the past tokens, ids only the new ones (inference only).
+    """
+    ids = _check_gpt2(ids, config, kv_cache)
     B, T = ids.shape
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     wte = params["wte"]
     eps = config.ln_eps
     # 1: token embedding and learned positions
     tok, wte_cache = embedding_forward(ids, wte)                              # (B, T) -> (B, T, C)
-    pos, wpe_cache = embedding_forward(np.arange(T), params["wpe"])           # (T,) -> (T, C)
+    pos, wpe_cache = embedding_forward(np.arange(past, past + T), params["wpe"])   # (T,) -> (T, C)
     x = tok + pos                                                             # (B, T, C)
     # 2: the blocks, in order: x + attn(ln_1(x)), then x + mlp(ln_2(x))
     block_caches = []
     for i in range(config.n_layer):
         p = params["blocks"][str(i)]
         h, ln1_cache = layer_norm_forward(x, **p["ln1"], eps=eps)             # (B, T, C)
-        a, attn_cache = multi_head_attention_forward(h, p["attn"], config.n_head, is_causal=True)
+        a, attn_cache = multi_head_attention_forward(h, p["attn"], config.n_head, is_causal=True,
+                                                     kv_cache=kv_cache, layer=i)   # (B, T, C)
         x = x + a                                                             # (B, T, C)
         h, ln2_cache = layer_norm_forward(x, **p["ln2"], eps=eps)             # (B, T, C)
         f, ffn_cache = feed_forward_forward(h, p["ffn"], config.gelu)         # (B, T, C) via (B, T, H)
@@ -163,8 +171,15 @@ def gpt2_backward(dlogits, cache):
     return dparams
 
 
-def _check_gpt2(ids, config):
-    """Return ids as an integer (B, T) array with T <= block_size, or raise."""
+def gpt2_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default
+    block_size) tokens with this model: one layer per block, every head's keys and values."""
+    max_len = config.block_size if max_len is None else max_len
+    return init_kv_cache(config.n_layer, B, config.n_head, max_len, config.n_embd // config.n_head, dtype)
+
+
+def _check_gpt2(ids, config, kv_cache=None):
+    """Return ids as an integer (B, T) array with past + T <= block_size, or raise."""
     if not isinstance(config, GPT2Config):
         raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
     ids = np.asarray(ids)
@@ -172,5 +187,14 @@ def _check_gpt2(ids, config):
     check_integer("token ids", ids)
     if ids.shape[1] > config.block_size:
         raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
+                         f"block_size = {config.block_size}")
+    if kv_cache is not None and not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache (gpt2_kv_cache), got {type(kv_cache).__name__}")
+    if kv_cache is not None and kv_cache.k.shape[0] != config.n_layer:
+        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
+                         f"n_layer = {config.n_layer}")
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    if past + ids.shape[1] > config.block_size:
+        raise ValueError(f"{past} cached + {ids.shape[1]} new tokens = {past + ids.shape[1]} exceed "
                          f"block_size = {config.block_size}")
     return ids

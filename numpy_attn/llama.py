@@ -17,6 +17,11 @@ key/value head; numpy_attn/attention.py does the sharing and sums their gradient
 Parameters are nested dicts: ``blocks.0.attn.q.w`` (C, nh * hs), ``blocks.0.attn.k.w``
 (C, nkv * hs), ``blocks.0.attn.o.w`` (nh * hs, C), ``blocks.0.mlp.gate.w`` (C, H), norms
 ``{"w": (C,)}``. The head size hs need not be C / nh (``head_dim``, as in Hugging Face's config).
+
+Decoding (optional): with a key/value cache (``llama_kv_cache``, numpy_attn/kv_cache.py) ids hold
+only the new tokens, their RoPE positions continue from the cached length, the causal mask aligns
+bottom-right, and each layer stores its keys already rotated, for its nkv key/value heads only.
+The backward refuses a forward that read past tokens from the cache: it is for inference only.
 """
 
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_forward,
 )
 from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
@@ -133,10 +139,12 @@ class LlamaAttentionCache(NamedTuple):
     o: tuple
 
 
-def llama_attention_forward(x, params, config, positions):
+def llama_attention_forward(x, params, config, positions, kv_cache=None, layer=0):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C).
 
     Returns ``(out, cache)``: the caches of the four projections, the two rotations and attention.
+    With a ``kv_cache`` x holds only the T new tokens: their rotated keys and values join
+    ``layer``'s cached ones, S = past + T, and the new queries are the last T of the S.
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
@@ -150,7 +158,10 @@ def llama_attention_forward(x, params, config, positions):
     rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
     q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True)   # (B, nh, T, hs)
+    if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, layer, k, v)                         # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+    is_causal = True if kv_cache is None else "bottom_right"   # query t sees keys 0..past+t
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal=is_causal)   # (B, nh, T, hs)
     y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
     cache = LlamaAttentionCache(q_cache, k_cache, v_cache, q_rope_cache, k_rope_cache, sdpa_cache, o_cache)
@@ -167,6 +178,7 @@ def llama_attention_backward(dout, cache):
     dy = dy.reshape(B, T, nh, hs).swapaxes(1, 2)                              # (B, T, nh*hs) -> (B, nh, T, hs)
     # Undoes attention; dk and dv come back with the nkv heads of k and v.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)
+    _check_no_past(dk, T)   # a key/value cache with past tokens: inference only
     # Undoes the two rotations.
     dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
     dq = rope_backward(dq, cache.q_rope)                                      # (B, nh, T, hs)
@@ -191,11 +203,12 @@ class LlamaBlockCache(NamedTuple):
     mlp: tuple
 
 
-def llama_block_forward(x, params, config, positions):
-    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches."""
+def llama_block_forward(x, params, config, positions, kv_cache=None, layer=0):
+    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
+    ``kv_cache`` and ``layer`` go to attention."""
     # 1-3: x + attn(rms_norm(x))
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
-    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions)      # (B, T, C)
+    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions, kv_cache, layer)   # (B, T, C)
     x = x + a
     # 4-6: x + swiglu(rms_norm(x))
     h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
@@ -236,12 +249,14 @@ class LlamaCache(NamedTuple):
     tied: bool
 
 
-def llama_forward(ids, params, config, positions=None):
+def llama_forward(ids, params, config, positions=None, kv_cache=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     ``positions`` (T,) or (B, T), integers, default 0..T-1: where each token sits (RoPE).
+    ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; positions then
+    default to past..past+T-1.
     """
-    ids, positions = _check_llama(ids, positions, config)
+    ids, positions = _check_llama(ids, positions, config, kv_cache)
     B, T = ids.shape
     wte = params["wte"]
     # 1: token embedding (positions enter through RoPE inside attention)
@@ -249,7 +264,7 @@ def llama_forward(ids, params, config, positions=None):
     # 2: the blocks, in order
     block_caches = []
     for i in range(config.n_layer):
-        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions)   # (B, T, C)
+        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions, kv_cache, i)   # (B, T, C)
         block_caches.append(block_cache)
     # 3: final RMS norm
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps)  # (B, T, C)
@@ -285,7 +300,23 @@ def llama_backward(dlogits, cache):
     return dparams
 
 
-def _check_llama(ids, positions, config):
+def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default
+    block_size) tokens with this model: one layer per block, the nkv key/value heads only."""
+    max_len = config.block_size if max_len is None else max_len
+    return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype)
+
+
+def _check_no_past(dk, T):
+    """Raise ValueError if attention read keys beyond its T inputs, from a key/value cache: the
+    past tokens' inputs are not in this cache, so there is nothing to send their gradient to."""
+    if dk.shape[2] != T:
+        raise ValueError(f"llama_backward: the forward attended over {dk.shape[2]} keys of which only "
+                         f"{T} came from its input; the rest came from a key/value cache, which is "
+                         "for inference only")
+
+
+def _check_llama(ids, positions, config, kv_cache=None):
     """Return ids (B, T) and positions (T,) or (B, T) as integer arrays, or raise."""
     if not isinstance(config, LlamaConfig):
         raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
@@ -295,7 +326,15 @@ def _check_llama(ids, positions, config):
     B, T = ids.shape
     if T > config.block_size:
         raise ValueError(f"sequence length T = {T} of ids {ids.shape} exceeds block_size = {config.block_size}")
-    positions = np.arange(T) if positions is None else np.asarray(positions)
+    if kv_cache is not None and not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache (llama_kv_cache), got {type(kv_cache).__name__}")
+    if kv_cache is not None and kv_cache.k.shape[0] != config.n_layer:
+        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
+                         f"n_layer = {config.n_layer}")
+    past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
+    if past + T > config.block_size:
+        raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {config.block_size}")
+    positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
     check_integer("positions", positions)
     if positions.shape not in ((T,), (B, T)):
         raise ValueError(f"positions must have shape ({T},) or ({B}, {T}) to match ids {ids.shape}, "

@@ -5,10 +5,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from numpy_attn.gpt2 import GPT2Config, gpt2_backward, gpt2_forward, init_gpt2_params
+from numpy_attn.gpt2 import GPT2Config, gpt2_backward, gpt2_forward, gpt2_kv_cache, init_gpt2_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -17,12 +17,14 @@ from parity_tests.helpers import (
     directional_derivative,
     directional_tol,
     layer_norm_tol,
+    to_numpy,
     to_torch,
     tree_dot,
     tree_leaves,
     tree_map,
 )
 from torch_attn.gpt2 import gpt2
+from torch_attn.gpt2 import gpt2_kv_cache as twin_gpt2_kv_cache
 
 
 @st.composite
@@ -110,6 +112,32 @@ def test_backward_matches_finite_differences(case, seed):
         lambda p: np.sum(gpt2_forward(ids, p, config)[0] * dout), params, direction, h=h)
     assert_close("gpt2 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
                  np.float64(numeric), **directional_tol(grads, direction))
+
+
+@given(case=models(), data=st.data())
+def test_cached_decoding_equals_full_forward(case, data):
+    """A prefill of P tokens, then one token at a time with a key/value cache, gives the full
+    forward's logits at every position; the twin decodes the same. The bound is test_decode.py's
+    decode_tol: only the order of some sums differs (float64: 1e-12 times the largest rstd;
+    float32: the tolerance of two programs that round differently)."""
+    config, params, ids, _ = case
+    assume(config.n_layer >= 1)                                   # a cache holds at least one layer
+    B, T = ids.shape
+    P = data.draw(st.integers(1, T), label="prefill")
+    full, full_cache = gpt2_forward(ids, params, config)
+    kv_cache = gpt2_kv_cache(config, B, params["wte"].dtype)
+    twin_cache = twin_gpt2_kv_cache(config, B, to_torch(params["wte"]).dtype)
+    tparams = tree_map(to_torch, params)
+    steps, twin_steps = [], []
+    for start, end in [(0, P)] + [(t, t + 1) for t in range(P, T)]:
+        steps.append(gpt2_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
+        twin_steps.append(to_numpy(gpt2(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
+    cached = np.concatenate(steps, axis=1)
+    tol = _tol(full_cache, full.dtype)
+    rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
+    decode_tol = dict(rtol=1e-12 * rstd, atol=1e-12 * rstd) if full.dtype == np.float64 else tol
+    assert_close("gpt2 decode.logits vs full forward", cached, full, **decode_tol)
+    assert_close("gpt2 decode twin.logits", np.concatenate(twin_steps, axis=1), cached, **tol)
 
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)

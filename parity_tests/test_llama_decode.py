@@ -1,0 +1,197 @@
+"""Decoding the Llama-style model with a key/value cache (numpy_attn/llama.py, torch_attn/llama.py
+through numpy_attn/kv_cache.py): for any prompt and split point, a prefill then one token at a
+time gives the full forward's logits at every position, the cache holds the full forward's
+rotated keys and values (nkv heads only), and the torch twin decodes the same."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import torch_attn.llama as tw
+from numpy_attn.linear import linear_forward
+from numpy_attn.llama import (
+    LlamaConfig,
+    init_llama_params,
+    llama_backward,
+    llama_forward,
+    llama_kv_cache,
+)
+from numpy_attn.rope import rope_forward
+from parity_tests import strategies as S
+from parity_tests.helpers import assert_close, layer_norm_tol, to_numpy, to_torch, tree_map
+from parity_tests.test_llama import configs
+
+
+@st.composite
+def decodes(draw, dtype=None):
+    """(config, params, ids, sizes): a tiny Llama (1 or 2 layers; with or without grouped-query
+    heads, both RoPE layouts, every scaling, from test_llama's configs), params moved by
+    U(-0.5, 0.5) off their initial values, repeating ids (B, T), and the step sizes: a prefill of
+    P tokens, then T - P single tokens."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    config = draw(configs(n_layer=draw(st.integers(1, 2))))
+    B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
+                      init_llama_params(config, rng, dtype))
+    ids = draw(S.token_ids(config.vocab_size, (B, T)))
+    P = draw(st.integers(1, T), label="prefill")
+    return config, params, ids, [P] + [1] * (T - P)
+
+
+def _pinned(n_kv_head=2):
+    """Two layers, 4 query heads on n_kv_head key/value heads, prompt of 3 then two single
+    tokens, float64."""
+    config = LlamaConfig(vocab_size=5, block_size=6, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=8,
+                         head_dim=2, hidden=5)
+    rng = np.random.default_rng(3)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_llama_params(config, rng, np.float64))
+    return config, params, np.array([[1, 3, 1, 4, 0]]), [3, 1, 1]
+
+
+def _rstds(cache):
+    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w))."""
+    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
+
+
+def decode_tol(full_cache, dtype):
+    """How far cached decoding may stray from the full forward: the bound of test_decode.py's
+    decode_tol, with the RMS norms' rstds in place of the layer norms'.
+
+    Both do the same operations on the same numbers (the rotation angles are position * inv_freq
+    either way); only the order of some sums differs: a query row's softmax sums past + T entries
+    instead of T with exact zeros at the masked ones, and BLAS may block a matmul of T rows
+    differently from one of 1 row. A reordered sum of n terms moves by at most n * eps times the
+    sum of its |terms|, a few ulps of every value, which each RMS norm multiplies by its rstd
+    (see layer_norm_tol). float64: rtol 1e-12 (a few thousand ulps of 1.1e-16) times the largest
+    rstd. float32: the project's float32 tolerance times the largest rstd, the bound already used
+    for two float32 programs that differ only in rounding order (llama against its twin).
+    """
+    rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
+    if np.dtype(dtype) == np.float64:
+        return dict(rtol=1e-12 * rstd, atol=1e-12 * rstd)
+    return layer_norm_tol(_rstds(full_cache), dtype)
+
+
+def decode_numpy(config, params, ids, sizes):
+    """Logits (B, T, V) of decoding ids in steps of ``sizes`` with a cache, and the cache."""
+    kv_cache = llama_kv_cache(config, ids.shape[0], params["wte"].dtype)
+    steps, start = [], 0
+    for n in sizes:
+        logits, _ = llama_forward(ids[:, start:start + n], params, config, kv_cache=kv_cache)
+        steps.append(logits)
+        start += n
+    return np.concatenate(steps, axis=1), kv_cache
+
+
+# -- cached decoding equals the full forward ----------------------------------------------------------
+
+@given(case=decodes())
+@example(case=_pinned())
+@example(case=_pinned(n_kv_head=4))
+def test_cached_logits_equal_full_forward(case):
+    """For any prompt and prefill length, every position's logits."""
+    config, params, ids, sizes = case
+    full, full_cache = llama_forward(ids, params, config)
+    cached, _ = decode_numpy(config, params, ids, sizes)
+    assert_close("llama decode.logits vs full forward", cached, full, **decode_tol(full_cache, full.dtype))
+
+
+@given(case=decodes())
+@example(case=_pinned())
+def test_cache_holds_the_full_forwards_rotated_keys_and_values(case):
+    """After a prefill of P tokens, layer i's cache holds the keys (rotated to positions
+    0..P-1) and values (B, nkv, P, hs) that block i's attention computed in the full forward of
+    those P tokens: the same functions (linear_forward, rope_forward) on the same input, the
+    projections' input h kept in the full forward's cache, so exactly. Only the nkv key/value
+    heads are stored."""
+    config, params, ids, sizes = case
+    P, B = sizes[0], ids.shape[0]
+    nkv, hs = config.n_kv_head, config.hs
+    _, full_cache = llama_forward(ids[:, :P], params, config)
+    kv_cache = llama_kv_cache(config, B, params["wte"].dtype)
+    llama_forward(ids[:, :P], params, config, kv_cache=kv_cache)
+    assert kv_cache.k.shape == (config.n_layer, B, nkv, config.block_size, hs), f"cache {kv_cache.k.shape}"
+    assert kv_cache.lengths.tolist() == [P] * config.n_layer, f"cache lengths {kv_cache.lengths}"
+    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+    for i, block_cache in enumerate(full_cache.blocks):
+        h = block_cache.attn.k[0]                                       # (B, P, C): the projections' input
+        p = params["blocks"][str(i)]["attn"]
+        k = linear_forward(h, **p["k"])[0].reshape(B, P, nkv, hs).swapaxes(1, 2)   # (B, nkv, P, hs)
+        v = linear_forward(h, **p["v"])[0].reshape(B, P, nkv, hs).swapaxes(1, 2)   # (B, nkv, P, hs)
+        k = rope_forward(k, np.arange(P), **rope)[0]                    # rotated to positions 0..P-1
+        assert_close(f"llama decode.cache.k[{i}]", kv_cache.k[i, :, :, :P], k, rtol=0, atol=0)
+        assert_close(f"llama decode.cache.v[{i}]", kv_cache.v[i, :, :, :P], v, rtol=0, atol=0)
+
+
+# -- the torch twin decodes the same --------------------------------------------------------------
+
+@given(case=decodes())
+@example(case=_pinned())
+def test_twin_decoding_equals_numpy(case):
+    """The twin's cached logits at every step, and its cache at the end, equal the NumPy ones."""
+    config, params, ids, sizes = case
+    _, full_cache = llama_forward(ids, params, config)
+    cached, kv_cache = decode_numpy(config, params, ids, sizes)
+    tparams = tree_map(to_torch, params)
+    twin_cache = tw.llama_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
+    steps, start = [], 0
+    for n in sizes:
+        steps.append(to_numpy(tw.llama(to_torch(ids[:, start:start + n]), tparams, config, kv_cache=twin_cache)))
+        start += n
+    tol = layer_norm_tol(_rstds(full_cache), cached.dtype)    # two programs that round differently
+    assert_close("llama decode twin.logits", np.concatenate(steps, axis=1), cached, **tol)
+    assert twin_cache.lengths == kv_cache.lengths.tolist(), "llama decode twin cache lengths"
+    end = ids.shape[1]
+    assert_close("llama decode twin.cache.k", to_numpy(twin_cache.k)[..., :end, :], kv_cache.k[..., :end, :], **tol)
+    assert_close("llama decode twin.cache.v", to_numpy(twin_cache.v)[..., :end, :], kv_cache.v[..., :end, :], **tol)
+
+
+# -- the bound catches a real bug ---------------------------------------------------------------
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])
+def test_tolerance_catches_positions_restarting_at_each_step(n_kv_head):
+    """Steps that rotate their tokens from position 0 again (forgetting the cached length) break
+    the bound by far: RoPE sees only relative positions, and those are then wrong."""
+    config, params, ids, _ = _pinned(n_kv_head)
+    full, full_cache = llama_forward(ids, params, config)
+    kv_cache = llama_kv_cache(config, 1, np.float64)
+    llama_forward(ids[:, :3], params, config, kv_cache=kv_cache)
+    wrong, _ = llama_forward(ids[:, 3:4], params, config, positions=np.arange(1), kv_cache=kv_cache)
+    assert not np.allclose(wrong, full[:, 3:4], **decode_tol(full_cache, np.float64))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+def test_backward_through_past_tokens_is_refused():
+    """Gradients cannot reach tokens whose keys came from the cache: a clear error, not a wrong
+    one. A prefill alone (nothing cached before it) still has its backward."""
+    config, params, ids, _ = _pinned()
+    kv_cache = llama_kv_cache(config, 1, np.float64)
+    logits, cache = llama_forward(ids[:, :3], params, config, kv_cache=kv_cache)
+    dlogits = np.random.default_rng(0).normal(size=logits.shape)
+    assert_close("llama prefill backward.wte", llama_backward(dlogits, cache)["wte"],
+                 llama_backward(dlogits, llama_forward(ids[:, :3], params, config)[1])["wte"], rtol=0, atol=0)
+    logits, cache = llama_forward(ids[:, 3:4], params, config, kv_cache=kv_cache)
+    with pytest.raises(ValueError, match="attended over 4 keys of which only 1 came from its input"):
+        llama_backward(np.ones_like(logits), cache)
+
+
+def test_decoding_past_block_size_or_a_wrong_cache_is_refused():
+    config, params, ids, _ = _pinned()
+    config = dataclasses.replace(config, block_size=5)
+    kv_cache = llama_kv_cache(config, 1, np.float64)
+    llama_forward(ids, params, config, kv_cache=kv_cache)     # 5 tokens: full
+    with pytest.raises(ValueError, match="5 cached \\+ 1 new tokens = 6 exceed block_size = 5"):
+        llama_forward(ids[:, :1], params, config, kv_cache=kv_cache)
+    with pytest.raises(ValueError, match="overflow.*> max_len = 2"):
+        llama_forward(ids[:, :3], params, config, kv_cache=llama_kv_cache(config, 1, np.float64, max_len=2))
+    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+        llama_forward(ids, params, config, kv_cache={})
+    with pytest.raises(ValueError, match="kv_cache has 1 layers"):
+        llama_forward(ids, params, config, kv_cache=llama_kv_cache(dataclasses.replace(config, n_layer=1), 1))
+    with pytest.raises(TypeError, match="dtype float64, the cache holds float32"):
+        llama_forward(ids, params, config, kv_cache=llama_kv_cache(config, 1, np.float32))
