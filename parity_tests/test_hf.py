@@ -161,9 +161,12 @@ def test_gpt2_original_release_layout(tmp_path):
         renamed[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 9, 9), np.float32))
     save_file(renamed, str(tmp_path / "model.safetensors"))
     _, config, params = load_checkpoint(tmp_path, np.float64)
+    assert len(params["blocks"]) == model.config.n_layer, sorted(params["blocks"])
     ids = _ids(config.vocab_size)
-    _compare("gpt2 original layout logits", gpt2_forward(ids, params, config)[0],
-             to_numpy(model(input_ids=to_torch(ids)).logits), np.float64)
+    logits = gpt2_forward(ids, params, config)[0]
+    expected = to_numpy(model(input_ids=to_torch(ids)).logits)
+    assert logits.shape == expected.shape, (logits.shape, expected.shape)
+    _compare("gpt2 original layout logits", logits, expected, np.float64)
 
 
 # -- Llama ------------------------------------------------------------------------------------------
