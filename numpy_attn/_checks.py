@@ -139,3 +139,13 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
     if dropout_p > 0 and not isinstance(rng, np.random.Generator):
         raise TypeError(f"dropout_p = {dropout_p} needs rng, an np.random.Generator, got {rng!r}")
+
+
+def check_no_past(op, attended, own):
+    """Raise ValueError if attention read ``attended`` keys but only ``own`` came from the
+    backward's inputs: the rest came from a key/value cache, whose past tokens' inputs are not in
+    the cache, so there is nothing to send their gradient to (the cache is for inference only)."""
+    if attended != own:
+        raise ValueError(f"{op}: the forward attended over {attended} keys of which only {own} came "
+                         "from its input; the rest came from a key/value cache, which is for "
+                         "inference only")

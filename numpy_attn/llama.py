@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_integer, check_ndim
+from numpy_attn._checks import check_dout, check_integer, check_ndim, check_no_past
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -178,7 +178,7 @@ def llama_attention_backward(dout, cache):
     dy = dy.reshape(B, T, nh, hs).swapaxes(1, 2)                              # (B, T, nh*hs) -> (B, nh, T, hs)
     # Undoes attention; dk and dv come back with the nkv heads of k and v.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)
-    _check_no_past(dk, T)   # a key/value cache with past tokens: inference only
+    check_no_past("llama_backward", dk.shape[2], T)   # cached past: inference only
     # Undoes the two rotations.
     dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
     dq = rope_backward(dq, cache.q_rope)                                      # (B, nh, T, hs)
@@ -305,15 +305,6 @@ def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
     block_size) tokens with this model: one layer per block, the nkv key/value heads only."""
     max_len = config.block_size if max_len is None else max_len
     return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype)
-
-
-def _check_no_past(dk, T):
-    """Raise ValueError if attention read keys beyond its T inputs, from a key/value cache: the
-    past tokens' inputs are not in this cache, so there is nothing to send their gradient to."""
-    if dk.shape[2] != T:
-        raise ValueError(f"llama_backward: the forward attended over {dk.shape[2]} keys of which only "
-                         f"{T} came from its input; the rest came from a key/value cache, which is "
-                         "for inference only")
 
 
 def _check_llama(ids, positions, config, kv_cache=None):

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_no_past, check_same_dtype
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -140,7 +140,7 @@ def multi_head_attention_backward(dout, cache):
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
     dq, dk, dv, *dattn_mask = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
-    _check_no_past(cache, dk)   # a key/value cache with past tokens: inference only
+    check_no_past("multi_head_attention_backward", dk.shape[2], cache.k[0].shape[1])   # cached past: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
     dk = merge_heads(dk)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)
@@ -198,16 +198,6 @@ def _check_multi_head(x, params, num_heads, kv):
     for name, a in arrays.items():
         if not np.isfinite(a).all():
             raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
-
-
-def _check_no_past(cache, dk):
-    """Raise ValueError if the keys came partly from a key/value cache: their past tokens' inputs
-    are not in this cache, so there is nothing to send their gradient to."""
-    S = cache.k[0].shape[1]
-    if dk.shape[2] != S:
-        raise ValueError(f"multi_head_attention_backward: the forward attended over {dk.shape[2]} "
-                         f"keys of which only {S} came from its input; the rest came from a "
-                         "key/value cache, which is for inference only")
 
 
 def _kv_width(params, C, num_heads):
