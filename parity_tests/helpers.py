@@ -221,6 +221,23 @@ def layer_norm_tol(rstds, dtype):
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd)
 
 
+def reorder_tol(rstds, dtype):
+    """How far two runs of one model may differ when only the order of some sums differs (cached
+    decoding against the full forward: a softmax over past + T entries instead of T with exact
+    zeros at the masked ones, BLAS blocking a matmul of 1 row differently from one of T rows).
+
+    A reordered sum of n terms moves by at most n * eps times the sum of its |terms|: a few ulps
+    of every value, which each norm multiplies by its rstd (see layer_norm_tol). float64: rtol
+    1e-12 (a few thousand ulps of 1.1e-16) times the largest rstd. float32: layer_norm_tol, the
+    bound already used for two float32 programs that differ only in rounding order.
+    """
+    rstds = list(rstds)
+    rstd = max([1.0] + [float(r.max()) for r in rstds])
+    if np.dtype(dtype) == np.float64:
+        return dict(rtol=1e-12 * rstd, atol=1e-12 * rstd)
+    return layer_norm_tol(rstds, dtype)
+
+
 def directional_tol(grads, direction):
     """FD_TOL for a directional derivative, its atol relative to sum |grad| * |direction|.
 

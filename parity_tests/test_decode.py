@@ -18,6 +18,7 @@ from parity_tests.helpers import (
     assert_close,
     assert_tree_close,
     layer_norm_tol,
+    reorder_tol,
     to_numpy,
     to_torch,
     tree_map,
@@ -59,21 +60,8 @@ def _rstds(cache):
 
 
 def decode_tol(full_cache, dtype):
-    """How far cached decoding may stray from the full forward.
-
-    Both do the same operations on the same numbers; only the order of some sums differs: a
-    query row's softmax sums S = past + T entries instead of T entries of which the masked ones
-    are exact zeros, and BLAS may block a matmul of T rows differently from one of T' rows. A
-    reordered sum of n terms moves by at most n * eps times the sum of its |terms|: a few ulps of
-    every value the model computes, which each layer norm then multiplies by its rstd (see
-    layer_norm_tol). float64: rtol 1e-12 (a few thousand ulps of 1.1e-16) times the largest rstd.
-    float32: the project's float32 tolerance times the largest rstd, the bound already used for
-    two float32 programs that differ only in rounding order (gpt against its twin).
-    """
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
-    if np.dtype(dtype) == np.float64:
-        return dict(rtol=1e-12 * rstd, atol=1e-12 * rstd)
-    return layer_norm_tol(_rstds(full_cache), dtype)
+    """How far cached decoding may stray from the full forward: reorder_tol over the layer norms' rstds."""
+    return reorder_tol(_rstds(full_cache), dtype)
 
 
 def decode_numpy(config, params, ids, sizes):

@@ -21,7 +21,14 @@ from numpy_attn.llama import (
 )
 from numpy_attn.rope import rope_forward
 from parity_tests import strategies as S
-from parity_tests.helpers import assert_close, layer_norm_tol, to_numpy, to_torch, tree_map
+from parity_tests.helpers import (
+    assert_close,
+    layer_norm_tol,
+    reorder_tol,
+    to_numpy,
+    to_torch,
+    tree_map,
+)
 from parity_tests.test_llama import configs
 
 
@@ -58,22 +65,8 @@ def _rstds(cache):
 
 
 def decode_tol(full_cache, dtype):
-    """How far cached decoding may stray from the full forward: the bound of test_decode.py's
-    decode_tol, with the RMS norms' rstds in place of the layer norms'.
-
-    Both do the same operations on the same numbers (the rotation angles are position * inv_freq
-    either way); only the order of some sums differs: a query row's softmax sums past + T entries
-    instead of T with exact zeros at the masked ones, and BLAS may block a matmul of T rows
-    differently from one of 1 row. A reordered sum of n terms moves by at most n * eps times the
-    sum of its |terms|, a few ulps of every value, which each RMS norm multiplies by its rstd
-    (see layer_norm_tol). float64: rtol 1e-12 (a few thousand ulps of 1.1e-16) times the largest
-    rstd. float32: the project's float32 tolerance times the largest rstd, the bound already used
-    for two float32 programs that differ only in rounding order (llama against its twin).
-    """
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
-    if np.dtype(dtype) == np.float64:
-        return dict(rtol=1e-12 * rstd, atol=1e-12 * rstd)
-    return layer_norm_tol(_rstds(full_cache), dtype)
+    """How far cached decoding may stray from the full forward: reorder_tol over the RMS norms' rstds."""
+    return reorder_tol(_rstds(full_cache), dtype)
 
 
 def decode_numpy(config, params, ids, sizes):
