@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim, check_rng
+from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -255,7 +256,8 @@ def _check_gpt(ids, params, config, rng, masks):
     if wte.shape != (config.vocab_size, config.n_embd):
         raise ValueError(f"params['wte'] has shape {wte.shape}, but the config asks for "
                          f"(vocab_size, n_embd) = ({config.vocab_size}, {config.n_embd})")
-    for path, leaf in _leaves(params):
+    for dotted, leaf in leaves(params):
+        path = "".join(f"[{key!r}]" for key in dotted.split("."))   # ['blocks']['0']['ln1']['w']
         check_float(f"params{path}", leaf)
         if leaf.dtype != wte.dtype:
             raise TypeError(f"params{path} is {leaf.dtype} but params['wte'] is {wte.dtype}: "
@@ -263,13 +265,6 @@ def _check_gpt(ids, params, config, rng, masks):
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
     return ids
-
-
-def _leaves(tree, path=""):
-    """(path, leaf) pairs of a nested dict, paths written ['blocks']['0']['ln1']['w']."""
-    if not isinstance(tree, dict):
-        return [(path, tree)]
-    return [pair for key, sub in tree.items() for pair in _leaves(sub, f"{path}[{key!r}]")]
 
 
 def _check_ids(ids, config):
