@@ -3,8 +3,11 @@
 One run, interleaved: a NumPy process and a torch process (each library alone in its process,
 as ``python -m benchmarks`` does, so that their thread pools never fight) take turns, one call
 at a time, for every case and every round. Both therefore see the same load from other
-processes, and the ratios of their medians are comparable even on a busy machine (the absolute
-times are not). ``--against REV`` adds the kernel as it was at git revision REV to the NumPy
+processes, and their ratios are comparable even on a busy machine (the absolute times are not).
+Each ratio is given twice: of the medians, and paired, the median over rounds of the ratio of
+two calls made back to back, with its quartiles; on a machine whose speed drifts from one round
+to the next (a shared virtual machine) the paired one is the one to read. ``--against REV`` adds
+the kernel as it was at git revision REV (with the numpy_attn of that revision) to the NumPy
 process, interleaved too: the new / old ratio of a change.
 
 Cases (float32, B=4, nh=8, hs=64 unless given): forward, forward+backward and causal forward at
@@ -14,12 +17,15 @@ the medians and ratios; ``--json FILE`` saves them.
 """
 
 import argparse
-import importlib.util
+import importlib
+import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +41,12 @@ LONG_CASES = [("fwd", 8192, False, False)]
 # -- the worker processes ------------------------------------------------------------------------
 
 def _load_revision(rev):
-    """The kernel module as it was at git revision ``rev`` (imported from a temporary copy)."""
+    """The kernel module as it was at git revision ``rev``, with the numpy_attn it imported then.
+
+    The package at ``rev`` is extracted to a temporary folder under another name
+    (``numpy_attn_at_<rev>``, its imports rewritten to match), so that helpers which have moved or
+    changed since, such as input checks, are the ones that kernel was written against.
+    """
     for path in (KERNEL, "numpy_attn/flash_attention.py"):   # before and after the kernels/ move
         text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True,
                               text=True).stdout
@@ -43,13 +54,18 @@ def _load_revision(rev):
             break
     else:
         raise SystemExit(f"no flash attention kernel at revision {rev}")
-    folder = tempfile.mkdtemp()
-    file = Path(folder, "flash_at_revision.py")
-    file.write_text(text)
-    spec = importlib.util.spec_from_file_location("flash_at_revision", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    name = "numpy_attn_at_" + re.sub(r"\W", "_", rev)
+    folder = Path(tempfile.mkdtemp())
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, "numpy_attn"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    (folder / "numpy_attn").rename(folder / name)
+    for file in (folder / name).rglob("*.py"):
+        file.write_text(re.sub(r"\bnumpy_attn\b", name, file.read_text()))
+    sys.path.insert(0, str(folder))
+    # numpy_attn/kernels/flash_attention.py -> numpy_attn_at_<rev>.kernels.flash_attention
+    return importlib.import_module(".".join((name, *Path(path).with_suffix("").parts[1:])))
 
 
 def _serve(library, threads, against, size):
@@ -183,18 +199,33 @@ def run(args):
         med = {i: statistics.median(times[name, T, i]) for i in impls}
         row = dict(case=name, T=T, samples=len(times[name, T, "numpy"]),
                    median_s=med, times_s={i: times[name, T, i] for i in impls},
-                   kernel_over_sdpa=med["numpy"] / med["torch"])
+                   kernel_over_sdpa=med["numpy"] / med["torch"],
+                   kernel_over_sdpa_paired=_paired(times[name, T, "numpy"], times[name, T, "torch"]))
         if args.against:
             row["new_over_old"] = med["numpy"] / med["numpy@" + args.against]
+            row["new_over_old_paired"] = _paired(times[name, T, "numpy"], times[name, T, "numpy@" + args.against])
         if name == "fwd":
             row["kernel_peak_mib"] = {i: memory[T, i] / 2**20 for i in impls if (T, i) in memory}
         rows.append(row)
     by = {(r["case"], r["T"]): r for r in rows}
-    derived = dict(causal_speedup=by["fwd", 2048]["median_s"]["numpy"] / by["causal fwd", 2048]["median_s"]["numpy"])
+    derived = dict(causal_speedup=by["fwd", 2048]["median_s"]["numpy"] / by["causal fwd", 2048]["median_s"]["numpy"],
+                   causal_speedup_paired=_paired(times["fwd", 2048, "numpy"], times["causal fwd", 2048, "numpy"]))
     return dict(command="python -m benchmarks.flash_kernel " + " ".join(sys.argv[1:]),
                 environment=_environment(args.threads), size=dict(zip(("B", "nh", "hs"), args.size, strict=True)),
                 load_average=load, duration_s=round(time.monotonic() - started, 1),
                 rows=rows, derived=derived)
+
+
+def _paired(a, b):
+    """Median and quartiles of a[r] / b[r] over rounds r: the two were timed back to back, so a
+    change in the machine's speed between rounds cancels in each ratio."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return dict(median=median, q25=q1, q75=q3)
+
+
+def _show(paired):
+    return f"{paired['median']:.3f}, IQR {paired['q25']:.3f}-{paired['q75']:.3f}"
 
 
 def print_results(res):
@@ -206,11 +237,17 @@ def print_results(res):
           + " ".join(f"{x:.2f}" for x in res["load_average"]) + f"; {res['duration_s']} s")
     for r in res["rows"]:
         med = "  ".join(f"{i} {1e3 * t:.0f} ms" for i, t in r["median_s"].items())
-        extra = f"  new/old {r['new_over_old']:.3f}" if "new_over_old" in r else ""
+        extra = (f"  new/old {r['new_over_old']:.3f} (paired {_show(r['new_over_old_paired'])})"
+                 if "new_over_old" in r else "")
         mem = ("  peak " + ", ".join(f"{i} {v:.0f} MiB" for i, v in r["kernel_peak_mib"].items())
                if "kernel_peak_mib" in r else "")
-        print(f"{r['case']:>11} T={r['T']:<5} n={r['samples']}  {med}  kernel/sdpa {r['kernel_over_sdpa']:.3f}{extra}{mem}")
-    print(f"causal forward speed-up over non-causal: {res['derived']['causal_speedup']:.2f}x")
+        print(f"{r['case']:>11} T={r['T']:<5} n={r['samples']}  {med}  kernel/sdpa {r['kernel_over_sdpa']:.3f} "
+              f"(paired {_show(r['kernel_over_sdpa_paired'])}){extra}{mem}")
+    d = res["derived"]
+    print(f"causal forward speed-up over non-causal: {d['causal_speedup']:.2f}x "
+          f"(paired {_show(d['causal_speedup_paired'])})")
+    print("ratios: of the medians; paired: the median over rounds of the ratio within a round, "
+          "with its quartiles, which holds when the machine's speed drifts between rounds")
 
 
 def main(argv=None):

@@ -1,11 +1,15 @@
-"""``python -m benchmarks.flash_breakdown`` at a tiny size: its instrumented copy of the kernel's
-loops still computes what the kernel computes, and its floor comparison times every case."""
+"""The flash kernel's measuring tools at a tiny size: ``python -m benchmarks.flash_breakdown``'s
+instrumented copy of the kernel's loops still computes what the kernel computes and its floor
+comparison times every case; ``python -m benchmarks.flash_kernel --against REV`` loads the kernel
+of a git revision with the package it was written against."""
 
 import math
 
+import numpy as np
 import pytest
 
-from benchmarks import flash_breakdown
+import numpy_attn.kernels.flash_attention as fa
+from benchmarks import flash_breakdown, flash_kernel
 
 
 @pytest.fixture
@@ -35,3 +39,14 @@ def test_floor_times_every_case_against_sdpa_in_the_same_rounds(tiny):
         assert len(r["times_s"]) == 2 and min(r["times_s"]) > 0
         assert math.isfinite(r["over_sdpa"]) and r["over_sdpa"] > 0
     assert res["F.sdpa forward"]["over_sdpa"] == 1.0
+
+
+def test_flash_kernel_loads_a_revisions_kernel_under_its_own_package_name():
+    old = flash_kernel._load_revision("HEAD")
+    assert old.__name__ == "numpy_attn_at_HEAD.kernels.flash_attention"
+    assert old is not fa and old.check_attention_inputs is not fa.check_attention_inputs
+    q, k, v = (np.random.default_rng(i).standard_normal((2, 5, 4)).astype(np.float32) for i in range(3))
+    out_old, _ = old.flash_attention_forward(q, k, v, block_q=2, block_k=3)
+    out_new, _ = fa.flash_attention_forward(q, k, v, block_q=2, block_k=3)
+    # Both are correct kernels: the same attention to float32 rounding, whatever the edits between.
+    assert np.allclose(out_old, out_new, rtol=1e-5, atol=1e-6)
