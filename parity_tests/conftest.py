@@ -1,4 +1,5 @@
-"""Hypothesis profiles, one BLAS/OpenMP thread, and a report of the largest errors seen.
+"""Hypothesis profiles, BLAS/OpenMP threads (one unless OMP_NUM_THREADS says), and a report of
+the largest errors seen.
 
 Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
     default   a quick local run
@@ -8,9 +9,12 @@ Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
 
 import os
 
-# Before NumPy or torch is imported: on small arrays extra threads only cost time.
+# Before NumPy or torch is imported: on small arrays extra threads only cost time, so one thread
+# unless the environment asks for more. The suite must pass either way: run it once with
+# OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2 after changing a tolerance.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+THREADS = int(os.environ["OMP_NUM_THREADS"])
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
@@ -31,18 +35,18 @@ settings.load_profile(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    """Pin NumPy's BLAS and torch's intra-op pool to one thread for the whole session."""
+def _threads():
+    """Pin NumPy's BLAS and torch's intra-op pool to THREADS threads for the whole session."""
     import torch
     from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1):
+    torch.set_num_threads(THREADS)
+    with threadpool_limits(limits=THREADS):
         yield
 
 
 def pytest_report_header(config):
-    return f"hypothesis profile: {settings.get_current_profile_name()}"
+    return f"hypothesis profile: {settings.get_current_profile_name()}; BLAS and torch threads: {THREADS}"
 
 
 ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
