@@ -90,6 +90,17 @@ def test_no_bias_means_no_b_gradient():
     assert set(dparams) == {"w"}, f"gradient keys {set(dparams)} without a bias"
 
 
+def test_cache_holds_the_inputs_by_reference():
+    """docs/design.md: the cache keeps the inputs, not copies; changing x in place between the
+    forward and the backward changes dw (PyTorch would refuse this backward instead)."""
+    x, w, b = np.ones((2, 3)), np.ones((3, 4)), np.zeros(4)
+    _, cache = linear_forward(x, w, b)
+    x *= 2
+    _, grads = linear_backward(np.ones((2, 4)), cache)
+    # dw = x^T @ dout sums the two rows of the new x, 2 each (the x seen by the forward gave 2)
+    assert np.array_equal(grads["w"], np.full((3, 4), 4.0)), grads["w"]
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=affine(dtype=np.float64, bias=True))
