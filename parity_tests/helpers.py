@@ -221,6 +221,16 @@ def layer_norm_tol(rstds, dtype):
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd)
 
 
+def decode_in_steps(step, ids, sizes):
+    """Logits (B, T, V) of feeding ids (B, T) to ``step`` in chunks of ``sizes`` tokens, in order:
+    ``step(chunk)`` runs one forward with a KV cache and returns that chunk's logits."""
+    chunks, start = [], 0
+    for n in sizes:
+        chunks.append(step(ids[:, start:start + n]))
+        start += n
+    return np.concatenate(chunks, axis=1)
+
+
 def reorder_tol(rstds, dtype):
     """How far two runs of one model may differ when only the order of some sums differs (cached
     decoding against the full forward: a softmax over past + T entries instead of T with exact

@@ -17,6 +17,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
     assert_tree_close,
+    decode_in_steps,
     layer_norm_tol,
     reorder_tol,
     to_numpy,
@@ -67,12 +68,8 @@ def decode_tol(full_cache, dtype):
 def decode_numpy(config, params, ids, sizes):
     """Logits (B, T, V) of decoding ids in steps of ``sizes`` with a cache, and the cache."""
     kv_cache = gpt_kv_cache(config, ids.shape[0], params["wte"].dtype)
-    steps, start = [], 0
-    for n in sizes:
-        logits, _ = gpt_forward(ids[:, start:start + n], params, config, kv_cache=kv_cache)
-        steps.append(logits)
-        start += n
-    return np.concatenate(steps, axis=1), kv_cache
+    logits = decode_in_steps(lambda chunk: gpt_forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
+    return logits, kv_cache
 
 
 # -- cached decoding equals the full forward ----------------------------------------------------------
@@ -123,12 +120,10 @@ def test_twin_decoding_equals_numpy(case):
     cached, kv_cache = decode_numpy(config, params, ids, sizes)
     tparams = tree_map(to_torch, params)
     twin_cache = tw.gpt_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
-    steps, start = [], 0
-    for n in sizes:
-        steps.append(to_numpy(tw.gpt(to_torch(ids[:, start:start + n]), tparams, config, kv_cache=twin_cache)))
-        start += n
+    twin = decode_in_steps(lambda chunk: to_numpy(tw.gpt(to_torch(chunk), tparams, config, kv_cache=twin_cache)),
+                           ids, sizes)
     tol = layer_norm_tol(_rstds(full_cache), full.dtype)    # two programs that round differently
-    assert_close("decode twin.logits", np.concatenate(steps, axis=1), cached, **tol)
+    assert_close("decode twin.logits", twin, cached, **tol)
     assert twin_cache.lengths == kv_cache.lengths.tolist(), "decode twin cache lengths"
     end = ids.shape[1]
     assert_close("decode twin.cache.k", to_numpy(twin_cache.k)[..., :end, :], kv_cache.k[..., :end, :], **tol)
