@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from numpy_attn.kv_cache import KVCache
+
 
 def check_float(name, x):
     """Raise TypeError unless ``x`` is a float32 or float64 NumPy array."""
@@ -32,6 +34,34 @@ def check_ndim(name, x, ndim):
     """Raise ValueError unless ``x`` has exactly ``ndim`` dimensions."""
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+
+
+def check_token_ids(ids, block_size):
+    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with
+    T <= block_size (the embedding checks the ids against the vocabulary)."""
+    ids = np.asarray(ids)
+    check_ndim("ids", ids, 2)
+    check_integer("token ids", ids)
+    if ids.shape[1] > block_size:
+        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
+                         f"block_size = {block_size}")
+    return ids
+
+
+def check_model_kv_cache(kv_cache, n_layer, block_size, T, made_by):
+    """Return how many tokens ``kv_cache`` already holds (0 without one); raise unless it is a
+    KVCache (from ``made_by``) with a layer per block and room for T more tokens in block_size."""
+    if kv_cache is None:
+        return 0
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache ({made_by}), got {type(kv_cache).__name__}")
+    if kv_cache.k.shape[0] != n_layer:
+        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
+                         f"n_layer = {n_layer}")
+    past = kv_cache.length                                                # tokens already cached
+    if past + T > block_size:
+        raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {block_size}")
+    return past
 
 
 def check_axis(name, x, axis):

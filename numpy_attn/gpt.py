@@ -24,7 +24,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim, check_rng
+from numpy_attn._checks import (
+    check_dout,
+    check_float,
+    check_rng,
+    check_token_ids,
+)
 from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
@@ -250,7 +255,7 @@ def _check_gpt(ids, params, config, rng, masks):
     by the name an inner operation gives it), and, with dropout, an rng or masks are given."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-    ids = _check_ids(ids, config)
+    ids = check_token_ids(ids, config.block_size)
     wte = params["wte"]
     check_float("params['wte']", wte)
     if wte.shape != (config.vocab_size, config.n_embd):
@@ -264,15 +269,4 @@ def _check_gpt(ids, params, config, rng, masks):
                             f"every parameter must share one dtype")
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
-    return ids
-
-
-def _check_ids(ids, config):
-    """Raise unless ids is an integer (B, T) array with T <= block_size (embedding checks V)."""
-    ids = np.asarray(ids)
-    check_ndim("ids", ids, 2)
-    check_integer("token ids", ids)
-    if ids.shape[1] > config.block_size:
-        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
-                         f"block_size = {config.block_size}")
     return ids

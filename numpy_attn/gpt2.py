@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_integer, check_ndim
+from numpy_attn._checks import check_dout, check_model_kv_cache, check_token_ids
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.feed_forward import feed_forward_backward, feed_forward_forward
-from numpy_attn.kv_cache import KVCache, init_kv_cache
+from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
@@ -182,19 +182,6 @@ def _check_gpt2(ids, config, kv_cache=None):
     """Return ids as an integer (B, T) array with past + T <= block_size, or raise."""
     if not isinstance(config, GPT2Config):
         raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
-    ids = np.asarray(ids)
-    check_ndim("ids", ids, 2)
-    check_integer("token ids", ids)
-    if ids.shape[1] > config.block_size:
-        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
-                         f"block_size = {config.block_size}")
-    if kv_cache is not None and not isinstance(kv_cache, KVCache):
-        raise TypeError(f"kv_cache must be a KVCache (gpt2_kv_cache), got {type(kv_cache).__name__}")
-    if kv_cache is not None and kv_cache.k.shape[0] != config.n_layer:
-        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
-                         f"n_layer = {config.n_layer}")
-    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
-    if past + ids.shape[1] > config.block_size:
-        raise ValueError(f"{past} cached + {ids.shape[1]} new tokens = {past + ids.shape[1]} exceed "
-                         f"block_size = {config.block_size}")
+    ids = check_token_ids(ids, config.block_size)
+    check_model_kv_cache(kv_cache, config.n_layer, config.block_size, ids.shape[1], "gpt2_kv_cache")
     return ids

@@ -29,13 +29,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_integer, check_ndim, check_no_past
+from numpy_attn._checks import (
+    check_dout,
+    check_integer,
+    check_model_kv_cache,
+    check_no_past,
+    check_token_ids,
+)
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
 from numpy_attn.embedding import embedding_backward, embedding_forward
-from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
+from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
@@ -311,20 +317,9 @@ def _check_llama(ids, positions, config, kv_cache=None):
     """Return ids (B, T) and positions (T,) or (B, T) as integer arrays, or raise."""
     if not isinstance(config, LlamaConfig):
         raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
-    ids = np.asarray(ids)
-    check_ndim("ids", ids, 2)
-    check_integer("token ids", ids)
+    ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
-    if T > config.block_size:
-        raise ValueError(f"sequence length T = {T} of ids {ids.shape} exceeds block_size = {config.block_size}")
-    if kv_cache is not None and not isinstance(kv_cache, KVCache):
-        raise TypeError(f"kv_cache must be a KVCache (llama_kv_cache), got {type(kv_cache).__name__}")
-    if kv_cache is not None and kv_cache.k.shape[0] != config.n_layer:
-        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
-                         f"n_layer = {config.n_layer}")
-    past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
-    if past + T > config.block_size:
-        raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {config.block_size}")
+    past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "llama_kv_cache")
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
     check_integer("positions", positions)
     if positions.shape not in ((T,), (B, T)):

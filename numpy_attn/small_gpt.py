@@ -12,7 +12,7 @@ model with blocks is numpy_attn/gpt.py.
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_integer, check_ndim, check_rng
+from numpy_attn._checks import check_dout, check_rng, check_token_ids
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import (
@@ -39,7 +39,7 @@ def init_small_gpt_params(config, rng, dtype=np.float32):
 def small_gpt_forward(ids, params, config):
     """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
     is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
-    ids = _check_small_gpt(ids, config)
+    ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
     wte = params["wte"]
     tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
@@ -63,15 +63,3 @@ def small_gpt_backward(dlogits, cache):
     # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
     dwte = embedding_backward(dx, wte_cache)                              # (V, C)
     return {"wte": dwte, "attn": dattn, "head": dhead}
-
-
-def _check_small_gpt(ids, config):
-    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with
-    T <= config.block_size (the embedding checks ids against V)."""
-    ids = np.asarray(ids)
-    check_ndim("ids", ids, 2)
-    check_integer("token ids", ids)
-    if ids.shape[1] > config.block_size:
-        raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
-                         f"block_size = {config.block_size}")
-    return ids
