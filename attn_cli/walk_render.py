@@ -66,13 +66,15 @@ class Printer:
         if self.torch is not None:
             self.line(f"PyTorch (torch_attn): {torch_ops}", "dim")
 
-    def table(self, key, title, rows, cols, sums=False, index=(), main=False):
+    def table(self, key, title, rows, cols, sums=False, index=(), main=False, undoes=None, shared=False):
         """One table: the NumPy result beside the PyTorch one, then their largest difference.
-        ``main`` marks the step's key table, the one ``--brief`` prints."""
+        ``main`` marks the step's key table, the one ``--brief`` prints; ``undoes`` names the
+        forward line a gradient undoes; ``shared`` marks an input both sides are given, printed
+        once and not compared."""
         a = self.np[key][index]
         if a.ndim == 1:
             a = a[:, None]
-        b = None if self.torch is None else self.torch[key][index].reshape(a.shape)
+        b = None if self.torch is None or shared else self.torch[key][index].reshape(a.shape)
         if self.brief and not main:
             if b is not None:
                 self.diffs.append((self.step_number, title, max_abs_diff(a, b)))
@@ -84,23 +86,41 @@ class Printer:
         if len(f"  {title}  shape {where}") <= self.width:
             self.raw(f"  {self.style('bold', title)}  shape {where}")
         else:                         # the shape on a line of its own
-            self.raw(f"  {self.style('bold', title)}")
+            self.line(title, "bold")
             self.raw(f"    shape {where}")
-        left = term.table_lines(a, rows, cols, self.precision, sums)
-        if b is None:
-            for text in left:
+        if undoes is not None:
+            self.line(f"undoes {undoes}", "dim", indent="    ")
+        blocks = [("NumPy", a)] if b is None else [("NumPy", a), ("PyTorch", b)]
+        whole = [term.table_lines(x, rows, cols, self.precision, sums) for _, x in blocks]
+        if shared and self.torch is not None:
+            blocks = [("NumPy and PyTorch, the same input", a)]
+        elif b is not None and self.brief and whole[0] == whole[1]:   # one table says it all
+            blocks, whole = [("NumPy and PyTorch alike", a)], whole[:1]
+        self._table_blocks(blocks, whole, rows, cols, sums)
+        if b is not None:
+            self.diff(title, a, b)
+
+    def _table_blocks(self, blocks, whole, rows, cols, sums):
+        """Print [(label, array)]: beside each other, else one under another, else (wider than the
+        terminal alone) cut into groups of columns, each side's part of a group under its label."""
+        if max(len(text) for lines in whole for text in lines) <= self.width - 4:
+            if len(blocks) == 2:
+                for text in term.side_by_side(list(zip(("NumPy", "PyTorch"), whole, strict=True)), self.width,
+                                              self.style):
+                    self.raw(text)
+                return
+            if self.torch is not None:        # no label alone on the NumPy side (--no-torch)
+                self.line(blocks[0][0], "dim", indent="    ")
+            for text in whole[0]:
                 self.raw("    " + text)
             return
-        right = term.table_lines(b, rows, cols, self.precision, sums)
-        if self.brief and right == left:      # one table says it all; the difference follows
-            self.raw("    " + self.style("dim", "NumPy, and PyTorch to the digits printed"))
-            for text in left:
-                self.raw("    " + text)
-        else:
-            for text in term.side_by_side([("NumPy", left), ("PyTorch", right)], self.width,
-                                          self.style):
-                self.raw(text)
-        self.diff(title, a, b)
+        groups = term.column_groups([x for _, x in blocks], rows, cols, self.precision, self.width - 4, sums)
+        for names, tables in groups:
+            part = f"columns {names[0]} to {names[-1]}" if len(names) > 1 else f"column {names[0]}"
+            for (label, _), lines in zip(blocks, tables, strict=True):
+                self.line(f"{label}, {part}" if self.torch is not None else part, "dim", indent="    ")
+                for text in lines:
+                    self.raw("    " + text)
 
     def diff(self, title, a, b):
         d = max_abs_diff(a, b)
@@ -134,11 +154,37 @@ def _vec(v, precision):
     return "[" + ", ".join(term.fmt(x, precision) for x in v) + "]"
 
 
+def _worked_lines(p, rows, indent="    "):
+    """Written-out sums ``lhs terms... = rhs``, rows of (lhs, [terms], rhs), one under another.
+
+    Each on one line, the "=" aligned, when they fit; else the terms on one line and "= rhs" under
+    them; else (a narrow terminal, long labels, many decimals) wrapped between terms and between
+    the parts of rhs (split by three spaces), every line within the width.
+    """
+    sums = [" + ".join(terms) for _, terms, _ in rows]
+    tw = max(len(text) for text in sums)
+    one_line = [f"{indent}{lhs} {text:<{tw}} = {rhs}" for (lhs, _, rhs), text in zip(rows, sums, strict=True)]
+    two_lines = [(f"{indent}{lhs} {text}", f"{indent}{' ' * (len(lhs) - 1)}= {rhs}")
+                 for (lhs, _, rhs), text in zip(rows, sums, strict=True)]
+    if max(len(line) for line in one_line) <= p.width:
+        lines = one_line
+    elif max(len(line) for pair in two_lines for line in pair) <= p.width:
+        lines = [line for pair in two_lines for line in pair]
+    else:
+        lines = []
+        for lhs, terms, rhs in rows:
+            pieces = [lhs] + [t + " +" for t in terms[:-1]] + terms[-1:] + ["="] + [
+                part.strip() for part in rhs.split("   ") if part.strip()]
+            lines += term.wrap_pieces(pieces, p.width, indent)
+    for line in lines:
+        p.raw(line)
+
+
 def _worked_dot_products(p, inputs):
     """Step 5's focus: the query of one token against every key, by hand, from the NumPy side.
 
-    Each key's line reads ``q . k = products = score / sqrt(d) = scaled  weight w``; where that is
-    wider than the terminal, the written-out products take a line of their own.
+    Each key's line reads ``q . k = products = score / sqrt(d) = scaled  weight w`` (laid out
+    for the width by ``_worked_lines``).
     """
     r, prec, i = p.np, p.precision, inputs.focus
     name = inputs.labels[i]
@@ -157,21 +203,13 @@ def _worked_dot_products(p, inputs):
         text = " + ".join(f"{_signed(a, prec)}*{_signed(b, prec)}" for a, b in zip(q[:shown], k[:shown], strict=True))
         terms.append(text + (" + ..." if len(q) > shown else ""))
     lw = max(len(label) for label in inputs.labels)
-    tw = max(len(t) for t in terms)
     nw = max(len(term.fmt(v, prec)) for v in np.concatenate([r["s5_scores"][i], r["s5_scaled"][i]]))
     rows = []
     for j, label in enumerate(inputs.labels):
-        lhs = f"    q_{name} . k_{label:<{lw}} ="
         rhs = (f"{term.fmt(r['s5_scores'][i, j], prec):>{nw}}   / sqrt({inputs.d_out}) = "
                f"{term.fmt(r['s5_scaled'][i, j], prec):>{nw}}   weight {term.fmt(r['s5_weights'][i, j], prec)}")
-        rows.append((lhs, terms[j], rhs))
-    if max(len(f"{a} {t:<{tw}} = {c}") for a, t, c in rows) <= p.width:
-        for lhs, products, rhs in rows:
-            p.raw(f"{lhs} {products:<{tw}} = {rhs}")
-    else:
-        for lhs, products, rhs in rows:
-            p.raw(f"{lhs} {products}")
-            p.raw(f"{' ' * (len(lhs) - 1)}= {rhs}")
+        rows.append((f"q_{name} . k_{label:<{lw}} =", terms[j].split(" + "), rhs))
+    _worked_lines(p, rows)
     weights = r["s5_weights"][i]
     p.line(f"weights = softmax(scaled scores) = {_vec(weights, prec)}  (sum {term.fmt(weights.sum(dtype=np.float64), prec)})",
            indent="    ")
@@ -316,8 +354,8 @@ def _print_kv_decoding(p, inputs):
     for row in rows:
         p.raw(layout(row))
     kind = "good" if worst <= p.tolerance else "bad"
-    p.raw("    " + p.style(kind, f"largest over all tokens = {worst:.2e}; bytes = length x "
-                                  f"{int(r['kv_bytes_per_token'])} per token"))
+    p.line(f"largest over all tokens = {worst:.2e}; bytes = length x {int(r['kv_bytes_per_token'])} per token",
+           kind, indent="    ")
     p.same(f"the cached keys after token {T - 1} equal step 7's K heads", "kv_k", "mh_k_heads")
     p.same(f"the cached values after token {T - 1} equal step 7's V heads", "kv_v", "mh_v_heads")
     if not p.brief:

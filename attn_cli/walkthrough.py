@@ -96,7 +96,11 @@ def run(args, out=None, color=None):
     if len(sides) == 2:
         p.line("Every step runs twice, in numpy_attn (backward by hand) and in torch_attn "
                "(autograd). Each table shows NumPy left and PyTorch right (NumPy above and "
-               "PyTorch below when both do not fit), then their largest difference.")
+               "PyTorch below when both do not fit, in groups of columns when one does not), "
+               "then their largest difference.")
+        if args.brief:
+            p.line('--brief: a table whose two sides print the same digits is shown once, under '
+                   '"NumPy and PyTorch alike".')
     elif torch_missing:
         p.line("PyTorch is not installed, so only the NumPy side runs: "
                "pip install -c constraints.txt -e '.[torch]' to see both.", "bad")

@@ -262,6 +262,47 @@ def test_piped_output_fits_80_columns(default_run):
     assert not long, long[:3]
 
 
+class Terminal(io.StringIO):
+    """A stdout that says it is a terminal: the walkthrough lays it out for COLUMNS."""
+
+    def isatty(self):
+        return True
+
+
+SIXTEEN_TOKENS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+LONG_TOKENS = "Extraordinarily interconnected representations: hypothesis"   # labels cut at 10 characters
+
+
+@pytest.mark.parametrize("argv", [
+    ("--dim", "12"),                                                   # 126 lines over 80 before
+    (SIXTEEN_TOKENS,),                                                 # 340 lines over 80, up to 154
+    (SIXTEEN_TOKENS + " seventeen eighteen", "--dim", "9", "--heads", "3", "--d-out", "5"),
+    (LONG_TOKENS, "--dim", "16", "--heads", "4", "--precision", "8", "--focus", "2"),
+    ("--example", "source", "--precision", "12"),
+], ids=["dim12", "16tokens", "18tokens-dim9", "long-labels-dim16", "source-12-decimals"])
+@pytest.mark.parametrize("brief", [False, True], ids=["full", "brief"])
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_every_line_fits_the_width(argv, brief, width, monkeypatch):
+    """Tables too wide are cut between columns and written-out sums wrapped between terms, for any
+    --dim, sentence length and width (down to 60): 80 columns when piped, COLUMNS on a terminal."""
+    from attn_cli import walkthrough
+
+    argv = (*argv, "--brief") if brief else argv
+    if width == 80:
+        status, out, err = run(*argv)               # stdout is a pipe here: 80 columns
+    else:
+        monkeypatch.setenv("COLUMNS", str(width))
+        stream = Terminal()
+        status, err = walkthrough.run(cli.build_parser().parse_args(["walkthrough", *argv]), out=stream), ""
+        out = stream.getvalue()
+    assert status == 0, err
+    lines = out.splitlines()
+    long = [line for line in lines if len(line) > width]
+    assert not long, f"{len(long)} lines over {width} columns, the first: {long[:3]}"
+    assert max(len(line) for line in lines) > width - 25, "the width is used, not a fixed narrower one"
+    assert len(DIFF.findall(out)) >= 6, "tables are still compared"
+
+
 def test_brief_prints_each_step_s_key_table_only():
     status, out, err = run("--brief")
     assert status == 0, err
@@ -273,6 +314,16 @@ def test_brief_prints_each_step_s_key_table_only():
                       "out = merged @ Wo + bo"], titles
     assert "Done: 27 tables computed by NumPy and by PyTorch." in out, "every table still compared"
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_brief_says_which_tables_stand_for_both_sides():
+    """Under "NumPy left and PyTorch right", --brief's single tables are labelled as both sides'."""
+    status, out, err = run("--brief")
+    assert status == 0, err
+    assert "digits printed" not in out.split("Step 1.")[1], "the old label 'NumPy, and PyTorch to the digits printed'"
+    assert out.count("\n    NumPy and PyTorch alike\n") >= 5, "the tables both sides print alike"
+    header = " ".join(out.split("Step 1.")[0].split())
+    assert 'a table whose two sides print the same digits is shown once, under "NumPy and PyTorch alike"' in header
 
 
 # ---------------------------------------------------------------------------------------------
