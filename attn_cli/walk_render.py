@@ -36,7 +36,7 @@ class Printer:
         self.brief = brief
         self.tolerance = 1e-4 if inputs.dtype == np.float32 else 1e-10
         self.diffs = []               # (step, table title, max |NumPy - PyTorch|)
-        self.heatmaps = []            # (file stem, title, [(panel title, weights (T, T))])
+        self.heatmaps = []            # (file stem, title, [(panel title, values (T, T))], signed)
         self.step_number = 0
 
     def raw(self, text=""):
@@ -129,19 +129,25 @@ class Printer:
         self.raw("    " + self.style(kind, f"max |NumPy - PyTorch| = {d:.2e}"))
 
     def same(self, what, key_a, key_b):
-        """Say that two ways of computing one thing agree (on the NumPy side, and on the torch side)."""
+        """Say that two ways of computing one thing agree (on the NumPy side, and on the torch side).
+        A key may be a tuple of keys: the arrays they name, compared together."""
         if self.brief:
             return
-        d = max_abs_diff(self.np[key_a], self.np[key_b])
+
+        def get(r, keys):
+            return np.concatenate([np.ravel(r[key]) for key in keys]) if isinstance(keys, tuple) else r[keys]
+
+        d = max_abs_diff(get(self.np, key_a), get(self.np, key_b))
         text = f"{what}: max |difference| = {d:.2e} (NumPy)"
         if self.torch is not None:
-            text += f", {max_abs_diff(self.torch[key_a], self.torch[key_b]):.2e} (PyTorch)"
+            text += f", {max_abs_diff(get(self.torch, key_a), get(self.torch, key_b)):.2e} (PyTorch)"
         self.raw()
         self.line(text)
 
-    def heatmap(self, stem, title, panels):
-        """A figure to plot: ``panels`` is [(panel title, key, index)] of (T, T) weights."""
-        self.heatmaps.append((stem, title, [(name, self.np[key][index]) for name, key, index in panels]))
+    def heatmap(self, stem, title, panels, signed=False):
+        """A figure to plot: ``panels`` is [(panel title, key, index)] of (T, T) weights, or of
+        gradients with ``signed`` (a scale symmetric about 0)."""
+        self.heatmaps.append((stem, title, [(name, self.np[key][index]) for name, key, index in panels], signed))
 
 
 def _signed(x, precision):
@@ -309,6 +315,7 @@ def print_steps(p, inputs):
     p.same("multi_head_attention_forward(x, params, num_heads, is_causal=True) in one call gives the same out",
            "mh_out", "mh_one_call")
     _print_kv_decoding(p, inputs)
+    _print_backward(p, inputs)
 
 
 def _print_kv_decoding(p, inputs):
@@ -363,6 +370,92 @@ def _print_kv_decoding(p, inputs):
     p.note(f"each step projected one token: {T} key/value projections in all, where running step 7 "
            f"again on the whole prefix at every token would make 1 + 2 + ... + {T} = "
            f"{T * (T + 1) // 2}.")
+
+
+def _print_backward(p, inputs):
+    """Step 9: step 5's attention run backward from L = sum(context * G), each gradient by hand
+    (numpy_attn's backward functions) beside autograd's, and the focus token's row of dscores
+    through the softmax's Jacobian worked out."""
+    tok, d = inputs.labels, inputs.d_out
+    dcol = [f"d{j}" for j in range(d)]
+    chan = [f"c{j}" for j in range(inputs.C)]
+    p.step(9, "The backward of step 5: gradients by hand and by autograd",
+           "linear.linear_backward, softmax.softmax_backward, attention.scaled_dot_product_attention_backward",
+           "loss.backward() (autograd), each gradient read from .grad")
+    p.note("a loss to send back: L = sum(context * G), with G a fixed (T, d) matrix drawn from N(0, 1) "
+           "and rounded to 2 decimals, so that dL/dcontext = G. G is the upstream gradient: what the "
+           "layers above would send down. Every entry differs, so a swapped row or a missing transpose "
+           "shows; G all ones would give every query the same row of dweights, and dweights all ones "
+           "would make the softmax's gradient vanish (w * (1 - sum(w)) = 0).")
+    p.table("s9_upstream", "G = dL/dcontext, the upstream gradient", tok, dcol, shared=True)
+    if not p.brief:
+        p.raw()
+        text = f"L = sum(context * G) = {term.fmt(p.np['s9_loss'], p.precision)} (NumPy)"
+        if p.torch is not None:
+            text += f", {term.fmt(p.torch['s9_loss'], p.precision)} (PyTorch)"
+        p.line(text)
+    if p.torch is not None:
+        if p.brief:
+            p.diffs.append((p.step_number, "L", max_abs_diff(p.np["s9_loss"], p.torch["s9_loss"])))
+        else:
+            p.diff("L", p.np["s9_loss"], p.torch["s9_loss"])
+    context = "context = weights @ values"
+    p.table("s9_dweights", "dweights = G @ values.T", tok, tok, undoes=context)
+    p.table("s9_dv", "dv = weights.T @ G", tok, dcol, undoes=context)
+    p.table("s9_dscores", "dscores = weights * (dweights - rowsum(weights * dweights))",
+            tok, tok, sums=True, main=True, undoes="weights = softmax(scaled scores)")
+    p.note("each row of dscores sums to 0: adding one number to a row of scores leaves its softmax as it was, "
+           "so the loss cannot change along that direction")
+    p.heatmap("step9_dscores", "Step 9: dscores = dL/d(scaled scores),\nthrough the softmax's Jacobian",
+              [("", "s9_dscores", ())], signed=True)
+    _worked_softmax_backward(p, inputs)
+    scores = f"scaled scores = queries @ keys.T / sqrt({d})"
+    p.table("s9_dq", f"dq = dscores @ keys / sqrt({d})", tok, dcol, undoes=scores)
+    p.table("s9_dk", f"dk = dscores.T @ queries / sqrt({d})", tok, dcol, undoes=scores)
+    for name in ("query", "key", "value"):
+        p.table(f"s9_dw_{name}", f"dW_{name} = x.T @ d{name[0]}", chan, dcol, undoes=f"{name[0]} = x @ W_{name}")
+    p.same("scaled_dot_product_attention_backward(G, cache) in one call gives the same dq, dk, dv",
+           ("s9_dq", "s9_dk", "s9_dv"), ("s9_sdpa_dq", "s9_sdpa_dk", "s9_sdpa_dv"))
+
+
+def _worked_softmax_backward(p, inputs):
+    """Step 9's focus: its row of dweights from G, through the softmax's Jacobian to dscores, then
+    its dq, by hand from the NumPy side."""
+    r, prec, i = p.np, p.precision, inputs.focus
+    tok, d = inputs.labels, inputs.d_out
+    name = tok[i]
+    if p.brief:                       # not printed, still compared
+        if p.torch is not None:
+            p.diffs.append((p.step_number, f"dq of {name!r}", max_abs_diff(r["s9_dq"][i], p.torch["s9_dq"][i])))
+        return
+    g, w, dw, ds = r["s9_upstream"][i], r["s5_weights"][i], r["s9_dweights"][i], r["s9_dscores"][i]
+    p.raw()
+    p.line(f"Follow {name!r} back (--focus): G_{name} = dL/dz_{name} = {_vec(g, prec)}; w_j is its weight "
+           f"on key j (step 5), dw_j = dL/dw_j, dscore_j = dL/d(scaled score j)", "bold")
+    shown = min(d, 4)                 # write out at most four products per dot product
+    lw = max(len(label) for label in tok)
+    nw = max(len(term.fmt(v, prec)) for v in np.concatenate([dw, ds]))
+    rows = []
+    for j, label in enumerate(tok):
+        terms = [f"{_signed(a, prec)}*{_signed(b, prec)}" for a, b in zip(g[:shown], r["v"][j][:shown], strict=True)]
+        rows.append((f"dw_{label:<{lw}} = G_{name} . v_{label:<{lw}} =", terms + (["..."] if d > shown else []),
+                     f"{term.fmt(dw[j], prec):>{nw}}"))
+    _worked_lines(p, rows)
+    total = (w * dw).sum(dtype=np.float64)
+    products = " + ".join(f"{term.fmt(a, prec)}*{_signed(b, prec)}" for a, b in zip(w, dw, strict=True))
+    p.line(f"sum_k w_k dw_k = {products} = {term.fmt(total, prec)}", indent="    ")
+    rows = [(f"dscore_{label:<{lw}} = w_{label:<{lw}} (dw_{label:<{lw}} - sum) =",
+             [f"{term.fmt(w[j], prec)}*({term.fmt(dw[j], prec)} - {_signed(total, prec)})"],
+             f"{term.fmt(ds[j], prec):>{nw}}")
+            for j, label in enumerate(tok)]
+    _worked_lines(p, rows)
+    p.line(f"dq_{name} = (dscores_{name} @ keys) / sqrt({d}) = ("
+           + " + ".join(f"{_signed(a, prec)}*k_{label}" for a, label in zip(ds, tok, strict=True)) + f") / sqrt({d})",
+           indent="    ")
+    p.line(f"      = {_vec(r['s9_dq'][i], prec)}", indent="    ")
+    if p.torch is not None:
+        p.line(f"PyTorch dq_{name} = {_vec(p.torch['s9_dq'][i], prec)}", indent="    ")
+        p.diff(f"dq of {name!r}", r["s9_dq"][i], p.torch["s9_dq"][i])
 
 
 def print_summary(p):
