@@ -384,9 +384,9 @@ def _print_backward(p, inputs):
            "loss.backward() (autograd), each gradient read from .grad")
     p.note("a loss to send back: L = sum(context * G), with G a fixed (T, d) matrix drawn from N(0, 1) "
            "and rounded to 2 decimals, so that dL/dcontext = G. G is the upstream gradient: what the "
-           "layers above would send down. Every entry differs, so a swapped row or a missing transpose "
-           "shows; G all ones would give every query the same row of dweights, and dweights all ones "
-           "would make the softmax's gradient vanish (w * (1 - sum(w)) = 0).")
+           "layers above would send down. It is drawn, not all ones, so that a swapped row or a missing "
+           "transpose shows in the numbers: G all ones would give every query the same row of dweights, "
+           "and dweights all ones would make the softmax's gradient vanish (w * (1 - sum(w)) = 0).")
     p.table("s9_upstream", "G = dL/dcontext, the upstream gradient", tok, dcol, shared=True)
     if not p.brief:
         p.raw()

@@ -611,3 +611,28 @@ def test_backward_heatmap_is_signed(tmp_path):
     red = (image[..., 0] > 0.6) & (image[..., 2] < 0.35)
     blue = (image[..., 2] > 0.6) & (image[..., 0] < 0.35)
     assert red.sum() > 500 and blue.sum() > 500, "positive gradients red, negative blue"
+
+
+def test_the_documented_excerpt_is_what_the_command_prints():
+    """docs/walkthrough_excerpt.txt (written by docs/regenerate_walkthrough.sh) is not stale:
+    its pieces, between "[...]", stand in the output of the command it quotes, in order."""
+    from pathlib import Path
+
+    excerpt = (Path(__file__).parent.parent / "docs" / "walkthrough_excerpt.txt").read_text()
+    status, out, err = run("--example", "source", "--color", "never")
+    assert status == 0, err
+    at = 0
+    for piece in excerpt.rstrip("\n").split("\n[...]\n"):
+        found = out.find(piece + "\n", at)
+        assert found >= 0, f"not in the output (after offset {at}): {piece[:300]}"
+        at = found + len(piece)
+    assert "Follow 'cat' back" in excerpt, "the excerpt shows the backward worked by hand"
+
+
+def test_help_says_how_to_keep_colour_through_a_pager():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main(["walkthrough", "--help"])
+    text = " ".join(out.getvalue().split())
+    assert "through a pager, pass --color always (less -R)" in text
+    assert "numpy-attn walkthrough --color always | less -R" in text
