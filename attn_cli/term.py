@@ -71,6 +71,13 @@ def wrap(text, width, indent="", more=4):
                          drop_whitespace=True) or [indent.rstrip()]
 
 
+def wrap_pieces(pieces, width, indent="", more=4):
+    """Like ``wrap``, but lines break only between ``pieces`` (a piece is split only when it is
+    longer than a line): a written-out sum breaks between its terms, never inside a number."""
+    text = " ".join(piece.replace(" ", "\xa0") for piece in pieces)   # textwrap keeps \xa0 inside a word
+    return [line.replace("\xa0", " ") for line in wrap(text, width, indent, more)]
+
+
 def printable(text):
     """``text`` with control characters (newlines, tabs, escapes) written as escapes."""
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
@@ -88,20 +95,65 @@ def fmt(value, precision):
     return text[1:] if text.startswith("-") and not text.strip("-0.") else text
 
 
-def table_lines(a, rows, cols, precision, sums=False):
-    """Right-aligned text rows of a 2-D array, rows and columns labelled; ``sums`` adds row sums."""
+def _table_cells(a, cols, precision, sums):
+    """(column labels, rows of cells) of a 2-D array as text; ``sums`` adds a column of row sums."""
     cells = [[fmt(v, precision) for v in row] for row in a]
     cols = list(cols)
     if sums:
         cols.append("sum")
         for cell_row, row in zip(cells, a, strict=True):
             cell_row.append(fmt(row.sum(dtype=np.float64), precision))
-    widths = [max([len(c)] + [len(r[j]) for r in cells]) for j, c in enumerate(cols)]
+    return cols, cells
+
+
+def _table_text(rows, cols, cells, widths, keep):
+    """The lines of a table: the columns ``keep`` only, each right-aligned to its width."""
     lw = max(len(r) for r in rows)
-    lines = [" " * lw + "".join(f"  {c:>{w}}" for c, w in zip(cols, widths, strict=True))]
+    lines = [" " * lw + "".join(f"  {cols[j]:>{widths[j]}}" for j in keep)]
     for label, cell_row in zip(rows, cells, strict=True):
-        lines.append(f"{label:<{lw}}" + "".join(f"  {c:>{w}}" for c, w in zip(cell_row, widths, strict=True)))
+        lines.append(f"{label:<{lw}}" + "".join(f"  {cell_row[j]:>{widths[j]}}" for j in keep))
     return lines
+
+
+def _column_widths(cols, *cell_tables):
+    return [max([len(c)] + [len(r[j]) for cells in cell_tables for r in cells]) for j, c in enumerate(cols)]
+
+
+def table_lines(a, rows, cols, precision, sums=False):
+    """Right-aligned text rows of a 2-D array, rows and columns labelled; ``sums`` adds row sums."""
+    cols, cells = _table_cells(a, cols, precision, sums)
+    return _table_text(rows, cols, cells, _column_widths(cols, cells), range(len(cols)))
+
+
+def column_groups(arrays, rows, cols, precision, width, sums=False):
+    """Tables of ``arrays`` (one shape) too wide for ``width`` columns, cut between whole columns.
+
+    Returns [(labels of the group's columns, [lines of each array's table])]: every group at
+    most ``width`` wide (one column at least, whatever its width), its row labels repeated, and
+    the same column widths in every array's table, so that their lines compare one under another.
+    """
+    tables = [_table_cells(a, cols, precision, sums) for a in arrays]
+    labels = tables[0][0]
+    widths = _column_widths(labels, *(cells for _, cells in tables))
+    lw = max(len(r) for r in rows)                # the row labels, repeated in every group
+
+    def cut(limit):                               # as many columns per group as fit ``limit``
+        groups, start = [], 0
+        while start < len(labels):
+            end = start + 1
+            while end < len(labels) and lw + sum(2 + w for w in widths[start:end + 1]) <= limit:
+                end += 1
+            groups.append(range(start, end))
+            start = end
+        return groups
+
+    # The fewest groups, and of those the narrowest cut: 12 columns as 6 + 6 rather than 8 + 4.
+    groups = cut(width)
+    while width > 1 and len(cut(width - 1)) == len(groups):
+        width -= 1
+        groups = cut(width)
+    return [([labels[j] for j in keep], [_table_text(rows, labels, cells, widths, keep) for _, cells in tables])
+            for keep in groups]
 
 
 def side_by_side(blocks, width, style, indent="    "):

@@ -36,7 +36,7 @@ class Printer:
         self.brief = brief
         self.tolerance = 1e-4 if inputs.dtype == np.float32 else 1e-10
         self.diffs = []               # (step, table title, max |NumPy - PyTorch|)
-        self.heatmaps = []            # (file stem, title, [(panel title, weights (T, T))])
+        self.heatmaps = []            # (file stem, title, [(panel title, values (T, T))], signed)
         self.step_number = 0
 
     def raw(self, text=""):
@@ -66,13 +66,15 @@ class Printer:
         if self.torch is not None:
             self.line(f"PyTorch (torch_attn): {torch_ops}", "dim")
 
-    def table(self, key, title, rows, cols, sums=False, index=(), main=False):
+    def table(self, key, title, rows, cols, sums=False, index=(), main=False, undoes=None, shared=False):
         """One table: the NumPy result beside the PyTorch one, then their largest difference.
-        ``main`` marks the step's key table, the one ``--brief`` prints."""
+        ``main`` marks the step's key table, the one ``--brief`` prints; ``undoes`` names the
+        forward line a gradient undoes; ``shared`` marks an input both sides are given, printed
+        once and not compared."""
         a = self.np[key][index]
         if a.ndim == 1:
             a = a[:, None]
-        b = None if self.torch is None else self.torch[key][index].reshape(a.shape)
+        b = None if self.torch is None or shared else self.torch[key][index].reshape(a.shape)
         if self.brief and not main:
             if b is not None:
                 self.diffs.append((self.step_number, title, max_abs_diff(a, b)))
@@ -84,23 +86,41 @@ class Printer:
         if len(f"  {title}  shape {where}") <= self.width:
             self.raw(f"  {self.style('bold', title)}  shape {where}")
         else:                         # the shape on a line of its own
-            self.raw(f"  {self.style('bold', title)}")
+            self.line(title, "bold")
             self.raw(f"    shape {where}")
-        left = term.table_lines(a, rows, cols, self.precision, sums)
-        if b is None:
-            for text in left:
+        if undoes is not None:
+            self.line(f"undoes {undoes}", "dim", indent="    ")
+        blocks = [("NumPy", a)] if b is None else [("NumPy", a), ("PyTorch", b)]
+        whole = [term.table_lines(x, rows, cols, self.precision, sums) for _, x in blocks]
+        if shared and self.torch is not None:
+            blocks = [("NumPy and PyTorch, the same input", a)]
+        elif b is not None and self.brief and whole[0] == whole[1]:   # one table says it all
+            blocks, whole = [("NumPy and PyTorch alike", a)], whole[:1]
+        self._table_blocks(blocks, whole, rows, cols, sums)
+        if b is not None:
+            self.diff(title, a, b)
+
+    def _table_blocks(self, blocks, whole, rows, cols, sums):
+        """Print [(label, array)]: beside each other, else one under another, else (wider than the
+        terminal alone) cut into groups of columns, each side's part of a group under its label."""
+        if max(len(text) for lines in whole for text in lines) <= self.width - 4:
+            if len(blocks) == 2:
+                for text in term.side_by_side(list(zip(("NumPy", "PyTorch"), whole, strict=True)), self.width,
+                                              self.style):
+                    self.raw(text)
+                return
+            if self.torch is not None:        # no label alone on the NumPy side (--no-torch)
+                self.line(blocks[0][0], "dim", indent="    ")
+            for text in whole[0]:
                 self.raw("    " + text)
             return
-        right = term.table_lines(b, rows, cols, self.precision, sums)
-        if self.brief and right == left:      # one table says it all; the difference follows
-            self.raw("    " + self.style("dim", "NumPy, and PyTorch to the digits printed"))
-            for text in left:
-                self.raw("    " + text)
-        else:
-            for text in term.side_by_side([("NumPy", left), ("PyTorch", right)], self.width,
-                                          self.style):
-                self.raw(text)
-        self.diff(title, a, b)
+        groups = term.column_groups([x for _, x in blocks], rows, cols, self.precision, self.width - 4, sums)
+        for names, tables in groups:
+            part = f"columns {names[0]} to {names[-1]}" if len(names) > 1 else f"column {names[0]}"
+            for (label, _), lines in zip(blocks, tables, strict=True):
+                self.line(f"{label}, {part}" if self.torch is not None else part, "dim", indent="    ")
+                for text in lines:
+                    self.raw("    " + text)
 
     def diff(self, title, a, b):
         d = max_abs_diff(a, b)
@@ -109,19 +129,25 @@ class Printer:
         self.raw("    " + self.style(kind, f"max |NumPy - PyTorch| = {d:.2e}"))
 
     def same(self, what, key_a, key_b):
-        """Say that two ways of computing one thing agree (on the NumPy side, and on the torch side)."""
+        """Say that two ways of computing one thing agree (on the NumPy side, and on the torch side).
+        A key may be a tuple of keys: the arrays they name, compared together."""
         if self.brief:
             return
-        d = max_abs_diff(self.np[key_a], self.np[key_b])
+
+        def get(r, keys):
+            return np.concatenate([np.ravel(r[key]) for key in keys]) if isinstance(keys, tuple) else r[keys]
+
+        d = max_abs_diff(get(self.np, key_a), get(self.np, key_b))
         text = f"{what}: max |difference| = {d:.2e} (NumPy)"
         if self.torch is not None:
-            text += f", {max_abs_diff(self.torch[key_a], self.torch[key_b]):.2e} (PyTorch)"
+            text += f", {max_abs_diff(get(self.torch, key_a), get(self.torch, key_b)):.2e} (PyTorch)"
         self.raw()
         self.line(text)
 
-    def heatmap(self, stem, title, panels):
-        """A figure to plot: ``panels`` is [(panel title, key, index)] of (T, T) weights."""
-        self.heatmaps.append((stem, title, [(name, self.np[key][index]) for name, key, index in panels]))
+    def heatmap(self, stem, title, panels, signed=False):
+        """A figure to plot: ``panels`` is [(panel title, key, index)] of (T, T) weights, or of
+        gradients with ``signed`` (a scale symmetric about 0)."""
+        self.heatmaps.append((stem, title, [(name, self.np[key][index]) for name, key, index in panels], signed))
 
 
 def _signed(x, precision):
@@ -134,11 +160,37 @@ def _vec(v, precision):
     return "[" + ", ".join(term.fmt(x, precision) for x in v) + "]"
 
 
+def _worked_lines(p, rows, indent="    "):
+    """Written-out sums ``lhs terms... = rhs``, rows of (lhs, [terms], rhs), one under another.
+
+    Each on one line, the "=" aligned, when they fit; else the terms on one line and "= rhs" under
+    them; else (a narrow terminal, long labels, many decimals) wrapped between terms and between
+    the parts of rhs (split by three spaces), every line within the width.
+    """
+    sums = [" + ".join(terms) for _, terms, _ in rows]
+    tw = max(len(text) for text in sums)
+    one_line = [f"{indent}{lhs} {text:<{tw}} = {rhs}" for (lhs, _, rhs), text in zip(rows, sums, strict=True)]
+    two_lines = [(f"{indent}{lhs} {text}", f"{indent}{' ' * (len(lhs) - 1)}= {rhs}")
+                 for (lhs, _, rhs), text in zip(rows, sums, strict=True)]
+    if max(len(line) for line in one_line) <= p.width:
+        lines = one_line
+    elif max(len(line) for pair in two_lines for line in pair) <= p.width:
+        lines = [line for pair in two_lines for line in pair]
+    else:
+        lines = []
+        for lhs, terms, rhs in rows:
+            pieces = [lhs] + [t + " +" for t in terms[:-1]] + terms[-1:] + ["="] + [
+                part.strip() for part in rhs.split("   ") if part.strip()]
+            lines += term.wrap_pieces(pieces, p.width, indent)
+    for line in lines:
+        p.raw(line)
+
+
 def _worked_dot_products(p, inputs):
     """Step 5's focus: the query of one token against every key, by hand, from the NumPy side.
 
-    Each key's line reads ``q . k = products = score / sqrt(d) = scaled  weight w``; where that is
-    wider than the terminal, the written-out products take a line of their own.
+    Each key's line reads ``q . k = products = score / sqrt(d) = scaled  weight w`` (laid out
+    for the width by ``_worked_lines``).
     """
     r, prec, i = p.np, p.precision, inputs.focus
     name = inputs.labels[i]
@@ -157,21 +209,13 @@ def _worked_dot_products(p, inputs):
         text = " + ".join(f"{_signed(a, prec)}*{_signed(b, prec)}" for a, b in zip(q[:shown], k[:shown], strict=True))
         terms.append(text + (" + ..." if len(q) > shown else ""))
     lw = max(len(label) for label in inputs.labels)
-    tw = max(len(t) for t in terms)
     nw = max(len(term.fmt(v, prec)) for v in np.concatenate([r["s5_scores"][i], r["s5_scaled"][i]]))
     rows = []
     for j, label in enumerate(inputs.labels):
-        lhs = f"    q_{name} . k_{label:<{lw}} ="
         rhs = (f"{term.fmt(r['s5_scores'][i, j], prec):>{nw}}   / sqrt({inputs.d_out}) = "
                f"{term.fmt(r['s5_scaled'][i, j], prec):>{nw}}   weight {term.fmt(r['s5_weights'][i, j], prec)}")
-        rows.append((lhs, terms[j], rhs))
-    if max(len(f"{a} {t:<{tw}} = {c}") for a, t, c in rows) <= p.width:
-        for lhs, products, rhs in rows:
-            p.raw(f"{lhs} {products:<{tw}} = {rhs}")
-    else:
-        for lhs, products, rhs in rows:
-            p.raw(f"{lhs} {products}")
-            p.raw(f"{' ' * (len(lhs) - 1)}= {rhs}")
+        rows.append((f"q_{name} . k_{label:<{lw}} =", terms[j].split(" + "), rhs))
+    _worked_lines(p, rows)
     weights = r["s5_weights"][i]
     p.line(f"weights = softmax(scaled scores) = {_vec(weights, prec)}  (sum {term.fmt(weights.sum(dtype=np.float64), prec)})",
            indent="    ")
@@ -271,6 +315,7 @@ def print_steps(p, inputs):
     p.same("multi_head_attention_forward(x, params, num_heads, is_causal=True) in one call gives the same out",
            "mh_out", "mh_one_call")
     _print_kv_decoding(p, inputs)
+    _print_backward(p, inputs)
 
 
 def _print_kv_decoding(p, inputs):
@@ -316,8 +361,8 @@ def _print_kv_decoding(p, inputs):
     for row in rows:
         p.raw(layout(row))
     kind = "good" if worst <= p.tolerance else "bad"
-    p.raw("    " + p.style(kind, f"largest over all tokens = {worst:.2e}; bytes = length x "
-                                  f"{int(r['kv_bytes_per_token'])} per token"))
+    p.line(f"largest over all tokens = {worst:.2e}; bytes = length x {int(r['kv_bytes_per_token'])} per token",
+           kind, indent="    ")
     p.same(f"the cached keys after token {T - 1} equal step 7's K heads", "kv_k", "mh_k_heads")
     p.same(f"the cached values after token {T - 1} equal step 7's V heads", "kv_v", "mh_v_heads")
     if not p.brief:
@@ -325,6 +370,92 @@ def _print_kv_decoding(p, inputs):
     p.note(f"each step projected one token: {T} key/value projections in all, where running step 7 "
            f"again on the whole prefix at every token would make 1 + 2 + ... + {T} = "
            f"{T * (T + 1) // 2}.")
+
+
+def _print_backward(p, inputs):
+    """Step 9: step 5's attention run backward from L = sum(context * G), each gradient by hand
+    (numpy_attn's backward functions) beside autograd's, and the focus token's row of dscores
+    through the softmax's Jacobian worked out."""
+    tok, d = inputs.labels, inputs.d_out
+    dcol = [f"d{j}" for j in range(d)]
+    chan = [f"c{j}" for j in range(inputs.C)]
+    p.step(9, "The backward of step 5: gradients by hand and by autograd",
+           "linear.linear_backward, softmax.softmax_backward, attention.scaled_dot_product_attention_backward",
+           "loss.backward() (autograd), each gradient read from .grad")
+    p.note("a loss to send back: L = sum(context * G), with G a fixed (T, d) matrix drawn from N(0, 1) "
+           "and rounded to 2 decimals, so that dL/dcontext = G. G is the upstream gradient: what the "
+           "layers above would send down. It is drawn, not all ones, so that a swapped row or a missing "
+           "transpose shows in the numbers: G all ones would give every query the same row of dweights, "
+           "and dweights all ones would make the softmax's gradient vanish (w * (1 - sum(w)) = 0).")
+    p.table("s9_upstream", "G = dL/dcontext, the upstream gradient", tok, dcol, shared=True)
+    if not p.brief:
+        p.raw()
+        text = f"L = sum(context * G) = {term.fmt(p.np['s9_loss'], p.precision)} (NumPy)"
+        if p.torch is not None:
+            text += f", {term.fmt(p.torch['s9_loss'], p.precision)} (PyTorch)"
+        p.line(text)
+    if p.torch is not None:
+        if p.brief:
+            p.diffs.append((p.step_number, "L", max_abs_diff(p.np["s9_loss"], p.torch["s9_loss"])))
+        else:
+            p.diff("L", p.np["s9_loss"], p.torch["s9_loss"])
+    context = "context = weights @ values"
+    p.table("s9_dweights", "dweights = G @ values.T", tok, tok, undoes=context)
+    p.table("s9_dv", "dv = weights.T @ G", tok, dcol, undoes=context)
+    p.table("s9_dscores", "dscores = weights * (dweights - rowsum(weights * dweights))",
+            tok, tok, sums=True, main=True, undoes="weights = softmax(scaled scores)")
+    p.note("each row of dscores sums to 0: adding one number to a row of scores leaves its softmax as it was, "
+           "so the loss cannot change along that direction")
+    p.heatmap("step9_dscores", "Step 9: dscores = dL/d(scaled scores),\nthrough the softmax's Jacobian",
+              [("", "s9_dscores", ())], signed=True)
+    _worked_softmax_backward(p, inputs)
+    scores = f"scaled scores = queries @ keys.T / sqrt({d})"
+    p.table("s9_dq", f"dq = dscores @ keys / sqrt({d})", tok, dcol, undoes=scores)
+    p.table("s9_dk", f"dk = dscores.T @ queries / sqrt({d})", tok, dcol, undoes=scores)
+    for name in ("query", "key", "value"):
+        p.table(f"s9_dw_{name}", f"dW_{name} = x.T @ d{name[0]}", chan, dcol, undoes=f"{name[0]} = x @ W_{name}")
+    p.same("scaled_dot_product_attention_backward(G, cache) in one call gives the same dq, dk, dv",
+           ("s9_dq", "s9_dk", "s9_dv"), ("s9_sdpa_dq", "s9_sdpa_dk", "s9_sdpa_dv"))
+
+
+def _worked_softmax_backward(p, inputs):
+    """Step 9's focus: its row of dweights from G, through the softmax's Jacobian to dscores, then
+    its dq, by hand from the NumPy side."""
+    r, prec, i = p.np, p.precision, inputs.focus
+    tok, d = inputs.labels, inputs.d_out
+    name = tok[i]
+    if p.brief:                       # not printed, still compared
+        if p.torch is not None:
+            p.diffs.append((p.step_number, f"dq of {name!r}", max_abs_diff(r["s9_dq"][i], p.torch["s9_dq"][i])))
+        return
+    g, w, dw, ds = r["s9_upstream"][i], r["s5_weights"][i], r["s9_dweights"][i], r["s9_dscores"][i]
+    p.raw()
+    p.line(f"Follow {name!r} back (--focus): G_{name} = dL/dz_{name} = {_vec(g, prec)}; w_j is its weight "
+           f"on key j (step 5), dw_j = dL/dw_j, dscore_j = dL/d(scaled score j)", "bold")
+    shown = min(d, 4)                 # write out at most four products per dot product
+    lw = max(len(label) for label in tok)
+    nw = max(len(term.fmt(v, prec)) for v in np.concatenate([dw, ds]))
+    rows = []
+    for j, label in enumerate(tok):
+        terms = [f"{_signed(a, prec)}*{_signed(b, prec)}" for a, b in zip(g[:shown], r["v"][j][:shown], strict=True)]
+        rows.append((f"dw_{label:<{lw}} = G_{name} . v_{label:<{lw}} =", terms + (["..."] if d > shown else []),
+                     f"{term.fmt(dw[j], prec):>{nw}}"))
+    _worked_lines(p, rows)
+    total = (w * dw).sum(dtype=np.float64)
+    products = " + ".join(f"{term.fmt(a, prec)}*{_signed(b, prec)}" for a, b in zip(w, dw, strict=True))
+    p.line(f"sum_k w_k dw_k = {products} = {term.fmt(total, prec)}", indent="    ")
+    rows = [(f"dscore_{label:<{lw}} = w_{label:<{lw}} (dw_{label:<{lw}} - sum) =",
+             [f"{term.fmt(w[j], prec)}*({term.fmt(dw[j], prec)} - {_signed(total, prec)})"],
+             f"{term.fmt(ds[j], prec):>{nw}}")
+            for j, label in enumerate(tok)]
+    _worked_lines(p, rows)
+    p.line(f"dq_{name} = (dscores_{name} @ keys) / sqrt({d}) = ("
+           + " + ".join(f"{_signed(a, prec)}*k_{label}" for a, label in zip(ds, tok, strict=True)) + f") / sqrt({d})",
+           indent="    ")
+    p.line(f"      = {_vec(r['s9_dq'][i], prec)}", indent="    ")
+    if p.torch is not None:
+        p.line(f"PyTorch dq_{name} = {_vec(p.torch['s9_dq'][i], prec)}", indent="    ")
+        p.diff(f"dq of {name!r}", r["s9_dq"][i], p.torch["s9_dq"][i])
 
 
 def print_summary(p):

@@ -9,6 +9,7 @@ steps run on each side, NumPy (``numpy_attn``) and PyTorch (``torch_attn``), thr
     6  the causal mask                      query t sees keys 0..t only
     7  multi-head attention                 split into heads, attend, merge, project
     8  decoding with a key/value cache      step 7 again, one token at a time, past k, v cached
+    9  the backward of step 5               L = sum(context * G): dweights, dscores, dq, dk, dv, dW
 
 Both sides run ``pipeline`` from the same inputs, each through its own operations (``NumpySide``
 and ``TorchSide`` say which). torch is imported only when the PyTorch side is built.
@@ -23,10 +24,13 @@ from attn_cli import tokenizer
 from attn_cli.source_example import SOURCE_EXAMPLE
 from attn_cli.term import printable
 from numpy_attn._tree import tree_map
-from numpy_attn.attention import scaled_dot_product_attention_forward
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.kv_cache import init_kv_cache
-from numpy_attn.linear import linear_forward
+from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import (
     init_multi_head_params,
     merge_heads,
@@ -34,7 +38,7 @@ from numpy_attn.multi_head import (
     split_heads,
 )
 from numpy_attn.positional import sinusoidal_encoding
-from numpy_attn.softmax import softmax_forward
+from numpy_attn.softmax import softmax_backward, softmax_forward
 
 DEFAULT_TEXT = SOURCE_EXAMPLE["text"]
 
@@ -101,6 +105,35 @@ class NumpySide:
 
     def mask_scores(self, scores, mask):
         return np.where(mask, scores, -np.inf).astype(scores.dtype)
+
+    def attention_grads(self, x, w_query, w_key, w_value, scale, upstream):
+        """Step 9: step 5 again, each cache kept, then L = sum(context * G) sent back by hand,
+        each line undoing one forward line, in reverse order."""
+        q, q_cache = linear_forward(x, w_query)                  # (T, C) -> (T, d)
+        k, k_cache = linear_forward(x, w_key)                    # (T, C) -> (T, d)
+        v, v_cache = linear_forward(x, w_value)                  # (T, C) -> (T, d)
+        scores, scores_cache = linear_forward(q, k.T)            # (T, d) @ (d, T) -> (T, T)
+        scaled = scores * scale                                  # (T, T)
+        weights, softmax_cache = softmax_forward(scaled)         # (T, T)
+        context, context_cache = linear_forward(weights, v)      # (T, T) @ (T, d) -> (T, d)
+        loss = (context * upstream).sum()                        # dL/dcontext = upstream
+        # Undoes context = weights @ v: dweights = G v^T, dv = weights^T G.
+        dweights, dv = linear_backward(upstream, context_cache)  # (T, T), {"w": (T, d)}
+        # Undoes weights = softmax(scaled): w * (dweights - rowsum(w * dweights)).
+        dscores = softmax_backward(dweights, softmax_cache)      # (T, T)
+        # Undoes scaled = scores * scale, then scores = q @ k^T: dq = dscores k, d(k^T) = q^T dscores.
+        dq, dk_t = linear_backward(dscores * scale, scores_cache)   # (T, d), {"w": (d, T)}
+        dk = dk_t["w"].T                                         # (d, T) -> (T, d)
+        dv = dv["w"]
+        # Undoes q, k, v = x @ W: dW = x^T dq (and dk, dv); dx, the sum of the three paths, is not shown.
+        dw_query = linear_backward(dq, q_cache)[1]["w"]          # (C, d)
+        dw_key = linear_backward(dk, k_cache)[1]["w"]            # (C, d)
+        dw_value = linear_backward(dv, v_cache)[1]["w"]          # (C, d)
+        # The same dq, dk, dv from attention's own backward, in one call.
+        _, cache = scaled_dot_product_attention_forward(q, k, v, scale=scale)
+        sdpa_dq, sdpa_dk, sdpa_dv = scaled_dot_product_attention_backward(upstream, cache)
+        return dict(loss=loss, dweights=dweights, dscores=dscores, dq=dq, dk=dk, dv=dv, dw_query=dw_query,
+                    dw_key=dw_key, dw_value=dw_value, sdpa_dq=sdpa_dq, sdpa_dk=sdpa_dk, sdpa_dv=sdpa_dv)
 
 
 class TorchSide:
@@ -177,6 +210,30 @@ class TorchSide:
     def mask_scores(self, scores, mask):
         return scores.masked_fill(~mask, -self.torch.inf)
 
+    def attention_grads(self, x, w_query, w_key, w_value, scale, upstream):
+        """Step 9: step 5 again, then L = sum(context * G) sent back by autograd; each gradient
+        is read from .grad (retain_grad keeps those of the tensors that are not leaves)."""
+        for w in (w_query, w_key, w_value):
+            w.requires_grad_()
+        q = self.linear(x, w_query)                              # (T, C) -> (T, d)
+        k = self.linear(x, w_key)                                # (T, C) -> (T, d)
+        v = self.linear(x, w_value)                              # (T, C) -> (T, d)
+        scores = self.linear(q, k.T)                             # (T, d) @ (d, T) -> (T, T)
+        scaled = scores * scale                                  # (T, T)
+        weights = self.softmax(scaled)                           # (T, T)
+        context = self.linear(weights, v)                        # (T, T) @ (T, d) -> (T, d)
+        loss = (context * upstream).sum()                        # dL/dcontext = upstream
+        for t in (q, k, v, scaled, weights):
+            t.retain_grad()
+        loss.backward()
+        # The same dq, dk, dv through attention in one call, from copies of q, k, v.
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, _ = self.attention(*leaves, scale=scale)
+        (out * upstream).sum().backward()
+        return dict(loss=loss, dweights=weights.grad, dscores=scaled.grad, dq=q.grad, dk=k.grad, dv=v.grad,
+                    dw_query=w_query.grad, dw_key=w_key.grad, dw_value=w_value.grad,
+                    sdpa_dq=leaves[0].grad, sdpa_dk=leaves[1].grad, sdpa_dv=leaves[2].grad)
+
 
 def pipeline(side, inputs):
     """Run every step on one side; return {name: NumPy array} of everything the tables show."""
@@ -238,6 +295,11 @@ def pipeline(side, inputs):
     r["mh_merged"] = side.merge_heads(heads)                     # (1, nh, T, hs) -> (1, T, C)
     r["mh_out"] = side.linear(r["mh_merged"], **params["o"])     # (1, T, C)
     r["mh_one_call"], r["mh_one_call_weights"] = side.multi_head(xb, params, nh, is_causal=True)
+    # Step 9: the backward of step 5, from L = sum(context * G).
+    grads = side.attention_grads(x, *(side.asarray(w) for w in (inputs.w_query, inputs.w_key, inputs.w_value)),
+                                 inputs.scale, side.asarray(inputs.upstream))
+    r.update({f"s9_{name}": value for name, value in grads.items()})
+    r["s9_upstream"] = side.asarray(inputs.upstream)
     # Step 8: the same heads, decoding: one token at a time, past keys and values from a cache.
     hs = inputs.C // nh
     nkv = inputs.params["k"]["w"].shape[1] // hs                 # key/value heads (nh here)
@@ -276,6 +338,7 @@ class Inputs:
     w_key: np.ndarray
     w_value: np.ndarray
     params: dict               # multi-head parameters, (C, C) weights
+    upstream: np.ndarray       # (T, d_out) G = dL/dcontext of step 9
     scale: float
     source: bool               # the source example (--example source)
     seed: int
@@ -369,10 +432,12 @@ def prepare(args):
         notes.append(f"wte ({V}, {C}) drawn from N(0, 1), as torch.nn.Embedding; seed {args.seed}")
         notes.append(f"W_query, W_key, W_value ({C}, {d_out}) drawn from U[0, 1), as torch.rand in the source example")
     params = init_multi_head_params(C, rng, bias=True, dtype=dtype)
+    # Drawn after everything else, so that the earlier draws (and steps) stay as they were.
+    upstream = np.round(rng.standard_normal((len(ids), d_out)), 2).astype(dtype)
     positional = (not source) if args.positional is None else args.positional
     return Inputs(text=text, ids=ids, labels=labels, pieces=pieces, C=C, d_out=d_out,
                   num_heads=num_heads, dtype=dtype, positional=positional, focus=focus, wte=wte,
-                  params=params, scale=1 / math.sqrt(d_out), source=source, seed=args.seed,
+                  params=params, upstream=upstream, scale=1 / math.sqrt(d_out), source=source, seed=args.seed,
                   notes=notes, **w)
 
 

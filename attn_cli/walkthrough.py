@@ -13,11 +13,13 @@ from attn_cli.source_example import SOURCE_DESCRIPTION
 
 HELP = "attention step by step, NumPy and PyTorch side by side"
 
-# The heatmaps --plot writes (one figure per step; every head of step 7 in one).
-PLOT_FILES = ("step4_weight_free.png", "step5_qkv.png", "step6_causal.png", "step7_heads.png")
+# The heatmaps --plot writes (one figure per step; every head of step 7 in one; step 9's gradient).
+PLOT_FILES = ("step4_weight_free.png", "step5_qkv.png", "step6_causal.png", "step7_heads.png",
+              "step9_dscores.png")
 
 EXAMPLES = """examples:
   numpy-attn walkthrough                        "The cat sat on the mat", every table
+  numpy-attn walkthrough --color always | less -R   in colour through a pager
   numpy-attn walkthrough --brief                each step's key table only
   numpy-attn walkthrough --example source       the source example's numbers, checkable by eye
   numpy-attn walkthrough "A dog ran" --dim 4 --heads 2 --focus dog --plot plots
@@ -26,10 +28,12 @@ EXAMPLES = """examples:
 
 def add_arguments(p):
     term.describe(p, (
-        "Eight steps of self-attention (tokens, embeddings, positions, weight-free attention, "
+        "Nine steps of self-attention (tokens, embeddings, positions, weight-free attention, "
         "Q/K/V projections, the causal mask, multi-head attention, decoding with a key/value "
-        "cache), each computed by numpy_attn "
-        "and by torch_attn, printed side by side with the largest absolute difference between them."), EXAMPLES)
+        "cache, and the backward of the Q/K/V step: its gradients by numpy_attn's hand-written "
+        "backward and by autograd), each computed by numpy_attn and by torch_attn, printed side "
+        "by side with the largest absolute difference between them. Colour only on a terminal: "
+        "through a pager, pass --color always (less -R)."), EXAMPLES)
     p.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help='the text to walk through (default "The cat sat on the mat"; at most 32 '
                         "GPT-2 tokens)")
@@ -57,7 +61,7 @@ def add_arguments(p):
     p.add_argument("--no-torch", action="store_true", help="run the NumPy side alone; torch is not imported")
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="write PNG heatmaps of the attention weights of each step (all heads of "
-                        "step 7 in one figure) to DIR")
+                        "step 7 in one figure) and of step 9's gradient dscores to DIR")
     p.add_argument("--force", action="store_true", help="let --plot overwrite heatmaps already in DIR")
     term.add_color_option(p)
 
@@ -94,9 +98,13 @@ def run(args, out=None, color=None):
     p.line(f"positions {'added' if inputs.positional else 'left out'} (--positional), "
            f"focus {inputs.labels[inputs.focus]!r} (--focus)")
     if len(sides) == 2:
-        p.line("Every step runs twice, in numpy_attn (backward by hand) and in torch_attn "
-               "(autograd). Each table shows NumPy left and PyTorch right (NumPy above and "
-               "PyTorch below when both do not fit), then their largest difference.")
+        p.line("Every step runs twice, in numpy_attn (backward by hand: step 9) and in "
+               "torch_attn (autograd). Each table shows NumPy left and PyTorch right (NumPy above and "
+               "PyTorch below when both do not fit, in groups of columns when one does not), "
+               "then their largest difference.")
+        if args.brief:
+            p.line('--brief: a table whose two sides print the same digits is shown once, under '
+                   '"NumPy and PyTorch alike".')
     elif torch_missing:
         p.line("PyTorch is not installed, so only the NumPy side runs: "
                "pip install -c constraints.txt -e '.[torch]' to see both.", "bad")

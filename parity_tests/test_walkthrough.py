@@ -173,12 +173,13 @@ def test_plots_are_written_and_readable(tmp_path):
     assert status == 0, err
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["step4_weight_free.png", "step5_qkv.png", "step6_causal.png",
-                     "step7_heads.png"], "one figure per step, every head of step 7 in one"
+                     "step7_heads.png", "step9_dscores.png"], \
+        "one figure per step, every head of step 7 in one, step 9's gradient"
     for name in names:
         image = imread(folder / name)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name
         assert image[..., :3].std() > 0.05, f"{name} is blank"
-    assert "4 heatmaps written" in out
+    assert "5 heatmaps written" in out
     for name in names:
         assert f"wrote {folder / name}" in out, f"{name} is not announced"
 
@@ -262,6 +263,47 @@ def test_piped_output_fits_80_columns(default_run):
     assert not long, long[:3]
 
 
+class Terminal(io.StringIO):
+    """A stdout that says it is a terminal: the walkthrough lays it out for COLUMNS."""
+
+    def isatty(self):
+        return True
+
+
+SIXTEEN_TOKENS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+LONG_TOKENS = "Extraordinarily interconnected representations: hypothesis"   # labels cut at 10 characters
+
+
+@pytest.mark.parametrize("argv", [
+    ("--dim", "12"),                                                   # 126 lines over 80 before
+    (SIXTEEN_TOKENS,),                                                 # 340 lines over 80, up to 154
+    (SIXTEEN_TOKENS + " seventeen eighteen", "--dim", "9", "--heads", "3", "--d-out", "5"),
+    (LONG_TOKENS, "--dim", "16", "--heads", "4", "--precision", "8", "--focus", "2"),
+    ("--example", "source", "--precision", "12"),
+], ids=["dim12", "16tokens", "18tokens-dim9", "long-labels-dim16", "source-12-decimals"])
+@pytest.mark.parametrize("brief", [False, True], ids=["full", "brief"])
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_every_line_fits_the_width(argv, brief, width, monkeypatch):
+    """Tables too wide are cut between columns and written-out sums wrapped between terms, for any
+    --dim, sentence length and width (down to 60): 80 columns when piped, COLUMNS on a terminal."""
+    from attn_cli import walkthrough
+
+    argv = (*argv, "--brief") if brief else argv
+    if width == 80:
+        status, out, err = run(*argv)               # stdout is a pipe here: 80 columns
+    else:
+        monkeypatch.setenv("COLUMNS", str(width))
+        stream = Terminal()
+        status, err = walkthrough.run(cli.build_parser().parse_args(["walkthrough", *argv]), out=stream), ""
+        out = stream.getvalue()
+    assert status == 0, err
+    lines = out.splitlines()
+    long = [line for line in lines if len(line) > width]
+    assert not long, f"{len(long)} lines over {width} columns, the first: {long[:3]}"
+    assert max(len(line) for line in lines) > width - 25, "the width is used, not a fixed narrower one"
+    assert len(DIFF.findall(out)) >= 6, "tables are still compared"
+
+
 def test_brief_prints_each_step_s_key_table_only():
     status, out, err = run("--brief")
     assert status == 0, err
@@ -270,9 +312,20 @@ def test_brief_prints_each_step_s_key_table_only():
                       "x = x + PE, the input of attention",
                       "weights = softmax(scores), each row sums to 1",
                       "weights = softmax(scaled scores)", "causal weights = softmax(masked scores)",
-                      "out = merged @ Wo + bo"], titles
-    assert "Done: 27 tables computed by NumPy and by PyTorch." in out, "every table still compared"
+                      "out = merged @ Wo + bo",
+                      "dscores = weights * (dweights - rowsum(weights * dweights))"], titles
+    assert "Done: 37 tables computed by NumPy and by PyTorch." in out, "every table still compared"
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_brief_says_which_tables_stand_for_both_sides():
+    """Under "NumPy left and PyTorch right", --brief's single tables are labelled as both sides'."""
+    status, out, err = run("--brief")
+    assert status == 0, err
+    assert "digits printed" not in out.split("Step 1.")[1], "the old label 'NumPy, and PyTorch to the digits printed'"
+    assert out.count("\n    NumPy and PyTorch alike\n") >= 5, "the tables both sides print alike"
+    header = " ".join(out.split("Step 1.")[0].split())
+    assert 'a table whose two sides print the same digits is shown once, under "NumPy and PyTorch alike"' in header
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,3 +439,200 @@ def test_kv_decoding_step_in_brief_and_without_torch():
     rows = kv_table(out)
     assert len(rows) == 6 and all(r[5] is None for r in rows), "no PyTorch column with --no-torch"
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 9: the backward of step 5.
+
+def side_tables(out, title):
+    """Both sides of the first table whose title starts with ``title``, in any layout (beside each
+    other, one under another, in groups of columns, or once for both): {side: {row: [numbers]}}."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(title))
+    tables, sides, header = {}, None, None
+    for line in lines[start + 1:]:
+        text = line.strip()
+        if not text or text.startswith("max |"):
+            break
+        if text.startswith(("shape", "undoes")):
+            continue
+        if text.startswith(("NumPy", "PyTorch", "column")):        # a label: which side, which columns
+            sides = [["NumPy", "PyTorch"] if part.strip().startswith("NumPy and PyTorch") else
+                     ["NumPy" if part.strip().startswith("column") else part.strip().split(",")[0]]
+                     for part in text.split("|")]
+            header = None
+            continue
+        cells = [part.split() for part in line.split("|")]
+        if header is None:                                        # the column labels follow the label
+            header = cells
+            continue
+        for names, columns, (label, *numbers) in zip(sides, header, cells, strict=True):
+            for side in names:
+                tables.setdefault(side, {}).setdefault(label, {}).update(zip(columns, map(float, numbers),
+                                                                             strict=True))
+    return {side: {label: list(row.values()) for label, row in rows.items()} for side, rows in tables.items()}
+
+
+def reference_gradients(inputs, r):
+    """Step 9's gradients computed here: numpy_attn's attention backward and, apart, torch's
+    autograd through torch.nn.functional, from the walkthrough's inputs. {side: {name: array}}."""
+    import torch
+
+    from numpy_attn.attention import (
+        scaled_dot_product_attention_backward,
+        scaled_dot_product_attention_forward,
+    )
+    from numpy_attn.softmax import softmax_backward
+
+    x, g = r["x"] if inputs.positional else r["tok"], inputs.upstream
+    q, k, v = x @ inputs.w_query, x @ inputs.w_key, x @ inputs.w_value
+    _, cache = scaled_dot_product_attention_forward(q, k, v)
+    dq, dk, dv = scaled_dot_product_attention_backward(g, cache)
+    dweights = g @ v.T
+    by_hand = dict(dweights=dweights, dscores=softmax_backward(dweights, cache.softmax_cache), dq=dq, dk=dk,
+                   dv=dv, dw_query=x.T @ dq, dw_key=x.T @ dk, dw_value=x.T @ dv,
+                   loss=(cache.weights @ v * g).sum())
+    xt = torch.from_numpy(x)
+    w = {name: torch.tensor(getattr(inputs, f"w_{name}"), requires_grad=True) for name in ("query", "key", "value")}
+    qt, kt, vt = (xt @ w[name] for name in ("query", "key", "value"))
+    scaled = qt @ kt.T / np.sqrt(inputs.d_out)
+    weights = torch.softmax(scaled, dim=-1)
+    context = torch.nn.functional.scaled_dot_product_attention(qt[None], kt[None], vt[None])[0]
+    for t in (qt, kt, vt, scaled, weights):
+        t.retain_grad()
+    loss = (context * torch.from_numpy(g)).sum()
+    loss.backward(retain_graph=True)
+    autograd = {name: t.detach().clone() for name, t in dict(   # copies: the next backward adds to .grad
+        dq=qt.grad, dk=kt.grad, dv=vt.grad, dw_query=w["query"].grad, dw_key=w["key"].grad,
+        dw_value=w["value"].grad, loss=loss).items()}
+    # dweights and dscores from the weights' own graph (F.scaled_dot_product_attention hides its own).
+    (weights @ vt.detach() * torch.from_numpy(g)).sum().backward()
+    autograd.update(dweights=weights.grad, dscores=scaled.grad)
+    return {"NumPy": by_hand, "PyTorch": {name: t.detach().numpy() for name, t in autograd.items()}}
+
+
+GRADIENT_TABLES = [("dweights", "dweights = G @ values.T"), ("dv", "dv = weights.T @ G"),
+                   ("dscores", "dscores = weights * (dweights"), ("dq", "dq = dscores @ keys"),
+                   ("dk", "dk = dscores.T @ queries"), ("dw_query", "dW_query = x.T @ dq"),
+                   ("dw_key", "dW_key = x.T @ dk"), ("dw_value", "dW_value = x.T @ dv")]
+
+
+@pytest.mark.parametrize("argv", [(), ("--example", "source"), ("A dog ran after the cat", "--dim", "6", "--d-out", "3",
+                                                                 "--seed", "9", "--dtype", "float64")])
+def test_backward_step_prints_the_gradients_of_numpy_attn_and_of_autograd(argv):
+    status, out, err = run(*argv)
+    assert status == 0, err
+    inputs, results = walk_results(*argv, torch_side=False)
+    expected = reference_gradients(inputs, results["NumPy"])
+    tok = inputs.labels
+    dcol_rows = tok
+    # Printed with 4 decimals: within half a unit of the last digit of the exact value, plus the
+    # float32 error of the computation (a few units of 2^-24 on O(1) sums, under 1e-6).
+    tolerance = 0.5e-4 + 1e-6
+    for name, title in GRADIENT_TABLES:
+        printed = side_tables(out, title)
+        assert set(printed) == {"NumPy", "PyTorch"}, f"{title}: sides {set(printed)}"
+        rows = [f"c{j}" for j in range(inputs.C)] if name.startswith("dw_") else dcol_rows
+        for side, table in printed.items():
+            assert list(table) == rows, f"{side} {title}: rows {list(table)}"
+            numbers = np.array(list(table.values()))
+            want = expected[side][name]
+            if name == "dscores":                                # the last column: each row's sum, 0
+                np.testing.assert_allclose(numbers[:, -1], 0, atol=tolerance, err_msg=f"{side} {title}: row sums")
+                numbers = numbers[:, :-1]
+            np.testing.assert_allclose(numbers, want, rtol=0, atol=tolerance, err_msg=f"{side} {title}")
+    loss = re.search(r"L = sum\(context \* G\) = (\S+) \(NumPy\), (\S+) \(PyTorch\)", out)
+    assert loss, "the loss is printed, both sides"
+    for side, text in zip(("NumPy", "PyTorch"), loss.groups(), strict=True):
+        assert abs(float(text) - float(expected[side]["loss"])) <= tolerance, f"{side} loss {text}"
+    g = side_tables(out, "G = dL/dcontext")
+    np.testing.assert_allclose(np.array(list(g["NumPy"].values())), inputs.upstream, atol=0.5e-4,
+                               err_msg="G as printed")
+    assert g["NumPy"] == g["PyTorch"], "G is one input shared by both sides"
+    assert len(np.unique(inputs.upstream)) > inputs.upstream.size // 2, "G is drawn, not constant (never ones)"
+
+
+WORKED_DW = re.compile(r"^    dw_(\S+)\s+= G_\S+ \. v_\S+\s+= .* =\s+(\S+)$")
+WORKED_DSCORE = re.compile(r"^    dscore_(\S+)\s+= w_\S+\s+\(dw_\S+\s+- sum\) = "
+                           r"(\S+)\*\((\S+) - \(?(\S+?)\)?\)\s+=\s+(\S+)$")
+
+
+def test_backward_step_works_the_focus_token_through_the_softmax_jacobian_by_hand():
+    status, out, err = run("--example", "source")
+    assert status == 0, err
+    section = out.split("Step 9.")[1]
+    assert "Follow 'cat' back (--focus): G_cat = dL/dz_cat = [0.9900, -0.2900]" in section
+    dw = {m[1]: float(m[2]) for m in map(WORKED_DW.match, section.splitlines()) if m}
+    scores = [WORKED_DSCORE.match(line) for line in section.splitlines()]
+    scores = [m.groups() for m in scores if m]
+    assert list(dw) == TOKENS and [s[0] for s in scores] == TOKENS, (dw, scores)
+    tables = side_tables(out, "dscores = weights * (dweights")["NumPy"]
+    dweights = side_tables(out, "dweights = G @ values.T")["NumPy"]
+    weights = numpy_table(out, "weights = softmax(scaled scores)")["cat"][:-1]
+    total = float(re.search(r"\n    sum_k w_k dw_k = [^\n]*(?:\n        [^\n]*)* = (\S+)\n", section)[1])
+    for j, (label, w, dw_j, sum_text, ds) in enumerate(scores):
+        assert float(w) == weights[j], f"w_{label} is the weight of step 5"
+        assert float(dw_j) == dw[label] == dweights["cat"][j], f"dw_{label} is row 'cat' of dweights"
+        assert float(sum_text) == total
+        # The product of the printed (rounded) factors against the printed result: w is within
+        # 0.5e-4 of its value, dw - sum within 1e-4 (two roundings) and the result within 0.5e-4,
+        # so they differ by at most 0.5e-4 |dw - sum| + w 1e-4 + 0.5e-4 (w <= 1), plus 0.5e-8.
+        bound = 0.5e-4 * abs(float(dw_j) - total) + 1e-4 + 0.5e-4 + 1e-8
+        assert abs(float(w) * (float(dw_j) - total) - float(ds)) <= bound, label
+        assert float(ds) == tables["cat"][j], f"dscore_{label} is row 'cat' of dscores"
+    dq = re.search(r"\n\s+= \[(\S+), (\S+)\]\n    PyTorch dq_cat = \[(\S+), (\S+)\]", section)
+    assert dq and [float(v) for v in dq.groups()[:2]] == side_tables(out, "dq = dscores @ keys")["NumPy"]["cat"]
+
+
+def test_backward_step_in_brief_is_one_gradient_table_and_the_header_claim_is_shown():
+    status, out, err = run("--brief")
+    assert status == 0, err
+    section = out.split("Step 9. The backward of step 5")[1]
+    assert section.count("shape (") == 1 and "dscores = weights * (dweights - rowsum" in section, section
+    status, full, err = run()
+    assert status == 0, err
+    header = " ".join(full.split("Step 1.")[0].split())
+    assert "numpy_attn (backward by hand: step 9)" in header
+    step9 = " ".join(full.split("Step 9.")[1].split())
+    assert "NumPy (numpy_attn): linear.linear_backward, softmax.softmax_backward, " \
+           "attention.scaled_dot_product_attention_backward" in step9
+    assert "PyTorch (torch_attn): loss.backward() (autograd)" in step9
+    assert step9.count("undoes ") == 8, "each gradient says the forward line it undoes"
+    assert re.search(r"scaled_dot_product_attention_backward\(G, cache\) in one call gives the same dq, dk, dv: "
+                     r"max \|difference\| = (\S+) \(NumPy\)", step9)
+
+
+def test_backward_heatmap_is_signed(tmp_path):
+    from matplotlib.image import imread
+
+    status, out, err = run("--plot", str(tmp_path), "--example", "source", "--no-torch")
+    assert status == 0, err
+    image = imread(tmp_path / "step9_dscores.png")[..., :3]
+    red = (image[..., 0] > 0.6) & (image[..., 2] < 0.35)
+    blue = (image[..., 2] > 0.6) & (image[..., 0] < 0.35)
+    assert red.sum() > 500 and blue.sum() > 500, "positive gradients red, negative blue"
+
+
+def test_the_documented_excerpt_is_what_the_command_prints():
+    """docs/walkthrough_excerpt.txt (written by docs/regenerate_walkthrough.sh) is not stale:
+    its pieces, between "[...]", stand in the output of the command it quotes, in order."""
+    from pathlib import Path
+
+    excerpt = (Path(__file__).parent.parent / "docs" / "walkthrough_excerpt.txt").read_text()
+    status, out, err = run("--example", "source", "--color", "never")
+    assert status == 0, err
+    at = 0
+    for piece in excerpt.rstrip("\n").split("\n[...]\n"):
+        found = out.find(piece + "\n", at)
+        assert found >= 0, f"not in the output (after offset {at}): {piece[:300]}"
+        at = found + len(piece)
+    assert "Follow 'cat' back" in excerpt, "the excerpt shows the backward worked by hand"
+
+
+def test_help_says_how_to_keep_colour_through_a_pager():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main(["walkthrough", "--help"])
+    text = " ".join(out.getvalue().split())
+    assert "through a pager, pass --color always (less -R)" in text
+    assert "numpy-attn walkthrough --color always | less -R" in text
