@@ -162,7 +162,8 @@ def _check_value(path, key, value, kind, low):
     base = kind.removesuffix(" or null")
     if not KINDS[base](value) or (low is not None and value < low):
         bound = "" if low is None else f" >= {low}"
-        raise CheckpointError(f"{path}: {key} must be {'a' if base != 'int' else 'an'} {kind}{bound}, "
+        article = "an" if base in ("int", "object") else "a"
+        raise CheckpointError(f"{path}: {key} must be {article} {kind}{bound}, "
                               f"got {_short(value)}")
 
 
