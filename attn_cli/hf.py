@@ -29,6 +29,7 @@ tensor or key, and the value found.
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -107,7 +108,7 @@ def load_checkpoint(folder, dtype=np.float32):
 def read_config(folder):
     """config.json of the folder as a dict (a JSON object), or a CheckpointError."""
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not _present(path):
         raise CheckpointError(f"{folder} has no config.json: is it a Hugging Face model folder?")
     return _read_json(path)
 
@@ -149,10 +150,9 @@ def check_config(hf_config, architecture, folder):
     build = gpt2_config if architecture == "GPT2LMHeadModel" else llama_config
     try:                        # what only the config as a whole can refuse (n_embd % n_head, rope)
         build(hf_config)
-    except CheckpointError:
-        raise
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{path}: {err}") from None
+    except (TypeError, ValueError) as err:      # named by path, once ("GPT-2 config.json: ..." or not)
+        message = re.sub(r"^[\w-]+ config\.json: ", "", str(err))
+        raise CheckpointError(f"{path}: {message}") from None
 
 
 def _check_value(path, key, value, kind, low):
@@ -185,6 +185,14 @@ def _parameter_count(hf, architecture):
 def _values_held(folder):
     """The number of values in the folder's safetensors files, from their headers alone."""
     return sum(math.prod(entry.shape) for path in _safetensors_files(folder) for entry in _header(path).values())
+
+
+def _present(path):
+    """Whether ``path`` exists, refusing one that is not a regular file (a FIFO would block the
+    read forever, a device never end it): CheckpointError naming it."""
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file (a FIFO, device or folder), so it is not read")
+    return path.exists()
 
 
 def _read_json(path):
@@ -260,7 +268,7 @@ def _safetensors_files(folder):
     files to the blobs beside it."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    if _present(index):
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(name, str) for name in weight_map.values()):
@@ -273,7 +281,7 @@ def _safetensors_files(folder):
             if not (folder / name).is_file():
                 raise CheckpointError(f"{index}: weight_map names {name!r}, which is not a regular file "
                                       f"in {folder}")
-    elif (folder / "model.safetensors").is_file():
+    elif _present(folder / "model.safetensors"):
         names = ["model.safetensors"]
     else:
         raise CheckpointError(f"{folder} has no model.safetensors (nor model.safetensors.index.json); "
@@ -302,6 +310,8 @@ def _read_safetensors(path):
             tensor = np.frombuffer(data, DTYPES[entry.dtype])
             if entry.dtype == "BF16":
                 tensor = (tensor.astype(np.uint32) << 16).view(np.float32)
+            if entry.dtype.startswith(("F", "BF")) and not np.isfinite(tensor).all():
+                raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values: the file is damaged")
             tensors[name] = tensor.reshape(entry.shape)
     return tensors
 
@@ -380,7 +390,12 @@ class _Tensors:
         if tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(f"{self.folder}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                                   f"expected {tuple(shape)} from config.json")
-        return np.array(tensor, dtype=self.dtype)       # a writable copy: the bytes read are read-only
+        with np.errstate(over="ignore"):                 # an overflow is refused below, by name
+            converted = np.array(tensor, dtype=self.dtype)  # a writable copy: the bytes read are read-only
+        if converted.dtype.itemsize < tensor.dtype.itemsize and not np.isfinite(converted).all():
+            raise CheckpointError(f"{self.folder}: tensor {name!r} holds values beyond the range of "
+                                  f"{self.dtype}; load it as {tensor.dtype}")
+        return converted
 
     def drop(self, name):
         """Forget a tensor that may be present and is not needed (a tied head's copy)."""

@@ -23,11 +23,14 @@ import json
 import os
 import re
 import signal
+import tempfile
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from attn_cli import checkpoint, cli, hf
 from attn_cli.hf import CheckpointError, load_checkpoint
@@ -63,11 +66,11 @@ def _llama_tensors():
 
 
 def _layout(tensors, dtype="F32"):
-    """(header dict, data bytes) of float tensors stored as ``dtype`` (F32, or BF16: the top 16
-    bits of each float32), one after another."""
+    """(header dict, data bytes) of float tensors stored as ``dtype`` (F32, F64, or BF16: the top
+    16 bits of each float32), one after another."""
     header, data = {}, b""
     for name, a in tensors.items():
-        raw = np.asarray(a, "<f4").tobytes()
+        raw = np.asarray(a, "<f8" if dtype == "F64" else "<f4").tobytes()
         if dtype == "BF16":
             raw = (np.frombuffer(raw, "<u4") >> 16).astype("<u2").tobytes()
         header[name] = {"dtype": dtype, "shape": list(np.shape(a)), "data_offsets": [len(data), len(data) + len(raw)]}
@@ -121,7 +124,7 @@ def test_the_valid_folders_load(tmp_path):
     assert load_checkpoint(bf16)[2]["ln_f"]["w"].tolist() == [1.0] * 4, "bfloat16 ones widen to ones"
 
 
-# -- boundary 1: a safetensors header (attn_cli.hf._header) ------------------------------------
+# -- boundary 1: a safetensors file, header and data (attn_cli.hf._header, _read_safetensors) ----
 
 def _edit_header(edit):
     """A case: ``edit(header)`` changes the valid GPT-2 header in place; the data stays."""
@@ -138,6 +141,17 @@ def _share_range(dtype):
         header["transformer.ln_f.bias"]["data_offsets"] = header["transformer.ln_f.weight"]["data_offsets"]
         return _pack(header, data[:header["transformer.ln_f.weight"]["data_offsets"][1]])
     return make
+
+
+def _with_bf16_inf():
+    """The bfloat16 file with wpe[0, 0] = +inf (bits 0x7F80)."""
+    header, data = _layout(_gpt2_tensors(), "BF16")
+    begin = header["transformer.wpe.weight"]["data_offsets"][0]
+    return header, data[:begin] + (0x7F80).to_bytes(2, "little") + data[begin + 2:]
+
+
+def _huge():
+    return np.full((5, 4), 1e300)         # finite in float64, +inf in float32
 
 
 def _set(name, field, value):
@@ -187,6 +201,13 @@ HEADER_CASES = {
     "an entry with another field": (_set(WTE, "crc", 0), r"must have exactly dtype, shape and data_offsets"),
     "an entry that is a list": (_edit_header(lambda h: h.__setitem__(WTE, [0, 80])),
                                 r"must have exactly dtype, shape and data_offsets, got \[0, 80\]"),
+    "a NaN weight": (lambda h, d: _pack(h, np.float32(np.nan).tobytes() + d[4:]),
+                     r"tensor 'transformer.wte.weight' holds NaN or infinite values"),
+    "an infinite bfloat16 weight": (lambda h, d: _pack(*_with_bf16_inf()),
+                                    r"tensor 'transformer.wpe.weight' holds NaN or infinite values"),
+    "a float64 weight beyond float32's range": (lambda h, d: _pack(*_layout({**_gpt2_tensors(), WTE: _huge()}, "F64")),
+                                                r"tensor 'transformer.wte.weight' holds values beyond the range of "
+                                                r"float32; load it as float64"),
     "two float32 tensors on the same bytes": (_share_range("F32"),
                                               r"'transformer.ln_f.(weight|bias)' has data_offsets .* without overlap"),
     "two bfloat16 tensors on the same bytes": (_share_range("BF16"),
@@ -238,6 +259,11 @@ INDEX_CASES = {
                           r"weight_map must be a non-empty object.*\['model-00001"),
     "weight_map empty": (lambda f: _write_index(f, {"weight_map": {}}), r"weight_map must be a non-empty object"),
     "a file name not a string": (_weight_map(lambda m: m.update({WTE: 1})), r"weight_map must be a non-empty object"),
+    "the index a FIFO": (lambda f: ((f / "model.safetensors.index.json").unlink(),
+                                    _fifo(f / "model.safetensors.index.json")), r"index.json is not a regular file"),
+    "model.safetensors a FIFO": (lambda f: ((f / "model.safetensors.index.json").unlink(),
+                                            _fifo(f / "model.safetensors")),
+                                 r"model.safetensors is not a regular file"),
     "names a FIFO": (_name_shard("pipe.safetensors", _fifo), r"names 'pipe.safetensors', which is not a regular file"),
     "names a folder": (_name_shard("dir.safetensors", Path.mkdir),
                        r"names 'dir.safetensors', which is not a regular file"),
@@ -285,7 +311,10 @@ CONFIG_CASES = {
     "not UTF-8": (_config_text(b'{"vocab_size": "\xe9"}'), r"config.json is not valid JSON"),
     "a key twice": (_config_text('{"n_embd": 4, "n_embd": 8}'), r"config.json: the key 'n_embd' is given twice"),
     "larger than JSON_LIMIT": (_too_long("config.json"), r"config.json is 2,000 bytes, more than the 1,000"),
-    "a FIFO": (lambda f: ((f / "config.json").unlink(), _fifo(f / "config.json")), r"has no config.json"),
+    "a FIFO": (lambda f: ((f / "config.json").unlink(), _fifo(f / "config.json")),
+               r"config.json is not a regular file \(a FIFO, device or folder\)"),
+    "a folder": (lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir()),
+                 r"config.json is not a regular file"),
     "architectures a string": (_config(GPT2, architectures="GPT2LMHeadModel"),
                                r"config.json: architectures must be a list of names.*'GPT2LMHeadModel'"),
     "no n_embd": (_config(GPT2, n_embd=DROP), r"config.json: the key 'n_embd' is missing \(int"),
@@ -313,6 +342,8 @@ CONFIG_CASES = {
     "head_dim 10^12 (a rope table of terabytes)": (_config(LLAMA, head_dim=10**12),
                                                    r"config.json: head_dim = 1,000,000,000,000 is more than the "
                                                    r"65,536 read here"),
+    "activation_function relu": (_config(GPT2, activation_function="relu"),
+                                 r"config.json: activation_function 'relu' is not supported"),
     "n_embd not a multiple of n_head": (_config(GPT2, n_head=3), r"config.json: n_embd = 4 is not divisible by n_head"),
     "an odd head size": (_config(LLAMA, head_dim=3, num_attention_heads=4, num_key_value_heads=2),
                          r"config.json: the head size must be even"),
@@ -352,7 +383,7 @@ TRAIN_CASES = {
 # -- the boundaries and their cases ------------------------------------------------------------
 
 BOUNDARIES = {
-    "safetensors header": HEADER_CASES,
+    "safetensors file": HEADER_CASES,
     "sharded index": INDEX_CASES,
     "Hugging Face config.json": CONFIG_CASES,
     "train checkpoint": TRAIN_CASES,
@@ -363,9 +394,9 @@ BOUNDARIES = {
 READING_MODULES = ("attn_cli/hf.py", "attn_cli/checkpoint.py")
 READERS = {
     "attn_cli/hf.py:_read_json": ("Hugging Face config.json", "sharded index"),
-    "attn_cli/hf.py:_parse_json": ("Hugging Face config.json", "sharded index", "safetensors header"),
-    "attn_cli/hf.py:_header": ("safetensors header",),
-    "attn_cli/hf.py:_read_safetensors": ("safetensors header",),
+    "attn_cli/hf.py:_parse_json": ("Hugging Face config.json", "sharded index", "safetensors file"),
+    "attn_cli/hf.py:_header": ("safetensors file",),
+    "attn_cli/hf.py:_read_safetensors": ("safetensors file",),
     "attn_cli/checkpoint.py:_headers": ("train checkpoint",),
     "attn_cli/checkpoint.py:load_checkpoint": ("train checkpoint",),
 }
@@ -458,13 +489,14 @@ def test_safetensors_header(tmp_path, monkeypatch, make, pattern):
     def damage(folder):
         (folder / "model.safetensors").write_bytes(make(*_layout(_gpt2_tensors())))
 
-    _hf_case(_folder(tmp_path / "model"), monkeypatch, damage, pattern, lambda f: f / "model.safetensors")
+    # The conversion to float32 comes after the files are read, so its refusal names the folder.
+    _hf_case(_folder(tmp_path / "model"), monkeypatch, damage, pattern,
+             lambda f: f if "beyond the range" in pattern else f / "model.safetensors")
 
 
 @pytest.mark.parametrize("make, pattern", _cases(INDEX_CASES))
 def test_sharded_index(tmp_path, monkeypatch, make, pattern):
-    _hf_case(_sharded(tmp_path / "model"), monkeypatch, make, pattern,
-             lambda f: f if "is in both" in pattern else f / "model.safetensors.index.json")
+    _hf_case(_sharded(tmp_path / "model"), monkeypatch, make, pattern, lambda f: f)
 
 
 @pytest.mark.parametrize("make, pattern", _cases(CONFIG_CASES))
@@ -479,3 +511,51 @@ def test_train_checkpoint(tmp_path, make, pattern):
     _run(folder)
     make(folder)
     _refused(lambda f: checkpoint.load_checkpoint(str(f)), folder, folder, pattern, ValueError)
+
+
+# -- beyond the tables: any damage -----------------------------------------------------------
+
+@given(edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=6),
+       cut=st.none() | st.integers(0, 2**16), bfloat16=st.booleans())
+@example(edits=[(0, 255)], cut=None, bfloat16=False)           # a header length of 255 + the real one
+@example(edits=[], cut=300, bfloat16=True)                     # cut inside the data
+def test_any_damage_to_a_safetensors_file_loads_or_is_refused(edits, cut, bfloat16):
+    """Bytes overwritten anywhere (the header holds most of the file) and the file cut short:
+    the folder loads, or a CheckpointError names the file or folder; no other exception."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _folder(Path(tmp))
+        data = bytearray(_pack(*_layout(_gpt2_tensors(), "BF16" if bfloat16 else "F32")))
+        for position, value in edits:
+            data[position % len(data)] = value
+        (folder / "model.safetensors").write_bytes(bytes(data[:cut]))
+        try:
+            load_checkpoint(folder)
+        except CheckpointError as err:
+            assert str(folder) in str(err), err
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=6)
+ROPE = st.dictionaries(st.sampled_from(["rope_type", "type", *hf.ROPE_KEYS]),
+                       st.sampled_from(["default", "linear", "llama3", "yarn"]) | JSON, max_size=5)
+
+
+@given(base=st.sampled_from(["GPT2LMHeadModel", "LlamaForCausalLM"]), data=st.data())
+def test_any_config_value_loads_or_is_refused(base, data):
+    """One to three keys of a valid config.json given any JSON value (sizes of any magnitude,
+    null, strings, nested objects; rope objects with any keys of theirs): the folder loads, or a
+    CheckpointError names config.json (or, for a size that changes a tensor's shape, the tensor)."""
+    config, tensors = (GPT2, None) if base == "GPT2LMHeadModel" else (LLAMA, _llama_tensors())
+    keys = sorted(hf.CONFIG_KEYS[base])
+    changes = data.draw(st.dictionaries(st.sampled_from(keys), JSON, min_size=1, max_size=3), label="changes")
+    if base == "LlamaForCausalLM" and data.draw(st.booleans(), label="rope"):
+        changes[data.draw(st.sampled_from(["rope_parameters", "rope_scaling"]))] = data.draw(ROPE, label="rope dict")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _folder(Path(tmp), {**config, **changes}, tensors)
+        with _watch() as peak:
+            try:
+                load_checkpoint(folder)
+            except CheckpointError as err:
+                assert str(folder) in str(err), err
+        assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
