@@ -84,9 +84,14 @@ def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_
 def next_token(logits, temperature, top_k, rng):
     """Greedy at temperature 0, else a draw from softmax(logits / temperature) over the top_k."""
     logits = logits.astype(np.float64)
+    if not np.isfinite(logits).all():          # argmax would pick a NaN's position without a word
+        raise ValueError("the model's logits hold NaN or infinite values: its weights or inputs are broken")
     if temperature == 0:
         return int(np.argmax(logits))
-    logits = logits / temperature
+    # The largest logit moved to 0 first: the softmax is the same, and a temperature as small as
+    # 1e-300 then sends the others to -inf (a greedy draw) instead of every logit to +-inf (NaN).
+    with np.errstate(over="ignore"):
+        logits = (logits - logits.max()) / temperature
     if top_k is not None and top_k < len(logits):
         kth = np.sort(logits)[-top_k]
         logits = np.where(logits < kth, -np.inf, logits)                    # keep the top k

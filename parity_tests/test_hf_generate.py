@@ -65,6 +65,17 @@ def test_sampling_is_seeded_and_uses_top_k():
     assert a == b and len(a) == 6, (a, b)
 
 
+def test_a_tiny_temperature_draws_the_largest_and_broken_logits_are_refused():
+    """A temperature of 1e-310 overflowed logits / temperature to +-inf (NaN in the softmax); NaN
+    logits went to argmax, which returns the NaN's position."""
+    logits = np.array([0.0, 5.0, 4.9, -1.0])
+    assert next_token(logits, 1e-310, None, np.random.default_rng(0)) == 1
+    assert next_token(logits, 1e-310, 2, np.random.default_rng(0)) == 1
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="the model's logits hold NaN or infinite values"):
+            next_token(np.array([0.0, bad, 1.0]), 0.0, None, None)
+
+
 def test_cache_feeds_only_new_tokens_until_the_context_slides():
     """With a cache the model sees the prompt once, then one token per step, while the ids fit
     in block_size; past it, the last block_size ids afresh without the cache."""
