@@ -1,16 +1,17 @@
 """Hostile inputs at every boundary that reads a file or a config: one table of cases per boundary.
 
-Boundaries (BOUNDARIES): a safetensors file's header, the sharded index
+Boundaries (BOUNDARIES): a safetensors file (header and data), the sharded index
 model.safetensors.index.json, a Hugging Face config.json, and a checkpoint of numpy-attn train
 (config.json and model.npz). Each case starts from a small valid folder, damages one thing, and
 expects a refusal of the boundary's error type whose message names the file and matches the
-case's pattern (the field and the value found), reached without a traceback through the command
-line, without a hang (an alarm) and without an allocation the input did not justify (tracemalloc's
+case's pattern (the field and the value found), for Hugging Face folders also through
+``generate --hf`` without a traceback, without a hang (an alarm) and without an allocation the input did not justify (tracemalloc's
 peak stays under PEAK_LIMIT, far below what the damaged field asks for).
 
 A new boundary cannot come in without cases: test_every_reading_function_has_cases lists the
 functions of the reading modules that open or parse a file and fails for one READERS does not map
-to a boundary of this file.
+to a boundary of this file. Beyond the tables, two Hypothesis tests damage a safetensors file's
+bytes anywhere and give config.json's keys any JSON value: the folder loads or is refused by name.
 
 The valid folders are written by this file's own safetensors writer (8 bytes of header length, a
 JSON header, the data), so that each hostile variant is built from the same parts.
