@@ -1,9 +1,12 @@
 """``numpy-attn generate``: continue a prompt with a checkpoint of ``numpy-attn train``.
 
 Greedy decoding (``--temperature 0``) or sampling at a temperature, optionally from the ``--top-k``
-most likely tokens, with ``--seed``; the context is the last ``block_size`` tokens. The model runs
-each new token only, reading the past ones' keys and values from a key/value cache, until the
-context is full; ``--no-cache`` runs the whole context for every token instead (the same tokens).
+most likely tokens, with ``--seed``; a prompt longer than the context (``block_size``) is refused,
+and once prompt and new tokens pass it the context is the last ``block_size`` tokens. The model
+runs each new token only, reading the past ones' keys and values from a key/value cache sized for
+the prompt and the new tokens, until the context is full; ``--no-cache`` runs the whole context
+for every token instead (the same tokens). ``continue_ids`` is the sampling loop of both this
+command and ``generate --hf`` (attn_cli/hf_generate.py).
 """
 
 import dataclasses
@@ -13,6 +16,7 @@ import numpy as np
 
 from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
+from attn_cli.hf import bytes_text
 from numpy_attn.gpt import gpt_forward, gpt_kv_cache
 from numpy_attn.softmax import softmax_forward
 
@@ -26,49 +30,95 @@ EXPECT = ("What to expect: the default model (two blocks of width 32, trained fo
 
 EXAMPLES = f"""examples:
   numpy-attn generate --prompt "The with statement"
-  numpy-attn generate --prompt "The with statement" --temperature 0       greedy
+  numpy-attn generate --prompt "The with statement" --top-k 10            the 10 likeliest only
   numpy-attn generate --checkpoint my-run --prompt "A list" --top-k 40 --temperature 0.8
-  numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0
+  numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0       greedy
   numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --max-new-tokens 8
 
-The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default.
+The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default. Greedy
+decoding (--temperature 0) suits a real model such as GPT-2; the small default model, greedy, ends
+the line and then repeats the token it saw most after one (indentation spaces), so sample it.
 """
 
 
 def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, cache=True):
-    """Extend ``ids`` (T0,) by ``max_new_tokens`` model ids: greedy at temperature 0, else sampled
-    from softmax(logits / temperature), restricted to the top_k most likely when given; with
-    ``cache``, decoding with a key/value cache while the context fits (see _next_logits)."""
+    """Extend ``ids`` (T0,) by ``max_new_tokens`` ids of the mini GPT ``params``, ``config``
+    (numpy_attn/gpt.py, dropout off): continue_ids with its forward and, with ``cache``, its
+    key/value cache."""
+    config = dataclasses.replace(config, dropout=0.0)
+    dtype = params["wte"].dtype
+    new_cache = (lambda max_len: gpt_kv_cache(config, 1, dtype, max_len)) if cache and config.n_layer else None
+    return continue_ids(lambda x, **kw: gpt_forward(x, params, config, **kw)[0], ids, config.block_size,
+                        max_new_tokens, temperature, top_k, rng, new_cache)
+
+
+def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=None, rng=None,
+                 new_cache=None):
+    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T)) -> logits (1, T, V)``: the one
+    sampling loop, for train checkpoints and Hugging Face folders alike (see next_token).
+
+    ``new_cache(max_len)``, when given, makes the model's key/value cache, sized by what this call
+    decodes (the prompt and the new tokens, at most block_size), never by the context alone: a
+    config may claim a context of billions. While all ids fit in block_size,
+    ``forward(ids, kv_cache=kv_cache)`` is given only the ids the cache has not seen (the prompt,
+    then one token); once the context slides every position moves, so it runs the last block_size
+    ids afresh, without the cache. A prompt longer than block_size is refused, not cut.
+    """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    config = dataclasses.replace(config, dropout=0.0)
+    if len(ids) > block_size:
+        raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of block_size = {block_size}")
     ids = list(ids)
-    kv_cache = gpt_kv_cache(config, 1, params["wte"].dtype) if cache and config.n_layer else None
+    kv_cache = None if new_cache is None else decoding_cache(new_cache, len(ids) + max_new_tokens, block_size)
     for _ in range(max_new_tokens):
-        logits = _next_logits(params, config, ids, kv_cache)                # (V,)
-        if temperature == 0:
-            ids.append(int(np.argmax(logits)))
-            continue
-        logits = logits / temperature
-        if top_k is not None and top_k < len(logits):
-            kth = np.sort(logits)[-top_k]
-            logits = np.where(logits < kth, -np.inf, logits)                # keep the top k
-        probs, _ = softmax_forward(logits)
-        ids.append(int(rng.choice(len(probs), p=probs)))
+        if kv_cache is None or len(ids) > block_size:
+            logits = forward(np.array([ids[-block_size:]]))                  # (1, T) -> (1, T, V)
+        else:
+            logits = forward(np.array([ids[kv_cache.length:]]), kv_cache=kv_cache)   # (1, T_new) -> (1, T_new, V)
+        ids.append(next_token(logits[0, -1], temperature, top_k, rng))
     return ids
 
 
-def _next_logits(params, config, ids, kv_cache):
-    """Logits (V,) in float64 of the token after ``ids``. With a cache, while all ids fit in
-    block_size, the model runs only the ids the cache has not seen (the prompt, then one token);
-    once the context slides, every position moves, so it runs the last block_size ids afresh."""
-    if kv_cache is None or len(ids) > config.block_size:
-        context = np.array([ids[-config.block_size:]])                      # (1, T)
-        return gpt_forward(context, params, config)[0][0, -1].astype(np.float64)
-    new = np.array([ids[kv_cache.length:]])                                 # (1, T_new)
-    return gpt_forward(new, params, config, kv_cache=kv_cache)[0][0, -1].astype(np.float64)
+def next_token(logits, temperature, top_k, rng):
+    """Greedy at temperature 0, else a draw from softmax(logits / temperature) over the top_k."""
+    logits = logits.astype(np.float64)
+    if not np.isfinite(logits).all():          # argmax would pick a NaN's position without a word
+        raise ValueError("the model's logits hold NaN or infinite values: its weights or inputs are broken")
+    if temperature == 0:
+        return int(np.argmax(logits))
+    # The largest logit moved to 0 first: the softmax is the same, and a temperature as small as
+    # 1e-300 then sends the others to -inf (a greedy draw) instead of every logit to +-inf (NaN).
+    with np.errstate(over="ignore"):
+        logits = (logits - logits.max()) / temperature
+    if top_k is not None and top_k < len(logits):
+        kth = np.sort(logits)[-top_k]
+        logits = np.where(logits < kth, -np.inf, logits)                    # keep the top k
+    probs, _ = softmax_forward(logits)
+    return int(rng.choice(len(probs), p=probs))
+
+
+def decoding_cache(new_cache, tokens, block_size):
+    """``new_cache(max_len)`` for ``tokens`` tokens, at most block_size, once its size in bytes
+    (one token's keys and values, from a cache of one slot, times max_len) is known to fit in the
+    machine's memory: else a ValueError giving the bytes, before the allocation."""
+    max_len = min(tokens, block_size)
+    need = new_cache(1).bytes_per_token * max_len
+    memory = physical_memory()
+    if memory is not None and need > memory:
+        raise ValueError(f"the key/value cache for {max_len:,} tokens (the prompt and --max-new-tokens, "
+                         f"within the context of {block_size:,}) needs {need:,} bytes ({bytes_text(need)}), "
+                         f"more than this machine's {bytes_text(memory)} of memory: lower --max-new-tokens")
+    return new_cache(max_len)
+
+
+def physical_memory():
+    """The machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def add_arguments(p):
@@ -114,6 +164,9 @@ def run(args):
     if args.ids is not None:
         raise ValueError("--ids goes with --hf DIR (a Hugging Face folder); give --prompt text here")
     path = args.checkpoint
+    if path is not None and not os.path.exists(path):
+        raise ValueError(f"--checkpoint {path}: no such folder; give a run folder of numpy-attn train "
+                         "(or its model.npz)")
     if path is None:
         path = DEFAULT_OUT
         if not os.path.exists(os.path.join(path, CHECKPOINT)):
@@ -123,9 +176,6 @@ def run(args):
     if not args.prompt:
         raise ValueError("the prompt is empty: give some text to continue")
     ids = to_model_ids(tokenizer.encode(args.prompt), vocab)
-    if len(ids) > config.block_size:
-        raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of "
-                         f"block_size = {config.block_size}")
     out = generate(params, config, ids, args.max_new_tokens, args.temperature, args.top_k,
                    np.random.default_rng(args.seed), cache=args.cache)
     print(tokenizer.decode(vocab[out]))

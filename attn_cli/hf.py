@@ -3,10 +3,9 @@
     kind, config, params = load_checkpoint("gpt2")       # a folder with config.json + *.safetensors
 
 Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt2.GPT2Config and its params) and
-``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params). The tensors are read with
-``safetensors.numpy`` (bfloat16 ones, which NumPy lacks, are widened to float32 bit by bit), from
-one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json``, and converted
-to ``dtype``.
+``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params). The tensors are read from
+one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
+which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``.
 
 Layouts. GPT-2's Conv1D weights are already (C_in, C_out), as ours; its ``c_attn`` holds q, k and
 v side by side in (C, 3C), split here into three. Llama's nn.Linear weights are (C_out, C_in) and
@@ -15,10 +14,24 @@ or repeat it. Hugging Face's Llama rotates q and k in the "half" layout, so the 
 
 Every tensor the model needs must be present with the shape its config implies, and every tensor
 present must be used: anything else is a ValueError naming the tensor.
+
+Hostile files. A folder may come from anywhere, so nothing in it is trusted before it is checked,
+and every check comes before the allocation it guards: each file named is a regular file of the
+folder (a FIFO would block the read forever); a JSON file is at most JSON_LIMIT bytes and holds an
+object without repeated keys; config.json's keys have the type and bounds of CONFIG_KEYS, and the
+model they describe needs no more parameters than the safetensors files hold values; a
+safetensors header's length is compared with the file's size before it is read, and each tensor's
+dtype, shape and byte range with the format and the file before any data is. The safetensors
+files are parsed here rather than by the ``safetensors`` package, so that every file, whatever its
+dtypes, passes the same checks, and every refusal is a CheckpointError naming the file, the
+tensor or key, and the value found.
 """
 
 import json
+import math
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +43,44 @@ GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 # Buffers that older GPT-2 files store beside the weights: the causal mask, not parameters.
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
 
+# The largest JSON read (a safetensors header, config.json, the shard index): the bound the
+# safetensors format puts on its own header; real ones are kilobytes.
+JSON_LIMIT = 100_000_000
+# safetensors dtype names -> the NumPy dtype of their bytes (the format is little-endian); BF16 is
+# read as its 16 bits and widened. Others (F8_E4M3, quantised blocks) are refused by name.
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+MAX_DIMS = 32                  # NumPy's guaranteed limit on dimensions; a model's tensors have 1 to 4
+
+# The config.json keys each architecture reads: key -> (what it must be, lowest value, required).
+CONFIG_KEYS = {
+    "GPT2LMHeadModel": {
+        "vocab_size": ("int", 1, True), "n_positions": ("int", 1, True), "n_layer": ("int", 0, True),
+        "n_head": ("int", 1, True), "n_embd": ("int", 1, True), "n_inner": ("int or null", 1, False),
+        "layer_norm_epsilon": ("number", 0, False), "activation_function": ("str", None, False),
+        "tie_word_embeddings": ("bool", None, False), "scale_attn_weights": ("bool", None, False),
+        "scale_attn_by_inverse_layer_idx": ("bool", None, False),
+        "reorder_and_upcast_attn": ("bool", None, False), "add_cross_attention": ("bool", None, False)},
+    "LlamaForCausalLM": {
+        "vocab_size": ("int", 1, True), "hidden_size": ("int", 1, True),
+        "intermediate_size": ("int", 1, True), "num_hidden_layers": ("int", 0, True),
+        "num_attention_heads": ("int", 1, True), "num_key_value_heads": ("int or null", 1, False),
+        "head_dim": ("int or null", 1, False), "max_position_embeddings": ("int", 1, False),
+        "rms_norm_eps": ("number", 0, False), "rope_theta": ("number", 0, False),
+        "rope_parameters": ("object or null", None, False), "rope_scaling": ("object or null", None, False),
+        "attention_bias": ("bool", None, False), "mlp_bias": ("bool", None, False),
+        "tie_word_embeddings": ("bool", None, False), "hidden_act": ("str", None, False)},
+}
+# Sizes that allocate without being parameters, so that the parameter count cannot bound them:
+# the rotary table has head_dim / 2 entries (released models use head sizes of 64 to 512).
+CAPS = {"head_dim": 65536}
+# Numbers inside Llama's rope_parameters / rope_scaling objects.
+ROPE_KEYS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+KINDS = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+         "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+         "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str),
+         "object": lambda v: isinstance(v, dict)}
+
 
 class CheckpointError(ValueError):
     """A checkpoint folder this loader cannot read: the message names the file or tensor."""
@@ -40,6 +91,7 @@ def load_checkpoint(folder, dtype=np.float32):
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
+    check_config(hf_config, architecture, folder)
     tensors = _Tensors(read_tensors(folder), folder, dtype)
     if architecture == "GPT2LMHeadModel":
         config = gpt2_config(hf_config)
@@ -54,14 +106,18 @@ def load_checkpoint(folder, dtype=np.float32):
 
 
 def read_config(folder):
+    """config.json of the folder as a dict (a JSON object), or a CheckpointError."""
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not _present(path):
         raise CheckpointError(f"{folder} has no config.json: is it a Hugging Face model folder?")
-    return json.loads(path.read_text())
+    return _read_json(path)
 
 
 def _architecture(hf_config, folder):
     names = hf_config.get("architectures") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{folder}/config.json: architectures must be a list of names such as "
+                              f"[\"GPT2LMHeadModel\"], got {_short(names)}")
     found = [n for n in names if n in ARCHITECTURES]
     if not found:
         raise CheckpointError(f"{folder}/config.json: architecture {names or hf_config.get('model_type')!r} "
@@ -69,60 +125,256 @@ def _architecture(hf_config, folder):
     return found[0]
 
 
+def check_config(hf_config, architecture, folder):
+    """Refuse (CheckpointError naming config.json and the key) a config.json whose keys lack the
+    type or bounds of CONFIG_KEYS, or that describes more parameters than the folder's
+    safetensors files hold values; run before anything is allocated from the config's sizes."""
+    path = Path(folder) / "config.json"
+    for key, (kind, low, required) in CONFIG_KEYS[architecture].items():
+        if key not in hf_config:
+            if required:
+                raise CheckpointError(f"{path}: the key {key!r} is missing ({kind}, needed by {architecture})")
+            continue
+        _check_value(path, key, hf_config[key], kind, low)
+        if key in CAPS and hf_config[key] is not None and hf_config[key] > CAPS[key]:
+            raise CheckpointError(f"{path}: {key} = {hf_config[key]:,} is more than the {CAPS[key]:,} read here")
+    for key in ("rope_parameters", "rope_scaling"):
+        for name, value in (hf_config.get(key) or {}).items():
+            if name in ROPE_KEYS:
+                _check_value(path, f"{key}.{name}", value, "number", 0)
+    need, held = _parameter_count(hf_config, architecture), _values_held(folder)
+    if need > held:
+        raise CheckpointError(f"{path} describes at least {need:,} parameters ({bytes_text(4 * need)} in float32), "
+                              f"but the safetensors files hold {held:,} values: the config does not "
+                              "describe these weights")
+    build = gpt2_config if architecture == "GPT2LMHeadModel" else llama_config
+    try:                        # what only the config as a whole can refuse (n_embd % n_head, rope)
+        build(hf_config)
+    except (TypeError, ValueError) as err:      # named by path, once ("GPT-2 config.json: ..." or not)
+        message = re.sub(r"^[\w-]+ config\.json: ", "", str(err))
+        raise CheckpointError(f"{path}: {message}") from None
+
+
+def _check_value(path, key, value, kind, low):
+    """CheckpointError unless ``value`` is of ``kind`` ("int", "number or null", ...) and >= low."""
+    if value is None and kind.endswith(" or null"):
+        return
+    base = kind.removesuffix(" or null")
+    if not KINDS[base](value) or (low is not None and value < low):
+        bound = "" if low is None else f" >= {low}"
+        article = "an" if base in ("int", "object") else "a"
+        raise CheckpointError(f"{path}: {key} must be {article} {kind}{bound}, "
+                              f"got {_short(value)}")
+
+
+def _parameter_count(hf, architecture):
+    """A lower bound on the parameters the config's sizes imply: the weight matrices and norms
+    every such model holds (biases, an untied head and, for GPT-2 without n_inner, the MLP left
+    out), counted in Python integers so that no size overflows."""
+    if architecture == "GPT2LMHeadModel":
+        C, L, H = hf["n_embd"], hf["n_layer"], hf.get("n_inner") or 0
+        per_layer = 4 * C * C + 2 * C * H + 4 * C          # c_attn, c_proj, the MLP, two layer norms
+        return hf["vocab_size"] * C + hf["n_positions"] * C + L * per_layer + 2 * C
+    C, L, H = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"]
+    nh = hf["num_attention_heads"]
+    nkv, hs = hf.get("num_key_value_heads") or nh, hf.get("head_dim") or C // nh
+    per_layer = 2 * C * nh * hs + 2 * C * nkv * hs + 3 * C * H + 2 * C   # q, o, k, v, the MLP, two norms
+    return hf["vocab_size"] * C + L * per_layer + C
+
+
+def _values_held(folder):
+    """The number of values in the folder's safetensors files, from their headers alone."""
+    return sum(math.prod(entry.shape) for path in _safetensors_files(folder) for entry in _header(path).values())
+
+
+def _present(path):
+    """Whether ``path`` exists, refusing one that is not a regular file (a FIFO would block the
+    read forever, a device never end it): CheckpointError naming it."""
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file (a FIFO, device or folder), so it is not read")
+    return path.exists()
+
+
+def _read_json(path):
+    """The JSON object in the regular file ``path``, checked to be at most JSON_LIMIT bytes
+    before it is read, with no key given twice; else a CheckpointError naming the file."""
+    size = path.stat().st_size
+    if size > JSON_LIMIT:
+        raise CheckpointError(f"{path} is {size:,} bytes, more than the {JSON_LIMIT:,} a JSON file of "
+                              "a checkpoint may have")
+    return _parse_json(path.read_bytes(), path)
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _no_repeats(pairs):
+    """json's object_pairs_hook: a dict, refusing a key given twice (json keeps the last)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+def _parse_json(data, path, what=""):
+    try:
+        value = json.loads(data, object_pairs_hook=_no_repeats)
+    except _RepeatedKey as err:
+        raise CheckpointError(f"{path}{what}: the key {err.args[0]!r} is given twice") from None
+    except (ValueError, RecursionError) as err:     # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise CheckpointError(f"{path}{what} is not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}{what} must hold a JSON object {{...}}, got {type(value).__name__} "
+                              f"{_short(value)}")
+    return value
+
+
+def _short(value, n=80):
+    """repr(value), cut to n characters: a hostile value may be long."""
+    text = repr(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def bytes_text(n):
+    """1536 -> '1.5 KiB'."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 # -- tensors ----------------------------------------------------------------------------------------
 
 def read_tensors(folder):
     """Every tensor of the folder's safetensors file(s), by name, as NumPy arrays."""
     folder = Path(folder)
+    tensors, where = {}, {}
+    for path in _safetensors_files(folder):
+        for name, tensor in _read_safetensors(path).items():
+            if name in tensors:
+                raise CheckpointError(f"{folder}: tensor {name!r} is in both {where[name]} and {path.name}")
+            tensors[name], where[name] = tensor, path.name
+    return tensors
+
+
+def _safetensors_files(folder):
+    """model.safetensors, or the shards model.safetensors.index.json names: each checked to be a
+    plain file name of the folder (no other folder, no "..") and a regular file (not a FIFO,
+    device or folder) before anything opens it. Links are followed: a cache folder links its
+    files to the blobs beside it."""
+    folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
+    if _present(index):
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(name, str) for name in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map must be a non-empty object {{tensor name: file "
+                                  f"name}}, got {_short(weight_map)}")
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if name in ("", ".", "..") or Path(name).name != name:
+                raise CheckpointError(f"{index}: weight_map names {name!r}, not a file name in {folder}")
+            if not (folder / name).is_file():
+                raise CheckpointError(f"{index}: weight_map names {name!r}, which is not a regular file "
+                                      f"in {folder}")
+    elif _present(folder / "model.safetensors"):
+        names = ["model.safetensors"]
     else:
         raise CheckpointError(f"{folder} has no model.safetensors (nor model.safetensors.index.json); "
                               "download the safetensors weights")
-    tensors = {}
-    for name in files:
-        tensors.update(_read_safetensors(folder / name))
-    return tensors
+    return [folder / name for name in names]
+
+
+class _Entry(NamedTuple):
+    """One tensor of a safetensors header: its dtype name, shape, and bytes [begin, end) of the file."""
+    dtype: str
+    shape: tuple
+    begin: int
+    end: int
 
 
 def _read_safetensors(path):
-    from safetensors.numpy import load_file
-
-    header = _header(path)
-    if not any(info.get("dtype") == "BF16" for info in header.values() if isinstance(info, dict)):
-        return load_file(str(path))
-    return _read_with_bfloat16(path, header)
+    """Every tensor of one safetensors file, by name, in its stored dtype (bfloat16 widened
+    exactly to float32: it is the top half of a float32, so shifting its 16 bits up is exact)."""
+    tensors = {}
+    with open(path, "rb") as f:
+        for name, entry in _header(path).items():
+            f.seek(entry.begin)
+            data = f.read(entry.end - entry.begin)
+            if len(data) != entry.end - entry.begin:
+                raise CheckpointError(f"{path}: the file was cut short while tensor {name!r} was read")
+            tensor = np.frombuffer(data, DTYPES[entry.dtype])
+            if entry.dtype == "BF16":
+                tensor = (tensor.astype(np.uint32) << 16).view(np.float32)
+            if entry.dtype.startswith(("F", "BF")) and not np.isfinite(tensor).all():
+                raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values: the file is damaged")
+            tensors[name] = tensor.reshape(entry.shape)
+    return tensors
 
 
 def _header(path):
-    """The JSON header of a safetensors file: {name: {"dtype", "shape", "data_offsets"}, ...}."""
+    """{name: _Entry} of a safetensors file, every field checked first.
+
+    The format: 8 bytes, the header's length n (little-endian), n bytes of JSON {name: {"dtype",
+    "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data, in which the
+    tensors' byte ranges follow one another from 0 to its end without gap or overlap.
+    """
+    size = path.stat().st_size
+    if size < 8:
+        raise CheckpointError(f"{path} is {size} bytes, too short for a safetensors file (its first 8 bytes "
+                              "give the header's length)")
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
+        if n > size - 8:                             # compared before anything is read: n may be 2^40
+            raise CheckpointError(f"{path}: a header of {n:,} bytes does not fit in the file's "
+                                  f"{size - 8:,} bytes after the 8-byte length; the file is cut "
+                                  "short or not a safetensors file")
+        if n > JSON_LIMIT:
+            raise CheckpointError(f"{path}: a header of {n:,} bytes is more than the format's {JSON_LIMIT:,}")
+        header = _parse_json(f.read(n), path, " (its header)")
     header.pop("__metadata__", None)
-    return header
+    start, data = 8 + n, size - 8 - n
+    entries = {name: _entry(path, name, info, data) for name, info in header.items()}
+    end = 0
+    for name, entry in sorted(entries.items(), key=lambda item: (item[1].begin, item[1].end)):
+        begin, stop = entry.begin, entry.end
+        if begin != end:
+            raise CheckpointError(f"{path}: tensor {name!r} has data_offsets [{begin}, {stop}], but the "
+                                  f"tensor before it ends at {end}: the tensors' bytes must follow one "
+                                  f"another without {'overlap' if begin < end else 'gap'}")
+        end = stop
+    if end != data:
+        raise CheckpointError(f"{path}: the tensors' bytes end at {end:,}, but the file holds {data:,} "
+                              "bytes of data")
+    return {name: e._replace(begin=start + e.begin, end=start + e.end) for name, e in entries.items()}
 
 
-def _read_with_bfloat16(path, header):
-    """Read a file holding bfloat16 tensors: bfloat16 is the top half of a float32, so shifting
-    its 16 bits up gives the float32 of the same value exactly."""
-    numpy_dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
-                    "I32": np.int32, "BF16": np.uint16}
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    start = 8 + int.from_bytes(raw[:8].tobytes(), "little")
-    tensors = {}
-    for name, info in header.items():
-        if info["dtype"] not in numpy_dtypes:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {info['dtype']}, not supported")
-        begin, end = info["data_offsets"]
-        data = np.frombuffer(raw[start + begin: start + end].tobytes(), numpy_dtypes[info["dtype"]])
-        if info["dtype"] == "BF16":
-            data = (data.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = data.reshape(info["shape"])
-    return tensors
+def _entry(path, name, info, data):
+    """One header entry as an _Entry of offsets within the data, or a CheckpointError naming the
+    file, the tensor and the field: the dtype one of DTYPES, the shape at most MAX_DIMS sizes
+    >= 0, the offsets within the data, and their difference the bytes the shape needs."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict) or sorted(info) != ["data_offsets", "dtype", "shape"]:
+        raise CheckpointError(f"{where} must have exactly dtype, shape and data_offsets, got {_short(info)}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise CheckpointError(f"{where}: dtype {_short(dtype)} is not read here (one of {', '.join(DTYPES)})")
+    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS
+            and all(KINDS["int"](d) and d >= 0 for d in shape)):
+        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} sizes >= 0, got {_short(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(KINDS["int"](o) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data):
+        raise CheckpointError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end <= {data:,} "
+                              f"(the file's data bytes), got {_short(offsets)}")
+    need = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize
+    if need != offsets[1] - offsets[0]:
+        raise CheckpointError(f"{where}: shape {_short(tuple(shape))} of {dtype} takes {need:,} bytes, but "
+                              f"data_offsets {offsets} hold {offsets[1] - offsets[0]:,}")
+    return _Entry(dtype, tuple(shape), offsets[0], offsets[1])
 
 
 class _Tensors:
@@ -138,7 +390,12 @@ class _Tensors:
         if tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(f"{self.folder}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                                   f"expected {tuple(shape)} from config.json")
-        return np.ascontiguousarray(tensor, dtype=self.dtype)
+        with np.errstate(over="ignore"):                 # an overflow is refused below, by name
+            converted = np.array(tensor, dtype=self.dtype)  # a writable copy: the bytes read are read-only
+        if converted.dtype.itemsize < tensor.dtype.itemsize and not np.isfinite(converted).all():
+            raise CheckpointError(f"{self.folder}: tensor {name!r} holds values beyond the range of "
+                                  f"{self.dtype}; load it as {tensor.dtype}")
+        return converted
 
     def drop(self, name):
         """Forget a tensor that may be present and is not needed (a tied head's copy)."""
@@ -178,7 +435,8 @@ def _gpt2_params(tensors, config):
         if name.endswith(GPT2_BUFFERS):    # "h.0.attn.bias", never "h.0.attn.c_attn.bias"
             tensors.drop(name)
     V, C, T_max = config.vocab_size, config.n_embd, config.block_size
-    H = tensors.left.get(f"{prefix}h.0.mlp.c_fc.weight", np.zeros((C, 4 * C))).shape[-1]
+    fc = tensors.left.get(f"{prefix}h.0.mlp.c_fc.weight")          # no default array: C may be huge
+    H = 4 * C if fc is None else fc.shape[-1]
 
     def take(name, shape):
         return tensors.take(prefix + name, shape)

@@ -304,3 +304,22 @@ def test_bad_llama_config(tmp_path):
     _, llama_config, _ = load_checkpoint(tmp_path)
     assert llama_config.rope_theta == 123.0, llama_config
     assert llama_config.rope_scaling == {"rope_type": "linear", "factor": 2.0}, llama_config
+
+
+def test_gpt2_params_allocate_nothing_the_weights_do_not_hold(tmp_path):
+    """With no MLP weight to take the width from, the GPT-2 reader must not build a (C, 4C) array
+    to read a shape off (29 TiB for n_embd = 10^6): a missing tensor is refused by name instead."""
+    import tracemalloc
+
+    from attn_cli.hf import _gpt2_params, _Tensors
+    from numpy_attn.gpt2 import GPT2Config
+
+    config = GPT2Config(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=10**6)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=r"tensor 'wte.weight' is missing"):
+            _gpt2_params(_Tensors({}, tmp_path, np.float32), config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak:,} bytes allocated to refuse a folder without tensors"

@@ -1,13 +1,16 @@
 """``numpy-attn generate --hf DIR``: a saved random checkpoint continued in NumPy gives the ids
 that transformers' greedy ``generate`` gives."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 import transformers
 
 from attn_cli import cli
-from attn_cli.hf_generate import generate, next_token, parse_ids
+from attn_cli.generate import continue_ids, next_token, physical_memory
+from attn_cli.hf_generate import parse_ids
 from parity_tests.helpers import needs_vocab
 from parity_tests.test_hf import LLAMA3, _llama_model
 
@@ -55,11 +58,22 @@ def test_sampling_is_seeded_and_uses_top_k():
     logits = np.array([0.0, 5.0, 4.9, -1.0])
     draws = {next_token(logits, 1.0, 2, np.random.default_rng(s)) for s in range(50)}
     assert draws == {1, 2}, f"top-2 sampling drew {draws}"
-    a = generate(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
+    a = continue_ids(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
                  np.random.default_rng(7))
-    b = generate(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
+    b = continue_ids(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
                  np.random.default_rng(7))
     assert a == b and len(a) == 6, (a, b)
+
+
+def test_a_tiny_temperature_draws_the_largest_and_broken_logits_are_refused():
+    """A temperature of 1e-310 overflowed logits / temperature to +-inf (NaN in the softmax); NaN
+    logits went to argmax, which returns the NaN's position."""
+    logits = np.array([0.0, 5.0, 4.9, -1.0])
+    assert next_token(logits, 1e-310, None, np.random.default_rng(0)) == 1
+    assert next_token(logits, 1e-310, 2, np.random.default_rng(0)) == 1
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="the model's logits hold NaN or infinite values"):
+            next_token(np.array([0.0, bad, 1.0]), 0.0, None, None)
 
 
 def test_cache_feeds_only_new_tokens_until_the_context_slides():
@@ -75,7 +89,7 @@ def test_cache_feeds_only_new_tokens_until_the_context_slides():
             kv_cache.lengths += ids.shape[1]                          # what a model's layers would append
         return np.tile(np.array([0.0, 5.0, 4.9]), (1, ids.shape[1], 1))
 
-    out = generate(forward, [0, 2], 4, 4, 0.0, None, None, init_kv_cache(1, 1, 1, 4, 2))
+    out = continue_ids(forward, [0, 2], 4, 4, 0.0, None, None, lambda max_len: init_kv_cache(1, 1, 1, max_len, 2))
     assert out == [0, 2, 1, 1, 1, 1], out
     assert seen == [(2, True), (1, True), (1, True), (4, False)], seen
 
@@ -93,3 +107,88 @@ def test_bad_arguments(tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--ids is empty"):
         parse_ids(" , ")
+
+
+def _gpt2_folder(folder, n_positions=16, vocab_size=50):
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=8, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _edit_config(folder, **changes):
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_prompt_longer_than_the_context_is_refused_as_for_train_checkpoints(tmp_path, capsys):
+    """20 ids into 16 positions: refused with the train checkpoint's message, not cut to the last 16."""
+    from attn_cli import generate
+    from numpy_attn.gpt import GPTConfig, init_gpt_params
+
+    ids = ",".join(str(i % 50) for i in range(20))
+    folder = _gpt2_folder(tmp_path)
+    capsys.readouterr()                                     # transformers' progress bar
+    assert cli.main(["generate", "--hf", str(folder), "--ids", ids, "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    config = GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=8)
+    with pytest.raises(ValueError) as train:
+        generate.generate(init_gpt_params(config, np.random.default_rng(0)), config, list(range(20)), 2)
+    assert str(train.value) == "the prompt is 20 tokens, longer than the context of block_size = 16", train.value
+    assert err == f"numpy-attn generate: error: {train.value}\n", err
+
+
+def test_ids_outside_the_vocabulary_are_refused_by_option(tmp_path, capsys):
+    assert cli.main(["generate", "--hf", str(_gpt2_folder(tmp_path)), "--ids", "1,50"]) == 2
+    err = capsys.readouterr().err
+    assert f"--ids: token id 50 is outside the vocabulary of {tmp_path}, ids 0 to 49" in err, err
+
+
+def test_the_cache_is_sized_by_the_prompt_and_new_tokens(tmp_path, capsys):
+    """max_position_embeddings = 10^10 would make a cache of 2.5 TB by the context; the ids are
+    those of the same folder with a context of 16, and the peak allocation stays small."""
+    import tracemalloc
+
+    model = _llama_model(LLAMA3, False, False, np.float32)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    argv = ["generate", "--hf", str(tmp_path), "--ids", "3,1,4", "--max-new-tokens", "3", "--temperature", "0"]
+    assert cli.main(argv) == 0
+    expected = capsys.readouterr().out
+    _edit_config(tmp_path, max_position_embeddings=10**10)
+    tracemalloc.start()
+    try:
+        status = cli.main(argv)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 0 and capsys.readouterr().out == expected, "a longer context changed the ids"
+    assert peak < 64 * 2**20, f"{peak:,} bytes allocated for 6 tokens of a tiny model"
+
+
+@pytest.mark.skipif(physical_memory() is None, reason="the system does not say how much memory it has")
+def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys):
+    _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
+    _edit_config(tmp_path, max_position_embeddings=10**12)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11)]) == 2
+    err = capsys.readouterr().err
+    # 2 (k, v) x 2 layers x 2 key/value heads x head size 8 x 4 bytes = 256 bytes a token.
+    assert "the key/value cache for 100,000,000,001 tokens" in err and "needs 25,600,000,000,256 bytes" in err, err
+    assert "lower --max-new-tokens" in err, err
+
+
+def test_the_loop_asks_for_a_cache_of_prompt_plus_new_tokens():
+    from numpy_attn.kv_cache import init_kv_cache
+
+    asked = []
+
+    def new_cache(max_len):
+        asked.append(max_len)
+        return init_kv_cache(1, 1, 1, max_len, 2)
+
+    def forward(ids, kv_cache=None):
+        if kv_cache is not None:
+            kv_cache.lengths += ids.shape[1]
+        return np.zeros((1, ids.shape[1], 3))
+
+    continue_ids(forward, [0, 1, 2], 10**9, 4, 0.0, None, None, new_cache)
+    continue_ids(forward, [0, 1, 2], 5, 4, 0.0, None, None, new_cache)
+    assert asked == [1, 7, 1, 5], f"cache sizes asked for (a probe of 1 slot, then the cache): {asked}"

@@ -106,6 +106,37 @@ def test_generate_without_a_run_says_what_to_do(tmp_path, monkeypatch):
     assert status == 2 and "run numpy-attn train first" in err, err
 
 
+def test_generate_names_a_checkpoint_that_does_not_exist(tmp_path):
+    status, _, err = run("generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "The")
+    assert status == 2, err
+    assert f"--checkpoint {tmp_path / 'nowhere'}: no such folder" in err, err
+
+
+@needs_vocab
+def test_the_help_examples_of_generate_print_words(tmp_path, monkeypatch):
+    """Each train-checkpoint example of ``generate --help``, run on a default ``numpy-attn train``
+    run, continues its prompt with words (greedy decoding of that model printed a line of
+    spaces): at least three runs of two or more letters after the prompt."""
+    import re
+    import shlex
+
+    from attn_cli import generate
+
+    monkeypatch.chdir(tmp_path)
+    assert run("train")[0] == 0, "the default training run failed"
+    # An example is the command, then (after two or more spaces) what it shows.
+    examples = [shlex.split(re.split(r"\s{2,}", line.strip())[0])[1:] for line in generate.EXAMPLES.splitlines()
+                if line.strip().startswith("numpy-attn generate") and "--hf" not in line]
+    assert len(examples) >= 2, generate.EXAMPLES
+    for argv in examples:
+        argv = [checkpoint.DEFAULT_OUT if a == "my-run" else a for a in argv]
+        status, out, err = run(*argv)
+        prompt = argv[argv.index("--prompt") + 1]
+        assert status == 0 and out.startswith(prompt), (argv, out, err)
+        words = re.findall(r"[A-Za-z]{2,}", out[len(prompt):])
+        assert len(words) >= 3, f"numpy-attn {' '.join(argv)} printed {out!r}"
+
+
 # -- checkpoints ------------------------------------------------------------------------------------
 
 def _small_run(folder, **overrides):
