@@ -171,7 +171,7 @@ def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, c
         assert outside == {p: v for p, v in before.items() if not p.startswith(os.path.join("store", "real"))}, \
             f"{where}: something beside --out changed"
         if not done:
-            _save(out, seed=3)                         # and the next save works
+            _save(real, seed=3)                        # and the next save works
             assert checkpoint.load_checkpoint(str(real))[1] == CONFIG
             assert (real / "notes.txt").read_text() == "mine"
         if done:
@@ -349,8 +349,8 @@ def test_a_dangling_symlink_out_is_refused(tmp_path):
 
 # -- interrupting a real `numpy-attn train` -------------------------------------------------------
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, (-signal.SIGINT, 130, 1)),
-                                            (signal.SIGTERM, (128 + signal.SIGTERM,))])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, -signal.SIGINT),     # KeyboardInterrupt
+                                            (signal.SIGTERM, 128 + signal.SIGTERM)])  # SystemExit
 def test_a_signal_to_train_keeps_the_old_run_and_leaves_nothing(tmp_path, signum, status):
     out = tmp_path / "run"
     out.mkdir()
@@ -366,7 +366,7 @@ def test_a_signal_to_train_keeps_the_old_run_and_leaves_nothing(tmp_path, signum
     assert proc.stdout.readline().startswith("corpus"), proc.stderr.read()
     proc.send_signal(signum)
     proc.wait(timeout=120)
-    assert proc.returncode in status, (proc.returncode, proc.stderr.read())
+    assert proc.returncode == status, (proc.returncode, proc.stderr.read())
     assert {n: (out / n).read_bytes() for n in RUN_FILES} == old
     assert _snapshot(tmp_path) == before, "an entry was added, changed or removed"
 
@@ -426,8 +426,7 @@ def test_a_config_claiming_a_large_model_is_refused_before_allocating(tmp_path):
 
 def test_the_largest_config_is_refused_within_a_small_address_space(tmp_path):
     """The issue's case, 64 blocks of width 4096 (51 GB), read under a 2 GiB address-space limit."""
-    resource = pytest.importorskip("resource")
-    assert resource
+    pytest.importorskip("resource")
     _claim(tmp_path, n_layer=64, n_embd=4096, n_head=64)
     code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
             "from attn_cli import checkpoint\n"
