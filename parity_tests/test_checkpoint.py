@@ -182,6 +182,34 @@ def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, c
     assert k > 15, f"only {k - 1} file-system calls: the harness does not see the save"
 
 
+def test_an_interruption_at_every_step_into_a_missing_out(tmp_path, monkeypatch):
+    """A missing --out is created for the run: after an interruption at any call k it is gone
+    again (an empty folder only where its own rmdir was the call cut) or holds the whole run."""
+    k = 0
+    while True:
+        k += 1
+        out = tmp_path / str(k) / "run"
+        out.parent.mkdir()
+        (out.parent / "beside.txt").write_text("beside the run folder")
+        args, draw, new = _run(seed=2)
+        with monkeypatch.context() as m:
+            interrupter = Interrupter(m, k)
+            try:
+                checkpoint.save_checkpoint(str(out), *args, plot=draw)
+                done = True
+            except KeyboardInterrupt:
+                done = False
+        where = f"interrupted at call {k} ({interrupter.hit and interrupter.hit[0]})"
+        assert (out.parent / "beside.txt").read_text() == "beside the run folder", where
+        assert sorted(os.listdir(out.parent)) in (["beside.txt"], ["beside.txt", "run"]), where
+        if out.exists():
+            _check_after(out, {}, {} if interrupter.hit and interrupter.hit[0] == "rmdir" else None, new,
+                         where, interrupter.hit)
+        if done:
+            break
+    assert ("mkdir", (str(out),)) in interrupter.calls and k > 15, interrupter.calls
+
+
 def _no_links(src, dst):
     raise PermissionError(1, "this file system has no hard links")
 
