@@ -137,34 +137,47 @@ def writer_lock(out):
         return
     made = _make_folder(out)
     try:
+        fd = _lock_folder(out)
+        _HELD[key] = made
         try:
-            import fcntl
-        except ImportError:                     # not POSIX: no lock
-            fcntl = None
-        try:
-            fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError as err:
-            raise ValueError(f"--out {out} cannot be written: {err.strerror or err}") from None
-        try:
-            if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    raise ValueError(f"another numpy-attn train is writing {out} (it holds a lock on "
-                                     "the folder); wait for it, or choose another --out") from None
-            _HELD[key] = made
-            try:
-                yield
-            finally:
-                del _HELD[key]
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_UN)  # closing releases it too, if the close is made
+            yield
         finally:
-            os.close(fd)
+            del _HELD[key]
+            _unlock_folder(fd)
     finally:
         if made:
             with contextlib.suppress(OSError):  # not empty: it holds the run, or the user's files
                 os.rmdir(out)
+
+
+def _lock_folder(out):
+    """An open descriptor of the folder ``out`` holding its flock; None where flock does not exist."""
+    try:
+        import fcntl
+    except ImportError:                         # not POSIX: no lock
+        return None
+    try:
+        fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as err:
+        raise ValueError(f"--out {out} cannot be written: {err.strerror or err}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(f"another numpy-attn train is writing {out} (it holds a lock on the "
+                         "folder); wait for it, or choose another --out") from None
+    return fd
+
+
+def _unlock_folder(fd):
+    if fd is None:
+        return
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)          # closing releases it too, if the close is made
+    finally:
+        os.close(fd)
 
 
 def _make_folder(out):
