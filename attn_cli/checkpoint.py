@@ -370,7 +370,7 @@ def _check_config(meta, where):
               isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
               if kind is float else isinstance(value, kind))
         if not ok:
-            raise ValueError(f"{where}: gpt.{name} must be {kind.__name__}, got {value!r}")
+            raise ValueError(f"{where}: gpt.{name} must be {getattr(kind, '__name__', kind)}, got {value!r}")
         if name in LIMITS and not 0 <= value <= LIMITS[name]:
             raise ValueError(f"{where}: gpt.{name} = {value} is out of range 0..{LIMITS[name]}")
     if meta.get("dtype") not in DTYPES:

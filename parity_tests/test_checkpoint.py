@@ -8,6 +8,7 @@ new one, and every other entry under the folders involved is as it was, by conte
 target; --out stays the folder (or the symlink) it was.
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -498,4 +499,19 @@ def test_model_npz_is_checked_against_its_headers_and_config(tmp_path, how, mess
         _save(other, seed=2)
         npz.write_bytes((other / "model.npz").read_bytes())
     with pytest.raises(ValueError, match=message):
+        checkpoint.load_checkpoint(str(tmp_path))
+
+
+_WRONG = {"int": ["4", 1.5, True, None], "float": ["0.1", True, float("nan"), None], "bool": [1, "true", None],
+          "str": [3, None], "int | None": ["4", 1.5]}
+
+
+@pytest.mark.parametrize("field, value", [(f.name, v) for f in dataclasses.fields(GPTConfig)
+                                          for v in _WRONG[getattr(f.type, "__name__", str(f.type))]])
+def test_every_config_field_of_the_wrong_kind_is_named(tmp_path, field, value):
+    """Each GPTConfig field (a new one included: _WRONG must then say what is wrong for its type)
+    given a value of the wrong kind in config.json: a ValueError naming gpt.<field>, never a
+    traceback (n_kv_head's "int | None" type made the message itself fail)."""
+    _claim(tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=rf"config.json: gpt.{field} must be [A-Za-z |]+, got "):
         checkpoint.load_checkpoint(str(tmp_path))
