@@ -61,6 +61,7 @@ WRITER = "numpy-attn train"
 LIMITS = {"vocab_size": 50257, "block_size": 4096, "n_layer": 64, "n_head": 256, "n_embd": 4096}
 DTYPES = ("float32", "float64")
 _CONFIG_BYTES = 1 << 20        # a config.json larger than this is not one of ours
+_ARRAY_OVERHEAD = 4096         # bytes model.npz may hold per array beyond its data
 
 _HELD = {}                     # abspath of each --out this process has locked -> whether it made it
 
@@ -473,7 +474,9 @@ def load_checkpoint(path):
     expected = _expected_arrays(config, dtype)
     size = os.path.getsize(npz)
     need = sum(_nbytes(s, d) for s, d in expected.values())
-    if need > size:
+    # np.savez adds a .npy header and two zip entries per array, about 300 bytes: far more over
+    # the arrays is not this run's file, and is not parsed (a zip directory of millions of entries).
+    if not need <= size <= need + _ARRAY_OVERHEAD * len(expected):
         raise ValueError(f"{npz} is damaged or not this run's: it is {size:,} bytes, and {config_path} "
                          f"describes {need:,} bytes of arrays ({config.n_layer} blocks of width "
                          f"{config.n_embd}, vocabulary {config.vocab_size}, {dtype.name}); train again")

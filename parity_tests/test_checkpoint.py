@@ -515,3 +515,14 @@ def test_every_config_field_of_the_wrong_kind_is_named(tmp_path, field, value):
     _claim(tmp_path, **{field: value})
     with pytest.raises(ValueError, match=rf"config.json: gpt.{field} must be [A-Za-z |]+, got "):
         checkpoint.load_checkpoint(str(tmp_path))
+
+
+def test_a_model_npz_far_larger_than_its_config_is_refused_unread(tmp_path, monkeypatch):
+    """A model.npz a megabyte longer than the arrays of config.json plus their headers: refused
+    from the sizes alone, before its zip directory is parsed."""
+    _save(tmp_path, seed=1)
+    with open(tmp_path / "model.npz", "ab") as f:
+        f.write(b"\0" * (1 << 20))
+    monkeypatch.setattr(zipfile, "ZipFile", None)          # any parse would raise TypeError
+    with pytest.raises(ValueError, match=r"model.npz is damaged or not this run's: it is 1,0[\d,]+ bytes"):
+        checkpoint.load_checkpoint(str(tmp_path))
