@@ -336,18 +336,20 @@ def test_the_new_run_replaces_the_old_in_one_step(tmp_path, monkeypatch):
     _small_run(tmp_path / "run")
     (tmp_path / "run" / "notes.txt").write_text("mine")
     seen = []
-    real_rename = os.rename
 
-    def watching_rename(a, b):
-        seen.append(sorted(os.listdir(tmp_path / "run")) if (tmp_path / "run").exists() else None)
-        real_rename(a, b)
+    def watching(real):
+        def rename(a, b):
+            seen.append(sorted(os.listdir(tmp_path / "run")) if (tmp_path / "run").exists() else None)
+            real(a, b)
+        return rename
 
-    monkeypatch.setattr(os, "rename", watching_rename)
+    monkeypatch.setattr(os, "rename", watching(os.rename))
+    monkeypatch.setattr(os, "replace", watching(os.replace))   # the writer renames with os.replace
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)
     new = init_gpt_params(config, np.random.default_rng(9))
     checkpoint.save_checkpoint(str(tmp_path / "run"), new, config, np.arange(5), np.float32, {},
                                force=True)
-    assert None not in seen, "--out was missing between two renames"
+    assert seen and None not in seen, "--out was missing between two renames"
     np.testing.assert_array_equal(checkpoint.load_checkpoint(str(tmp_path / "run"))[0]["wte"],
                                   new["wte"], err_msg="wte")
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine", "the user's file is kept"

@@ -4,6 +4,8 @@ vocabulary remapping, checkpoints, and the errors for bad input."""
 import contextlib
 import io
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -139,3 +141,79 @@ def test_corpus_too_short_for_the_context(tmp_path, capsys):
     assert cli.main(["train", "--text", str(tmp_path / "short.txt"), "--out", str(tmp_path),
                        *TINY]) == 2
     assert "too few for windows of block_size + 1 = 9" in capsys.readouterr().err
+
+
+@needs_vocab
+def test_a_diverging_run_says_so_and_keeps_the_good_run(run, tmp_path, capsys):
+    """--lr 1000 overflows the weights within a few steps: the error names the step, the loss and
+    --lr (it was "x of shape (8, 2, 32, 32) holds NaN or +inf" from inside attention), exit 2, and
+    the good run in --out is left as it was."""
+    folder, _ = run
+    out = tmp_path / "good"
+    out.mkdir()
+    for name in ("model.npz", "config.json", "loss.png"):
+        (out / name).write_bytes((folder / name).read_bytes())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    argv = ["train", "--text", str(corpus), "--out", str(out), "--force", *TINY, "--steps", "50", "--lr", "1000"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"the loss diverged at step \d+ \(loss [^)]+, from [\d.]+ at step 1\)", err), err
+    assert "Lower --lr (now 1000; the default is 1e-2)" in err and "nothing was written" in err, err
+    assert "holds NaN" not in err and "RuntimeWarning" not in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the good run was touched"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "--text {path} cannot be read: No such file or directory"),
+    (b"caf\xe9 au lait", "--text {path} is not UTF-8 text (invalid continuation byte at byte 3)"),
+])
+def test_a_text_that_cannot_be_read_is_named(tmp_path, capsys, content, message):
+    path = tmp_path / "corpus.txt"
+    if content is not None:
+        path.write_bytes(content)
+    assert cli.main(["train", "--text", str(path), "--out", str(tmp_path / "run"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert message.format(path=path) in err and "Errno" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+@needs_vocab
+def test_an_out_that_cannot_be_written_is_named(tmp_path, capsys):
+    """/proc takes no new folder: the error names --out and the path, not an internal lock file."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    assert cli.main(["train", "--text", str(corpus), "--out", "/proc/foo", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "--out /proc/foo cannot be written: cannot create the folder /proc/foo" in err, err
+    assert ".lock" not in err, err
+
+
+def test_help_explains_why_the_held_out_loss_is_lower(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the training text is measured the same way (no dropout, the same number of windows)" in text
+    assert "42% whitespace-only tokens (indentation, blank lines), against 23% in the rest" in text
+
+
+@needs_vocab
+def test_the_held_out_text_of_the_default_corpus_is_the_whitespace_help_says():
+    """The shares train --help quotes, counted on the default corpus and its 90/10 split."""
+    from attn_cli import tokenizer
+
+    ids = np.asarray(tokenizer.encode(train.load_corpus()[0]))
+    pieces = np.array(tokenizer.token_strings(np.unique(ids).tolist()), dtype=object)
+    blank = np.array([p.strip() == "" for p in pieces])[np.searchsorted(np.unique(ids), ids)]
+    split = int(0.9 * len(ids))
+    assert round(100 * blank[split:].mean()) == 42 and round(100 * blank[:split].mean()) == 23, \
+        (blank[split:].mean(), blank[:split].mean())
+
+
+@needs_vocab
+def test_the_end_of_a_run_compares_like_with_like(run):
+    _, stdout = run
+    text = " ".join(stdout.split())
+    assert re.search(r"held-out loss [\d.]+; the training text measured the same way [\d.]+", text), text
