@@ -381,6 +381,27 @@ TRAIN_CASES = {
 }
 
 
+def _fifo(path):
+    os.mkfifo(path)
+
+
+# What train finds in an existing --out before it writes: a config.json that no run wrote (or that
+# cannot be read without hanging) makes the folder foreign, refused even with --force.
+OUT_CASES = {
+    "config.json a FIFO": (lambda f: _fifo(f / "config.json"), r"config.json, which is not a regular file"),
+    "config.json a folder": (lambda f: (f / "config.json").mkdir(), r"config.json, which is not a regular file"),
+    "config.json a list": (lambda f: (f / "config.json").write_text("[]"), r"no config.json of numpy-attn train"),
+    "config.json not JSON": (lambda f: (f / "config.json").write_text("{"), r"no config.json of numpy-attn train"),
+    "config.json not UTF-8": (lambda f: (f / "config.json").write_bytes(b"\xff\xfe{}"),
+                              r"no config.json of numpy-attn train"),
+    "config.json 100 MB": (lambda f: (f / "config.json").write_bytes(b" " * (100 << 20)),
+                           r"no config.json of numpy-attn train"),
+    "model.npz beside no config": (lambda f: (f / "model.npz").write_bytes(b"user data"),
+                                   r"no config.json of numpy-attn train"),
+    "model.npz a FIFO": (lambda f: _fifo(f / "model.npz"), r"model.npz, which is not a regular file"),
+}
+
+
 # -- the boundaries and their cases ------------------------------------------------------------
 
 BOUNDARIES = {
@@ -388,6 +409,7 @@ BOUNDARIES = {
     "sharded index": INDEX_CASES,
     "Hugging Face config.json": CONFIG_CASES,
     "train checkpoint": TRAIN_CASES,
+    "train --out folder": OUT_CASES,
 }
 # Every function of the reading modules that opens or parses a file, and the boundary whose cases
 # reach it. A function added to these modules that reads a file must be named here (and so get
@@ -400,13 +422,17 @@ READERS = {
     "attn_cli/hf.py:_read_safetensors": ("safetensors file",),
     "attn_cli/checkpoint.py:_headers": ("train checkpoint",),
     "attn_cli/checkpoint.py:load_checkpoint": ("train checkpoint",),
+    "attn_cli/checkpoint.py:_sha256": ("train checkpoint",),
+    "attn_cli/checkpoint.py:is_run_config": ("train --out folder",),
+    "attn_cli/checkpoint.py:_keep": ("train --out folder",),
 }
 READ_CALLS = {"open", "read_text", "read_bytes", "load", "loads", "memmap", "ZipFile", "fromfile"}
 
 
 def _reading_functions():
     """'path:function' of each function in READING_MODULES that calls one of READ_CALLS (open()
-    only when not for writing: a mode without "r" writes)."""
+    only when not for writing: a mode without "r" writes; os.open, which these modules use only for
+    a folder's descriptor or a new file, reads no content)."""
     found = set()
     for module in READING_MODULES:
         tree = ast.parse((ROOT / module).read_text())
@@ -417,6 +443,9 @@ def _reading_functions():
                 if not isinstance(call, ast.Call):
                     continue
                 name = getattr(call.func, "attr", getattr(call.func, "id", None))
+                if name == "open" and getattr(call.func, "value", None) is not None and getattr(
+                        call.func.value, "id", None) == "os":
+                    continue
                 mode = call.args[1].value if name == "open" and len(call.args) > 1 and isinstance(
                     call.args[1], ast.Constant) else "r"
                 if name in READ_CALLS and "r" in mode:
@@ -512,6 +541,18 @@ def test_train_checkpoint(tmp_path, make, pattern):
     _run(folder)
     make(folder)
     _refused(lambda f: checkpoint.load_checkpoint(str(f)), folder, folder, pattern, ValueError)
+
+
+@pytest.mark.parametrize("make, pattern", _cases(OUT_CASES))
+def test_train_out_folder(tmp_path, make, pattern):
+    """A foreign file where a run file goes is refused even with --force, naming --out, at once
+    (a FIFO is never opened)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out)
+    before = sorted(os.listdir(out))
+    _refused(lambda f: checkpoint.check_out(str(f), force=True), out, out, pattern, ValueError)
+    assert sorted(os.listdir(out)) == before, "check_out changed the folder"
 
 
 # -- beyond the tables: any damage -----------------------------------------------------------
