@@ -82,7 +82,7 @@ def header_lines(results):
            if results.get("git") else ""),
     ]
     for env in results["workers"]:
-        where = f"{env['library']} {env['device']}"
+        where = f"{env['library']} {env['device']}" + (f" @{env['revision']}" if env.get("revision") else "")
         if env.get("cpus") is not None:
             where += f" (CPUs {','.join(map(str, env['cpus']))})"
         if env["library"] == "numpy":
@@ -102,7 +102,9 @@ def header_lines(results):
     lines += [
         f"threads: {cfg['threads']} per timed process; sizes B={cfg['batch']} nh={cfg['heads']} "
         f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
-        f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)",
+        + (f"interleaved: {cfg['interleave']} rounds, each worker one sample per row in turn, "
+         f"after {cfg['warmup']} warm-up call(s)" if cfg.get("interleave") else
+         f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)"),
         "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
         "np/this: NumPy's median time / this row's, the one ratio used here (above 1: this row "
         "is faster than NumPy; below 1: NumPy is faster); "
@@ -125,7 +127,7 @@ COLUMNS = [  # (title, value of a row as text)
     ("op", lambda r: r["op"]),
     ("mode", lambda r: r["mode"]),
     ("T", lambda r: str(r["T"])),
-    ("impl", lambda r: r["impl"]),
+    ("impl", lambda r: impl_label(r)),
     ("device", lambda r: r["device"]),
     ("median ms", lambda r: _num(r["time_s"]["median"] * 1e3)),
     ("IQR ms", lambda r: f"{_num(r['time_s']['q25'] * 1e3)}-{_num(r['time_s']['q75'] * 1e3)}"),
@@ -133,8 +135,22 @@ COLUMNS = [  # (title, value of a row as text)
     ("% peak", lambda r: _num(100 * r["peak_fraction"], 2) if r["peak_fraction"] else "-"),
     ("mem MiB", lambda r: _num(r["peak_mem_bytes"] / 2**20) if r["peak_mem_bytes"] is not None else "n/a"),
     ("np/this", lambda r: _num(r["numpy_over_this"])),
-    ("parity", lambda r: "ref" if r["impl"] == "numpy" else f"{r['parity']['max_rel_err']:.0e}"),
+    ("parity", lambda r: "ref" if impl_label(r) == "numpy" else
+     f"{r['parity']['max_rel_err']:.0e}" if r.get("parity") else "-"),
 ]
+
+
+def impl_label(r):
+    """'numpy', 'twin', 'builtin', or 'numpy@REV' for a row of numpy_attn at git revision REV."""
+    return r["impl"] + (f"@{r['revision']}" if r.get("revision") else "")
+
+
+def _ratio(r):
+    """np/this, with the paired median and quartiles when the run was interleaved."""
+    paired = r.get("numpy_over_this_paired")
+    if not paired:
+        return _num(r["numpy_over_this"])
+    return f"{_num(paired['median'])} ({_num(paired['q25'])}-{_num(paired['q75'])})"
 
 
 def timed_rows(results):
@@ -142,7 +158,7 @@ def timed_rows(results):
     rows = [r for r in results["rows"] if r["status"] == "ok"]
     ops = list(dict.fromkeys(r["op"] for r in results["rows"]))
     return sorted(rows, key=lambda r: (ops.index(r["op"]), r["mode"], r["T"],
-                                       IMPL_ORDER[r["impl"]], r["device"]))
+                                       IMPL_ORDER[r["impl"]], r.get("revision") or "", r["device"]))
 
 
 def _layout(titles, rows, markdown, left):
@@ -162,22 +178,24 @@ def table_lines(results, markdown=False):
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
-        lines += ["", "np/this (as above) by T:", ""]
+        paired = any(r.get("numpy_over_this_paired") for r in results["rows"])
+        lines += ["", "np/this (as above) by T" + (", paired: the median over rounds of the ratio "
+                                                   "within a round (quartiles)" if paired else "") + ":", ""]
         lines += _layout(titles, ratios, markdown, left=3)
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
 
 
 def ratio_rows(results):
     """(titles, rows): per op, mode and torch implementation, NumPy time / its time at each T."""
-    rows = [r for r in timed_rows(results) if r["impl"] != "numpy" and r["numpy_over_this"]]
+    rows = [r for r in timed_rows(results) if impl_label(r) != "numpy" and r["numpy_over_this"]]
     seq_lens = sorted({r["T"] for r in rows})
     table = {}
     for r in rows:
-        table.setdefault((r["op"], r["mode"], f"{r['impl']} {r['device']}"), {})[r["T"]] = r
+        table.setdefault((r["op"], r["mode"], f"{impl_label(r)} {r['device']}"), {})[r["T"]] = r
     if not table:
         return None
     return (["op", "mode", "vs", *[f"T={T}" for T in seq_lens]],
-            [[*key, *[_num(by_T[T]["numpy_over_this"]) if T in by_T else "-" for T in seq_lens]]
+            [[*key, *[_ratio(by_T[T]) if T in by_T else "-" for T in seq_lens]]
              for key, by_T in table.items()])
 
 
@@ -195,21 +213,48 @@ def unavailable_lines(results):
             for reason, targets in by_reason.items()]
 
 
+def is_decode(results):
+    """Whether ``results`` is a ``--ops decode`` run (tokens per second, no op rows)."""
+    return "model" in results.get("config", {})
+
+
+def render(results):
+    """The report's lines for a saved run of either kind."""
+    if is_decode(results):
+        from benchmarks import decode
+
+        return decode.table_lines(results)
+    return header_lines(results) + [""] + table_lines(results)
+
+
+def write_markdown(results, path):
+    """Header lines as a list, then the tables (a decode run: its table as a code block)."""
+    if is_decode(results):
+        lines = ["```", *render(results), "```"]
+    else:
+        lines = ([f"- {line}" for line in header_lines(results)] + [""]
+                 + table_lines(results, markdown=True))
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
 def write_json(results, path):
     Path(path).write_text(json.dumps(results, indent=1) + "\n")
 
 
 def write_csv(results, path):
     """One line per row, every row (not-available ones too) with its reason."""
-    fields = ["op", "mode", "T", "S", "B", "nh", "hs", "dtype", "impl", "device", "status",
+    fields = ["op", "mode", "T", "S", "B", "nh", "hs", "dtype", "impl", "revision", "device", "status",
               "reason", "median_s", "q25_s", "q75_s", "min_s", "max_s", "samples", "flops",
-              "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "parity_max_rel_err"]
+              "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "numpy_over_this_paired",
+              "parity_max_rel_err"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fields, extrasaction="ignore")
         writer.writeheader()
         for r in results["rows"]:
             t = r.get("time_s") or {}
-            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items()}, "samples": t.get("samples"),
+            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items() if k != "rounds"},
+                             "samples": t.get("samples"),
+                             "numpy_over_this_paired": (r.get("numpy_over_this_paired") or {}).get("median"),
                              "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
 
 
@@ -228,12 +273,13 @@ def write_plot(results, path):
     fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops) + 0.6), squeeze=False,
                              layout="constrained")     # keeps the suptitle clear of the panels
     seq_lens = sorted({r["T"] for r in rows})
-    lines = sorted({(r["impl"], r["device"]) for r in rows}, key=lambda k: (IMPL_ORDER[k[0]], k[1]))
+    order = {impl_label(r): (IMPL_ORDER[r["impl"]], r.get("revision") or "") for r in rows}
+    lines = sorted({(impl_label(r), r["device"]) for r in rows}, key=lambda k: (order[k[0]], k[1]))
     colors = {line: f"C{i}" for i, line in enumerate(lines)}
     for (ax_time, ax_peak), op in zip(axes, ops, strict=True):
         for (impl, device) in lines:
             for mode, style in (("fwd+bwd", "-"), ("fwd", "--")):
-                pts = [r for r in rows if (r["op"], r["impl"], r["device"], r["mode"])
+                pts = [r for r in rows if (r["op"], impl_label(r), r["device"], r["mode"])
                        == (op, impl, device, mode)]
                 if not pts:
                     continue
