@@ -471,8 +471,10 @@ def _read_results(path):
         raise OSError(f"cannot read --from-json {path}: {err.strerror or err}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"--from-json {path} is not JSON: {err}") from None
-    if not (isinstance(results, dict) and isinstance(results.get("rows"), list)
-            and isinstance(results.get("config"), dict) and ("workers" in results or report.is_decode(results))):
+    if not isinstance(results, dict) or not (
+            report.is_breakdown(results) or report.is_former_flash_kernel(results) or (
+                isinstance(results.get("rows"), list) and isinstance(results.get("config"), dict)
+                and ("workers" in results or report.is_decode(results)))):
         raise ValueError(f"--from-json {path} is not a results file of python -m benchmarks --json")
     return results
 
@@ -518,8 +520,8 @@ def _run(parser, args, argv):
             results = _read_results(args.from_json)
         except (OSError, ValueError) as err:
             return _fail(err)
-    if (decode or args.from_json and report.is_decode(results)) and (args.csv or args.plot):
-        return _fail("--csv and --plot draw op runs; a decode run has only its table (--json, --markdown)")
+    if (decode or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
+        return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:
         commit = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"],
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip()

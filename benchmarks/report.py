@@ -224,12 +224,61 @@ def render(results):
         from benchmarks import decode
 
         return decode.table_lines(results)
+    if is_breakdown(results):
+        from benchmarks import flash_breakdown
+
+        return flash_breakdown.report_lines(results)
+    if is_former_flash_kernel(results):
+        return former_flash_kernel_lines(results)
     return header_lines(results) + [""] + table_lines(results)
+
+
+def is_former_flash_kernel(results):
+    """Whether ``results`` was saved by the former ``python -m benchmarks.flash_kernel`` (an
+    interleaved kernel-against-F.sdpa run, now ``--interleave``), as in benchmarks/results."""
+    return "derived" in results and "environment" in results
+
+
+def _paired_text(paired):
+    return f"{paired['median']:.3f}, IQR {paired['q25']:.3f}-{paired['q75']:.3f}"
+
+
+def former_flash_kernel_lines(res):
+    """The report that tool printed: medians and ratios per case, of the medians and paired."""
+    m, env = res["environment"]["machine"], res["environment"]
+    blas = "; ".join(f"{b['api']} {b['version']} {b['architecture']}" for b in env["blas"])
+    lines = [f"machine: {m['cpu']}, vector extensions: {' '.join(m['vector_extensions'] or ['unknown'])}; "
+             f"BLAS {blas}; NumPy SIMD {' '.join(env['numpy_simd'] or ['unknown'])}",
+             f"threads {env['threads']}, float32, {res['size']}; load average "
+             + " ".join(f"{x:.2f}" for x in res["load_average"]) + f"; {res['duration_s']} s"]
+    for r in res["rows"]:
+        medians = "  ".join(f"{i} {1e3 * t:.0f} ms" for i, t in r["median_s"].items())
+        old = (f"  new/old {r['new_over_old']:.3f} (paired {_paired_text(r['new_over_old_paired'])})"
+               if "new_over_old" in r else "")
+        memory = ("  peak " + ", ".join(f"{i} {v:.0f} MiB" for i, v in r["kernel_peak_mib"].items())
+                  if "kernel_peak_mib" in r else "")
+        lines.append(f"{r['case']:>11} T={r['T']:<5} n={r['samples']}  {medians}  kernel/sdpa "
+                     f"{r['kernel_over_sdpa']:.3f} (paired {_paired_text(r['kernel_over_sdpa_paired'])}){old}{memory}")
+    d = res["derived"]
+    return lines + [f"causal forward speed-up over non-causal: {d['causal_speedup']:.2f}x "
+                    f"(paired {_paired_text(d['causal_speedup_paired'])})",
+                    "ratios: of the medians; paired: the median over rounds of the ratio within a round, "
+                    "with its quartiles, which holds when the machine's speed drifts between rounds"]
+
+
+def is_op_run(results):
+    """Whether ``results`` holds rows of ops (the sweep), which CSV and plots are made of."""
+    return "workers" in results and not is_decode(results)
+
+
+def is_breakdown(results):
+    """Whether ``results`` is a ``python -m benchmarks.flash_breakdown --json`` run."""
+    return "instrumented" in results and "roofline" in results
 
 
 def write_markdown(results, path):
     """Header lines as a list, then the tables (a decode run: its table as a code block)."""
-    if is_decode(results):
+    if not is_op_run(results):
         lines = ["```", *render(results), "```"]
     else:
         lines = ([f"- {line}" for line in header_lines(results)] + [""]

@@ -110,6 +110,29 @@ def test_tiny_run_table_csv_markdown_and_plot(tiny_run):
     assert width > 500 and height > 300
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "results").glob("*.json")),
+                         ids=lambda path: path.name)
+def test_every_committed_result_renders_again(path, capsys, tmp_path):
+    """--from-json reads every kind saved in benchmarks/results (op sweeps, decode, the flash
+    breakdown, the former interleaved flash tool) and prints what the run printed then: the
+    report beside it in the .txt (or its Markdown), where its format has not changed since."""
+    if not path.with_suffix(".txt").exists():
+        assert cli.main(["--from-json", str(path), "--markdown", str(tmp_path / "again.md")]) == 0
+        def tables(md):                            # the header lines have grown since
+            return [line for line in md.read_text().splitlines() if line.startswith("|")]
+        assert tables(tmp_path / "again.md") == tables(path.with_suffix(".md"))
+        return
+    assert cli.main(["--from-json", str(path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    saved = path.with_suffix(".txt").read_text().splitlines()
+    if "breakdown" in path.name:                   # lines of the kernel now, groups of a copy then
+        groups = json.loads(path.read_text())["instrumented"]["forward"]["groups"]
+        assert all(any(line.strip().startswith(name) for line in printed) for name in groups)
+    else:
+        start = saved.index(printed[0])
+        assert saved[start:start + len(printed)] == printed
+
+
 def _worktrees():
     """The folders of the repository's worktrees (their commits move as others commit)."""
     listing = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=ROOT, capture_output=True,
