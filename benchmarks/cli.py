@@ -310,6 +310,11 @@ def _time_interleaved(workers, job, peak_size, rounds, progress, against=None):
     return envs, peaks, timed
 
 
+# Modules of numpy_attn that the timing worker itself imports (benchmarks/calls.py, _worker.py):
+# standard library only, and nothing in them is timed.
+HARNESS_HELPERS = ("_tree.py", "_threads.py")
+
+
 @contextlib.contextmanager
 def _revision_tree(rev):
     """A folder whose ``numpy_attn`` is the package at git revision ``rev``: a detached
@@ -321,6 +326,9 @@ def _revision_tree(rev):
     try:
         subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT,
                        check=True, capture_output=True, text=True, timeout=120)
+        for helper in HARNESS_HELPERS:             # lent to revisions older than them
+            if not (tree / "numpy_attn" / helper).exists():
+                shutil.copyfile(ROOT / "numpy_attn" / helper, tree / "numpy_attn" / helper)
         (folder / "path").mkdir()
         (folder / "path" / "numpy_attn").symlink_to(tree / "numpy_attn", target_is_directory=True)
         yield str(folder / "path")

@@ -171,7 +171,7 @@ def test_interleaved_run_against_a_revision_pairs_every_row(tmp_path, capsys):
     assert "numpy@HEAD" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("step", ["worktree add", "after worktree add", "symlink", "body"])
+@pytest.mark.parametrize("step", ["worktree add", "after worktree add", "helper", "symlink", "body"])
 def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
     """Ctrl-C at every step of --against's set-up and while it is used: the worktree is
     unregistered, its folder gone, and the checkout (its files, its status) as it was."""
@@ -192,8 +192,14 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
         return real_run(command, **kw)
 
     monkeypatch.setattr(cli.subprocess, "run", run)
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
     if step == "symlink":
-        monkeypatch.setattr(Path, "symlink_to", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+        monkeypatch.setattr(Path, "symlink_to", interrupt)
+    if step == "helper":                           # HEAD has every helper: lend one regardless
+        monkeypatch.setattr(cli, "HARNESS_HELPERS", ("not_there_yet.py",))
+        monkeypatch.setattr(cli.shutil, "copyfile", interrupt)
     with pytest.raises(KeyboardInterrupt), cli._revision_tree("HEAD") as folder:
         assert (Path(folder) / "numpy_attn" / "__init__.py").is_file()
         raise KeyboardInterrupt
