@@ -32,7 +32,6 @@ times move with it, the shares much less.
 import argparse
 import contextlib
 import inspect
-import json
 import linecache
 import math
 import os
@@ -41,12 +40,12 @@ import sys
 import time
 from collections import defaultdict
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import numpy_attn.kernels.flash_attention as fa
+from benchmarks import report
 
 B, NH, T, HS = 4, 8, 2048, 64
 # The kernel's default tile shape (block_q, block_k).
@@ -467,7 +466,7 @@ def main(argv=None):
         res["floor"] = floor(args.rounds, *args.block)
         res["load"].append(os.getloadavg()[0])
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        report.write_json(res, args.json)
     print("\n".join(report_lines(res)))
     return 0
 

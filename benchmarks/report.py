@@ -4,12 +4,14 @@ Everything here works from the results dict that ``cli.py`` assembles (and that 
 saves), so ``--from-json`` can re-render a saved run without measuring again.
 """
 
+import contextlib
 import csv
 import json
 import math
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -283,11 +285,39 @@ def write_markdown(results, path):
     else:
         lines = ([f"- {line}" for line in header_lines(results)] + [""]
                  + table_lines(results, markdown=True))
-    Path(path).write_text("\n".join(lines) + "\n")
+    with replacing(path) as tmp:
+        Path(tmp).write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary file beside ``path`` to write to, which then replaces ``path`` in one rename.
+
+    Interrupted at any step (Ctrl-C, a full disk, a crash in the writer), ``path`` holds its old
+    content or the whole new one, never a part (``--force`` replaces a user's file), and the
+    temporary file is removed. The new file gets the old one's permissions, else the umask's.
+    """
+    path = Path(os.path.realpath(path))            # through a symlink: its target is the file
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        if path.exists():
+            mode = path.stat().st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):   # gone once it has replaced path
+            os.unlink(tmp)
 
 
 def write_json(results, path):
-    Path(path).write_text(json.dumps(results, indent=1) + "\n")
+    with replacing(path) as tmp:
+        Path(tmp).write_text(json.dumps(results, indent=1) + "\n")
 
 
 def write_csv(results, path):
@@ -296,7 +326,7 @@ def write_csv(results, path):
               "reason", "median_s", "q25_s", "q75_s", "min_s", "max_s", "samples", "flops",
               "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "numpy_over_this_paired",
               "parity_max_rel_err"]
-    with open(path, "w", newline="") as f:
+    with replacing(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fields, extrasaction="ignore")
         writer.writeheader()
         for r in results["rows"]:
@@ -349,7 +379,8 @@ def write_plot(results, path):
     cfg, m = results["config"], results["machine"]
     fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
                  f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import calls, cli, parity, registry
+from benchmarks import calls, cli, parity, registry, report
 from benchmarks.registry import Size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +206,45 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
     assert made and not Path(made[0]).exists()
     assert _worktrees() == before
     assert real_run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind, write_step", [
+    ("json", (json, "dumps")),
+    ("csv", (csv.DictWriter, "writerow")),         # after the header: a part of the file written
+    ("md", (Path, "write_text")),
+])
+@pytest.mark.parametrize("step", ["mkstemp", "chmod", "write", "replace", None])
+def test_outputs_replace_a_users_file_whole_or_not_at_all(tiny_run, tmp_path, monkeypatch, kind,
+                                                          write_step, step):
+    """--force over the user's own file, Ctrl-C at every step of the write: the file holds its
+    old content or the new one, the user's other files are untouched, no temporary file stays."""
+    results = json.loads(tiny_run[2]["json"].read_text())
+    write = {"json": report.write_json, "csv": report.write_csv, "md": report.write_markdown}[kind]
+    target, other = tmp_path / f"mine.{kind}", tmp_path / "notes.txt"
+    target.write_text("the user's old results\n")
+    target.chmod(0o640)
+    other.write_text("the user's notes\n")
+    patches = {"mkstemp": (report.tempfile, "mkstemp"), "chmod": (report.os, "chmod"),
+               "write": write_step, "replace": (report.os, "replace")}
+    if step is not None:
+        with monkeypatch.context() as m:
+            m.setattr(*patches[step], _interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                write(results, target)
+        assert target.read_text() == "the user's old results\n"
+    else:
+        write(results, target)
+        new = target.read_text()
+        assert new != "the user's old results\n" and new.endswith("\n")
+        if kind == "json":
+            assert json.loads(new) == results
+        assert target.stat().st_mode & 0o777 == 0o640
+    assert other.read_text() == "the user's notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, other.name])
 
 
 def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
