@@ -121,7 +121,7 @@ def build_parser():
                    f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
     p.add_argument("--repeats", type=_number(int, 1, 100000), metavar="N",
                    help=f"at least this many timed samples per row (median and quartiles are taken "
-                   f"over them); default {f['repeats']}")
+                   f"over them; with --interleave, the rounds are the samples); default {f['repeats']}")
     p.add_argument("--min-time", type=_number(float, 0, 600), metavar="SEC",
                    help=f"and at least this many seconds of timed calls per row; default {f['min_time']}")
     p.add_argument("--warmup", type=_number(int, 1, 1000), default=1, metavar="N",
@@ -242,23 +242,27 @@ def _check_parity(runnable, sizes, args, threads, progress):
         torch.set_num_threads(old)
 
 
+def _worker(key, cases, job, peak_size, progress, against, serve=False):
+    """(the Worker for key = (library, device, revision), the cases it was given in order).
+    ``against`` is (REV, folder) for numpy_attn at REV beside this revision's."""
+    library, device, rev = key
+    listed = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
+    worker_job = dict(job, library=library, device=device, cases=listed, serve=serve,
+                      peak_n=peak_size if device == "cpu" else max(peak_size, 8192))   # a GPU needs more work
+    pythonpath, label = (against[1], f"numpy cpu @{rev}") if rev else (None, None)
+    return Worker(worker_job, progress, pythonpath, label), listed
+
+
 def _time(workers, job, peak_size, progress, against=None):
-    """One worker per (library, device), one after the other: (worker envs, {(library, device):
-    peak}, rows). ``against`` is (REV, folder) for numpy_attn at REV beside this revision's."""
+    """One worker per (library, device, revision), one after the other: (worker envs,
+    {(library, device): peak}, rows)."""
     envs, peaks, timed = [], {}, []
-    for (library, device, rev), cases in workers.items():
-        peak_n = peak_size if device == "cpu" else max(peak_size, 8192)   # a GPU needs more work
-        cases = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
-        worker_job = dict(job, library=library, device=device, cases=cases, peak_n=peak_n)
-        with Worker(worker_job, progress, *_revision_path(rev, against)) as worker:
+    for key, cases in workers.items():
+        worker, _ = _worker(key, cases, job, peak_size, progress, against)
+        with worker:
             for record in worker.records():
-                _collect(record, rev, envs, peaks, timed)
+                _collect(record, key[2], envs, peaks, timed)
     return envs, peaks, timed
-
-
-def _revision_path(rev, against):
-    """(pythonpath, label) of the worker for revision ``rev`` (None: this checkout's)."""
-    return (against[1], f"numpy cpu @{rev}") if rev else (None, None)
 
 
 def _collect(record, rev, envs, peaks, timed):
@@ -279,11 +283,8 @@ def _time_interleaved(workers, job, peak_size, rounds, progress, against=None):
     with contextlib.ExitStack() as stack:
         handles, turns = {}, {}                    # turns: (op, T) -> [(worker key, index, impl, mode)]
         for key, cases in workers.items():
-            library, device, rev = key
-            peak_n = peak_size if device == "cpu" else max(peak_size, 8192)
-            listed = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
-            worker_job = dict(job, library=library, device=device, cases=listed, peak_n=peak_n, serve=True)
-            handles[key] = stack.enter_context(Worker(worker_job, progress, *_revision_path(rev, against)))
+            worker, listed = _worker(key, cases, job, peak_size, progress, against, serve=True)
+            handles[key] = stack.enter_context(worker)
             for index, case in enumerate(listed):
                 turns.setdefault((case["op"], case["T"]), []).extend(
                     (key, index, impl, mode) for impl in case["impls"] for mode in job["modes"])
@@ -528,6 +529,8 @@ def _run(parser, args, argv):
             results = _read_results(args.from_json)
         except (OSError, ValueError) as err:
             return _fail(err)
+    if decode and (args.interleave or args.against):
+        return _fail("--interleave and --against time ops; --ops decode takes neither")
     if (decode or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
         return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:

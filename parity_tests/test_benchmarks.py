@@ -283,6 +283,15 @@ def test_unknown_op_is_one_line_naming_every_valid_op():
     assert listed == [*registry.OPS, "decode"]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--ops", "decode", "softmax"], "--ops decode runs alone"),
+    (["--ops", "decode", "--interleave", "2"], "--interleave and --against time ops"),
+    (["--ops", "softmax", "--against", "no-such-revision"], "--against no-such-revision: not a commit"),
+])
+def test_options_that_cannot_go_together_are_one_line(args, message):
+    assert message in _one_line_error(_benchmarks(*args))
+
+
 def test_list_into_a_closed_pipe_exits_0():
     """``--list | head -1``: the reader has gone; like the numpy-attn commands, exit 0, quietly."""
     read_end, write_end = os.pipe()
