@@ -450,8 +450,10 @@ def _check_outputs(parser, args):
             parser.error(f"{path} exists; pass --force to overwrite it")
         try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
             fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-            os.close(fd)
-            os.unlink(probe)
+            try:
+                os.close(fd)
+            finally:
+                os.unlink(probe)
         except OSError as err:
             parser.error(f"cannot write {path}: {err.strerror or err}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:

@@ -247,6 +247,12 @@ def test_outputs_replace_a_users_file_whole_or_not_at_all(tiny_run, tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, other.name])
 
 
+def test_the_outputs_folder_holds_the_outputs_only(tiny_run):
+    """The writability probes and the temporary files of the writes leave nothing behind."""
+    folder = tiny_run[2]["json"].parent
+    assert sorted(p.name for p in folder.iterdir()) == ["run.csv", "run.json", "run.md", "run.png"]
+
+
 def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
     _, _, paths = tiny_run
     assert cli.main(["--from-json", str(paths["json"]), "--csv", str(tmp_path / "again.csv")]) == 0
