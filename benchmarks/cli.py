@@ -509,7 +509,9 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _run(parser, args, argv)
+        status = _run(parser, args, argv)
+        sys.stdout.flush()                         # here, not at exit, where a closed pipe is a traceback
+        return status
     except BrokenPipeError:        # stdout closed early (``| head``): the files are already written
         with contextlib.suppress(OSError, ValueError):   # a test's StringIO has no descriptor
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
