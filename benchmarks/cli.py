@@ -519,11 +519,12 @@ def main(argv=None):
 
 
 def _run(parser, args, argv):
+    """main() without its closed-pipe handling: every check first, then the run, then the files."""
     if args.list:
         _list_ops()
         return 0
-    decode = args.ops == [DECODE]
-    if not args.from_json and not decode:
+    generation = args.ops == [DECODE]
+    if not args.from_json and not generation:
         try:
             ops = _select(args.ops)
         except ValueError as err:
@@ -533,9 +534,9 @@ def _run(parser, args, argv):
             results = _read_results(args.from_json)
         except (OSError, ValueError) as err:
             return _fail(err)
-    if decode and (args.interleave or args.against):
+    if generation and (args.interleave or args.against):
         return _fail("--interleave and --against time ops; --ops decode takes neither")
-    if (decode or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
+    if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
         return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:
         commit = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"],
@@ -543,7 +544,7 @@ def _run(parser, args, argv):
         if not commit:
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
     _check_outputs(parser, args)
-    if decode:   # generation, not an op: its own table (benchmarks/decode.py)
+    if generation:   # not an op: its own table (benchmarks/decode.py)
         from benchmarks import decode
         return decode.main(args, argv)
     if not args.from_json:
