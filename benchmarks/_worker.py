@@ -231,10 +231,13 @@ class Worker:
         env[PARENT_VAR] = str(os.getpid())         # the worker exits if this process dies
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks._worker"], cwd=pythonpath or ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        if not job.get("serve"):
-            self.proc.stdin.close()
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            if not job.get("serve"):
+                self.proc.stdin.close()
+        except BrokenPipeError:                    # it died at once: read() reports how
+            pass
 
     def __enter__(self):
         return self

@@ -150,7 +150,8 @@ def table_lines(results):
              f"n_layer={m['n_layer']} n_head={m['n_head']} n_embd={m['n_embd']}, {c['dtype']}, "
              f"{c['threads']} thread(s); tokens/s = new tokens / median time",
              "",
-             f"{'impl':<6} {'P':>5} {'new':>4} {'cached tok/s':>13} {'uncached tok/s':>15} {'cached/uncached':>16}  same tokens"]
+             f"{'impl':<6} {'P':>5} {'new':>4} {'cached tok/s':>13} {'uncached tok/s':>15} "
+             f"{'cached/uncached':>16}  same tokens"]
     for r in results["rows"]:
         lines.append(f"{r['impl']:<6} {r['P']:>5} {r['new_tokens']:>4} {r['cached_tokens_per_s']:>13.1f} "
                      f"{r['uncached_tokens_per_s']:>15.1f} {r['ratio']:>15.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
