@@ -11,8 +11,13 @@ Run ``python -m benchmarks --help`` for the options. What one run does, in order
 3. Timing: one subprocess per library and device (``_worker.py``): NumPy's OpenBLAS threads and
    torch's OpenMP threads slow each other down by 1.3-4x when both are used in one process, so
    no process that is timed ever runs the other library's kernels. Each worker measures its
-   own matmul peak first, then warms up and times every case (``measure.py``).
-4. Report: an aligned table on stdout, optionally JSON, CSV and a PNG (``report.py``).
+   own matmul peak first, then warms up and times every case (``measure.py``): one worker after
+   the other, or all at once taking turns, one sample each, with ``--interleave``
+   (``--against REV`` adds a worker timing numpy_attn at git revision REV). ``--ops decode``
+   times generation in the same workers (``decode.py``).
+4. Report: an aligned table on stdout, optionally JSON, CSV, Markdown and a PNG (``report.py``);
+   ``--from-json`` prints a saved run again. ``python -m benchmarks.flash_breakdown`` accounts
+   for the tuned flash kernel's time line by line (docs/flash_attention_breakdown.md).
 
 FLOP convention: each op counts the FLOPs of its dominant terms in the forward (attention:
 ``4*B*nh*T*S*hs``, half that when causal); the backward of a matmul costs two matmuls, so

@@ -1,28 +1,39 @@
 """``python -m benchmarks``: options, then parity, timing in subprocesses, and the report.
 
-Exit status: 0 when every requested row was measured or reported as not available, 1 when an
-implementation disagrees with NumPy (nothing is timed then) or a timing worker fails, 2 for a
-bad option or an unknown op.
+Timing runs in one subprocess per library and device (``_worker.py``), either one after the
+other (the default sweep) or taking turns, one sample each, round after round
+(``--interleave``), which also gives each ratio paired within a round; ``--against REV`` adds
+the numpy_attn of git revision REV, checked out in a temporary ``git worktree``.
+
+Exit status: 0 when every requested row was measured or reported as not available (also when
+stdout is closed early, as by ``| head``), 1 when an implementation disagrees with NumPy
+(nothing is timed then) or a timing worker fails, 2 for a bad option, an unknown op or a file
+that cannot be read or written.
 """
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import platform
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+from benchmarks import measure as sampling
 from benchmarks import parity, registry, report
-from benchmarks._worker import PARENT_VAR, PREFIX
+from benchmarks._worker import ROOT, Worker
 from benchmarks.registry import IMPLS, MODES, Size
 
-ROOT = Path(__file__).resolve().parents[1]
+DECODE = "decode"      # not an op of the registry: generation, timed by benchmarks/decode.py
 
 FLOPS_CONVENTION = (
     "forward counts the dominant terms (attention 4*B*nh*T*S*hs, halved when causal); "
@@ -73,6 +84,9 @@ def build_parser():
         "  python -m benchmarks --list                  the ops and whether they can run\n"
         "  python -m benchmarks --ops decode            tokens/s of greedy generation, with and\n"
         "                                               without a key/value cache (--seq-lens: prompts)\n"
+        "  python -m benchmarks --ops flash_attention --seq-lens 2048 --impls numpy builtin \\\n"
+        "      --device cpu --threads 2 --interleave 7 --against HEAD~1\n"
+        "                                               turns, paired ratios, before/after a change\n"
         "\n"
         + textwrap.fill(f"FLOPs: {FLOPS_CONVENTION}.", 88) + "\n"
         f"gpt_step is the loss (fwd) and the loss with every parameter's gradient (fwd+bwd) of a\n"
@@ -107,7 +121,7 @@ def build_parser():
                    f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
     p.add_argument("--repeats", type=_number(int, 1, 100000), metavar="N",
                    help=f"at least this many timed samples per row (median and quartiles are taken "
-                   f"over them); default {f['repeats']}")
+                   f"over them; with --interleave, the rounds are the samples); default {f['repeats']}")
     p.add_argument("--min-time", type=_number(float, 0, 600), metavar="SEC",
                    help=f"and at least this many seconds of timed calls per row; default {f['min_time']}")
     p.add_argument("--warmup", type=_number(int, 1, 1000), default=1, metavar="N",
@@ -120,6 +134,17 @@ def build_parser():
                    help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
                    "default 1e-4 for float32, 1e-9 for float64")
     p.add_argument("--seed", type=_number(int, 0), default=0, help="seed of the random inputs; default 0")
+    p.add_argument("--interleave", type=_number(int, 1, 10000), metavar="ROUNDS",
+                   help="take turns instead of timing each library's cases one after the other: "
+                   "every round, case by case, each worker times one sample (a block of calls) in "
+                   "turn, the order reversed every other round; each ratio to NumPy is then also "
+                   "given paired (the median over rounds of the ratio within a round, with its "
+                   "quartiles), which holds when the machine's speed drifts. ROUNDS samples per "
+                   "row (--repeats and --min-time do not apply)")
+    p.add_argument("--against", metavar="REV",
+                   help="also time numpy_attn as it was at git revision REV (checked out in a "
+                   "temporary git worktree, timed by this revision's worker): rows numpy@REV, "
+                   "whose np/this is the current NumPy time over REV's; best with --interleave")
     p.add_argument("--force", action="store_true",
                    help="overwrite output files (--json, --csv, --markdown, --plot) that exist")
     p.add_argument("--quick", action="store_true",
@@ -173,43 +198,6 @@ def _plan(ops, args, cuda_reason):
     return runnable, unavailable
 
 
-def _run_worker(library, device, job, cases, progress):
-    """Run one timing subprocess; yield its records as they arrive."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(job["threads"])             # read once, when each library loads
-    env[PARENT_VAR] = str(os.getpid())             # the worker exits if this process dies
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._worker"], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        proc.stdin.write(json.dumps(dict(job, library=library, device=device, cases=cases)))
-        proc.stdin.close()
-        yield from _records(proc, library, device, progress)
-    finally:                                       # an error or Ctrl-C here: no orphan worker
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _records(proc, library, device, progress):
-    for line in proc.stdout:
-        if not line.startswith(PREFIX):
-            sys.stderr.write(line)                 # a library's stray print
-            continue
-        record = json.loads(line[len(PREFIX):])
-        if record["kind"] != "env":
-            what = (f"{record['op']} T={record['T']} {record['impl']} {device} {record['mode']}"
-                    if record["kind"] == "row" else f"{library} {device} matmul peak")
-            progress.step(what)
-        yield record
-    if proc.wait() < 0:                            # the kernel's OOM killer sends SIGKILL
-        raise RuntimeError(f"the {library} {device} timing worker was killed by signal "
-                           f"{-proc.returncode} (out of memory? try smaller --seq-lens or --batch)")
-    if proc.returncode != 0:
-        raise RuntimeError(f"the {library} {device} timing worker failed with exit status "
-                           f"{proc.returncode} (its traceback is above)")
-
-
 def _git_state():
     """The commit measured, and whether the working tree differed from it (None outside git)."""
     def git(*args):
@@ -254,40 +242,133 @@ def _check_parity(runnable, sizes, args, threads, progress):
         torch.set_num_threads(old)
 
 
-def _time(workers, job, peak_size, progress):
-    """Run one worker per (library, device): (worker envs, {(library, device): peak}, rows)."""
+def _worker(key, cases, job, peak_size, progress, against, serve=False):
+    """(the Worker for key = (library, device, revision), the cases it was given in order).
+    ``against`` is (REV, folder) for numpy_attn at REV beside this revision's."""
+    library, device, rev = key
+    listed = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
+    worker_job = dict(job, library=library, device=device, cases=listed, serve=serve,
+                      peak_n=peak_size if device == "cpu" else max(peak_size, 8192))   # a GPU needs more work
+    pythonpath, label = (against[1], f"numpy cpu @{rev}") if rev else (None, None)
+    return Worker(worker_job, progress, pythonpath, label), listed
+
+
+def _time(workers, job, peak_size, progress, against=None):
+    """One worker per (library, device, revision), one after the other: (worker envs,
+    {(library, device): peak}, rows)."""
     envs, peaks, timed = [], {}, []
-    for (library, device), cases in workers.items():
-        peak_n = peak_size if device == "cpu" else max(peak_size, 8192)   # a GPU needs more work
-        cases = [dict(op=name, T=T, impls=impls) for (name, T), impls in cases.items()]
-        for record in _run_worker(library, device, dict(job, peak_n=peak_n), cases, progress):
-            kind = record.pop("kind")
-            if kind == "env":
-                envs.append(record)
-            elif kind == "peak":
-                peaks[library, device] = record
-            else:
-                timed.append(record)
+    for key, cases in workers.items():
+        worker, _ = _worker(key, cases, job, peak_size, progress, against)
+        with worker:
+            for record in worker.records():
+                _collect(record, key[2], envs, peaks, timed)
     return envs, peaks, timed
 
 
+def _collect(record, rev, envs, peaks, timed):
+    """File one worker record: an env, a peak (this revision's only), or a row."""
+    kind = record.pop("kind")
+    if kind == "env":
+        envs.append(dict(record, revision=rev))
+    elif kind == "peak" and rev is None:
+        peaks[record["library"], record["device"]] = record
+    elif kind == "row":
+        timed.append(dict(record, revision=rev))
+
+
+def _time_interleaved(workers, job, peak_size, rounds, progress, against=None):
+    """Every worker at once, taking turns: per round, per (op, T), one sample of every
+    (worker, impl, mode), the order reversed on odd rounds. Same return as ``_time``."""
+    envs, peaks, timed = [], {}, []
+    with contextlib.ExitStack() as stack:
+        handles, turns = {}, {}                    # turns: (op, T) -> [(worker key, index, impl, mode)]
+        for key, cases in workers.items():
+            worker, listed = _worker(key, cases, job, peak_size, progress, against, serve=True)
+            handles[key] = stack.enter_context(worker)
+            for index, case in enumerate(listed):
+                turns.setdefault((case["op"], case["T"]), []).extend(
+                    (key, index, impl, mode) for impl in case["impls"] for mode in job["modes"])
+        for key, worker in handles.items():        # env, then the matmul peak, from each
+            for _ in range(2):
+                _collect(worker.read(), key[2], envs, peaks, timed)
+        samples = {}
+        for r in range(rounds):
+            for (name, T), order in turns.items():
+                for key, index, impl, mode in order if r % 2 == 0 else order[::-1]:
+                    record = handles[key].ask(dict(case=index, impl=impl, mode=mode))
+                    entry = samples.setdefault((name, T, key, impl, mode), dict(seconds=[]))
+                    entry["seconds"].append(record["seconds"])
+                    entry.setdefault("number", record["number"])
+                    entry.setdefault("peak_mem_bytes", record["peak_mem_bytes"])
+                progress.step(f"round {r + 1}/{rounds} {name} T={T}")
+        for worker in handles.values():
+            worker.finish()
+    for (name, T, (_, device, rev), impl, mode), entry in samples.items():
+        timed.append(dict(op=name, T=T, impl=impl, device=device, mode=mode, revision=rev,
+                          time_s=dict(sampling.summarize(entry["seconds"], entry["number"]),
+                                      rounds=entry["seconds"]),
+                          peak_mem_bytes=entry["peak_mem_bytes"]))
+    return envs, peaks, timed
+
+
+# Modules of numpy_attn that the timing worker itself imports (benchmarks/calls.py, _worker.py):
+# standard library only, and nothing in them is timed.
+HARNESS_HELPERS = ("_tree.py", "_threads.py")
+
+
+@contextlib.contextmanager
+def _revision_tree(rev):
+    """A folder whose ``numpy_attn`` is the package at git revision ``rev``: a detached
+    ``git worktree`` in a fresh temporary folder, removed and unregistered afterwards, also when
+    interrupted. Nothing outside that folder is written, moved or deleted but git's own record
+    of the worktree (which ``git worktree remove`` deletes again)."""
+    folder = Path(tempfile.mkdtemp(prefix="numpy-attn-bench-"))
+    tree = folder / "tree"
+    try:
+        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT,
+                       check=True, capture_output=True, text=True, timeout=120)
+        for helper in HARNESS_HELPERS:             # lent to revisions older than them
+            if not (tree / "numpy_attn" / helper).exists():
+                shutil.copyfile(ROOT / "numpy_attn" / helper, tree / "numpy_attn" / helper)
+        (folder / "path").mkdir()
+        (folder / "path" / "numpy_attn").symlink_to(tree / "numpy_attn", target_is_directory=True)
+        yield str(folder / "path")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                       capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _paired(a, b):
+    """Median and quartiles of a[r] / b[r] over rounds r: the two were timed back to back, so a
+    change in the machine's speed between rounds cancels in each ratio."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    q25, median, q75 = (statistics.quantiles(ratios, n=4, method="inclusive")
+                        if len(ratios) > 1 else ratios * 3)
+    return dict(median=median, q25=q25, q75=q75)
+
+
 def _finish_rows(timed, sizes, peaks, checks, dtype):
-    """Add sizes, FLOPs, GFLOP/s, share of peak, parity and the ratio to NumPy to each row."""
+    """Add sizes, FLOPs, GFLOP/s, share of peak, parity and the ratio to NumPy to each row
+    (paired too, when the run was interleaved). Rows of another revision are not parity-checked:
+    this process holds only the current numpy_attn."""
     rows = []
     for r in timed:
         op, size = registry.OPS[r["op"]], sizes[r["T"]]
         flops = op.count_flops(size, r["mode"])
         gflops = flops / r["time_s"]["median"] / 1e9
         peak = peaks[_library(r["impl"]), r["device"]]["gflops"]
+        parity_check = None if r["revision"] else checks[r["op"], r["T"]][r["impl"], r["device"]]
         rows.append(dict(r, S=size.S, B=size.B, nh=size.nh, hs=size.hs, dtype=dtype,
                          status="ok", reason=None, flops=flops, gflops=gflops,
-                         peak_fraction=gflops / peak,
-                         parity=checks[r["op"], r["T"]][r["impl"], r["device"]]))
-    numpy_time = {(r["op"], r["mode"], r["T"]): r["time_s"]["median"]
-                  for r in rows if r["impl"] == "numpy"}
+                         peak_fraction=gflops / peak, parity=parity_check))
+    numpy_time = {(r["op"], r["mode"], r["T"]): r["time_s"]
+                  for r in rows if r["impl"] == "numpy" and not r["revision"]}
     for r in rows:
         ref = numpy_time.get((r["op"], r["mode"], r["T"]))
-        r["numpy_over_this"] = ref / r["time_s"]["median"] if ref else None
+        r["numpy_over_this"] = ref["median"] / r["time_s"]["median"] if ref else None
+        if ref and "rounds" in ref:
+            r["numpy_over_this_paired"] = _paired(ref["rounds"], r["time_s"]["rounds"])
     return rows
 
 
@@ -305,22 +386,29 @@ def measure(ops, args, argv):
     runnable, unavailable = _plan(ops, args, cuda_reason)
     seq_lens = sorted(set(s["seq_lens"]))
     sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
-    workers = {}                                   # (library, device) -> {(op, T): [impls]}
+    workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
     for name, targets in runnable.items():
         for T in seq_lens:
             for impl, device in targets:
-                workers.setdefault((_library(impl), device), {}).setdefault((name, T), []).append(impl)
-    steps = len(runnable) * len(seq_lens) + len(workers) + sum(
-        len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values())
-    progress = report.Progress(steps, enabled=not args.no_progress)
+                for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
+                    workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
+    timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
+        len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
+    progress = report.Progress(len(runnable) * len(seq_lens) + len(workers) + timed_steps,
+                               enabled=not args.no_progress)
 
     checks = _check_parity(runnable, sizes, args, s["threads"], progress)
     job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
                min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
                size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
-    envs, peaks, timed = _time(workers, job, s["peak_size"], progress)
+    with _revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
+        against = (args.against, folder) if args.against else None
+        if args.interleave:
+            envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
+                                                   progress, against)
+        else:
+            envs, peaks, timed = _time(workers, job, s["peak_size"], progress, against)
     rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
-
     return dict(
         schema=1,
         command="python -m benchmarks " + shlex.join(argv),
@@ -337,7 +425,7 @@ def measure(ops, args, argv):
                     head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
                     repeats=s["repeats"], min_time=s["min_time"], warmup=args.warmup,
                     peak_size=s["peak_size"], seed=args.seed, quick=args.quick,
-                    tolerance=args.tolerance),
+                    tolerance=args.tolerance, interleave=args.interleave, against=args.against),
         cuda=dict(available=cuda_reason is None, reason=cuda_reason),
         flops_convention=FLOPS_CONVENTION,
         ops={op.name: dict(stem=op.stem, **op.describe(), bwd_factor=op.bwd_factor) for op in ops},
@@ -351,20 +439,68 @@ def measure(ops, args, argv):
 
 def _check_outputs(parser, args):
     """Fail now, not after a long run, when an output cannot be written."""
-    for path in filter(None, (args.json, args.csv, args.markdown, args.plot)):
+    for path in map(Path, filter(None, (args.json, args.csv, args.markdown, args.plot))):
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             parser.error(f"cannot create the folder of {path}: {err}")
-        if Path(path).is_dir() or not os.access(Path(path).parent, os.W_OK):
-            parser.error(f"cannot write {path}")
-        if Path(path).exists() and not args.force:
+        if path.is_dir():
+            parser.error(f"cannot write {path}: it is a folder")
+        if path.exists() and not args.force:
             parser.error(f"{path} exists; pass --force to overwrite it")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            parser.error("--plot needs matplotlib (pip install numpy-attn[plots])")
+        try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
+            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+            try:
+                os.close(fd)
+            finally:
+                os.unlink(probe)
+        except OSError as err:
+            parser.error(f"cannot write {path}: {err.strerror or err}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(f"--plot needs matplotlib: {install_hint('plots')}")
+
+
+def install_hint(extra):
+    """How to install an extra: from this checkout when running from one (constraints.txt pins
+    what CI tests), else the published package's extra."""
+    if (ROOT / "setup.cfg").is_file() and (ROOT / "constraints.txt").is_file():
+        return f"pip install -c constraints.txt -e '.[{extra}]'"
+    return f"pip install 'numpy-attn[{extra}]'"
+
+
+def _fail(message):
+    """One line on stderr, no usage (the option was well formed; its value names no file or op): 2."""
+    print(f"python -m benchmarks: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _read_results(path):
+    """The results dict saved by --json at ``path``; OSError or ValueError naming the file."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise OSError(f"cannot read --from-json {path}: {err.strerror or err}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--from-json {path} is not JSON: {err}") from None
+    if not isinstance(results, dict) or not (
+            report.is_breakdown(results) or report.is_former_flash_kernel(results) or (
+                isinstance(results.get("rows"), list) and isinstance(results.get("config"), dict)
+                and ("workers" in results or report.is_decode(results)))):
+        raise ValueError(f"--from-json {path} is not a results file of python -m benchmarks --json")
+    return results
+
+
+def _select(names):
+    """The registry's ops for --ops, or ValueError in one line naming every valid choice."""
+    if DECODE in names and len(names) > 1:
+        raise ValueError(f"--ops {DECODE} runs alone (it times generation, not an op)")
+    try:
+        return registry.select(names)
+    except ValueError:
+        unknown = [n for n in names if n not in registry.OPS and n not in registry.STEMS]
+        raise ValueError(f"unknown op {', '.join(map(repr, unknown))}; choose from: "
+                         f"{', '.join([*registry.OPS, DECODE])} (or a file stem: "
+                         f"{', '.join(s for s in registry.STEMS if s not in registry.OPS)})") from None
 
 
 def main(argv=None):
@@ -372,24 +508,49 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        status = _run(parser, args, argv)
+        sys.stdout.flush()                         # here, not at exit, where a closed pipe is a traceback
+        return status
+    except BrokenPipeError:        # stdout closed early (``| head``): the files are already written
+        with contextlib.suppress(OSError, ValueError):   # a test's StringIO has no descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(parser, args, argv):
+    """main() without its closed-pipe handling: every check first, then the run, then the files."""
     if args.list:
         _list_ops()
         return 0
+    generation = args.ops == [DECODE]
+    if not args.from_json and not generation:
+        try:
+            ops = _select(args.ops)
+        except ValueError as err:
+            return _fail(err)
+    if args.from_json:
+        try:
+            results = _read_results(args.from_json)
+        except (OSError, ValueError) as err:
+            return _fail(err)
+    if generation and (args.interleave or args.against):
+        return _fail("--interleave and --against time ops; --ops decode takes neither")
+    if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
+        return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
+    if args.against and not args.from_json:
+        commit = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"],
+                                cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        if not commit:
+            return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
     _check_outputs(parser, args)
-    if args.ops == ["decode"]:   # generation, not an op: its own timing and table (benchmarks/decode.py)
+    if generation:   # not an op: its own table (benchmarks/decode.py)
         from benchmarks import decode
         return decode.main(args, argv)
-    if args.from_json:
-        results = json.loads(Path(args.from_json).read_text())
-    else:
-        try:
-            ops = registry.select(args.ops)
-        except ValueError as err:
-            parser.error(str(err))
+    if not args.from_json:
         missing = [name for name in ("torch", "threadpoolctl") if importlib.util.find_spec(name) is None]
         if missing:
-            parser.error(f"measuring needs {' and '.join(missing)}: "
-                         "pip install -c constraints.txt -e '.[benchmarks]'")
+            parser.error(f"measuring needs {' and '.join(missing)}: {install_hint('benchmarks')}")
         try:
             results = measure(ops, args, argv)
         except (parity.ParityError, RuntimeError) as err:
@@ -404,9 +565,7 @@ def main(argv=None):
         report.write_csv(results, args.csv)
         print(f"wrote {args.csv}", file=sys.stderr)
     if args.markdown:
-        Path(args.markdown).write_text("\n".join(
-            [f"- {line}" for line in report.header_lines(results)] + [""]
-            + report.table_lines(results, markdown=True)) + "\n")
+        report.write_markdown(results, args.markdown)
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         try:
@@ -415,5 +574,5 @@ def main(argv=None):
             print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
             return 1
         print(f"wrote {args.plot}", file=sys.stderr)
-    print("\n".join(report.header_lines(results) + [""] + report.table_lines(results)))
+    print("\n".join(report.render(results)))
     return 0

@@ -6,19 +6,20 @@ in attention and O(T) in everything else); with it each step runs the new token 
 the past keys and values back. For each prompt length P the model generates ``new`` tokens
 greedily from a prompt of P random ids, P + new <= block_size; the report gives tokens per second
 of both paths and their ratio (cached over uncached). Before timing, both paths of both libraries
-must produce the same tokens. Both libraries run in this process, one after the other, each
-pinned to ``--threads`` threads.
+must produce the same tokens. Each library runs in its own timing worker (``_worker.py``),
+pinned to ``--threads`` threads, as every timing of ``python -m benchmarks`` does; both build
+the same model and prompts from the seed, and the parent compares the tokens they generated.
 """
 
 import dataclasses
 import datetime
-import json
+import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import measure, report
+from benchmarks._worker import Worker
 from numpy_attn.gpt import GPTConfig, gpt_forward, gpt_kv_cache, init_gpt_params
 
 # The mini GPT timed: the full sweep's and --quick's (block_size is the longest context).
@@ -60,48 +61,34 @@ def greedy_twin(params, config, prompt, new_tokens, cache):
 
 
 def run(args, argv):
-    """Parity, then timing of every (library, prompt length, cached or not): the results dict."""
-    import threadpoolctl
-    import torch
-
+    """Timing of every (library, prompt length, cached or not) in one worker per library, then
+    the tokens of all four paths compared: the results dict."""
     started = time.monotonic()
     base = QUICK if args.quick else FULL
     config = base["config"]
     threads = args.threads or (1 if args.quick else measure_threads())
     repeats = args.repeats or 3
     min_time = 0.0 if args.min_time is None else args.min_time
-    dtype = np.dtype(args.dtype)
     new = base["new_tokens"]
     prompt_lens = [P for P in (args.seq_lens or base["prompt_lens"]) if P + new <= config.block_size]
     if not prompt_lens:
         raise ValueError(f"no prompt length P with P + {new} new tokens <= block_size = {config.block_size}")
-    rng = np.random.default_rng(args.seed)
-    params = init_gpt_params(config, rng, dtype)
-    tparams = _tree(params, torch.from_numpy)
-    progress = report.Progress(len(prompt_lens) * 5, enabled=not args.no_progress)
+    progress = report.Progress(len(prompt_lens) * 4, enabled=not args.no_progress)
+    job = dict(device="cpu", threads=threads, dtype=args.dtype, repeats=repeats, min_time=min_time,
+               decode=dict(config=dataclasses.asdict(config), prompt_lens=prompt_lens, new_tokens=new,
+                           seed=args.seed))
+    timed = {}                                     # (impl, P, cache) -> row of a worker
+    for library in ("numpy", "torch"):
+        with Worker(dict(job, library=library), progress) as worker:
+            for record in worker.records():
+                if record["kind"] == "row":
+                    timed[record["impl"], record["P"], record["cache"]] = record
     rows = []
     for P in prompt_lens:
-        prompt = rng.integers(0, config.vocab_size, (1, P))
-        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
-            tokens = {cache: greedy_numpy(params, config, prompt, new, cache) for cache in (True, False)}
-        torch.set_num_threads(threads)
-        tokens_t = {cache: greedy_twin(tparams, config, torch.from_numpy(prompt), new, cache).numpy()
-                    for cache in (True, False)}
-        same = all(np.array_equal(t, tokens[True]) for t in (tokens[False], tokens_t[True], tokens_t[False]))
-        progress.step(f"decode parity P={P}")
+        tokens = [timed[impl, P, cache]["tokens"] for impl in ("numpy", "twin") for cache in (True, False)]
+        same = all(t == tokens[0] for t in tokens)
         for impl in ("numpy", "twin"):
-            times = {}
-            for cache in (True, False):
-                if impl == "numpy":
-                    with threadpoolctl.threadpool_limits(threads, user_api="blas"):
-                        times[cache] = measure.time_numpy(
-                            lambda c=cache, p=prompt: greedy_numpy(params, config, p, new, c), repeats, min_time, 1)
-                else:
-                    tprompt = torch.from_numpy(prompt)
-                    times[cache] = measure.time_torch(
-                        lambda c=cache, p=tprompt: greedy_twin(tparams, config, p, new, c), repeats, min_time, 1,
-                        threads, "cpu")
-                progress.step(f"decode {impl} P={P} {'cached' if cache else 'uncached'}")
+            times = {cache: timed[impl, P, cache]["time_s"] for cache in (True, False)}
             rows.append(dict(impl=impl, P=P, new_tokens=new, same_tokens=same,
                              cached_tokens_per_s=new / times[True]["median"],
                              uncached_tokens_per_s=new / times[False]["median"],
@@ -110,9 +97,39 @@ def run(args, argv):
     return dict(schema=1, command="python -m benchmarks " + " ".join(argv),
                 started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 duration_s=round(time.monotonic() - started, 1), machine=report.machine(),
-                config=dict(model=dataclasses.asdict(config), dtype=str(dtype), threads=threads,
+                config=dict(model=dataclasses.asdict(config), dtype=args.dtype, threads=threads,
                             repeats=repeats, min_time=min_time, seed=args.seed, quick=args.quick),
                 rows=rows)
+
+
+def time_in_worker(job):
+    """In a timing worker: the rows of one library, {impl, P, cache, tokens, time_s} each.
+
+    The model and the prompts come from the seed, drawn in the same order in either worker.
+    """
+    spec, dtype = job["decode"], np.dtype(job["dtype"])
+    config = GPTConfig(**spec["config"])
+    rng = np.random.default_rng(spec["seed"])
+    params = init_gpt_params(config, rng, dtype)
+    new = spec["new_tokens"]
+    if job["library"] == "numpy":
+        impl, generate, as_array = "numpy", greedy_numpy, np.asarray
+    else:
+        import torch
+
+        impl, generate, as_array = "twin", greedy_twin, torch.from_numpy
+        params = _tree(params, torch.from_numpy)
+    for P in spec["prompt_lens"]:
+        prompt = as_array(rng.integers(0, config.vocab_size, (1, P)))
+        for cache in (True, False):
+            def fn(cache=cache, prompt=prompt):
+                return generate(params, config, prompt, new, cache)
+
+            if impl == "numpy":
+                time_s = measure.time_numpy(fn, job["repeats"], job["min_time"], 1)
+            else:
+                time_s = measure.time_torch(fn, job["repeats"], job["min_time"], 1, job["threads"], "cpu")
+            yield dict(impl=impl, P=P, cache=cache, tokens=np.asarray(fn()).tolist(), time_s=time_s)
 
 
 def measure_threads():
@@ -133,7 +150,8 @@ def table_lines(results):
              f"n_layer={m['n_layer']} n_head={m['n_head']} n_embd={m['n_embd']}, {c['dtype']}, "
              f"{c['threads']} thread(s); tokens/s = new tokens / median time",
              "",
-             f"{'impl':<6} {'P':>5} {'new':>4} {'cached tok/s':>13} {'uncached tok/s':>15} {'cached/uncached':>16}  same tokens"]
+             f"{'impl':<6} {'P':>5} {'new':>4} {'cached tok/s':>13} {'uncached tok/s':>15} "
+             f"{'cached/uncached':>16}  same tokens"]
     for r in results["rows"]:
         lines.append(f"{r['impl']:<6} {r['P']:>5} {r['new_tokens']:>4} {r['cached_tokens_per_s']:>13.1f} "
                      f"{r['uncached_tokens_per_s']:>15.1f} {r['ratio']:>15.2f}x  {'yes' if r['same_tokens'] else 'NO'}")
@@ -145,9 +163,14 @@ def main(args, argv):
     try:
         results = run(args, argv)
     except ValueError as err:
-        print(f"python -m benchmarks: {err}")
+        print(f"python -m benchmarks: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:                    # a failed timing worker
+        print(f"python -m benchmarks: {err}", file=sys.stderr)
+        return 1
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        report.write_json(results, args.json)
+    if args.markdown:
+        report.write_markdown(results, args.markdown)
     print("\n".join(table_lines(results)))
     return 0 if all(r["same_tokens"] for r in results["rows"]) else 1

@@ -7,11 +7,15 @@ core, so a core's throughput is what bounds it; two cores halve the totals):
    and at the kernel's tile shapes, and the element-wise throughput of np.exp, np.exp2 and the
    other ufuncs the kernel uses, on arrays of a tile's size (in L2) and on large ones; with
    ``--torch``, torch's matmul and exp at a tile's size too.
-2. An instrumented copy of the kernel's forward and backward loops (the same statements, with a
-   clock around each group) run over every slice of B=4, nh=8, T=S=2048, hs=64: seconds per
-   group (matmuls, exponentials, row reductions, rescaling, masks, accumulation), and the rest
-   of the measured time, which is Python: the loop, slicing, reshapes, calls. The copy's
-   results are checked against the kernel's.
+2. The kernel itself, line by line, over every slice of B=4, nh=8, T=S=2048, hs=64: a trace
+   function (``LineClock``, through ``sys.settrace``) that Python calls at each line the
+   kernel's own functions run reads the clock there, so each line of
+   numpy_attn/kernels/flash_attention.py gets the seconds until the next one (calls it makes
+   into other modules included) and its count of runs. Nothing is copied from the kernel and
+   nothing is added to it: what is timed is what runs, and a change to the kernel is measured
+   as it stands. The forward runs once more forced onto its shifted path (the running maximum),
+   where it falls back when exponentials could overflow. The untraced kernel is timed beside
+   each, so the tracer's own cost (about a microsecond a line) shows as the difference.
 3. The thread pool: the kernel's pool on a no-op slice function, and the kernel at 1 and 2 threads.
 4. With ``--torch``, NumPy's floor: in one process, one thread for each library, taking turns
    round after round, F.scaled_dot_product_attention against the bare tile loops the kernel is
@@ -26,8 +30,9 @@ times move with it, the shares much less.
 """
 
 import argparse
+import contextlib
 import inspect
-import json
+import linecache
 import math
 import os
 import statistics
@@ -35,12 +40,12 @@ import sys
 import time
 from collections import defaultdict
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import numpy_attn.kernels.flash_attention as fa
+from benchmarks import report
 
 B, NH, T, HS = 4, 8, 2048, 64
 # The kernel's default tile shape (block_q, block_k).
@@ -135,183 +140,118 @@ def torch_pieces(repeats, block):
     return res
 
 
-# -- 2. instrumented copy of the kernel's loops ------------------------------------------------------
+# -- 2. the kernel, line by line -------------------------------------------------------------------
 
-class Clock:
-    """Accumulates seconds per label: ``with clock("exp"): ...``."""
+class LineClock:
+    """Seconds and runs per source line of one module's functions, from a ``sys.settrace`` hook.
 
-    def __init__(self):
-        self.seconds = defaultdict(float)
-        self.count = defaultdict(int)
-        self._label = None
+    Python calls the hook at each line of a traced frame; the time from one line to the next is
+    the earlier line's. A call into another of the module's functions pauses the caller's line
+    until the callee returns; calls into other modules are part of the calling line. Only this
+    thread is traced: run the kernel on one thread (``one_thread``).
+    """
 
-    def __call__(self, label):
-        self._label = label
-        return self
+    def __init__(self, module):
+        self.file = module.__file__
+        self.seconds = defaultdict(float)          # (function, line) -> seconds
+        self.count = defaultdict(int)              # (function, line) -> runs
+        self._where, self._since = None, 0.0
 
-    def __enter__(self):
-        self._start = time.perf_counter()
+    def _credit(self, where):
+        now = time.perf_counter()
+        if self._where is not None:
+            self.seconds[self._where] += now - self._since
+        self._where = where
+        self._since = time.perf_counter()          # the hook's own bookkeeping is nobody's line
 
-    def __exit__(self, *exc):
-        self.seconds[self._label] += time.perf_counter() - self._start
-        self.count[self._label] += 1
+    def _local(self, frame, event, arg):
+        if event == "line":
+            where = (frame.f_code.co_name, frame.f_lineno)
+            self.count[where] += 1
+            self._credit(where)
+        elif event == "return":                    # back to the caller's line, if it is ours
+            caller = frame.f_back
+            self._credit((caller.f_code.co_name, caller.f_lineno)
+                         if caller is not None and caller.f_code.co_filename == self.file else None)
+        return self._local
 
+    def _call(self, frame, event, arg):
+        if frame.f_code.co_filename != self.file:
+            return None                            # not ours: its lines are not traced
+        self._credit(None)
+        return self._local
 
-def forward_slice(clock, q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
-    """fa._forward_slice with a clock on each group of statements (the unshifted path)."""
-    S, hv = v.shape
-    dtype = q.dtype
-    with clock("per slice: k^T, [v | 1], buffers"):
-        k_t = np.ascontiguousarray(k.T)
-        v_1 = np.ones((S, hv + 1), dtype)
-        v_1[:, :hv] = v
-        s_buf = np.empty(block_q * block_k, dtype)
-        pv_buf = np.empty(block_q * (hv + 1), dtype)
-        future = fa._future_mask(block_q, len(q), dtype) if is_causal else None
-    for i0 in range(0, len(q), block_q):
-        i1 = min(i0 + block_q, len(q))
-        with clock("per row block: scale q, zero acc"):
-            q_blk = q[i0:i1] * (scale * fa.LOG_FACTOR)
-            acc = np.zeros((i1 - i0, hv + 1), dtype)
-        S_seen = min(S, i1) if is_causal else S
-        pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
-        bq = i1 - i0
-        for j0 in range(0, S_seen, block_k):
-            j1 = min(j0 + block_k, S_seen)
-            with clock("matmul q_blk @ k^T"):
-                s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
-            if is_causal and j1 - 1 > i0:
-                with clock("causal mask"):
-                    fa._mask_future(s, i0, j0, future)
-            with clock("exp"):
-                p = fa.EXP(s, out=s)
-            with clock("matmul p @ [v | 1]"):
-                pv = np.matmul(p, v_1[j0:j1], out=pv)
-            with clock("accumulate acc += pv"):
-                acc += pv
-        with clock("per row block: overflow/underflow check"):
-            ok = bool(np.isfinite(acc).all() and acc[:, -1].min() >= fa.UNSHIFTED_MIN_SUM)
-        with clock("per row block: out = acc / l, lse = log l"):
-            row_sum = acc[:, hv]
-            out[i0:i1] = acc[:, :hv] / row_sum[:, None]
-            lse_b[i0:i1] = fa.LOG(row_sum)
-        assert ok, "the instrumented copy only follows the unshifted path"
+    @contextlib.contextmanager
+    def running(self):
+        old = sys.gettrace()
+        sys.settrace(self._call)
+        try:
+            yield self
+        finally:
+            sys.settrace(old)
+            self._credit(None)
+
+    def lines(self):
+        """{"function:line source": seconds} and {same: runs}, the source read from the module."""
+        def label(where):
+            return f"{where[0]}:{where[1]} {linecache.getline(self.file, where[1]).strip()}"
+        return ({label(w): t for w, t in self.seconds.items()},
+                {label(w): self.count[w] for w in self.seconds})
 
 
-def shifted_tile_extras(clock, bq, bk, repeats):
-    """What the running maximum costs per tile (the shifted path; the kernel before the
-    unshifted path): row max, new maximum, rescale of acc, subtract the maximum."""
-    rng = np.random.default_rng(0)
-    s = rng.standard_normal((bq, bk)).astype(np.float32)
-    acc = np.ones((bq, HS + 1), np.float32)
-    m = np.zeros(bq, np.float32)
-    return {
-        "row max s.max(axis=1) and np.maximum": _median_time(lambda: np.maximum(m, s.max(axis=1)), repeats, 20),
-        "rescale acc *= exp(m - m_new)": _median_time(lambda: acc.__imul__(fa.EXP(m - m)[:, None]), repeats, 20),
-        "subtract s -= m[:, None]": _median_time(lambda: s.__isub__(m[:, None]), repeats, 20),
-    }
+@contextlib.contextmanager
+def one_thread():
+    """The kernel on this thread only (its pool off) and BLAS on one thread."""
+    old_min_work, fa.PARALLEL_MIN_WORK = fa.PARALLEL_MIN_WORK, 1 << 62
+    try:
+        with threadpool_limits(1, user_api="blas"):
+            yield
+    finally:
+        fa.PARALLEL_MIN_WORK = old_min_work
 
 
-def backward_slice(clock, q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, block_q, block_k):
-    """fa._backward_slice with a clock on each group of statements."""
-    g, T_, hs = q.shape
-    S, hv = v.shape
-    dtype = q.dtype
-    with clock("per slice: [k | 1], [v | 1], buffers"):
-        k_1 = np.ones((hs + 1, S), dtype)
-        k_1[:hs] = k.T
-        v_1 = np.ones((hv + 1, S), dtype)
-        v_1[:hv] = v.T
-        q_lse = np.empty((T_, hs + 1), dtype)
-        dout_D = np.empty((T_, hv + 1), dtype)
-        s_buf = np.empty(block_q * block_k, dtype)
-        dp_buf = np.empty(block_q * block_k, dtype)
-        dkv_buf = np.empty(block_k * max(hs, hv), dtype)
-        dq_buf = np.empty(block_q * hs, dtype)
-        future = fa._future_mask(block_q, T_, dtype) if is_causal else None
-    for h in range(g):
-        with clock("per head: [q scale | -lse], [dout | -D]"):
-            np.multiply(q[h], scale * fa.LOG_FACTOR, out=q_lse[:, :hs])
-            np.negative(lse_b[h], out=q_lse[:, hs])
-            dout_D[:, :hv] = dout[h]
-            np.negative(np.einsum("ij,ij->i", dout[h], out[h]), out=dout_D[:, hv])
-        dq_h = dq[h]
-        for j0 in range(0, S, block_k):
-            j1 = min(j0 + block_k, S)
-            i_first = j0 // block_q * block_q if is_causal else 0
-            for i0 in range(i_first, T_, block_q):
-                i1 = min(i0 + block_q, T_)
-                shape = (i1 - i0, j1 - j0)
-                with clock("matmul [q | -lse] @ [k | 1]^T"):
-                    s = np.matmul(q_lse[i0:i1], k_1[:, j0:j1], out=s_buf[:shape[0] * shape[1]].reshape(shape))
-                if is_causal and j1 - 1 > i0:
-                    with clock("causal mask"):
-                        fa._mask_future(s, i0, j0, future)
-                with clock("exp"):
-                    p = fa.EXP(s, out=s)
-                with clock("matmul p^T @ dout"):
-                    dv_tile = np.matmul(p.T, dout[h, i0:i1], out=dkv_buf[:(j1 - j0) * hv].reshape(j1 - j0, hv))
-                with clock("accumulate dv, dk, dq"):
-                    dv[j0:j1] += dv_tile
-                with clock("matmul [dout | -D] @ [v | 1]^T"):
-                    dp = np.matmul(dout_D[i0:i1], v_1[:, j0:j1], out=dp_buf[:shape[0] * shape[1]].reshape(shape))
-                with clock("multiply dS = P * (dP - D)"):
-                    ds = np.multiply(dp, p, out=dp)
-                with clock("matmul dS^T @ q"):
-                    dk_tile = np.matmul(ds.T, q[h, i0:i1], out=dkv_buf[:(j1 - j0) * hs].reshape(j1 - j0, hs))
-                with clock("accumulate dv, dk, dq"):
-                    dk[j0:j1] += dk_tile
-                with clock("matmul dS @ k"):
-                    dq_tile = np.matmul(ds, k[j0:j1], out=dq_buf[:(i1 - i0) * hs].reshape(i1 - i0, hs))
-                with clock("accumulate dv, dk, dq"):
-                    dq_h[i0:i1] += dq_tile
-        with clock("per head: scale dq"):
-            dq_h *= scale
-    with clock("per head: scale dq"):
-        dk *= scale
+def _traced(fn):
+    """(what fn returned, {"total", "groups", "calls", "tiles", ...}) of one traced call, with
+    the untraced call's time beside it."""
+    fn()                                           # warm-up: first calls allocate and page in
+    start = time.perf_counter()
+    fn()
+    untraced = time.perf_counter() - start
+    clock = LineClock(fa)
+    start = time.perf_counter()
+    with clock.running():
+        result = fn()
+    total = time.perf_counter() - start
+    groups, calls = clock.lines()
+    # Every tile runs each of its matmul lines once: the most-run matmul line counts the tiles.
+    tiles = max((n for line, n in calls.items() if "np.matmul(" in line), default=0)
+    return result, dict(total=total, untraced=untraced, groups=groups, calls=calls, tiles=tiles,
+                        python_and_clock=total - sum(groups.values()))
 
 
 def instrumented(is_causal, block_q, block_k):
-    """Seconds per group over all B*nh slices, serially on one thread, and the total."""
+    """The kernel's forward, its forward forced onto the shifted path, and its backward, each
+    traced line by line over all B*nh slices on one thread."""
     rng = np.random.default_rng(0)
-    q, k, v, dout = (rng.standard_normal((B * NH, T, HS)).astype(np.float32) for _ in range(4))
-    scale = np.float32(1 / math.sqrt(HS))
-    out = np.zeros_like(q)
-    lse_b = np.zeros((B * NH, T), np.float32)
+    q, k, v, dout = (rng.standard_normal((B, NH, T, HS)).astype(np.float32) for _ in range(4))
+    kw = dict(is_causal=is_causal, block_q=block_q, block_k=block_k)
     result = {}
-    with threadpool_limits(1, user_api="blas"):
-        clock = Clock()
-        start = time.perf_counter()
-        for n in range(B * NH):
-            forward_slice(clock, q[n], k[n], v[n], out[n], lse_b[n], is_causal, scale, block_q, block_k)
-        result["forward"] = dict(total=time.perf_counter() - start, groups=dict(clock.seconds),
-                                 calls=dict(clock.count))
-        ref_out, cache = fa.flash_attention_forward(q, k, v, is_causal=is_causal, block_q=block_q, block_k=block_k)
-        # The copy must compute what the kernel computes, or its clocks describe something else.
+    with one_thread():
+        (out, cache), result["forward"] = _traced(lambda: fa.flash_attention_forward(q, k, v, **kw))
+        grads, result["backward"] = _traced(lambda: fa.flash_attention_backward(dout, cache))
+        # Tracing changes no arithmetic: the traced results are the kernel's, bit for bit.
+        ref_out, ref_cache = fa.flash_attention_forward(q, k, v, **kw)
         errors = {"out": float(np.abs(out - ref_out).max())}
-        dq, dk, dv = (np.zeros_like(a) for a in (q, k, v))
-        clock = Clock()
-        start = time.perf_counter()
-        for n in range(B * NH):
-            backward_slice(clock, q[n][None], k[n], v[n], out[n][None], dout[n][None], lse_b[n][None],
-                           dq[n][None], dk[n], dv[n], is_causal, scale, block_q, block_k)
-        result["backward"] = dict(total=time.perf_counter() - start, groups=dict(clock.seconds),
-                                  calls=dict(clock.count))
-        grads = fa.flash_attention_backward(dout, cache)
-        for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True):
+        for name, a, b in zip(("dq", "dk", "dv"), grads, fa.flash_attention_backward(dout, ref_cache),
+                              strict=True):
             errors[name] = float(np.abs(a - b).max())
         result["max_abs_error_vs_kernel"] = errors
-        # Same statements in the same order: only the instrumented copy's separate accumulation
-        # of dq/dk/dv could round differently, far below this.
-        if max(errors.values()) > 1e-4:
-            raise AssertionError(f"the instrumented copy no longer follows the kernel: {errors}")
-        tiles = result["forward"]["calls"]["exp"]
-        result["shifted_extras_per_tile"] = shifted_tile_extras(clock, block_q, block_k, 50)
-        result["shifted_extras_total"] = {k_: t * tiles for k_, t in result["shifted_extras_per_tile"].items()}
-    for part in ("forward", "backward"):
-        r = result[part]
-        r["python_and_clock"] = r["total"] - sum(r["groups"].values())
-        r["tiles"] = r["calls"]["exp"]
+        if hasattr(fa, "UNSHIFTED_MIN_SUM"):       # no block passes the check: all shifted
+            old, fa.UNSHIFTED_MIN_SUM = fa.UNSHIFTED_MIN_SUM, np.inf
+            try:
+                _, result["forward_shifted"] = _traced(lambda: fa.flash_attention_forward(q, k, v, **kw))
+            finally:
+                fa.UNSHIFTED_MIN_SUM = old
     return result
 
 
@@ -412,18 +352,14 @@ def floor(rounds, block_q, block_k):
         "kernel forward+backward": kernel_forward_backward,
     }
     times = {name: [] for name in (*forward, *backward)}
-    old_min_work, fa.PARALLEL_MIN_WORK = fa.PARALLEL_MIN_WORK, 1 << 62   # the kernel on one thread too
-    try:
-        with threadpool_limits(1, user_api="blas"), np.errstate(over="ignore"):
-            for fn in (*forward.values(), *backward.values()):
+    with one_thread(), np.errstate(over="ignore"):   # the kernel on one thread too
+        for fn in (*forward.values(), *backward.values()):
+            fn()
+        for _ in range(rounds):
+            for name, fn in (*forward.items(), *backward.items()):
+                start = time.perf_counter()
                 fn()
-            for _ in range(rounds):
-                for name, fn in (*forward.items(), *backward.items()):
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - start)
-    finally:
-        fa.PARALLEL_MIN_WORK = old_min_work
+                times[name].append(time.perf_counter() - start)
     res = {}
     for group, base in ((forward, "F.sdpa forward"), (backward, "F.sdpa forward+backward")):
         for name in group:
@@ -431,6 +367,11 @@ def floor(rounds, block_q, block_k):
                              over_sdpa=statistics.median(a / b for a, b in zip(times[name], times[base], strict=True)),
                              times_s=times[name])
     return res
+
+
+def _is_matmul_or_exp(label):
+    """A traced line that multiplies tiles or exponentiates them (an older run's group names too)."""
+    return "np.matmul(" in label or "EXP(" in label or label.startswith(("matmul", "exp"))
 
 
 def lower_bound(roof, inst, block):
@@ -443,11 +384,59 @@ def lower_bound(roof, inst, block):
     exp_rate = roof["ufunc"][f"{'exp2' if fa.EXP is np.exp2 else 'exp'} {bq}x{bk}"]
     fwd = flops_fwd / tile_gflops / 1e9 + exps / exp_rate / 1e9
     bwd = 2.5 * flops_fwd / tile_gflops / 1e9 + exps / exp_rate / 1e9
-    shares = {part: sum(t for name, t in inst[part]["groups"].items() if name.startswith(("matmul", "exp")))
+    shares = {part: sum(t for name, t in inst[part]["groups"].items() if _is_matmul_or_exp(name))
               / inst[part]["total"] for part in ("forward", "backward")}
     return dict(matmul_and_exp_share=shares, forward_one_core=fwd, backward_one_core=bwd, forward_two_cores=fwd / 2,
                 backward_two_cores=bwd / 2, tile_gflops=tile_gflops, exp_gelem_s=exp_rate,
                 forward_flops=flops_fwd, exps=exps)
+
+
+def is_breakdown(res):
+    """Whether a saved JSON file is this tool's (``python -m benchmarks --from-json`` asks)."""
+    return isinstance(res, dict) and "instrumented" in res and "roofline" in res
+
+
+def report_lines(res):
+    """The printed report of a run (also of one saved with --json, older runs included)."""
+    inst = res["instrumented"]
+    lines = [f"BLAS {res['blas']}; kernel exponentiates with np.{res['exp']}; tiles {res['block']}; "
+             f"load average {' '.join(f'{x:.2f}' for x in res['load'])}"]
+    for part in ("matmul", "ufunc"):
+        for name, rate in res["roofline"][part].items():
+            lines.append(f"  {part:6} {name:40} {rate:7.2f} {'GFLOP/s' if part == 'matmul' else 'Gelem/s'}")
+    for part in ("forward", "forward_shifted", "backward"):
+        if part not in inst:                        # runs before the shifted path was traced
+            continue
+        r = inst[part]
+        lines.append(f"{part}: {r['total']:.3f} s on one thread, {r['tiles']} tiles"
+                     + (f" ({r['untraced']:.3f} s untraced)" if "untraced" in r else ""))
+        width = max(map(len, r["groups"]), default=0)
+        for name, sec in sorted(r["groups"].items(), key=lambda x: -x[1]):
+            lines.append(f"  {name:{width}} {sec:7.3f} s  {100 * sec / r['total']:5.1f}%  "
+                         f"{r['calls'][name]:7d} x {1e6 * sec / r['calls'][name]:8.1f} us")
+        lines.append(f"  {'the rest (calls and returns, the clock)':{width}} {r['python_and_clock']:7.3f} s  "
+                     f"{100 * r['python_and_clock'] / r['total']:5.1f}%")
+    lines.append("the traced run against the kernel, max abs difference: " + ", ".join(
+        f"{k} {v:.1e}" for k, v in inst["max_abs_error_vs_kernel"].items()))
+    for name, t in inst.get("shifted_extras_per_tile", {}).items():   # older runs measured these apart
+        lines.append(f"  shifted path, {name:40} {1e6 * t:7.1f} us per tile")
+    for name, t in res["thread_pool"].items():
+        lines.append(f"{name:42} {1e3 * t:8.2f} ms")
+    for name, rate in res.get("torch", {}).items():
+        lines.append(f"  {name:50} {rate:7.2f}")
+    if "floor" in res:
+        rounds = len(next(iter(res["floor"].values()))["times_s"])
+        lines.append(f"NumPy's floor, one thread each, {rounds} rounds taking turns (ratio: median over "
+                     "rounds of time / F.sdpa's time in the same round):")
+        for name, r in res["floor"].items():
+            lines.append(f"  {name:66} {1e3 * r['median_s']:8.1f} ms  {r['over_sdpa']:.3f}")
+    lb = res["lower_bound"]
+    lines += [f"lower bound at {lb['tile_gflops']:.1f} GFLOP/s and {lb['exp_gelem_s']:.2f} Gexp/s per core: "
+              f"forward {lb['forward_one_core']:.3f} s on one core ({lb['forward_two_cores']:.3f} s on two), "
+              f"backward {lb['backward_one_core']:.3f} s ({lb['backward_two_cores']:.3f} s on two)",
+              "matmuls and exponentials took " + ", ".join(
+                  f"{100 * v:.1f}% of the {k}" for k, v in lb["matmul_and_exp_share"].items())]
+    return lines
 
 
 def main(argv=None):
@@ -459,7 +448,8 @@ def main(argv=None):
     p.add_argument("--torch", action="store_true", help="also time torch's matmul and exp at a tile's size, "
                    "and NumPy's floor against F.scaled_dot_product_attention")
     p.add_argument("--rounds", type=int, default=7, help="rounds of the floor comparison; default 7")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="save the results (python -m benchmarks --from-json "
+                   "FILE prints them again)")
     args = p.parse_args(argv)
     res = dict(blas=[{k: i.get(k) for k in ("internal_api", "version", "architecture")}
                      for i in threadpool_info() if i["user_api"] == "blas"],
@@ -476,41 +466,8 @@ def main(argv=None):
         res["floor"] = floor(args.rounds, *args.block)
         res["load"].append(os.getloadavg()[0])
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
-    print(f"BLAS {res['blas']}; kernel exponentiates with np.{res['exp']}; tiles {args.block}; "
-          f"load average {' '.join(f'{x:.2f}' for x in res['load'])}")
-    for part in ("matmul", "ufunc"):
-        for name, rate in res["roofline"][part].items():
-            print(f"  {part:6} {name:40} {rate:7.2f} {'GFLOP/s' if part == 'matmul' else 'Gelem/s'}")
-    for part in ("forward", "backward"):
-        r = res["instrumented"][part]
-        print(f"{part}: {r['total']:.3f} s on one thread, {r['tiles']} tiles")
-        for name, sec in sorted(r["groups"].items(), key=lambda x: -x[1]):
-            print(f"  {name:40} {sec:7.3f} s  {100 * sec / r['total']:5.1f}%  "
-                  f"{1e6 * sec / r['calls'][name]:8.1f} us per call")
-        print(f"  {'Python and clock (the rest)':40} {r['python_and_clock']:7.3f} s  "
-              f"{100 * r['python_and_clock'] / r['total']:5.1f}%  "
-              f"{1e6 * r['python_and_clock'] / r['tiles']:8.1f} us per tile")
-    print("the instrumented copy against the kernel, max abs difference: " + ", ".join(
-        f"{k} {v:.1e}" for k, v in res["instrumented"]["max_abs_error_vs_kernel"].items()))
-    print("shifted path's extra passes, per tile and over all tiles:")
-    for name, t in res["instrumented"]["shifted_extras_per_tile"].items():
-        print(f"  {name:40} {1e6 * t:7.1f} us  {res['instrumented']['shifted_extras_total'][name]:.3f} s")
-    for name, t in res["thread_pool"].items():
-        print(f"{name:42} {1e3 * t:8.2f} ms")
-    for name, rate in res.get("torch", {}).items():
-        print(f"  {name:50} {rate:7.2f}")
-    if "floor" in res:
-        print(f"NumPy's floor, one thread each, {args.rounds} rounds taking turns (ratio: median over rounds of "
-              "time / F.sdpa's time in the same round):")
-        for name, r in res["floor"].items():
-            print(f"  {name:66} {1e3 * r['median_s']:8.1f} ms  {r['over_sdpa']:.3f}")
-    lb = res["lower_bound"]
-    print(f"lower bound at {lb['tile_gflops']:.1f} GFLOP/s and {lb['exp_gelem_s']:.2f} Gexp/s per core: "
-          f"forward {lb['forward_one_core']:.3f} s on one core ({lb['forward_two_cores']:.3f} s on two), "
-          f"backward {lb['backward_one_core']:.3f} s ({lb['backward_two_cores']:.3f} s on two)")
-    print("matmuls and exponentials took " + ", ".join(
-        f"{100 * v:.1f}% of the {k}" for k, v in lb["matmul_and_exp_share"].items()))
+        report.write_json(res, args.json)
+    print("\n".join(report_lines(res)))
     return 0
 
 

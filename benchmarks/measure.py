@@ -8,6 +8,8 @@ the samples (robust to the other processes on a shared machine) and their min an
 torch is timed by ``torch.utils.benchmark.Timer`` (it sets torch's thread count and
 synchronises CUDA before reading the clock); NumPy by ``time.perf_counter``. Peak memory is
 taken on one more call before the warm-up, never on a timed one (tracemalloc slows allocation).
+Interleaved runs (``--interleave``) take one sample per request instead: ``warm_up`` and
+``calls_per_sample`` once, then ``sample`` each round, for both libraries alike.
 """
 
 import math
@@ -28,21 +30,40 @@ def summarize(times, number):
                 samples=len(times), number=number)
 
 
-def time_numpy(fn, repeats, min_time, warmup):
-    """Sample ``fn()`` as the module docstring says; returns ``summarize``'s dict."""
+def _no_sync():
+    pass
+
+
+def warm_up(fn, warmup, sync=_no_sync):
+    """Run ``fn`` ``warmup`` times untimed; the seconds the last call took (an estimate)."""
     for _ in range(warmup):
         start = time.perf_counter()
         fn()
+        sync()
         estimate = time.perf_counter() - start
-    number = max(1, math.ceil(BLOCK_S / max(estimate, 1e-9)))
-    times, total = [], 0.0
-    while len(times) < repeats or total < min_time:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        elapsed = time.perf_counter() - start
-        times.append(elapsed / number)
-        total += elapsed
+    return estimate
+
+
+def calls_per_sample(estimate):
+    """How many calls of ``estimate`` seconds a sample of at least BLOCK_S needs."""
+    return max(1, math.ceil(BLOCK_S / max(estimate, 1e-9)))
+
+
+def sample(fn, number, sync=_no_sync):
+    """Seconds per call of one block of ``number`` calls (``sync`` waits for a GPU to finish)."""
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / number
+
+
+def time_numpy(fn, repeats, min_time, warmup):
+    """Sample ``fn()`` as the module docstring says; returns ``summarize``'s dict."""
+    number = calls_per_sample(warm_up(fn, warmup))
+    times = []
+    while len(times) < repeats or sum(times) * number < min_time:
+        times.append(sample(fn, number))
     return summarize(times, number)
 
 
@@ -52,15 +73,9 @@ def time_torch(fn, repeats, min_time, warmup, threads, device):
     blocked_autorange picks the block size itself and samples until ``min_run_time`` has passed;
     we ask for enough time to collect ``repeats`` samples and top up if noise left us short.
     """
-    import torch
     from torch.utils.benchmark import Timer
 
-    for _ in range(warmup):
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        estimate = time.perf_counter() - start
+    estimate = warm_up(fn, warmup, torch_sync(device))
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     times, number = [], 1
     while len(times) < repeats:
@@ -69,6 +84,15 @@ def time_torch(fn, repeats, min_time, warmup, threads, device):
         times += measurement.times                 # per-call times, one per block
         number = measurement.number_per_run
     return summarize(times, number)
+
+
+def torch_sync(device):
+    """What waits for ``device`` to finish its queued kernels before the clock is read."""
+    if device != "cuda":
+        return _no_sync
+    import torch
+
+    return torch.cuda.synchronize
 
 
 def numpy_peak_bytes(fn):

@@ -413,13 +413,16 @@ OPS = {op.name: op for op in (
 )}
 
 
+STEMS = list(dict.fromkeys(op.stem for op in OPS.values()))   # the file stems, in registry order
+
+
 def select(names):
     """The ops named, in registry order; a stem selects every op built on it.
 
     Raises ValueError naming the unknown entries and the valid choices.
     """
     names = list(names) or list(OPS)
-    unknown = [n for n in names if n not in OPS and n not in {op.stem for op in OPS.values()}]
+    unknown = [n for n in names if n not in OPS and n not in STEMS]
     if unknown:
         raise ValueError(f"unknown op {', '.join(map(repr, unknown))}; choose from: {', '.join(OPS)}")
     return [op for op in OPS.values() if op.name in names or op.stem in names]

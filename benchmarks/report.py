@@ -4,12 +4,14 @@ Everything here works from the results dict that ``cli.py`` assembles (and that 
 saves), so ``--from-json`` can re-render a saved run without measuring again.
 """
 
+import contextlib
 import csv
 import json
 import math
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +84,7 @@ def header_lines(results):
            if results.get("git") else ""),
     ]
     for env in results["workers"]:
-        where = f"{env['library']} {env['device']}"
+        where = f"{env['library']} {env['device']}" + (f" @{env['revision']}" if env.get("revision") else "")
         if env.get("cpus") is not None:
             where += f" (CPUs {','.join(map(str, env['cpus']))})"
         if env["library"] == "numpy":
@@ -102,7 +104,9 @@ def header_lines(results):
     lines += [
         f"threads: {cfg['threads']} per timed process; sizes B={cfg['batch']} nh={cfg['heads']} "
         f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
-        f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)",
+        + (f"interleaved: {cfg['interleave']} rounds, each worker one sample per row in turn, "
+         f"after {cfg['warmup']} warm-up call(s)" if cfg.get("interleave") else
+         f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)"),
         "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
         "np/this: NumPy's median time / this row's, the one ratio used here (above 1: this row "
         "is faster than NumPy; below 1: NumPy is faster); "
@@ -125,7 +129,7 @@ COLUMNS = [  # (title, value of a row as text)
     ("op", lambda r: r["op"]),
     ("mode", lambda r: r["mode"]),
     ("T", lambda r: str(r["T"])),
-    ("impl", lambda r: r["impl"]),
+    ("impl", lambda r: impl_label(r)),
     ("device", lambda r: r["device"]),
     ("median ms", lambda r: _num(r["time_s"]["median"] * 1e3)),
     ("IQR ms", lambda r: f"{_num(r['time_s']['q25'] * 1e3)}-{_num(r['time_s']['q75'] * 1e3)}"),
@@ -133,8 +137,22 @@ COLUMNS = [  # (title, value of a row as text)
     ("% peak", lambda r: _num(100 * r["peak_fraction"], 2) if r["peak_fraction"] else "-"),
     ("mem MiB", lambda r: _num(r["peak_mem_bytes"] / 2**20) if r["peak_mem_bytes"] is not None else "n/a"),
     ("np/this", lambda r: _num(r["numpy_over_this"])),
-    ("parity", lambda r: "ref" if r["impl"] == "numpy" else f"{r['parity']['max_rel_err']:.0e}"),
+    ("parity", lambda r: "ref" if impl_label(r) == "numpy" else
+     f"{r['parity']['max_rel_err']:.0e}" if r.get("parity") else "-"),
 ]
+
+
+def impl_label(r):
+    """'numpy', 'twin', 'builtin', or 'numpy@REV' for a row of numpy_attn at git revision REV."""
+    return r["impl"] + (f"@{r['revision']}" if r.get("revision") else "")
+
+
+def _ratio(r):
+    """np/this, with the paired median and quartiles when the run was interleaved."""
+    paired = r.get("numpy_over_this_paired")
+    if not paired:
+        return _num(r["numpy_over_this"])
+    return f"{_num(paired['median'])} ({_num(paired['q25'])}-{_num(paired['q75'])})"
 
 
 def timed_rows(results):
@@ -142,7 +160,7 @@ def timed_rows(results):
     rows = [r for r in results["rows"] if r["status"] == "ok"]
     ops = list(dict.fromkeys(r["op"] for r in results["rows"]))
     return sorted(rows, key=lambda r: (ops.index(r["op"]), r["mode"], r["T"],
-                                       IMPL_ORDER[r["impl"]], r["device"]))
+                                       IMPL_ORDER[r["impl"]], r.get("revision") or "", r["device"]))
 
 
 def _layout(titles, rows, markdown, left):
@@ -162,22 +180,24 @@ def table_lines(results, markdown=False):
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
-        lines += ["", "np/this (as above) by T:", ""]
+        paired = any(r.get("numpy_over_this_paired") for r in results["rows"])
+        lines += ["", "np/this (as above) by T" + (", paired: the median over rounds of the ratio "
+                                                   "within a round (quartiles)" if paired else "") + ":", ""]
         lines += _layout(titles, ratios, markdown, left=3)
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
 
 
 def ratio_rows(results):
     """(titles, rows): per op, mode and torch implementation, NumPy time / its time at each T."""
-    rows = [r for r in timed_rows(results) if r["impl"] != "numpy" and r["numpy_over_this"]]
+    rows = [r for r in timed_rows(results) if impl_label(r) != "numpy" and r["numpy_over_this"]]
     seq_lens = sorted({r["T"] for r in rows})
     table = {}
     for r in rows:
-        table.setdefault((r["op"], r["mode"], f"{r['impl']} {r['device']}"), {})[r["T"]] = r
+        table.setdefault((r["op"], r["mode"], f"{impl_label(r)} {r['device']}"), {})[r["T"]] = r
     if not table:
         return None
     return (["op", "mode", "vs", *[f"T={T}" for T in seq_lens]],
-            [[*key, *[_num(by_T[T]["numpy_over_this"]) if T in by_T else "-" for T in seq_lens]]
+            [[*key, *[_ratio(by_T[T]) if T in by_T else "-" for T in seq_lens]]
              for key, by_T in table.items()])
 
 
@@ -195,21 +215,125 @@ def unavailable_lines(results):
             for reason, targets in by_reason.items()]
 
 
+def is_decode(results):
+    """Whether ``results`` is a ``--ops decode`` run (tokens per second, no op rows)."""
+    return "model" in results.get("config", {})
+
+
+def render(results):
+    """The report's lines for a saved run of either kind."""
+    if is_decode(results):
+        from benchmarks import decode
+
+        return decode.table_lines(results)
+    if is_breakdown(results):
+        from benchmarks import flash_breakdown
+
+        return flash_breakdown.report_lines(results)
+    if is_former_flash_kernel(results):
+        return former_flash_kernel_lines(results)
+    return header_lines(results) + [""] + table_lines(results)
+
+
+def is_former_flash_kernel(results):
+    """Whether ``results`` was saved by the former ``python -m benchmarks.flash_kernel`` (an
+    interleaved kernel-against-F.sdpa run, now ``--interleave``), as in benchmarks/results."""
+    return "derived" in results and "environment" in results
+
+
+def _paired_text(paired):
+    return f"{paired['median']:.3f}, IQR {paired['q25']:.3f}-{paired['q75']:.3f}"
+
+
+def former_flash_kernel_lines(res):
+    """The report that tool printed: medians and ratios per case, of the medians and paired."""
+    m, env = res["environment"]["machine"], res["environment"]
+    blas = "; ".join(f"{b['api']} {b['version']} {b['architecture']}" for b in env["blas"])
+    lines = [f"machine: {m['cpu']}, vector extensions: {' '.join(m['vector_extensions'] or ['unknown'])}; "
+             f"BLAS {blas}; NumPy SIMD {' '.join(env['numpy_simd'] or ['unknown'])}",
+             f"threads {env['threads']}, float32, {res['size']}; load average "
+             + " ".join(f"{x:.2f}" for x in res["load_average"]) + f"; {res['duration_s']} s"]
+    for r in res["rows"]:
+        medians = "  ".join(f"{i} {1e3 * t:.0f} ms" for i, t in r["median_s"].items())
+        old = (f"  new/old {r['new_over_old']:.3f} (paired {_paired_text(r['new_over_old_paired'])})"
+               if "new_over_old" in r else "")
+        memory = ("  peak " + ", ".join(f"{i} {v:.0f} MiB" for i, v in r["kernel_peak_mib"].items())
+                  if "kernel_peak_mib" in r else "")
+        lines.append(f"{r['case']:>11} T={r['T']:<5} n={r['samples']}  {medians}  kernel/sdpa "
+                     f"{r['kernel_over_sdpa']:.3f} (paired {_paired_text(r['kernel_over_sdpa_paired'])}){old}{memory}")
+    d = res["derived"]
+    return lines + [f"causal forward speed-up over non-causal: {d['causal_speedup']:.2f}x "
+                    f"(paired {_paired_text(d['causal_speedup_paired'])})",
+                    "ratios: of the medians; paired: the median over rounds of the ratio within a round, "
+                    "with its quartiles, which holds when the machine's speed drifts between rounds"]
+
+
+def is_op_run(results):
+    """Whether ``results`` holds rows of ops (the sweep), which CSV and plots are made of."""
+    return "workers" in results and not is_decode(results)
+
+
+def is_breakdown(results):
+    """Whether ``results`` is a ``python -m benchmarks.flash_breakdown --json`` run."""
+    return "instrumented" in results and "roofline" in results
+
+
+def write_markdown(results, path):
+    """Header lines as a list, then the tables (a decode run: its table as a code block)."""
+    if not is_op_run(results):
+        lines = ["```", *render(results), "```"]
+    else:
+        lines = ([f"- {line}" for line in header_lines(results)] + [""]
+                 + table_lines(results, markdown=True))
+    with replacing(path) as tmp:
+        Path(tmp).write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary file beside ``path`` to write to, which then replaces ``path`` in one rename.
+
+    Interrupted at any step (Ctrl-C, a full disk, a crash in the writer), ``path`` holds its old
+    content or the whole new one, never a part (``--force`` replaces a user's file), and the
+    temporary file is removed. The new file gets the old one's permissions, else the umask's.
+    """
+    path = Path(os.path.realpath(path))            # through a symlink: its target is the file
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        if path.exists():
+            mode = path.stat().st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):   # gone once it has replaced path
+            os.unlink(tmp)
+
+
 def write_json(results, path):
-    Path(path).write_text(json.dumps(results, indent=1) + "\n")
+    with replacing(path) as tmp:
+        Path(tmp).write_text(json.dumps(results, indent=1) + "\n")
 
 
 def write_csv(results, path):
     """One line per row, every row (not-available ones too) with its reason."""
-    fields = ["op", "mode", "T", "S", "B", "nh", "hs", "dtype", "impl", "device", "status",
+    fields = ["op", "mode", "T", "S", "B", "nh", "hs", "dtype", "impl", "revision", "device", "status",
               "reason", "median_s", "q25_s", "q75_s", "min_s", "max_s", "samples", "flops",
-              "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "parity_max_rel_err"]
-    with open(path, "w", newline="") as f:
+              "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "numpy_over_this_paired",
+              "parity_max_rel_err"]
+    with replacing(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fields, extrasaction="ignore")
         writer.writeheader()
         for r in results["rows"]:
             t = r.get("time_s") or {}
-            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items()}, "samples": t.get("samples"),
+            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items() if k != "rounds"},
+                             "samples": t.get("samples"),
+                             "numpy_over_this_paired": (r.get("numpy_over_this_paired") or {}).get("median"),
                              "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
 
 
@@ -228,12 +352,13 @@ def write_plot(results, path):
     fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops) + 0.6), squeeze=False,
                              layout="constrained")     # keeps the suptitle clear of the panels
     seq_lens = sorted({r["T"] for r in rows})
-    lines = sorted({(r["impl"], r["device"]) for r in rows}, key=lambda k: (IMPL_ORDER[k[0]], k[1]))
+    order = {impl_label(r): (IMPL_ORDER[r["impl"]], r.get("revision") or "") for r in rows}
+    lines = sorted({(impl_label(r), r["device"]) for r in rows}, key=lambda k: (order[k[0]], k[1]))
     colors = {line: f"C{i}" for i, line in enumerate(lines)}
     for (ax_time, ax_peak), op in zip(axes, ops, strict=True):
         for (impl, device) in lines:
             for mode, style in (("fwd+bwd", "-"), ("fwd", "--")):
-                pts = [r for r in rows if (r["op"], r["impl"], r["device"], r["mode"])
+                pts = [r for r in rows if (r["op"], impl_label(r), r["device"], r["mode"])
                        == (op, impl, device, mode)]
                 if not pts:
                     continue
@@ -254,7 +379,8 @@ def write_plot(results, path):
     cfg, m = results["config"], results["machine"]
     fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
                  f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 

@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import calls, cli, parity, registry
+from benchmarks import calls, cli, parity, registry, report
 from benchmarks.registry import Size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +110,149 @@ def test_tiny_run_table_csv_markdown_and_plot(tiny_run):
     assert width > 500 and height > 300
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "results").glob("*.json")),
+                         ids=lambda path: path.name)
+def test_every_committed_result_renders_again(path, capsys, tmp_path):
+    """--from-json reads every kind saved in benchmarks/results (op sweeps, decode, the flash
+    breakdown, the former interleaved flash tool) and prints what the run printed then: the
+    report beside it in the .txt (or its Markdown), where its format has not changed since."""
+    if not path.with_suffix(".txt").exists():
+        assert cli.main(["--from-json", str(path), "--markdown", str(tmp_path / "again.md")]) == 0
+        def tables(md):                            # the header lines have grown since
+            return [line for line in md.read_text().splitlines() if line.startswith("|")]
+        assert tables(tmp_path / "again.md") == tables(path.with_suffix(".md"))
+        return
+    assert cli.main(["--from-json", str(path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    saved = path.with_suffix(".txt").read_text().splitlines()
+    if "breakdown" in path.name:                   # lines of the kernel now, groups of a copy then
+        groups = json.loads(path.read_text())["instrumented"]["forward"]["groups"]
+        assert all(any(line.strip().startswith(name) for line in printed) for name in groups)
+    else:
+        start = saved.index(printed[0])
+        assert saved[start:start + len(printed)] == printed
+
+
+def _worktrees():
+    """The folders of the repository's worktrees (their commits move as others commit)."""
+    listing = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    return {line for line in listing.splitlines() if line.startswith("worktree ")}
+
+
+def test_interleaved_run_against_a_revision_pairs_every_row(tmp_path, capsys):
+    """--interleave: every row gets one sample per round and, against NumPy, a paired ratio;
+    --against HEAD times the numpy_attn of a git worktree at HEAD, removed afterwards."""
+    before = _worktrees()
+    out = tmp_path / "run.json"
+    status = cli.main(TINY + ["--seq-lens", "8", "--interleave", "3", "--against", "HEAD",
+                              "--json", str(out)])
+    assert status == 0
+    results = json.loads(out.read_text())
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    assert {(r["impl"], r["revision"], r["mode"]) for r in ok} == {
+        (i, rev, m) for i, rev in (("numpy", None), ("numpy", "HEAD"), ("twin", None), ("builtin", None))
+        for m in ("fwd", "fwd+bwd")}
+    numpy = {r["mode"]: r["time_s"]["rounds"] for r in ok if r["impl"] == "numpy" and not r["revision"]}
+    for r in ok:
+        rounds = r["time_s"]["rounds"]
+        assert len(rounds) == 3 == r["time_s"]["samples"] and min(rounds) > 0, r
+        if (r["impl"], r["revision"]) == ("numpy", None):
+            continue
+        paired = r["numpy_over_this_paired"]
+        ratios = sorted(a / b for a, b in zip(numpy[r["mode"]], rounds, strict=True))
+        assert paired["median"] == pytest.approx(ratios[1]) and paired["q25"] <= paired["median"] <= paired["q75"]
+    revision_env = next(w for w in results["workers"] if w["revision"] == "HEAD")
+    here = next(w for w in results["workers"] if w["library"] == "numpy" and not w["revision"])
+    assert Path(here["numpy_attn_path"]) == ROOT / "numpy_attn"
+    assert Path(revision_env["numpy_attn_path"]) != ROOT / "numpy_attn"     # the worktree's own
+    assert not Path(revision_env["numpy_attn_path"]).exists(), "the worktree was not removed"
+    assert _worktrees() == before
+    assert "numpy@HEAD" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("step", ["worktree add", "after worktree add", "helper", "symlink", "body"])
+def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
+    """Ctrl-C at every step of --against's set-up and while it is used: the worktree is
+    unregistered, its folder gone, and the checkout (its files, its status) as it was."""
+    before, status = _worktrees(), subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
+                                                  capture_output=True, text=True).stdout
+    made = []
+    real_mkdtemp, real_run = cli.tempfile.mkdtemp, cli.subprocess.run
+    monkeypatch.setattr(cli.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+
+    def run(command, **kw):
+        if command[:3] == ["git", "worktree", "add"]:
+            if step == "worktree add":
+                raise KeyboardInterrupt
+            result = real_run(command, **kw)
+            if step == "after worktree add":
+                raise KeyboardInterrupt
+            return result
+        return real_run(command, **kw)
+
+    monkeypatch.setattr(cli.subprocess, "run", run)
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if step == "symlink":
+        monkeypatch.setattr(Path, "symlink_to", interrupt)
+    if step == "helper":                           # HEAD has every helper: lend one regardless
+        monkeypatch.setattr(cli, "HARNESS_HELPERS", ("not_there_yet.py",))
+        monkeypatch.setattr(cli.shutil, "copyfile", interrupt)
+    with pytest.raises(KeyboardInterrupt), cli._revision_tree("HEAD") as folder:
+        assert (Path(folder) / "numpy_attn" / "__init__.py").is_file()
+        raise KeyboardInterrupt
+    assert made and not Path(made[0]).exists()
+    assert _worktrees() == before
+    assert real_run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind, write_step", [
+    ("json", (json, "dumps")),
+    ("csv", (csv.DictWriter, "writerow")),         # after the header: a part of the file written
+    ("md", (Path, "write_text")),
+])
+@pytest.mark.parametrize("step", ["mkstemp", "chmod", "write", "replace", None])
+def test_outputs_replace_a_users_file_whole_or_not_at_all(tiny_run, tmp_path, monkeypatch, kind,
+                                                          write_step, step):
+    """--force over the user's own file, Ctrl-C at every step of the write: the file holds its
+    old content or the new one, the user's other files are untouched, no temporary file stays."""
+    results = json.loads(tiny_run[2]["json"].read_text())
+    write = {"json": report.write_json, "csv": report.write_csv, "md": report.write_markdown}[kind]
+    target, other = tmp_path / f"mine.{kind}", tmp_path / "notes.txt"
+    target.write_text("the user's old results\n")
+    target.chmod(0o640)
+    other.write_text("the user's notes\n")
+    patches = {"mkstemp": (report.tempfile, "mkstemp"), "chmod": (report.os, "chmod"),
+               "write": write_step, "replace": (report.os, "replace")}
+    if step is not None:
+        with monkeypatch.context() as m:
+            m.setattr(*patches[step], _interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                write(results, target)
+        assert target.read_text() == "the user's old results\n"
+    else:
+        write(results, target)
+        new = target.read_text()
+        assert new != "the user's old results\n" and new.endswith("\n")
+        if kind == "json":
+            assert json.loads(new) == results
+        assert target.stat().st_mode & 0o777 == 0o640
+    assert other.read_text() == "the user's notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, other.name])
+
+
+def test_the_outputs_folder_holds_the_outputs_only(tiny_run):
+    """The writability probes and the temporary files of the writes leave nothing behind."""
+    folder = tiny_run[2]["json"].parent
+    assert sorted(p.name for p in folder.iterdir()) == ["run.csv", "run.json", "run.md", "run.png"]
+
+
 def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
     _, _, paths = tiny_run
     assert cli.main(["--from-json", str(paths["json"]), "--csv", str(tmp_path / "again.csv")]) == 0
@@ -117,7 +261,6 @@ def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--ops", "nope"], "unknown op 'nope'; choose from: softmax"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
     (["--seq-lens", "0"], "'0' must be at least 1"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
@@ -128,6 +271,67 @@ def test_bad_options_fail_with_a_clear_message(args, message):
     result = _benchmarks(*args)
     assert result.returncode == 2, result
     assert message in result.stderr and "usage: python -m benchmarks" in result.stderr
+
+
+def _one_line_error(result):
+    """The stderr of a run refused with exit status 2 in one line, without the usage."""
+    assert result.returncode == 2, result
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+def test_unknown_op_is_one_line_naming_every_valid_op():
+    """No usage before it, and decode (not an op of the registry) among the choices."""
+    err = _one_line_error(_benchmarks("--ops", "nope"))
+    assert "unknown op 'nope'; choose from: softmax" in err
+    listed = err.split("choose from: ")[1].split(" (")[0].strip().split(", ")
+    assert listed == [*registry.OPS, "decode"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ops", "decode", "softmax"], "--ops decode runs alone"),
+    (["--ops", "decode", "--interleave", "2"], "--interleave and --against time ops"),
+    (["--ops", "softmax", "--against", "no-such-revision"], "--against no-such-revision: not a commit"),
+])
+def test_options_that_cannot_go_together_are_one_line(args, message):
+    assert message in _one_line_error(_benchmarks(*args))
+
+
+def test_list_into_a_closed_pipe_exits_0():
+    """``--list | head -1``: the reader has gone; like the numpy-attn commands, exit 0, quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)                             # every write now fails with EPIPE
+    try:
+        result = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=ROOT,
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read --from-json {path}: No such file or directory"),
+    ("{not json", "--from-json {path} is not JSON"),
+    ('{"rows": "no"}', "--from-json {path} is not a results file of python -m benchmarks --json"),
+])
+def test_from_json_of_a_file_it_cannot_use_is_one_line(tmp_path, content, message):
+    path = tmp_path / "missing.json"
+    if content is not None:
+        path.write_text(content)
+    err = _one_line_error(_benchmarks("--from-json", str(path)))
+    assert message.format(path=path) in err
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv", "--markdown", "--plot"])
+def test_unwritable_output_is_refused_before_measuring(monkeypatch, capsys, option):
+    """/proc exists and os.access calls it writable for root; nothing can be created there."""
+    measured = []
+    monkeypatch.setattr(cli, "measure", lambda *a: measured.append(a) or {})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(TINY + [option, "/proc/x.out"])
+    assert exit_info.value.code == 2 and measured == []
+    assert "cannot write /proc/x.out" in capsys.readouterr().err
 
 
 def test_help_explains_every_option():
@@ -240,3 +444,18 @@ def test_missing_measuring_dependency_is_named(monkeypatch, capsys):
         cli.main(["--quick", "--ops", "softmax", "--no-progress"])
     assert exit_info.value.code == 2
     assert "measuring needs threadpoolctl" in capsys.readouterr().err
+
+
+def test_install_hints_fit_where_the_code_runs(monkeypatch, tmp_path):
+    """From a checkout, the pinned editable install; from an installed package (no setup.cfg
+    beside it), the published extra, never ``-e .``, which would need a checkout."""
+    assert cli.install_hint("benchmarks") == "pip install -c constraints.txt -e '.[benchmarks]'"
+    monkeypatch.setattr(cli, "ROOT", tmp_path)
+    assert cli.install_hint("benchmarks") == "pip install 'numpy-attn[benchmarks]'"
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name: None if name == "torch" else real_find_spec(name))
+    result = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(result):
+        cli.main(["--quick", "--ops", "softmax", "--no-progress"])
+    assert "measuring needs torch: pip install 'numpy-attn[benchmarks]'" in result.getvalue()

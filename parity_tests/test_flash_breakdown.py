@@ -1,15 +1,15 @@
-"""The flash kernel's measuring tools at a tiny size: ``python -m benchmarks.flash_breakdown``'s
-instrumented copy of the kernel's loops still computes what the kernel computes and its floor
-comparison times every case; ``python -m benchmarks.flash_kernel --against REV`` loads the kernel
-of a git revision with the package it was written against."""
+"""The flash kernel's measuring tool at a tiny size: ``python -m benchmarks.flash_breakdown``
+traces the kernel itself line by line, without changing what it computes, and its floor
+comparison times every case. (The before/after comparison against a git revision is
+``python -m benchmarks --against``, tested in test_benchmarks.py.)"""
 
+import json
 import math
 
-import numpy as np
 import pytest
 
 import numpy_attn.kernels.flash_attention as fa
-from benchmarks import flash_breakdown, flash_kernel
+from benchmarks import cli, flash_breakdown
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def tiny(monkeypatch):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_instrumented_copy_computes_what_the_kernel_computes(tiny, is_causal):
+def test_traced_kernel_computes_what_the_kernel_computes(tiny, is_causal):
     res = flash_breakdown.instrumented(is_causal, 32, 64)
     # T=96 in rows of 32 against keys in tiles of 64: 3 x 2 tiles per slice; causal, rows 0-31
     # and 32-63 see one tile of keys and rows 64-95 two.
@@ -29,6 +29,38 @@ def test_instrumented_copy_computes_what_the_kernel_computes(tiny, is_causal):
     assert max(res["max_abs_error_vs_kernel"].values()) < 1e-4
     for part in ("forward", "backward"):
         assert res[part]["total"] >= sum(res[part]["groups"].values())
+    # Every line timed is a line of the kernel's file, as it reads there now.
+    source = open(fa.__file__).read().splitlines()
+    for part in ("forward", "forward_shifted", "backward"):
+        for label, runs in res[part]["calls"].items():
+            function, rest = label.split(":", 1)
+            line, text = rest.split(" ", 1)
+            assert source[int(line) - 1].strip() == text and runs >= 1, label
+    # The forced fallback runs the running maximum, which the ordinary forward never does.
+    assert any("_rows_shifted" in label for label in res["forward_shifted"]["groups"])
+    assert not any("_rows_shifted" in label for label in res["forward"]["groups"])
+
+
+def test_line_clock_gives_each_line_its_time(monkeypatch):
+    """A line that sleeps gets the sleep; the caller's line does not get its callee's lines."""
+    import time
+    import types
+
+    module = types.ModuleType("timed")
+    module.__file__ = "<timed>"
+    code = ("def inner(time):\n"
+            "    time.sleep(0.05)\n"
+            "def outer(time):\n"
+            "    inner(time)\n"
+            "    time.sleep(0.02)\n")
+    exec(compile(code, "<timed>", "exec"), module.__dict__)
+    clock = flash_breakdown.LineClock(module)
+    with clock.running():
+        module.outer(time)
+    seconds = {(f, line): t for (f, line), t in clock.seconds.items()}
+    assert seconds[("inner", 2)] >= 0.05 and seconds[("outer", 5)] >= 0.02
+    assert seconds[("outer", 4)] < 0.01          # the call itself, not inner's sleep
+    assert clock.count[("outer", 4)] == 1
 
 
 def test_floor_times_every_case_against_sdpa_in_the_same_rounds(tiny):
@@ -41,12 +73,11 @@ def test_floor_times_every_case_against_sdpa_in_the_same_rounds(tiny):
     assert res["F.sdpa forward"]["over_sdpa"] == 1.0
 
 
-def test_flash_kernel_loads_a_revisions_kernel_under_its_own_package_name():
-    old = flash_kernel._load_revision("HEAD")
-    assert old.__name__ == "numpy_attn_at_HEAD.kernels.flash_attention"
-    assert old is not fa and old.check_attention_inputs is not fa.check_attention_inputs
-    q, k, v = (np.random.default_rng(i).standard_normal((2, 5, 4)).astype(np.float32) for i in range(3))
-    out_old, _ = old.flash_attention_forward(q, k, v, block_q=2, block_k=3)
-    out_new, _ = fa.flash_attention_forward(q, k, v, block_q=2, block_k=3)
-    # Both are correct kernels: the same attention to float32 rounding, whatever the edits between.
-    assert np.allclose(out_old, out_new, rtol=1e-5, atol=1e-6)
+def test_a_saved_breakdown_prints_again(tiny, tmp_path, capsys):
+    """The tool's --json is read back by python -m benchmarks --from-json."""
+    path = tmp_path / "breakdown.json"
+    assert flash_breakdown.main(["--repeats", "3", "--block", "32", "64", "--json", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(path.read_text())["instrumented"]["forward"]["tiles"] == 12
+    assert cli.main(["--from-json", str(path)]) == 0
+    assert capsys.readouterr().out == printed
