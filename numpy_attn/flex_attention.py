@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, check_scale
 
 # ---------------------------------------------------------------------------------------------
 # Mask modifiers: mask_mod(b, h, q_idx, kv_idx) -> bool array, True where a query may attend.
@@ -468,8 +468,7 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa):
         raise ValueError(f"flex_attention: q's {Hq} heads are not a multiple of k's {Hkv}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
-    if scale is not None and not (isinstance(scale, float | int) and np.isfinite(scale)):
-        raise ValueError(f"flex_attention: scale must be a finite number or None, got {scale!r}")
+    check_scale(scale, "flex_attention")
     if block_mask is None:
         return
     if not isinstance(block_mask, BlockMask):

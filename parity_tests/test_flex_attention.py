@@ -551,6 +551,25 @@ def test_bad_input(forward, args, error, message):
         forward(*arrays, **kwargs)
 
 
+@pytest.mark.parametrize("forward", [nf.flex_attention_forward, nf.dense_flex_attention_forward])
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.5), np.int64(1)])
+def test_numpy_scalar_scales_are_taken(forward, scale):
+    """A NumPy scalar scale (what q.dtype.type or a NumPy sum gives) works as the Python number,
+    as torch's flex_attention takes it."""
+    q, k, v = ramp(1, 2, 3, 4), ramp(1, 2, 5, 4), ramp(1, 2, 5, 2)
+    out, _ = forward(q, k, v, block_mask=nf.create_block_mask(nf.causal, None, None, 3, 5), scale=scale)
+    expected, _ = forward(q, k, v, block_mask=nf.create_block_mask(nf.causal, None, None, 3, 5),
+                          scale=float(scale))
+    assert np.array_equal(out, expected), f"flex.out with scale {scale!r}"
+
+
+@pytest.mark.parametrize("scale, error", [(float("inf"), ValueError), (-float("inf"), ValueError),
+                                          ("0.5", TypeError), (True, TypeError)])
+def test_bad_scale_is_refused(scale, error):
+    with pytest.raises(error, match=r"flex_attention: scale must be a finite number or None, got "):
+        nf.flex_attention_forward(Q, K, V, enable_gqa=True, scale=scale)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(Q_LEN=0, KV_LEN=4), "Q_LEN must be a positive int, got 0"),
     (dict(Q_LEN=4, KV_LEN=4, BLOCK_SIZE=(2, 0)), r"BLOCK_SIZE must be a positive int or a pair"),

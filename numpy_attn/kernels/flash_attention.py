@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype
+from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype, check_scale
 
 LOG2E = math.log2(math.e)
 
@@ -73,7 +73,7 @@ class FlashCache(NamedTuple):
         return self.lse_b / LOG_FACTOR
 
 
-def _check_inputs(q, k, v, is_causal, block_q, block_k):
+def _check_inputs(q, k, v, is_causal, scale, block_q, block_k):
     """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or b < 1:
@@ -83,6 +83,7 @@ def _check_inputs(q, k, v, is_causal, block_q, block_k):
         # and silently give top-left. numpy_attn/flash_attention.py takes both alignments.
         raise ValueError(f"is_causal must be True or False (top-left) in the tuned kernel, got "
                          f"{is_causal!r}; numpy_attn.flash_attention takes is_causal='bottom_right'")
+    check_scale(scale)   # as numpy_attn/flash_attention.py
     # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
     check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
 
@@ -237,7 +238,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     scores, a core's L2 cache on the machine measured), were the fastest shape that held up in
     repeated runs there (docs/flash_attention_breakdown.md).
     """
-    _check_inputs(q, k, v, is_causal, block_q, block_k)
+    _check_inputs(q, k, v, is_causal, scale, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     # A tile never needs to be larger than the sequence: buffers are sized by the tiles.
