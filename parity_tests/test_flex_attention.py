@@ -661,8 +661,7 @@ def _mask_cases(boundary):
                 TypeError, "returned dtype object"),
         Hostile(boundary, "a Python float", lambda b, h, q, kv: 1.0, "kind", TypeError, "returned float; it must"),
         Hostile(boundary, "nothing (no return)", lambda b, h, q, kv: None, "kind", TypeError, "returned NoneType"),
-        Hostile(boundary, "a list", lambda b, h, q, kv: np.broadcast_to(q >= kv, (HB, HH) + (q >= kv).shape[2:]).tolist(),
-                "kind", TypeError, "returned list"),
+        Hostile(boundary, "a list", lambda b, h, q, kv: (q >= kv).tolist(), "kind", TypeError, "returned list"),
         Hostile(boundary, "a torch tensor", lambda b, h, q, kv: torch.from_numpy(np.asarray(q >= kv)), "kind",
                 TypeError, "returned Tensor"),
         Hostile(boundary, "an extra leading axis", lambda b, h, q, kv: np.stack([q >= kv, q >= kv]), "shape",
@@ -714,7 +713,8 @@ def _learned_bias_grad(grad, s, b, h, q, kv):
 
 
 DPARAMS_CASES = [   # dparams(grad, score, b, h, q_idx, kv_idx) -> {name: gradient}, params {"table": (H, L, S)}
-    Hostile("dparams", "nothing (no return)", lambda *a: None, "kind", TypeError, "returned NoneType; it must return a dict"),
+    Hostile("dparams", "nothing (no return)", lambda *a: None, "kind", TypeError,
+            "returned NoneType; it must return a dict"),
     Hostile("dparams", "a bare array", lambda *a: np.zeros(HTABLE.shape), "kind", TypeError, "returned ndarray"),
     Hostile("dparams", "a list of pairs", lambda *a: [("table", np.zeros(HTABLE.shape))], "kind", TypeError,
             "returned list"),
