@@ -1,5 +1,8 @@
 """Input checks shared by the NumPy operations: each raises an error that names what is wrong."""
 
+import math
+import numbers
+
 import numpy as np
 
 from numpy_attn.kv_cache import KVCache
@@ -34,6 +37,19 @@ def check_ndim(name, x, ndim):
     """Raise ValueError unless ``x`` has exactly ``ndim`` dimensions."""
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+
+
+def check_scale(scale, op=""):
+    """Raise unless the score scale is None or a finite real number (NumPy scalars included):
+    TypeError for another type, ValueError for inf or NaN, which would make every score inf or
+    NaN and the output NaN without a word. ``op`` prefixes the message."""
+    prefix = f"{op}: " if op else ""
+    if scale is None:
+        return
+    if isinstance(scale, bool | np.bool_) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{prefix}scale must be a finite number or None, got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"{prefix}scale must be a finite number or None, got {scale!r}")
 
 
 def check_token_ids(ids, block_size):

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout
+from numpy_attn._checks import check_attention_inputs, check_dout, check_scale
 
 
 class FlashCache(NamedTuple):
@@ -59,7 +59,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
     so changing ``out`` in place after the forward leaves the gradients alone.
     """
-    _check_flash_attention(q, k, v, is_causal, block_q, block_k)
+    _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -139,7 +139,7 @@ def flash_attention_backward(dout, cache):
     return dq, dk, dv
 
 
-def _check_flash_attention(q, k, v, is_causal, block_q, block_k):
+def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k):
     """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
@@ -148,5 +148,6 @@ def _check_flash_attention(q, k, v, is_causal, block_q, block_k):
             raise TypeError(f"{name} must be a positive integer, got {b!r}")
         if b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
+    check_scale(scale)
     # The shapes, dtypes and grouped-query heads that numpy_attn/attention.py takes, same messages.
     check_attention_inputs(q, k, v)

@@ -16,6 +16,12 @@ The backward is written by hand through the modifiers: a ``ScoreMod`` carries th
 its output with respect to the score (``dscore``) and the gradients of its parameters
 (``dparams``, a scatter-add over the index it read). A plain function as score_mod works forward
 but the backward refuses it. Fully masked rows give output 0, lse -inf and zero gradients.
+
+What a user's function returns is checked where it is called (``_call_mask_mod``,
+``_call_score_mod``, ``_call_dparams``): the kind (a NumPy array), the dtype (bool for a mask, as
+torch requires; real numbers for a score) and the shape (it must broadcast to the scores without
+growing them); a refusal names the function. A float mask read as bool would invert an additive
+0 / -inf mask, and a score of the wrong shape would give an output of the wrong shape.
 """
 
 import math
@@ -24,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, check_scale
 
 # ---------------------------------------------------------------------------------------------
 # Mask modifiers: mask_mod(b, h, q_idx, kv_idx) -> bool array, True where a query may attend.
@@ -58,9 +64,11 @@ def prefix_lm(prefix_length):
 def document(seq_lengths):
     """Packed sequences: a query sees only keys of its own document (lengths in packing order;
     from cu_seqlens, pass ``np.diff(cu_seqlens)``). Combine with causal through and_masks."""
+    _check_document(seq_lengths)
     doc_id = np.repeat(np.arange(len(seq_lengths)), seq_lengths)      # (total,) document of each position
 
     def mask_mod(b, h, q_idx, kv_idx):
+        _check_document_covers(seq_lengths, q_idx, kv_idx)           # else an IndexError
         return doc_id[q_idx] == doc_id[kv_idx]
     return mask_mod
 
@@ -70,7 +78,7 @@ def and_masks(*mask_mods):
     def mask_mod(b, h, q_idx, kv_idx):
         keep = True
         for mod in mask_mods:
-            keep = keep & mod(b, h, q_idx, kv_idx)
+            keep = keep & _call_mask_mod(mod, (b, h, q_idx, kv_idx))
         return keep
     return mask_mod
 
@@ -80,7 +88,7 @@ def or_masks(*mask_mods):
     def mask_mod(b, h, q_idx, kv_idx):
         keep = False
         for mod in mask_mods:
-            keep = keep | mod(b, h, q_idx, kv_idx)
+            keep = keep | _call_mask_mod(mod, (b, h, q_idx, kv_idx))
         return keep
     return mask_mod
 
@@ -224,7 +232,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128):
     B, H = B or 1, H or 1
     nq, nk = -(-Q_LEN // BQ), -(-KV_LEN // BK)
     keep = np.zeros((B, H, nq * BQ, nk * BK), dtype=bool)                 # padding: masked
-    keep[..., :Q_LEN, :KV_LEN] = np.broadcast_to(mask_mod(*_index_grids(B, H, Q_LEN, KV_LEN)),
+    keep[..., :Q_LEN, :KV_LEN] = np.broadcast_to(_call_mask_mod(mask_mod, _index_grids(B, H, Q_LEN, KV_LEN)),
                                                  (B, H, Q_LEN, KV_LEN))
     kept = keep.reshape(B, H, nq, BQ, nk, BK).sum(axis=(3, 5))          # (B, H, nq, nk)
     partial = (kept > 0) & (kept < BQ * BK)
@@ -289,11 +297,10 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     v = np.repeat(v, Hq // v.shape[1], axis=1)                 # (B, Hkv, S, Ev) -> (B, Hq, S, Ev)
     b, h, q_idx, kv_idx = _index_grids(B, Hq, L, S)
     score = (q @ k.swapaxes(-2, -1)) * scale                    # (B, Hq, L, S)
-    if score_mod is not None:
-        # astype: a modifier mixing in float64 tables or Python floats must not upcast float32
-        score = score_mod(score, b, h, q_idx, kv_idx).astype(q.dtype, copy=False)
+    if score_mod is not None:   # checked, in q's dtype: float64 tables must not upcast float32
+        score = _call_score_mod(score_mod, score, (b, h, q_idx, kv_idx))
     if block_mask is not None:
-        score = np.where(block_mask.mask_mod(b, h, q_idx, kv_idx), score, -np.inf)
+        score = np.where(_call_mask_mod(block_mask.mask_mod, (b, h, q_idx, kv_idx)), score, -np.inf)
     m = score.max(axis=-1, keepdims=True)                       # (B, Hq, L, 1)
     m = np.where(np.isneginf(m), 0, m).astype(q.dtype)          # a fully masked row: no NaN
     e = np.exp(score - m)                                       # (B, Hq, L, S)
@@ -337,9 +344,9 @@ def _tile_scores(q_blk, k_blk, grids, score_mod, mask_mod, partial, scale):
     raw = (q_blk @ k_blk.swapaxes(-2, -1)) * scale               # (b, h, bq, bk)
     score = raw
     if score_mod is not None:
-        score = score_mod(raw, *grids).astype(raw.dtype, copy=False)
+        score = _call_score_mod(score_mod, raw, grids)
     if partial:                                                   # full tiles skip mask_mod
-        score = np.where(mask_mod(*grids), score, -np.inf)
+        score = np.where(_call_mask_mod(mask_mod, grids), score, -np.inf)
     return score, raw
 
 
@@ -424,9 +431,9 @@ def flex_attention_backward(dout, cache, dlse=None):
             ds = p * (dp - D[bs, hs, i0:i1, None])                 # d loss / d modified score
             if score_mod is not None:                              # undoes score = score_mod(raw)
                 if score_mod.dparams is not None:
-                    for name, grad in score_mod.dparams(ds, raw, *grids).items():
+                    for name, grad in _call_dparams(score_mod, ds, raw, grids).items():
                         dparams[name] = dparams[name] + grad
-                ds = ds * score_mod.dscore(raw, *grids)
+                ds = ds * _call_score_mod(score_mod.dscore, raw, grids, of=score_mod)
             dq[bs, hs, i0:i1] += (ds @ k_blk) * scale               # undoes raw = q @ k^T * scale
             dk[bs, hs, j0:j1] += (ds.swapaxes(-2, -1) @ q_blk) * scale
     # Grouped-query heads: each kv head served g query heads; their gradients add up.
@@ -468,8 +475,7 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa):
         raise ValueError(f"flex_attention: q's {Hq} heads are not a multiple of k's {Hkv}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
-    if scale is not None and not (isinstance(scale, float | int) and np.isfinite(scale)):
-        raise ValueError(f"flex_attention: scale must be a finite number or None, got {scale!r}")
+    check_scale(scale, "flex_attention")
     if block_mask is None:
         return
     if not isinstance(block_mask, BlockMask):
@@ -494,3 +500,95 @@ def _check_flex_backward(dout, dlse, cache):
         raise TypeError(f"flex_attention_backward: score_mod {getattr(score_mod, '__name__', score_mod)!r} "
                         "declares no derivative; wrap it as ScoreMod(fn, dscore, dparams, params) "
                         "to differentiate through it")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the user's functions return, checked at every call (the kind, dtype and shape: O(1)).
+
+def _name(fn):
+    """A user function as messages name it: 'mask_mod' for a plain function, a ScoreMod by its fn."""
+    fn = fn.fn if isinstance(fn, ScoreMod) else fn
+    return repr(getattr(fn, "__name__", type(fn).__name__))
+
+
+def _check_returned_shape(what, got, target):
+    """Raise ValueError unless shape ``got`` broadcasts to ``target`` without growing it."""
+    try:
+        fits = np.broadcast_shapes(got, target) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"flex_attention: {what} returned shape {got}, which does not broadcast to "
+                         f"the scores' shape {target} (the shape of b, h, q_idx and kv_idx together)")
+
+
+def _call_mask_mod(mask_mod, grids):
+    """mask_mod(b, h, q_idx, kv_idx): a bool array (or bool) that broadcasts to the grids' shape."""
+    keep = mask_mod(*grids)
+    what = f"mask_mod {_name(mask_mod)}"
+    if not isinstance(keep, np.ndarray | np.bool_ | bool):
+        raise TypeError(f"flex_attention: {what} returned {type(keep).__name__}; it must return a "
+                        "bool NumPy array, True where a query may attend")
+    if np.asarray(keep).dtype != np.bool_:
+        raise TypeError(f"flex_attention: {what} returned dtype {keep.dtype}; it must return bool, "
+                        "True where a query may attend, as torch's flex_attention requires (an "
+                        "additive mask of 0 and -inf belongs in a score_mod: return score + mask)")
+    _check_returned_shape(what, np.shape(keep), np.broadcast_shapes(*(g.shape for g in grids)))
+    return keep
+
+
+def _call_score_mod(fn, score, grids, of=None):
+    """fn(score, b, h, q_idx, kv_idx), a score_mod (or, ``of`` a ScoreMod, its dscore), as an
+    array of score's shape and dtype: real numbers (bool and int as torch takes them) that
+    broadcast to it. A Python number is refused, as torch refuses it."""
+    new = fn(score, *grids)
+    what = f"score_mod {_name(fn)}" if of is None else f"dscore {_name(fn)} of score_mod {_name(of)}"
+    if not isinstance(new, np.ndarray | np.generic):
+        raise TypeError(f"flex_attention: {what} returned {type(new).__name__}; it must return a "
+                        "NumPy array, such as score + x or np.full_like(score, x) (torch's "
+                        "flex_attention also refuses a Python number)")
+    if not (np.issubdtype(new.dtype, np.floating) or np.issubdtype(new.dtype, np.integer)
+            or new.dtype == np.bool_):
+        raise TypeError(f"flex_attention: {what} returned dtype {new.dtype}; it must return real "
+                        f"numbers (float, int or bool), cast to the scores' {score.dtype}")
+    _check_returned_shape(what, new.shape, score.shape)
+    return np.broadcast_to(new, score.shape).astype(score.dtype, copy=False)
+
+
+def _call_dparams(score_mod, grad, score, grids):
+    """score_mod.dparams(grad, score, b, h, q_idx, kv_idx): a dict of float arrays, one per entry
+    of score_mod.params, each of that parameter's shape."""
+    got = score_mod.dparams(grad, score, *grids)
+    params = score_mod.params or {}
+    what = f"dparams {_name(score_mod.dparams)} of score_mod {_name(score_mod)}"
+    if not isinstance(got, dict):
+        raise TypeError(f"flex_attention_backward: {what} returned {type(got).__name__}; it must "
+                        f"return a dict of gradients keyed as its params, {sorted(params)}")
+    if got.keys() != params.keys():
+        raise ValueError(f"flex_attention_backward: {what} returned gradients of {sorted(got)}; its "
+                         f"params are {sorted(params)}")
+    for name, g in got.items():
+        if not (isinstance(g, np.ndarray) and np.issubdtype(g.dtype, np.floating)):
+            kind = f"dtype {g.dtype}" if isinstance(g, np.ndarray) else type(g).__name__
+            raise TypeError(f"flex_attention_backward: {what} returned {kind} for {name!r}; it must "
+                            "return a float NumPy array")
+        if g.shape != np.shape(params[name]):
+            raise ValueError(f"flex_attention_backward: {what} returned shape {g.shape} for {name!r}, "
+                             f"whose shape is {np.shape(params[name])}")
+    return got
+
+
+def _check_document(seq_lengths):
+    lengths = np.asarray(seq_lengths)
+    if lengths.ndim != 1 or not (lengths.size == 0 or np.issubdtype(lengths.dtype, np.integer)) \
+            or np.any(lengths < 0):
+        raise ValueError(f"document: seq_lengths must be a list of non-negative integers, got {seq_lengths!r}")
+
+
+def _check_document_covers(seq_lengths, q_idx, kv_idx):
+    total = int(np.sum(seq_lengths))
+    last = max(int(np.max(q_idx, initial=-1)), int(np.max(kv_idx, initial=-1)))
+    if last >= total:
+        raise ValueError(f"document: seq_lengths {list(seq_lengths)} cover {total} positions, but the "
+                         f"mask is asked about position {last}: the lengths must add up to the "
+                         "sequence length (Q_LEN and KV_LEN)")

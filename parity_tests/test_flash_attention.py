@@ -399,6 +399,23 @@ def test_no_keys_gives_zeros(is_causal, impl):
     assert dk.shape == (2, 0, 4) and dv.shape == (2, 0, 5), f"dk {dk.shape}, dv {dv.shape}"
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_no_queries_gives_empty_results(is_causal, impl):
+    """T = 0 with S > 0: out (.., 0, hv) and lse (..., 0), as F.scaled_dot_product_attention;
+    the backward gives an empty dq and zero dk, dv of k's and v's shapes (no query reads them)."""
+    q, k, v = np.zeros((2, 0, 4)), ramp(2, 3, 4), ramp(2, 3, 5)
+    forward, backward = IMPLS[impl]
+    out, cache = forward(q, k, v, is_causal=is_causal)
+    builtin = F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), is_causal=is_causal)
+    assert out.shape == tuple(builtin.shape) == (2, 0, 5), f"flash.out with T = 0: {out.shape}"
+    assert cache.lse.shape == (2, 0), f"flash.lse with T = 0: {cache.lse.shape}"
+    dq, dk, dv = backward(np.zeros((2, 0, 5)), cache)
+    assert dq.shape == (2, 0, 4), f"flash.dq with T = 0: {dq.shape}"
+    assert_close("flash.dk with T = 0", dk, np.zeros_like(k))
+    assert_close("flash.dv with T = 0", dv, np.zeros_like(v))
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=flash_inputs(dtype=np.float64, max_len=5, max_head=3, max_side=2, bound=1.0))
@@ -471,6 +488,37 @@ def test_bad_block_type(args, message):
     if kwargs[next(iter(kwargs))] is not True:   # the kernel takes True as 1
         with pytest.raises(ValueError, match=message):
             fa.flash_attention_forward(*arrays, **kwargs)
+
+
+@pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan])
+def test_non_finite_scale_is_refused(scale):
+    """An inf or NaN scale makes every score inf or NaN and the output all NaN (as
+    F.scaled_dot_product_attention returns it): the readable version, the kernel and the twin
+    refuse it, with one message, as flex_attention does."""
+    messages = {}
+    for label, forward in (*((impl, fns[0]) for impl, fns in IMPLS.items()), ("twin", tw.flash_attention)):
+        arrays = (Q, K, V) if label != "twin" else (to_torch(Q), to_torch(K), to_torch(V))
+        with pytest.raises(ValueError) as info:
+            forward(*arrays, scale=scale)
+        messages[label] = str(info.value)
+    assert set(messages.values()) == {f"scale must be a finite number or None, got {scale!r}"}, messages
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.5), np.int64(1), 0.5, 1])
+def test_numpy_scalar_scales_are_taken(impl, scale):
+    """Any finite real scale, NumPy scalars included, gives what the same Python float gives."""
+    q, k, v = ramp(2, 3, 4), ramp(2, 5, 4), ramp(2, 5, 2)
+    out, _ = IMPLS[impl][0](q, k, v, scale=scale)
+    expected, _ = IMPLS[impl][0](q, k, v, scale=float(scale))
+    assert np.array_equal(out, expected), f"flash {impl}.out with scale {scale!r}"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", ["0.5", True, np.ones(1)])
+def test_scale_of_another_type_is_refused(impl, scale):
+    with pytest.raises(TypeError, match="scale must be a finite number or None, got "):
+        IMPLS[impl][0](Q, K, V, scale=scale)
 
 
 @pytest.mark.parametrize("dout, error, message", [

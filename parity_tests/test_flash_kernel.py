@@ -1,24 +1,27 @@
 """Tests of the tuned kernel's own choices in numpy_attn/kernels/flash_attention.py.
 
-The kernel's forward tries each block of query rows with unshifted exponentials (no running
-maximum) and falls back to the running maximum where that could overflow or underflow; it
-exponentiates in base e or base 2 depending on the CPU. Each path and each base must give the
-reference's (numpy_attn/attention.py) output, log-sum-exp and gradients, and the fast path must
-be the one taken on ordinary inputs.
+The kernel's forward tries each block of query rows without the running maximum (each row's
+exponentials shifted once, by its score against key 0) and falls back to the running maximum
+where that overflows; it exponentiates in base e or base 2 depending on the CPU. Each path and
+each base must give the reference's (numpy_attn/attention.py) output, log-sum-exp and gradients,
+the fast path must be the one taken on ordinary inputs, and on extreme but finite inputs the
+kernel must be as accurate as the readable numpy_attn/flash_attention.py.
 """
 
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import numpy_attn.kernels.flash_attention as fa
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.flash_attention import flash_attention_forward as readable_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import TOLERANCES, assert_close
 
@@ -104,7 +107,7 @@ def assert_all_close(label, got, expected, tol):
 
 def _always_shifted(monkeypatch):
     """Make the unshifted path refuse every block: the forward takes the fallback everywhere."""
-    monkeypatch.setattr(fa, "UNSHIFTED_MIN_SUM", np.inf)
+    monkeypatch.setattr(fa, "_rows_unshifted", lambda *args: False)
 
 
 # -- both paths give the reference ---------------------------------------------------------------
@@ -151,20 +154,135 @@ def test_ordinary_scores_take_the_unshifted_path(monkeypatch, dtype):
     assert calls == [], f"blocks starting at rows {calls} fell back to the running maximum"
 
 
-@pytest.mark.parametrize("dtype, big", [(np.float32, 100.0), (np.float64, 800.0)])
-@pytest.mark.parametrize("sign", [1, -1])
-def test_overflow_and_underflow_fall_back(monkeypatch, dtype, big, sign):
-    """One query row whose scores overflow exp (sign 1) or whose row sum is below 2^-64 (sign -1:
-    all scores -big) makes its block, and only it, fall back; the result is the reference's."""
-    calls = _count_fallbacks(monkeypatch)
+def _one_row_of_scores(dtype, big, first):
+    """q, k, v, dout (1, 12, 4) of unit size, except query row 5: its scores are ``first`` * big
+    against key 0 and big against every other key (scale 1/2 for hs = 4)."""
     rng = np.random.default_rng(1)
     q, k, v, dout = (rng.standard_normal((1, 12, 4)).astype(dtype) * 0.5 for _ in range(4))
     k[..., 0] = 1.0
-    q[0, 5] = 0                                                   # row 5: scores = big * k[:, 0] = big
-    q[0, 5, 0] = sign * big * 2                                   # scale 1/2 for hs = 4
-    case = dict(q=q, k=k, v=v, dout=dout, is_causal=False, scale=None, block_q=4, block_k=5)
+    k[0, 0, 0] = first
+    q[0, 5] = 0
+    q[0, 5, 0] = big * 2
+    return dict(q=q, k=k, v=v, dout=dout, is_causal=False, scale=None, block_q=4, block_k=5)
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 100.0), (np.float64, 800.0)])
+def test_scores_far_above_key_0_fall_back(monkeypatch, dtype, big):
+    """One query row whose scores rise 2 big above its score against key 0 (past exp's overflow:
+    float32 88.7, float64 709.8) makes its block, and only it, fall back to the running maximum;
+    the result is the reference's."""
+    calls = _count_fallbacks(monkeypatch)
+    case = _one_row_of_scores(dtype, big, first=-1.0)
     assert_all_close("kernel", kernel(case), reference(case), tolerances(case))
     assert calls == [4], f"fallbacks of blocks at rows {calls}, expected the block at row 4 only"
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 100.0), (np.float64, 800.0)])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_scores_far_from_zero_stay_on_the_fast_path(monkeypatch, dtype, big, sign):
+    """A row whose scores are all +big (exp(s) alone would overflow) or all -big (exp(s) alone
+    would underflow to 0) is shifted by its score against key 0 and needs no fallback."""
+    calls = _count_fallbacks(monkeypatch)
+    case = _one_row_of_scores(dtype, sign * big, first=1.0)
+    assert_all_close("kernel", kernel(case), reference(case), tolerances(case))
+    assert calls == [], f"blocks starting at rows {calls} fell back to the running maximum"
+
+
+# -- as accurate as the readable version on extreme inputs ---------------------------------------
+
+def _float64_truth(q, k, v, is_causal, scale):
+    """softmax(scale q k^T) v and the weights, in float64 from the float32 inputs (hs = 1)."""
+    s = (q.astype(np.float64) * np.float64(scale)) @ k.astype(np.float64).T   # (T, S), exact to 2^-53
+    if is_causal:
+        s = np.where(np.tri(*s.shape, dtype=bool), s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return p @ v.astype(np.float64), p
+
+
+MAGNITUDES = st.floats(0.25, 4.0, width=32)
+
+
+@st.composite
+def extreme_inputs(draw):
+    """float32 q (T, 1), k (S, 1), v (S, hv): scores q k scale from 0 to about 1.6e38 (float32's
+    largest is 3.4e38; the kernel's base 2 multiplies them by 1.44), spread over the keys of a
+    row by up to 2400, far past exp's underflow (-87 to -104) and overflow (88.7), and often
+    drawn near those thresholds themselves (a row maximum within 100 of 0, gaps below it of up
+    to 120), where a weight that is lost or kept decides the result; values up to 1e30. |q| >= 1/4 or 0 and the
+    scale >= 1/4, so q * scale is never subnormal (which would make both implementations'
+    scores, not their softmax, inaccurate)."""
+    T, S_, hv = draw(S.dim(1, 4)), draw(S.dim(1, 9)), draw(S.dim(1, 3))
+    signed = MAGNITUDES | MAGNITUDES.map(lambda x: -x)
+    q = draw(hnp.arrays(np.float32, (T, 1), elements=st.just(1.0) | st.just(0.0) | signed))
+    # Keys as a top value less gaps: with q = 1 and scale 1 the top is the row maximum and the
+    # gaps the distances below it, often within reach of exp's underflow (87 to 104 below).
+    top = np.float32(draw(st.floats(-2.0 ** 125, 2.0 ** 125, width=32)   # about 4e37
+                          | st.floats(-100, 100, width=32)))
+    gaps = st.floats(0, 2400, width=32) | st.floats(0, 120, width=32)
+    k = top - draw(hnp.arrays(np.float32, (S_, 1), elements=gaps))
+    values = st.floats(-2.0 ** 100, 2.0 ** 100, width=32) | st.floats(-4, 4, width=32)   # 2^100: 1.3e30
+    v = draw(hnp.arrays(np.float32, (S_, hv), elements=values))
+    return dict(q=q, k=k.astype(np.float32), v=v, is_causal=draw(st.booleans()),
+                scale=draw(st.just(1.0) | st.floats(0.25, 1.0, width=32)),
+                block_q=draw(st.integers(1, T + 1)), block_k=draw(st.integers(1, S_ + 1)))
+
+
+# The issue's case: weights 1 and e^-70 (a normal float32) of values 1 and 1e30: out = 1.3975.
+# Exponentials not shifted at all underflowed e^-110 to 0 and gave 1.0.
+SMALL_WEIGHT = dict(q=np.array([[1]], np.float32), k=np.array([[-40], [-110]], np.float32),
+                    v=np.array([[1], [1e30]], np.float32), is_causal=False, scale=1.0, block_q=1,
+                    block_k=2)
+
+
+@given(case=extreme_inputs())
+@example(case=SMALL_WEIGHT)
+@example(case={**SMALL_WEIGHT, "k": np.array([[-40], [60], [-50]], np.float32),   # key 0 far below
+               "v": np.array([[1e30], [1], [1e30]], np.float32), "block_k": 1})    # the maximum
+def test_kernel_is_as_accurate_as_the_readable_version(case):
+    """Against the float64 truth, each output element's error is at most twice the readable
+    version's plus what the kernel's own roundings can add, bounded here (eps = 2^-23):
+
+    - each weight is exp2 of a score computed as q (scale log2 e) k - c in float32: the products
+      and the subtraction of c (another score) round to a few ulps of the largest base-2 score
+      |s2| <= L = log2(e) scale max|q| max|k| (hs = 1), 4 (hs + 1) eps L, and exp2 adds an ulp:
+      relative error 4 (hs + 1) eps L + eps per weight;
+    - the sums over S keys of w v and of w round by S eps relative to sum w |v| and sum w, and
+      out = numerator / l once more;
+    so out is off by at most 2 eps (4 (hs + 1) L + S + 3) W, W = sum_j p_j |v_j| (the true
+    weights; |out| <= W). A weight that underflows loses under 2^-126 against l >= 1: S 2^-126
+    max|v| more. Losing a weight the readable version keeps (e^-70 of 1e30 above: 0.4 of 1.4) is
+    far outside this: for that case the bound is 2e-4."""
+    q, k, v = case["q"], case["k"], case["v"]
+    args = (q, k, v)
+    kwargs = {n: case[n] for n in ("is_causal", "scale", "block_q", "block_k")}
+    truth, p = _float64_truth(q, k, v, case["is_causal"], np.float32(case["scale"]))
+    with np.errstate(all="ignore"):   # the readable version's exp of -inf and far-below scores
+        readable = readable_forward(*args, **kwargs)[0].astype(np.float64)
+    got = fa.flash_attention_forward(*args, **kwargs)[0].astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    S_, hs = k.shape
+    L = math.log2(math.e) * float(case["scale"]) * float(np.abs(q).max()) * float(np.abs(k).max())
+    W = p @ np.abs(v.astype(np.float64))                                   # (T, hv)
+    allowed = (2 * np.abs(readable - truth) + 2 * eps * (4 * (hs + 1) * L + S_ + 3) * W
+               + S_ * 2.0 ** -126 * float(np.abs(v).max()))
+    err = np.abs(got - truth)
+    worst = np.unravel_index(np.argmax(err - allowed), err.shape)
+    assert np.all(err <= allowed), (
+        f"kernel out{list(worst)} = {got[worst]!r}, truth {truth[worst]!r}: error {err[worst]:.3g} > "
+        f"allowed {allowed[worst]:.3g} (readable's error {abs(readable[worst] - truth[worst]):.3g})")
+
+
+def test_small_weights_of_large_values_are_kept():
+    """The issue's case pinned: the kernel, like the readable version and torch, gives 1.3975."""
+    case = SMALL_WEIGHT
+    kwargs = {n: case[n] for n in ("is_causal", "scale", "block_q", "block_k")}
+    truth = 1 + math.exp(-70) * 1e30 / (1 + math.exp(-70))
+    for label, forward in (("kernel", fa.flash_attention_forward), ("readable", readable_forward)):
+        out = forward(case["q"], case["k"], case["v"], **kwargs)[0]
+        # float32: a few ulps of the result; e^-70 itself is an ulp-accurate normal float32.
+        np.testing.assert_allclose(out, [[truth]], rtol=8 * np.finfo(np.float32).eps, atol=0,
+                                   err_msg=f"{label} out with a weight e^-70 of 1e30")
 
 
 # -- the base of the exponentials ------------------------------------------------------------------

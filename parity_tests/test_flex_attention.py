@@ -6,8 +6,12 @@ checks outputs and lse; the gradients are checked against the twin's autograd, a
 F.scaled_dot_product_attention with the equivalent boolean mask, and against finite differences.
 """
 
+import inspect
 import math
+import re
 import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -551,6 +555,25 @@ def test_bad_input(forward, args, error, message):
         forward(*arrays, **kwargs)
 
 
+@pytest.mark.parametrize("forward", [nf.flex_attention_forward, nf.dense_flex_attention_forward])
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.5), np.int64(1)])
+def test_numpy_scalar_scales_are_taken(forward, scale):
+    """A NumPy scalar scale (what q.dtype.type or a NumPy sum gives) works as the Python number,
+    as torch's flex_attention takes it."""
+    q, k, v = ramp(1, 2, 3, 4), ramp(1, 2, 5, 4), ramp(1, 2, 5, 2)
+    out, _ = forward(q, k, v, block_mask=nf.create_block_mask(nf.causal, None, None, 3, 5), scale=scale)
+    expected, _ = forward(q, k, v, block_mask=nf.create_block_mask(nf.causal, None, None, 3, 5),
+                          scale=float(scale))
+    assert np.array_equal(out, expected), f"flex.out with scale {scale!r}"
+
+
+@pytest.mark.parametrize("scale, error", [(float("inf"), ValueError), (-float("inf"), ValueError),
+                                          ("0.5", TypeError), (True, TypeError)])
+def test_bad_scale_is_refused(scale, error):
+    with pytest.raises(error, match=r"flex_attention: scale must be a finite number or None, got "):
+        nf.flex_attention_forward(Q, K, V, enable_gqa=True, scale=scale)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(Q_LEN=0, KV_LEN=4), "Q_LEN must be a positive int, got 0"),
     (dict(Q_LEN=4, KV_LEN=4, BLOCK_SIZE=(2, 0)), r"BLOCK_SIZE must be a positive int or a pair"),
@@ -602,3 +625,237 @@ def test_twin_lines_pair_with_numpy_lines():
     twin = [n for n, t, _ in rows if t is not None and torch_lines[t].strip()]
     share = sum(n is not None for n in twin) / len(twin)
     assert share >= 0.85, f"only {share:.0%} of torch_attn/flex_attention.py pairs with NumPy lines"
+
+
+# -- hostile user functions -----------------------------------------------------------------------
+# Every function the flex API takes from its user, by the parameter or field that takes it, and
+# what it returns in each case: refused (the exception, and the words that follow the function's
+# name in the message; ``checks`` says which of the result's kind, dtype or shape is at fault) or
+# taken (error None: its results equal those of ``same``, a proper function). A new parameter that
+# takes a function fails test_every_user_function_has_cases until it has cases here.
+
+HB, HH, HL, HS = 2, 2, 3, 5                                     # B, H, L, S of the hostile cases
+HQ, HK, HV = ramp(HB, HH, HL, 4), ramp(HB, HH, HS, 4) * 0.7, ramp(HB, HH, HS, 3) * 1.3
+HDOUT = ramp(HB, HH, HL, 3) * 0.5
+HTABLE = ramp(HH, HL, HS)                                       # learned_bias's table (H, L, S)
+
+
+class Hostile(NamedTuple):
+    boundary: str           # the parameter or field that takes the function
+    label: str
+    returns: Callable       # called with the boundary's arguments: what the function returns
+    checks: str             # "kind", "dtype" or "shape" at fault; "taken" if it is accepted
+    error: type | None = None
+    message: str = ""
+    same: Callable | None = None
+
+
+def _mask_cases(boundary):
+    """mask_mod(b, h, q_idx, kv_idx) -> bool, True where a query may attend."""
+    return [
+        Hostile(boundary, "additive float mask", lambda b, h, q, kv: np.where(q >= kv, 0.0, -np.inf), "dtype",
+                TypeError, "returned dtype float64; it must return bool"),
+        Hostile(boundary, "0/1 integers", lambda b, h, q, kv: (q >= kv).astype(np.int64), "dtype",
+                TypeError, "returned dtype int64; it must return bool"),
+        Hostile(boundary, "bools in an object array", lambda b, h, q, kv: (q >= kv).astype(object), "dtype",
+                TypeError, "returned dtype object"),
+        Hostile(boundary, "a Python float", lambda b, h, q, kv: 1.0, "kind", TypeError, "returned float; it must"),
+        Hostile(boundary, "nothing (no return)", lambda b, h, q, kv: None, "kind", TypeError, "returned NoneType"),
+        Hostile(boundary, "a list", lambda b, h, q, kv: (q >= kv).tolist(), "kind", TypeError, "returned list"),
+        Hostile(boundary, "a torch tensor", lambda b, h, q, kv: torch.from_numpy(np.asarray(q >= kv)), "kind",
+                TypeError, "returned Tensor"),
+        Hostile(boundary, "an extra leading axis", lambda b, h, q, kv: np.stack([q >= kv, q >= kv]), "shape",
+                ValueError, r"returned shape \(2, 1, 1, \d+, \d+\), which does not broadcast"),
+        Hostile(boundary, "one key too many", lambda b, h, q, kv: np.ones(kv.shape[-1] + 1, bool), "shape",
+                ValueError, r"returned shape \(\d+,\), which does not broadcast"),
+        Hostile(boundary, "a Python bool", lambda b, h, q, kv: True, "taken",
+                same=lambda b, h, q, kv: np.ones((1, 1, 1, 1), bool)),
+        Hostile(boundary, "a NumPy bool", lambda b, h, q, kv: np.bool_(True), "taken",
+                same=lambda b, h, q, kv: np.ones((1, 1, 1, 1), bool)),
+        Hostile(boundary, "fewer axes than the scores", lambda b, h, q, kv: (q >= kv)[0, 0], "taken",
+                same=lambda b, h, q, kv: q >= kv),
+    ]
+
+
+def _score_cases(boundary):
+    """score_mod(score, b, h, q_idx, kv_idx) -> the new score (dscore: its derivative)."""
+    return [
+        Hostile(boundary, "a Python float", lambda s, b, h, q, kv: 1.5, "kind", TypeError, "returned float; it must"),
+        Hostile(boundary, "a Python int", lambda s, b, h, q, kv: 2, "kind", TypeError, "returned int; it must"),
+        Hostile(boundary, "nothing (no return)", lambda s, b, h, q, kv: None, "kind", TypeError, "returned NoneType"),
+        Hostile(boundary, "a list", lambda s, b, h, q, kv: s.tolist(), "kind", TypeError, "returned list"),
+        Hostile(boundary, "a torch tensor", lambda s, b, h, q, kv: torch.from_numpy(s), "kind", TypeError,
+                "returned Tensor"),
+        Hostile(boundary, "complex numbers", lambda s, b, h, q, kv: s.astype(np.complex128), "dtype", TypeError,
+                "returned dtype complex128; it must return real numbers"),
+        Hostile(boundary, "an object array", lambda s, b, h, q, kv: s.astype(object), "dtype", TypeError,
+                "returned dtype object"),
+        Hostile(boundary, "strings", lambda s, b, h, q, kv: s.astype(str), "dtype", TypeError, "returned dtype <U"),
+        Hostile(boundary, "an extra leading axis", lambda s, b, h, q, kv: np.stack([s, s]), "shape", ValueError,
+                r"returned shape \(2, \d+, \d+, \d+, \d+\), which does not broadcast"),
+        Hostile(boundary, "one key too many", lambda s, b, h, q, kv: np.concatenate([s, s[..., :1]], axis=-1),
+                "shape", ValueError, r"returned shape \(\d+, \d+, \d+, \d+\), which does not broadcast"),
+        Hostile(boundary, "transposed", lambda s, b, h, q, kv: np.swapaxes(s, -1, -2), "shape", ValueError,
+                "which does not broadcast to the scores' shape"),
+        Hostile(boundary, "integers", lambda s, b, h, q, kv: s.astype(np.int64) + (kv - q), "taken",
+                same=lambda s, b, h, q, kv: (s.astype(np.int64) + (kv - q)).astype(s.dtype)),
+        Hostile(boundary, "bools", lambda s, b, h, q, kv: q >= kv, "taken",
+                same=lambda s, b, h, q, kv: np.broadcast_to((q >= kv).astype(s.dtype), s.shape)),
+        Hostile(boundary, "a NumPy scalar", lambda s, b, h, q, kv: np.float64(0.5), "taken",
+                same=lambda s, b, h, q, kv: np.full_like(s, 0.5)),
+        Hostile(boundary, "float32 for float64 scores", lambda s, b, h, q, kv: (2 * s).astype(np.float32), "taken",
+                same=lambda s, b, h, q, kv: (2 * s).astype(np.float32).astype(s.dtype)),
+    ]
+
+
+def _learned_bias_grad(grad, s, b, h, q, kv):
+    return {"table": nf._scatter_add(HTABLE, (h, q, kv), grad)}
+
+
+DPARAMS_CASES = [   # dparams(grad, score, b, h, q_idx, kv_idx) -> {name: gradient}, params {"table": (H, L, S)}
+    Hostile("dparams", "nothing (no return)", lambda *a: None, "kind", TypeError,
+            "returned NoneType; it must return a dict"),
+    Hostile("dparams", "a bare array", lambda *a: np.zeros(HTABLE.shape), "kind", TypeError, "returned ndarray"),
+    Hostile("dparams", "a list of pairs", lambda *a: [("table", np.zeros(HTABLE.shape))], "kind", TypeError,
+            "returned list"),
+    Hostile("dparams", "a Python float", lambda *a: {"table": 0.0}, "kind", TypeError, "returned float for 'table'"),
+    Hostile("dparams", "no gradients", lambda *a: {}, "kind", ValueError,
+            r"returned gradients of \[\]; its params are \['table'\]"),
+    Hostile("dparams", "a misspelt name", lambda *a: {"tabel": np.zeros(HTABLE.shape)}, "kind", ValueError,
+            r"returned gradients of \['tabel'\]"),
+    Hostile("dparams", "an extra name", lambda *a: {"table": np.zeros(HTABLE.shape), "bias": np.zeros(2)}, "kind",
+            ValueError, r"returned gradients of \['bias', 'table'\]"),
+    Hostile("dparams", "integers", lambda *a: {"table": np.zeros(HTABLE.shape, np.int64)}, "dtype", TypeError,
+            "returned dtype int64 for 'table'"),
+    Hostile("dparams", "complex numbers", lambda *a: {"table": np.zeros(HTABLE.shape, complex)}, "dtype", TypeError,
+            "returned dtype complex128 for 'table'"),
+    Hostile("dparams", "a row short", lambda *a: {"table": np.zeros(HTABLE.shape[1:])}, "shape", ValueError,
+            r"returned shape \(3, 5\) for 'table', whose shape is \(2, 3, 5\)"),
+    Hostile("dparams", "an extra axis", lambda *a: {"table": np.zeros((2,) + HTABLE.shape)}, "shape", ValueError,
+            r"returned shape \(2, 2, 3, 5\) for 'table'"),
+    Hostile("dparams", "float32 for a float64 table", lambda *a: {k: g.astype(np.float32) for k, g in
+                                                                   _learned_bias_grad(*a).items()}, "taken",
+            same=lambda *a: {k: g.astype(np.float32).astype(np.float64) for k, g in _learned_bias_grad(*a).items()}),
+]
+
+HOSTILE = [*_mask_cases("mask_mod"), *_mask_cases("mask_mods"), *_score_cases("score_mod"),
+           *_score_cases("fn"), *_score_cases("dscore"), *DPARAMS_CASES]
+
+
+def _named(label, body):
+    """``body`` under a name of its own, which the refusal must quote."""
+    def fn(*args):
+        return body(*args)
+    fn.__name__ = "hostile_" + "_".join(label.replace("/", " ").replace("(", "").replace(")", "").split())
+    return fn
+
+
+def _identity(s, b, h, q, kv):
+    return s + HTABLE[h, q, kv]
+
+
+def _runs(boundary, fn):
+    """[(entry point, a call that passes ``fn`` there and returns its results)] for ``boundary``."""
+    causal = nf.create_block_mask(nf.causal, None, None, HL, HS, BLOCK_SIZE=2)   # partial tiles on the diagonal
+    tiled = lambda score_mod=None, block_mask=causal: nf.flex_attention_forward(   # noqa: E731
+        HQ, HK, HV, score_mod, block_mask)
+    dense = lambda score_mod=None, block_mask=causal: nf.dense_flex_attention_forward(   # noqa: E731
+        HQ, HK, HV, score_mod, block_mask)
+
+    def backward(forward, score_mod):
+        _, cache = forward(score_mod)
+        dq, dk, dv, dparams = nf.flex_attention_backward(HDOUT, cache)
+        return dq, dk, dv, *dparams.values()
+
+    def mask_backward():
+        _, cache = tiled()
+        return nf.flex_attention_backward(HDOUT, cache._replace(block_mask=causal._replace(mask_mod=fn)))[0]
+
+    blocks = lambda mask_mod: nf.create_block_mask(mask_mod, None, None, HL, HS, BLOCK_SIZE=2).blocks()   # noqa: E731
+    return {
+        "mask_mod": [("create_block_mask", lambda: blocks(fn)),
+                     ("flex_attention_forward", lambda: tiled(block_mask=causal._replace(mask_mod=fn))[0]),
+                     ("dense_flex_attention_forward", lambda: dense(block_mask=causal._replace(mask_mod=fn))[0]),
+                     ("flex_attention_backward", mask_backward)],
+        "mask_mods": [("and_masks", lambda: blocks(nf.and_masks(fn, nf.causal))),
+                      ("or_masks", lambda: blocks(nf.or_masks(fn)))],
+        "score_mod": [("flex_attention_forward", lambda: tiled(fn)[0]),
+                      ("dense_flex_attention_forward", lambda: dense(fn)[0])],
+        "fn": [("flex_attention_forward", lambda: tiled(nf.ScoreMod(fn, nf._one))[0]),
+               ("dense_flex_attention_forward", lambda: dense(nf.ScoreMod(fn, nf._one))[0])],
+        "dscore": [("flex_attention_backward, tiled", lambda: backward(tiled, nf.ScoreMod(_identity, fn))),
+                   ("flex_attention_backward, dense", lambda: backward(dense, nf.ScoreMod(_identity, fn)))],
+        "dparams": [(f"flex_attention_backward, {name}",
+                     lambda forward=forward: backward(forward, nf.ScoreMod(_identity, nf._one, fn, {"table": HTABLE})))
+                    for name, forward in (("tiled", tiled), ("dense", dense))],
+    }[boundary]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=lambda c: f"{c.boundary}: {c.label}")
+def test_hostile_user_function(case):
+    """Every entry point that calls the function refuses what it returned, naming the function
+    and what was wrong, or takes it and gives what a proper function gives."""
+    fn = _named(case.label, case.returns)
+    if case.error is None:
+        proper = _runs(case.boundary, _named("proper", case.same))
+        for (entry, run), (_, run_proper) in zip(_runs(case.boundary, fn), proper, strict=True):
+            got, expected = run(), run_proper()
+            for i, (a, e) in enumerate(zip(np.atleast_1d(got) if isinstance(got, np.ndarray) else got,
+                                           np.atleast_1d(expected) if isinstance(expected, np.ndarray) else expected,
+                                           strict=True)):
+                assert np.array_equal(a, e), f"{case.boundary} {case.label!r} through {entry}: result {i} differs"
+        return
+    for entry, run in _runs(case.boundary, fn):
+        with pytest.raises(case.error) as info:
+            run()
+        message = str(info.value)
+        assert f"'{fn.__name__}'" in message, f"{entry}: the message does not name the function: {message}"
+        assert re.search(case.message, message), f"{entry}: {message!r} does not say {case.message!r}"
+
+
+def user_function_parameters():
+    """Every parameter (of a public function) or field (of a public NamedTuple) of
+    numpy_attn/flex_attention.py that takes a function: annotated Callable, or named as the
+    modifiers are (``..._mod``, ``..._mods``)."""
+    found = set()
+    for name, obj in vars(nf).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != nf.__name__ or not callable(obj):
+            continue
+        if isinstance(obj, type) and hasattr(obj, "_fields"):
+            params = {field: obj.__annotations__.get(field) for field in obj._fields}
+        elif isinstance(obj, type):
+            continue
+        else:
+            params = {p.name: p.annotation for p in inspect.signature(obj).parameters.values()}
+        found |= {p for p, annotation in params.items() if "Callable" in str(annotation) or re.search(r"_mods?$", p)}
+    return found
+
+
+def test_every_user_function_has_cases():
+    """The table covers exactly the API's function-taking parameters, and for each the kind, the
+    dtype and the shape of what it returns, refused, and at least one accepted return."""
+    boundaries = {case.boundary for case in HOSTILE}
+    assert user_function_parameters() == boundaries, (
+        f"function-taking parameters without hostile cases: {sorted(user_function_parameters() - boundaries)}; "
+        f"cases for no such parameter: {sorted(boundaries - user_function_parameters())}")
+    for boundary in boundaries:
+        checks = {case.checks for case in HOSTILE if case.boundary == boundary}
+        assert checks == {"kind", "dtype", "shape", "taken"}, f"{boundary}: only {sorted(checks)} tried"
+
+
+@pytest.mark.parametrize("run", [
+    lambda mod: nf.create_block_mask(mod, None, None, 9, 9),
+    lambda mod: nf.dense_flex_attention_forward(ramp(1, 1, 9, 2), ramp(1, 1, 9, 2), ramp(1, 1, 9, 2),
+                                                block_mask=nf._one_tile(9, 9, mod)),
+], ids=["create_block_mask", "dense_flex_attention_forward"])
+def test_document_shorter_than_the_sequence_is_refused(run):
+    """Lengths [2, 3] cover 5 positions; asked about 9 the mask would index past its table."""
+    with pytest.raises(ValueError, match=r"document: seq_lengths \[2, 3\] cover 5 positions, but the mask is "
+                                         r"asked about position 8"):
+        run(nf.document([2, 3]))
+
+
+@pytest.mark.parametrize("lengths", [[2, -1], [[2, 3]], [2.5, 3]])
+def test_bad_document_lengths_are_refused(lengths):
+    with pytest.raises(ValueError, match="document: seq_lengths must be a list of non-negative integers"):
+        nf.document(lengths)

@@ -16,6 +16,7 @@ import torch
 
 def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), lse (..., T))."""
+    _check_flash_attention(scale)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = 1 / math.sqrt(hs) if scale is None else scale
@@ -48,6 +49,13 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
         out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
         lse[..., i0:i1] = m + torch.log(row_sum)             # (..., bq)
     return out, lse
+
+
+def _check_flash_attention(scale):
+    """Raise ValueError on an inf or NaN scale, with the NumPy twin's message: every score would
+    be inf or NaN and the output NaN without a word (F.scaled_dot_product_attention returns it)."""
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
 
 
 # Equals torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale,

@@ -1,33 +1,20 @@
-"""FlashAttention: exact attention computed in tiles, never forming the (T, S) scores, with backward.
+"""FlashAttention, tuned: what numpy_attn/flash_attention.py computes, with the same arguments
+and results (out, ``cache.lse``), faster. Read that file for the algorithm (Dao,
+"FlashAttention-2", 2023: tiles, the online softmax, the backward from the log-sum-exp); this one
+lists only what it does differently (docs/flash_attention_breakdown.md measures each):
 
-    out = softmax(scale * q @ k^T) @ v                          scale = 1 / sqrt(hs) unless given
+- one (batch, head) slice per thread (``_map_slices``), BLAS held to one thread meanwhile;
+  grouped-query heads read their key/value slice in place instead of repeating it;
+- tile buffers allocated once per slice and reused, k transposed once to contiguous rows;
+- no running maximum on the first try: each row is shifted once by its score against key 0,
+  folded into the tile matmul, and redone with the running maximum only where that overflowed
+  (see UNSHIFTED_MIN_SUM for why this is as accurate);
+- the row sums come out of p @ [v | 1], and in the backward s - lse and dP - D out of matmuls
+  with an extra column, saving a pass over each tile;
+- exponentials in base 2 where NumPy vectorizes np.exp2 (AVX-512), base e elsewhere (see EXP);
+- causal: only the diagonal square of a tile is masked, by adding a precomputed -inf triangle.
 
-Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (2023),
-Algorithms 1 and 2. Forward: each block of query rows visits the key blocks in order, keeping a
-running row maximum m, a running sum l = sum_j exp(s_j - m) and a running numerator
-acc = sum_j exp(s_j - m) v_j. When a block raises the maximum to m', the old l and acc are
-multiplied by exp(m - m'). This is exact, not an approximation, because for any constant m
-
-    softmax(s)_j = exp(s_j - m) / sum_i exp(s_i - m),
-
-so sums taken against an old maximum equal, once rescaled, sums taken against the new one. A row
-ends with out = acc / l and lse = m + log(l), its log-sum-exp: all that is stored besides the
-inputs, O(T) memory instead of O(T S). Backward: each tile's probabilities are recomputed as
-P = exp(s - lse) (no max, no sum), then dv += P^T dout, dP = dout v^T, dS = P * (dP - D),
-dq += scale dS k, dk += scale dS^T q, where D = rowsum(dout * out) equals rowsum(P * dP), the
-softmax backward's sum, without a pass over S.
-
-``is_causal`` is top-left aligned as in ``torch.nn.functional.scaled_dot_product_attention``:
-query t sees keys 0..t. Tiles above the diagonal are skipped, not computed and masked, so causal
-attention does about half the work. Every query sees key 0, so no row is empty unless S = 0,
-which gives zeros and zero gradients. Unlike ``numpy_attn/attention.py`` there is no
-``attn_mask`` and no dropout. Grouped-query attention works as there: k and v may have fewer
-heads (axis -3) than q, query head h reading key/value head h // g.
-
-Speed-ups over that description (docs/flash_attention_breakdown.md measures each): a block of
-query rows is first tried without the running maximum, p = exp(s) unshifted, and redone with it
-only where that overflowed or a row sum underflowed (see UNSHIFTED_MIN_SUM); exponentials are in
-base 2 where NumPy vectorizes np.exp2 (AVX-512) and in base e elsewhere (see EXP).
+Only top-left causal alignment (``is_causal`` True or False), block defaults 256 x 512.
 """
 
 import math
@@ -37,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype
+from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype, check_scale
 
 LOG2E = math.log2(math.e)
 
@@ -86,7 +73,7 @@ class FlashCache(NamedTuple):
         return self.lse_b / LOG_FACTOR
 
 
-def _check_inputs(q, k, v, is_causal, block_q, block_k):
+def _check_inputs(q, k, v, is_causal, scale, block_q, block_k):
     """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or b < 1:
@@ -96,6 +83,7 @@ def _check_inputs(q, k, v, is_causal, block_q, block_k):
         # and silently give top-left. numpy_attn/flash_attention.py takes both alignments.
         raise ValueError(f"is_causal must be True or False (top-left) in the tuned kernel, got "
                          f"{is_causal!r}; numpy_attn.flash_attention takes is_causal='bottom_right'")
+    check_scale(scale)   # as numpy_attn/flash_attention.py
     # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
     check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
 
@@ -150,19 +138,28 @@ def _future_mask(block_q, T, dtype):
     return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
 
 
-# The forward first tries each block of query rows without the running maximum: p = exp(s)
-# itself, no max, no subtraction and no rescaling, two passes over every tile fewer. That is
-# exact, like any shift, as long as nothing overflows and the row sums l are not so small that
-# underflow matters: each exp that underflows (or is flushed to 0) loses under 2^-126, so with
-# l >= 2^-64 the loss is below 2^-126 * 2^31 keys / 2^-64 = 2^-31 of l, under float32's
-# rounding. A block where some l is smaller, or where anything overflowed (inf or nan in
-# p @ v_1), is computed again with the running maximum: scores beyond about +-44 (float32:
-# exp overflows past 88.7) cost twice the time but give the same answer.
-UNSHIFTED_MIN_SUM = 2.0 ** -64
+# The forward first tries each block of query rows without the running maximum: each row's scores
+# are shifted once by a constant c, its score against key 0 (folded into the tile matmul as an
+# extra column of q, so no pass over the tile), then exponentiated: no max, no subtraction and no
+# rescaling, two passes over every tile fewer. Any shift is exact in real arithmetic; this one is
+# also as accurate as the running maximum m in float, because every row sees key 0, so c <= m:
+# each weight exp(s - c) is exp(m - c) >= 1 times exp(s - m), and the row sum l is as many times
+# larger, so a weight that underflows (or turns subnormal) here is one that underflows (or turns
+# subnormal) against m too, and loses no more relative to l. (Shifting by 0 instead, as this
+# kernel once did, loses every weight below exp(-87) in float32 even when s - m is not small:
+# q = 1, k = (-40, -110), v = (1, 1e30) gave 1 instead of 1.3975.) l >= 1 for the same reason.
+# Where the row spreads too far above c, anything overflows (inf or nan in p @ v_1) and the
+# block is computed again with the running maximum: rows whose scores spread over more than
+# about 88 (float32; 709 in float64) cost twice the time but give the same answer.
+# UNSHIFTED_MIN_SUM guards l >= 1 (rounding cannot bring it near 1/2).
+UNSHIFTED_MIN_SUM = 0.5
 
 
 def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
-    """acc += sum over key tiles of exp(s) @ v_1, no maximum subtracted; whether that was safe."""
+    """acc += sum over key tiles of exp(s - c) @ v_1, no running maximum; whether that was safe.
+
+    q_blk (bq, hs+1) is [q * scale | -c] and k_t (hs+1, S) is [k^T ; 1], so the matmul yields s - c.
+    """
     bq = len(q_blk)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below
         for j0 in range(0, S_seen, block_k):
@@ -170,13 +167,16 @@ def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k
             s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
             if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
                 _mask_future(s, i0, j0, future)
-            p = EXP(s, out=s)                                # (bq, bk) in place, unshifted
+            p = EXP(s, out=s)                                # (bq, bk) in place, exp(s - c)
             acc += np.matmul(p, v_1[j0:j1], out=pv)
     return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
 
 
 def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
-    """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m."""
+    """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m.
+
+    Its scores are s - c too (q_blk as in _rows_unshifted): m is the maximum of s - c.
+    """
     bq = len(q_blk)
     m = np.full(bq, -np.inf, q_blk.dtype)                    # (bq,) running row maximum
     for j0 in range(0, S_seen, block_k):
@@ -199,9 +199,11 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
     S, hv = v.shape
     dtype = q.dtype
     # Once per slice, O(S hs): k transposed to contiguous rows (the tile matmul reads it faster
-    # than a transposed view), and v with a column of ones, so that p @ v_1 yields in its last
-    # column the row sums of p, saving a pass over every tile.
-    k_t = np.ascontiguousarray(k.T)                          # (S, hs) -> (hs, S)
+    # than a transposed view) over a row of ones, so that [q | -c] @ k_t yields s - c; and v with
+    # a column of ones, so that p @ v_1 yields in its last column the row sums of p. Each saves
+    # a pass over every tile.
+    k_t = np.ones((hs + 1, S), dtype)                        # (hs+1, S): k^T over a row of ones
+    k_t[:hs] = k.T
     v_1 = np.ones((S, hv + 1), dtype)                        # (S, hv+1)
     v_1[:, :hv] = v
     # Tile buffers, reused: a fresh array this size per tile would come from the OS each time and
@@ -211,16 +213,19 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
     future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
-        q_blk = q[i0:i1] * (scale * LOG_FACTOR)              # (bq, hs), scores in the kernel's base
+        q_blk = np.empty((i1 - i0, hs + 1), dtype)           # (bq, hs+1): [q * scale | -c]
+        np.multiply(q[i0:i1], scale * LOG_FACTOR, out=q_blk[:, :hs])   # scores in the kernel's base
+        c = q_blk[:, :hs] @ k[0]                             # (bq,) score against key 0, <= the row maximum
+        q_blk[:, hs] = -c
         acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
         pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
         args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv)
-        m = 0
+        m = c                                                # the shift the sums were taken against
         if not _rows_unshifted(*args):
             acc[:] = 0
-            m = _rows_shifted(*args)
-        row_sum = acc[:, hv]                                 # (bq,) > 0 (>= 1 when shifted)
+            m = c + _rows_shifted(*args)
+        row_sum = acc[:, hv]                                 # (bq,) >= 1: the row maximum's term
         out[i0:i1] = acc[:, :hv] / row_sum[:, None]
         lse_b[i0:i1] = m + LOG(row_sum)                      # log-sum-exp in the kernel's base
 
@@ -233,7 +238,7 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     scores, a core's L2 cache on the machine measured), were the fastest shape that held up in
     repeated runs there (docs/flash_attention_breakdown.md).
     """
-    _check_inputs(q, k, v, is_causal, block_q, block_k)
+    _check_inputs(q, k, v, is_causal, scale, block_q, block_k)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     # A tile never needs to be larger than the sequence: buffers are sized by the tiles.
