@@ -63,11 +63,11 @@ def generate(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=No
 def run(args):
     """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (Llama)."""
     from attn_cli.hf import load_checkpoint
-    from numpy_attn.gpt2 import gpt2_forward, gpt2_kv_cache
+    from numpy_attn.gpt import gpt_forward, gpt_kv_cache
     from numpy_attn.llama import llama_forward, llama_kv_cache
 
     kind, config, params = load_checkpoint(args.hf, np.float32)
-    new_cache = gpt2_kv_cache if kind == "gpt2" else llama_kv_cache
+    new_cache = gpt_kv_cache if kind == "gpt2" else llama_kv_cache
     kv_cache = new_cache(config, 1, params["wte"].dtype) if args.cache and config.n_layer else None
     if kind == "gpt2":
         from attn_cli import tokenizer
@@ -78,7 +78,7 @@ def run(args):
             prompt_ids = tokenizer.encode(args.prompt)
         else:
             raise ValueError("give --prompt TEXT (or --ids 1,2,3) to continue")
-        out = generate(lambda ids, **kw: gpt2_forward(ids, params, config, **kw)[0], prompt_ids,
+        out = generate(lambda ids, **kw: gpt_forward(ids, params, config, **kw)[0], prompt_ids,
                        config.block_size, args.max_new_tokens, args.temperature, args.top_k,
                        np.random.default_rng(args.seed), kv_cache)
         print(tokenizer.decode(out) if args.ids is None else ",".join(map(str, out)))

@@ -48,6 +48,7 @@ import numpy as np
 
 from numpy_attn._checks import check_attention_inputs, check_dout
 from numpy_attn.dropout import dropout_backward, dropout_forward
+from numpy_attn.masks import causal_mask
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 
@@ -96,7 +97,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
     if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = np.tri(T, S, S - T if is_causal == "bottom_right" else 0, dtype=np.bool_)
+        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).

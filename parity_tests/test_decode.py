@@ -163,8 +163,9 @@ def test_backward_through_past_tokens_is_refused():
     attn = params["blocks"]["0"]["attn"]
     x = np.random.default_rng(0).normal(size=(1, 3, 4))
     kv_cache = gpt_kv_cache(config, 1, np.float64)
-    multi_head_attention_forward(x[:, :2], attn, 2, is_causal=True, kv_cache=kv_cache)
-    out, cache = multi_head_attention_forward(x[:, 2:], attn, 2, is_causal=True, kv_cache=kv_cache)
+    multi_head_attention_forward(x[:, :2], attn, 2, is_causal="bottom_right", kv_cache=kv_cache.layer(0))
+    out, cache = multi_head_attention_forward(x[:, 2:], attn, 2, is_causal="bottom_right",
+                                              kv_cache=kv_cache.layer(0))
     with pytest.raises(ValueError, match="attended over 3 keys of which only 1 came from its input"):
         multi_head_attention_backward(np.ones_like(out), cache)
 
@@ -177,7 +178,7 @@ def test_tolerance_catches_positions_restarting_at_each_step():
         full, full_cache = gpt_forward(ids, params, config)
         kv_cache = gpt_kv_cache(config, 1, np.float64)
         gpt_forward(ids[:, :3], params, config, kv_cache=kv_cache)
-        wrong, _ = gpt_forward(ids[:, 3:4], params, config, kv_cache=kv_cache, position_ids=np.arange(1))
+        wrong, _ = gpt_forward(ids[:, 3:4], params, config, kv_cache=kv_cache, positions=np.arange(1))
         assert not np.allclose(wrong, full[:, 3:4], **decode_tol(full_cache, np.float64)), positions
 
 

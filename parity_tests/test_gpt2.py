@@ -1,5 +1,6 @@
-"""Parity tests for numpy_attn/gpt2.py and torch_attn/gpt2.py (Hugging Face's GPT2LMHeadModel is
-compared through saved checkpoints in test_hf.py)."""
+"""Parity tests for GPT-2 as released, run by numpy_attn/gpt.py and torch_attn/gpt.py with GPT-2's
+constants in the config (tanh GELU, its layer-norm eps) and a feed-forward width of the weights'
+choosing (Hugging Face's GPT2LMHeadModel is compared through saved checkpoints in test_hf.py)."""
 
 import dataclasses
 
@@ -8,7 +9,11 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from numpy_attn.gpt2 import GPT2Config, gpt2_backward, gpt2_forward, gpt2_kv_cache, init_gpt2_params
+from numpy_attn.gpt import GPTConfig as GPT2Config
+from numpy_attn.gpt import gpt_backward as gpt2_backward
+from numpy_attn.gpt import gpt_forward as gpt2_forward
+from numpy_attn.gpt import gpt_kv_cache as gpt2_kv_cache
+from numpy_attn.gpt import init_gpt_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -23,8 +28,20 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_map,
 )
-from torch_attn.gpt2 import gpt2
-from torch_attn.gpt2 import gpt2_kv_cache as twin_gpt2_kv_cache
+from torch_attn.gpt import gpt as gpt2
+from torch_attn.gpt import gpt_kv_cache as twin_gpt2_kv_cache
+
+
+def init_gpt2_params(config, rng, dtype=np.float32, hidden=None):
+    """init_gpt_params with a feed-forward width ``hidden`` (GPT-2's n_inner, default 4C), drawn
+    from N(0, 0.02^2) with zero biases as GPT-2's initializer_range."""
+    params = init_gpt_params(config, rng, dtype)
+    C = config.n_embd
+    H = 4 * C if hidden is None else hidden
+    for block in params["blocks"].values():
+        block["ffn"] = {"fc": {"w": rng.normal(0, 0.02, (C, H)).astype(dtype), "b": np.zeros(H, dtype)},
+                        "proj": {"w": rng.normal(0, 0.02, (H, C)).astype(dtype), "b": np.zeros(C, dtype)}}
+    return params
 
 
 @st.composite
@@ -46,7 +63,7 @@ def models(draw, dtype=None):
 
 
 def _pinned_case():
-    config = GPT2Config(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4)
+    config = GPT2Config(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4, gelu="tanh")
     rng = np.random.default_rng(1)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
                       init_gpt2_params(config, rng, np.float64))
@@ -56,7 +73,7 @@ def _pinned_case():
 
 def _rstds(cache):
     """The rstd of every layer norm (caches (xhat, rstd, w))."""
-    return [cache.ln_f[1]] + [c[i][1] for c in cache.blocks for i in (0, 2)]
+    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
 
 
 def _tol(cache, dtype):
@@ -142,7 +159,7 @@ def test_cached_decoding_equals_full_forward(case, data):
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):
-    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1, tie_weights=False)
+    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
     params = init_gpt2_params(config, np.random.default_rng(0), dtype)
     logits, cache = gpt2_forward(np.array([[1, 2, 2]]), params, config)
     grads = gpt2_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
@@ -153,11 +170,11 @@ def test_dtype_is_preserved(dtype):
 
 @pytest.mark.parametrize("kw, error, message", [
     (dict(n_embd=5, n_head=2), ValueError, "n_embd = 5 is not divisible by n_head = 2"),
-    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1, got 0"),
-    (dict(n_layer=True), TypeError, "n_layer must be an int, got True"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be a positive integer, got 0"),
+    (dict(n_layer=True), TypeError, "n_layer must be an integer, got bool True"),
     (dict(gelu="gelu_new"), ValueError, "gelu must be 'tanh' or 'none', got 'gelu_new'"),
     (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number >= 0, got -1.0"),
-    (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got 'yes'"),
+    (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got str 'yes'"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
@@ -171,20 +188,20 @@ def test_bad_input():
         gpt2_forward(np.zeros((1, 5), np.int64), params, config)
     with pytest.raises(TypeError, match="token ids must be integers"):
         gpt2_forward(np.zeros((1, 3)), params, config)
-    with pytest.raises(TypeError, match="config must be a GPT2Config, got dict"):
+    with pytest.raises(TypeError, match="config must be a GPTConfig, got dict"):
         gpt2_forward(np.zeros((1, 3), np.int64), params, {})
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_gpt2_params(config, 0)
     _, cache = gpt2_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"gpt2: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
+    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
         gpt2_backward(np.zeros((1, 3, 4)), cache)
 
 
 @given(case=models())
 def test_with_exact_gelu_it_is_gpt_py(case):
-    """gpt2.py differs from gpt.py only in taking the GELU form and the layer-norm eps from its
-    config: with gelu="none" and eps 1e-5 the two models agree on the same parameter dict (which
-    is why attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
+    """GPT-2 differs from gpt.py's defaults only in the GELU form and the layer-norm eps: with
+    gelu="none" and eps 1e-5 it is the default GPTConfig on the same parameter dict (which is why
+    attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
     from numpy_attn.gpt import GPTConfig, gpt_forward
 
     config, params, ids, _ = case

@@ -15,6 +15,7 @@ from numpy_attn.multi_head import (
     multi_head_attention_forward,
     split_heads,
 )
+from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
@@ -30,7 +31,6 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_attention import assert_dout_refused
-from torch_attn import convert
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 

@@ -14,6 +14,7 @@ import math
 import torch
 
 from torch_attn.dropout import dropout
+from torch_attn.masks import causal_mask
 from torch_attn.softmax import softmax
 
 
@@ -27,7 +28,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
     if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T if is_causal == "bottom_right" else 0)
+        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left", device=q.device)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask, 0, -torch.inf).to(q.dtype)   # False -> a score of -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)
