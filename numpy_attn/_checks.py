@@ -228,7 +228,8 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
             raise ValueError(f"attn_mask of shape {attn_mask.shape} holds NaN or +inf; a float mask "
                              "is added to the scores, -inf where a query may not attend")
         lead = q.shape[:-2] if not broadcast else np.broadcast_shapes(
-            q.shape[:-3] if gqa else q.shape[:-2], k.shape[:-3] if gqa else k.shape[:-2]) + (q.shape[-3:-2] if gqa else ())
+            q.shape[:-3] if gqa else q.shape[:-2],
+            k.shape[:-3] if gqa else k.shape[:-2]) + (q.shape[-3:-2] if gqa else ())
         scores_shape = lead + (q.shape[-2], k.shape[-2])
         try:   # at least (T, S) or (1, S), as PyTorch requires, and no growing the output's shape
             fits = attn_mask.ndim >= 2 and np.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape

@@ -92,9 +92,11 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
-    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1   # query heads per key head
+    # g query heads per key/value head: more than one with grouped-query heads
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
-        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+        # (..., nkv, S, .) -> (..., nh, S, .)
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
     if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
         attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
@@ -135,7 +137,8 @@ def scaled_dot_product_attention_backward(dout, cache):
     # Undoes the broadcasting of the batch axes: each input's gradient summed back to its shape.
     dq, dk, dv = (_sum_to_shape(d, a.shape) for d, a in ((dq, q_scaled), (dk, k), (dv, v)))
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
-        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+        # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
     if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
         return dq, dk, dv, _sum_to_shape(dscores, mask_shape)    # (..., nh, T, S) -> mask's shape
     return dq, dk, dv

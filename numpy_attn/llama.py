@@ -143,7 +143,7 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
     k, k_cache = linear_forward(x, **params["k"])                             # (B, T, C) -> (B, T, nkv*hs)
     v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
@@ -155,7 +155,7 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
     is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
     y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask,
                                                          is_causal=is_causal)   # (B, nh, T, hs)

@@ -7,10 +7,11 @@
 Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.MultiheadAttention``
 (which stores Wq, Wk, Wv stacked and transposed as ``in_proj_weight``). Masks, dropout and
 ``is_causal`` (True or "bottom_right") are those of numpy_attn/attention.py, handed to it as
-given: ``attn_mask`` is True where a query may attend and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
-each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
-for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when
-the forward was given ``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
+given: ``attn_mask`` is True where a query may attend and broadcasts to (B, nh, T, S). Splitting
+and merging the heads only move numbers around, so each is the other's backward. The backward
+returns one gradient per input given: ``(dx, dparams)`` for self-attention and
+``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when the forward was given
+``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
 
 Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
 nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).

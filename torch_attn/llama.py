@@ -25,7 +25,7 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     with a ``kv_cache`` (this layer's) x holds only the new tokens."""
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q = linear(x, **params["q"])                                              # (B, T, C) -> (B, T, nh*hs)
     k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
     v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
@@ -36,7 +36,7 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
     k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
     is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
     y, _ = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                         is_causal=is_causal)                  # (B, nh, T, hs)
