@@ -11,6 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_backward, llama_forward
+from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -267,6 +268,42 @@ def test_causal(case, data):
     logits_changed, _ = llama_forward(changed, params, config, positions=positions)
     assert_close(f"llama.logits[:, :{t + 1}] after changing later tokens", logits_changed[:, : t + 1],
                  logits[:, : t + 1], **_tol(cache, logits.dtype))
+
+
+@given(case=models(), pads=st.lists(st.integers(0, 4), min_size=3, max_size=3), left=st.booleans())
+@example(case=_pinned_case(), pads=[2, 0, 0], left=True)
+def test_padded_batch_equals_sequences_alone(case, pads, left):
+    """gpt_forward's vocabulary: padding composed by the caller with numpy_attn/masks.py
+    (positions numbered per row, attn_mask hiding the padding) gives every real token of a left-
+    or right-padded row its logits alone, and the parameter gradients of the rows alone, summed
+    (dout is zero at padding); the twin takes the same arguments and agrees."""
+    config, params, ids, _, dout = case
+    B, T = ids.shape
+    kpm = np.zeros((B, T), bool)                                      # True at padding
+    for b in range(B):
+        pad = pads[b] % T                                             # at least one real token
+        kpm[b, slice(0, pad) if left else slice(T - pad, T)] = True
+    dout = np.where(kpm[..., None], 0, dout).astype(dout.dtype)
+    kw = dict(positions=padded_position_ids(kpm), attn_mask=padding_attn_mask(kpm))
+    logits, cache = llama_forward(ids, params, config, **kw)
+    dparams = llama_backward(dout, cache)
+    rstds, alone_grads = _rstds(cache), []
+    for b in range(B):
+        real = ~kpm[b]
+        alone, alone_cache = llama_forward(ids[b:b + 1, real], params, config)
+        rstds += _rstds(alone_cache)
+        alone_grads.append(llama_backward(np.ascontiguousarray(dout[b:b + 1, real]), alone_cache))
+        assert_close(f"llama padded.logits[{b}] vs alone", logits[b:b + 1, real], alone,
+                     **layer_norm_tol(rstds, logits.dtype))
+    summed = alone_grads[0]
+    for g in alone_grads[1:]:
+        summed = tree_map(lambda a, c: a + c, summed, g)
+    assert_tree_close("llama padded.grads vs alone", dparams, summed, **layer_norm_tol(rstds, logits.dtype))
+    twin = llama(to_torch(ids), tree_map(to_torch, params), config, positions=to_torch(kw["positions"]),
+                 attn_mask=to_torch(kw["attn_mask"]))
+    real = ~kpm[..., None] & np.ones(logits.shape, bool)
+    assert_close("llama padded.logits twin", np.where(real, to_numpy(twin), 0), np.where(real, logits, 0),
+                 **layer_norm_tol(rstds, logits.dtype))
 
 
 @given(case=models(), shift=st.integers(1, 1000))
