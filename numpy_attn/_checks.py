@@ -56,10 +56,11 @@ def check_config(config, fields):
     naming ``ClassName.field`` and the value given.
 
     ``fields`` is ``{name: (kind, low)}``: kind ``int``, ``float``, ``bool``, ``str``, a tuple of
-    the strings allowed, or ``int | None`` for a field that may be None; ``low`` the smallest value
-    allowed, or None. TypeError for the wrong type (a bool is not an integer, and a string is not
-    a bool: tie_weights="false" would be true), ValueError for a value out of bounds. NumPy
-    scalars are accepted and stored as Python values, so that a config writes to JSON.
+    the strings allowed, or ``int | None`` for a field that may be None; ``low`` the smallest
+    value allowed, ``POSITIVE`` (above 0, as an eps must be) or None. TypeError for the wrong type
+    (a bool is not an integer, and a string is not a bool: tie_weights="false" would be true),
+    ValueError for a value out of bounds. NumPy scalars are accepted and stored as Python values,
+    so that a config writes to JSON.
     """
     cls = type(config).__name__
     values = {}
@@ -76,7 +77,9 @@ def check_config(config, fields):
             raise TypeError(f"{cls}.{name} must be {wanted}, got {type(value).__name__} {value!r}")
         if isinstance(kind, tuple) and value not in kind:          # the strings allowed
             raise ValueError(f"{cls}.{name} must be {' or '.join(map(repr, kind))}, got {value!r}")
-        if low is not None and value < low:
+        if low is POSITIVE and not value > 0:
+            raise ValueError(f"{cls}.{name} must be a number > 0, got {value!r}")
+        if low is not None and low is not POSITIVE and value < low:
             bound = f"a number >= {low}" if kind is float else \
                 "a positive integer" if low == 1 else f"an integer >= {low}"
             raise ValueError(f"{cls}.{name} must be {bound}, got {value!r}")
@@ -84,6 +87,7 @@ def check_config(config, fields):
     return values
 
 
+POSITIVE = "> 0"          # check_config's bound for a value that must lie above 0
 _ABSTRACT = {int: numbers.Integral, float: numbers.Real, bool: bool, str: str}
 _KIND_NAMES = {int: "an integer", float: "a real number", bool: "a bool", str: "a str"}
 

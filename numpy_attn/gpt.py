@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import (
+    POSITIVE,
     check_config,
     check_float,
     check_model_attn_mask,
@@ -188,7 +189,7 @@ def _check_gpt_config(config):
         "vocab_size": (int, 1), "block_size": (int, 1), "n_layer": (int, 0), "n_head": (int, 1),
         "n_kv_head": (int | None, 1), "n_embd": (int, 1), "dropout": (float, None), "bias": (bool, None),
         "tie_weights": (bool, None), "positions": (("learned", "sinusoidal"), None),
-        "ln_eps": (float, 0), "gelu": (("tanh", "none"), None)})
+        "ln_eps": (float, POSITIVE), "gelu": (("tanh", "none"), None)})
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd = {config.n_embd} is not divisible by n_head = {config.n_head}")
     if not 0 <= config.dropout < 1:

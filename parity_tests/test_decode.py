@@ -37,7 +37,8 @@ def decodes(draw, dtype=None):
     nkv, g, hs = draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 3))
     config = GPTConfig(
         vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 6)), n_layer=draw(st.integers(1, 2)),
-        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs, bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
+        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs,
+        bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))

@@ -349,6 +349,19 @@ def test_bad_input():
         gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, vocab_size=6))
 
 
+def test_bad_dlogits_is_refused():
+    """dlogits must have the logits' shape and dtype, checked by the output layer's backward."""
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    _, cache = gpt_forward(np.zeros((2, 3), int), params, config)
+    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(2, 3, 5\), got \(2, 3, 4\)"):
+        gpt_backward(np.zeros((2, 3, 4)), cache)
+    with pytest.raises(TypeError, match=r"gpt_backward: dlogits must have the dtype .* float64, got float32"):
+        gpt_backward(np.zeros((2, 3, 5), np.float32), cache)
+    with pytest.raises(TypeError, match=r"gpt_backward: dlogits must be a NumPy array .* got list"):
+        gpt_backward(np.zeros((2, 3, 5)).tolist(), cache)
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(positions=np.arange(3)), ValueError, r"positions must have shape \(2,\) or \(1, 2\) .* got \(3,\)"),
     (dict(positions=np.array([0, 4])), ValueError, r"positions must lie in \[0, block_size = 4\), got values 0..4"),

@@ -173,7 +173,8 @@ def test_dtype_is_preserved(dtype):
     (dict(vocab_size=0), ValueError, "vocab_size must be a positive integer, got 0"),
     (dict(n_layer=True), TypeError, "n_layer must be an integer, got bool True"),
     (dict(gelu="gelu_new"), ValueError, "gelu must be 'tanh' or 'none', got 'gelu_new'"),
-    (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number >= 0, got -1.0"),
+    (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number > 0, got -1.0"),
+    (dict(ln_eps=0.0), ValueError, "GPTConfig.ln_eps must be a number > 0, got 0.0"),   # 0 / 0 on a constant row
     (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got str 'yes'"),
 ])
 def test_bad_config(kw, error, message):

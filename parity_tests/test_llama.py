@@ -385,6 +385,28 @@ def test_dtype_is_preserved(dtype):
         assert g.dtype == dtype, f"llama.{path} gradient dtype {g.dtype}"
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_llama_params(bias):
+    """As Hugging Face's LlamaForCausalLM initialises: every weight from N(0, 0.02^2)
+    (initializer_range; compared with a reference sample of the same size), every bias exactly
+    0 and present only when the config asks, every RMS norm weight exactly 1."""
+    from parity_tests.test_feed_forward import assert_same_distribution
+
+    config = LlamaConfig(vocab_size=256, block_size=4, n_layer=1, n_head=4, n_kv_head=2, n_embd=64,
+                         hidden=96, attn_bias=bias, mlp_bias=bias, tie_weights=False)
+    params = init_llama_params(config, np.random.default_rng(0), np.float64)
+    reference = np.random.default_rng(1)
+    for path, p in tree_leaves(params):
+        if path.endswith("norm.w"):
+            assert np.array_equal(p, np.ones(64)), f"llama.{path} is not all ones"
+        elif path.endswith(".b"):
+            assert bias and np.array_equal(p, np.zeros(p.shape)), f"llama.{path}: a bias with bias={bias}, or not 0"
+        else:
+            assert_same_distribution(f"llama.{path}", p, reference.normal(0, 0.02, p.shape))
+    biases = [path for path, _ in tree_leaves(params) if path.endswith(".b")]
+    assert len(biases) == (7 if bias else 0), f"llama biases with bias={bias}: {biases}"
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, error, message", [
@@ -394,6 +416,9 @@ def test_dtype_is_preserved(dtype):
     (dict(vocab_size=True), TypeError, "vocab_size must be an integer, got bool True"),
     (dict(hidden=2.0), TypeError, "hidden must be an integer, got float 2.0"),
     (dict(head_dim=3), ValueError, "the head size must be even for rotary positions, got 3"),
+    (dict(head_dim=0), ValueError, "LlamaConfig.head_dim must be an integer >= 2, got 0"),
+    (dict(head_dim=4.0), TypeError, "LlamaConfig.head_dim must be None or an integer, got float 4.0"),
+    (dict(n_kv_head=False), TypeError, "LlamaConfig.n_kv_head must be an integer, got bool False"),
     (dict(n_embd=12, n_head=4, n_kv_head=4), ValueError, "the head size must be even .* got 3"),
     (dict(tie_weights=1), TypeError, "tie_weights must be a bool, got int 1"),
     (dict(attn_bias="no"), TypeError, "attn_bias must be a bool, got str 'no'"),

@@ -45,7 +45,8 @@ def models(draw, dtype=None, max_block=6):
     nkv, g, hs = draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 3))
     config = GPTConfig(
         vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(2, max_block)), n_layer=draw(st.integers(1, 2)),
-        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs, bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
+        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs,
+        bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
