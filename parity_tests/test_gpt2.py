@@ -9,11 +9,7 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from numpy_attn.gpt import GPTConfig as GPT2Config
-from numpy_attn.gpt import gpt_backward as gpt2_backward
-from numpy_attn.gpt import gpt_forward as gpt2_forward
-from numpy_attn.gpt import gpt_kv_cache as gpt2_kv_cache
-from numpy_attn.gpt import init_gpt_params
+from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -28,8 +24,8 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_map,
 )
-from torch_attn.gpt import gpt as gpt2
-from torch_attn.gpt import gpt_kv_cache as twin_gpt2_kv_cache
+from torch_attn.gpt import gpt
+from torch_attn.gpt import gpt_kv_cache as twin_gpt_kv_cache
 
 
 def init_gpt2_params(config, rng, dtype=np.float32, hidden=None):
@@ -49,7 +45,7 @@ def models(draw, dtype=None):
     """(config, params, ids, dout): tiny configs, params moved by U(-0.5, 0.5), repeating ids."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 3))
-    config = GPT2Config(vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
+    config = GPTConfig(vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
                         n_layer=draw(st.integers(0, 2)), n_head=nh, n_embd=nh * hs,
                         ln_eps=draw(st.sampled_from([1e-5, 1e-6])),
                         gelu=draw(st.sampled_from(["tanh", "none"])), tie_weights=draw(st.booleans()))
@@ -63,7 +59,7 @@ def models(draw, dtype=None):
 
 
 def _pinned_case():
-    config = GPT2Config(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4, gelu="tanh")
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4, gelu="tanh")
     rng = np.random.default_rng(1)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
                       init_gpt2_params(config, rng, np.float64))
@@ -81,14 +77,14 @@ def _tol(cache, dtype):
 
 
 def _twin(config, ids):
-    return lambda params: gpt2(to_torch(ids), params, config)
+    return lambda params: gpt(to_torch(ids), params, config)
 
 
 @given(case=models())
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt2_forward(ids, params, config)
+    logits, cache = gpt_forward(ids, params, config)
     twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
     assert_close("gpt2.logits", logits, twin_logits, **_tol(cache, logits.dtype))
 
@@ -97,8 +93,8 @@ def test_forward_matches_twin(case):
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):
     config, params, ids, dout = case
-    _, cache = gpt2_forward(ids, params, config)
-    dparams = gpt2_backward(dout, cache)
+    _, cache = gpt_forward(ids, params, config)
+    dparams = gpt_backward(dout, cache)
     _, grads = autograd(_twin(config, ids), {"params": params}, dout)
     assert_tree_close("gpt2", dparams, grads["params"], **_tol(cache, dout.dtype))
 
@@ -109,9 +105,9 @@ def test_causal(case, data):
     t = data.draw(st.integers(0, ids.shape[1] - 1))
     changed = ids.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % config.vocab_size
-    logits, cache = gpt2_forward(ids, params, config)
+    logits, cache = gpt_forward(ids, params, config)
     assert_close(f"gpt2.logits[:, :{t + 1}] after changing later tokens",
-                 gpt2_forward(changed, params, config)[0][:, : t + 1], logits[:, : t + 1],
+                 gpt_forward(changed, params, config)[0][:, : t + 1], logits[:, : t + 1],
                  **_tol(cache, logits.dtype))
 
 
@@ -122,11 +118,11 @@ def test_backward_matches_finite_differences(case, seed):
     config, params, ids, dout = case
     rng = np.random.default_rng(seed)
     direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = gpt2_forward(ids, params, config)
-    grads = gpt2_backward(dout, cache)
+    _, cache = gpt_forward(ids, params, config)
+    grads = gpt_backward(dout, cache)
     h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
     numeric = directional_derivative(
-        lambda p: np.sum(gpt2_forward(ids, p, config)[0] * dout), params, direction, h=h)
+        lambda p: np.sum(gpt_forward(ids, p, config)[0] * dout), params, direction, h=h)
     assert_close("gpt2 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
                  np.float64(numeric), **directional_tol(grads, direction))
 
@@ -141,14 +137,14 @@ def test_cached_decoding_equals_full_forward(case, data):
     assume(config.n_layer >= 1)                                   # a cache holds at least one layer
     B, T = ids.shape
     P = data.draw(st.integers(1, T), label="prefill")
-    full, full_cache = gpt2_forward(ids, params, config)
-    kv_cache = gpt2_kv_cache(config, B, params["wte"].dtype)
-    twin_cache = twin_gpt2_kv_cache(config, B, to_torch(params["wte"]).dtype)
+    full, full_cache = gpt_forward(ids, params, config)
+    kv_cache = gpt_kv_cache(config, B, params["wte"].dtype)
+    twin_cache = twin_gpt_kv_cache(config, B, to_torch(params["wte"]).dtype)
     tparams = tree_map(to_torch, params)
     steps, twin_steps = [], []
     for start, end in [(0, P)] + [(t, t + 1) for t in range(P, T)]:
-        steps.append(gpt2_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
-        twin_steps.append(to_numpy(gpt2(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
+        steps.append(gpt_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
+        twin_steps.append(to_numpy(gpt(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
     cached = np.concatenate(steps, axis=1)
     tol = _tol(full_cache, full.dtype)
     rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
@@ -159,10 +155,10 @@ def test_cached_decoding_equals_full_forward(case, data):
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):
-    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
     params = init_gpt2_params(config, np.random.default_rng(0), dtype)
-    logits, cache = gpt2_forward(np.array([[1, 2, 2]]), params, config)
-    grads = gpt2_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
+    logits, cache = gpt_forward(np.array([[1, 2, 2]]), params, config)
+    grads = gpt_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
     assert logits.dtype == dtype, f"gpt2.logits dtype {logits.dtype}"
     for path, g in tree_leaves(grads):
         assert g.dtype == dtype, f"gpt2.{path} gradient dtype {g.dtype}"
@@ -179,23 +175,23 @@ def test_dtype_is_preserved(dtype):
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
-        GPT2Config(**kw)
+        GPTConfig(**kw)
 
 
 def test_bad_input():
-    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1)
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1)
     params = init_gpt2_params(config, np.random.default_rng(0), np.float64)
     with pytest.raises(ValueError, match=r"T = 5 of ids \(1, 5\) exceeds block_size = 4"):
-        gpt2_forward(np.zeros((1, 5), np.int64), params, config)
+        gpt_forward(np.zeros((1, 5), np.int64), params, config)
     with pytest.raises(TypeError, match="token ids must be integers"):
-        gpt2_forward(np.zeros((1, 3)), params, config)
+        gpt_forward(np.zeros((1, 3)), params, config)
     with pytest.raises(TypeError, match="config must be a GPTConfig, got dict"):
-        gpt2_forward(np.zeros((1, 3), np.int64), params, {})
+        gpt_forward(np.zeros((1, 3), np.int64), params, {})
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_gpt2_params(config, 0)
-    _, cache = gpt2_forward(np.zeros((1, 3), np.int64), params, config)
+    _, cache = gpt_forward(np.zeros((1, 3), np.int64), params, config)
     with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        gpt2_backward(np.zeros((1, 3, 4)), cache)
+        gpt_backward(np.zeros((1, 3, 4)), cache)
 
 
 @given(case=models())
@@ -203,11 +199,9 @@ def test_with_exact_gelu_it_is_gpt_py(case):
     """GPT-2 differs from gpt.py's defaults only in the GELU form and the layer-norm eps: with
     gelu="none" and eps 1e-5 it is the default GPTConfig on the same parameter dict (which is why
     attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
-    from numpy_attn.gpt import GPTConfig, gpt_forward
-
     config, params, ids, _ = case
     config = dataclasses.replace(config, gelu="none", ln_eps=1e-5)
-    ours, cache = gpt2_forward(ids, params, config)
+    ours, cache = gpt_forward(ids, params, config)
     gpt_config = GPTConfig(vocab_size=config.vocab_size, block_size=config.block_size,
                            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
                            tie_weights=config.tie_weights)
