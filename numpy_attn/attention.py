@@ -121,26 +121,26 @@ def scaled_dot_product_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g, mask_shape = cache
-    check_dout("scaled_dot_product_attention", dout, weights.shape[:-1] + v.shape[-1:], v.dtype)
+    q_scaled, k, v, dropped, g = cache.q_scaled, cache.k, cache.v, cache.dropped, cache.g
+    check_dout("scaled_dot_product_attention", dout, cache.weights.shape[:-1] + v.shape[-1:], v.dtype)
     # Undoes out = dropped @ v.
     dv = dropped.swapaxes(-1, -2) @ dout                          # (..., nh, S, hv)
     ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
     # Undoes dropped = dropout(weights): the same keep-mask and scale.
-    dweights = dropout_backward(ddropped, dropout_cache)          # (..., nh, T, S)
+    dweights = dropout_backward(ddropped, cache.dropout_cache)    # (..., nh, T, S)
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
-    dscores = softmax_backward(dweights, softmax_cache)           # (..., nh, T, S)
+    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S)
     # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
-    dq = (dscores @ k) * scale                                    # (..., nh, T, hs)
+    dq = (dscores @ k) * cache.scale                              # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
     # Undoes the broadcasting of the batch axes: each input's gradient summed back to its shape.
     dq, dk, dv = (_sum_to_shape(d, a.shape) for d, a in ((dq, q_scaled), (dk, k), (dv, v)))
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
         # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
-    if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
-        return dq, dk, dv, _sum_to_shape(dscores, mask_shape)    # (..., nh, T, S) -> mask's shape
+    if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
+        return dq, dk, dv, _sum_to_shape(dscores, cache.mask_shape)   # (..., nh, T, S) -> mask's shape
     return dq, dk, dv
 
 
