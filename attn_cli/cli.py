@@ -22,13 +22,6 @@ COMMANDS = {
 }
 
 
-def use_color(mode, stream):
-    """Kept for callers of the earlier layout: see attn_cli.term.use_color."""
-    from attn_cli import term
-
-    return term.use_color(mode, stream)
-
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="numpy-attn",

@@ -2,7 +2,7 @@
 
     kind, config, params = load_checkpoint("gpt2")       # a folder with config.json + *.safetensors
 
-Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt2.GPT2Config and its params) and
+Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU and eps) and
 ``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
 which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``.
@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn.gpt2 import GPT2Config
+from numpy_attn.gpt import GPTConfig
 from numpy_attn.llama import LlamaConfig
 
 ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM")
@@ -412,7 +412,7 @@ class _Tensors:
 # -- GPT-2 ------------------------------------------------------------------------------------------
 
 def gpt2_config(hf):
-    """GPT2Config from a GPT-2 config.json (dict); unsupported options are refused by name."""
+    """GPTConfig from a GPT-2 config.json (dict); unsupported options are refused by name."""
     for key, supported in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                            ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if hf.get(key, supported) != supported:
@@ -422,10 +422,10 @@ def gpt2_config(hf):
     if activation not in GELUS:
         raise CheckpointError(f"GPT-2 config.json: activation_function {activation!r} is not supported "
                               f"(one of {sorted(GELUS)})")
-    return GPT2Config(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                      n_head=hf["n_head"], n_embd=hf["n_embd"],
-                      ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)), gelu=GELUS[activation],
-                      tie_weights=bool(hf.get("tie_word_embeddings", True)))
+    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                     n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0, bias=True,
+                     tie_weights=bool(hf.get("tie_word_embeddings", True)), positions="learned",
+                     ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)), gelu=GELUS[activation])
 
 
 def _gpt2_params(tensors, config):

@@ -30,7 +30,7 @@ def parse_ids(text):
 def run(args):
     """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (Llama)."""
     from attn_cli.hf import load_checkpoint
-    from numpy_attn.gpt2 import gpt2_forward, gpt2_kv_cache
+    from numpy_attn.gpt import gpt_forward, gpt_kv_cache
     from numpy_attn.llama import llama_forward, llama_kv_cache
 
     kind, config, params = load_checkpoint(args.hf, np.float32)
@@ -50,7 +50,7 @@ def run(args):
     if bad:
         raise ValueError(f"{option}: token id {bad[0]} is outside the vocabulary of {args.hf}, ids 0 to "
                          f"{config.vocab_size - 1}")
-    forward, new_cache = (gpt2_forward, gpt2_kv_cache) if kind == "gpt2" else (llama_forward, llama_kv_cache)
+    forward, new_cache = (gpt_forward, gpt_kv_cache) if kind == "gpt2" else (llama_forward, llama_kv_cache)
     dtype = params["wte"].dtype
     out = continue_ids(lambda ids, **kw: forward(ids, params, config, **kw)[0], prompt, config.block_size,
                        args.max_new_tokens, args.temperature, args.top_k, np.random.default_rng(args.seed),

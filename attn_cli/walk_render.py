@@ -328,9 +328,9 @@ def _print_kv_decoding(p, inputs):
     itemsize = inputs.dtype.itemsize
     p.step(8, "Decoding with a KV cache, one token at a time",
            "kv_cache.init_kv_cache, multi_head.multi_head_attention_forward(x_t, ..., "
-           "kv_cache=cache, is_causal=True)",
+           "kv_cache=cache.layer(0), is_causal=\"bottom_right\")",
            "kv_cache.init_kv_cache, multi_head.multi_head_attention(x_t, ..., "
-           "kv_cache=cache, is_causal=True)")
+           "kv_cache=cache.layer(0), is_causal=\"bottom_right\")")
     p.note("a decoder generates one token at a time. Under the causal mask a token's key and value "
            "never change once computed, so a cache keeps them: step t projects only the new token "
            f"x_t (1, 1, {C}), appends its key and value, and its query attends over the t + 1 "

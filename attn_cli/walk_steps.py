@@ -92,7 +92,8 @@ class NumpySide:
 
     def decode(self, x, params, num_heads, kv_cache):
         """One decoding step: x (1, 1, C) is the new token; its key and value join ``kv_cache``."""
-        return multi_head_attention_forward(x, params, num_heads, is_causal=True, kv_cache=kv_cache)[0]
+        return multi_head_attention_forward(x, params, num_heads, is_causal="bottom_right",
+                                            kv_cache=kv_cache.layer(0))[0]
 
     def concat_tokens(self, arrays):
         return np.concatenate(arrays, axis=1)
@@ -195,8 +196,8 @@ class TorchSide:
 
     def decode(self, x, params, num_heads, kv_cache):
         with self.torch.no_grad():    # the cache is for inference only
-            return self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal=True,
-                                                               kv_cache=kv_cache)[0]
+            return self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal="bottom_right",
+                                                               kv_cache=kv_cache.layer(0))[0]
 
     def concat_tokens(self, tensors):
         return self.torch.cat(tensors, dim=1)

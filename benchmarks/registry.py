@@ -212,7 +212,7 @@ def _builtin_mha(t, static):
     """
     import torch.nn.functional as F
 
-    from torch_attn.convert import to_mha
+    from parity_tests.convert import to_mha
 
     x, s = t["x"], to_mha(t["params"])
     C = x.shape[-1]
@@ -236,7 +236,7 @@ def _builtin_block(t, static):
     import torch
     from torch import nn
 
-    from torch_attn.convert import to_encoder_layer
+    from parity_tests.convert import to_encoder_layer
 
     x, p = t["x"], t["params"]
     B, T, C = x.shape

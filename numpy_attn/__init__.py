@@ -24,7 +24,7 @@ Reading order, leaf to root:
     dropout          inverted dropout with an explicit random generator
     feed_forward     linear C -> 4C, GELU, linear 4C -> C
     block            the pre-LayerNorm transformer block
-    gpt              a mini GPT: embeddings, blocks, final layer norm, LM head
+    gpt              GPT (GPT-2's architecture): embeddings, blocks, final layer norm, LM head
     kv_cache         the keys and values of past tokens, for decoding
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
@@ -33,7 +33,6 @@ Reading order, leaf to root:
     rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
     rms_norm         root-mean-square norm (no centring, no bias), as in Llama
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
-    gpt2             GPT-2 as released (tanh GELU, its eps), to run its checkpoints
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
@@ -46,8 +45,7 @@ Dimension key (the same in torch_attn and the README):
     C   model width           nh  heads                 hs  head size (C = nh * hs)
     V   vocabulary size
 
-Importing this package imports NumPy only: never torch, and tiktoken only when a tokenizer
-function is first called.
+Importing this package imports NumPy only, never torch (the tokenizer lives in attn_cli).
 """
 
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 
 import math
 import numbers
+import types
 
 import numpy as np
 
@@ -62,6 +63,79 @@ def check_token_ids(ids, block_size):
         raise ValueError(f"sequence length T = {ids.shape[1]} of ids {ids.shape} exceeds "
                          f"block_size = {block_size}")
     return ids
+
+
+def check_config(config, fields):
+    """Return ``{name: value}`` of a config's ``fields`` as Python int/float/bool/str, or raise
+    naming ``ClassName.field`` and the value given.
+
+    ``fields`` is ``{name: (kind, low)}``: kind ``int``, ``float``, ``bool``, ``str``, a tuple of
+    the strings allowed, or ``int | None`` for a field that may be None; ``low`` the smallest
+    value allowed, ``POSITIVE`` (above 0, as an eps must be) or None. TypeError for the wrong type
+    (a bool is not an integer, and a string is not a bool: tie_weights="false" would be true),
+    ValueError for a value out of bounds. NumPy scalars are accepted and stored as Python values,
+    so that a config writes to JSON.
+    """
+    cls = type(config).__name__
+    values = {}
+    for name, (kind, low) in fields.items():
+        value = getattr(config, name)
+        optional = isinstance(kind, types.UnionType)               # int | None
+        kind = kind.__args__[0] if optional else kind
+        if optional and value is None:
+            values[name] = None
+            continue
+        is_bool = isinstance(value, bool | np.bool_)
+        if (kind is bool) != is_bool or not isinstance(value, _ABSTRACT.get(kind, str) | np.bool_):
+            wanted = ("None or " if optional else "") + _KIND_NAMES.get(kind, "a str")
+            raise TypeError(f"{cls}.{name} must be {wanted}, got {type(value).__name__} {value!r}")
+        if isinstance(kind, tuple) and value not in kind:          # the strings allowed
+            raise ValueError(f"{cls}.{name} must be {' or '.join(map(repr, kind))}, got {value!r}")
+        if low is POSITIVE and not value > 0:
+            raise ValueError(f"{cls}.{name} must be a number > 0, got {value!r}")
+        if low is not None and low is not POSITIVE and value < low:
+            bound = f"a number >= {low}" if kind is float else \
+                "a positive integer" if low == 1 else f"an integer >= {low}"
+            raise ValueError(f"{cls}.{name} must be {bound}, got {value!r}")
+        values[name] = str(value) if isinstance(kind, tuple) else kind(value)
+    return values
+
+
+POSITIVE = "> 0"          # check_config's bound for a value that must lie above 0
+_ABSTRACT = {int: numbers.Integral, float: numbers.Real, bool: bool, str: str}
+_KIND_NAMES = {int: "an integer", float: "a real number", bool: "a bool", str: "a str"}
+
+
+def check_positions(positions, B, T, limit=None):
+    """Raise unless ``positions`` is None or an integer array of shape (T,) or (B, T) whose values,
+    with a ``limit`` (a learned position table's length), lie in [0, limit)."""
+    if positions is None:
+        return
+    positions = np.asarray(positions)
+    check_integer("positions", positions)
+    if positions.shape not in ((T,), (B, T)):
+        raise ValueError(f"positions must have shape ({T},) or ({B}, {T}) to match ids ({B}, {T}), "
+                         f"got {positions.shape}")
+    low, high = positions.min(initial=0), positions.max(initial=0)
+    if limit is not None and (low < 0 or high >= limit):
+        raise ValueError(f"positions must lie in [0, block_size = {limit}), got values {low}..{high}")
+
+
+def check_model_attn_mask(attn_mask, scores_shape):
+    """Raise unless ``attn_mask`` is None or a bool array (True = may attend) that broadcasts to
+    the scores' shape (B, nh, T, S) without growing it."""
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, np.ndarray) or attn_mask.dtype != np.bool_:
+        raise TypeError(f"attn_mask must be a bool NumPy array (True where a query may attend), got "
+                        f"{getattr(attn_mask, 'dtype', type(attn_mask).__name__)}")
+    try:
+        fits = np.broadcast_shapes(attn_mask.shape, scores_shape) == tuple(scores_shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"attn_mask of shape {attn_mask.shape} does not broadcast to the scores' shape "
+                         f"(B, nh, T, S) = {tuple(scores_shape)}")
 
 
 def check_model_kv_cache(kv_cache, n_layer, block_size, T, made_by):
@@ -172,7 +246,8 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
             raise ValueError(f"attn_mask of shape {attn_mask.shape} holds NaN or +inf; a float mask "
                              "is added to the scores, -inf where a query may not attend")
         lead = q.shape[:-2] if not broadcast else np.broadcast_shapes(
-            q.shape[:-3] if gqa else q.shape[:-2], k.shape[:-3] if gqa else k.shape[:-2]) + (q.shape[-3:-2] if gqa else ())
+            q.shape[:-3] if gqa else q.shape[:-2],
+            k.shape[:-3] if gqa else k.shape[:-2]) + (q.shape[-3:-2] if gqa else ())
         scores_shape = lead + (q.shape[-2], k.shape[-2])
         try:   # at least (T, S) or (1, S), as PyTorch requires, and no growing the output's shape
             fits = attn_mask.ndim >= 2 and np.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
@@ -187,11 +262,12 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         raise TypeError(f"dropout_p = {dropout_p} needs rng, an np.random.Generator, got {rng!r}")
 
 
-def check_no_past(op, attended, own):
-    """Raise ValueError if attention read ``attended`` keys but only ``own`` came from the
-    backward's inputs: the rest came from a key/value cache, whose past tokens' inputs are not in
-    the cache, so there is nothing to send their gradient to (the cache is for inference only)."""
-    if attended != own:
+def check_no_past(op, attended, past):
+    """Raise ValueError if ``past`` of the ``attended`` keys came from a key/value cache: their
+    tokens' inputs are not in the backward's cache, so there is nothing to send their gradient to
+    (the cache is for inference only)."""
+    if past:
+        own = attended - past
         raise ValueError(f"{op}: the forward attended over {attended} keys of which only {own} came "
                          "from its input; the rest came from a key/value cache, which is for "
                          "inference only")

@@ -48,6 +48,7 @@ import numpy as np
 
 from numpy_attn._checks import check_attention_inputs, check_dout
 from numpy_attn.dropout import dropout_backward, dropout_forward
+from numpy_attn.masks import causal_mask
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 
@@ -91,12 +92,14 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
-    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1   # query heads per key head
+    # g query heads per key/value head: more than one with grouped-query heads
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
-        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+        # (..., nkv, S, .) -> (..., nh, S, .)
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
     if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = np.tri(T, S, S - T if is_causal == "bottom_right" else 0, dtype=np.bool_)
+        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
@@ -118,25 +121,26 @@ def scaled_dot_product_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g, mask_shape = cache
-    check_dout("scaled_dot_product_attention", dout, weights.shape[:-1] + v.shape[-1:], v.dtype)
+    q_scaled, k, v, dropped, g = cache.q_scaled, cache.k, cache.v, cache.dropped, cache.g
+    check_dout("scaled_dot_product_attention", dout, cache.weights.shape[:-1] + v.shape[-1:], v.dtype)
     # Undoes out = dropped @ v.
     dv = dropped.swapaxes(-1, -2) @ dout                          # (..., nh, S, hv)
     ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
     # Undoes dropped = dropout(weights): the same keep-mask and scale.
-    dweights = dropout_backward(ddropped, dropout_cache)          # (..., nh, T, S)
+    dweights = dropout_backward(ddropped, cache.dropout_cache)    # (..., nh, T, S)
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
-    dscores = softmax_backward(dweights, softmax_cache)           # (..., nh, T, S)
+    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S)
     # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
-    dq = (dscores @ k) * scale                                    # (..., nh, T, hs)
+    dq = (dscores @ k) * cache.scale                              # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
     # Undoes the broadcasting of the batch axes: each input's gradient summed back to its shape.
     dq, dk, dv = (_sum_to_shape(d, a.shape) for d, a in ((dq, q_scaled), (dk, k), (dv, v)))
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
-        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
-    if mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
-        return dq, dk, dv, _sum_to_shape(dscores, mask_shape)    # (..., nh, T, S) -> mask's shape
+        # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
+    if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
+        return dq, dk, dv, _sum_to_shape(dscores, cache.mask_shape)   # (..., nh, T, S) -> mask's shape
     return dq, dk, dv
 
 

@@ -55,6 +55,8 @@ class BlockCache(NamedTuple):
     ln2: tuple
     ffn: tuple
     drop_ffn: tuple
+    shape: tuple             # (B, T, C) of x and of out
+    dtype: np.dtype
 
     @property
     def masks(self):
@@ -62,58 +64,57 @@ class BlockCache(NamedTuple):
         return {"attn": self.drop_attn[0], "ffn": self.drop_ffn[0]}
 
 
-def block_forward(x, params, num_heads, dropout_p=0.0, rng=None, masks=None, attn_mask=None,
-                  kv_cache=None, layer=0):
+def block_forward(x, params, num_heads, *, dropout_p=0.0, rng=None, masks=None, attn_mask=None,
+                  kv_cache=None, ln_eps=1e-5, gelu="none"):
     """One causal pre-LN block: x (B, T, C) -> out (B, T, C), params as from init_block_params.
 
     Dropout with ``dropout_p`` > 0 draws its keep-masks from ``rng``, or takes them from
     ``masks`` ({"attn": (B, T, C) bool, "ffn": (B, T, C) bool}). Returns ``(out, cache)``.
     ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) replaces the causal mask, so it must
-    include causality (numpy_attn/masks.py builds one with padding or packing); ``kv_cache`` and
-    ``layer`` are multi_head_attention_forward's, for decoding.
+    include causality (numpy_attn/masks.py builds one with padding or packing); ``kv_cache`` is
+    this block's layer of the cache, for decoding. ``ln_eps`` and ``gelu`` ("none": exact, or
+    "tanh") are the layer norms' eps and the feed-forward's GELU (GPT-2's checkpoints: tanh).
     """
     _check_block(x, num_heads, dropout_p, rng, masks)
     B, T, C = x.shape
     masks = {"attn": None, "ffn": None} if masks is None else masks
+    # Causal, aligned bottom-right: with a cache the T new queries are the last T of the keys.
+    is_causal = "bottom_right" if attn_mask is None else False
     # 1-4: x + dropout(attn(ln1(x))), one step a line
-    h, ln1_cache = layer_norm_forward(x, **params["ln1"])                          # (B, T, C)
+    h, ln1_cache = layer_norm_forward(x, **params["ln1"], eps=ln_eps)                  # (B, T, C)
     a, attn_cache = multi_head_attention_forward(h, params["attn"], num_heads, attn_mask=attn_mask,
-                                                 is_causal=attn_mask is None, kv_cache=kv_cache, layer=layer)
-    a, drop_attn_cache = dropout_forward(a, dropout_p, rng, mask=masks["attn"])    # (B, T, C)
+                                                 is_causal=is_causal, kv_cache=kv_cache)   # (B, T, C)
+    a, drop_attn_cache = dropout_forward(a, dropout_p, rng, mask=masks["attn"])        # (B, T, C)
     x = x + a
     # 5-8: x + dropout(ffn(ln2(x))), one step a line
-    h, ln2_cache = layer_norm_forward(x, **params["ln2"])                          # (B, T, C)
-    f, ffn_cache = feed_forward_forward(h, params["ffn"])                          # (B, T, C) via (B, T, 4C)
-    f, drop_ffn_cache = dropout_forward(f, dropout_p, rng, mask=masks["ffn"])      # (B, T, C)
+    h, ln2_cache = layer_norm_forward(x, **params["ln2"], eps=ln_eps)                  # (B, T, C)
+    f, ffn_cache = feed_forward_forward(h, params["ffn"], gelu)                        # (B, T, C) via (B, T, 4C)
+    f, drop_ffn_cache = dropout_forward(f, dropout_p, rng, mask=masks["ffn"])          # (B, T, C)
     out = x + f
-    cache = BlockCache(ln1_cache, attn_cache, drop_attn_cache, ln2_cache, ffn_cache, drop_ffn_cache)
+    cache = BlockCache(ln1_cache, attn_cache, drop_attn_cache, ln2_cache, ffn_cache, drop_ffn_cache,
+                       out.shape, out.dtype)
     return out, cache
 
 
 def block_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams with the nesting of params)."""
-    xhat = cache.ln1[0]                                                            # (B, T, C), as x
-    check_dout("block_backward", dout, xhat.shape, xhat.dtype)
-    # 8: undoes out = x + f. The skip hands dout to x unchanged; the branch hands it to f.
-    dx_skip = dout
-    df = dout
+    check_dout("block_backward", dout, cache.shape, cache.dtype)
+    # 8: undoes out = x + f: the skip hands dout to x unchanged, the branch hands it to f.
     # 7: undoes f = dropout(f).
-    df = dropout_backward(df, cache.drop_ffn)                                      # (B, T, C)
+    df = dropout_backward(dout, cache.drop_ffn)                                    # (B, T, C)
     # 6: undoes f = ffn(h).
     dh, dffn = feed_forward_backward(df, cache.ffn)                                # (B, T, C)
     # 5: undoes h = ln2(x); x also fed the skip, so the two gradients add.
     dx_ffn, dln2 = layer_norm_backward(dh, cache.ln2)                              # (B, T, C)
-    dx = dx_ffn + dx_skip
+    dx = dx_ffn + dout                                                             # branch + skip
     # 4: undoes x = x + a, in the same way as step 8.
-    dx_skip = dx
-    da = dx
     # 3: undoes a = dropout(a).
-    da = dropout_backward(da, cache.drop_attn)                                     # (B, T, C)
+    da = dropout_backward(dx, cache.drop_attn)                                     # (B, T, C)
     # 2: undoes a = attn(h).
     dh, dattn = multi_head_attention_backward(da, cache.attn)                      # (B, T, C)
     # 1: undoes h = ln1(x).
     dx_attn, dln1 = layer_norm_backward(dh, cache.ln1)                             # (B, T, C)
-    dx = dx_attn + dx_skip
+    dx = dx_attn + dx                                                              # branch + skip
     dparams = {"ln1": dln1, "attn": dattn, "ln2": dln2, "ffn": dffn}
     return dx, dparams
 

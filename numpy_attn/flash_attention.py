@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import check_attention_inputs, check_dout, check_scale
+from numpy_attn.masks import causal_mask
 
 
 class FlashCache(NamedTuple):
@@ -66,7 +67,8 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
-    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+    offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
     out = np.zeros(q.shape[:-1] + (hv,), q.dtype)            # (..., T, hv)
     lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T)
@@ -81,7 +83,8 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
             j1 = min(j0 + block_k, S_seen)
             s = q_i @ k[..., j0:j1, :].swapaxes(-1, -2)      # (..., bq, bk)
             if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
-                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None] + offset, -np.inf, s)
+                visible = causal_mask(T, S, align, slice(i0, i1), slice(j0, j1))   # (bq, bk) of the (T, S) mask
+                s = np.where(visible, s, -np.inf)
             m_new = np.maximum(m, s.max(axis=-1))            # (..., bq), finite: key 0 is seen first
             p = np.exp(s - m_new[..., None])                 # (..., bq, bk) in [0, 1]
             alpha = np.exp(m - m_new)                        # (..., bq) rescales the old sums to m_new
@@ -105,7 +108,8 @@ def flash_attention_backward(dout, cache):
     S, hv = v.shape[-2:]
     # Undoes out = acc / row_sum: D = rowsum(dout * out) = rowsum(P * dP), the softmax backward's sum.
     D = (dout * out).sum(axis=-1)                            # (..., T)
-    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+    offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset))                          # rows before it see no key: gradient 0
     dq = np.zeros(q.shape, q.dtype)                          # (..., nh, T, hs)
     dk = np.zeros(k.shape, k.dtype)                          # (..., nh, S, hs)
@@ -122,7 +126,8 @@ def flash_attention_backward(dout, cache):
             # Undoes the tile's p = exp(s - m) and the running sums: recomputed from lse directly.
             s = (q_i * scale) @ k[..., j0:j1, :].swapaxes(-1, -2)   # (..., bq, bk)
             if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
-                s = np.where(np.arange(j0, j1) > np.arange(i0, i1)[:, None] + offset, -np.inf, s)
+                visible = causal_mask(T, S, align, slice(i0, i1), slice(j0, j1))   # (bq, bk) of the (T, S) mask
+                s = np.where(visible, s, -np.inf)
             p = np.exp(s - lse[..., i0:i1, None])            # (..., bq, bk) the softmax weights
             # Undoes acc += p @ v.
             dv_j += p.swapaxes(-1, -2) @ dout_i              # (..., bk, hv)
@@ -135,7 +140,8 @@ def flash_attention_backward(dout, cache):
         dk[..., j0:j1, :] = dk_j
         dv[..., j0:j1, :] = dv_j
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
-        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))   # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+        # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
+        dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
     return dq, dk, dv
 
 

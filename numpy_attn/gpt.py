@@ -1,49 +1,57 @@
-"""A GPT language model (GPT-2's architecture, small), and its backward.
+"""A GPT language model (GPT-2's architecture), and its backward: it runs GPT-2's checkpoints too.
 
-    x      = wte[ids] + pos                    pos: wpe[0..T-1] (learned) or the sinusoidal table
+    x      = wte[ids] + pos                    pos: wpe[positions] (learned) or the sinusoidal table
     x      = dropout(x)
     x      = block_n(... block_1(x))           causal pre-LN blocks (numpy_attn/block.py)
     x      = ln_f(x)
-    logits = x @ head.w                        head.w = wte^T with tied weights
+    logits = x @ head.w                        head.w = wte^T with tied weights (numpy_attn/_model.py)
 
-Radford et al. (2019) as written in nanoGPT's model.py. With ``tie_weights`` the output layer
-reuses the token embedding (Press and Wolf, 2017): wte is used twice, so its gradient is the sum
-of the two uses, written out as ``dwte = dwte_embedding + dwte_head``. Parameters are nested dicts
-all the way down; the blocks are keyed "0", "1", ... so that a path reads ``blocks.0.attn.q.w``.
+Radford et al. (2019) as written in nanoGPT's model.py. GPT-2's released checkpoints were trained
+with the tanh approximation of GELU (``activation_function="gelu_new"``) and carry their own
+``layer_norm_epsilon``: ``gelu`` and ``ln_eps`` in the config say which (attn_cli/hf.py sets
+them), and the feed-forward width comes from the weights (4C unless a checkpoint says otherwise).
+Parameters are nested dicts all the way down; the blocks are keyed "0", "1", ... so that a path
+reads ``blocks.0.attn.q.w``.
 
-Decoding and real batches (all optional, handled before step 1): with a key/value cache
-(``gpt_kv_cache``) ids hold only the new tokens, their positions continue from the cached length
-and the causal mask aligns bottom-right; a key padding mask hides padding and numbers each row's
-real tokens from 0; ``position_ids`` and an extra ``attn_mask`` run packed sequences in one row
-(numpy_attn/masks.py). ``n_kv_head`` < ``n_head`` gives grouped-query attention.
+The optional arguments are llama.py's: ``positions`` (default past..past+T-1), an ``attn_mask``
+(bool) that restricts attention further, a ``kv_cache`` (``gpt_kv_cache``) holding the past tokens
+while ids hold only the new ones, and ``rng`` for dropout. Padded and packed batches are the
+caller's to compose with numpy_attn/masks.py: ``positions=padded_position_ids(key_padding_mask)``
+and ``attn_mask=padding_attn_mask(key_padding_mask)``, or varlen_position_ids and
+varlen_attn_mask. Causality always applies, aligned bottom-right so that new tokens follow the
+cached ones. ``n_kv_head`` < ``n_head`` gives grouped-query attention.
 """
 
-import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from numpy_attn._checks import (
-    check_dout,
+    POSITIVE,
+    check_config,
     check_float,
+    check_model_attn_mask,
+    check_model_kv_cache,
+    check_positions,
     check_rng,
     check_token_ids,
 )
+from numpy_attn._model import blocks_backward, head_backward, head_forward, with_head
 from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
-from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.masks import causal_mask, padded_position_ids, padding_attn_mask
+from numpy_attn.masks import causal_mask
 from numpy_attn.positional import sinusoidal_encoding
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's sizes and switches; the defaults train in seconds on a CPU."""
+    """The model's sizes and switches; the defaults train in seconds on a CPU (GPT-2 small is
+    vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, gelu="tanh")."""
 
     vocab_size: int = 64          # V
     block_size: int = 32          # the longest context T
@@ -55,6 +63,8 @@ class GPTConfig:
     bias: bool = True             # biases of the linear layers (layer norms always have one)
     tie_weights: bool = True      # the output layer is the token embedding, transposed
     positions: str = "learned"    # "learned" (a wpe table) or "sinusoidal" (no parameters)
+    ln_eps: float = 1e-5          # the layer norms' eps (GPT-2's layer_norm_epsilon)
+    gelu: str = "none"            # "none" (exact, with erf) or "tanh" (GPT-2's gelu_new)
 
     def __post_init__(self):
         for name, value in _check_gpt_config(self).items():
@@ -85,12 +95,12 @@ class GPTCache(NamedTuple):
     """The sub-caches in forward order; ``pos`` is None for sinusoidal positions."""
 
     wte: tuple
+    positions: np.ndarray    # (T,) or (B, T): per row, their gradient does not sum over B
     pos: tuple | None
     drop: tuple
     blocks: list
     ln_f: tuple
-    head: tuple
-    tied: bool
+    head: tuple              # numpy_attn/_model.py's HeadCache
 
     @property
     def masks(self):
@@ -98,24 +108,23 @@ class GPTCache(NamedTuple):
         return {"emb": self.drop[0], "blocks": [c.masks for c in self.blocks]}
 
 
-def gpt_forward(ids, params, config, rng=None, masks=None, kv_cache=None, key_padding_mask=None,
-                position_ids=None, attn_mask=None):
+def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
-    With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken from ``masks``
-    (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate. Decoding and real
-    batches, each optional: ``kv_cache`` (gpt_kv_cache) holds the past tokens, ids only the new
-    ones; ``key_padding_mask`` (B, S) is True at padding, S = past + T; ``position_ids`` (T,) or
-    (B, T) default to past..past+T-1, or with padding each row's real tokens counted from 0;
-    ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) restricts attention further, e.g.
-    numpy_attn/masks.py's varlen_attn_mask for packed sequences. Causality always applies.
+    ``positions`` (T,) or (B, T) default to past..past+T-1; ``attn_mask`` (bool, broadcasting to
+    (B, nh, T, S), S = past + T) restricts attention beyond causality, e.g. masks.py's
+    padding_attn_mask or varlen_attn_mask; ``kv_cache`` (gpt_kv_cache) holds the past tokens, ids
+    only the new ones. With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken
+    from ``masks`` (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
     """
-    ids = _check_gpt(ids, params, config, rng, masks)
+    ids = _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks)
     B, T = ids.shape
+    past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
+    positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
     masks = {"emb": None, "blocks": [None] * config.n_layer} if masks is None else masks
     wte = params["wte"]
-    # Positions 0..T-1 and the causal mask, unless decoding, padded or packed (then the mask).
-    positions, attn_mask = _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, attn_mask)
+    # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
+    attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right")
     # 1: token embedding and positions
     tok, wte_cache = embedding_forward(ids, wte)                          # (B, T) -> (B, T, C)
     if config.positions == "learned":
@@ -126,54 +135,40 @@ def gpt_forward(ids, params, config, rng=None, masks=None, kv_cache=None, key_pa
     x = tok + pos                                                         # (B, T, C)
     # 2: dropout
     x, drop_cache = dropout_forward(x, config.dropout, rng, mask=masks["emb"])
-    # 3: the blocks, in order
+    # 3: the blocks, in order; each reads and appends to its own layer of the cache
     block_caches = []
     for i in range(config.n_layer):
-        x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head, config.dropout, rng,
-                                       masks["blocks"][i], attn_mask, kv_cache, i)   # (B, T, C)
-        block_caches.append(block_cache)
+        layer_cache = None if kv_cache is None else kv_cache.layer(i)
+        x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head, dropout_p=config.dropout,
+                                       rng=rng, masks=masks["blocks"][i], attn_mask=attn_mask,
+                                       kv_cache=layer_cache, ln_eps=config.ln_eps, gelu=config.gelu)
+        block_caches.append(block_cache)                                  # x: (B, T, C)
     # 4: final layer norm
-    x, ln_f_cache = layer_norm_forward(x, **params["ln_f"])               # (B, T, C)
+    x, ln_f_cache = layer_norm_forward(x, **params["ln_f"], eps=config.ln_eps)   # (B, T, C)
     # 5: the output layer
-    head_w = wte.T if config.tie_weights else params["head"]["w"]         # (C, V)
-    logits, head_cache = linear_forward(x, head_w)                        # (B, T, C) -> (B, T, V)
-    cache = GPTCache(wte_cache, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache,
-                     config.tie_weights)
+    logits, head_cache = head_forward(x, params, config.tie_weights)     # (B, T, C) -> (B, T, V)
+    cache = GPTCache(wte_cache, positions, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache)
     return logits, cache
 
 
 def gpt_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    x, head_w, _ = cache.head                                             # (B, T, C), (C, V)
-    check_dout("gpt_backward", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype, name="dlogits")
     # 5: undoes logits = x @ head_w.
-    dx, dhead = linear_backward(dlogits, cache.head)                      # (B, T, V) -> (B, T, C)
+    dx, dhead = head_backward("gpt_backward", dlogits, cache.head)        # (B, T, V) -> (B, T, C)
     # 4: undoes x = ln_f(x).
     dx, dln_f = layer_norm_backward(dx, cache.ln_f)                       # (B, T, C)
     # 3: undoes the blocks, the last one first.
-    dblocks = {}
-    for i in reversed(range(len(cache.blocks))):
-        dx, dblocks[str(i)] = block_backward(dx, cache.blocks[i])         # (B, T, C)
-    dblocks = {str(i): dblocks[str(i)] for i in range(len(cache.blocks))}   # in params' order
+    dx, dblocks = blocks_backward(dx, cache.blocks, block_backward)       # (B, T, C)
     # 2: undoes x = dropout(x).
     dx = dropout_backward(dx, cache.drop)                                 # (B, T, C)
-    # 1: undoes x = tok + pos; pos was broadcast over the batch, so its gradient sums over B.
-    dtok = dx                                                             # (B, T, C)
-    dpos = dx.sum(axis=0)                                                 # (B, T, C) -> (T, C)
-    dpos = dx if cache.pos is not None and cache.pos[0].ndim == 2 else dpos   # positions per row: no sum
-    dwte_embedding = embedding_backward(dtok, cache.wte)                  # (V, C)
-    dparams = {"wte": dwte_embedding}
+    # 1: undoes x = tok + pos; pos (T, C) was broadcast over the batch, so its gradient sums over B.
+    dpos = dx if cache.positions.ndim == 2 else dx.sum(axis=0)            # (B, T, C) or (T, C)
+    dparams = {"wte": embedding_backward(dx, cache.wte)}                  # (V, C)
     if cache.pos is not None:
         dparams["wpe"] = embedding_backward(dpos, cache.pos)              # (T_max, C)
     dparams["blocks"] = dblocks
     dparams["ln_f"] = dln_f
-    if cache.tied:
-        # wte was used twice, as the embedding and (transposed) as the head: the uses add.
-        dwte_head = dhead["w"].T                                          # (C, V) -> (V, C)
-        dparams["wte"] = dwte_embedding + dwte_head
-    else:
-        dparams["head"] = dhead
-    return dparams
+    return with_head(dparams, dhead, cache.head)
 
 
 def gpt_kv_cache(config, B, dtype=np.float32, max_len=None):
@@ -188,74 +183,35 @@ def _n_kv_head(config):
     return config.n_head if config.n_kv_head is None else config.n_kv_head
 
 
-def _positions_and_mask(T, config, kv_cache, key_padding_mask, position_ids, attn_mask):
-    """Positions ((T,) or (B, T)) and attention mask (None: plain causal) for gpt_forward."""
-    past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
-    S = past + T
-    if S > config.block_size:
-        raise ValueError(f"{past} cached + {T} new tokens = {S} exceed block_size = {config.block_size}")
-    if key_padding_mask is not None and key_padding_mask.shape[-1:] != (S,):
-        raise ValueError(f"key_padding_mask {key_padding_mask.shape} must be (B, S) with S = {past} "
-                         f"cached + {T} new tokens = {S}")
-    if position_ids is None and key_padding_mask is not None:
-        position_ids = padded_position_ids(key_padding_mask)[:, past:]    # (B, S) -> (B, T)
-    positions = np.arange(past, S) if position_ids is None else np.asarray(position_ids)
-    if (positions.shape[-1:] != (T,) or positions.ndim > 2 or positions.min(initial=0) < 0
-            or positions.max(initial=0) >= config.block_size):
-        raise ValueError(f"position_ids must be (T,) or (B, T) with T = {T} and values in [0, block_size "
-                         f"= {config.block_size}), got shape {positions.shape}, values "
-                         f"{positions.min(initial=0)}..{positions.max(initial=0)}")
-    if key_padding_mask is None and attn_mask is None and kv_cache is None:
-        return positions, None                                            # causal, top-left
-    mask = causal_mask(T, S, "bottom_right")                              # (T, S); top-left if past = 0
-    mask = mask if key_padding_mask is None else mask & padding_attn_mask(key_padding_mask)   # (B, 1, T, S)
-    mask = mask if attn_mask is None else mask & attn_mask
-    return positions, mask
-
-
 def _check_gpt_config(config):
-    """Return the fields as Python int/float/bool/str; raise TypeError for a field of the wrong
-    type (a bool is not an integer, and a string is not a bool: tie_weights="false" would be
-    true), ValueError for one out of bounds."""
-    fields = (("vocab_size", numbers.Integral, 1), ("block_size", numbers.Integral, 1),
-              ("n_layer", numbers.Integral, 0), ("n_head", numbers.Integral, 1),
-              ("n_embd", numbers.Integral, 1), ("dropout", numbers.Real, None),
-              ("bias", bool, None), ("tie_weights", bool, None), ("positions", str, None))
-    for name, kind, low in fields:
-        value = getattr(config, name)
-        is_bool = isinstance(value, bool | np.bool_)
-        if (kind is bool) != is_bool or not isinstance(value, kind | np.bool_):
-            raise TypeError(f"GPTConfig.{name} must be {_KIND_NAMES[kind]}, got "
-                            f"{type(value).__name__} {value!r}")
-        if low is not None and value < low:
-            bound = "a positive integer" if low == 1 else f"an integer >= {low}"
-            raise ValueError(f"GPTConfig.{name} must be {bound}, got {value!r}")
+    """Return the fields as Python values, or raise naming the field (numpy_attn/_checks.py)."""
+    values = check_config(config, {
+        "vocab_size": (int, 1), "block_size": (int, 1), "n_layer": (int, 0), "n_head": (int, 1),
+        "n_kv_head": (int | None, 1), "n_embd": (int, 1), "dropout": (float, None), "bias": (bool, None),
+        "tie_weights": (bool, None), "positions": (("learned", "sinusoidal"), None),
+        "ln_eps": (float, POSITIVE), "gelu": (("tanh", "none"), None)})
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd = {config.n_embd} is not divisible by n_head = {config.n_head}")
     if not 0 <= config.dropout < 1:
         raise ValueError(f"dropout must lie in [0, 1), got {config.dropout!r}")
-    if config.positions not in ("learned", "sinusoidal"):
-        raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {config.positions!r}")
-    n_kv_head = config.n_kv_head
-    if n_kv_head is not None and (isinstance(n_kv_head, bool | np.bool_) or not isinstance(n_kv_head, numbers.Integral)
-                                  or n_kv_head < 1 or config.n_head % n_kv_head):
+    if config.n_kv_head is not None and config.n_head % config.n_kv_head:
         raise ValueError(f"GPTConfig.n_kv_head must be None or a positive integer dividing n_head = "
-                         f"{config.n_head}, got {n_kv_head!r}")
-    python_type = {numbers.Integral: int, numbers.Real: float, bool: bool, str: str}
-    return {name: python_type[kind](getattr(config, name)) for name, kind, _ in fields}
+                         f"{config.n_head}, got {config.n_kv_head!r}")
+    return values
 
 
-_KIND_NAMES = {numbers.Integral: "an integer", numbers.Real: "a real number", bool: "a bool",
-               str: "a str"}
-
-
-def _check_gpt(ids, params, config, rng, masks):
-    """Return ``ids`` as an array; raise unless it is an integer (B, T) array with T <= block_size,
-    wte is (vocab_size, n_embd) and every parameter shares its float dtype (named by its path, not
-    by the name an inner operation gives it), and, with dropout, an rng or masks are given."""
+def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks):
+    """Return ids as an array; raise unless ids is an
+    integer (B, T) array, past + T <= block_size, positions and attn_mask fit, wte is
+    (vocab_size, n_embd) and every parameter shares its float dtype (named by its path, not by the
+    name an inner operation gives it), and, with dropout, an rng or masks are given."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
+    B, T = ids.shape
+    past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "gpt_kv_cache")
+    check_positions(positions, B, T, config.block_size)
+    check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
     wte = params["wte"]
     check_float("params['wte']", wte)
     if wte.shape != (config.vocab_size, config.n_embd):

@@ -14,7 +14,8 @@ With grouped-query attention only the key/value heads are stored (nkv of them, n
 where its memory saving comes from. The cache holds 2 x layers x nkv x hs numbers per token and
 sequence of the batch (``bytes_per_token``). The new queries attend with the causal mask aligned
 bottom-right (query t of T sees keys 0..S-T+t, numpy_attn/masks.py). It holds no gradients: it is
-for inference only.
+for inference only. A model hands each layer its own view, ``cache.layer(i)``, so that nothing
+below the model knows which layer it is.
 """
 
 from dataclasses import dataclass
@@ -51,6 +52,34 @@ class KVCache:
         """Bytes of the whole allocation: bytes_per_token x B x max_len."""
         return self.k.nbytes + self.v.nbytes
 
+    def layer(self, i):
+        """Layer i's view of the cache: its keys, values and length, written in place."""
+        _check_layer(self, i)
+        return LayerKVCache(self, int(i))
+
+
+@dataclass(frozen=True)
+class LayerKVCache:
+    """One layer of a KVCache: what a layer's attention reads and appends to."""
+
+    cache: KVCache
+    index: int
+
+    @property
+    def k(self):
+        """(B, nkv, max_len, hs): a view of this layer's slots in the cache."""
+        return self.cache.k[self.index]
+
+    @property
+    def v(self):
+        """(B, nkv, max_len, hs): a view of this layer's slots in the cache."""
+        return self.cache.v[self.index]
+
+    @property
+    def length(self):
+        """Tokens stored in this layer."""
+        return int(self.cache.lengths[self.index])
+
 
 def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=np.float32):
     """An empty cache for ``n_layer`` layers of a batch of B sequences of up to ``max_len``
@@ -64,17 +93,17 @@ def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=np.float32):
     return KVCache(np.zeros(shape, dtype), np.zeros(shape, dtype), np.zeros(n_layer, np.int64))
 
 
-def kv_cache_update(cache, layer, k, v):
-    """Append k, v (B, nkv, T, hs) of T new tokens to ``layer``; return that layer's keys and
-    values so far, k_all, v_all (B, nkv, S, hs) with S = old length + T (views of the cache)."""
-    _check_update(cache, layer, k, v)
-    start = int(cache.lengths[layer])
+def kv_cache_update(layer_cache, k, v):
+    """Append k, v (B, nkv, T, hs) of T new tokens to ``layer_cache`` (KVCache.layer(i)); return
+    its keys and values so far, k_all, v_all (B, nkv, S, hs) with S = old length + T (views)."""
+    _check_update(layer_cache, k, v)
+    start = layer_cache.length
     end = start + k.shape[2]
-    cache.k[layer, :, :, start:end] = k                                 # (B, nkv, T, hs) into its slots
-    cache.v[layer, :, :, start:end] = v
-    cache.lengths[layer] = end
-    k_all = cache.k[layer, :, :, :end]                                  # (B, nkv, S, hs)
-    v_all = cache.v[layer, :, :, :end]                                  # (B, nkv, S, hs)
+    layer_cache.k[:, :, start:end] = k                                  # (B, nkv, T, hs) into its slots
+    layer_cache.v[:, :, start:end] = v
+    layer_cache.cache.lengths[layer_cache.index] = end
+    k_all = layer_cache.k[:, :, :end]                                   # (B, nkv, S, hs)
+    v_all = layer_cache.v[:, :, :end]                                   # (B, nkv, S, hs)
     return k_all, v_all
 
 
@@ -87,13 +116,20 @@ def _check_sizes(**sizes):
             raise ValueError(f"{name} must be >= 1, got {n}")
 
 
-def _check_update(cache, layer, k, v):
-    """Raise unless k and v are (B, nkv, T, hs) arrays of the cache's dtype that fit in ``layer``."""
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+def _check_layer(cache, i):
+    """Raise unless i names one of the cache's layers."""
+    L = cache.k.shape[0]
+    if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < L:
+        raise ValueError(f"layer must be an integer in [0, {L}), got {i!r}")
+
+
+def _check_update(layer_cache, k, v):
+    """Raise unless k and v are (B, nkv, T, hs) arrays of the cache's dtype that fit in the layer."""
+    if not isinstance(layer_cache, LayerKVCache):
+        raise TypeError(f"cache must be a KVCache's layer (KVCache.layer(i)), got "
+                        f"{type(layer_cache).__name__}")
+    cache, layer = layer_cache.cache, layer_cache.index
     L, B, nkv, max_len, hs = cache.k.shape
-    if not isinstance(layer, int | np.integer) or not 0 <= layer < L:
-        raise ValueError(f"layer must be an integer in [0, {L}), got {layer!r}")
     for name, a in (("k", k), ("v", v)):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
@@ -104,7 +140,7 @@ def _check_update(cache, layer, k, v):
                              f"to fit the cache {cache.k.shape[1:]}, got {a.shape}")
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: k {k.shape}, v {v.shape}")
-    start = int(cache.lengths[layer])
+    start = layer_cache.length
     if start + k.shape[2] > max_len:
         raise ValueError(f"cache overflow: layer {layer} holds {start} tokens, appending "
                          f"{k.shape[2]} would make {start + k.shape[2]} > max_len = {max_len}")

@@ -18,10 +18,13 @@ Parameters are nested dicts: ``blocks.0.attn.q.w`` (C, nh * hs), ``blocks.0.attn
 (C, nkv * hs), ``blocks.0.attn.o.w`` (nh * hs, C), ``blocks.0.mlp.gate.w`` (C, H), norms
 ``{"w": (C,)}``. The head size hs need not be C / nh (``head_dim``, as in Hugging Face's config).
 
-Decoding (optional): with a key/value cache (``llama_kv_cache``, numpy_attn/kv_cache.py) ids hold
-only the new tokens, their RoPE positions continue from the cached length, the causal mask aligns
-bottom-right, and each layer stores its keys already rotated, for its nkv key/value heads only.
-The backward refuses a forward that read past tokens from the cache: it is for inference only.
+The optional arguments are gpt.py's: ``positions`` (default past..past+T-1, where RoPE rotates),
+an ``attn_mask`` (bool) that restricts attention further (numpy_attn/masks.py's padding and
+packing masks), a ``kv_cache`` (``llama_kv_cache``, numpy_attn/kv_cache.py) holding the past
+tokens while ids hold only the new ones, and ``rng`` (unused: this model has no dropout). With a
+cache, the causal mask aligns bottom-right and each layer stores its keys already rotated, for
+its nkv key/value heads only. The backward refuses a forward that read past tokens from the cache:
+it is for inference only.
 """
 
 from dataclasses import dataclass
@@ -30,12 +33,15 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import (
-    check_dout,
-    check_integer,
+    check_config,
+    check_model_attn_mask,
     check_model_kv_cache,
     check_no_past,
+    check_positions,
+    check_rng,
     check_token_ids,
 )
+from numpy_attn._model import blocks_backward, head_backward, head_forward, with_head
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -43,6 +49,7 @@ from numpy_attn.attention import (
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.masks import causal_mask
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
@@ -69,36 +76,13 @@ class LlamaConfig:
     tie_weights: bool = False     # the output layer is the token embedding, transposed
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_head", "n_kv_head", "n_embd", "hidden"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("n_layer", self.n_layer, 0)
-        if self.head_dim is not None:
-            _check_int("head_dim", self.head_dim, 2)
-        if self.hs % 2:
-            raise ValueError(f"the head size must be even for rotary positions, got {self.hs} "
-                             f"(head_dim = {self.head_dim}, n_embd = {self.n_embd}, n_head = {self.n_head})")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head = {self.n_head} must be a multiple of n_kv_head = {self.n_kv_head}")
-        for name in ("attn_bias", "mlp_bias", "tie_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if isinstance(self.rms_eps, bool) or not isinstance(self.rms_eps, int | float) or not self.rms_eps >= 0:
-            raise ValueError(f"rms_eps must be a number >= 0, got {self.rms_eps!r}")
-        if self.rope_layout not in LAYOUTS:
-            raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
-        rope_frequencies(self.hs, self.rope_theta, self.rope_scaling)   # raises on bad theta, scaling
+        for name, value in _check_llama_config(self).items():
+            object.__setattr__(self, name, value)     # NumPy scalars become Python int/float/bool
 
     @property
     def hs(self):
         """The head size: head_dim, or n_embd // n_head."""
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
-
-
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def init_llama_params(config, rng, dtype=np.float32):
@@ -107,8 +91,7 @@ def init_llama_params(config, rng, dtype=np.float32):
     Embeddings and linear weights are drawn from N(0, 0.02^2), as Hugging Face's Llama
     (initializer_range); norms start at 1, biases at 0; head only without tied weights.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    check_rng(rng, "init_llama_params")
     V, C, hs = config.vocab_size, config.n_embd, config.hs
     nh, nkv = config.n_head, config.n_kv_head
 
@@ -136,6 +119,8 @@ def init_llama_params(config, rng, dtype=np.float32):
 # -- attention with rotary positions and grouped-query heads ------------------------------------
 
 class LlamaAttentionCache(NamedTuple):
+    """The caches of the four projections, the two rotations and attention, in forward order."""
+
     q: tuple
     k: tuple
     v: tuple
@@ -143,18 +128,22 @@ class LlamaAttentionCache(NamedTuple):
     k_rope: tuple
     sdpa: tuple
     o: tuple
+    num_heads: int           # nh
+    head_size: int           # hs
+    past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
 
 
-def llama_attention_forward(x, params, config, positions, kv_cache=None, layer=0):
+def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C).
 
-    Returns ``(out, cache)``: the caches of the four projections, the two rotations and attention.
-    With a ``kv_cache`` x holds only the T new tokens: their rotated keys and values join
-    ``layer``'s cached ones, S = past + T, and the new queries are the last T of the S.
+    Returns ``(out, cache)``. ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) replaces the
+    causal mask, so it must include causality. With a ``kv_cache`` (this layer's, KVCache.layer(i))
+    x holds only the T new tokens: their rotated keys and values join the cached ones, S = past + T,
+    and the new queries are the last T of the S.
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
     k, k_cache = linear_forward(x, **params["k"])                             # (B, T, C) -> (B, T, nkv*hs)
     v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
@@ -164,13 +153,16 @@ def llama_attention_forward(x, params, config, positions, kv_cache=None, layer=0
     rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
     q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, layer, k, v)                         # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
-    is_causal = True if kv_cache is None else "bottom_right"   # query t sees keys 0..past+t
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal=is_causal)   # (B, nh, T, hs)
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
+    is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask,
+                                                         is_causal=is_causal)   # (B, nh, T, hs)
     y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
-    cache = LlamaAttentionCache(q_cache, k_cache, v_cache, q_rope_cache, k_rope_cache, sdpa_cache, o_cache)
+    cache = LlamaAttentionCache(q_cache, k_cache, v_cache, q_rope_cache, k_rope_cache, sdpa_cache, o_cache,
+                                nh, hs, past)
     return out, cache
 
 
@@ -179,12 +171,12 @@ def llama_attention_backward(dout, cache):
     B, T, C = dout.shape
     # Undoes out = y @ o.w (+ o.b).
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    _, nh, _, hs = cache.q_rope[3]                                            # q's shape, from rope's cache
+    nh, hs = cache.num_heads, cache.head_size
     # Undoes y = y.swapaxes(1, 2).reshape(...).
     dy = dy.reshape(B, T, nh, hs).swapaxes(1, 2)                              # (B, T, nh*hs) -> (B, nh, T, hs)
     # Undoes attention; dk and dv come back with the nkv heads of k and v.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)
-    check_no_past("llama_backward", dk.shape[2], T)   # cached past: inference only
+    check_no_past("llama_backward", dk.shape[2], cache.past)   # cached past: inference only
     # Undoes the two rotations.
     dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
     dq = rope_backward(dq, cache.q_rope)                                      # (B, nh, T, hs)
@@ -203,18 +195,21 @@ def llama_attention_backward(dout, cache):
 # -- the block ------------------------------------------------------------------------------------
 
 class LlamaBlockCache(NamedTuple):
+    """The four sub-caches, in forward order."""
+
     attn_norm: tuple
     attn: LlamaAttentionCache
     mlp_norm: tuple
     mlp: tuple
 
 
-def llama_block_forward(x, params, config, positions, kv_cache=None, layer=0):
+def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
-    ``kv_cache`` and ``layer`` go to attention."""
+    ``attn_mask`` and ``kv_cache`` (this block's layer) go to attention."""
     # 1-3: x + attn(rms_norm(x))
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
-    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions, kv_cache, layer)   # (B, T, C)
+    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
+                                            kv_cache=kv_cache)                 # (B, T, C)
     x = x + a
     # 4-6: x + swiglu(rms_norm(x))
     h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
@@ -227,83 +222,74 @@ def llama_block_forward(x, params, config, positions, kv_cache=None, layer=0):
 def llama_block_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
     # 6: undoes out = x + f: the skip hands dout to x, the branch to f.
-    dx_skip = dout
-    df = dout
     # 5: undoes f = swiglu(h).
-    dh, dmlp = swiglu_backward(df, cache.mlp)                                 # (B, T, C)
+    dh, dmlp = swiglu_backward(dout, cache.mlp)                               # (B, T, C)
     # 4: undoes h = rms_norm(x); x also fed the skip.
     dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
-    dx = dx_mlp + dx_skip
+    dx = dx_mlp + dout                                                        # branch + skip
     # 3: undoes x = x + a, as step 6.
-    dx_skip = dx
-    da = dx
     # 2: undoes a = attn(h).
-    dh, dattn = llama_attention_backward(da, cache.attn)                      # (B, T, C)
+    dh, dattn = llama_attention_backward(dx, cache.attn)                      # (B, T, C)
     # 1: undoes h = rms_norm(x).
     dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
-    dx = dx_attn + dx_skip
+    dx = dx_attn + dx                                                         # branch + skip
     return dx, {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
 
 
 # -- the model ------------------------------------------------------------------------------------
 
 class LlamaCache(NamedTuple):
+    """The sub-caches in forward order."""
+
     wte: tuple
     blocks: list
     norm: tuple
-    head: tuple
-    tied: bool
+    head: tuple              # numpy_attn/_model.py's HeadCache
 
 
-def llama_forward(ids, params, config, positions=None, kv_cache=None):
+def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
-    ``positions`` (T,) or (B, T), integers, default 0..T-1: where each token sits (RoPE).
-    ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; positions then
-    default to past..past+T-1.
+    ``positions`` (T,) or (B, T), integers, default past..past+T-1: where each token sits (RoPE).
+    ``attn_mask`` (bool, broadcasting to (B, nh, T, S), S = past + T) restricts attention beyond
+    causality; ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; ``rng``
+    is accepted for gpt_forward's vocabulary and unused (no dropout).
     """
-    ids, positions = _check_llama(ids, positions, config, kv_cache)
+    ids = _check_llama(ids, config, positions, attn_mask, kv_cache, rng)
     B, T = ids.shape
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
     wte = params["wte"]
+    # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
+    attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right")
     # 1: token embedding (positions enter through RoPE inside attention)
     x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
-    # 2: the blocks, in order
+    # 2: the blocks, in order; each reads and appends to its own layer of the cache
     block_caches = []
     for i in range(config.n_layer):
-        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions, kv_cache, i)   # (B, T, C)
-        block_caches.append(block_cache)
+        layer_cache = None if kv_cache is None else kv_cache.layer(i)
+        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions,
+                                             attn_mask=attn_mask, kv_cache=layer_cache)
+        block_caches.append(block_cache)                                      # x: (B, T, C)
     # 3: final RMS norm
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps)  # (B, T, C)
     # 4: the output layer
-    head_w = wte.T if config.tie_weights else params["head"]["w"]             # (C, V)
-    logits, head_cache = linear_forward(x, head_w)                            # (B, T, C) -> (B, T, V)
-    cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache, config.tie_weights)
+    logits, head_cache = head_forward(x, params, config.tie_weights)         # (B, T, C) -> (B, T, V)
+    cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache)
     return logits, cache
 
 
 def llama_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    x, head_w, _ = cache.head
-    check_dout("llama", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype, name="dlogits")
     # 4: undoes logits = x @ head_w.
-    dx, dhead = linear_backward(dlogits, cache.head)                          # (B, T, V) -> (B, T, C)
+    dx, dhead = head_backward("llama", dlogits, cache.head)                   # (B, T, V) -> (B, T, C)
     # 3: undoes x = rms_norm(x).
     dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
     # 2: undoes the blocks, the last one first.
-    dblocks = {}
-    for i in reversed(range(len(cache.blocks))):
-        dx, dblocks[str(i)] = llama_block_backward(dx, cache.blocks[i])       # (B, T, C)
-    dblocks = {str(i): dblocks[str(i)] for i in range(len(cache.blocks))}     # in params' order
+    dx, dblocks = blocks_backward(dx, cache.blocks, llama_block_backward)     # (B, T, C)
     # 1: undoes x = wte[ids].
-    dwte_embedding = embedding_backward(dx, cache.wte)                        # (V, C)
-    dparams = {"wte": dwte_embedding, "blocks": dblocks, "norm": dnorm}
-    if cache.tied:
-        # wte was used twice, as the embedding and (transposed) as the head: the uses add.
-        dwte_head = dhead["w"].T                                              # (C, V) -> (V, C)
-        dparams["wte"] = dwte_embedding + dwte_head
-    else:
-        dparams["head"] = dhead
-    return dparams
+    dparams = {"wte": embedding_backward(dx, cache.wte), "blocks": dblocks, "norm": dnorm}
+    return with_head(dparams, dhead, cache.head)
 
 
 def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
@@ -313,16 +299,32 @@ def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
     return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype)
 
 
-def _check_llama(ids, positions, config, kv_cache=None):
-    """Return ids (B, T) and positions (T,) or (B, T) as integer arrays, or raise."""
+def _check_llama_config(config):
+    """Return the fields as Python values, or raise naming the field (numpy_attn/_checks.py)."""
+    values = check_config(config, {
+        "vocab_size": (int, 1), "block_size": (int, 1), "n_layer": (int, 0), "n_head": (int, 1),
+        "n_kv_head": (int, 1), "n_embd": (int, 1), "head_dim": (int | None, 2), "hidden": (int, 1),
+        "rms_eps": (float, 0), "rope_layout": (LAYOUTS, None), "attn_bias": (bool, None),
+        "mlp_bias": (bool, None), "tie_weights": (bool, None)})
+    hs = config.n_embd // config.n_head if config.head_dim is None else config.head_dim
+    if hs % 2:
+        raise ValueError(f"the head size must be even for rotary positions, got {hs} "
+                         f"(head_dim = {config.head_dim}, n_embd = {config.n_embd}, n_head = {config.n_head})")
+    if config.n_head % config.n_kv_head:
+        raise ValueError(f"n_head = {config.n_head} must be a multiple of n_kv_head = {config.n_kv_head}")
+    rope_frequencies(hs, config.rope_theta, config.rope_scaling)   # raises on bad theta, scaling
+    return values
+
+
+def _check_llama(ids, config, positions, attn_mask, kv_cache, rng):
+    """Return ids as an integer (B, T) array, or raise naming the argument at fault."""
     if not isinstance(config, LlamaConfig):
         raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
     past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "llama_kv_cache")
-    positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
-    check_integer("positions", positions)
-    if positions.shape not in ((T,), (B, T)):
-        raise ValueError(f"positions must have shape ({T},) or ({B}, {T}) to match ids {ids.shape}, "
-                         f"got {positions.shape}")
-    return ids, positions
+    check_positions(positions, B, T)                  # no table: RoPE rotates to any position
+    check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
+    if rng is not None:
+        check_rng(rng, "llama_forward")
+    return ids

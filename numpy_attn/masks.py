@@ -25,11 +25,16 @@ from numpy_attn._checks import check_ndim
 ALIGNMENTS = ("top_left", "bottom_right")
 
 
-def causal_mask(T, S, align="top_left"):
-    """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t."""
+def causal_mask(T, S, align="top_left", rows=slice(None), cols=slice(None)):
+    """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t.
+
+    ``rows`` and ``cols`` (slices) give one tile of it without building the rest (flash attention).
+    """
     _check_causal(T, S, align)
     offset = 0 if align == "top_left" else S - T          # the diagonal moves right by S - T
-    return np.tri(T, S, k=offset, dtype=np.bool_)         # (T, S)
+    t = np.arange(T)[rows, None]                          # (T, 1): the queries, or a tile's
+    s = np.arange(S)[None, cols]                          # (1, S): the keys, or a tile's
+    return s <= t + offset                                # (T, S)
 
 
 def padding_attn_mask(key_padding_mask):

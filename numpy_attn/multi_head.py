@@ -6,16 +6,19 @@
 
 Vaswani et al. (2017), section 3.2.2; the same computation as ``torch.nn.MultiheadAttention``
 (which stores Wq, Wk, Wv stacked and transposed as ``in_proj_weight``). Masks, dropout and
-``is_causal`` (True or "bottom_right") are those of numpy_attn/attention.py: ``attn_mask`` is True where a query may attend
-and broadcasts to (B, nh, T, S). Splitting and merging the heads only move numbers around, so
-each is the other's backward. The backward returns one gradient per input given: ``(dx, dparams)``
-for self-attention and ``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when
-the forward was given ``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
+``is_causal`` (True or "bottom_right") are those of numpy_attn/attention.py, handed to it as
+given: ``attn_mask`` is True where a query may attend and broadcasts to (B, nh, T, S). Splitting
+and merging the heads only move numbers around, so each is the other's backward. The backward
+returns one gradient per input given: ``(dx, dparams)`` for self-attention and
+``(dx, dparams, dkv)`` for cross-attention, followed by ``dattn_mask`` when the forward was given
+``attn_mask_grad=True`` (a learned float mask, e.g. a position bias).
 
 Grouped-query heads (Ainslie et al., 2023) come from the parameters' shapes: k and v projected to
 nkv * hs columns make nkv key/value heads, each shared by nh / nkv query heads (as attention.py's).
-For decoding, a ``kv_cache`` (numpy_attn/kv_cache.py) stores the keys and values of past tokens,
-so that x holds only the new ones; it is inference only.
+For decoding, a ``kv_cache`` (one layer's view, numpy_attn/kv_cache.py's ``KVCache.layer(i)``)
+stores the keys and values of past tokens, so that x holds only the new ones; the new queries are
+then the last T of the S keys, so a causal caller passes ``is_causal="bottom_right"``. It is
+inference only.
 """
 
 from typing import NamedTuple
@@ -29,7 +32,6 @@ from numpy_attn.attention import (
 )
 from numpy_attn.kv_cache import kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.masks import causal_mask
 
 
 def _check_heads(name, x, num_heads):
@@ -88,6 +90,7 @@ class MultiHeadCache(NamedTuple):
     o: tuple
     num_heads: int
     cross: bool              # True when kv was given: the backward then returns dkv
+    past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
 
     @property
     def weights(self):
@@ -95,15 +98,15 @@ class MultiHeadCache(NamedTuple):
         return self.attention.weights
 
 
-def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal=False,
+def multi_head_attention_forward(x, params, num_heads, *, attn_mask=None, is_causal=False,
                                  dropout_p=0.0, rng=None, kv=None, attn_mask_grad=False,
-                                 kv_cache=None, layer=0):
+                                 kv_cache=None):
     """Multi-head attention of x (B, T, C) over itself, or over kv (B, S, C) -> out (B, T, C).
 
     Returns ``(out, cache)``; ``cache.weights`` (B, nh, T, S) are the attention weights, the
     array the backward reads. ``out`` is a fresh array the cache does not hold. With a
-    ``kv_cache`` (numpy_attn/kv_cache.py) x holds only the T new tokens: their keys and values
-    join ``layer``'s cached ones, S = past + T, and ``is_causal`` aligns bottom-right.
+    ``kv_cache`` (one layer's, KVCache.layer(i)) x holds only the T new tokens: their keys and
+    values join the cached ones, S = past + T (pass ``is_causal="bottom_right"`` to be causal).
     """
     _check_multi_head(x, params, num_heads, kv)
     B, T, C = x.shape
@@ -115,16 +118,15 @@ def multi_head_attention_forward(x, params, num_heads, attn_mask=None, is_causal
     num_kv_heads = k.shape[-1] // (C // num_heads)   # fewer than num_heads: grouped-query heads
     k = split_heads(k, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
     v = split_heads(v, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
+    past = 0 if kv_cache is None else kv_cache.length             # tokens already cached
     if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, layer, k, v)             # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
-    if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
-        attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right"), False
+        k, v = kv_cache_update(kv_cache, k, v)                    # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
     y, attention_cache = scaled_dot_product_attention_forward(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, rng=rng,
         attn_mask_grad=attn_mask_grad)                            # (B, nh, T, hs)
     y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
     out, o_cache = linear_forward(y, **params["o"])               # (B, T, C)
-    cache = MultiHeadCache(q_cache, k_cache, v_cache, attention_cache, o_cache, num_heads, kv is not None)
+    cache = MultiHeadCache(q_cache, k_cache, v_cache, attention_cache, o_cache, num_heads, kv is not None, past)
     return out, cache
 
 
@@ -140,7 +142,7 @@ def multi_head_attention_backward(dout, cache):
     dy = split_heads(dy, cache.num_heads)                         # (B, T, C) -> (B, nh, T, hs)
     # Undoes the attention of the heads.
     dq, dk, dv, *dattn_mask = scaled_dot_product_attention_backward(dy, cache.attention)   # (B, nh, T|S, hs)
-    check_no_past("multi_head_attention_backward", dk.shape[2], cache.k[0].shape[1])   # cached past: inference only
+    check_no_past("multi_head_attention_backward", dk.shape[2], cache.past)   # cached past: inference only
     # Undoes q, k, v = split_heads(...): merge_heads is its backward.
     dq = merge_heads(dq)                                          # (B, nh, T, hs) -> (B, T, C)
     dk = merge_heads(dk)                                          # (B, nkv, S, hs) -> (B, S, nkv*hs)

@@ -10,6 +10,8 @@ there is (Vaswani et al., 2017, sections 3.2 to 3.5). Its config is a ``GPTConfi
 model with blocks is numpy_attn/gpt.py.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_rng, check_token_ids
@@ -36,9 +38,18 @@ def init_small_gpt_params(config, rng, dtype=np.float32):
     return params
 
 
+class SmallGPTCache(NamedTuple):
+    """The three sub-caches (the encoding has no parameters) and the logits' shape and dtype."""
+
+    wte: tuple
+    attn: tuple
+    head: tuple
+    shape: tuple             # (B, T, V)
+    dtype: np.dtype
+
+
 def small_gpt_forward(ids, params, config):
-    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``; the cache
-    is the three sub-caches (embedding, attention, head): the encoding has no parameters."""
+    """Logits of the small model: ids (B, T) -> (B, T, V). Returns ``(logits, cache)``."""
     ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
     wte = params["wte"]
@@ -46,20 +57,17 @@ def small_gpt_forward(ids, params, config):
     x = tok + sinusoidal_encoding(T, wte.shape[1], dtype=wte.dtype)       # (B, T, C)
     x, attn_cache = multi_head_attention_forward(x, params["attn"], config.n_head, is_causal=True)
     logits, head_cache = linear_forward(x, **params["head"])              # (B, T, C) -> (B, T, V)
-    cache = (wte_cache, attn_cache, head_cache)
+    cache = SmallGPTCache(wte_cache, attn_cache, head_cache, logits.shape, logits.dtype)
     return logits, cache
 
 
 def small_gpt_backward(dlogits, cache):
     """Gradients of the small model: dlogits (B, T, V) -> {"wte", "attn", "head"}."""
-    wte_cache, attn_cache, head_cache = cache
-    x, head_w, _ = head_cache                                             # (B, T, C), (C, V)
-    check_dout("small_gpt_backward", dlogits, x.shape[:-1] + head_w.shape[1:], x.dtype,
-               name="dlogits")
+    check_dout("small_gpt_backward", dlogits, cache.shape, cache.dtype, name="dlogits")
     # Undoes logits = x @ head.w + head.b.
-    dx, dhead = linear_backward(dlogits, head_cache)                      # (B, T, V) -> (B, T, C)
+    dx, dhead = linear_backward(dlogits, cache.head)                      # (B, T, V) -> (B, T, C)
     # Undoes x = attn(x).
-    dx, dattn = multi_head_attention_backward(dx, attn_cache)             # (B, T, C)
+    dx, dattn = multi_head_attention_backward(dx, cache.attn)             # (B, T, C)
     # Undoes x = tok + encoding: the encoding is constant, the whole gradient goes to tok.
-    dwte = embedding_backward(dx, wte_cache)                              # (V, C)
+    dwte = embedding_backward(dx, cache.wte)                              # (V, C)
     return {"wte": dwte, "attn": dattn, "head": dhead}

@@ -475,6 +475,10 @@ def broadcast_inputs(draw, dropout=False):
 @given(case=broadcast_inputs())
 @example(case=make_case(S.ramp(1, 2, 3, 2), S.ramp(3, 1, 4, 2), S.ramp(3, 1, 4, 3), S.ramp(3, 2, 3, 3),
                         attn_mask=S.ramp(3, 4) - 1))
+# q with batch and head axes, or a batch axis only, over 2-D k and v shared by every row: no
+# grouped-query heads to look for (k has no head axis), everything broadcasts.
+@example(case=make_case(S.ramp(2, 3, 4, 2), S.ramp(5, 2), S.ramp(5, 3), S.ramp(2, 3, 4, 3), is_causal=True))
+@example(case=make_case(S.ramp(2, 4, 2), S.ramp(5, 2), S.ramp(5, 3), S.ramp(2, 4, 3)))
 def test_broadcast_batch_axes_match_builtin(case):
     """q and k, v whose batch axes broadcast (a 1 or a missing axis against any size) give
     F.scaled_dot_product_attention's output; the NumPy backward gives autograd's gradients in
@@ -545,7 +549,8 @@ def test_causal_alignments_picture():
     top_left = scaled_dot_product_attention_forward(q, k, k, is_causal=True)[1].weights > 0
     bottom_right = scaled_dot_product_attention_forward(q, k, k, is_causal="bottom_right")[1].weights > 0
     assert np.array_equal(top_left, np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], bool)), top_left
-    assert np.array_equal(bottom_right, np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)), bottom_right
+    assert np.array_equal(bottom_right, np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)), \
+        bottom_right
     with pytest.raises(ValueError, match='is_causal must be False, True, "top_left" or "bottom_right", got \'lower\''):
         scaled_dot_product_attention_forward(q, k, k, is_causal="lower")
 

@@ -10,6 +10,7 @@ from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.feed_forward import feed_forward_backward, feed_forward_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
+from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -25,7 +26,6 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from torch_attn import convert
 from torch_attn.block import block
 
 
@@ -284,3 +284,22 @@ def test_bad_input():
         block_forward(np.zeros((1, 3, 4), np.float32), params, 2)
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_block_params(4, 0)
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5, -0.1])
+def test_dropout_p_out_of_range_is_refused(p):
+    """dropout_p = 1 would divide by 1 - p = 0; the check names the argument and its value."""
+    params = init_block_params(4, np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match=rf"dropout_p must lie in \[0, 1\), got {p}"):
+        block_forward(np.zeros((1, 3, 4)), params, 2, dropout_p=p, rng=np.random.default_rng(0))
+
+
+def test_bad_dout_is_refused():
+    """The upstream gradient must have the block's output shape and dtype (a float32 dout would
+    otherwise turn the float64 gradients into float32 without a word, a transposed one broadcast)."""
+    params = init_block_params(4, np.random.default_rng(0), dtype=np.float64)
+    _, cache = block_forward(np.zeros((2, 3, 4)), params, 2)
+    with pytest.raises(ValueError, match=r"block_backward: dout must have the shape .* \(2, 3, 4\), got \(3, 2, 4\)"):
+        block_backward(np.zeros((3, 2, 4)), cache)
+    with pytest.raises(TypeError, match=r"block_backward: dout must have the dtype .* float64, got float32"):
+        block_backward(np.zeros((2, 3, 4), np.float32), cache)

@@ -37,7 +37,8 @@ def decodes(draw, dtype=None):
     nkv, g, hs = draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 3))
     config = GPTConfig(
         vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 6)), n_layer=draw(st.integers(1, 2)),
-        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs, bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
+        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs,
+        bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
@@ -163,8 +164,9 @@ def test_backward_through_past_tokens_is_refused():
     attn = params["blocks"]["0"]["attn"]
     x = np.random.default_rng(0).normal(size=(1, 3, 4))
     kv_cache = gpt_kv_cache(config, 1, np.float64)
-    multi_head_attention_forward(x[:, :2], attn, 2, is_causal=True, kv_cache=kv_cache)
-    out, cache = multi_head_attention_forward(x[:, 2:], attn, 2, is_causal=True, kv_cache=kv_cache)
+    multi_head_attention_forward(x[:, :2], attn, 2, is_causal="bottom_right", kv_cache=kv_cache.layer(0))
+    out, cache = multi_head_attention_forward(x[:, 2:], attn, 2, is_causal="bottom_right",
+                                              kv_cache=kv_cache.layer(0))
     with pytest.raises(ValueError, match="attended over 3 keys of which only 1 came from its input"):
         multi_head_attention_backward(np.ones_like(out), cache)
 
@@ -177,7 +179,7 @@ def test_tolerance_catches_positions_restarting_at_each_step():
         full, full_cache = gpt_forward(ids, params, config)
         kv_cache = gpt_kv_cache(config, 1, np.float64)
         gpt_forward(ids[:, :3], params, config, kv_cache=kv_cache)
-        wrong, _ = gpt_forward(ids[:, 3:4], params, config, kv_cache=kv_cache, position_ids=np.arange(1))
+        wrong, _ = gpt_forward(ids[:, 3:4], params, config, kv_cache=kv_cache, positions=np.arange(1))
         assert not np.allclose(wrong, full[:, 3:4], **decode_tol(full_cache, np.float64)), positions
 
 

@@ -349,6 +349,46 @@ def test_bad_input():
         gpt_forward(np.zeros((1, 2), int), params, dataclasses.replace(config, vocab_size=6))
 
 
+def test_bad_dlogits_is_refused():
+    """dlogits must have the logits' shape and dtype, checked by the output layer's backward."""
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    _, cache = gpt_forward(np.zeros((2, 3), int), params, config)
+    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(2, 3, 5\), got \(2, 3, 4\)"):
+        gpt_backward(np.zeros((2, 3, 4)), cache)
+    with pytest.raises(TypeError, match=r"gpt_backward: dlogits must have the dtype .* float64, got float32"):
+        gpt_backward(np.zeros((2, 3, 5), np.float32), cache)
+    with pytest.raises(TypeError, match=r"gpt_backward: dlogits must be a NumPy array .* got list"):
+        gpt_backward(np.zeros((2, 3, 5)).tolist(), cache)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(positions=np.arange(3)), ValueError, r"positions must have shape \(2,\) or \(1, 2\) .* got \(3,\)"),
+    (dict(positions=np.array([0, 4])), ValueError, r"positions must lie in \[0, block_size = 4\), got values 0..4"),
+    (dict(positions=np.array([0.0, 1.0])), TypeError, "positions must be integers, got dtype float64"),
+    (dict(attn_mask=np.ones((2, 2))), TypeError, "attn_mask must be a bool NumPy array"),
+    (dict(attn_mask=np.ones((3, 3), bool)), ValueError,
+     r"attn_mask of shape \(3, 3\) does not broadcast to the scores' shape \(B, nh, T, S\) = \(1, 2, 2, 2\)"),
+])
+def test_bad_positions_and_attn_mask(kwargs, error, message):
+    """Refused at the top of gpt_forward and llama_forward, naming the argument, never by an
+    operation deep inside (a float mask would reach numpy's bitwise and, a position 4 the
+    embedding's "token id" check)."""
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    with pytest.raises(error, match=message):
+        gpt_forward(np.zeros((1, 2), int), params, config, **kwargs)
+    from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward
+
+    llama_config = LlamaConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
+    llama_params = init_llama_params(llama_config, np.random.default_rng(0), np.float64)
+    if "block_size" not in message:                                  # RoPE takes any position
+        with pytest.raises(error, match=message):
+            llama_forward(np.zeros((1, 2), int), llama_params, llama_config, **kwargs)
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        llama_forward(np.zeros((1, 2), int), llama_params, llama_config, rng=0)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n_embd=6, n_head=4), "n_embd = 6 is not divisible by n_head = 4"),
     (dict(positions="rotary"), "positions must be 'learned' or 'sinusoidal', got 'rotary'"),

@@ -1,5 +1,6 @@
-"""Parity tests for numpy_attn/gpt2.py and torch_attn/gpt2.py (Hugging Face's GPT2LMHeadModel is
-compared through saved checkpoints in test_hf.py)."""
+"""Parity tests for GPT-2 as released, run by numpy_attn/gpt.py and torch_attn/gpt.py with GPT-2's
+constants in the config (tanh GELU, its layer-norm eps) and a feed-forward width of the weights'
+choosing (Hugging Face's GPT2LMHeadModel is compared through saved checkpoints in test_hf.py)."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from numpy_attn.gpt2 import GPT2Config, gpt2_backward, gpt2_forward, gpt2_kv_cache, init_gpt2_params
+from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -23,8 +24,20 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_map,
 )
-from torch_attn.gpt2 import gpt2
-from torch_attn.gpt2 import gpt2_kv_cache as twin_gpt2_kv_cache
+from torch_attn.gpt import gpt
+from torch_attn.gpt import gpt_kv_cache as twin_gpt_kv_cache
+
+
+def init_gpt2_params(config, rng, dtype=np.float32, hidden=None):
+    """init_gpt_params with a feed-forward width ``hidden`` (GPT-2's n_inner, default 4C), drawn
+    from N(0, 0.02^2) with zero biases as GPT-2's initializer_range."""
+    params = init_gpt_params(config, rng, dtype)
+    C = config.n_embd
+    H = 4 * C if hidden is None else hidden
+    for block in params["blocks"].values():
+        block["ffn"] = {"fc": {"w": rng.normal(0, 0.02, (C, H)).astype(dtype), "b": np.zeros(H, dtype)},
+                        "proj": {"w": rng.normal(0, 0.02, (H, C)).astype(dtype), "b": np.zeros(C, dtype)}}
+    return params
 
 
 @st.composite
@@ -32,7 +45,7 @@ def models(draw, dtype=None):
     """(config, params, ids, dout): tiny configs, params moved by U(-0.5, 0.5), repeating ids."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 3))
-    config = GPT2Config(vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
+    config = GPTConfig(vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
                         n_layer=draw(st.integers(0, 2)), n_head=nh, n_embd=nh * hs,
                         ln_eps=draw(st.sampled_from([1e-5, 1e-6])),
                         gelu=draw(st.sampled_from(["tanh", "none"])), tie_weights=draw(st.booleans()))
@@ -46,7 +59,7 @@ def models(draw, dtype=None):
 
 
 def _pinned_case():
-    config = GPT2Config(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4)
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4, gelu="tanh")
     rng = np.random.default_rng(1)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
                       init_gpt2_params(config, rng, np.float64))
@@ -56,7 +69,7 @@ def _pinned_case():
 
 def _rstds(cache):
     """The rstd of every layer norm (caches (xhat, rstd, w))."""
-    return [cache.ln_f[1]] + [c[i][1] for c in cache.blocks for i in (0, 2)]
+    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
 
 
 def _tol(cache, dtype):
@@ -64,14 +77,14 @@ def _tol(cache, dtype):
 
 
 def _twin(config, ids):
-    return lambda params: gpt2(to_torch(ids), params, config)
+    return lambda params: gpt(to_torch(ids), params, config)
 
 
 @given(case=models())
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt2_forward(ids, params, config)
+    logits, cache = gpt_forward(ids, params, config)
     twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
     assert_close("gpt2.logits", logits, twin_logits, **_tol(cache, logits.dtype))
 
@@ -80,8 +93,8 @@ def test_forward_matches_twin(case):
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):
     config, params, ids, dout = case
-    _, cache = gpt2_forward(ids, params, config)
-    dparams = gpt2_backward(dout, cache)
+    _, cache = gpt_forward(ids, params, config)
+    dparams = gpt_backward(dout, cache)
     _, grads = autograd(_twin(config, ids), {"params": params}, dout)
     assert_tree_close("gpt2", dparams, grads["params"], **_tol(cache, dout.dtype))
 
@@ -92,9 +105,9 @@ def test_causal(case, data):
     t = data.draw(st.integers(0, ids.shape[1] - 1))
     changed = ids.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % config.vocab_size
-    logits, cache = gpt2_forward(ids, params, config)
+    logits, cache = gpt_forward(ids, params, config)
     assert_close(f"gpt2.logits[:, :{t + 1}] after changing later tokens",
-                 gpt2_forward(changed, params, config)[0][:, : t + 1], logits[:, : t + 1],
+                 gpt_forward(changed, params, config)[0][:, : t + 1], logits[:, : t + 1],
                  **_tol(cache, logits.dtype))
 
 
@@ -105,11 +118,11 @@ def test_backward_matches_finite_differences(case, seed):
     config, params, ids, dout = case
     rng = np.random.default_rng(seed)
     direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = gpt2_forward(ids, params, config)
-    grads = gpt2_backward(dout, cache)
+    _, cache = gpt_forward(ids, params, config)
+    grads = gpt_backward(dout, cache)
     h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
     numeric = directional_derivative(
-        lambda p: np.sum(gpt2_forward(ids, p, config)[0] * dout), params, direction, h=h)
+        lambda p: np.sum(gpt_forward(ids, p, config)[0] * dout), params, direction, h=h)
     assert_close("gpt2 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
                  np.float64(numeric), **directional_tol(grads, direction))
 
@@ -124,14 +137,14 @@ def test_cached_decoding_equals_full_forward(case, data):
     assume(config.n_layer >= 1)                                   # a cache holds at least one layer
     B, T = ids.shape
     P = data.draw(st.integers(1, T), label="prefill")
-    full, full_cache = gpt2_forward(ids, params, config)
-    kv_cache = gpt2_kv_cache(config, B, params["wte"].dtype)
-    twin_cache = twin_gpt2_kv_cache(config, B, to_torch(params["wte"]).dtype)
+    full, full_cache = gpt_forward(ids, params, config)
+    kv_cache = gpt_kv_cache(config, B, params["wte"].dtype)
+    twin_cache = twin_gpt_kv_cache(config, B, to_torch(params["wte"]).dtype)
     tparams = tree_map(to_torch, params)
     steps, twin_steps = [], []
     for start, end in [(0, P)] + [(t, t + 1) for t in range(P, T)]:
-        steps.append(gpt2_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
-        twin_steps.append(to_numpy(gpt2(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
+        steps.append(gpt_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
+        twin_steps.append(to_numpy(gpt(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
     cached = np.concatenate(steps, axis=1)
     tol = _tol(full_cache, full.dtype)
     rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
@@ -142,10 +155,10 @@ def test_cached_decoding_equals_full_forward(case, data):
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):
-    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1, tie_weights=False)
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
     params = init_gpt2_params(config, np.random.default_rng(0), dtype)
-    logits, cache = gpt2_forward(np.array([[1, 2, 2]]), params, config)
-    grads = gpt2_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
+    logits, cache = gpt_forward(np.array([[1, 2, 2]]), params, config)
+    grads = gpt_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
     assert logits.dtype == dtype, f"gpt2.logits dtype {logits.dtype}"
     for path, g in tree_leaves(grads):
         assert g.dtype == dtype, f"gpt2.{path} gradient dtype {g.dtype}"
@@ -153,43 +166,42 @@ def test_dtype_is_preserved(dtype):
 
 @pytest.mark.parametrize("kw, error, message", [
     (dict(n_embd=5, n_head=2), ValueError, "n_embd = 5 is not divisible by n_head = 2"),
-    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1, got 0"),
-    (dict(n_layer=True), TypeError, "n_layer must be an int, got True"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be a positive integer, got 0"),
+    (dict(n_layer=True), TypeError, "n_layer must be an integer, got bool True"),
     (dict(gelu="gelu_new"), ValueError, "gelu must be 'tanh' or 'none', got 'gelu_new'"),
-    (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number >= 0, got -1.0"),
-    (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got 'yes'"),
+    (dict(ln_eps=-1.0), ValueError, "ln_eps must be a number > 0, got -1.0"),
+    (dict(ln_eps=0.0), ValueError, "GPTConfig.ln_eps must be a number > 0, got 0.0"),   # 0 / 0 on a constant row
+    (dict(tie_weights="yes"), TypeError, "tie_weights must be a bool, got str 'yes'"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
-        GPT2Config(**kw)
+        GPTConfig(**kw)
 
 
 def test_bad_input():
-    config = GPT2Config(vocab_size=7, block_size=4, n_layer=1)
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1)
     params = init_gpt2_params(config, np.random.default_rng(0), np.float64)
     with pytest.raises(ValueError, match=r"T = 5 of ids \(1, 5\) exceeds block_size = 4"):
-        gpt2_forward(np.zeros((1, 5), np.int64), params, config)
+        gpt_forward(np.zeros((1, 5), np.int64), params, config)
     with pytest.raises(TypeError, match="token ids must be integers"):
-        gpt2_forward(np.zeros((1, 3)), params, config)
-    with pytest.raises(TypeError, match="config must be a GPT2Config, got dict"):
-        gpt2_forward(np.zeros((1, 3), np.int64), params, {})
+        gpt_forward(np.zeros((1, 3)), params, config)
+    with pytest.raises(TypeError, match="config must be a GPTConfig, got dict"):
+        gpt_forward(np.zeros((1, 3), np.int64), params, {})
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_gpt2_params(config, 0)
-    _, cache = gpt2_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"gpt2: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        gpt2_backward(np.zeros((1, 3, 4)), cache)
+    _, cache = gpt_forward(np.zeros((1, 3), np.int64), params, config)
+    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
+        gpt_backward(np.zeros((1, 3, 4)), cache)
 
 
 @given(case=models())
 def test_with_exact_gelu_it_is_gpt_py(case):
-    """gpt2.py differs from gpt.py only in taking the GELU form and the layer-norm eps from its
-    config: with gelu="none" and eps 1e-5 the two models agree on the same parameter dict (which
-    is why attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
-    from numpy_attn.gpt import GPTConfig, gpt_forward
-
+    """GPT-2 differs from gpt.py's defaults only in the GELU form and the layer-norm eps: with
+    gelu="none" and eps 1e-5 it is the default GPTConfig on the same parameter dict (which is why
+    attn_cli.hf's GPT-2 dicts have gpt.py's nesting)."""
     config, params, ids, _ = case
     config = dataclasses.replace(config, gelu="none", ln_eps=1e-5)
-    ours, cache = gpt2_forward(ids, params, config)
+    ours, cache = gpt_forward(ids, params, config)
     gpt_config = GPTConfig(vocab_size=config.vocab_size, block_size=config.block_size,
                            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
                            tie_weights=config.tie_weights)

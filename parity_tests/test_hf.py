@@ -2,7 +2,7 @@
 
 No download: each test builds a small random GPT2LMHeadModel or LlamaForCausalLM, saves it with
 ``save_pretrained`` (safetensors) into a temporary folder, loads the folder with attn_cli.hf, and
-compares the logits of numpy_attn (gpt2.py, llama.py) with transformers', and the gradients of the
+compares the logits of numpy_attn (gpt.py, llama.py) with transformers', and the gradients of the
 cross-entropy loss (NumPy's hand-written backward and the torch twin's autograd) with
 transformers' autograd.
 
@@ -30,7 +30,7 @@ from safetensors.numpy import load_file, save_file
 
 from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn._tree import flatten
-from numpy_attn.gpt2 import gpt2_backward, gpt2_forward
+from numpy_attn.gpt import gpt_backward, gpt_forward
 from numpy_attn.llama import llama_backward, llama_forward
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from parity_tests.helpers import (
@@ -42,7 +42,7 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_llama import exact_hf_llama, hf_logits_and_grads, to_hf_names
-from torch_attn.gpt2 import gpt2
+from torch_attn.gpt import gpt
 from torch_attn.llama import llama
 
 DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
@@ -128,21 +128,21 @@ def test_gpt2_checkpoint_matches_transformers(tmp_path, tie, dtype):
     kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
     assert kind == "gpt2" and config.gelu == "tanh" and config.tie_weights == tie, config
     ids = _ids(config.vocab_size)
-    logits, cache = gpt2_forward(ids, params, config)
+    logits, cache = gpt_forward(ids, params, config)
     hf_logits = model(input_ids=to_torch(ids)).logits
-    rstds = [cache.ln_f[1]] + [c[i][1] for c in cache.blocks for i in (0, 2)]
+    rstds = [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
     err = _compare(f"gpt2 checkpoint logits (tied={tie})", logits, to_numpy(hf_logits), dtype, rstds)
     print(f"gpt2 {np.dtype(dtype)} tied={tie}: largest logit difference {err:.2e}")
     # Gradients of the loss: transformers' autograd, the twin's autograd, our backward.
     _loss(hf_logits, to_torch(ids)).backward()
     theirs = _gpt2_hf_grads_as_ours(model, config)
     tparams = tree_to_torch(params, requires_grad=True)
-    _loss(gpt2(to_torch(ids), tparams, config), to_torch(ids)).backward()
+    _loss(gpt(to_torch(ids), tparams, config), to_torch(ids)).backward()
     twin = {k: to_numpy(v.grad) for k, v in _flat(tparams).items()}
     loss, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
     dlogits = np.zeros_like(logits)
     dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
-    ours = _flat(gpt2_backward(dlogits, cache))
+    ours = _flat(gpt_backward(dlogits, cache))
     assert ours.keys() == theirs.keys() == twin.keys(), (sorted(ours), sorted(theirs))
     scale = max(float(np.abs(g).max()) for g in theirs.values())
     for name, g in theirs.items():
@@ -163,7 +163,7 @@ def test_gpt2_original_release_layout(tmp_path):
     _, config, params = load_checkpoint(tmp_path, np.float64)
     assert len(params["blocks"]) == model.config.n_layer, sorted(params["blocks"])
     ids = _ids(config.vocab_size)
-    logits = gpt2_forward(ids, params, config)[0]
+    logits = gpt_forward(ids, params, config)[0]
     expected = to_numpy(model(input_ids=to_torch(ids)).logits)
     assert logits.shape == expected.shape, (logits.shape, expected.shape)
     _compare("gpt2 original layout logits", logits, expected, np.float64)
@@ -312,9 +312,10 @@ def test_gpt2_params_allocate_nothing_the_weights_do_not_hold(tmp_path):
     import tracemalloc
 
     from attn_cli.hf import _gpt2_params, _Tensors
-    from numpy_attn.gpt2 import GPT2Config
+    from numpy_attn.gpt import GPTConfig
 
-    config = GPT2Config(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=10**6)
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=10**6, bias=True,
+                       positions="learned", gelu="tanh")
     tracemalloc.start()
     try:
         with pytest.raises(CheckpointError, match=r"tensor 'wte.weight' is missing"):

@@ -47,7 +47,7 @@ def test_update_equals_concatenation(case):
     cache = init_kv_cache(L, B, nkv, max_len, hs, dtype)
     for n, step in enumerate(steps):
         for layer, (k, v) in enumerate(step):
-            k_all, v_all = kv_cache_update(cache, layer, k, v)
+            k_all, v_all = kv_cache_update(cache.layer(layer), k, v)
             k_ref = np.concatenate([s[layer][0] for s in steps[: n + 1]], axis=2)
             v_ref = np.concatenate([s[layer][1] for s in steps[: n + 1]], axis=2)
             assert_close(f"kv_cache.k[{layer}] step {n}", k_all, k_ref, rtol=0, atol=0)
@@ -66,8 +66,8 @@ def test_twin_matches_numpy(case):
     twin = tw.init_kv_cache(L, B, nkv, max_len, hs, to_torch(np.zeros(0, dtype)).dtype)
     for n, step in enumerate(steps):
         for layer, (k, v) in enumerate(step):
-            k_all, v_all = kv_cache_update(cache, layer, k, v)
-            tk_all, tv_all = tw.kv_cache_update(twin, layer, to_torch(k), to_torch(v))
+            k_all, v_all = kv_cache_update(cache.layer(layer), k, v)
+            tk_all, tv_all = tw.kv_cache_update(twin.layer(layer), to_torch(k), to_torch(v))
             assert_close(f"kv_cache twin.k[{layer}] step {n}", to_numpy(tk_all), k_all, rtol=0, atol=0)
             assert_close(f"kv_cache twin.v[{layer}] step {n}", to_numpy(tv_all), v_all, rtol=0, atol=0)
     assert twin.lengths == cache.lengths.tolist(), f"kv_cache.lengths {twin.lengths} != {cache.lengths}"
@@ -86,7 +86,7 @@ def test_twin_matches_transformers_dynamic_cache(case):
     ref = transformers.DynamicCache()
     for n, step in enumerate(steps):
         for layer, (k, v) in enumerate(step):
-            tk_all, tv_all = tw.kv_cache_update(twin, layer, to_torch(k), to_torch(v))
+            tk_all, tv_all = tw.kv_cache_update(twin.layer(layer), to_torch(k), to_torch(v))
             rk_all, rv_all = ref.update(to_torch(k), to_torch(v), layer)
             assert_close(f"kv_cache twin vs DynamicCache.k[{layer}] step {n}", to_numpy(tk_all),
                          to_numpy(rk_all), rtol=0, atol=0)
@@ -125,14 +125,14 @@ def test_overflow_is_an_error_and_changes_nothing(max_len, first, extra, dtype):
     twin = tw.init_kv_cache(2, 1, 1, max_len, 2, to_torch(np.zeros(0, dtype)).dtype)
     if first:
         chunk = np.ones((1, 1, first, 2), dtype)
-        kv_cache_update(cache, 0, chunk, chunk)
-        tw.kv_cache_update(twin, 0, to_torch(chunk), to_torch(chunk))
+        kv_cache_update(cache.layer(0), chunk, chunk)
+        tw.kv_cache_update(twin.layer(0), to_torch(chunk), to_torch(chunk))
     before = cache.k.copy()
     over = np.full((1, 1, max_len - first + extra, 2), 7, dtype)
     with pytest.raises(ValueError, match=rf"overflow.*> max_len = {max_len}"):
-        kv_cache_update(cache, 0, over, over)
+        kv_cache_update(cache.layer(0), over, over)
     with pytest.raises(ValueError, match=rf"overflow.*> max_len = {max_len}"):
-        tw.kv_cache_update(twin, 0, to_torch(over), to_torch(over))
+        tw.kv_cache_update(twin.layer(0), to_torch(over), to_torch(over))
     assert cache.lengths.tolist() == [first, 0], f"lengths after overflow {cache.lengths}"
     assert twin.lengths == [first, 0], f"twin lengths after overflow {twin.lengths}"
     np.testing.assert_array_equal(cache.k, before, err_msg="kv_cache.k after overflow")
@@ -142,15 +142,15 @@ def test_bad_input_is_refused():
     cache = init_kv_cache(2, 2, 1, 4, 3, np.float32)
     good = np.zeros((2, 1, 1, 3), np.float32)
     with pytest.raises(TypeError, match="dtype float64.*float32"):
-        kv_cache_update(cache, 0, good.astype(np.float64), good)
+        kv_cache_update(cache.layer(0), good.astype(np.float64), good)
     with pytest.raises(ValueError, match=r"k must have shape \(B, nkv, T, hs\) = \(2, 1, T, 3\)"):
-        kv_cache_update(cache, 0, np.zeros((2, 2, 1, 3), np.float32), good)   # query heads, not kv heads
+        kv_cache_update(cache.layer(0), np.zeros((2, 2, 1, 3), np.float32), good)   # query heads, not kv heads
     with pytest.raises(ValueError, match="k and v shapes differ"):
-        kv_cache_update(cache, 0, good, np.zeros((2, 1, 2, 3), np.float32))
+        kv_cache_update(cache.layer(0), good, np.zeros((2, 1, 2, 3), np.float32))
     with pytest.raises(ValueError, match=r"layer must be an integer in \[0, 2\)"):
-        kv_cache_update(cache, 2, good, good)
+        kv_cache_update(cache.layer(2), good, good)
     with pytest.raises(TypeError, match="cache must be a KVCache"):
-        kv_cache_update((cache.k, cache.v), 0, good, good)
+        kv_cache_update((cache.k, cache.v), good, good)
     with pytest.raises(ValueError, match="max_len must be >= 1"):
         init_kv_cache(1, 1, 1, 0, 1)
     with pytest.raises(TypeError, match="head_size must be an integer"):
@@ -188,7 +188,7 @@ def test_cached_attention_equals_full_causal_attention(case):
     cache = init_kv_cache(1, B, nkv, T, hs, q.dtype)
     start = 0
     for i, n in enumerate(sizes):
-        k_all, v_all = kv_cache_update(cache, 0, k[:, :, start:start + n], v[:, :, start:start + n])
+        k_all, v_all = kv_cache_update(cache.layer(0), k[:, :, start:start + n], v[:, :, start:start + n])
         out, _ = scaled_dot_product_attention_forward(
             q[:, :, start:start + n], k_all, v_all, attn_mask=causal_mask(n, start + n, "bottom_right"))
         eps = float(np.finfo(q.dtype).eps)
@@ -200,5 +200,5 @@ def test_cached_attention_equals_full_causal_attention(case):
 def test_twin_refuses_overflow_before_writing():
     twin = tw.init_kv_cache(1, 1, 1, 2, 1)
     with pytest.raises(ValueError, match="overflow"):
-        tw.kv_cache_update(twin, 0, torch.ones(1, 1, 3, 1), torch.ones(1, 1, 3, 1))
+        tw.kv_cache_update(twin.layer(0), torch.ones(1, 1, 3, 1), torch.ones(1, 1, 3, 1))
     assert twin.lengths == [0] and not twin.k.any(), "twin cache after overflow"

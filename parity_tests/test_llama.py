@@ -11,6 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_backward, llama_forward
+from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -93,7 +94,7 @@ def _tol(cache, dtype):
 def _twin(config, ids, positions):
     """The torch twin as a function of its parameters only, for autograd()."""
     pos = None if positions is None else to_torch(positions)
-    return lambda params: llama(to_torch(ids), params, config, pos)
+    return lambda params: llama(to_torch(ids), params, config, positions=pos)
 
 
 # -- forward matches the twin -----------------------------------------------------------------
@@ -102,7 +103,7 @@ def _twin(config, ids, positions):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, positions, dout = case
-    logits, cache = llama_forward(ids, params, config, positions)
+    logits, cache = llama_forward(ids, params, config, positions=positions)
     twin_logits, _ = autograd(_twin(config, ids, positions), {"params": params}, dout)
     assert_close("llama.logits", logits, twin_logits, **_tol(cache, logits.dtype))
 
@@ -114,7 +115,7 @@ def test_forward_matches_twin(case):
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (llama.blocks.0.attn.q.w, ...)."""
     config, params, ids, positions, dout = case
-    _, cache = llama_forward(ids, params, config, positions)
+    _, cache = llama_forward(ids, params, config, positions=positions)
     dparams = llama_backward(dout, cache)
     _, grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
     assert_tree_close("llama", dparams, grads["params"], **_tol(cache, dout.dtype))
@@ -221,7 +222,7 @@ def test_twin_matches_hugging_face(case):
         model = exact_hf_llama(model, config)
     twin_logits, twin_grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
     hf_logits, hf_grads = hf_logits_and_grads(model, ids, positions, dout)
-    _, cache = llama_forward(ids, params, config, positions)
+    _, cache = llama_forward(ids, params, config, positions=positions)
     tol = _tol(cache, dout.dtype)
     # Hugging Face's layout is half; test_layouts_agree_through_permuted_weights links the other.
     label = "llama vs LlamaForCausalLM"
@@ -248,9 +249,9 @@ def permute_qk(params, config):
 @given(case=models(rope_layout="interleaved"))
 def test_layouts_agree_through_permuted_weights(case):
     config, params, ids, positions, _ = case
-    interleaved, cache = llama_forward(ids, params, config, positions)
+    interleaved, cache = llama_forward(ids, params, config, positions=positions)
     half_config = dataclasses.replace(config, rope_layout="half")
-    half, _ = llama_forward(ids, permute_qk(params, config), half_config, positions)
+    half, _ = llama_forward(ids, permute_qk(params, config), half_config, positions=positions)
     assert_close("llama[half] with permuted q, k vs llama[interleaved]", half, interleaved,
                  **_tol(cache, half.dtype))
 
@@ -263,10 +264,46 @@ def test_causal(case, data):
     t = data.draw(st.integers(0, T - 1))
     changed = ids.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % config.vocab_size
-    logits, cache = llama_forward(ids, params, config, positions)
-    logits_changed, _ = llama_forward(changed, params, config, positions)
+    logits, cache = llama_forward(ids, params, config, positions=positions)
+    logits_changed, _ = llama_forward(changed, params, config, positions=positions)
     assert_close(f"llama.logits[:, :{t + 1}] after changing later tokens", logits_changed[:, : t + 1],
                  logits[:, : t + 1], **_tol(cache, logits.dtype))
+
+
+@given(case=models(), pads=st.lists(st.integers(0, 4), min_size=3, max_size=3), left=st.booleans())
+@example(case=_pinned_case(), pads=[2, 0, 0], left=True)
+def test_padded_batch_equals_sequences_alone(case, pads, left):
+    """gpt_forward's vocabulary: padding composed by the caller with numpy_attn/masks.py
+    (positions numbered per row, attn_mask hiding the padding) gives every real token of a left-
+    or right-padded row its logits alone, and the parameter gradients of the rows alone, summed
+    (dout is zero at padding); the twin takes the same arguments and agrees."""
+    config, params, ids, _, dout = case
+    B, T = ids.shape
+    kpm = np.zeros((B, T), bool)                                      # True at padding
+    for b in range(B):
+        pad = pads[b] % T                                             # at least one real token
+        kpm[b, slice(0, pad) if left else slice(T - pad, T)] = True
+    dout = np.where(kpm[..., None], 0, dout).astype(dout.dtype)
+    kw = dict(positions=padded_position_ids(kpm), attn_mask=padding_attn_mask(kpm))
+    logits, cache = llama_forward(ids, params, config, **kw)
+    dparams = llama_backward(dout, cache)
+    rstds, alone_grads = _rstds(cache), []
+    for b in range(B):
+        real = ~kpm[b]
+        alone, alone_cache = llama_forward(ids[b:b + 1, real], params, config)
+        rstds += _rstds(alone_cache)
+        alone_grads.append(llama_backward(np.ascontiguousarray(dout[b:b + 1, real]), alone_cache))
+        assert_close(f"llama padded.logits[{b}] vs alone", logits[b:b + 1, real], alone,
+                     **layer_norm_tol(rstds, logits.dtype))
+    summed = alone_grads[0]
+    for g in alone_grads[1:]:
+        summed = tree_map(lambda a, c: a + c, summed, g)
+    assert_tree_close("llama padded.grads vs alone", dparams, summed, **layer_norm_tol(rstds, logits.dtype))
+    twin = llama(to_torch(ids), tree_map(to_torch, params), config, positions=to_torch(kw["positions"]),
+                 attn_mask=to_torch(kw["attn_mask"]))
+    real = ~kpm[..., None] & np.ones(logits.shape, bool)
+    assert_close("llama padded.logits twin", np.where(real, to_numpy(twin), 0), np.where(real, logits, 0),
+                 **layer_norm_tol(rstds, logits.dtype))
 
 
 @given(case=models(), shift=st.integers(1, 1000))
@@ -277,8 +314,8 @@ def test_only_relative_positions_matter(case, shift):
     config, params, ids, positions, _ = case
     T = ids.shape[1]
     pos = np.arange(T) if positions is None else positions
-    logits, cache = llama_forward(ids, params, config, pos)
-    shifted, _ = llama_forward(ids, params, config, pos + shift)
+    logits, cache = llama_forward(ids, params, config, positions=pos)
+    shifted, _ = llama_forward(ids, params, config, positions=pos + shift)
     tol = _tol(cache, logits.dtype)
     if logits.dtype == np.float32:   # cos and sin of the rotations differ by an ulp: rtol 1e-4
         tol["atol"] *= max(1.0, float(np.abs(logits).max()))
@@ -288,9 +325,9 @@ def test_only_relative_positions_matter(case, shift):
 @given(case=models(tie_weights=True))
 def test_tied_gradient_is_the_sum_of_both_uses(case):
     config, params, ids, positions, dout = case
-    dtied = llama_backward(dout, llama_forward(ids, params, config, positions)[1])
+    dtied = llama_backward(dout, llama_forward(ids, params, config, positions=positions)[1])
     untied = {**params, "head": {"w": params["wte"].T.copy()}}
-    _, cache = llama_forward(ids, untied, dataclasses.replace(config, tie_weights=False), positions)
+    _, cache = llama_forward(ids, untied, dataclasses.replace(config, tie_weights=False), positions=positions)
     duntied = llama_backward(dout, cache)
     assert_close("llama tied wte = embedding + head", dtied["wte"],
                  duntied["wte"] + duntied["head"]["w"].T, **_tol(cache, dout.dtype))
@@ -324,13 +361,13 @@ def test_backward_matches_finite_differences(case, seed):
     config, params, ids, positions, dout = case
     rng = np.random.default_rng(seed)
     direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = llama_forward(ids, params, config, positions)
+    _, cache = llama_forward(ids, params, config, positions=positions)
     grads = llama_backward(dout, cache)
     exact = tree_dot(grads, direction)
     # The step shrinks with the narrowest RMS-norm row, as in test_gpt.py.
     h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
     numeric = directional_derivative(
-        lambda p: np.sum(llama_forward(ids, p, config, positions)[0] * dout), params, direction, h=h)
+        lambda p: np.sum(llama_forward(ids, p, config, positions=positions)[0] * dout), params, direction, h=h)
     assert_close("llama directional derivative vs finite differences", np.float64(exact),
                  np.float64(numeric), **directional_tol(grads, direction))
 
@@ -348,18 +385,43 @@ def test_dtype_is_preserved(dtype):
         assert g.dtype == dtype, f"llama.{path} gradient dtype {g.dtype}"
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_llama_params(bias):
+    """As Hugging Face's LlamaForCausalLM initialises: every weight from N(0, 0.02^2)
+    (initializer_range; compared with a reference sample of the same size), every bias exactly
+    0 and present only when the config asks, every RMS norm weight exactly 1."""
+    from parity_tests.test_feed_forward import assert_same_distribution
+
+    config = LlamaConfig(vocab_size=256, block_size=4, n_layer=1, n_head=4, n_kv_head=2, n_embd=64,
+                         hidden=96, attn_bias=bias, mlp_bias=bias, tie_weights=False)
+    params = init_llama_params(config, np.random.default_rng(0), np.float64)
+    reference = np.random.default_rng(1)
+    for path, p in tree_leaves(params):
+        if path.endswith("norm.w"):
+            assert np.array_equal(p, np.ones(64)), f"llama.{path} is not all ones"
+        elif path.endswith(".b"):
+            assert bias and np.array_equal(p, np.zeros(p.shape)), f"llama.{path}: a bias with bias={bias}, or not 0"
+        else:
+            assert_same_distribution(f"llama.{path}", p, reference.normal(0, 0.02, p.shape))
+    biases = [path for path, _ in tree_leaves(params) if path.endswith(".b")]
+    assert len(biases) == (7 if bias else 0), f"llama biases with bias={bias}: {biases}"
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, error, message", [
     (dict(n_head=3, n_kv_head=2), ValueError, "n_head = 3 must be a multiple of n_kv_head = 2"),
-    (dict(n_embd=0), ValueError, "n_embd must be >= 1, got 0"),
-    (dict(n_layer=-1), ValueError, "n_layer must be >= 0, got -1"),
-    (dict(vocab_size=True), TypeError, "vocab_size must be an int, got True"),
-    (dict(hidden=2.0), TypeError, "hidden must be an int, got 2.0"),
+    (dict(n_embd=0), ValueError, "n_embd must be a positive integer, got 0"),
+    (dict(n_layer=-1), ValueError, "n_layer must be an integer >= 0, got -1"),
+    (dict(vocab_size=True), TypeError, "vocab_size must be an integer, got bool True"),
+    (dict(hidden=2.0), TypeError, "hidden must be an integer, got float 2.0"),
     (dict(head_dim=3), ValueError, "the head size must be even for rotary positions, got 3"),
+    (dict(head_dim=0), ValueError, "LlamaConfig.head_dim must be an integer >= 2, got 0"),
+    (dict(head_dim=4.0), TypeError, "LlamaConfig.head_dim must be None or an integer, got float 4.0"),
+    (dict(n_kv_head=False), TypeError, "LlamaConfig.n_kv_head must be an integer, got bool False"),
     (dict(n_embd=12, n_head=4, n_kv_head=4), ValueError, "the head size must be even .* got 3"),
-    (dict(tie_weights=1), TypeError, "tie_weights must be a bool, got 1"),
-    (dict(attn_bias="no"), TypeError, "attn_bias must be a bool, got 'no'"),
+    (dict(tie_weights=1), TypeError, "tie_weights must be a bool, got int 1"),
+    (dict(attn_bias="no"), TypeError, "attn_bias must be a bool, got str 'no'"),
     (dict(rms_eps=-1e-6), ValueError, "rms_eps must be a number >= 0"),
     (dict(rope_layout="neox"), ValueError, "rope_layout must be 'half' or 'interleaved', got 'neox'"),
     (dict(rope_theta=1.0), ValueError, "theta must be a number > 1, got 1.0"),

@@ -120,6 +120,24 @@ def test_causal_masks_by_definition(T, S_):
                                       err_msg="alignments agree when T = S", strict=True)
 
 
+@given(T=S.dim(0, 7), S_=S.dim(0, 7), align=st.sampled_from(["top_left", "bottom_right"]), data=st.data())
+@example(T=5, S_=3, align="bottom_right", data=None)
+def test_a_tile_is_the_slice_of_the_whole_mask(T, S_, align, data):
+    """rows and cols (as flash attention's tiles ask) give that block of the (T, S) mask, twin too;
+    bottom-right with T > S puts the diagonal left of the tile's first column."""
+    if data is None:
+        rows, cols = slice(1, 4), slice(0, 2)
+    else:
+        r0, c0 = data.draw(st.integers(0, T), label="row start"), data.draw(st.integers(0, S_), label="col start")
+        rows = slice(r0, data.draw(st.integers(r0, T), label="row end"))
+        cols = slice(c0, data.draw(st.integers(c0, S_), label="col end"))
+    whole = causal_mask(T, S_, align)
+    np.testing.assert_array_equal(causal_mask(T, S_, align, rows, cols), whole[rows, cols],
+                                  err_msg=f"causal_mask tile {rows}, {cols}", strict=True)
+    np.testing.assert_array_equal(to_numpy(tw.causal_mask(T, S_, align, rows, cols)), whole[rows, cols],
+                                  err_msg=f"twin causal_mask tile {rows}, {cols}", strict=True)
+
+
 @given(data=st.data(), T=S.dim(1, 5), S_=S.dim(1, 5))
 def test_top_left_equals_is_causal(data, T, S_):
     """Attention with causal_mask(T, S) equals F.scaled_dot_product_attention(is_causal=True), also

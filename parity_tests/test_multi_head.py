@@ -1,5 +1,7 @@
 """Parity tests for numpy_attn/multi_head.py and torch_attn/multi_head.py."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from numpy_attn.multi_head import (
     multi_head_attention_forward,
     split_heads,
 )
+from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
@@ -30,7 +33,6 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_attention import assert_dout_refused
-from torch_attn import convert
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -240,7 +242,8 @@ def test_twin_matches_builtin(case):
                                       dtype=TORCH_DTYPES[case["x"].dtype])
     torch_params = (mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
     with torch.no_grad():
-        for p, name in zip(torch_params, ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias"), strict=True):
+        names = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
+        for p, name in zip(torch_params, names, strict=True):
             if p is not None:
                 p.copy_(to_torch(case[name]))
     x_b = to_torch(case["x"], requires_grad=True)
@@ -409,6 +412,29 @@ def test_bad_input_names_the_callers_argument():
     bad["k"]["w"][0, 0] = np.inf
     with pytest.raises(ValueError, match=r'params\["k"\]\["w"\] of shape \(6, 6\) holds NaN or inf'):
         multi_head_attention_forward(x, bad, 2)
+
+
+@pytest.mark.parametrize("q", [np.zeros((6, 6)), {"b": np.zeros(6)}, {"w": np.zeros((6, 6)), "bias": np.zeros(6)}])
+def test_a_projection_that_is_not_a_dict_with_w_is_refused(q):
+    """params["q"] must be {"w": (C, C), "b": (C,) optional}: an array, a dict without "w", or
+    one with another key is a TypeError that shows the expected layout and what was given."""
+    x, params = np.zeros((2, 3, 6)), hand_params(6)
+    got = "ndarray" if isinstance(q, np.ndarray) else re.escape(str(sorted(q)))
+    with pytest.raises(TypeError, match=rf'params\["q"\] must be a dict \{{"w": \(6, 6\), "b": \(6,\) optional\}}, '
+                                        rf"got {got}"):
+        multi_head_attention_forward(x, {**params, "q": q}, 2)
+
+
+@pytest.mark.parametrize("width", [4, 3])
+def test_key_value_heads_must_divide_the_query_heads(width):
+    """k and v of width 4 make 2 key/value heads of hs = 2, which do not divide 3 query heads;
+    width 3 is not a whole number of heads: both are refused naming params["k"]["w"]."""
+    x, params = np.zeros((2, 3, 6)), hand_params(6)
+    for name in "kv":
+        params[name] = {"w": np.zeros((6, width)), "b": np.zeros(width)}
+    with pytest.raises(ValueError, match=rf'params\["k"\]\["w"\] of shape \(6, {width}\) must be \(C, nkv \* hs\) '
+                                         r"with hs = 2 and nkv dividing num_heads = 3"):
+        multi_head_attention_forward(x, params, 3)
 
 
 @pytest.mark.parametrize("C, error, message", [

@@ -11,10 +11,17 @@ from hypothesis.extra import numpy as hnp
 from torch import nn
 
 import torch_attn.gpt as tw
+import torch_attn.masks as tw_masks
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
-from numpy_attn.masks import padding_attn_mask, varlen_attn_mask, varlen_position_ids
+from numpy_attn.masks import (
+    padded_position_ids,
+    padding_attn_mask,
+    varlen_attn_mask,
+    varlen_position_ids,
+)
 from numpy_attn.multi_head import multi_head_attention_forward
+from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -26,7 +33,6 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_masks import cu_seqlens_of
-from torch_attn import convert
 
 IGNORE = -100   # the target id of padding, as torch.nn.functional.cross_entropy's default
 
@@ -39,7 +45,8 @@ def models(draw, dtype=None, max_block=6):
     nkv, g, hs = draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 3))
     config = GPTConfig(
         vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(2, max_block)), n_layer=draw(st.integers(1, 2)),
-        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs, bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
+        n_head=g * nkv, n_kv_head=draw(st.sampled_from([None, nkv])), n_embd=g * nkv * hs,
+        bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
@@ -73,6 +80,20 @@ def _sum_trees(trees):
     return out
 
 
+def padded(key_padding_mask, past=0):
+    """gpt_forward's arguments for a padded batch, composed with numpy_attn/masks.py: each row's
+    real tokens numbered from 0 and the padding hidden from every query. key_padding_mask (B, S)
+    is True at padding and covers the ``past`` cached tokens too; the positions are the new ones'."""
+    return {"positions": padded_position_ids(key_padding_mask)[:, past:],    # (B, S) -> (B, T)
+            "attn_mask": padding_attn_mask(key_padding_mask)}               # (B, 1, 1, S)
+
+
+def twin_padded(key_padding_mask, past=0):
+    """``padded`` for the torch twin, with torch_attn/masks.py."""
+    return {"positions": tw_masks.padded_position_ids(key_padding_mask)[:, past:],
+            "attn_mask": tw_masks.padding_attn_mask(key_padding_mask)}
+
+
 # -- a padded batch equals each sequence alone -----------------------------------------------------
 
 @given(case=models(), data=st.data())
@@ -83,7 +104,7 @@ def test_padded_batch_equals_sequences_alone(case, data):
     config, params = case
     dtype = params["wte"].dtype
     ids, kpm, lengths, dout = data.draw(padded_batches(config, dtype))
-    logits, cache = gpt_forward(ids, params, config, key_padding_mask=kpm)
+    logits, cache = gpt_forward(ids, params, config, **padded(kpm))
     dparams = gpt_backward(dout, cache)
     grads_alone, rstds = [], _rstds(cache)
     for b in range(ids.shape[0]):
@@ -99,8 +120,8 @@ def test_padded_batch_equals_sequences_alone(case, data):
 def test_padded_batch_twin_matches_numpy(case, data):
     config, params = case
     ids, kpm, _, _ = data.draw(padded_batches(config, params["wte"].dtype))
-    logits, cache = gpt_forward(ids, params, config, key_padding_mask=kpm)
-    twin = tw.gpt(to_torch(ids), tree_map(to_torch, params), config, key_padding_mask=to_torch(kpm))
+    logits, cache = gpt_forward(ids, params, config, **padded(kpm))
+    twin = tw.gpt(to_torch(ids), tree_map(to_torch, params), config, **twin_padded(to_torch(kpm)))
     real = ~kpm[..., None] & np.ones(logits.shape, bool)
     assert_close("padded.logits twin", np.where(real, to_numpy(twin), 0), np.where(real, logits, 0),
                  **layer_norm_tol(_rstds(cache), logits.dtype))
@@ -120,7 +141,7 @@ def test_packed_row_equals_sequences_alone(case, data):
     ids = data.draw(S.token_ids(config.vocab_size, (1, N)), label="ids")
     dout = data.draw(S.arrays(dtype, (1, N, config.vocab_size), 2.0), label="dout")
     mask, positions = varlen_attn_mask(cu), varlen_position_ids(cu)
-    logits, cache = gpt_forward(ids, params, config, attn_mask=mask, position_ids=positions)
+    logits, cache = gpt_forward(ids, params, config, attn_mask=mask, positions=positions)
     dparams = gpt_backward(dout, cache)
     grads_alone, rstds = [], _rstds(cache)
     for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
@@ -132,7 +153,7 @@ def test_packed_row_equals_sequences_alone(case, data):
         assert_close(f"packed.logits[{i}] vs alone", logits[:, a:b], alone, **layer_norm_tol(rstds, dtype))
     assert_tree_close("packed.grads vs alone", dparams, _sum_trees(grads_alone), **layer_norm_tol(rstds, dtype))
     twin = tw.gpt(to_torch(ids), tree_map(to_torch, params), config, attn_mask=to_torch(mask),
-                  position_ids=to_torch(positions))
+                  positions=to_torch(positions))
     assert_close("packed.logits twin", to_numpy(twin), logits, **layer_norm_tol(rstds, dtype))
 
 
@@ -146,7 +167,7 @@ def test_loss_ignores_padded_targets(case, data):
     dtype = params["wte"].dtype
     ids, kpm, lengths, _ = data.draw(padded_batches(config, dtype))
     targets = np.where(kpm, IGNORE, data.draw(S.token_ids(config.vocab_size, ids.shape), label="targets"))
-    logits, cache = gpt_forward(ids, params, config, key_padding_mask=kpm)
+    logits, cache = gpt_forward(ids, params, config, **padded(kpm))
     loss, loss_cache = cross_entropy_forward(logits, targets, ignore_index=IGNORE)
     dparams = gpt_backward(cross_entropy_backward(np.asarray(1.0, dtype), loss_cache), cache)
     total, grads, rstds = 0.0, [], _rstds(cache)
@@ -182,10 +203,10 @@ def test_cached_decoding_of_left_padded_prompts_equals_each_alone(case, data):
     for b, n in enumerate(lengths):
         kpm[b, : P - n] = True                                               # left padding
     kv_cache = gpt_kv_cache(config, B, dtype)
-    steps = [gpt_forward(ids[:, :P], params, config, kv_cache=kv_cache, key_padding_mask=kpm[:, :P])[0]]
+    steps = [gpt_forward(ids[:, :P], params, config, kv_cache=kv_cache, **padded(kpm[:, :P]))[0]]
     for t in range(P, P + new):
         steps.append(gpt_forward(ids[:, t:t + 1], params, config, kv_cache=kv_cache,
-                                 key_padding_mask=kpm[:, : t + 1])[0])
+                                 **padded(kpm[:, : t + 1], past=t))[0])
     cached = np.concatenate(steps, axis=1)
     for b in range(B):
         real = ~kpm[b]

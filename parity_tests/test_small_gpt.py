@@ -73,3 +73,34 @@ def test_bad_input():
         small_gpt_forward(np.zeros((1, 2)), params, config)
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_small_gpt_params(config, 0)
+
+
+def test_bad_dlogits_is_refused():
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=0, n_head=2, n_embd=4)
+    params = init_small_gpt_params(config, np.random.default_rng(0), np.float64)
+    _, cache = small_gpt_forward(np.zeros((2, 3), int), params, config)
+    with pytest.raises(ValueError, match=r"small_gpt_backward: dlogits must have the shape .* \(2, 3, 5\), "
+                                         r"got \(3, 2, 5\)"):
+        small_gpt_backward(np.zeros((3, 2, 5)), cache)
+    with pytest.raises(TypeError, match=r"small_gpt_backward: dlogits must have the dtype .* float64, got float32"):
+        small_gpt_backward(np.zeros((2, 3, 5), np.float32), cache)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_small_gpt_params(bias):
+    """wte and head.w from N(0, 0.02^2), as GPT-2's initialiser (the same check as test_gpt's
+    against torch.nn.init.normal_); head.b exactly zero, and present only with config.bias, as
+    are the attention's biases; the attention weights are init_multi_head_params'."""
+    from parity_tests.test_feed_forward import assert_same_distribution
+
+    config = GPTConfig(vocab_size=512, block_size=4, n_layer=0, n_head=2, n_embd=64, bias=bias)
+    params = init_small_gpt_params(config, np.random.default_rng(0), np.float64)
+    reference = np.random.default_rng(1).normal(0, 0.02, (512, 64))
+    assert_same_distribution("small_gpt.wte", params["wte"], reference)
+    assert_same_distribution("small_gpt.head.w", params["head"]["w"], reference.T)
+    assert ("b" in params["head"]) == bias, f"small_gpt.head.b present with bias={bias}: {sorted(params['head'])}"
+    if bias:
+        assert np.array_equal(params["head"]["b"], np.zeros(512)), "small_gpt.head.b is not all zeros"
+    assert all(("b" in p) == bias for p in params["attn"].values()), f"small_gpt.attn biases with bias={bias}"
+    bound = 1 / np.sqrt(64)
+    assert np.abs(params["attn"]["q"]["w"]).max() <= bound, "small_gpt.attn.q.w outside U(-1/sqrt(C), 1/sqrt(C))"

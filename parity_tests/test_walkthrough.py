@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from attn_cli import cli
+from attn_cli import cli, term
 from attn_cli.source_example import SOURCE_EXAMPLE
 from parity_tests.helpers import assert_close, needs_vocab
 
@@ -160,9 +160,9 @@ def test_color_only_when_asked_or_on_a_terminal(monkeypatch):
             return True
 
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert cli.use_color("auto", Terminal())
+    assert term.use_color("auto", Terminal())
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not cli.use_color("auto", Terminal()), "NO_COLOR is respected"
+    assert not term.use_color("auto", Terminal()), "NO_COLOR is respected"
 
 
 def test_plots_are_written_and_readable(tmp_path):

@@ -7,7 +7,7 @@ with ``torch.from_numpy``. Each file ends with a comment naming the PyTorch buil
 
 Reading order, leaf to root: embedding, positional, softmax, linear, attention, masks,
 multi_head, small_gpt, layer_norm, erf, gelu, dropout, feed_forward, block, gpt, kv_cache, loss,
-optim, flash_attention, flex_attention, rope, rms_norm, swiglu, gpt2, llama.
+optim, flash_attention, flex_attention, rope, rms_norm, swiglu, llama.
 
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
 hs head size (C = nh * hs), V vocabulary size.

@@ -2,8 +2,8 @@
 
 Twin of numpy_attn/attention.py: scores = (q * scale) @ k^T + mask, weights = softmax(scores),
 out = dropout(weights) @ v, with the same masks (bool True = may attend, float added, is_causal
-top-left aligned, or bottom-right with is_causal="bottom_right"), grouped-query heads repeated at the edge, batch axes that broadcast, and
-fully masked rows giving zeros.
+top-left aligned, or bottom-right with is_causal="bottom_right"), grouped-query heads repeated at
+the edge, batch axes that broadcast, and fully masked rows giving zeros.
 Instead of ``rng`` it takes ``keep``, the NumPy twin's ``cache.keep``, so that both drop exactly
 the same weights. Returns ``(out, weights)``, the weights after softmax and before dropout, as
 ``cache.weights``.
@@ -14,6 +14,7 @@ import math
 import torch
 
 from torch_attn.dropout import dropout
+from torch_attn.masks import causal_mask
 from torch_attn.softmax import softmax
 
 
@@ -23,11 +24,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = 1 / math.sqrt(hs) if scale is None else scale
-    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1   # query heads per key head
+    # g query heads per key/value head: more than one with grouped-query heads
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
-        k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+        # (..., nkv, S, .) -> (..., nh, S, .)
+        k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)
     if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T if is_causal == "bottom_right" else 0)
+        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left", device=q.device)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask, 0, -torch.inf).to(q.dtype)   # False -> a score of -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)

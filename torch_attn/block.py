@@ -11,21 +11,23 @@ from torch_attn.layer_norm import layer_norm
 from torch_attn.multi_head import multi_head_attention
 
 
-def block(x, params, num_heads, dropout_p=0.0, rng=None, masks=None, attn_mask=None, kv_cache=None,
-          layer=0):
+def block(x, params, num_heads, *, dropout_p=0.0, rng=None, masks=None, attn_mask=None, kv_cache=None,
+          ln_eps=1e-5, gelu="none"):
     """One causal pre-LN block: x (B, T, C) -> out (B, T, C)."""
     B, T, C = x.shape
     masks = {"attn": None, "ffn": None} if masks is None else masks
+    # Causal, aligned bottom-right: with a cache the T new queries are the last T of the keys.
+    is_causal = "bottom_right" if attn_mask is None else False
     # 1-4: x + dropout(attn(ln1(x))), one step a line
-    h = layer_norm(x, **params["ln1"])                                             # (B, T, C)
+    h = layer_norm(x, **params["ln1"], eps=ln_eps)                                     # (B, T, C)
     a, _ = multi_head_attention(h, params["attn"], num_heads, attn_mask=attn_mask,
-                                is_causal=attn_mask is None, kv_cache=kv_cache, layer=layer)
-    a = dropout(a, dropout_p, rng, mask=masks["attn"])                             # (B, T, C)
+                                is_causal=is_causal, kv_cache=kv_cache)                # (B, T, C)
+    a = dropout(a, dropout_p, rng, mask=masks["attn"])                                 # (B, T, C)
     x = x + a
     # 5-8: x + dropout(ffn(ln2(x))), one step a line
-    h = layer_norm(x, **params["ln2"])                                             # (B, T, C)
-    f = feed_forward(h, params["ffn"])                                             # (B, T, C) via (B, T, 4C)
-    f = dropout(f, dropout_p, rng, mask=masks["ffn"])                              # (B, T, C)
+    h = layer_norm(x, **params["ln2"], eps=ln_eps)                                     # (B, T, C)
+    f = feed_forward(h, params["ffn"], gelu)                                           # (B, T, C) via (B, T, 4C)
+    f = dropout(f, dropout_p, rng, mask=masks["ffn"])                                  # (B, T, C)
     out = x + f
     return out
 

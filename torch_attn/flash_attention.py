@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from torch_attn.masks import causal_mask
+
 
 def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), lse (..., T))."""
@@ -23,7 +25,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
-    offset = S - T if is_causal == "bottom_right" else 0     # causal: query t sees keys 0..t+offset
+    align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+    offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
     out = torch.zeros(q.shape[:-1] + (hv,), dtype=q.dtype, device=q.device)   # (..., T, hv)
     lse = torch.full(q.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., T)
@@ -38,7 +41,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
             j1 = min(j0 + block_k, S_seen)
             s = q_i @ k[..., j0:j1, :].transpose(-1, -2)     # (..., bq, bk)
             if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
-                s = torch.where(torch.arange(j0, j1, device=q.device) > torch.arange(i0, i1, device=q.device)[:, None] + offset, -torch.inf, s)
+                visible = causal_mask(T, S, align, slice(i0, i1), slice(j0, j1), device=q.device)   # (bq, bk)
+                s = torch.where(visible, s, -torch.inf)
             # detach: m is a constant shift that cancels between acc and row_sum; no gradient flows through it
             m_new = torch.maximum(m, s.amax(dim=-1)).detach()   # (..., bq), finite: key 0 is seen first
             p = torch.exp(s - m_new[..., None])              # (..., bq, bk) in [0, 1]

@@ -1,7 +1,8 @@
 """A key/value cache for decoding in plain PyTorch: every layer's keys and values so far.
 
 Twin of numpy_attn/kv_cache.py: k and v allocated once as (L, B, nkv, max_len, hs) tensors, each
-step writes its new tokens in place and reads back the layer's keys and values up to its length.
+step writes its new tokens in place and reads back the layer's keys and values up to its length;
+a model hands each layer its own view, ``cache.layer(i)``.
 Only the key/value heads are stored (grouped-query attention); ``bytes_per_token`` is
 2 x layers x nkv x hs x itemsize. Inference only: run it under ``torch.no_grad()``.
 """
@@ -36,6 +37,30 @@ class KVCache:
     def nbytes(self):
         return (self.k.numel() + self.v.numel()) * self.k.element_size()
 
+    def layer(self, i):
+        """Layer i's view of the cache: its keys, values and length, written in place."""
+        return LayerKVCache(self, i)
+
+
+@dataclass(frozen=True)
+class LayerKVCache:
+    """One layer of a KVCache: what a layer's attention reads and appends to."""
+
+    cache: KVCache
+    index: int
+
+    @property
+    def k(self):
+        return self.cache.k[self.index]
+
+    @property
+    def v(self):
+        return self.cache.v[self.index]
+
+    @property
+    def length(self):
+        return self.cache.lengths[self.index]
+
 
 def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=torch.float32, device=None):
     """An empty cache: k and v of shape (n_layer, B, n_kv_head, max_len, head_size), lengths 0."""
@@ -44,18 +69,18 @@ def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=torch.float32
                    torch.zeros(shape, dtype=dtype, device=device), [0] * n_layer)
 
 
-def kv_cache_update(cache, layer, k, v):
-    """Append k, v (B, nkv, T, hs) to ``layer``; return k_all, v_all (B, nkv, S, hs)."""
-    start = cache.lengths[layer]
+def kv_cache_update(layer_cache, k, v):
+    """Append k, v (B, nkv, T, hs) to ``layer_cache`` (KVCache.layer(i)); return k_all, v_all (B, nkv, S, hs)."""
+    start = layer_cache.length
     end = start + k.shape[2]
-    if end > cache.max_len:
-        raise ValueError(f"cache overflow: layer {layer} holds {start} tokens, appending "
-                         f"{k.shape[2]} would make {end} > max_len = {cache.max_len}")
-    cache.k[layer, :, :, start:end] = k                                 # (B, nkv, T, hs) into its slots
-    cache.v[layer, :, :, start:end] = v
-    cache.lengths[layer] = end
-    k_all = cache.k[layer, :, :, :end]                                  # (B, nkv, S, hs)
-    v_all = cache.v[layer, :, :, :end]                                  # (B, nkv, S, hs)
+    if end > layer_cache.cache.max_len:
+        raise ValueError(f"cache overflow: layer {layer_cache.index} holds {start} tokens, appending "
+                         f"{k.shape[2]} would make {end} > max_len = {layer_cache.cache.max_len}")
+    layer_cache.k[:, :, start:end] = k                                  # (B, nkv, T, hs) into its slots
+    layer_cache.v[:, :, start:end] = v
+    layer_cache.cache.lengths[layer_cache.index] = end
+    k_all = layer_cache.k[:, :, :end]                                   # (B, nkv, S, hs)
+    v_all = layer_cache.v[:, :, :end]                                   # (B, nkv, S, hs)
     return k_all, v_all
 
 

@@ -11,7 +11,7 @@ import torch
 def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
     """Normalise x (..., *S) over its trailing axes S = ``normalized_shape`` (default: the last
     axis), then scale by w S and shift by b S, each optional -> (..., *S)."""
-    normalized_shape = _check_layer_norm(x, normalized_shape)
+    normalized_shape = _normalized_shape(x, normalized_shape)
     axes = tuple(range(-len(normalized_shape), 0))         # the normalised trailing axes
     mu = x.mean(dim=axes, keepdim=True)                    # (..., *S) -> (..., 1, ..., 1)
     xc = x - mu                                            # (..., *S)
@@ -24,10 +24,9 @@ def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
     return out
 
 
-
-def _check_layer_norm(x, normalized_shape):
-    """Return normalized_shape as a tuple (x's last axis if None): the part of the NumPy twin's
-    checker that the maths needs; its refusals are left to the NumPy side and to torch itself."""
+def _normalized_shape(x, normalized_shape):
+    """normalized_shape as a tuple (x's last axis if None): what the maths needs of the NumPy
+    twin's _check_layer_norm; the refusals are left to the NumPy side and to torch itself."""
     if normalized_shape is None:
         normalized_shape = x.shape[-1:]
     normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)

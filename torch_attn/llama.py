@@ -3,27 +3,29 @@
 Twin of numpy_attn/llama.py: token embedding, blocks of x + attn(rms_norm(x)) (RoPE on q and k,
 grouped-query heads, causal) and x + swiglu(rms_norm(x)), a final RMS norm and the output layer
 (the token embedding, transposed, with tied weights), on the same nested parameter dict and the
-same ``LlamaConfig``. Decoding with ``kv_cache`` (llama_kv_cache, torch_attn/kv_cache.py) as in
-the NumPy twin.
+same ``LlamaConfig``. ``positions``, ``attn_mask`` and ``kv_cache`` (llama_kv_cache,
+torch_attn/kv_cache.py) as in the NumPy twin.
 """
 
 import torch
 
+from torch_attn._model import head
 from torch_attn.attention import scaled_dot_product_attention
 from torch_attn.embedding import embedding
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
+from torch_attn.masks import causal_mask
 from torch_attn.rms_norm import rms_norm
 from torch_attn.rope import rope as rotate
 from torch_attn.swiglu import swiglu
 
 
-def llama_attention(x, params, config, positions, kv_cache=None, layer=0):
+def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
-    with a ``kv_cache`` x holds only the new tokens."""
+    with a ``kv_cache`` (this layer's) x holds only the new tokens."""
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): one row for all heads
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q = linear(x, **params["q"])                                              # (B, T, C) -> (B, T, nh*hs)
     k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
     v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
@@ -34,19 +36,21 @@ def llama_attention(x, params, config, positions, kv_cache=None, layer=0):
     q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
     k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, layer, k, v)                         # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
-    is_causal = True if kv_cache is None else "bottom_right"   # query t sees keys 0..past+t
-    y, _ = scaled_dot_product_attention(q, k, v, is_causal=is_causal)         # (B, nh, T, hs)
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
+    is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
+    y, _ = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                        is_causal=is_causal)                  # (B, nh, T, hs)
     y = y.transpose(1, 2).reshape(B, T, nh * hs)                              # (B, nh, T, hs) -> (B, T, nh*hs)
     out = linear(y, **params["o"])                                            # (B, T, nh*hs) -> (B, T, C)
     return out
 
 
-def llama_block(x, params, config, positions, kv_cache=None, layer=0):
-    """One block: x (B, T, C) -> (B, T, C); ``kv_cache`` and ``layer`` go to attention."""
+def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+    """One block: x (B, T, C) -> (B, T, C); ``attn_mask`` and ``kv_cache`` go to attention."""
     # 1-3: x + attn(rms_norm(x))
     h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps)                 # (B, T, C)
-    a = llama_attention(h, params["attn"], config, positions, kv_cache, layer)   # (B, T, C)
+    a = llama_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
+                        kv_cache=kv_cache)                                    # (B, T, C)
     x = x + a
     # 4-6: x + swiglu(rms_norm(x))
     h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps)                  # (B, T, C)
@@ -55,28 +59,32 @@ def llama_block(x, params, config, positions, kv_cache=None, layer=0):
     return out
 
 
-def llama(ids, params, config, positions=None, kv_cache=None):
-    """Logits for integer ``ids`` (B, T) at ``positions`` (T,) or (B, T), default 0..T-1 -> (B, T, V);
-    with ``kv_cache`` (llama_kv_cache) ids hold only the new tokens, positions default past..past+T-1."""
+def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+    """Logits for integer ``ids`` (B, T) -> (B, T, V); ``positions``, ``attn_mask`` and
+    ``kv_cache`` (llama_kv_cache) as in the NumPy twin."""
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = torch.arange(past, past + T, device=ids.device) if positions is None else positions
     wte = params["wte"]
+    # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
+    attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right", device=ids.device)
     # 1: token embedding (positions enter through RoPE inside attention)
     x = embedding(ids, wte)                                                   # (B, T) -> (B, T, C)
-    # 2: the blocks, in order
+    # 2: the blocks, in order; each reads and appends to its own layer of the cache
     for i in range(config.n_layer):
-        x = llama_block(x, params["blocks"][str(i)], config, positions, kv_cache, i)   # (B, T, C)
+        layer_cache = None if kv_cache is None else kv_cache.layer(i)
+        x = llama_block(x, params["blocks"][str(i)], config, positions,
+                        attn_mask=attn_mask, kv_cache=layer_cache)
     # 3: final RMS norm
     x = rms_norm(x, params["norm"]["w"], config.rms_eps)                      # (B, T, C)
     # 4: the output layer
-    head_w = wte.T if config.tie_weights else params["head"]["w"]             # (C, V)
-    logits = linear(x, head_w)                                                # (B, T, C) -> (B, T, V)
+    logits = head(x, params, config.tie_weights)                         # (B, T, C) -> (B, T, V)
     return logits
 
 
 def llama_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
-    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size) tokens."""
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default
+    block_size) tokens with this model: one layer per block, the nkv key/value heads only."""
     max_len = config.block_size if max_len is None else max_len
     return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, device)
 

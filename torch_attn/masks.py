@@ -7,10 +7,13 @@ aligned; ``key_padding_mask`` True at padding; packed sequences by ``cu_seqlens`
 import torch
 
 
-def causal_mask(T, S, align="top_left", device=None):
-    """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t."""
+def causal_mask(T, S, align="top_left", rows=slice(None), cols=slice(None), device=None):
+    """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t;
+    ``rows`` and ``cols`` (slices) give one tile of it."""
     offset = 0 if align == "top_left" else S - T          # the diagonal moves right by S - T
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(offset)   # (T, S)
+    t = torch.arange(T, device=device)[rows, None]        # (T, 1): the queries, or a tile's
+    s = torch.arange(S, device=device)[None, cols]        # (1, S): the keys, or a tile's
+    return s <= t + offset                                # (T, S)
 
 
 def padding_attn_mask(key_padding_mask):

@@ -4,14 +4,13 @@ Twin of numpy_attn/multi_head.py: project x (and kv for cross-attention) with th
 dicts, split into heads, attend with torch_attn.attention, merge the heads, project back. Takes
 ``keep`` (the NumPy twin's ``cache.attention.keep``) instead of ``rng``. Returns ``(out, weights)``
 like ``torch.nn.MultiheadAttention``, the weights (B, nh, T, S) as ``cache.weights``. Grouped-query
-heads come from k and v weights of nkv * hs columns; ``kv_cache`` (torch_attn/kv_cache.py) holds
-past tokens' keys and values for decoding.
+heads come from k and v weights of nkv * hs columns; ``kv_cache`` (one layer's view of
+torch_attn/kv_cache.py's cache) holds past tokens' keys and values for decoding.
 """
 
 from torch_attn.attention import scaled_dot_product_attention
 from torch_attn.kv_cache import kv_cache_update
 from torch_attn.linear import linear
-from torch_attn.masks import causal_mask
 
 
 def split_heads(x, num_heads):
@@ -28,8 +27,8 @@ def merge_heads(x):
     return x.reshape(B, T, nh * hs)                               # (B, T, nh, hs) -> (B, T, C)
 
 
-def multi_head_attention(x, params, num_heads, attn_mask=None, is_causal=False, dropout_p=0.0,
-                         keep=None, kv=None, kv_cache=None, layer=0):
+def multi_head_attention(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0,
+                         keep=None, kv=None, kv_cache=None):
     """Multi-head attention of x (B, T, C) over itself or kv (B, S, C) -> (out (B, T, C), weights (B, nh, T, S))."""
     B, T, C = x.shape
     src = x if kv is None else kv                                 # (B, S, C), S = T for self-attention
@@ -41,9 +40,7 @@ def multi_head_attention(x, params, num_heads, attn_mask=None, is_causal=False, 
     k = split_heads(k, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
     v = split_heads(v, num_kv_heads)                              # (B, S, nkv*hs) -> (B, nkv, S, hs)
     if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
-        k, v = kv_cache_update(kv_cache, layer, k, v)             # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
-    if kv_cache is not None and is_causal and attn_mask is None:   # the new queries are the last T
-        attn_mask, is_causal = causal_mask(T, k.shape[2], "bottom_right", device=x.device), False
+        k, v = kv_cache_update(kv_cache, k, v)                    # (B, nkv, T, hs) -> (B, nkv, past + T, hs)
     y, weights = scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, keep=keep)   # (B, nh, T, hs)
     y = merge_heads(y)                                            # (B, nh, T, hs) -> (B, T, C)
