@@ -14,18 +14,18 @@ Reading order, leaf to root:
     positional       sinusoidal position encoding (and learned positions as an embedding)
     softmax          softmax and log-softmax, stable and mask-aware
     linear           x @ w + b with w stored (C_in, C_out)
+    dropout          inverted dropout with an explicit random generator
     attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
     masks            causal (both alignments), key padding and packed-sequence masks
+    kv_cache         the keys and values of past tokens, for decoding
     multi_head       split/merge heads and multi-head (self- or cross-) attention
     small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
     layer_norm       layer normalisation, biased variance, eps inside the square root
     erf              the error function in pure NumPy, to float64 precision
     gelu             GELU, exact (with erf) and tanh-approximated
-    dropout          inverted dropout with an explicit random generator
     feed_forward     linear C -> 4C, GELU, linear 4C -> C
     block            the pre-LayerNorm transformer block
     gpt              a mini GPT: embeddings, blocks, final layer norm, LM head
-    kv_cache         the keys and values of past tokens, for decoding
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix

@@ -48,3 +48,24 @@ def test_tokenize_prints_ids_and_strings(capsys):
 def test_no_subcommand_prints_help(capsys):
     assert cli.main([]) == 2
     assert "tokenize" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS) + [None])
+def test_help_is_wrapped_to_the_terminal(command):
+    """At COLUMNS=80 every help line fits, the description refilled at word boundaries; only an
+    example command too long for a line (no explanation beside it) stands whole, to be copied."""
+    import os
+
+    argv = [sys.executable, "-m", "attn_cli.cli"] + ([command] if command else []) + ["--help"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    too_long = [line for line in lines if len(line) > 80
+                and not (line.startswith("  numpy-attn ") and "  " not in line.strip())]
+    assert not too_long, too_long
+    if command:
+        parser = cli.build_parser()
+        description = parser._subparsers._group_actions[0].choices[command].description
+        words = " ".join(lines).split()
+        assert " ".join(description.split()) in " ".join(words), "the description, every word whole"
