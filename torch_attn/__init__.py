@@ -12,3 +12,6 @@ loss, optim, flash_attention, flex_attention, rope, rms_norm, swiglu, gpt2, llam
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
 hs head size (C = nh * hs), V vocabulary size.
 """
+
+# One distribution, one version: numpy_attn's (setup.cfg reads it from there).
+from numpy_attn import __version__ as __version__
