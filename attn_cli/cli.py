@@ -20,6 +20,7 @@ COMMANDS = {
     "tokenize": "tokens",
     "train": "train",
     "generate": "generate",
+    "site": "site",
 }
 
 

@@ -75,20 +75,25 @@ def _imported_ops(tree, names):
     return found
 
 
-def reading_order():
-    """The operations in the order numpy_attn's docstring lists them under "Reading order, leaf to
-    root:" (one indented line each, the operation first): the order of the README's table, of
-    ``show --list``, of the HTML page and of the site. Read as text, not imported."""
+def reading_list():
+    """(operation, what it is) in the order numpy_attn's docstring lists them under "Reading
+    order, leaf to root:" (one indented line each, the operation first): the order of the README's
+    table, of ``show --list``, of the HTML page and of the site. Read as text, not imported."""
     doc = ast.get_docstring(ast.parse((NUMPY_DIR / "__init__.py").read_text(encoding="utf-8"))) or ""
-    names, inside = [], False
+    entries, inside = [], False
     for line in doc.splitlines():
         if line.startswith("Reading order"):
             inside = True
         elif inside and line.startswith(" ") and line.strip():
-            names.append(line.split()[0])
-        elif inside and names:           # the blank line or text after the list ends it
+            name, _, what = line.strip().partition(" ")
+            entries.append((name, what.strip()))
+        elif inside and entries:         # the blank line or text after the list ends it
             break
-    return names
+    return entries
+
+
+def reading_order():
+    return [name for name, _ in reading_list()]
 
 
 def operations():
