@@ -291,8 +291,9 @@ def _joined(pieces_per_line, texts):
     """One paragraph's lines as one line: the first line's indentation, then the words; a comment
     keeps a single "#"."""
     kind = next((k for line in pieces_per_line for k, t in line if t.strip()), None)
-    words = [texts[0].strip()] + [t.strip().removeprefix("#").strip() if texts[0].lstrip().startswith("#")
-                                  else t.strip() for t in texts[1:]]
+    comment = texts[0].lstrip().startswith("#")
+    words = [texts[0].strip()] + [t.strip().removeprefix("#").strip() if comment else t.strip()
+                                  for t in texts[1:]]
     lead = texts[0][: len(texts[0]) - len(texts[0].lstrip())]
     return [(kind, lead + " ".join(w for w in words if w))]
 

@@ -82,7 +82,7 @@ def backward_steps(op):
         if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_backward")):
             continue
         doc = ast.get_docstring(node) or ""
-        start = node.body[1].lineno - 1 if ast.get_docstring(node) and len(node.body) > 1 else node.body[0].lineno - 1
+        start = node.body[0].end_lineno if doc else node.body[0].lineno - 1    # after the docstring
         steps, comment, code = [], [], []
         for line in lines[start:node.end_lineno]:
             stripped = line.strip()

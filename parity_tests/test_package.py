@@ -93,8 +93,8 @@ def _dependency_farm(folder):
 def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     """pip wheel of a copy of the checkout, installed in a fresh venv whose other packages are this
     environment's (linked, not downloaded); from a folder outside the checkout, the installed
-    packages answer: python -m benchmarks runs, numpy-attn runs, and the metadata carries the
-    project URLs and absolute image links. About 30 s here."""
+    packages answer: python -m benchmarks runs, numpy-attn runs (show, site), and the metadata
+    carries the project URLs and absolute image links. About 30 s here."""
     import email
     import os
     import shutil
@@ -144,6 +144,8 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     assert re.search(r"^softmax\s+fwd\s+64\s+numpy\s+cpu\s", out, flags=re.M), out
     assert numpy_attn.__version__ in run_there(fresh / "bin" / "numpy-attn", "--version")
     assert "def softmax_forward(" in run_there(fresh / "bin" / "numpy-attn", "show", "softmax")
+    assert "wrote" in run_there(fresh / "bin" / "numpy-attn", "site", "site")   # no report there: warnings
+    assert "<math" in (elsewhere / "site" / "softmax.html").read_text()
 
 
 def test_torch_attn_has_the_version_too():
