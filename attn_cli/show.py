@@ -14,6 +14,7 @@ from pygments when it is installed (an optional import); without it the code is 
 
 import ast
 import difflib
+import functools
 import html
 import importlib.util
 import re
@@ -298,6 +299,11 @@ def _joined(pieces_per_line, texts):
     return [(kind, lead + " ".join(w for w in words if w))]
 
 
+@functools.lru_cache(maxsize=64)      # the site, the HTML page and the terminal ask more than once
+def _aligned(numpy_source, torch_source):
+    return tuple(align(numpy_source.splitlines(), torch_source.splitlines()))
+
+
 def layout(numpy_source, torch_source, reflow=True, comments=True):
     """(left cell, right cell, kind) rows, from ``align``'s. With ``reflow``, consecutive rows
     that hold one side's lines of one paragraph (the other side empty) become one row, its
@@ -311,7 +317,7 @@ def layout(numpy_source, torch_source, reflow=True, comments=True):
         return EMPTY if k is None else Cell([k], roles[side][k][0], highlighted[side][k])
 
     out = []
-    for i, j, kind in align(*sources):
+    for i, j, kind in _aligned(numpy_source, torch_source):
         side, k = (0, i) if j is None else (1, j) if i is None else (None, None)
         previous = out[-1] if out else None
         if (reflow and side is not None and roles[side][k][0] == "prose" and previous is not None
