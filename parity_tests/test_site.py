@@ -258,3 +258,31 @@ def test_an_interruption_at_any_step_leaves_the_old_site_or_the_new(tmp_path, mo
             assert [p.name for p in leftovers] == [f".site.old-{site.os.getpid()}"], leftovers
             assert contents(out) == expected_new and steps[-1] == "rmtree"
             site.shutil.rmtree(leftovers[0])
+
+
+def test_the_suite_writes_the_report_the_site_reads():
+    """A run of the suite (here one test of test_softmax.py) writes test-errors.json, whose rows
+    name their test file: the softmax page shows them. The checkout's own reports are put back
+    afterwards, byte for byte."""
+    import os
+    import subprocess
+    import sys
+
+    reports = {name: (ROOT / name).read_bytes() if (ROOT / name).is_file() else None
+               for name in ("test-errors.json", "test-errors.txt")}
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 "parity_tests/test_softmax.py", "-k", "test_forward_matches_twin"],
+                                capture_output=True, text=True, cwd=ROOT, timeout=300,
+                                env={**os.environ, "HYPOTHESIS_PROFILE": "default"})
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        rows = site.read_errors(ROOT / "test-errors.json")
+    finally:
+        for name, content in reports.items():
+            if content is None:
+                (ROOT / name).unlink(missing_ok=True)
+            else:
+                (ROOT / name).write_bytes(content)
+    assert rows and all(r["test_file"] == "parity_tests/test_softmax.py" for r in rows), rows[:3]
+    op = next(o for o in show.operations() if o.name == "softmax")
+    assert site.errors_of(op, rows)[0]["name"].startswith(("softmax", "log_softmax"))
