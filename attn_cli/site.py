@@ -31,6 +31,7 @@ from attn_cli import mathml, show, term
 
 ROOT = show.NUMPY_DIR.parent
 IMAGES = ROOT / "docs" / "images"
+DEFAULT_ERRORS = ROOT / "test-errors.json"   # where python -m pytest writes it in a checkout
 MARKER = ".numpy-attn-site"          # in a folder this command wrote: it may be replaced
 # Pictures of docs/images that belong to an operation, beyond those named after it ("rope_*.png").
 PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walkthrough_step7_heads.png"],
@@ -376,15 +377,18 @@ def add_arguments(p):
                      "the pictures of docs/images, and the NumPy file beside the torch file. No script, no "
                      "font, nothing fetched. DIR is replaced only if this command wrote it."), EXAMPLES)
     p.add_argument("out", metavar="DIR", help="folder to write (new, empty, or an earlier site)")
-    p.add_argument("--errors", metavar="FILE", default=str(ROOT / "test-errors.json"),
-                   help="the parity suite's test-errors.json (default: the checkout's, written by python -m pytest)")
+    p.add_argument("--errors", metavar="FILE", default=None,
+                   help="the parity suite's test-errors.json (default: the checkout's, written by python -m "
+                        "pytest, if there is one)")
     p.add_argument("--strict", action="store_true",
                    help="treat warnings (no errors measured for an operation, a formula left as text) as errors")
 
 
 def run(args, out=None):
     out = sys.stdout if out is None else out
-    files, warnings = build(args.errors)
+    if args.errors is not None and not Path(args.errors).is_file():
+        raise ValueError(f"--errors {args.errors!r}: no such file (python -m pytest writes test-errors.json)")
+    files, warnings = build(DEFAULT_ERRORS if args.errors is None else args.errors)
     for warning in warnings:
         print(f"numpy-attn site: warning: {warning}", file=sys.stderr)
     if warnings and args.strict:

@@ -137,13 +137,17 @@ def test_errors_come_from_the_report(tmp_path):
     assert "warning: rope: test-errors.json holds nothing from parity_tests/test_rope.py" in err
 
 
-def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path):
-    status, _, err = run(str(tmp_path / "s"), "--errors", str(tmp_path / "none.json"), "--strict")
+def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(site, "DEFAULT_ERRORS", tmp_path / "none.json")    # a checkout never tested
+    status, _, err = run(str(tmp_path / "s"), "--strict")
     assert status == 2 and "warnings and --strict: nothing written" in err
     assert not (tmp_path / "s").exists()
-    status, _, err = run(str(tmp_path / "s"), "--errors", str(tmp_path / "none.json"))
+    status, _, err = run(str(tmp_path / "s"))
     assert status == 0 and "no test-errors.json" in err
     assert "Not measured: the site was built without" in page(tmp_path / "s", "softmax")
+    status, _, err = run(str(tmp_path / "t"), "--errors", str(tmp_path / "none.json"))
+    assert status == 2 and f"--errors '{tmp_path / 'none.json'}': no such file" in err
+    assert not (tmp_path / "t").exists()
 
 
 def test_a_bad_report_is_named(tmp_path):
