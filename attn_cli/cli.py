@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 
 from numpy_attn import __version__
 
@@ -19,12 +20,46 @@ COMMANDS = {
     "tokenize": "tokens",
     "train": "train",
     "generate": "generate",
+    "site": "site",
 }
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help wrapped at word boundaries to the terminal's width (COLUMNS, else the terminal's, as
+    argparse measures it). A description's paragraphs are refilled; an indented line (an example:
+    a command, a gap of spaces, what it does) is kept as written where it fits, else its
+    explanation goes under it. A command is never cut, so that it can be copied."""
+
+    def _fill_text(self, text, width, indent):
+        out, paragraph = [], []
+
+        def flush():
+            out.extend(textwrap.wrap(" ".join(paragraph), width, initial_indent=indent,
+                                     subsequent_indent=indent, break_on_hyphens=False,
+                                     break_long_words=False))
+            paragraph.clear()
+
+        for line in text.splitlines():
+            if line.strip() and not line[:1].isspace():
+                paragraph.append(line.strip())
+                continue
+            flush()
+            command, gap, explanation = line.strip().partition("  ")
+            if len(indent + line) <= width or not gap:
+                out.append((indent + line).rstrip())
+            else:                              # the example's explanation under its command
+                lead = indent + line[: len(line) - len(line.lstrip())]
+                out.append(lead + command)
+                out.extend(textwrap.wrap(explanation.strip(), width, initial_indent=lead + "    ",
+                                         subsequent_indent=lead + "    ", break_on_hyphens=False))
+        flush()
+        return "\n".join(out)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="numpy-attn",
+        formatter_class=HelpFormatter,
         description="Transformer attention in NumPy and PyTorch, side by side.",
         epilog="Run numpy-attn COMMAND --help for a command's options and examples.",
     )
@@ -34,6 +69,7 @@ def build_parser():
         module = importlib.import_module(f"attn_cli.{module_name}")
         p = sub.add_parser(name, help=module.HELP)
         module.add_arguments(p)
+        p.formatter_class = HelpFormatter     # in place of term.describe's raw description
         p.set_defaults(func=module.run)
     return parser
 

@@ -14,18 +14,18 @@ Reading order, leaf to root:
     positional       sinusoidal position encoding (and learned positions as an embedding)
     softmax          softmax and log-softmax, stable and mask-aware
     linear           x @ w + b with w stored (C_in, C_out)
-    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    dropout          inverted dropout with an explicit random generator
     masks            causal (both alignments), key padding and packed-sequence masks
+    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    kv_cache         the keys and values of past tokens, for decoding
     multi_head       split/merge heads and multi-head (self- or cross-) attention
     small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
     layer_norm       layer normalisation, biased variance, eps inside the square root
     erf              the error function in pure NumPy, to float64 precision
     gelu             GELU, exact (with erf) and tanh-approximated
-    dropout          inverted dropout with an explicit random generator
     feed_forward     linear C -> 4C, GELU, linear 4C -> C
     block            the pre-LayerNorm transformer block
     gpt              GPT (GPT-2's architecture): embeddings, blocks, final layer norm, LM head
-    kv_cache         the keys and values of past tokens, for decoding
     loss             cross-entropy on log-softmax
     optim            AdamW and SGD over nested parameter dicts
     flash_attention  tiled attention with online softmax: no T x S matrix
@@ -49,3 +49,51 @@ Importing this package imports NumPy only, never torch (the tokenizer lives in a
 """
 
 __version__ = "0.1.0"
+
+# Every operation's public functions, importable from the package (``from numpy_attn import
+# softmax_forward``); each also stays in its module. Left in their modules: ``erf`` (the module's
+# own name) and flex_attention's mask and score modifiers (``causal``, ``sliding_window``, ...:
+# names too general here).
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward, scaled_dot_product_attention_forward,
+)
+from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.dropout import dropout_backward, dropout_forward
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.feed_forward import (
+    feed_forward_backward, feed_forward_forward, init_feed_forward_params,
+)
+from numpy_attn.flash_attention import flash_attention_backward, flash_attention_forward
+from numpy_attn.flex_attention import (
+    create_block_mask, dense_flex_attention_forward, flex_attention_backward,
+    flex_attention_forward,
+)
+from numpy_attn.gelu import gelu_backward, gelu_forward
+from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
+from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
+from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.llama import (
+    LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward,
+    llama_backward, llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache,
+)
+from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.masks import (
+    causal_mask, padded_position_ids, padding_attn_mask, varlen_attn_mask, varlen_position_ids,
+    varlen_sequence_ids,
+)
+from numpy_attn.multi_head import (
+    init_multi_head_params, merge_heads, multi_head_attention_backward,
+    multi_head_attention_forward, split_heads,
+)
+from numpy_attn.optim import adamw_init, adamw_step, sgd_init, sgd_step
+from numpy_attn.positional import sinusoidal_encoding
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+from numpy_attn.rope import half_to_interleaved, rope_backward, rope_forward, rope_frequencies
+from numpy_attn.small_gpt import init_small_gpt_params, small_gpt_backward, small_gpt_forward
+from numpy_attn.softmax import (
+    log_softmax_backward, log_softmax_forward, softmax_backward, softmax_forward,
+)
+from numpy_attn.swiglu import (
+    init_swiglu_params, sigmoid, silu_backward, silu_forward, swiglu_backward, swiglu_forward,
+)

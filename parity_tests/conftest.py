@@ -7,6 +7,7 @@ Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
     thorough  many more examples; run after changing an operation
 """
 
+import json
 import os
 
 # Before NumPy or torch is imported: on small arrays extra threads only cost time, so one thread
@@ -50,6 +51,7 @@ def pytest_report_header(config):
 
 
 ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
+ERROR_JSON = "test-errors.json"     # the same per test file, read by numpy-attn site; git-ignored
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -60,6 +62,8 @@ def pytest_terminal_summary(terminalreporter, config):
     path = config.rootpath / ERROR_FILE
     path.write_text("Largest error seen per compared tensor and dtype (by name), and the share of "
                     "its tolerance it used.\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    (config.rootpath / ERROR_JSON).write_text(json.dumps(helpers.error_rows(), indent=1) + "\n",
+                                              encoding="utf-8")
     terminalreporter.write_sep("-", "largest errors seen: the ten closest to their tolerance")
     for line in helpers.error_report(most=10):
         terminalreporter.write_line(line)

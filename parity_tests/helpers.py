@@ -26,6 +26,7 @@ TOLERANCES = {
 
 # (test label, dtype) -> (largest absolute error, largest share of the tolerance used)
 _WORST = defaultdict(lambda: (0.0, 0.0))
+_WORST_BY_FILE = defaultdict(lambda: (0.0, 0.0))
 
 
 def to_torch(x, requires_grad=False):
@@ -109,6 +110,10 @@ def _record(name, actual, expected, rtol, atol):
     key = (name, str(expected.dtype))
     old_err, old_used = _WORST[key]
     _WORST[key] = (max(old_err, err), max(old_used, used))
+    # The same, per test file, for the site's pages (numpy-attn site): which operation measured it.
+    test_file = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+    old_err, old_used = _WORST_BY_FILE[(test_file, *key)]
+    _WORST_BY_FILE[(test_file, *key)] = (max(old_err, err), max(old_used, used))
     _target(used, f"{name} {expected.dtype} share of tolerance")
 
 
@@ -132,6 +137,12 @@ def error_report(most=None):
         f"{name:<{width}}  {dtype:<8} max abs error {err:9.2e}   tolerance used {used:6.1%}"
         for (name, dtype), (err, used) in rows
     ]
+
+
+def error_rows():
+    """The largest errors per test file, compared tensor and dtype, as rows for ERROR_JSON."""
+    return [dict(test_file=test_file, name=name, dtype=dtype, max_abs_error=err, tolerance_used=used)
+            for (test_file, name, dtype), (err, used) in sorted(_WORST_BY_FILE.items())]
 
 
 def numerical_grad(f, x, dout, h=1e-3):

@@ -1,5 +1,6 @@
 """Package-level tests: imports stay light, and the numpy-attn command works."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,106 @@ def test_tokenize_prints_ids_and_strings(capsys):
 def test_no_subcommand_prints_help(capsys):
     assert cli.main([]) == 2
     assert "tokenize" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS) + [None])
+def test_help_is_wrapped_to_the_terminal(command):
+    """At COLUMNS=80 every help line fits, the description refilled at word boundaries; only an
+    example command too long for a line (no explanation beside it) stands whole, to be copied."""
+    import os
+
+    argv = [sys.executable, "-m", "attn_cli.cli"] + ([command] if command else []) + ["--help"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    too_long = [line for line in lines if len(line) > 80
+                and not (line.startswith("  numpy-attn ") and "  " not in line.strip())]
+    assert not too_long, too_long
+    if command:
+        parser = cli.build_parser()
+        description = parser._subparsers._group_actions[0].choices[command].description
+        words = " ".join(lines).split()
+        assert " ".join(description.split()) in " ".join(words), "the description, every word whole"
+
+
+# ---------------------------------------------------------------------------------------------
+# The wheel holds what it offers.
+
+def _dependency_farm(folder):
+    """A folder of links to this environment's installed packages but ours, so that a fresh
+    environment can use them without a download and without seeing this checkout."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    folder.mkdir()
+    ours = ("numpy_attn", "torch_attn", "attn_cli", "benchmarks", "__editable__")
+    for entry in site.iterdir():
+        if not entry.name.startswith(ours) and entry.suffix != ".pth" and entry.name != "__pycache__":
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+@pytest.mark.wheel
+def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
+    """pip wheel of a copy of the checkout, installed in a fresh venv whose other packages are this
+    environment's (linked, not downloaded); from a folder outside the checkout, the installed
+    packages answer: python -m benchmarks runs, numpy-attn runs (show, site), and the metadata
+    carries the project URLs and absolute image links. About 30 s here."""
+    import email
+    import os
+    import shutil
+    import zipfile
+
+    root = Path(numpy_attn.__file__).resolve().parent.parent
+    source = tmp_path / "source"
+    shutil.copytree(root, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".*_cache", "site"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=120)
+    wheel, = (tmp_path / "dist").glob("numpy_attn-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+        meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.message_from_bytes(archive.read(meta_name))
+    assert {"numpy_attn", "torch_attn", "attn_cli", "benchmarks"} <= tops, tops
+    urls = meta.get_all("Project-URL")
+    assert urls and all(u.split(", ")[1].startswith("https://") for u in urls), urls
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", meta.get_payload())
+    assert images and all(i.startswith("https://") for i in images), [i for i in images if "://" not in i]
+
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True, timeout=60)
+    python = fresh / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-index", str(wheel)], check=True, capture_output=True, timeout=120)
+    fresh_site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                     capture_output=True, text=True, check=True).stdout.strip())
+    (fresh_site / "_deps.pth").write_text(f"{_dependency_farm(tmp_path / 'deps')}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def run_there(*argv):
+        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=elsewhere,
+                                env=env, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    where = run_there(python, "-c", "import numpy_attn, torch_attn, benchmarks; "
+                      "print(numpy_attn.__file__, benchmarks.__file__, torch_attn.__version__)").split()
+    assert all(Path(p).is_relative_to(fresh) for p in where[:2]), where
+    assert where[2] == numpy_attn.__version__
+    out = run_there(python, "-m", "benchmarks", "--quick", "--ops", "softmax", "--seq-lens", "64",
+                    "--modes", "fwd", "--no-progress")
+    assert re.search(r"^softmax\s+fwd\s+64\s+numpy\s+cpu\s", out, flags=re.M), out
+    assert numpy_attn.__version__ in run_there(fresh / "bin" / "numpy-attn", "--version")
+    assert "def softmax_forward(" in run_there(fresh / "bin" / "numpy-attn", "show", "softmax")
+    assert "wrote" in run_there(fresh / "bin" / "numpy-attn", "site", "site")   # no report there: warnings
+    assert "<math" in (elsewhere / "site" / "softmax.html").read_text()
+
+
+def test_torch_attn_has_the_version_too():
+    import torch_attn
+
+    assert torch_attn.__version__ == numpy_attn.__version__

@@ -187,3 +187,150 @@ def test_pairing_share_counts_a_line_that_has_no_twin():
         shadow.torch_path = path
         paired2, total2 = show.pairing_share(shadow)
     assert (paired2, total2) == (paired, total + 2), (paired, total, paired2, total2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrapping for a width: words, headers and diagrams whole; paragraphs refilled.
+
+def rendered(op_name, width):
+    op = next(o for o in show.operations() if o.name == op_name)
+    return op, show.render_terminal(op, width=width)
+
+
+def source_words(op, longest):
+    """Every space-separated word of both files up to ``longest`` characters (longer ones may have
+    to be cut to fit a column)."""
+    text = op.numpy_path.read_text() + op.torch_path.read_text()
+    return {w for w in text.split() if len(w) <= longest}
+
+
+@pytest.mark.parametrize("op_name", ["softmax", "attention", "multi_head", "flex_attention"])
+@pytest.mark.parametrize("width", [80, 160])
+def test_lines_break_at_word_boundaries(op_name, width):
+    """No word of either file is cut at 80 or 160 columns ("along on / e axis" was)."""
+    op, lines = rendered(op_name, width)
+    assert max(len(line) for line in lines) <= width, max(lines, key=len)
+    shown = set(" ".join(lines).split())
+    cut = sorted(source_words(op, 12) - shown)
+    assert not cut, f"{op_name} at {width}: words cut across lines: {cut[:10]}"
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_header_names_every_function_whole(width):
+    for op in show.operations():
+        lines = show.render_terminal(op, width=width)
+        header = " ".join(lines[: next(k for k, line in enumerate(lines) if "---" in line)])
+        words = set(header.replace(",", " ").split())
+        for name in op.numpy_functions + op.torch_functions:
+            assert name in words, f"{op.name}: {name!r} cut from the header at {width}: {header!r}"
+        assert str(op.numpy_path.relative_to(ROOT)) + ":" in words
+        assert max(len(line) for line in lines) <= width
+
+
+def docstring_diagram_lines(path):
+    """Lines of a module docstring indented four or more: formulas and diagrams, laid out by hand."""
+    doc = ast_docstring_lines(path)
+    return [line for line in doc if line.startswith("    ") and line.strip()]
+
+
+def ast_docstring_lines(path):
+    import ast
+
+    tree = ast.parse(path.read_text())
+    first = tree.body[0]
+    return path.read_text().splitlines()[first.lineno - 1:first.end_lineno]
+
+
+def test_diagrams_stay_whole_at_80_columns():
+    """attention's two mask diagrams stand beside each other, each row as written, not
+    interleaved by wrapping; so does every formula of a module docstring that fits the width."""
+    op, lines = rendered("attention", 80)
+    for row in ("1 0 0 0 0                       1 1 1 0 0", "1 1 1 0 0                       1 1 1 1 1",
+                'top-left (True, "top_left")     bottom-right ("bottom_right")'):
+        assert any(row in line for line in lines), f"diagram row {row!r} broken"
+    for op in show.operations():
+        lines = show.render_terminal(op, width=80)
+        for pre in docstring_diagram_lines(op.numpy_path):
+            if len(pre) <= 70:
+                assert any(pre.strip() in line for line in lines), f"{op.name}: {pre!r} broken"
+
+
+def left_column(lines):
+    """The NumPy half of rendered lines: the text after the line number, as wide as the rule."""
+    rule = next(line for line in lines if "---" in line)
+    start = rule.index("-")
+    width = len(rule[start:].split(" ")[0])
+    return [line[start:start + width].rstrip() for line in lines[lines.index(rule) + 1:]], width
+
+
+def test_docstring_paragraphs_are_refilled_at_160_columns():
+    """A paragraph is refilled: no line of it ends where the next line's first word would still
+    have fitted (wrapping each source line on its own left short, ragged lines)."""
+    _, lines = rendered("softmax", 160)
+    column, width = left_column(lines)
+    first = next(k for k, text in enumerate(column) if text.startswith("Subtracting the row maximum"))
+    last = next(k for k in range(first, len(column)) if column[k].endswith("log-softmax."))
+    paragraph = column[first:last + 1]
+    assert len(paragraph) >= 3
+    for text, following in zip(paragraph[:-1], paragraph[1:], strict=True):
+        assert len(text) + 1 + len(following.split()[0]) > width, f"ragged: {text!r} / {following!r}"
+    words = " ".join(paragraph).split()
+    source = " ".join(ast_docstring_lines(ROOT / "numpy_attn" / "softmax.py")).split()
+    assert " ".join(words) in " ".join(source), "the paragraph's words, in order"
+
+
+def test_width_0_keeps_every_line_whole():
+    _, lines = rendered("attention", None)
+    text = "\n".join(lines)
+    for line in (ROOT / "numpy_attn" / "attention.py").read_text().splitlines():
+        assert line.strip() in text
+
+
+# ---------------------------------------------------------------------------------------------
+# One reading order everywhere.
+
+def docstring_order():
+    """The reading order as numpy_attn's docstring lists it (parsed here, independently)."""
+    lines = numpy_attn.__doc__.split("Reading order, leaf to root:")[1].split("\n\n")[1].splitlines()
+    return [line.split()[0] for line in lines]
+
+
+def readme_order():
+    """The operations in the order of the README's table, by the NumPy file each row names."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## The operations")[1].split("\n\n")[2]
+    return re.findall(r"^\| [^|]+ \| `numpy_attn/(\w+)\.py` \|", table, flags=re.M)
+
+
+def torch_docstring_order():
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch_attn")
+    text = Path(spec.origin).read_text()
+    listed = text.split("Reading order, leaf to root (numpy_attn's):")[1].split(".\n")[0]
+    return [name.strip() for name in listed.replace("\n", " ").split(",")]
+
+
+def test_one_reading_order_everywhere(tmp_path):
+    order = docstring_order()
+    assert set(order) == expected_operations(), "the docstring lists every operation once"
+    assert len(order) == len(set(order))
+    assert [op.name for op in show.operations()] == order, "show's order"
+    _, out, _ = run("--list")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == order, "show --list"
+    assert readme_order() == order, "the README's table"
+    assert torch_docstring_order() == order, "torch_attn's docstring"
+    run("--html", str(tmp_path / "ops.html"))
+    page = (tmp_path / "ops.html").read_text()
+    assert re.findall(r'<section id="op-(\w+)">', page) == order, "the HTML page"
+
+
+def test_html_page_opens_on_the_first_operation_and_refills_paragraphs(tmp_path):
+    run("--html", str(tmp_path / "ops.html"))
+    page = (tmp_path / "ops.html").read_text()
+    assert page.index('<section id="op-embedding">') < page.index('<section id="op-dropout">')
+    cells = re.findall(r'<td class="code prose">(.*?)</td>', page, flags=re.S)
+    para = [c for c in cells if "Subtracting the row maximum m" in c]
+    assert len(para) == 1 and "for log-softmax." in para[0], "one cell holds the whole paragraph"
+    pre = re.findall(r'<td class="code pre" colspan="4">(.*?)</td>', page, flags=re.S)
+    assert any("1 0 0 0 0                       1 1 1 0 0" in c for c in pre), "diagram rows whole"

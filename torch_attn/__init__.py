@@ -5,10 +5,13 @@ local variable names, same statement order. Only the spellings differ (``axis``/
 ``keepdims``/``keepdim``, ``swapaxes``/``transpose``). It takes the same parameter dicts, converted
 with ``torch.from_numpy``. Each file ends with a comment naming the PyTorch built-in it equals.
 
-Reading order, leaf to root: embedding, positional, softmax, linear, attention, masks,
-multi_head, small_gpt, layer_norm, erf, gelu, dropout, feed_forward, block, gpt, kv_cache, loss,
-optim, flash_attention, flex_attention, rope, rms_norm, swiglu, llama.
+Reading order, leaf to root (numpy_attn's): embedding, positional, softmax, linear, dropout,
+masks, attention, kv_cache, multi_head, small_gpt, layer_norm, erf, gelu, feed_forward, block, gpt,
+loss, optim, flash_attention, flex_attention, rope, rms_norm, swiglu, llama.
 
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
 hs head size (C = nh * hs), V vocabulary size.
 """
+
+# One distribution, one version: numpy_attn's (setup.cfg reads it from there).
+from numpy_attn import __version__ as __version__

@@ -1,0 +1,399 @@
+"""The ``numpy-attn site`` command: a static site to study the operations from, one page per
+operation in the reading order (numpy_attn's docstring, as ``show --list``).
+
+Each page gives the module's equations typeset (MathML, from the docstring's formula lines),
+its diagrams as written, the backward step by step (the backward's comments, each over the lines
+it explains), the largest errors the parity suite measured for the operation, its pictures from
+docs/images, and the NumPy file beside the torch file, lines paired as ``numpy-attn show`` pairs
+them.
+
+Why a generator of our own rather than Sphinx or MkDocs: it is grown from ``show --html`` and
+reuses its pairing, so the site and ``show`` cannot disagree; it needs no new dependency; and it
+is offline by construction: no script at all, one local style sheet, the system's fonts, and
+equations in MathML, which the browser typesets itself (no MathJax to fetch).
+
+The errors come from ``test-errors.json``, which every run of the parity suite writes
+(``parity_tests/conftest.py``, ERROR_JSON): run ``python -m pytest`` first. Without it, or for an
+operation it does not cover, the page says so and a warning is printed; ``--strict`` turns
+warnings into an error (CI builds with it).
+"""
+
+import ast
+import html
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from attn_cli import mathml, show, term
+
+ROOT = show.NUMPY_DIR.parent
+IMAGES = ROOT / "docs" / "images"
+DEFAULT_ERRORS = ROOT / "test-errors.json"   # where python -m pytest writes it in a checkout
+MARKER = ".numpy-attn-site"          # in a folder this command wrote: it may be replaced
+# Pictures of docs/images that belong to an operation, beyond those named after it ("rope_*.png").
+PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walkthrough_step7_heads.png"],
+            "gpt": ["train_loss.png"], "flex_attention": ["flex_mask_*.png"],
+            "flash_attention": ["flash_attention_*.png"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a page shows, read from the files.
+
+def docstring_parts(op):
+    """(summary, formula lines, diagram blocks, backward paragraphs) of the NumPy module's
+    docstring. A formula line is a pre-formatted line with an "=" (not code); a diagram is a run of
+    the other pre-formatted lines; a backward paragraph is one that starts with "Backward"."""
+    source = op.numpy_path.read_text(encoding="utf-8")
+    lines, roles = source.splitlines(), show.line_roles(source)
+    first = ast.parse(source).body[0]
+    span = range(first.lineno - 1, first.end_lineno)
+    formulas, diagrams, paragraphs = [], [], {}
+    for k in span:
+        role, number = roles[k]
+        text = lines[k].strip().strip('"').strip()
+        if role == "pre" and "=" in text and "np." not in text and "#" not in text:
+            formulas.append(text)
+        elif role == "pre":
+            if diagrams and diagrams[-1][1] == k - 1:
+                diagrams[-1] = (diagrams[-1][0] + [lines[k]], k)
+            else:
+                diagrams.append(([lines[k]], k))
+        elif role == "prose":
+            paragraphs.setdefault(number, []).append(text)
+    texts = [" ".join(words) for words in paragraphs.values()]
+    summary = texts[0] if texts else op.name
+    backward = [t[t.index("Backward"):] for t in texts if "Backward" in t]     # from that word on
+    blocks = []
+    for block, _ in diagrams:
+        indent = min(len(x) - len(x.lstrip()) for x in block)
+        blocks.append("\n".join(x[indent:] for x in block))
+    return summary, formulas, blocks, backward
+
+
+def backward_steps(op):
+    """For each ``*_backward`` function of the NumPy module: (name, docstring, steps), a step
+    being (the comment's text, the code lines under it until the next comment)."""
+    source = op.numpy_path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    out = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_backward")):
+            continue
+        doc = ast.get_docstring(node) or ""
+        start = node.body[0].end_lineno if doc else node.body[0].lineno - 1    # after the docstring
+        steps, comment, code = [], [], []
+        for line in lines[start:node.end_lineno]:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                if code or not comment:
+                    if comment or code:
+                        steps.append((" ".join(comment), code))
+                    comment, code = [], []
+                comment.append(stripped.lstrip("#").strip())
+            elif stripped:
+                code.append(line)
+        if comment or code:
+            steps.append((" ".join(comment), code))
+        out.append((node.name, " ".join(doc.split()), steps))
+    return out
+
+
+def read_errors(path):
+    """The rows of a test-errors.json (parity_tests/conftest.py), checked; None if it is absent."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--errors {str(path)!r} is not a test-errors.json: {err}") from None
+    keys = {"test_file", "name", "dtype", "max_abs_error", "tolerance_used"}
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and keys <= set(r) for r in rows):
+        raise ValueError(f"--errors {str(path)!r} is not a test-errors.json: rows with {sorted(keys)} expected")
+    return rows
+
+
+def errors_of(op, rows):
+    """The rows measured by the operation's test file, closest to their tolerance first."""
+    mine = [r for r in rows if Path(r["test_file"]).name == f"test_{op.name}.py"]
+    return sorted(mine, key=lambda r: -r["tolerance_used"])
+
+
+def pictures_of(op, images=IMAGES):
+    """docs/images files of the operation: named after it, or listed in PICTURES."""
+    if not images.is_dir():
+        return []
+    patterns = [f"{op.name}_*.png"] + PICTURES.get(op.name, [])
+    found = {p for pattern in patterns for p in images.glob(pattern)}
+    return sorted(found)
+
+
+def picture_caption(path):
+    """The alt text the repository's Markdown gives the picture, else its name in words."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.is_file():
+            match = re.search(r"!\[([^\]]+)\]\([^)]*" + re.escape(path.name) + r"\)", page.read_text(encoding="utf-8"))
+            if match:
+                return match.group(1)
+    return path.stem.replace("_", " ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages.
+
+CSS = """
+body { margin: 0; color: #1f2328; background: #fff; font: 16px/1.55 system-ui, -apple-system,
+       "Segoe UI", Roboto, "Noto Sans", sans-serif; }
+a { color: #0b5cad; }
+header.top { background: #24292f; color: #fff; padding: 0.6em 1.5em; display: flex; gap: 1.5em;
+             align-items: baseline; flex-wrap: wrap; }
+header.top a { color: #fff; text-decoration: none; } header.top .home { font-weight: 700; }
+header.top .step { margin-left: auto; color: #d0d7de; }
+div.layout { display: grid; grid-template-columns: 14em minmax(0, 1fr); }
+nav.ops { border-right: 1px solid #d0d7de; padding: 1em 0.8em; font-size: 14px; }
+nav.ops ol { margin: 0; padding-left: 1.8em; } nav.ops li { margin: 0.15em 0; }
+nav.ops li.here a { font-weight: 700; color: #1f2328; text-decoration: none; }
+main { padding: 1.2em 2em 3em 2em; max-width: 78em; }
+h1 { margin: 0.2em 0 0.1em 0; font-size: 1.9em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #d0d7de; }
+p.summary { font-size: 1.1em; color: #424a53; margin-top: 0.2em; }
+table.eqs { border-collapse: collapse; margin: 0.5em 0; }
+table.eqs td { padding: 0.25em 1em 0.25em 0; vertical-align: middle; }
+table.eqs td.note { color: #57606a; font-size: 0.95em; } span.gap { display: inline-block; width: 1.5em; }
+math { font-size: 1.15em; }
+td.eq math { display: inline math; math-style: normal; }   /* left in its cell, sums full size */
+pre.diagram, pre.code { background: #f6f8fa; padding: 0.6em 0.9em; border-radius: 6px;
+                        overflow-x: auto; font: 13px/1.45 ui-monospace, Menlo, Consolas, monospace; }
+ol.steps > li { margin-bottom: 0.8em; } ol.steps pre.code { margin: 0.3em 0 0 0; }
+table.errors { border-collapse: collapse; font-size: 14px; }
+table.errors th, table.errors td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.8em; text-align: left; }
+table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
+figcaption { color: #57606a; font-size: 0.95em; }
+ol.index > li { margin: 0.35em 0; } .muted { color: #57606a; }
+footer.pager { display: flex; justify-content: space-between; margin-top: 2.5em; }
+@media (max-width: 900px) {
+  div.layout { display: block; }
+  nav.ops { border-right: none; border-bottom: 1px solid #d0d7de; }
+  nav.ops ol { columns: 4; }
+  main { padding: 1em; }
+}
+@media (max-width: 520px) { nav.ops ol { columns: 2; } }
+""" + show.TWINS_CSS
+
+
+def _page(title, body, ops, here=None, step=""):
+    nav = "".join(f'<li{" class=here" if op.name == here else ""}><a href="{op.name}.html">{op.name}</a></li>'
+                  for op in ops)
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{html.escape(title)}</title><link rel="stylesheet" href="style.css"></head><body>\n'
+            '<header class="top"><a class="home" href="index.html">numpy-attn</a>'
+            "<span>every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>"
+            f'<span class="step">{step}</span></header>\n'
+            f'<div class="layout"><nav class="ops"><ol>{nav}</ol></nav>\n<main>\n{body}\n</main></div>\n'
+            "</body></html>\n")
+
+
+def _equations(formulas, warnings, op):
+    """A table of the formula lines: the formulas typeset in the first column, notes in words in
+    the second."""
+    rows = []
+    for line in formulas:
+        maths, notes = [], []
+        for text, is_math in mathml.segments(line):
+            if not is_math:
+                notes.append(html.escape(text))
+                continue
+            try:
+                maths.append(mathml.to_mathml(text))
+            except ValueError as err:
+                warnings.append(f"{op.name}: a formula shown as text ({err})")
+                maths.append(f"<code>{html.escape(text)}</code>")
+        rows.append(f'<tr><td class="eq">{"<span class=gap></span>".join(maths)}</td>'
+                    f'<td class="note">{"; ".join(notes)}</td></tr>')
+    return f'<table class="eqs">{"".join(rows)}</table>' if rows else ""
+
+
+def _errors_table(op, rows, warnings):
+    if rows is None:
+        warnings.append(f"{op.name}: no test-errors.json, so no measured errors (run python -m pytest first)")
+        return ('<p class="muted">Not measured: the site was built without <code>test-errors.json</code>; '
+                "run <code>python -m pytest</code>, then build the site again.</p>")
+    mine = errors_of(op, rows)
+    if not mine:
+        warnings.append(f"{op.name}: test-errors.json holds nothing from parity_tests/test_{op.name}.py")
+        return (f'<p class="muted">Not measured in this run: <code>parity_tests/test_{op.name}.py</code> '
+                "did not run.</p>")
+    by_dtype = {}
+    for r in mine:
+        if r["max_abs_error"] >= by_dtype.get(r["dtype"], {"max_abs_error": -1})["max_abs_error"]:
+            by_dtype[r["dtype"]] = r
+    lead = "; ".join(f"{dtype}: <b>{r['max_abs_error']:.2e}</b> ({html.escape(r['name'])})"
+                     for dtype, r in sorted(by_dtype.items()))
+    table = "".join(f"<tr><td><code>{html.escape(r['name'])}</code></td><td>{r['dtype']}</td>"
+                    f'<td class="n">{r["max_abs_error"]:.2e}</td><td class="n">{r["tolerance_used"]:.1%}</td></tr>'
+                    for r in mine[:8])
+    return (f"<p>Largest absolute error, by dtype: {lead}.</p>"
+            f"<p>The comparisons of <code>parity_tests/test_{op.name}.py</code> that came closest to their "
+            f"tolerance ({len(mine)} in all):</p>"
+            '<table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
+            f"<th>share of its tolerance</th></tr>{table}</table>")
+
+
+def _backward_section(op, paragraphs):
+    parts = [f"<p>{html.escape(p)}</p>" for p in paragraphs]
+    for name, doc, steps in backward_steps(op):
+        parts.append(f"<h3><code>{name}</code></h3>")
+        if doc:
+            parts.append(f"<p>{html.escape(doc)}</p>")
+        items = []
+        for comment, code in steps:
+            text = f"<p>{html.escape(comment)}</p>" if comment else ""
+            indent = min((len(x) - len(x.lstrip()) for x in code), default=0)
+            block = f'<pre class="code">{html.escape(chr(10).join(x[indent:] for x in code))}</pre>' if code else ""
+            items.append(f"<li>{text}{block}</li>")
+        parts.append(f'<ol class="steps">{"".join(items)}</ol>')
+    if len(parts) == 0:
+        parts.append(f'<p class="muted">{op.name} has no backward of its own here: its derivative is '
+                     "taken where it is used, or it has no parameters to learn.</p>")
+    return "".join(parts)
+
+
+def op_page(op, ops, rows, warnings, images=IMAGES):
+    """One operation's page, and the pictures it shows (to copy beside it)."""
+    k = [o.name for o in ops].index(op.name)
+    summary, formulas, diagrams, backward = docstring_parts(op)
+    pictures = pictures_of(op, images)
+    body = [f"<h1>{op.name}</h1>", f'<p class="summary">{html.escape(summary)}</p>',
+            f"<p><code>{op.numpy_path.relative_to(ROOT)}</code>: {', '.join(op.numpy_functions)}<br>"
+            f"<code>{op.torch_path.relative_to(ROOT)}</code>: {', '.join(op.torch_functions)} "
+            "(autograd supplies the backward)</p>"]
+    if formulas or diagrams:
+        body.append("<h2>The equations</h2>" + _equations(formulas, warnings, op))
+        body += [f'<pre class="diagram">{html.escape(d)}</pre>' for d in diagrams]
+    body.append("<h2>The backward, step by step</h2>" + _backward_section(op, backward))
+    body.append("<h2>Measured by the parity suite</h2>" + _errors_table(op, rows, warnings))
+    if pictures:
+        body.append("<h2>Pictures</h2>" + "".join(
+            f'<figure><img src="images/{p.name}" alt="{html.escape(picture_caption(p))}">'
+            f"<figcaption>{html.escape(picture_caption(p))}</figcaption></figure>" for p in pictures))
+    body.append("<h2>NumPy beside torch</h2><p>Left, the NumPy file; right, its twin. <code>=</code>: the same "
+                "line once NumPy's spellings are turned into torch's; <code>~</code>: a line that mirrors "
+                "the other.</p>" + show.html_twins(op))
+    previous = (f'<a href="{ops[k - 1].name}.html">&larr; {ops[k - 1].name}</a>' if k
+                else '<a href="index.html">&larr; index</a>')
+    following = f'<a href="{ops[k + 1].name}.html">{ops[k + 1].name} &rarr;</a>' if k + 1 < len(ops) else ""
+    body.append(f'<footer class="pager">{previous}{following}</footer>')
+    return _page(f"{op.name}: numpy-attn", "\n".join(body), ops, op.name, f"{k + 1} of {len(ops)}"), pictures
+
+
+def index_page(ops, rows):
+    described = dict(show.reading_list())
+    items = []
+    for op in ops:
+        worst = ""
+        if rows is not None and errors_of(op, rows):
+            top = errors_of(op, rows)[0]
+            worst = f' <span class="muted">(closest to its tolerance: {top["tolerance_used"]:.0%})</span>'
+        items.append(f'<li><a href="{op.name}.html"><b>{op.name}</b></a>: '
+                     f"{html.escape(described.get(op.name, ''))}{worst}</li>")
+    body = ("<h1>The operations, leaf to root</h1>"
+            "<p>Each building block of a Transformer is written twice: in <code>numpy_attn</code>, pure NumPy "
+            "with a backward written by hand, and in <code>torch_attn</code>, plain PyTorch whose backward "
+            "autograd supplies. The parity suite proves them equal. Read the pages in this order: each "
+            "operation uses only those above it.</p>"
+            "<p>On each page: the equations, the backward step by step, the largest errors the parity "
+            "suite measured, pictures where there are some, and the two files side by side.</p>"
+            f'<ol class="index">{"".join(items)}</ol>'
+            '<p class="muted">Written by <code>numpy-attn site</code>; nothing on these pages is fetched '
+            "from the network.</p>")
+    return _page("numpy-attn: the operations", body, ops, step=f"{len(ops)} operations")
+
+
+def build(errors_path=None, images=IMAGES):
+    """The site as {relative path: bytes or source Path}, and the warnings met."""
+    ops = show.operations()
+    rows = read_errors(errors_path)
+    warnings, files = [], {"style.css": CSS.encode(), MARKER: b"written by numpy-attn site\n"}
+    files["index.html"] = index_page(ops, rows).encode()
+    for op in ops:
+        page, pictures = op_page(op, ops, rows, warnings, images)
+        files[f"{op.name}.html"] = page.encode()
+        files.update({f"images/{p.name}": p for p in pictures})
+    return files, warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: into a new folder beside the target, then swapped in, so that an interruption leaves
+# the previous site or the new one, never half of each; a folder this command did not write is
+# never replaced.
+
+def write_site(files, out):
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
+        raise ValueError(f"{str(out)!r} exists and is not a site numpy-attn site wrote: give a new folder "
+                         "(nothing was written)")
+    if not out.parent.is_dir():
+        raise ValueError(f"cannot write {str(out)!r}: its folder {str(out.parent)!r} does not exist")
+    new = out.parent / f".{out.name}.new-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    try:
+        new.mkdir()
+        for name, content in files.items():
+            path = new / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, Path):
+                shutil.copyfile(content, path)
+            else:
+                path.write_bytes(content)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(new, out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)         # the previous site back in place
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+
+HELP = "a static site of every operation, to study from offline"
+
+EXAMPLES = """examples:
+  python -m pytest && numpy-attn site site     the suite, then the site with its errors
+  numpy-attn site site --strict                 warnings are errors (as in CI)
+  chromium site/index.html                      read it; nothing is fetched
+"""
+
+
+def add_arguments(p):
+    term.describe(p, ("Write a static site to DIR: an index and one page per operation in the reading "
+                     "order, each with the equations typeset, the backward step by step, the largest "
+                     "errors the parity suite measured (test-errors.json, written by python -m pytest), "
+                     "the pictures of docs/images, and the NumPy file beside the torch file. No script, no "
+                     "font, nothing fetched. DIR is replaced only if this command wrote it."), EXAMPLES)
+    p.add_argument("out", metavar="DIR", help="folder to write (new, empty, or an earlier site)")
+    p.add_argument("--errors", metavar="FILE", default=None,
+                   help="the parity suite's test-errors.json (default: the checkout's, written by python -m "
+                        "pytest, if there is one)")
+    p.add_argument("--strict", action="store_true",
+                   help="treat warnings (no errors measured for an operation, a formula left as text) as errors")
+
+
+def run(args, out=None):
+    out = sys.stdout if out is None else out
+    if args.errors is not None and not Path(args.errors).is_file():
+        raise ValueError(f"--errors {args.errors!r}: no such file (python -m pytest writes test-errors.json)")
+    files, warnings = build(DEFAULT_ERRORS if args.errors is None else args.errors)
+    for warning in warnings:
+        print(f"numpy-attn site: warning: {warning}", file=sys.stderr)
+    if warnings and args.strict:
+        raise ValueError(f"{len(warnings)} warnings and --strict: nothing written")
+    write_site(files, args.out)
+    pages = sum(name.endswith(".html") for name in files)
+    print(f"wrote {args.out} ({pages} pages; open {Path(args.out) / 'index.html'})", file=out)
+    return 0

@@ -1,0 +1,63 @@
+"""The README's Python example runs as written and shows what it says: the hand-written backward
+equals autograd's, and every name it states is importable where it says."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy_attn
+from attn_cli import show
+
+ROOT = Path(numpy_attn.__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+# float64 throughout, entries of order 1: the twins differ only in the order of sums of at most
+# 8 terms (hs) and 5 (S) and in exp's last bit, a few times n * eps = 8 * 2.2e-16 ~ 2e-15 per
+# entry, times |values| below 10. 1e-12 leaves a margin of about 50.
+EXAMPLE_TOL = 1e-12
+
+
+def python_example():
+    section = README.split("## In Python", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "one Python example on the README's first screen"
+    return blocks[0]
+
+
+def test_the_example_is_on_the_first_screen():
+    lines = README.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("```python"))
+    assert start < 25, f"the example starts on line {start + 1}"
+
+
+def test_the_readme_example_runs_and_the_gradients_agree(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(python_example(), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    printed = dict(re.findall(r"^(\w+):\s+(\S+)$", result.stdout, flags=re.M))
+    assert set(printed) == {"out", "weights", "dq", "dk", "dv"}, result.stdout
+    for name, value in printed.items():
+        assert float(value) < EXAMPLE_TOL, f"{name}: {value}"
+
+
+def test_every_public_function_is_importable_from_the_package():
+    """Each operation's public functions, but for those the README says stay in their module:
+    erf, and flex_attention's mask and score modifiers (the functions its twin also has, but
+    flex_attention itself)."""
+    ops = {op.name: op for op in show.operations()}
+    modifiers = set(ops["flex_attention"].torch_functions) - {"flex_attention"}
+    assert {"causal", "sliding_window", "soft_cap"} <= modifiers
+    for name in ("erf", "causal", "sliding_window"):
+        assert f"`{name}`" in README.split("Every public NumPy function is importable", 1)[1][:400]
+    missing = []
+    for op in ops.values():
+        module = __import__(f"numpy_attn.{op.name}", fromlist=["_"])
+        for name in op.numpy_functions:
+            stays = name == "erf" or (op.name == "flex_attention" and name in modifiers)
+            if not stays and getattr(numpy_attn, name, None) is not getattr(module, name):
+                missing.append(f"{op.name}.{name}")
+    assert not missing, f"not importable from numpy_attn: {missing}"
+    assert "softmax_forward" in dir(numpy_attn)
