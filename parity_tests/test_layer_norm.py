@@ -283,6 +283,9 @@ def test_bad_input():
         layer_norm_forward(x, None, np.zeros(2))
     with pytest.raises(ValueError, match="eps must be >= 0, got -0.1"):
         layer_norm_forward(x, w, np.zeros(3), eps=-0.1)
+    for eps in (float("nan"), True, "1e-5", None):   # a comparison error or a silent eps = 1 before
+        with pytest.raises(ValueError, match=f"^eps must be >= 0, got {re.escape(repr(eps))}$"):
+            layer_norm_forward(x, w, np.zeros(3), eps=eps)
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         layer_norm_forward(x.astype(np.float32), w, np.zeros(3))
     with pytest.raises(TypeError, match="x is float64, b is float32"):
