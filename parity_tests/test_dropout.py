@@ -16,16 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from numpy_attn.dropout import dropout_backward, dropout_forward
+from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import (
-    FD_TOL,
-    assert_bad_dout_refused,
-    assert_close,
-    autograd,
-    numerical_grad,
-    to_numpy,
-    to_torch,
-)
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 from torch_attn.dropout import dropout
 
 probabilities = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]) | st.floats(0.0, 1.0)
@@ -259,7 +252,7 @@ def test_bad_dout_is_refused(case, training):
     shape, layout, dtype or type is refused; a NaN in a right one flows on as in autograd."""
     x, dout, p, mask = case
     out, cache = dropout_forward(x, p, mask=mask, training=training)
-    assert_bad_dout_refused("dropout_backward", out, dropout_backward, cache)
+    helpers.assert_bad_dout_refused("dropout_backward", out, dropout_backward, cache)
     dout.flat[0] = np.nan
     _, grads = autograd(lambda x: dropout(x, p, training=training, mask=to_torch(mask)), {"x": x}, dout)
     assert_close("dropout.dx with a NaN in dout", dropout_backward(dout, cache), grads["x"])

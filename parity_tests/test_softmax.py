@@ -16,17 +16,9 @@ from numpy_attn.softmax import (
     softmax_backward,
     softmax_forward,
 )
+from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import (
-    FD_TOL,
-    TOLERANCES,
-    assert_bad_dout_refused,
-    assert_close,
-    autograd,
-    numerical_grad,
-    to_numpy,
-    to_torch,
-)
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 
 PAIRS = {
     "softmax": (softmax_forward, softmax_backward, tw.softmax, torch.softmax),
@@ -130,7 +122,7 @@ def test_dtype_casts_first_as_builtin(op, case, dtype):
     assert_close(f"{op}.y with dtype= vs the twin", y, twin_y)
     assert_close(f"{op}.y with dtype= vs builtin", y[valid], built_y[valid])
     # Both gradients are computed in dtype and then cast to x's: the coarser dtype's precision.
-    tol = TOLERANCES[min(np.dtype(dtype), x.dtype, key=lambda d: d.itemsize)]
+    tol = helpers.TOLERANCES[min(np.dtype(dtype), x.dtype, key=lambda d: d.itemsize)]
     assert_close(f"{op}.dx with dtype= vs builtin", dx[valid], built_grads["x"][valid], **tol)
 
 
@@ -325,4 +317,4 @@ def test_bad_dy_is_refused(op, case, dtype):
     x, _, axis = case
     forward, backward, _, _ = PAIRS[op]
     y, cache = forward(x, axis=axis, dtype=dtype)
-    assert_bad_dout_refused(f"{op}_backward", y, backward, cache, dout_name="dy")
+    helpers.assert_bad_dout_refused(f"{op}_backward", y, backward, cache, dout_name="dy")
