@@ -281,4 +281,5 @@ def assert_bad_dout_refused(backward_name, out, backward, cache, dout_name="dout
             backward(dout, cache)
         message = str(info.value)
         missing = [m for m in (f"{backward_name}: {dout_name}",) + mentions if m not in message]
-        assert not missing, f"{backward_name} given {type(dout).__name__} {np.shape(dout)}: {missing} not in {message!r}"
+        assert not missing, \
+            f"{backward_name} given {type(dout).__name__} {np.shape(dout)}: {missing} not in {message!r}"

@@ -277,7 +277,8 @@ def test_bad_input():
     x, w = np.zeros((2, 3)), np.ones(3)
     with pytest.raises(ValueError, match=r"w \(4,\) must have shape \(3,\) to match x \(2, 3\) \(w \(4,\), b \(3,\)\)"):
         layer_norm_forward(x, np.ones(4), np.zeros(3))
-    with pytest.raises(ValueError, match=r"^b \(3, 1\) must have shape \(3,\) to match x \(2, 3\) \(w \(3,\), b \(3, 1\)\)$"):
+    with pytest.raises(ValueError, match=r"^b \(3, 1\) must have shape \(3,\) to match x \(2, 3\) "
+                                         r"\(w \(3,\), b \(3, 1\)\)$"):
         layer_norm_forward(x, w, np.zeros((3, 1)))
     with pytest.raises(ValueError, match=r"^b \(2,\) must have shape \(3,\) to match x \(2, 3\) \(w \(\), b \(2,\)\)$"):
         layer_norm_forward(x, None, np.zeros(2))
@@ -297,8 +298,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"at least one dimension .* got shape \(\)"):
         layer_norm_forward(np.array(1.0), w, np.zeros(3))
     for shape in ((2,), (4, 2, 3), ()):
-        with pytest.raises(ValueError, match=rf"^normalized_shape {re.escape(str(shape))} must be a non-empty tail of x's "
-                                             r"shape \(2, 3\)$"):
+        with pytest.raises(ValueError, match=rf"^normalized_shape {re.escape(str(shape))} must be a non-empty "
+                                             r"tail of x's shape \(2, 3\)$"):
             layer_norm_forward(x, normalized_shape=shape)
     with pytest.raises(ValueError, match=r"^w \(3,\) must have shape \(2, 3\) to match x \(2, 3\)"):
         layer_norm_forward(x, w, normalized_shape=(2, 3))

@@ -332,7 +332,8 @@ def test_bad_input():
         cross_entropy_forward(logits, np.array([-1, 2]))
     with pytest.raises(ValueError, match="target -100 is out of range for V = 5 classes \\(ignore_index = -1\\)"):
         cross_entropy_forward(logits, np.array([-100, -1]), ignore_index=-1)
-    with pytest.raises(ValueError, match=r"^targets of shape \(3,\) must match logits \(2, 5\) without its class axis 1: \(2,\)$"):
+    with pytest.raises(ValueError, match=r"^targets of shape \(3,\) must match logits \(2, 5\) without its "
+                                         r"class axis 1: \(2,\)$"):
         cross_entropy_forward(logits, np.array([0, 1, 2]))
     with pytest.raises(ValueError, match=r"targets of shape \(2,\) must match logits \(2, 5\) without its class axis 0: \(5,\)"):
         cross_entropy_forward(logits, np.array([0, 1]), axis=0)
@@ -380,7 +381,8 @@ def test_bad_input():
         cross_entropy_backward(np.array(1.0), cache)
     with pytest.raises(TypeError, match="cross_entropy_backward: dloss must have the dtype .* float64, got float32"):
         cross_entropy_backward(np.ones(2, np.float32), cache)
-    with pytest.raises(TypeError, match=r"^cross_entropy_backward: dloss must be a NumPy array of shape \(2,\) and dtype float64, got list$"):
+    with pytest.raises(TypeError, match=r"^cross_entropy_backward: dloss must be a NumPy array of shape \(2,\) "
+                                        r"and dtype float64, got list$"):
         cross_entropy_backward([1.0, 1.0], cache)
     with pytest.raises(ValueError, match=r"cross_entropy_backward: dloss must have the shape .* \(2,\), got \(\)"):
         cross_entropy_backward(1.0, cache)

@@ -367,7 +367,8 @@ def test_bad_hyperparameters():
             optim.adamw_step(params, params, optim.adamw_init(params), betas=betas)
     with pytest.raises(ValueError, match="eps must be >= 0, got -1e-08"):
         optim.adamw_step(params, params, optim.adamw_init(params), eps=-1e-8)
-    with pytest.raises(ValueError, match="^nesterov needs momentum > 0 and dampening 0, got momentum=0.0, dampening=0.0$"):
+    with pytest.raises(ValueError, match="^nesterov needs momentum > 0 and dampening 0, "
+                                         "got momentum=0.0, dampening=0.0$"):
         optim.sgd_step(params, params, optim.sgd_init(params), nesterov=True)
     with pytest.raises(ValueError, match="dampening must lie in \\[0, 1\\], got 2"):
         optim.sgd_step(params, params, optim.sgd_init(params), momentum=0.9, dampening=2)

@@ -240,7 +240,8 @@ def test_bad_input():
     x = np.zeros((2, 3, 4))
     with pytest.raises(ValueError, match=r"even head size hs, got \(2, 3, 5\)"):
         rope_forward(np.zeros((2, 3, 5)), np.arange(3))
-    with pytest.raises(ValueError, match=r"^positions of shape \(4,\) must be \(T,\) or \(\.\.\., T\) and broadcast to x's \(2, 3\) \(x \(2, 3, 4\)\)$"):
+    with pytest.raises(ValueError, match=r"^positions of shape \(4,\) must be \(T,\) or \(\.\.\., T\) and "
+                                         r"broadcast to x's \(2, 3\) \(x \(2, 3, 4\)\)$"):
         rope_forward(x, np.arange(4))
     with pytest.raises(ValueError, match=r"^positions of shape \(\) must be \(T,\) or \(\.\.\., T\)"):
         rope_forward(x, np.array(1))
@@ -265,5 +266,6 @@ def test_bad_input():
     _, cache = rope_forward(x, np.arange(3))
     with pytest.raises(ValueError, match=r"rope: dout must have the shape .* \(2, 3, 4\), got \(2, 4, 3\)"):
         rope_backward(np.zeros((2, 4, 3)), cache)
-    with pytest.raises(TypeError, match=r"^rope: dout must have the dtype of the forward's output, float64, got float32 \(shape \(2, 3, 4\)\)$"):
+    with pytest.raises(TypeError, match=r"^rope: dout must have the dtype of the forward's output, float64, "
+                                        r"got float32 \(shape \(2, 3, 4\)\)$"):
         rope_backward(np.zeros((2, 3, 4), np.float32), cache)

@@ -113,7 +113,8 @@ def test_dtype_casts_first_as_builtin(op, case, dtype):
     y, cache = forward(x, axis=axis, dtype=dtype)
     dout = np.where(np.isfinite(y), dout, 0).astype(dtype)
     dx = backward(dout, cache)
-    assert y.dtype == dtype and dx.dtype == x.dtype, f"{op} of {x.dtype} with dtype={np.dtype(dtype)}: y {y.dtype}, dx {dx.dtype}"
+    assert y.dtype == dtype and dx.dtype == x.dtype, \
+        f"{op} of {x.dtype} with dtype={np.dtype(dtype)}: y {y.dtype}, dx {dx.dtype}"
     valid = np.isfinite(x).any(axis=axis, keepdims=True) & np.ones_like(x, dtype=bool)
     torch_dtype = TORCH_DTYPES[np.dtype(dtype)]
     built_y, built_grads = autograd(lambda x: builtin(x, dim=axis, dtype=torch_dtype), {"x": x},
@@ -135,8 +136,8 @@ def test_dtype_casts_integers_and_bools_as_builtin(op):
         y, cache = forward(x, dtype=np.float32)
         expected = to_numpy(builtin(torch.from_numpy(x), dim=-1, dtype=torch.float32))
         assert_close(f"{op}.y of {x.dtype} with dtype=float32 vs builtin", y, expected)
-        assert_close(f"twin {op}.y of {x.dtype} with dtype=float32", to_numpy(twin(torch.from_numpy(x), dtype=torch.float32)),
-                     expected)
+        assert_close(f"twin {op}.y of {x.dtype} with dtype=float32",
+                     to_numpy(twin(torch.from_numpy(x), dtype=torch.float32)), expected)
         with pytest.raises(TypeError, match=f"{op}_backward: the forward's x was {x.dtype}, cast to "
                                             f"float32 by dtype=, and {x.dtype} has no gradient"):
             backward(np.zeros(x.shape, np.float32), cache)
