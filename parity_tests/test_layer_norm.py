@@ -161,6 +161,21 @@ def test_matches_nn_layer_norm_module(bias):
                      to_numpy(module(torch.from_numpy(x))))
 
 
+def test_default_eps_is_nn_layer_norms():
+    """Without eps both twins use nn.LayerNorm's default, 1e-5: rows whose variance is of that
+    size (spread ~ 3e-3), where another eps changes rstd by tens of percent."""
+    x, w = S.ramp(3, 5) * 4e-3 + 0.5, S.ramp(5) + 1.5
+    module = nn.LayerNorm(5, dtype=torch.float64)
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(w))
+        module.bias.copy_(torch.from_numpy(w[::-1].copy()))
+        theirs = to_numpy(module(torch.from_numpy(x)))
+    assert_close("layer_norm.out with the default eps vs nn.LayerNorm(C)", layer_norm_forward(x, w, w[::-1].copy())[0],
+                 theirs)
+    twin = layer_norm(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(w[::-1].copy()))
+    assert_close("twin layer_norm.out with the default eps", to_numpy(twin), theirs)
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows())

@@ -110,6 +110,19 @@ def test_matches_llama_rms_norm(case):
                  rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(theirs).max(initial=0))))
 
 
+def test_default_eps_is_llama_rms_norms():
+    """Without eps both twins use LlamaRMSNorm's default, 1e-6: rows whose mean square is of that
+    size (x ~ 1e-3), where another eps changes rstd by tens of percent. float32, where LlamaRMSNorm
+    computes what we do."""
+    x, w = (S.ramp(3, 5) * 2e-3).astype(np.float32), (S.ramp(5) + 1.5).astype(np.float32)
+    module = LlamaRMSNorm(5)
+    with torch.no_grad():
+        module.weight.copy_(to_torch(w))
+        theirs = to_numpy(module(to_torch(x)))
+    assert_close("rms_norm.out with the default eps vs LlamaRMSNorm(C)", rms_norm_forward(x, w)[0], theirs)
+    assert_close("twin rms_norm.out with the default eps", to_numpy(rms_norm(to_torch(x), to_torch(w))), theirs)
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows(), scale=st.sampled_from([1e-3, 0.5, 3.0, 1e3]))
