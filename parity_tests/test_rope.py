@@ -261,6 +261,11 @@ def test_bad_input():
         rope_forward(x, np.arange(3), scaling={"rope_type": "llama3", "factor": 8.0,
                                                "low_freq_factor": 4.0, "high_freq_factor": 1.0,
                                                "original_max_position_embeddings": 16})
+    # Equal factors leave no band between the two (the blend would divide by high - low = 0).
+    with pytest.raises(ValueError, match="^llama3 scaling needs high_freq_factor > low_freq_factor, got 2.0 and 2.0$"):
+        rope_forward(x, np.arange(3), scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 2.0, "high_freq_factor": 2.0,
+                                               "original_max_position_embeddings": 16})
     with pytest.raises(TypeError, match="scaling must be None or a dict, got float"):
         rope_forward(x, np.arange(3), scaling=2.0)
     _, cache = rope_forward(x, np.arange(3))
