@@ -7,7 +7,8 @@ identity (Srivastava et al., "Dropout", 2014; the "inverted" form of ``torch.nn.
 The keep-mask is drawn from an explicit ``np.random.Generator`` (keep where a uniform draw u in
 [0, 1) is < 1 - p, PyTorch's Bernoulli(1 - p) rule, also numpy_attn/attention.py's), or passed in
 as ``mask``; either way it is kept in the cache, and the torch twin accepts the same mask, so the
-two agree exactly. p = 1 drops everything (zeros, as F.dropout; the scale is 0, not 1 / 0).
+two agree exactly. p = 1 drops everything (zeros, as F.dropout; the scale is 0, not 1 / 0)
+and draws nothing, so it needs no rng, as F.dropout(x, 1.0) draws nothing.
 ``training=False`` is the identity for any p: the output is x itself (as F.dropout), and the
 backward returns a fresh copy of dout, never dout itself.
 """
@@ -21,15 +22,18 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     """Zero each entry of ``x`` (...) with probability p in [0, 1] and scale the rest by
     1 / (1 - p) -> (...).
 
-    The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng``. With
-    ``training=False`` or p = 0 the output is a copy of x; nothing is drawn and any mask is ignored.
+    The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng`` (at p = 1
+    it keeps nothing and is not drawn). With ``training=False`` or p = 0 the output is a copy of
+    x; nothing is drawn and any mask is ignored.
     Returns ``(out, cache)``; the cache is ``(mask, scale, shape, dtype)``, mask and scale None for
     the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
         return x.copy(), (None, None, x.shape, x.dtype)   # a copy: changing out must not change x
-    if mask is None:
+    if mask is None and p == 1:
+        mask = np.zeros(x.shape, bool)                     # (...), keeps nothing: nothing to draw
+    elif mask is None:
         mask = rng.random(x.shape, dtype=x.dtype) < 1 - p  # (...), True with probability 1 - p
     scale = x.dtype.type(0 if p == 1 else 1 / (1 - p))     # p = 1 keeps nothing: 0, not 1 / 0
     out = x * mask * scale
@@ -50,14 +54,16 @@ def dropout_backward(dout, cache):
 
 def _check_dropout(x, p, rng, training, mask):
     """Raise unless x is a float array and p lies in [0, 1]; when a mask is needed, unless
-    ``mask`` is a boolean array of x's shape or, without one, ``rng`` is a Generator."""
+    ``mask`` is a boolean array of x's shape or, without one and p < 1, ``rng`` is a Generator."""
     check_float("x", x)
     if not 0 <= p <= 1:
         raise ValueError(f"dropout probability p must lie in [0, 1], got {p}")
     if not training or p == 0:
         return
-    if mask is None:
+    if mask is None and p < 1:
         check_rng(rng, f"dropout with p = {p} in training (and no mask)")
+    elif mask is None:
+        return
     elif not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
         raise TypeError(f"mask must be boolean of x's shape {x.shape}, got "
                         f"{getattr(mask, 'dtype', type(mask).__name__)} {np.shape(mask)}")

@@ -61,14 +61,22 @@ def feed_forward_backward(dout, cache):
 
 
 def _check_feed_forward(x, params):
-    """Raise unless x is a float array (..., C) and params' weights are fc.w (C, H), proj.w (H, C)
-    (linear checks dtypes and biases, gelu its ``approximate``)."""
+    """Raise unless x is a float array (..., C) and params' weights are float arrays fc.w (C, H),
+    proj.w (H, C) (linear checks dtypes and biases, gelu its ``approximate``)."""
     check_float("x", x)
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., C), got {x.shape}")
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict {{'fc': {{'w', 'b'}}, 'proj': {{'w', 'b'}}}}, got "
+                        f"{type(params).__name__}")
+    for name in ("fc", "proj"):
+        if not isinstance(params.get(name), dict) or "w" not in params[name]:
+            raise ValueError(f"params must hold {name}: {{'w': ..., 'b': ...}} ('b' optional), got "
+                             f"keys {sorted(params)} with {name} = {params.get(name)!r:.60}")
+        check_float(f"{name}.w", params[name]["w"])
     C = x.shape[-1]
     fc, proj = params["fc"], params["proj"]
-    H = fc["w"].shape[-1]
+    H = fc["w"].shape[-1] if fc["w"].ndim else None
     if fc["w"].shape != (C, H) or proj["w"].shape != (H, C):
         raise ValueError(f"fc.w {fc['w'].shape} and proj.w {proj['w'].shape} must be (C, H) and "
                          f"(H, C) with C = {C} from x {x.shape}")

@@ -17,6 +17,8 @@ second time removes it. For float32 rows of 1e4 + U(-1, 1) this keeps the error 
 one centring (and ``F.layer_norm``) lose 1e-3; ``test_near_constant_rows_stay_accurate`` checks.
 """
 
+import numbers
+
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_same_dtype
@@ -84,6 +86,6 @@ def _check_layer_norm(x, w, b, eps, normalized_shape):
                 raise ValueError(f"{name} {p.shape} must have shape {normalized_shape} to match "
                                  f"x {x.shape} (w {np.shape(w)}, b {np.shape(b)})")
     check_same_dtype(x=x, w=w, b=b)
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:   # as rms_norm's eps
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
     return normalized_shape

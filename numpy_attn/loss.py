@@ -14,7 +14,8 @@ dlogits[t] = (sum(weight * q[t]) * softmax(logits[t]) - weight * q[t]) * dloss /
 Where we differ. A mean over nothing (every token ignored, or n = 0 otherwise): PyTorch divides by
 0 and returns NaN, which would poison an optimiser's state for the rest of training. Here the sum
 is divided by inf instead, so the loss is 0 and every gradient is 0 (the same choice as softmax's
-all-masked rows). ``ignore_index`` with probability targets is refused (PyTorch ignores it).
+all-masked rows). With probability targets a negative ``ignore_index`` (PyTorch's default -100
+included) matches no class and changes nothing, and one >= 0 is refused, both as in PyTorch.
 A logit of -inf (a class that cannot occur) costs nothing where its target weight is 0.
 """
 
@@ -70,7 +71,7 @@ def cross_entropy_backward(dloss, cache):
     scalar (the 1 of ``loss.backward()``), which is cast to the loss's dtype.
     """
     wq, n, reduction, axis, logp_cache = cache
-    p, _ = logp_cache
+    p = logp_cache[0]                                                  # softmax(logits)
     dloss = np.asarray(dloss, p.dtype) if isinstance(dloss, float | np.floating) else dloss
     check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
                p.dtype, name="dloss")
@@ -100,6 +101,10 @@ def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothi
     if not np.all(logits < np.inf):    # checked here, so that the message names logits
         raise ValueError(f"logits of shape {logits.shape} hold NaN or +inf; only -inf (a class "
                          f"that cannot occur) is allowed")
+    if ignore_index is not None and (isinstance(ignore_index, bool)
+                                     or not isinstance(ignore_index, int | np.integer)):
+        raise TypeError(f"ignore_index must be an integer or None, got "
+                        f"{type(ignore_index).__name__} {ignore_index!r}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if not 0 <= label_smoothing <= 1:
@@ -118,9 +123,10 @@ def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothi
         if targets.shape != logits.shape:
             raise ValueError(f"probability targets of shape {targets.shape} must have logits' "
                              f"shape {logits.shape}")
-        if ignore_index is not None:
-            raise ValueError(f"ignore_index = {ignore_index} applies to class targets only, "
-                             f"not to probabilities")
+        if ignore_index is not None and ignore_index >= 0:     # a negative one matches no class
+            raise ValueError(f"ignore_index = {ignore_index} applies to class targets only, not to "
+                             f"probabilities (a negative one, such as PyTorch's default -100, is "
+                             f"accepted and ignores nothing)")
         return targets, weight, True
     check_integer("targets", targets)
     class_shape = logits.shape[:axis] + logits.shape[axis + 1:]

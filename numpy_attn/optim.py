@@ -17,6 +17,12 @@ SGD with momentum mu, dampening d and L2 weight decay wd, as ``torch.optim.SGD``
 The order of operations is that of ``torch.optim.AdamW`` / ``torch.optim.SGD`` (single-tensor
 path), so the two agree to rounding. Every call returns fresh arrays; the state is a plain dict
 ``{"step": int, ...moment trees...}`` and nothing is kept between calls.
+
+Hyperparameters have torch.optim's bounds: lr, eps, momentum and weight_decay >= 0 (no upper
+bound), betas in [0, 1), nesterov only with momentum > 0 and dampening 0. Beyond them we refuse a
+NaN anywhere (torch.optim.SGD takes a NaN lr, momentum or weight_decay, and every parameter
+becomes NaN) and a dampening outside [0, 1], which SGD does not check (the gradient is scaled by
+1 - dampening; a negative factor climbs the loss).
 """
 
 import numbers
@@ -43,9 +49,9 @@ def _tree_map(fn, tree, *others):
 
 def _check_hyper(lr, weight_decay, eps=0.0, betas=(0.0, 0.0), momentum=0.0, dampening=0.0,
                  nesterov=False):
-    """Raise on hyperparameters that torch.optim would refuse (TypeError for a non-number or a
-    bool); return them as Python floats, in the order (lr, weight_decay, eps, betas, momentum,
-    dampening).
+    """Raise on hyperparameters that torch.optim would refuse, on NaN and on a dampening outside
+    [0, 1] (ValueError; TypeError for a non-number or a bool); return them as Python floats, in the
+    order (lr, weight_decay, eps, betas, momentum, dampening).
 
     Python floats because a NumPy float64 scalar is strongly typed (NEP 50): lr=np.float64(1e-3)
     would turn every float32 parameter it touches into float64, where a Python float adapts.

@@ -15,6 +15,7 @@ Learned positions are not a separate operation: they are the embedding of the po
 with ``embedding_backward`` as their backward.
 """
 
+import numbers
 import operator
 
 import numpy as np
@@ -42,7 +43,7 @@ def _check_sinusoidal_encoding(T, C, base, dtype):
             raise TypeError(f"{name} must be an integer, got {n!r}") from None
         if n < 0:
             raise ValueError(f"{name} must be >= 0, got {n}")
-    if not base > 1:
+    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 1:   # as rope's theta
         raise ValueError(f"base must be > 1, got {base!r}")
     if np.dtype(dtype) not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")

@@ -9,6 +9,10 @@ probability 0. A row that is entirely ``-inf`` has no valid entry; softmax retur
 log-softmax ``-inf`` (the log of those zeros), and both pass back zero gradient, where PyTorch
 returns NaN (docs/design.md). Backward: dx = y * (dy - sum(dy * y)) for softmax,
 dx = dy - softmax(x) * sum(dy) for log-softmax.
+
+As ``torch.softmax``: ``dtype`` (float32 or float64) casts x first, so the output has that dtype
+(integer and bool x are accepted then) and the gradient comes back in x's dtype; a 0-d x is one
+row of one entry along axis 0 or -1 (softmax 1, log-softmax 0).
 """
 
 import numpy as np
@@ -29,37 +33,40 @@ def _row_max(x, axis):
 # Logits spanning more than the float range (x = -max, m = +max) make x - m overflow to -inf,
 # whose exp is the 0 it should be: that overflow is the right answer, not an error to report.
 @np.errstate(over="ignore")
-def softmax_forward(x, axis=-1):
+def softmax_forward(x, axis=-1, dtype=None):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is ``(copy of y, axis)``: the backward needs only the
-    output, and a copy, so that changing the returned y in place cannot change the gradient.
+    Returns ``(y, cache)``; the cache is ``(copy of y, axis, x's dtype)``: the backward needs only
+    the output, and a copy, so that changing the returned y in place cannot change the gradient.
     """
-    axis = _check_softmax(x, axis)
+    x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
     m = _row_max(x, axis)                          # (..., 1)
     e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    cache = (y.copy(), axis)                       # a copy: y is handed to the caller too
+    y = np.asarray(y)                              # a 0-d x gives a 0-d array, not a NumPy scalar
+    cache = (y.copy(), axis, x_dtype)              # a copy: y is handed to the caller too
     return y, cache
 
 
 def softmax_backward(dy, cache):
     """Gradient of softmax: dy (..., n) -> dx (..., n)."""
-    y, axis = cache
-    check_dout("softmax_backward", dy, y.shape, y.dtype, name="dy")
+    y, axis, x_dtype = cache
+    _check_softmax_dy("softmax_backward", dy, y, x_dtype)
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
     dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+    dx = np.asarray(dx).astype(x_dtype, copy=False)   # 0-d stays an array; undoes the cast to dtype
     return dx
 
 
 @np.errstate(over="ignore")                        # x - m may overflow to -inf, as in softmax_forward
-def log_softmax_forward(x, axis=-1):
+def log_softmax_forward(x, axis=-1, dtype=None):
     """Log-softmax of ``x`` along ``axis``: (..., n) -> (..., n).
 
-    Returns ``(y, cache)``; the cache is ``(p, axis)`` with p = softmax(x), which the backward needs.
+    Returns ``(y, cache)``; the cache is ``(p, axis, x's dtype)`` with p = softmax(x), which the
+    backward needs.
     """
-    axis = _check_softmax(x, axis)
+    x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
     m = _row_max(x, axis)                          # (..., 1)
     shifted = x - m                                # (..., n), max entry 0
     e = np.exp(shifted)                            # (..., n)
@@ -68,27 +75,53 @@ def log_softmax_forward(x, axis=-1):
     log_s = np.log(np.where(empty, np.ones_like(s), s))
     y = np.where(empty, -np.inf, shifted - log_s).astype(x.dtype, copy=False)
     p = e / np.where(empty, np.ones_like(s), s)    # softmax, zeros on all -inf rows
-    cache = (p, axis)
+    cache = (p, axis, x_dtype)
     return y, cache
 
 
 def log_softmax_backward(dy, cache):
     """Gradient of log-softmax: dy (..., n) -> dx (..., n)."""
-    p, axis = cache
-    check_dout("log_softmax_backward", dy, p.shape, p.dtype, name="dy")
+    p, axis, x_dtype = cache
+    _check_softmax_dy("log_softmax_backward", dy, p, x_dtype)
     # Undoes y = x - m - log(s): d/dx of log(s) is p, so dx = dy - p * sum(dy).
     dx = dy - p * dy.sum(axis=axis, keepdims=True)
     # An all -inf row has p = 0 and would pass dy straight through; no gradient flows there.
     empty = ~p.any(axis=axis, keepdims=True)
     dx = np.where(empty, np.zeros_like(dx), dx)
+    dx = dx.astype(x_dtype, copy=False)            # undoes the cast to dtype
     return dx
 
 
-def _check_softmax(x, axis):
-    """Return ``axis`` made non-negative; raise unless x is a float array with ``axis`` in range
-    and no NaN or +inf (they have no meaningful softmax; -inf means masked)."""
+def _check_softmax(x, axis, dtype):
+    """Return ``(x, axis, x's dtype)``: x cast to ``dtype`` if given, axis made non-negative (None
+    for a 0-d x, whose reductions then run over its one entry). Raise unless x is a float array
+    (or, with a float32/float64 ``dtype``, a bool, integer or float one), ``axis`` is an integer
+    in range (0 or -1 for a 0-d x, as torch) and x holds no NaN or +inf (they have no meaningful
+    softmax; -inf means masked)."""
+    x_dtype = getattr(x, "dtype", None)
+    if dtype is not None:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float64 (or None), got {dtype!r}") from None
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64 (or None), got {dtype}")
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "buif":
+            raise TypeError(f"x must be a NumPy array of bools, integers or floats to cast to "
+                            f"dtype {dtype}, got {getattr(x, 'dtype', type(x).__name__)}")
+        x = x.astype(dtype, copy=False)
     check_float("x", x)
-    axis = check_axis("x", x, axis)
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis must be an integer, got {type(axis).__name__} {axis!r}")
+    axis = None if x.ndim == 0 and axis in (0, -1) else check_axis("x", x, axis)
     if not np.all(x < np.inf):
         raise ValueError(f"x of shape {x.shape} holds NaN or +inf; only -inf (masked) is allowed")
-    return axis
+    return x, axis, x_dtype
+
+
+def _check_softmax_dy(op, dy, y, x_dtype):
+    """Raise unless dy matches the forward's output y, and x had a gradient (a float dtype)."""
+    check_dout(op, dy, y.shape, y.dtype, name="dy")
+    if x_dtype.kind != "f":
+        raise TypeError(f"{op}: the forward's x was {x_dtype}, cast to {y.dtype} by dtype=, and "
+                        f"{x_dtype} has no gradient")

@@ -16,7 +16,7 @@ is evaluated from exp(-|g|), which never overflows.
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float
+from numpy_attn._checks import check_dout, check_float, check_rng
 from numpy_attn.linear import linear_backward, linear_forward
 
 
@@ -25,8 +25,7 @@ def init_swiglu_params(C, H, rng, bias=False, dtype=np.float32):
 
     Drawn like ``torch.nn.Linear``'s default: every entry U(-1/sqrt(C_in), 1/sqrt(C_in)).
     """
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a np.random.Generator, got {type(rng).__name__}")
+    check_rng(rng, "init_swiglu_params")
     params = {}
     for name, C_in, C_out in (("gate", C, H), ("up", C, H), ("down", H, C)):
         bound = 1 / np.sqrt(C_in)
@@ -99,11 +98,12 @@ def _check_swiglu(x, params):
     if not isinstance(params, dict) or set(params) != {"gate", "up", "down"}:
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(f"params must be a dict with keys 'gate', 'up', 'down', got {got}")
+    weights = {name: p.get("w") if isinstance(p, dict) else p for name, p in params.items()}
+    for name, w in weights.items():
+        check_float(f"{name}.w", w)
     C = x.shape[-1] if x.ndim else None
-    H = params["gate"]["w"].shape[-1]
+    H = weights["gate"].shape[-1] if weights["gate"].ndim else None
     expected = {"gate": (C, H), "up": (C, H), "down": (H, C)}
     for name, shape in expected.items():
-        w = params[name].get("w")
-        if not isinstance(w, np.ndarray) or w.shape != shape:
-            got = w.shape if isinstance(w, np.ndarray) else type(w).__name__
-            raise ValueError(f"{name}.w must have shape {shape} for x {x.shape}, got {got}")
+        if weights[name].shape != shape:
+            raise ValueError(f"{name}.w must have shape {shape} for x {x.shape}, got {weights[name].shape}")

@@ -268,3 +268,29 @@ def directional_tol(grads, direction):
     """
     scale = tree_dot(tree_map(np.abs, grads), tree_map(np.abs, direction))
     return dict(rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] + FD_TOL["rtol"] * scale)
+
+
+def assert_bad_dout_refused(backward_name, out, backward, cache, dout_name="dout"):
+    """``backward(dout, cache)`` refuses an upstream gradient unlike the forward's output ``out``:
+    one more entry along the last axis, the last two axes swapped (where that changes the shape)
+    and a 0-d one for a non-0-d output (ValueError); the other float dtype, integers and a nested
+    list (TypeError). Each message names the backward, the argument and the expected and received
+    shape or dtype."""
+    other = np.float32 if out.dtype == np.float64 else np.float64
+    longer = out.shape[:-1] + (out.shape[-1] + 1,) if out.ndim else (1,)
+    cases = [(ValueError, np.zeros(longer, out.dtype), (str(out.shape), str(longer))),
+             (TypeError, np.zeros(out.shape, other), (str(out.dtype), str(np.dtype(other)))),
+             (TypeError, np.zeros(out.shape, np.int64), (str(out.dtype), "int64")),
+             (TypeError, np.zeros(out.shape).tolist() if out.ndim else [0.0], (str(out.shape), "list"))]
+    if out.ndim:
+        cases.append((ValueError, np.zeros((), out.dtype), (str(out.shape), "()")))
+    if out.ndim >= 2 and out.shape[-1] != out.shape[-2]:
+        swapped = np.zeros(out.shape, out.dtype).swapaxes(-1, -2)
+        cases.append((ValueError, swapped, (str(out.shape), str(swapped.shape))))
+    for error, dout, mentions in cases:
+        with pytest.raises(error) as info:
+            backward(dout, cache)
+        message = str(info.value)
+        missing = [m for m in (f"{backward_name}: {dout_name}",) + mentions if m not in message]
+        assert not missing, \
+            f"{backward_name} given {type(dout).__name__} {np.shape(dout)}: {missing} not in {message!r}"

@@ -5,6 +5,8 @@ F.dropout applies, x * mask / (1 - p), for the same mask; separate tests check t
 (keep rate) and the scale of F.dropout, of the NumPy dropout and of the twin's own draws.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from numpy_attn.dropout import dropout_backward, dropout_forward
+from parity_tests import helpers
 from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 from torch_attn.dropout import dropout
@@ -90,6 +93,31 @@ def test_p_one_gives_zeros_as_builtin(dtype):
                                     {"x": x}, dout)
     assert_close("twin dropout.out at p = 1", twin_out, builtin_out, rtol=0, atol=0)
     assert_close("twin dropout.dx at p = 1", twin_grads["x"], builtin_grads["x"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_p_one_needs_no_rng_and_draws_nothing(dtype):
+    """p = 1 keeps nothing, so there is nothing to draw: without an rng the output is zeros and
+    the gradient zero (F.dropout(x, 1.0)), and a given rng is left where it was, as F.dropout
+    leaves torch's generator. The twin without a generator does the same."""
+    x = S.ramp(3, 4, dtype=dtype) * 4
+    dout = S.ramp(3, 4, dtype=dtype)[::-1].copy()
+    out, cache = dropout_forward(x, 1.0)
+    builtin_out, builtin_grads = autograd(lambda x: F.dropout(x, 1.0), {"x": x}, dout)
+    assert_close("dropout.out at p = 1 without rng vs F.dropout", out, builtin_out, rtol=0, atol=0)
+    assert_close("dropout.dx at p = 1 without rng vs F.dropout", dropout_backward(dout, cache),
+                 builtin_grads["x"], rtol=0, atol=0)
+    rng = np.random.default_rng(5)
+    dropout_forward(x, 1.0, rng=rng)
+    assert rng.random() == np.random.default_rng(5).random(), "dropout at p = 1 drew from rng"
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        twin_out, twin_grads = autograd(lambda x: dropout(x, 1.0), {"x": x}, dout)
+        after = torch.rand(1)
+        torch.manual_seed(3)
+        assert torch.equal(after, torch.rand(1)), "twin dropout at p = 1 drew from torch's generator"
+    assert_close("twin dropout.out at p = 1 without rng", twin_out, builtin_out, rtol=0, atol=0)
+    assert_close("twin dropout.dx at p = 1 without rng", twin_grads["x"], builtin_grads["x"], rtol=0, atol=0)
 
 
 class _Draws(np.random.Generator):
@@ -216,6 +244,20 @@ def test_dtype_is_preserved(dtype):
     assert dx.dtype == dtype, f"dropout.dx dtype {dx.dtype}"
 
 
+# -- bad upstream gradients --------------------------------------------------------------------------
+
+@given(case=dropped(), training=st.booleans())
+def test_bad_dout_is_refused(case, training):
+    """With a mask and as the identity (not training), whose cache holds no mask: a dout of another
+    shape, layout, dtype or type is refused; a NaN in a right one flows on as in autograd."""
+    x, dout, p, mask = case
+    out, cache = dropout_forward(x, p, mask=mask, training=training)
+    helpers.assert_bad_dout_refused("dropout_backward", out, dropout_backward, cache)
+    dout.flat[0] = np.nan
+    _, grads = autograd(lambda x: dropout(x, p, training=training, mask=to_torch(mask)), {"x": x}, dout)
+    assert_close("dropout.dx with a NaN in dout", dropout_backward(dout, cache), grads["x"])
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 def test_bad_input():
@@ -223,9 +265,10 @@ def test_bad_input():
     for p in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match=f"dropout probability p must lie in \\[0, 1\\], got {p}"):
             dropout_forward(x, p, rng=rng)
-    with pytest.raises(TypeError, match="dropout with p = 0.5 in training.* needs rng.* got NoneType"):
+    needs_rng = "dropout with p = 0.5 in training (and no mask) needs rng: rng must be a np.random.Generator, got "
+    with pytest.raises(TypeError, match=re.escape(needs_rng + "NoneType")):
         dropout_forward(x, 0.5)
-    with pytest.raises(TypeError, match="got int"):
+    with pytest.raises(TypeError, match=re.escape(needs_rng + "int")):
         dropout_forward(x, 0.5, rng=0)
     with pytest.raises(ValueError, match=r"mask must be boolean of x's shape \(2, 3\), got bool \(3,\)"):
         dropout_forward(x, 0.5, mask=np.ones(3, dtype=bool))
@@ -235,5 +278,6 @@ def test_bad_input():
         dropout_forward(np.arange(3), 0.5, rng=rng)
     with pytest.raises(TypeError, match="x must be a NumPy array, got list"):
         dropout_forward([1.0, 2.0], 0.5, rng=rng)
-    with pytest.raises(TypeError, match="dropout with p = 1.0 in training.* needs rng"):
-        dropout_forward(x, 1.0)
+    # Nothing is drawn at p = 0 or p = 1, so an rng that is not a Generator goes unused there.
+    assert_close("dropout.out at p = 0 with rng=0", dropout_forward(x + 1, 0.0, rng=0)[0], x + 1, rtol=0, atol=0)
+    assert_close("dropout.out at p = 1 with rng=0", dropout_forward(x + 1, 1.0, rng=0)[0], x, rtol=0, atol=0)

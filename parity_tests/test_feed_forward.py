@@ -16,6 +16,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
     TOLERANCES,
+    assert_bad_dout_refused,
     assert_close,
     assert_tree_close,
     autograd,
@@ -216,8 +217,48 @@ def test_bad_input():
         feed_forward_forward(np.zeros((2, 4), np.float32), params)
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'relu'"):
         feed_forward_forward(np.zeros((2, 4)), params, approximate="relu")
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+    with pytest.raises(TypeError, match="^init_feed_forward_params needs rng: rng must be a np.random.Generator, "
+                                        "got int$"):
         init_feed_forward_params(4, 0)
+    # The wrong kind of input: integers would run through the matmuls and come out int64 or float64.
+    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+        feed_forward_forward(np.zeros((2, 4), np.int64), params)
+    with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+        feed_forward_forward([[0.0] * 4], params)
+    for name in ("fc", "proj"):
+        for w, got in ((params[name]["w"].astype(np.int32), "got dtype int32"), (params[name]["w"].tolist(),
+                                                                                "a NumPy array, got list")):
+            with pytest.raises(TypeError, match=f"^{name}.w must be (float32 or float64, )?{got}$"):
+                feed_forward_forward(np.zeros((2, 4)), {**params, name: {**params[name], "w": w}})
+    with pytest.raises(ValueError, match=r"^fc.w \(16,\) and proj.w \(16, 4\) must be \(C, H\) and \(H, C\) "
+                                         r"with C = 4 from x \(2, 4\)$"):
+        feed_forward_forward(np.zeros((2, 4)), {**params, "fc": {"w": np.zeros(16)}})
+    with pytest.raises(ValueError, match=r"^fc.w \(\) and proj.w \(16, 4\) must be"):
+        feed_forward_forward(np.zeros((2, 4)), {**params, "fc": {"w": np.zeros(())}})
+    with pytest.raises(TypeError, match="^params must be a dict .*, got list$"):
+        feed_forward_forward(np.zeros((2, 4)), [params["fc"], params["proj"]])
+    with pytest.raises(ValueError, match=r"^params must hold proj: .* got keys \['fc'\] with proj = None$"):
+        feed_forward_forward(np.zeros((2, 4)), {"fc": params["fc"]})
+    with pytest.raises(ValueError, match=r"^params must hold fc: .* got keys \['fc', 'proj'\] with fc = \{'b'"):
+        feed_forward_forward(np.zeros((2, 4)), {**params, "fc": {"b": params["fc"]["b"]}})
+    with pytest.raises(ValueError, match=r"^b must have shape \(16,\) to match w \(4, 16\), got \(4,\)$"):
+        feed_forward_forward(np.zeros((2, 4)), {**params, "fc": {**params["fc"], "b": np.zeros(4)}})
+
+
+# -- bad upstream gradients --------------------------------------------------------------------------
+
+@given(approximate=approximations, case=networks())
+def test_bad_dout_is_refused(approximate, case):
+    """A dout of another shape, layout, dtype or type is refused, by feed_forward_backward itself
+    (not by a linear inside it); a NaN in a right one flows on as in autograd."""
+    x, params, dout = case
+    out, cache = feed_forward_forward(x, params, approximate)
+    assert_bad_dout_refused("feed_forward_backward", out, feed_forward_backward, cache)
+    dout.flat[0] = np.nan
+    dx, dparams = feed_forward_backward(dout, cache)
+    _, grads = autograd(lambda x, params: feed_forward(x, params, approximate), {"x": x, "params": params}, dout)
+    assert_close("feed_forward.dx with a NaN in dout", dx, grads["x"])
+    assert_tree_close("feed_forward with a NaN in dout", dparams, grads["params"])
 
 
 def assert_same_distribution(name, ours, theirs):
@@ -244,15 +285,13 @@ def assert_same_distribution(name, ours, theirs):
             f"{name} ({label}): {positive:.4f} of the entries are positive, not half"
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_init_statistics_match_nn_linear(bias):
-    """init_feed_forward_params draws like nn.Linear's default (kaiming_uniform with a = sqrt(5),
-    i.e. U(-1/sqrt(C_in), 1/sqrt(C_in)), and the same for the bias): mean, spread, sign balance and
-    range of every leaf against an nn.Linear of the same size."""
-    C = 128
-    params = init_feed_forward_params(C, np.random.default_rng(0), dtype=np.float64, bias=bias)
+def assert_drawn_like_nn_linear(params, layers, bias):
+    """Every layer ``name`` of ``layers`` ((name, C_in, C_out), ...) of ``params`` is drawn like
+    nn.Linear's default (kaiming_uniform with a = sqrt(5), i.e. U(-1/sqrt(C_in), 1/sqrt(C_in)), and
+    the same for the bias): mean, spread, sign balance and range of every leaf against an
+    nn.Linear of the same size; no "b" without ``bias``."""
     torch.manual_seed(0)
-    for name, C_in, C_out in (("fc", C, 4 * C), ("proj", 4 * C, C)):
+    for name, C_in, C_out in layers:
         builtin = nn.Linear(C_in, C_out, bias=bias, dtype=torch.float64)
         bound = 1 / np.sqrt(C_in)
         pairs = [("w", params[name]["w"], to_numpy(builtin.weight))]
@@ -265,3 +304,11 @@ def test_init_statistics_match_nn_linear(bias):
             assert np.abs(ours).max() <= bound, f"{name}.{key} leaves (-{bound}, {bound})"
             # The largest |entry| of n uniform draws falls short of the bound by about bound / n.
             assert np.abs(ours).max() >= bound * (1 - 20 / ours.size), f"{name}.{key} does not reach the bound"
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_statistics_match_nn_linear(bias):
+    """init_feed_forward_params draws like nn.Linear's default, as its docstring says."""
+    C = 128
+    params = init_feed_forward_params(C, np.random.default_rng(0), dtype=np.float64, bias=bias)
+    assert_drawn_like_nn_linear(params, (("fc", C, 4 * C), ("proj", 4 * C, C)), bias)

@@ -9,6 +9,7 @@ from hypothesis.extra import numpy as hnp
 
 import torch_attn.gelu as tw
 from numpy_attn.gelu import gelu_backward, gelu_forward
+from parity_tests import helpers
 from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 
@@ -118,5 +119,26 @@ def test_zero_d_input(approximate, dtype):
 def test_bad_input():
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'sigmoid'"):
         gelu_forward(np.zeros(3), approximate="sigmoid")
-    with pytest.raises(TypeError, match="int64"):
-        gelu_forward(np.arange(3))
+    for approximate in ("none", "tanh"):   # the tanh form would return float64 for an int x
+        for x, got in ((np.arange(3), "got dtype int64"), (np.zeros(3, np.float16), "got dtype float16"),
+                       (np.zeros(3, bool), "got dtype bool")):
+            with pytest.raises(TypeError, match=f"^x must be float32 or float64, {got}$"):
+                gelu_forward(x, approximate)
+        with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+            gelu_forward([0.5, 1.0], approximate)
+        with pytest.raises(TypeError, match="^x must be a NumPy array, got float$"):
+            gelu_forward(0.5, approximate)
+
+
+# -- bad upstream gradients --------------------------------------------------------------------------
+
+@given(approximate=approximations, case=activations())
+def test_bad_dout_is_refused(approximate, case):
+    """A dout of another shape, layout, dtype or type is refused; a NaN in a right one flows on
+    as in autograd."""
+    x, dout = case
+    out, cache = gelu_forward(x, approximate)
+    helpers.assert_bad_dout_refused("gelu_backward", out, gelu_backward, cache)
+    dout.flat[0] = np.nan
+    _, grads = autograd(lambda x: tw.gelu(x, approximate), {"x": x}, dout)
+    assert_close(f"gelu[{approximate}].dx with a NaN in dout", gelu_backward(dout, cache), grads["x"])

@@ -1,5 +1,6 @@
 """Parity tests for numpy_attn/layer_norm.py and torch_attn/layer_norm.py."""
 
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -160,6 +161,21 @@ def test_matches_nn_layer_norm_module(bias):
                      to_numpy(module(torch.from_numpy(x))))
 
 
+def test_default_eps_is_nn_layer_norms():
+    """Without eps both twins use nn.LayerNorm's default, 1e-5: rows whose variance is of that
+    size (spread ~ 3e-3), where another eps changes rstd by tens of percent."""
+    x, w = S.ramp(3, 5) * 4e-3 + 0.5, S.ramp(5) + 1.5
+    module = nn.LayerNorm(5, dtype=torch.float64)
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(w))
+        module.bias.copy_(torch.from_numpy(w[::-1].copy()))
+        theirs = to_numpy(module(torch.from_numpy(x)))
+    assert_close("layer_norm.out with the default eps vs nn.LayerNorm(C)", layer_norm_forward(x, w, w[::-1].copy())[0],
+                 theirs)
+    twin = layer_norm(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(w[::-1].copy()))
+    assert_close("twin layer_norm.out with the default eps", to_numpy(twin), theirs)
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows())
@@ -276,12 +292,16 @@ def test_bad_input():
     x, w = np.zeros((2, 3)), np.ones(3)
     with pytest.raises(ValueError, match=r"w \(4,\) must have shape \(3,\) to match x \(2, 3\) \(w \(4,\), b \(3,\)\)"):
         layer_norm_forward(x, np.ones(4), np.zeros(3))
-    with pytest.raises(ValueError, match=r"b \(3, 1\) must have shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"^b \(3, 1\) must have shape \(3,\) to match x \(2, 3\) "
+                                         r"\(w \(3,\), b \(3, 1\)\)$"):
         layer_norm_forward(x, w, np.zeros((3, 1)))
-    with pytest.raises(ValueError, match=r"b \(2,\) must have shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"^b \(2,\) must have shape \(3,\) to match x \(2, 3\) \(w \(\), b \(2,\)\)$"):
         layer_norm_forward(x, None, np.zeros(2))
     with pytest.raises(ValueError, match="eps must be >= 0, got -0.1"):
         layer_norm_forward(x, w, np.zeros(3), eps=-0.1)
+    for eps in (float("nan"), True, "1e-5", None):   # a comparison error or a silent eps = 1 before
+        with pytest.raises(ValueError, match=f"^eps must be >= 0, got {re.escape(repr(eps))}$"):
+            layer_norm_forward(x, w, np.zeros(3), eps=eps)
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         layer_norm_forward(x.astype(np.float32), w, np.zeros(3))
     with pytest.raises(TypeError, match="x is float64, b is float32"):
@@ -293,9 +313,10 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"at least one dimension .* got shape \(\)"):
         layer_norm_forward(np.array(1.0), w, np.zeros(3))
     for shape in ((2,), (4, 2, 3), ()):
-        with pytest.raises(ValueError, match=r"normalized_shape .* must be a non-empty tail of x's shape \(2, 3\)"):
+        with pytest.raises(ValueError, match=rf"^normalized_shape {re.escape(str(shape))} must be a non-empty "
+                                             r"tail of x's shape \(2, 3\)$"):
             layer_norm_forward(x, normalized_shape=shape)
-    with pytest.raises(ValueError, match=r"w \(3,\) must have shape \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"^w \(3,\) must have shape \(2, 3\) to match x \(2, 3\)"):
         layer_norm_forward(x, w, normalized_shape=(2, 3))
     _, cache = layer_norm_forward(x, w)
     with pytest.raises(ValueError, match=r"layer_norm_backward: dout must have the shape .* \(2, 3\), got \(3, 2\)"):

@@ -7,6 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_attn.linear import linear_backward, linear_forward
+from parity_tests import helpers
 from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad
 from torch_attn.linear import linear
@@ -139,3 +140,37 @@ def test_bad_input():
         linear_forward(np.zeros((2, 3)), np.zeros(3))
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         linear_forward(np.zeros((2, 3), np.float32), w)
+    with pytest.raises(TypeError, match=r"arrays must share one dtype: x is float64, w is float64, b is float32"):
+        linear_forward(np.zeros((2, 3)), w, np.zeros(4, np.float32))
+    # Integers would come out as int64 or float64 without a word (x @ w promotes).
+    for name, args in (("x", (np.zeros((2, 3), np.int64), w)), ("w", (np.zeros((2, 3)), w.astype(np.int32))),
+                       ("b", (np.zeros((2, 3)), w, np.zeros(4, np.int64)))):
+        dtype = args[["x", "w", "b"].index(name)].dtype
+        with pytest.raises(TypeError, match=f"^{name} must be float32 or float64, got dtype {dtype}$"):
+            linear_forward(*args)
+    with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+        linear_forward([[0.0, 1.0, 2.0]], w)
+    with pytest.raises(TypeError, match="^w must be a NumPy array, got list$"):
+        linear_forward(np.zeros((2, 3)), w.tolist())
+    with pytest.raises(ValueError, match=r"^w must have 2 dimensions, got shape \(3, 4, 1\)$"):
+        linear_forward(np.zeros((2, 3)), np.zeros((3, 4, 1)))
+    with pytest.raises(ValueError, match=r"^x of shape \(\) does not end in C_in = 3 of w \(3, 4\)$"):
+        linear_forward(np.array(1.0), w)
+    with pytest.raises(ValueError, match=r"^b must have shape \(4,\) to match w \(3, 4\), got \(1, 4\)$"):
+        linear_forward(np.zeros((2, 3)), w, np.zeros((1, 4)))
+
+
+# -- bad upstream gradients --------------------------------------------------------------------------
+
+@given(case=affine())
+def test_bad_dout_is_refused(case):
+    """A dout of another shape, layout, dtype or type is refused; a NaN in a right one flows on
+    as in autograd."""
+    x, w, b, dout = case
+    out, cache = linear_forward(x, w, b)
+    helpers.assert_bad_dout_refused("linear_backward", out, linear_backward, cache)
+    dout.flat[0] = np.nan
+    dx, dparams = linear_backward(dout, cache)
+    _, grads = autograd(linear, {"x": x, **_params(w, b)}, dout)
+    assert_close("linear.dx with a NaN in dout", dx, grads.pop("x"))
+    assert_tree_close("linear with a NaN in dout", dparams, grads)

@@ -49,7 +49,9 @@ def batches(draw, dtype=None, soft=None, options=True):
         raw = np.abs(draw(S.arrays(dtype, shape, 1.0)))
         total = raw.sum(axis=at, keepdims=True)
         targets = np.where(total > 0, raw / np.where(total > 0, total, 1), 1 / V).astype(dtype)
-        kw["ignore_index"] = None
+        # PyTorch takes probabilities with any negative ignore_index (its default -100 among them)
+        # and ignores it; so do we.
+        kw["ignore_index"] = draw(st.sampled_from([None, -100]) | st.integers(-1000, -1))
     else:
         targets = draw(S.token_ids(V, lead))
         kw["ignore_index"] = draw(st.sampled_from([None, -100]) | st.integers(0, V - 1))
@@ -185,6 +187,35 @@ def test_all_ignored_gives_zero_where_builtin_gives_nan(weight, smoothing):
     assert twin.item() == 0, f"twin cross_entropy over no tokens is {twin.item()}"
 
 
+@pytest.mark.parametrize("ignore_index", [-100, -1, -7])
+def test_probabilities_take_a_negative_ignore_index_as_builtin(ignore_index):
+    """PyTorch's default ignore_index is -100, so F.cross_entropy(logits, probabilities) passes it
+    with every call: a negative one matches no class, ignores nothing and is accepted; one >= 0
+    is refused there (RuntimeError) and here (ValueError, tested in test_bad_input)."""
+    logits, probs = S.ramp(2, 3) * 3, np.array([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]])
+    builtin = F.cross_entropy(to_torch(logits), to_torch(probs), ignore_index=ignore_index).item()
+    with pytest.raises(RuntimeError, match="ignore_index is not supported for floating point target"):
+        F.cross_entropy(to_torch(logits), to_torch(probs), ignore_index=0)
+    loss, _ = cross_entropy_forward(logits, probs, ignore_index=ignore_index)
+    plain, _ = cross_entropy_forward(logits, probs)
+    assert_close("cross_entropy.loss of probabilities with a negative ignore_index", loss, plain,
+                 rtol=0, atol=0)
+    assert_close("cross_entropy.loss of probabilities vs F.cross_entropy", loss, np.asarray(builtin))
+
+
+def test_defaults_are_the_builtins():
+    """Called with logits and targets alone, the loss is F.cross_entropy's with its defaults (a
+    mean, no smoothing, no weight), for class targets and for probabilities."""
+    logits = S.ramp(3, 4) * 3
+    for targets in (np.array([0, 3, 1]), np.array([[0.1, 0.2, 0.3, 0.4]] * 3)):
+        loss, _ = cross_entropy_forward(logits, targets)
+        builtin = F.cross_entropy(to_torch(logits), to_torch(targets)).item()
+        assert_close(f"cross_entropy.loss with defaults ({targets.dtype} targets)", loss, np.asarray(builtin))
+        twin = cross_entropy(to_torch(logits), to_torch(targets)).item()
+        assert_close(f"twin cross_entropy with defaults ({targets.dtype} targets)", np.asarray(twin),
+                     np.asarray(builtin))
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=batches(soft=False, options=False), constant=st.floats(-10, 10))
@@ -209,7 +240,7 @@ def test_gradient_rows_sum_to_zero_and_ignored_rows_are_zero(case):
     assert_close("cross_entropy.dlogits row sums", dlogits.sum(axis=kw["axis"]),
                  np.zeros(dlogits.sum(axis=kw["axis"]).shape, logits.dtype),
                  atol=TOLERANCES[logits.dtype]["atol"] * max(1.0, float(np.abs(dlogits).max())))
-    if kw["ignore_index"] is not None:
+    if kw["ignore_index"] is not None and not np.issubdtype(targets.dtype, np.floating):
         ignored = np.expand_dims(targets == kw["ignore_index"], kw["axis"])
         assert not (dlogits * ignored).any(), "an ignored token received a gradient"
 
@@ -253,7 +284,7 @@ def test_gradient_shares_no_memory(case):
     logits, targets, kw, dloss = case
     _, cache = cross_entropy_forward(logits, targets, **kw)
     dlogits = cross_entropy_backward(dloss, cache)
-    wq, _, _, _, (p, _) = cache
+    wq, _, _, _, (p, _, _) = cache
     for name, a in (("logits", logits), ("targets", targets), ("dloss", dloss), ("cache wq", wq),
                     ("cache softmax", p)):
         assert not np.shares_memory(dlogits, a), f"cross_entropy.dlogits shares memory with {name}"
@@ -297,11 +328,12 @@ def test_bad_input():
     logits = np.zeros((2, 5))
     with pytest.raises(ValueError, match=r"target 5 is out of range for V = 5 classes \(ignore_index = None\)"):
         cross_entropy_forward(logits, np.array([0, 5]))
-    with pytest.raises(ValueError, match="target -1 is out of range for V = 5"):
+    with pytest.raises(ValueError, match=r"^target -1 is out of range for V = 5 classes \(ignore_index = None\)$"):
         cross_entropy_forward(logits, np.array([-1, 2]))
     with pytest.raises(ValueError, match="target -100 is out of range for V = 5 classes \\(ignore_index = -1\\)"):
         cross_entropy_forward(logits, np.array([-100, -1]), ignore_index=-1)
-    with pytest.raises(ValueError, match=r"targets of shape \(3,\) must match logits \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"^targets of shape \(3,\) must match logits \(2, 5\) without its "
+                                         r"class axis 1: \(2,\)$"):
         cross_entropy_forward(logits, np.array([0, 1, 2]))
     with pytest.raises(ValueError, match=r"targets of shape \(2,\) must match logits \(2, 5\) without its class axis 0: \(5,\)"):
         cross_entropy_forward(logits, np.array([0, 1]), axis=0)
@@ -320,8 +352,13 @@ def test_bad_input():
         cross_entropy_forward(logits, np.array([0.0, 1.0]))
     with pytest.raises(TypeError, match="logits is float64, targets is float32"):
         cross_entropy_forward(logits, np.zeros((2, 5), np.float32))
-    with pytest.raises(ValueError, match="ignore_index = -100 applies to class targets only"):
-        cross_entropy_forward(logits, np.zeros((2, 5)), ignore_index=-100)
+    for ignore_index in (0, 4, 7):    # PyTorch refuses an ignore_index >= 0 with probabilities
+        with pytest.raises(ValueError, match=f"ignore_index = {ignore_index} applies to class targets only"):
+            cross_entropy_forward(logits, np.zeros((2, 5)), ignore_index=ignore_index)
+    for ignore_index in (1.0, True, "-100"):
+        with pytest.raises(TypeError, match=f"ignore_index must be an integer or None, got "
+                                            f"{type(ignore_index).__name__}"):
+            cross_entropy_forward(logits, np.array([0, 1]), ignore_index=ignore_index)
     # options
     with pytest.raises(ValueError, match="reduction must be one of \\('none', 'mean', 'sum'\\), got 'avg'"):
         cross_entropy_forward(logits, np.array([0, 1]), reduction="avg")
@@ -344,7 +381,8 @@ def test_bad_input():
         cross_entropy_backward(np.array(1.0), cache)
     with pytest.raises(TypeError, match="cross_entropy_backward: dloss must have the dtype .* float64, got float32"):
         cross_entropy_backward(np.ones(2, np.float32), cache)
-    with pytest.raises(TypeError, match="cross_entropy_backward: dloss must be a NumPy array"):
+    with pytest.raises(TypeError, match=r"^cross_entropy_backward: dloss must be a NumPy array of shape \(2,\) "
+                                        r"and dtype float64, got list$"):
         cross_entropy_backward([1.0, 1.0], cache)
     with pytest.raises(ValueError, match=r"cross_entropy_backward: dloss must have the shape .* \(2,\), got \(\)"):
         cross_entropy_backward(1.0, cache)

@@ -137,12 +137,9 @@ def test_matches_twin(name, hyper, data):
 
 # -- the twin matches PyTorch's built-in ---------------------------------------------------------
 
-@pytest.mark.parametrize("name, hyper", [("adamw", bounded_adamw_hyper), ("sgd", sgd_hyper)])
-@given(data=st.data())
-def test_twin_matches_builtin(name, hyper, data):
-    """torch.optim.AdamW / SGD on the same leaves, fed the same gradients, step after step."""
-    params, grads_seq, hyper = _draw(data, hyper)
-    twin_params, _, _ = _split(_run_twin(name, params, grads_seq, hyper))
+def _assert_matches_builtin(label, name, params, stacked, grads_seq, hyper):
+    """``stacked`` (parameters stacked over the steps) equals torch.optim.AdamW / SGD run on the
+    same leaves, fed the same gradients, step after step."""
     leaves = [to_torch(leaf, requires_grad=True) for _, leaf in tree_leaves(params)]
     builtin = OPTIMIZERS[name][-1](leaves, **hyper)
     builtin_history = []
@@ -151,9 +148,96 @@ def test_twin_matches_builtin(name, hyper, data):
             leaf.grad = to_torch(g)
         builtin.step()
         builtin_history.append([to_numpy(leaf).copy() for leaf in leaves])
-    for i, (path, twin_leaf) in enumerate(tree_leaves(twin_params)):
-        assert_close(f"{name} {path} vs torch.optim", twin_leaf,
-                     np.stack([step[i] for step in builtin_history]))
+    for i, (path, leaf) in enumerate(tree_leaves(stacked)):
+        assert_close(f"{label} {path} vs torch.optim", leaf, np.stack([step[i] for step in builtin_history]))
+
+
+@pytest.mark.parametrize("name, hyper", [("adamw", bounded_adamw_hyper), ("sgd", sgd_hyper)])
+@given(data=st.data())
+def test_twin_matches_builtin(name, hyper, data):
+    """torch.optim.AdamW / SGD on the same leaves, fed the same gradients, step after step."""
+    params, grads_seq, hyper = _draw(data, hyper)
+    twin_params, _, _ = _split(_run_twin(name, params, grads_seq, hyper))
+    _assert_matches_builtin(name, name, params, twin_params, grads_seq, hyper)
+
+
+# Hyperparameters at the bounds torch.optim accepts (and beyond, where it sets none): both twins
+# take them and follow it. The drawn strategies stay inside (dampening < 1, weight_decay < 1).
+AT_THE_BOUNDS = [
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "dampening": 1.0}),      # buf = mu * buf: the gradient enters once
+    ("sgd", {"lr": 0.1, "momentum": 0.5, "dampening": 0.0}),
+    ("sgd", {"lr": 0.1, "weight_decay": 1.0}),                    # g + p: decay as strong as the gradient
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "dampening": 0.5, "weight_decay": 1.0}),
+    ("sgd", {"lr": 0.1, "weight_decay": 5.0}),
+    ("sgd", {"lr": 0.1, "momentum": 1.0}),
+    ("sgd", {"lr": 0.1, "momentum": 1.5, "nesterov": True}),
+    ("sgd", {"lr": 0.0, "momentum": 0.9, "weight_decay": 0.5}),
+    ("adamw", {"lr": 0.1, "weight_decay": 1.0}),                  # p * (1 - lr): decay by lr itself
+    ("adamw", {"lr": 0.5, "weight_decay": 2.0}),                  # p * 0: the decay wipes p first
+    ("adamw", {"lr": 0.1, "weight_decay": 5.0}),
+    ("adamw", {"lr": 0.1, "betas": (0.0, 0.0), "eps": 1e-8}),
+    ("adamw", {"lr": 0.1, "betas": (0.9, 0.999), "eps": 0.0}),
+    ("adamw", {"lr": 0.0, "weight_decay": 0.5}),
+]
+
+
+@pytest.mark.parametrize("name, hyper", AT_THE_BOUNDS)
+def test_bounds_torch_accepts_are_accepted_and_match(name, hyper):
+    """The NumPy optimiser and its twin equal torch.optim at its bounds, over four steps of
+    nonzero gradients (eps = 0 divides by sqrt(v), which nonzero gradients keep above 0)."""
+    params, grads_seq = HAND_PICKED
+    grads_seq = [tree_map(lambda g: g + 0.125, grads) for grads in grads_seq]   # no zero gradient
+    p, _, _ = _split(_run_numpy(name, params, grads_seq, hyper))
+    tp, _, _ = _split(_run_twin(name, params, grads_seq, hyper))
+    _assert_matches_builtin(f"{name} {hyper}", name, params, p, grads_seq, hyper)
+    _assert_matches_builtin(f"twin {name} {hyper}", name, params, tp, grads_seq, hyper)
+
+
+# Just past the bounds torch.optim sets: it refuses each (ValueError), and so do we, naming the field.
+PAST_THE_BOUNDS = [
+    ("sgd", {"lr": -1e-300}, r"lr must be >= 0, got -1e-300"),
+    ("sgd", {"momentum": -1e-300}, r"momentum must be >= 0, got -1e-300"),
+    ("sgd", {"weight_decay": -1e-300}, r"weight_decay must be >= 0, got -1e-300"),
+    ("sgd", {"momentum": 0.9, "dampening": 1e-300, "nesterov": True}, "nesterov needs momentum > 0 and dampening 0"),
+    ("sgd", {"momentum": 0.0, "nesterov": True}, "nesterov needs momentum > 0 and dampening 0"),
+    ("adamw", {"lr": -1e-300}, r"lr must be >= 0, got -1e-300"),
+    ("adamw", {"eps": -1e-300}, r"eps must be >= 0, got -1e-300"),
+    ("adamw", {"weight_decay": -1e-300}, r"weight_decay must be >= 0, got -1e-300"),
+    ("adamw", {"betas": (1.0, 0.999)}, r"betas\[0\] must lie in \[0, 1\), got 1.0"),
+    ("adamw", {"betas": (0.9, 1.0)}, r"betas\[1\] must lie in \[0, 1\), got 1.0"),
+    ("adamw", {"betas": (-1e-300, 0.999)}, r"betas\[0\] must lie in \[0, 1\), got -1e-300"),
+    ("adamw", {"betas": (0.9, -1e-300)}, r"betas\[1\] must lie in \[0, 1\), got -1e-300"),
+    ("adamw", {"eps": float("nan")}, "eps must be >= 0, got nan"),
+    ("adamw", {"weight_decay": float("nan")}, "weight_decay must be >= 0, got nan"),
+]
+
+
+@pytest.mark.parametrize("name, hyper, message", PAST_THE_BOUNDS)
+def test_bounds_torch_refuses_are_refused(name, hyper, message):
+    init, step, *_ = OPTIMIZERS[name]
+    params = {"w": np.zeros(2)}
+    with pytest.raises(ValueError, match="Invalid|Nesterov"):
+        OPTIMIZERS[name][-1]([to_torch(params["w"], requires_grad=True)], **{"lr": 1e-3, **hyper})
+    with pytest.raises(ValueError, match=f"^{message}"):
+        step(params, params, init(params), **hyper)
+
+
+@pytest.mark.parametrize("hyper, message", [
+    ({"lr": float("nan")}, "lr must be >= 0, got nan"),
+    ({"momentum": float("nan")}, "momentum must be >= 0, got nan"),
+    ({"weight_decay": float("nan")}, "weight_decay must be >= 0, got nan"),
+    ({"momentum": 0.9, "dampening": float("nan")}, r"dampening must lie in \[0, 1\], got nan"),
+    ({"momentum": 0.9, "dampening": 1 + 1e-9}, r"dampening must lie in \[0, 1\], got 1.000000001"),
+    ({"momentum": 0.9, "dampening": -1e-300}, r"dampening must lie in \[0, 1\], got -1e-300"),
+])
+def test_sgd_refuses_what_torch_takes_without_a_check(hyper, message):
+    """Where torch.optim.SGD sets no bound we refuse, as optim.py's docstring says: a NaN turns
+    every parameter into NaN, and a dampening outside [0, 1] scales the gradient by 1 - dampening
+    outside [0, 1] (a negative factor climbs the loss)."""
+    params = {"w": np.zeros(2)}
+    torch.optim.SGD([to_torch(params["w"], requires_grad=True)], **{"lr": 1e-3, **hyper})   # accepted there
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        optim.sgd_step(params, params, optim.sgd_init(params), **hyper)
 
 
 # -- properties ----------------------------------------------------------------------------------
@@ -283,7 +367,8 @@ def test_bad_hyperparameters():
             optim.adamw_step(params, params, optim.adamw_init(params), betas=betas)
     with pytest.raises(ValueError, match="eps must be >= 0, got -1e-08"):
         optim.adamw_step(params, params, optim.adamw_init(params), eps=-1e-8)
-    with pytest.raises(ValueError, match="nesterov needs momentum > 0 and dampening 0"):
+    with pytest.raises(ValueError, match="^nesterov needs momentum > 0 and dampening 0, "
+                                         "got momentum=0.0, dampening=0.0$"):
         optim.sgd_step(params, params, optim.sgd_init(params), nesterov=True)
     with pytest.raises(ValueError, match="dampening must lie in \\[0, 1\\], got 2"):
         optim.sgd_step(params, params, optim.sgd_init(params), momentum=0.9, dampening=2)

@@ -116,5 +116,8 @@ def test_bad_input():
         sinusoidal_encoding(4, 4.0)
     with pytest.raises(ValueError, match="base must be > 1, got 1.0"):
         sinusoidal_encoding(4, 4, base=1.0)
+    for base in (float("nan"), True, "10000", None):   # a comparison error or a silent base before
+        with pytest.raises(ValueError, match=f"^base must be > 1, got {base!r}$"):
+            sinusoidal_encoding(4, 4, base=base)
     with pytest.raises(TypeError, match="dtype must be float32 or float64, got int32"):
         sinusoidal_encoding(4, 4, dtype=np.int32)

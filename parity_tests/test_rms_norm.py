@@ -12,6 +12,7 @@ from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    assert_bad_dout_refused,
     assert_close,
     assert_tree_close,
     autograd,
@@ -109,6 +110,19 @@ def test_matches_llama_rms_norm(case):
                  rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(theirs).max(initial=0))))
 
 
+def test_default_eps_is_llama_rms_norms():
+    """Without eps both twins use LlamaRMSNorm's default, 1e-6: rows whose mean square is of that
+    size (x ~ 1e-3), where another eps changes rstd by tens of percent. float32, where LlamaRMSNorm
+    computes what we do."""
+    x, w = (S.ramp(3, 5) * 2e-3).astype(np.float32), (S.ramp(5) + 1.5).astype(np.float32)
+    module = LlamaRMSNorm(5)
+    with torch.no_grad():
+        module.weight.copy_(to_torch(w))
+        theirs = to_numpy(module(to_torch(x)))
+    assert_close("rms_norm.out with the default eps vs LlamaRMSNorm(C)", rms_norm_forward(x, w)[0], theirs)
+    assert_close("twin rms_norm.out with the default eps", to_numpy(rms_norm(to_torch(x), to_torch(w))), theirs)
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows(), scale=st.sampled_from([1e-3, 0.5, 3.0, 1e3]))
@@ -168,10 +182,29 @@ def test_bad_input():
         rms_norm_forward(x, np.ones(3), eps=True)
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         rms_norm_forward(x.astype(np.float32), np.ones(3))
-    with pytest.raises(TypeError, match="int64"):
+    # The wrong kind of input: integers would be normalised in float64 without a word.
+    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
         rms_norm_forward(np.arange(3), np.ones(3))
+    with pytest.raises(TypeError, match="^w must be float32 or float64, got dtype int64$"):
+        rms_norm_forward(x, np.ones(3, np.int64))
+    with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+        rms_norm_forward([0.0, 1.0, 2.0], np.ones(3))
+    with pytest.raises(TypeError, match="^w must be a NumPy array, got list$"):
+        rms_norm_forward(x, [1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"^w must have shape \(3,\) to match x \(2, 3\), got \(1, 3\)$"):
+        rms_norm_forward(x, np.ones((1, 3)))
+    for eps in (float("nan"), "1e-6", None):
+        with pytest.raises(ValueError, match=f"^eps must be a number >= 0, got {eps!r}$"):
+            rms_norm_forward(x, np.ones(3), eps=eps)
     with pytest.raises(ValueError, match=r"at least one dimension .* got shape \(\)"):
         rms_norm_forward(np.array(1.0), np.ones(3))
     _, cache = rms_norm_forward(x, np.ones(3))
     with pytest.raises(ValueError, match=r"rms_norm: dout must have the shape .* \(2, 3\), got \(3, 2\)"):
         rms_norm_backward(np.zeros((3, 2)), cache)
+
+
+@given(case=rows())
+def test_bad_dout_is_refused(case):
+    x, w, _, eps = case
+    out, cache = rms_norm_forward(x, w, eps)
+    assert_bad_dout_refused("rms_norm", out, rms_norm_backward, cache)

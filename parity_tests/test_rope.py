@@ -240,13 +240,14 @@ def test_bad_input():
     x = np.zeros((2, 3, 4))
     with pytest.raises(ValueError, match=r"even head size hs, got \(2, 3, 5\)"):
         rope_forward(np.zeros((2, 3, 5)), np.arange(3))
-    with pytest.raises(ValueError, match=r"positions of shape \(4,\) .* x's \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"^positions of shape \(4,\) must be \(T,\) or \(\.\.\., T\) and "
+                                         r"broadcast to x's \(2, 3\) \(x \(2, 3, 4\)\)$"):
         rope_forward(x, np.arange(4))
-    with pytest.raises(ValueError, match=r"positions of shape \(\)"):
+    with pytest.raises(ValueError, match=r"^positions of shape \(\) must be \(T,\) or \(\.\.\., T\)"):
         rope_forward(x, np.array(1))
     with pytest.raises(TypeError, match="positions must be integers, got dtype float64"):
         rope_forward(x, np.arange(3.0))
-    with pytest.raises(TypeError, match="x must be float32 or float64"):
+    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
         rope_forward(np.zeros((3, 4), np.int64), np.arange(3))
     with pytest.raises(ValueError, match="layout must be 'half' or 'interleaved', got 'neox'"):
         rope_forward(x, np.arange(3), layout="neox")
@@ -256,14 +257,20 @@ def test_bad_input():
         rope_forward(x, np.arange(3), scaling={"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match="linear scaling needs factor > 0, got None"):
         rope_forward(x, np.arange(3), scaling={"rope_type": "linear"})
-    with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+    with pytest.raises(ValueError, match="^llama3 scaling needs high_freq_factor > low_freq_factor, got 1.0 and 4.0$"):
         rope_forward(x, np.arange(3), scaling={"rope_type": "llama3", "factor": 8.0,
                                                "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                                               "original_max_position_embeddings": 16})
+    # Equal factors leave no band between the two (the blend would divide by high - low = 0).
+    with pytest.raises(ValueError, match="^llama3 scaling needs high_freq_factor > low_freq_factor, got 2.0 and 2.0$"):
+        rope_forward(x, np.arange(3), scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 2.0, "high_freq_factor": 2.0,
                                                "original_max_position_embeddings": 16})
     with pytest.raises(TypeError, match="scaling must be None or a dict, got float"):
         rope_forward(x, np.arange(3), scaling=2.0)
     _, cache = rope_forward(x, np.arange(3))
     with pytest.raises(ValueError, match=r"rope: dout must have the shape .* \(2, 3, 4\), got \(2, 4, 3\)"):
         rope_backward(np.zeros((2, 4, 3)), cache)
-    with pytest.raises(TypeError, match="rope: dout must have the dtype"):
+    with pytest.raises(TypeError, match=r"^rope: dout must have the dtype of the forward's output, float64, "
+                                        r"got float32 \(shape \(2, 3, 4\)\)$"):
         rope_backward(np.zeros((2, 3, 4), np.float32), cache)

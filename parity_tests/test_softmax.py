@@ -1,5 +1,7 @@
 """Parity tests for numpy_attn/softmax.py and torch_attn/softmax.py."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from numpy_attn.softmax import (
     softmax_backward,
     softmax_forward,
 )
+from parity_tests import helpers
 from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 
@@ -93,6 +96,79 @@ def test_builtin_gives_nan_on_all_masked_row_where_we_give_zeros():
     assert np.array_equal(y[0], np.zeros(3)), "softmax.y all -inf row"
     ly, _ = log_softmax_forward(x)
     assert np.all(np.isneginf(ly[0])), "log_softmax.y all -inf row"
+
+
+TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+@given(op=ops, case=logits(), dtype=S.dtypes)
+@example(op="softmax", case=(np.array([[1e4, -1e4, 0.0]], np.float32), np.array([[0.5, -1.0, 2.0]], np.float32),
+                             -1), dtype=np.float64)
+def test_dtype_casts_first_as_builtin(op, case, dtype):
+    """dtype= casts x before anything else, as torch.softmax(x, dim, dtype=...): the output has
+    that dtype and equals the built-in's, the twin's too; the gradient comes back in x's dtype and
+    equals autograd's through the built-in, on every row with a finite entry."""
+    x, dout, axis = case
+    forward, backward, twin, builtin = PAIRS[op]
+    y, cache = forward(x, axis=axis, dtype=dtype)
+    dout = np.where(np.isfinite(y), dout, 0).astype(dtype)
+    dx = backward(dout, cache)
+    assert y.dtype == dtype and dx.dtype == x.dtype, \
+        f"{op} of {x.dtype} with dtype={np.dtype(dtype)}: y {y.dtype}, dx {dx.dtype}"
+    valid = np.isfinite(x).any(axis=axis, keepdims=True) & np.ones_like(x, dtype=bool)
+    torch_dtype = TORCH_DTYPES[np.dtype(dtype)]
+    built_y, built_grads = autograd(lambda x: builtin(x, dim=axis, dtype=torch_dtype), {"x": x},
+                                    np.where(valid, dout, 0).astype(dtype))
+    twin_y = to_numpy(twin(to_torch(x), dim=axis, dtype=torch_dtype))
+    assert_close(f"{op}.y with dtype= vs the twin", y, twin_y)
+    assert_close(f"{op}.y with dtype= vs builtin", y[valid], built_y[valid])
+    # Both gradients are computed in dtype and then cast to x's: the coarser dtype's precision.
+    tol = helpers.TOLERANCES[min(np.dtype(dtype), x.dtype, key=lambda d: d.itemsize)]
+    assert_close(f"{op}.dx with dtype= vs builtin", dx[valid], built_grads["x"][valid], **tol)
+
+
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_dtype_casts_integers_and_bools_as_builtin(op):
+    """With dtype= an integer or bool x is cast first, as torch does (without it, both refuse it);
+    such an x has no gradient, so the backward refuses to make one."""
+    forward, backward, twin, builtin = PAIRS[op]
+    for x in (np.array([[3, -1, 0], [2, 2, 7]]), np.array([True, False, True])):
+        y, cache = forward(x, dtype=np.float32)
+        expected = to_numpy(builtin(torch.from_numpy(x), dim=-1, dtype=torch.float32))
+        assert_close(f"{op}.y of {x.dtype} with dtype=float32 vs builtin", y, expected)
+        assert_close(f"twin {op}.y of {x.dtype} with dtype=float32",
+                     to_numpy(twin(torch.from_numpy(x), dtype=torch.float32)), expected)
+        with pytest.raises(TypeError, match=f"{op}_backward: the forward's x was {x.dtype}, cast to "
+                                            f"float32 by dtype=, and {x.dtype} has no gradient"):
+            backward(np.zeros(x.shape, np.float32), cache)
+
+
+@pytest.mark.parametrize("value", [3.0, -2.5, -np.inf])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_zero_d_input_as_builtin(op, dtype, value):
+    """A 0-d x is one row of one entry along axis 0 or -1, as torch takes it: softmax 1, log-softmax
+    0, zero gradient, all 0-d arrays; -inf is a fully masked row (0 and -inf here, NaN in torch).
+    Axes 1 and -2 are out of range, as in torch."""
+    forward, backward, twin, builtin = PAIRS[op]
+    x, dy = np.array(value, dtype), np.array(0.75, dtype)
+    for axis in (0, -1):
+        y, cache = forward(x, axis=axis)
+        dx = backward(dy, cache)
+        for name, a in (("y", y), ("dx", dx)):
+            assert type(a) is np.ndarray and a.shape == () and a.dtype == dtype, \
+                f"{op}.{name} of a 0-d x is {type(a).__name__} {np.shape(a)}"
+        assert_close(f"{op}.dx of a 0-d x", dx, np.zeros((), dtype), rtol=0, atol=0)
+        twin_y, twin_grads = autograd(lambda x, axis=axis: twin(x, dim=axis), {"x": x}, dy)
+        assert_close(f"twin {op}.y of a 0-d x", twin_y, y, rtol=0, atol=0)
+        assert_close(f"twin {op}.dx of a 0-d x", twin_grads["x"], dx, rtol=0, atol=0)
+        if np.isfinite(value):
+            assert_close(f"{op}.y of a 0-d x vs builtin", y, to_numpy(builtin(to_torch(x), dim=axis)))
+    for axis in (1, -2):
+        with pytest.raises(IndexError, match="Dimension out of range"):
+            builtin(to_torch(x), dim=axis)
+        with pytest.raises(ValueError, match=rf"axis {axis} is out of range for x of shape \(\)"):
+            forward(x, axis=axis)
 
 
 # -- properties ---------------------------------------------------------------------------------
@@ -221,3 +297,25 @@ def test_bad_input(op):
         forward(np.array([0.0, np.nan]))
     with pytest.raises(ValueError, match="NaN or \\+inf"):
         forward(np.array([0.0, np.inf]))
+    with pytest.raises(TypeError, match="axis must be an integer, got float 1.0"):
+        forward(np.zeros((2, 3)), axis=1.0)
+    for dtype, shown in (("int32", "int32"), (np.float16, "float16"), (torch.float64, "torch.float64")):
+        with pytest.raises(TypeError, match=re.escape(f"dtype must be float32 or float64 (or None), got {shown}")):
+            forward(np.zeros(3), dtype=dtype)
+    with pytest.raises(TypeError, match="x must be a NumPy array of bools, integers or floats to cast to dtype "
+                                        "float64, got list"):
+        forward([1.0, 2.0], dtype=np.float64)
+    with pytest.raises(TypeError, match="x must be a NumPy array of bools, integers or floats to cast to dtype "
+                                        "float32, got complex128"):
+        forward(np.zeros(3, complex), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"x of shape \(2,\) holds NaN or \+inf"):
+        forward(np.array([0.0, np.nan], np.float32), dtype=np.float64)
+
+
+@given(op=ops, case=logits(), dtype=st.none() | S.dtypes)
+def test_bad_dy_is_refused(op, case, dtype):
+    """dy has the output's shape and dtype (dtype='s, not x's, when given)."""
+    x, _, axis = case
+    forward, backward, _, _ = PAIRS[op]
+    y, cache = forward(x, axis=axis, dtype=dtype)
+    helpers.assert_bad_dout_refused(f"{op}_backward", y, backward, cache, dout_name="dy")

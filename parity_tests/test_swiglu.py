@@ -20,6 +20,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
     TOLERANCES,
+    assert_bad_dout_refused,
     assert_close,
     assert_tree_close,
     autograd,
@@ -28,6 +29,7 @@ from parity_tests.helpers import (
     to_torch,
     tree_leaves,
 )
+from parity_tests.test_feed_forward import assert_drawn_like_nn_linear
 from torch_attn.swiglu import silu, swiglu
 
 
@@ -170,6 +172,16 @@ def test_init_shapes_dtype_and_range(dtype, bias):
         assert np.abs(leaf).max() <= bound, f"{path} exceeds the nn.Linear bound {bound}"
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_init_statistics_match_nn_linear(bias):
+    """init_swiglu_params draws like nn.Linear's default, as its docstring says (Hugging Face's
+    LlamaMLP builds its three projections as nn.Linear): mean, spread, sign balance and range."""
+    C, H = 64, 172
+    params = init_swiglu_params(C, H, np.random.default_rng(0), bias=bias, dtype=np.float64)
+    assert_drawn_like_nn_linear(params, (("gate", C, H), ("up", C, H), ("down", H, C)), bias)
+    assert not np.array_equal(params["gate"]["w"], params["up"]["w"]), "gate.w and up.w are the same draw"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=networks(dtype=np.float64, max_C=2, max_H=3, max_dims=1))
@@ -213,8 +225,46 @@ def test_bad_input():
         swiglu_forward(np.zeros((2, 4)), {"gate": params["gate"], "down": params["down"]})
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         swiglu_forward(np.zeros((2, 4), np.float32), params)
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+    with pytest.raises(TypeError, match="^init_swiglu_params needs rng: rng must be a np.random.Generator, got int$"):
         init_swiglu_params(4, 6, 0)
+    # The wrong kind of input: integers would run through the matmuls and come out int64 or float64.
+    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+        swiglu_forward(np.zeros((2, 4), np.int64), params)
+    with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+        swiglu_forward([[0.0] * 4], params)
+    for name in ("gate", "up", "down"):
+        with pytest.raises(TypeError, match=f"^{name}.w must be float32 or float64, got dtype int32$"):
+            swiglu_forward(np.zeros((2, 4)), {**params, name: {"w": params[name]["w"].astype(np.int32)}})
+        for layer, got in (({"w": params[name]["w"].tolist()}, "list"), ({}, "NoneType")):
+            with pytest.raises(TypeError, match=f"^{name}.w must be a NumPy array, got {got}$"):
+                swiglu_forward(np.zeros((2, 4)), {**params, name: layer})
+    with pytest.raises(ValueError, match=r"^gate.w must have shape \(4, None\) for x \(2, 4\), got \(\)$"):
+        swiglu_forward(np.zeros((2, 4)), {**params, "gate": {"w": np.zeros(())}})
+    with pytest.raises(ValueError, match=r"^params must be a dict with keys 'gate', 'up', 'down', got list$"):
+        swiglu_forward(np.zeros((2, 4)), [params["gate"]])
+    for x, got in ((np.arange(3), "got dtype int64"), (np.zeros(3, np.float16), "got dtype float16")):
+        with pytest.raises(TypeError, match=f"^x must be float32 or float64, {got}$"):   # silu alone
+            silu_forward(x)
+    with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
+        silu_forward([0.5])
     _, cache = swiglu_forward(np.zeros((2, 4)), params)
     with pytest.raises(ValueError, match=r"swiglu: dout must have the shape .* \(2, 4\), got \(2, 6\)"):
         swiglu_backward(np.zeros((2, 6)), cache)
+
+
+# -- bad upstream gradients --------------------------------------------------------------------------
+
+@given(case=networks())
+def test_bad_dout_is_refused(case):
+    """swiglu's and silu's backward refuse a dout of another shape, layout, dtype or type, naming
+    themselves; a NaN in a right one flows on as in autograd."""
+    x, params, dout = case
+    out, cache = swiglu_forward(x, params)
+    assert_bad_dout_refused("swiglu", out, swiglu_backward, cache)
+    s, silu_cache = silu_forward(x)
+    assert_bad_dout_refused("silu", s, silu_backward, silu_cache)
+    dout.flat[0] = np.nan
+    dx, dparams = swiglu_backward(dout, cache)
+    _, grads = autograd(swiglu, {"x": x, "params": params}, dout)
+    assert_close("swiglu.dx with a NaN in dout", dx, grads["x"])
+    assert_tree_close("swiglu with a NaN in dout", dparams, grads["params"])

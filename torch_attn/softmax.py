@@ -2,7 +2,7 @@
 
 Twin of numpy_attn/softmax.py: subtract the row maximum, exponentiate, normalise. A row that is
 entirely ``-inf`` gives zeros (softmax) or ``-inf`` (log-softmax) and zero gradient, as in the
-NumPy twin; ``torch.softmax`` gives NaN there.
+NumPy twin; ``torch.softmax`` gives NaN there. ``dtype`` casts x first, as in torch.softmax.
 """
 
 import torch
@@ -14,8 +14,9 @@ def _row_max(x, dim):
     return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
 
 
-def softmax(x, dim=-1):
-    """Softmax of ``x`` along ``dim``: (..., n) -> (..., n)."""
+def softmax(x, dim=-1, dtype=None):
+    """Softmax of ``x`` along ``dim``: (..., n) -> (..., n); ``dtype`` casts x first."""
+    x = x if dtype is None else x.to(dtype)        # as torch.softmax(x, dim, dtype=dtype)
     m = _row_max(x, dim).detach()                  # (..., 1); a constant shift, no gradient
     e = torch.exp(x - m)                           # (..., n)
     s = e.sum(dim=dim, keepdim=True)               # (..., 1)
@@ -23,8 +24,9 @@ def softmax(x, dim=-1):
     return y
 
 
-def log_softmax(x, dim=-1):
-    """Log-softmax of ``x`` along ``dim``: (..., n) -> (..., n)."""
+def log_softmax(x, dim=-1, dtype=None):
+    """Log-softmax of ``x`` along ``dim``: (..., n) -> (..., n); ``dtype`` casts x first."""
+    x = x if dtype is None else x.to(dtype)        # as torch.log_softmax(x, dim, dtype=dtype)
     m = _row_max(x, dim).detach()                  # (..., 1)
     shifted = x - m                                # (..., n)
     e = torch.exp(shifted)                         # (..., n)
@@ -35,4 +37,5 @@ def log_softmax(x, dim=-1):
     return y
 
 
-# Equals torch.softmax(x, dim) and torch.log_softmax(x, dim) wherever a row has a finite entry.
+# Equals torch.softmax(x, dim, dtype=dtype) and torch.log_softmax(x, dim, dtype=dtype) wherever a row
+# has a finite entry (a 0-d x included).
