@@ -425,7 +425,7 @@ def test_init_llama_params(bias):
     (dict(rms_eps=-1e-6), ValueError, "rms_eps must be a number >= 0"),
     (dict(rope_layout="neox"), ValueError, "rope_layout must be 'half' or 'interleaved', got 'neox'"),
     (dict(rope_theta=1.0), ValueError, "theta must be a number > 1, got 1.0"),
-    (dict(rope_scaling={"rope_type": "yarn"}), ValueError, "rope_type must be one of"),
+    (dict(rope_scaling={"rope_type": "longrope"}), ValueError, "rope_type must be one of"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
