@@ -6,6 +6,13 @@ Zhang and Sennrich, "Root Mean Square Layer Normalization" (2019): layer norm wi
 and without the bias, as in Llama, T5 and ``torch.nn.RMSNorm``. Backward, with dxhat = dout * w:
 dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dw = sum of dout * xhat over all rows.
 
+Gemma's norm (``offset=1.0``) scales by (1 + w) instead, its weights stored minus one (they start
+at 0). We form 1 + w first and multiply xhat by it, in x's dtype, as Hugging Face's
+``Gemma2RMSNorm`` and ``Gemma3RMSNorm`` do in float32 before casting back: for bfloat16 that
+order matters (Llama rounds xhat to bfloat16 and then multiplies by w, Gemma rounds the product
+once), and 1 + w rounds w to the ulp of 1 where xhat * w + xhat would not. The backward only
+swaps w for 1 + w in dxhat; dw is unchanged.
+
 Precision. We compute in x's dtype: float32 stays float32 and float64 stays float64. Hugging
 Face's ``LlamaRMSNorm`` casts x to float32, normalises, casts back and then scales by w; for
 float32 input that is exactly our computation (the casts do nothing), for bfloat16 it is more
@@ -18,36 +25,38 @@ import numpy as np
 from numpy_attn._checks import check_dout, check_float, check_same_dtype
 
 
-def rms_norm_forward(x, w, eps=1e-6):
+def rms_norm_forward(x, w, eps=1e-6, offset=0.0):
     """Normalise each row of ``x`` (..., C) by its root mean square, then scale by w (C,) -> (..., C).
 
-    Returns ``(out, cache)``; the cache is ``(xhat, rstd, w)``: the normalised rows, their
-    reciprocal root mean squares and the scale; the backward recomputes nothing.
+    ``offset=1.0`` scales by 1 + w instead (Gemma). Returns ``(out, cache)``; the cache is
+    ``(xhat, rstd, scale)``: the normalised rows, their reciprocal root mean squares and the
+    scale (w, or offset + w); the backward recomputes nothing.
     """
-    _check_rms_norm(x, w, eps)
+    _check_rms_norm(x, w, eps, offset)
     ms = (x * x).mean(axis=-1, keepdims=True)              # (..., C) -> (..., 1)
     rstd = 1 / np.sqrt(ms + x.dtype.type(eps))             # (..., 1)
     xhat = x * rstd                                        # (..., C), unit root mean square
-    out = xhat * w                                         # (..., C)
-    cache = (xhat, rstd, w)
+    scale = w + w.dtype.type(offset) if offset else w      # (C,), Gemma's 1 + w formed first
+    out = xhat * scale                                     # (..., C)
+    cache = (xhat, rstd, scale)
     return out, cache
 
 
 def rms_norm_backward(dout, cache):
     """Gradients of RMS norm: dout (..., C) -> (dx (..., C), {"w": dw (C,)})."""
-    xhat, rstd, w = cache
+    xhat, rstd, scale = cache
     check_dout("rms_norm", dout, xhat.shape, xhat.dtype)
-    C = w.shape[0]
-    # Undoes out = xhat * w: w scaled every row.
+    C = scale.shape[0]
+    # Undoes out = xhat * scale: scale = w (+ offset) scaled every row; the offset has no gradient.
     dw = (dout * xhat).reshape(-1, C).sum(axis=0)          # (..., C) -> (C,)
-    dxhat = dout * w                                       # (..., C)
+    dxhat = dout * scale                                   # (..., C)
     # Undoes xhat = x * rstd and rstd = 1 / sqrt(mean(x^2) + eps) together: the Jacobian is
     # rstd * (I - xhat xhat^T / C), applied without forming it.
     dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     return dx, {"w": dw}
 
 
-def _check_rms_norm(x, w, eps):
+def _check_rms_norm(x, w, eps, offset=0.0):
     check_float("x", x)
     check_float("w", w)
     if x.ndim < 1:
@@ -57,3 +66,7 @@ def _check_rms_norm(x, w, eps):
     check_same_dtype(x=x, w=w)
     if isinstance(eps, bool) or not isinstance(eps, int | float | np.floating) or not eps >= 0:
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int | float | np.floating):
+        raise TypeError(f"offset must be a number (1.0 for Gemma's 1 + w), got {type(offset).__name__} {offset!r}")
+    if not np.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")

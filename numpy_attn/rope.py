@@ -24,9 +24,26 @@ Face's ``rope_parameters``: ``{"rope_type": "linear", "factor": s}`` divides eve
 (L the original context) by ``factor``, waves shorter than L / high not at all, and blends the
 two between. ``None`` or ``{"rope_type": "default"}`` leaves them as they are.
 
-Backward: a rotation's transpose is the rotation by the opposite angle, so dx = R(-p f) dout.
-Angles are computed in float64 and their cos and sin rounded once to x's dtype.
+``{"rope_type": "yarn", "factor", "original_max_position_embeddings"}`` (Peng et al., "YaRN:
+Efficient Context Window Extension of Large Language Models", 2023) ramps between the two by
+the number of turns a wave makes over the original context L: pairs turning more than
+``beta_fast`` (32) times are kept, pairs turning fewer than ``beta_slow`` (1) times are divided by
+``factor``, linearly in the pair index between (``truncate``, default True, rounds the two ends
+outwards to whole pairs). YaRN also multiplies cos and sin by an attention factor (so q . k by
+its square): ``attention_factor`` if given, else 0.1 ln(factor) + 1, or DeepSeek's ratio of two
+such curves when both ``mscale`` and ``mscale_all_dim`` are given (``rope_attention_factor``).
+``{"rope_type": "dynamic", "factor", "original_max_position_embeddings"}`` (dynamic NTK) keeps
+every f_j up to L positions and beyond that raises the base theta to
+theta * (factor * seq_len / L - factor + 1)^(hs / (hs - 2)), seq_len the longest position + 1.
+These follow transformers' ``modeling_rope_utils`` key for key; for "dynamic", L is what
+transformers reads from the model config's ``max_position_embeddings``.
+
+Backward: a rotation's transpose is the rotation by the opposite angle, so dx = R(-p f) dout
+(times the attention factor, which the cached cos and sin already hold). Angles are computed
+in float64 and their cos and sin rounded once to x's dtype.
 """
+
+import math
 
 import numpy as np
 
@@ -37,12 +54,20 @@ SCALING_KEYS = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "dynamic": ("factor", "original_max_position_embeddings"),
 }
+# YaRN's optional numbers (absent or None: transformers' defaults), each > 0 when given.
+YARN_OPTIONAL_KEYS = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")
 
 
-def rope_frequencies(hs, theta=10000.0, scaling=None):
-    """The inverse frequencies f_j (hs/2,) in float64, scaled as ``scaling`` says (see above)."""
-    _check_frequencies(hs, theta, scaling)
+def rope_frequencies(hs, theta=10000.0, scaling=None, seq_len=None):
+    """The inverse frequencies f_j (hs/2,) in float64, scaled as ``scaling`` says (see above).
+
+    ``seq_len`` (an int >= 1) matters only to "dynamic": None means the original context, where
+    dynamic NTK changes nothing.
+    """
+    _check_frequencies(hs, theta, scaling, seq_len)
     inv_freq = 1.0 / theta ** (np.arange(0, hs, 2) / hs)            # (hs/2,)
     rope_type = "default" if scaling is None else scaling.get("rope_type", "default")
     if rope_type == "linear":
@@ -56,7 +81,50 @@ def rope_frequencies(hs, theta=10000.0, scaling=None):
         # (kept), a straight line in L / wavelength between.
         blend = np.clip((L / wavelength - low) / (high - low), 0.0, 1.0)
         inv_freq = (1 - blend) * inv_freq / factor + blend * inv_freq
+    elif rope_type == "yarn":
+        factor, L = scaling["factor"], scaling["original_max_position_embeddings"]
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+        # Pair j turns L f_j / (2 pi) times over the original context: it turns r times at
+        # j = hs ln(L / (2 pi r)) / (2 ln theta), which gives the ends of the ramp.
+        low, high = (hs * math.log(L / (2 * math.pi * r)) / (2 * math.log(theta)) for r in (beta_fast, beta_slow))
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, hs - 1)                  # hs - 1, not hs/2 - 1: as transformers
+        high = high + 0.001 if high == low else high                # a ramp of width 0 would divide 0 by 0
+        # 0 for the fast pairs below low (kept), 1 for the slow ones above high (divided by factor).
+        ramp = np.clip((np.arange(hs // 2) - low) / (high - low), 0.0, 1.0)   # (hs/2,)
+        inv_freq = (1 - ramp) * inv_freq + ramp * inv_freq / factor
+    elif rope_type == "dynamic":
+        factor, L = scaling["factor"], scaling["original_max_position_embeddings"]
+        seq_len = L if seq_len is None else max(seq_len, L)         # within L nothing changes
+        base = theta * (factor * seq_len / L - (factor - 1)) ** (hs / (hs - 2))
+        inv_freq = 1.0 / base ** (np.arange(0, hs, 2) / hs)         # (hs/2,)
     return inv_freq
+
+
+def rope_attention_factor(scaling=None):
+    """The number cos and sin are multiplied by: YaRN's attention factor, 1.0 for the other kinds.
+
+    As in transformers, it multiplies both tables, so both q and k, and their scores by its
+    square; rope_forward applies it. Given ``attention_factor`` wins; else with both ``mscale``
+    and ``mscale_all_dim`` (DeepSeek) it is m(factor, mscale) / m(factor, mscale_all_dim), else
+    m(factor, 1), with m(s, c) = 0.1 c ln(s) + 1 for s > 1 and 1 otherwise.
+    """
+    _check_scaling(scaling)
+    if scaling is None or scaling.get("rope_type", "default") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor, 1.0)
+
+
+def _yarn_mscale(factor, mscale):
+    """YaRN's sqrt(1 / t) = 0.1 mscale ln(factor) + 1, the softmax temperature t of the paper;
+    1 when the context is not stretched."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def half_to_interleaved(hs):
@@ -82,19 +150,25 @@ def _join(a, b, layout):
     return np.stack([a, b], axis=-1).reshape(a.shape[:-1] + (2 * a.shape[-1],))   # a0 b0 a1 b1 ...
 
 
-def rope_forward(x, positions, theta=10000.0, layout="half", scaling=None):
+def rope_forward(x, positions, theta=10000.0, layout="half", scaling=None, seq_len=None):
     """Rotate x (..., T, hs) by its integer ``positions`` (T,) or (..., T) -> out (..., T, hs).
 
     ``positions`` broadcasts against x's leading dimensions (one row per batch, or one for all).
+    ``seq_len`` sizes dynamic NTK's base; None means the largest position + 1 over all rows, as
+    transformers' rotary embedding takes it from the position ids it is given.
     Returns ``(out, cache)``; the cache is ``(cos, sin, layout, x's shape)``: the backward
     rotates back by the same tables and checks its dout against the shape.
     """
     _check_rope(x, positions, layout)
     T, hs = x.shape[-2:]
-    inv_freq = rope_frequencies(hs, theta, scaling)                  # (hs/2,)
+    if seq_len is None:                                             # only "dynamic" reads it
+        seq_len = int(np.max(positions, initial=0)) + 1
+    inv_freq = rope_frequencies(hs, theta, scaling, seq_len)        # (hs/2,)
+    # YaRN's attention factor scales both tables (1.0 for the other kinds), as in transformers.
+    attention_factor = rope_attention_factor(scaling)
     angles = np.asarray(positions)[..., None] * inv_freq            # (..., T) -> (..., T, hs/2), float64
-    cos = np.cos(angles).astype(x.dtype)                            # (..., T, hs/2)
-    sin = np.sin(angles).astype(x.dtype)                            # (..., T, hs/2)
+    cos = (np.cos(angles) * attention_factor).astype(x.dtype)       # (..., T, hs/2)
+    sin = (np.sin(angles) * attention_factor).astype(x.dtype)       # (..., T, hs/2)
     x_a, x_b = _pairs(x, layout)                                    # (..., T, hs) -> 2 x (..., T, hs/2)
     out_a = x_a * cos - x_b * sin
     out_b = x_b * cos + x_a * sin
@@ -109,7 +183,8 @@ def rope_backward(dout, cache):
     check_dout("rope", dout, shape, cos.dtype)
     # Undoes out = _join(out_a, out_b).
     dout_a, dout_b = _pairs(dout, layout)                           # (..., T, hs) -> 2 x (..., T, hs/2)
-    # Undoes both rotated halves at once: the transpose of [[cos, -sin], [sin, cos]].
+    # Undoes both rotated halves at once: the transpose of [[cos, -sin], [sin, cos]] (a scaled
+    # rotation's transpose is scaled alike: the factor is inside cos and sin).
     dx_a = dout_a * cos + dout_b * sin
     dx_b = dout_b * cos - dout_a * sin
     # Undoes x_a, x_b = _pairs(x).
@@ -117,11 +192,22 @@ def rope_backward(dout, cache):
     return dx
 
 
-def _check_frequencies(hs, theta, scaling):
+def _check_frequencies(hs, theta, scaling, seq_len=None):
     if isinstance(hs, bool) or not isinstance(hs, int | np.integer) or hs < 2 or hs % 2:
         raise ValueError(f"the head size hs must be a positive even integer, got {hs!r}")
     if isinstance(theta, bool) or not isinstance(theta, int | float | np.number) or not theta > 1:
         raise ValueError(f"theta must be a number > 1, got {theta!r}")
+    _check_scaling(scaling)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer | None):
+        raise TypeError(f"seq_len must be an int or None, got {type(seq_len).__name__} {seq_len!r}")
+    if seq_len is not None and seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len!r}")
+    if scaling is not None and scaling.get("rope_type") == "dynamic" and hs < 4:
+        raise ValueError(f"dynamic scaling needs a head size hs >= 4 (its base grows by the power "
+                         f"hs / (hs - 2)), got {hs!r}")
+
+
+def _check_scaling(scaling):
     if scaling is None:
         return
     if not isinstance(scaling, dict):
@@ -136,6 +222,29 @@ def _check_frequencies(hs, theta, scaling):
     if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError(f"llama3 scaling needs high_freq_factor > low_freq_factor, got "
                          f"{scaling['high_freq_factor']!r} and {scaling['low_freq_factor']!r}")
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"scaling partial_rotary_factor is not implemented (only 1.0), got "
+                         f"{scaling['partial_rotary_factor']!r}")
+    if rope_type == "yarn":
+        _check_yarn(scaling)
+
+
+def _check_yarn(scaling):
+    for key in YARN_OPTIONAL_KEYS:
+        value = scaling.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float | np.number)):
+            raise TypeError(f"yarn scaling {key} must be a number or None, got {type(value).__name__} {value!r}")
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"yarn scaling needs {key} > 0 and finite when given, got {value!r}")
+    if not math.isfinite(scaling["factor"]):
+        raise ValueError(f"yarn scaling needs a finite factor, got {scaling['factor']!r}")
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool | np.bool_):
+        raise TypeError(f"yarn scaling truncate must be True or False, got {type(truncate).__name__} {truncate!r}")
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+    if beta_fast < beta_slow:
+        raise ValueError(f"yarn scaling needs beta_fast >= beta_slow (turns over the original context), got "
+                         f"beta_fast {beta_fast!r} and beta_slow {beta_slow!r}")
 
 
 def _check_rope(x, positions, layout):

@@ -12,11 +12,19 @@ stored (C_in, C_out) as everywhere here; Hugging Face's ``LlamaMLP`` stores thei
 
 SiLU's derivative: silu'(g) = s + g s (1 - s) = s (1 + g (1 - s)) with s = sigmoid(g). The sigmoid
 is evaluated from exp(-|g|), which never overflows.
+
+``act="gelu_tanh"`` gates with the tanh-approximated GELU of numpy_attn/gelu.py instead: GeGLU
+(the same paper's FFN_GEGLU), Gemma's MLP down(gelu_tanh(gate(x)) * up(x)), which Hugging Face's
+``Gemma2MLP`` computes with ``hidden_activation="gelu_pytorch_tanh"``. Only the gate's
+activation and its derivative change.
 """
+
+from functools import partial
 
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_rng
+from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.linear import linear_backward, linear_forward
 
 
@@ -59,33 +67,41 @@ def silu_backward(dout, cache):
     return dx
 
 
-def swiglu_forward(x, params):
+# The gate's activation, forward and backward: SiLU for SwiGLU (Llama), the tanh GELU for GeGLU (Gemma).
+GATE_ACTIVATIONS = {
+    "silu": (silu_forward, silu_backward),
+    "gelu_tanh": (partial(gelu_forward, approximate="tanh"), gelu_backward),
+}
+
+
+def swiglu_forward(x, params, act="silu"):
     """SwiGLU network on x (..., C), params as from init_swiglu_params -> (..., C).
 
-    Returns ``(out, cache)``; the cache holds the three linear caches, silu's, and g's silu and
-    u (the backward multiplies each by the other's gradient).
+    ``act`` is the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU). Returns
+    ``(out, cache)``; the cache holds the three linear caches, the activation's, g's activation
+    s and u (the backward multiplies each by the other's gradient), and ``act``.
     """
-    _check_swiglu(x, params)
+    _check_swiglu(x, params, act)
     g, gate_cache = linear_forward(x, **params["gate"])               # (..., C) -> (..., H)
     u, up_cache = linear_forward(x, **params["up"])                   # (..., C) -> (..., H)
-    s, silu_cache = silu_forward(g)                                   # (..., H)
+    s, silu_cache = GATE_ACTIVATIONS[act][0](g)                       # (..., H), silu(g) or gelu_tanh(g)
     a = s * u                                                         # (..., H)
     out, down_cache = linear_forward(a, **params["down"])             # (..., H) -> (..., C)
-    cache = (gate_cache, up_cache, silu_cache, s, u, down_cache)
+    cache = (gate_cache, up_cache, silu_cache, s, u, down_cache, act)
     return out, cache
 
 
 def swiglu_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"gate", "up", "down"} like the params)."""
-    gate_cache, up_cache, silu_cache, s, u, down_cache = cache
+    gate_cache, up_cache, silu_cache, s, u, down_cache, act = cache
     check_dout("swiglu", dout, s.shape[:-1] + down_cache[1].shape[1:], s.dtype)
     # Undoes out = a @ down.w.
     da, ddown = linear_backward(dout, down_cache)                     # (..., C) -> (..., H)
     # Undoes a = s * u.
     ds = da * u                                                       # (..., H)
     du = da * s                                                       # (..., H)
-    # Undoes s = silu(g).
-    dg = silu_backward(ds, silu_cache)                                # (..., H)
+    # Undoes s = silu(g) (or gelu_tanh(g)).
+    dg = GATE_ACTIVATIONS[act][1](ds, silu_cache)                     # (..., H)
     # Undoes u = x @ up.w and g = x @ gate.w: x fed both, so the two gradients add.
     dx_up, dup = linear_backward(du, up_cache)                        # (..., H) -> (..., C)
     dx_gate, dgate = linear_backward(dg, gate_cache)                  # (..., H) -> (..., C)
@@ -93,8 +109,10 @@ def swiglu_backward(dout, cache):
     return dx, {"gate": dgate, "up": dup, "down": ddown}
 
 
-def _check_swiglu(x, params):
+def _check_swiglu(x, params, act="silu"):
     check_float("x", x)
+    if not isinstance(act, str) or act not in GATE_ACTIVATIONS:
+        raise ValueError(f"act must be one of {sorted(GATE_ACTIVATIONS)}, got {act!r}")
     if not isinstance(params, dict) or set(params) != {"gate", "up", "down"}:
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(f"params must be a dict with keys 'gate', 'up', 'down', got {got}")

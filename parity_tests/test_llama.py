@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_backward, llama_forward
 from numpy_attn.masks import padded_position_ids, padding_attn_mask
-from numpy_attn.rope import half_to_interleaved, rope_frequencies
+from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
@@ -31,7 +31,8 @@ from torch_attn.llama import llama
 
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
-             "original_max_position_embeddings": 16}]
+             "original_max_position_embeddings": 16},
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 4}]
 
 
 @st.composite
@@ -167,6 +168,7 @@ def exact_hf_llama(model, config):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
     inv_freq = torch.from_numpy(rope_frequencies(config.hs, config.rope_theta, config.rope_scaling))
+    attention_factor = rope_attention_factor(config.rope_scaling)   # YaRN's, on cos and sin as transformers
 
     def rms_norm(self, h):
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
@@ -174,7 +176,7 @@ def exact_hf_llama(model, config):
     def rotary(self, x, position_ids):
         angles = position_ids[..., None].to(torch.float64) * inv_freq
         angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return (angles.cos() * attention_factor).to(x.dtype), (angles.sin() * attention_factor).to(x.dtype)
 
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
@@ -425,7 +427,7 @@ def test_init_llama_params(bias):
     (dict(rms_eps=-1e-6), ValueError, "rms_eps must be a number >= 0"),
     (dict(rope_layout="neox"), ValueError, "rope_layout must be 'half' or 'interleaved', got 'neox'"),
     (dict(rope_theta=1.0), ValueError, "theta must be a number > 1, got 1.0"),
-    (dict(rope_scaling={"rope_type": "yarn"}), ValueError, "rope_type must be one of"),
+    (dict(rope_scaling={"rope_type": "longrope"}), ValueError, "rope_type must be one of"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
@@ -208,3 +210,67 @@ def test_bad_dout_is_refused(case):
     x, w, _, eps = case
     out, cache = rms_norm_forward(x, w, eps)
     assert_bad_dout_refused("rms_norm", out, rms_norm_backward, cache)
+
+
+# -- Gemma's 1 + w (offset=1.0) -----------------------------------------------------------------
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_offset_matches_twin_and_autograd(case):
+    x, w, dout, eps = case
+    out, cache = rms_norm_forward(x, w, eps, offset=1.0)
+    dx, dparams = rms_norm_backward(dout, cache)
+    twin_out, grads = autograd(lambda **kw: rms_norm(**kw, eps=eps, offset=1.0), {"x": x, "w": w}, dout)
+    tol = _tol(cache, x.dtype)
+    assert_close("rms_norm(offset=1).out", out, twin_out, **tol)
+    assert_close("rms_norm(offset=1).dx", dx, grads.pop("x"), **tol)
+    assert_tree_close("rms_norm(offset=1)", dparams, grads, **tol)
+
+
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_offset_is_the_plain_norm_of_shifted_weights(case):
+    """offset=1 with w is the plain norm with 1 + w, to the bit, and the same gradients."""
+    x, w, dout, eps = case
+    out, cache = rms_norm_forward(x, w, eps, offset=1.0)
+    plain, plain_cache = rms_norm_forward(x, w + w.dtype.type(1), eps)
+    assert np.array_equal(out, plain), "rms_norm(x, w, offset=1) != rms_norm(x, 1 + w)"
+    dx, dparams = rms_norm_backward(dout, cache)
+    plain_dx, plain_dparams = rms_norm_backward(dout, plain_cache)
+    assert np.array_equal(dx, plain_dx), "rms_norm(offset=1).dx != the plain norm's with 1 + w"
+    assert np.array_equal(dparams["w"], plain_dparams["w"]), "rms_norm(offset=1).dw != the plain norm's with 1 + w"
+
+
+@pytest.mark.parametrize("module_class", [Gemma2RMSNorm, Gemma3RMSNorm])
+@given(case=rows())
+@example(case=ZERO_ROW)
+def test_offset_matches_gemma_rms_norm(module_class, case):
+    """Gemma2RMSNorm and Gemma3RMSNorm, forward and backward: they compute in float32 whatever
+    x's dtype (x.float(), then back), so in float32 they are our computation (rsqrt for 1 / sqrt,
+    one rounding apart) and in float64 they agree to float32's tolerance only; as in
+    test_matches_llama_rms_norm, atol scales with the largest value compared."""
+    x, w, dout, eps = case
+    module = module_class(x.shape[-1], eps=eps).to(to_torch(x).dtype)
+    with torch.no_grad():
+        module.weight.copy_(to_torch(w))
+    tx = to_torch(x, requires_grad=True)
+    theirs = module(tx)
+    (theirs * to_torch(dout)).sum().backward()
+    out, cache = rms_norm_forward(x, w, eps, offset=1.0)
+    dx, dparams = rms_norm_backward(dout, cache)
+    tol = _tol(cache, np.float32)
+    name = f"rms_norm(offset=1) vs {module_class.__name__} ({x.dtype})"
+    for label, ours, their in [("out", out, theirs), ("dx", dx, tx.grad), ("dw", dparams["w"], module.weight.grad)]:
+        their = to_numpy(their.detach())
+        assert_close(f"{name}.{label}", ours, their,
+                     rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(their).max(initial=0))))
+
+
+def test_bad_offset():
+    x = np.zeros((2, 3))
+    with pytest.raises(TypeError, match="offset must be a number .* got str '1'"):
+        rms_norm_forward(x, np.ones(3), offset="1")
+    with pytest.raises(TypeError, match="offset must be a number .* got bool True"):
+        rms_norm_forward(x, np.ones(3), offset=True)
+    with pytest.raises(ValueError, match="offset must be finite, got nan"):
+        rms_norm_forward(x, np.ones(3), offset=float("nan"))

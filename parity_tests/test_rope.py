@@ -4,15 +4,23 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
-from transformers import LlamaConfig
+from transformers import LlamaConfig, modeling_rope_utils
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
 
-from numpy_attn.rope import half_to_interleaved, rope_backward, rope_forward, rope_frequencies
+from numpy_attn.rope import (
+    half_to_interleaved,
+    rope_attention_factor,
+    rope_backward,
+    rope_forward,
+    rope_frequencies,
+)
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
@@ -63,6 +71,41 @@ PINNED = (S.ramp(2, 3, 4), np.array([0, 7, 4095]), S.ramp(2, 3, 4)[::-1].copy(),
            "original_max_position_embeddings": 16})
 
 
+@st.composite
+def long_scalings(draw):
+    """yarn (every optional key present or absent, DeepSeek's mscale pair included) or dynamic,
+    with original contexts short enough that positions up to 5000 run past them."""
+    L = draw(st.sampled_from([8, 64, 4096]))
+    factor = draw(st.sampled_from([2.0, 4.0, 40.0, 0.5]))
+    if draw(st.booleans()):
+        return {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": L}
+    scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L}
+    optional = {"beta_fast": st.sampled_from([32, 8.0]), "beta_slow": st.sampled_from([1, 2.0]),
+                "truncate": st.booleans(), "attention_factor": st.sampled_from([0.5, 1.3]),
+                "mscale": st.sampled_from([1.0, 0.707]), "mscale_all_dim": st.sampled_from([1.0, 0.5])}
+    for key, values in optional.items():
+        if draw(st.booleans()):
+            scaling[key] = draw(values)
+    return scaling
+
+
+@st.composite
+def long_cases(draw, dtype=None):
+    """cases() with a yarn or dynamic scaling and head sizes from 4 (dynamic's smallest) to 16,
+    so that the yarn ramp has pairs before, inside and past it."""
+    x, positions, dout, theta, layout, _ = draw(cases(dtype))
+    hs = 2 * draw(S.dim(2, 8))
+    lead, T = x.shape[:-2], x.shape[-2]
+    x = draw(S.arrays(x.dtype, lead + (T, hs)))
+    dout = draw(S.arrays(x.dtype, lead + (T, hs)))
+    return x, positions, dout, theta, layout, draw(long_scalings())
+
+
+LONG_PINNED = (S.ramp(2, 3, 8), np.array([0, 7, 4095]), S.ramp(2, 3, 8)[::-1].copy(), 10000.0, "half",
+               {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                "beta_fast": 8.0, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.5})
+
+
 def _angle_atol(positions, dtype):
     """The absolute error of cos and sin from rounding a float64 angle p * f: an ulp of the
     largest angle, 2^-52 * max|p| * max f (f reaches 2 with a linear factor of 0.5; positions
@@ -74,8 +117,9 @@ def _angle_atol(positions, dtype):
 
 # -- forward matches the twin -----------------------------------------------------------------
 
-@given(case=cases())
+@given(case=st.one_of(cases(), long_cases()))
 @example(case=PINNED)
+@example(case=LONG_PINNED)
 def test_forward_matches_twin(case):
     x, positions, dout, theta, layout, scaling = case
     out, _ = rope_forward(x, positions, theta, layout, scaling)
@@ -85,8 +129,9 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
-@given(case=cases())
+@given(case=st.one_of(cases(), long_cases()))
 @example(case=PINNED)
+@example(case=LONG_PINNED)
 def test_backward_matches_autograd(case):
     x, positions, dout, theta, layout, scaling = case
     _, cache = rope_forward(x, positions, theta, layout, scaling)
@@ -214,7 +259,8 @@ def test_position_zero_is_the_identity():
 
 # -- finite differences (no torch) ----------------------------------------------------------------
 
-@given(case=cases(dtype=np.float64))
+@given(case=st.one_of(cases(dtype=np.float64), long_cases(dtype=np.float64)))
+@example(case=LONG_PINNED)
 def test_backward_matches_finite_differences(case):
     x, positions, dout, theta, layout, scaling = case
     _, cache = rope_forward(x, positions, theta, layout, scaling)
@@ -253,8 +299,8 @@ def test_bad_input():
         rope_forward(x, np.arange(3), layout="neox")
     with pytest.raises(ValueError, match="theta must be a number > 1, got -1"):
         rope_forward(x, np.arange(3), theta=-1)
-    with pytest.raises(ValueError, match="rope_type must be one of .* got 'yarn'"):
-        rope_forward(x, np.arange(3), scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_type must be one of .* got 'longrope'"):
+        rope_forward(x, np.arange(3), scaling={"rope_type": "longrope", "factor": 2.0})
     with pytest.raises(ValueError, match="linear scaling needs factor > 0, got None"):
         rope_forward(x, np.arange(3), scaling={"rope_type": "linear"})
     with pytest.raises(ValueError, match="^llama3 scaling needs high_freq_factor > low_freq_factor, got 1.0 and 4.0$"):
@@ -274,3 +320,175 @@ def test_bad_input():
     with pytest.raises(TypeError, match=r"^rope: dout must have the dtype of the forward's output, float64, "
                                         r"got float32 \(shape \(2, 3, 4\)\)$"):
         rope_backward(np.zeros((2, 3, 4), np.float32), cache)
+
+
+# -- YaRN and dynamic NTK -----------------------------------------------------------------------
+
+@given(case=long_cases())
+def test_yarn_scales_every_pair_by_the_attention_factor(case):
+    """A rotation scaled by m: each pair's norm is m times x's, and the backward of the forward
+    gives m^2 x (the transpose of m R times m R)."""
+    x, positions, _, theta, layout, scaling = case
+    m = rope_attention_factor(scaling)
+    out, cache = rope_forward(x, positions, theta, layout, scaling)
+    m_x = x.dtype.type(m)
+    assert_close(f"rope[{scaling['rope_type']}] norms / attention factor {m}",
+                 np.linalg.norm(out, axis=-1), m_x * np.linalg.norm(x, axis=-1))
+    assert_close(f"rope[{scaling['rope_type']}] backward(forward(x))", rope_backward(out, cache), m_x * m_x * x)
+
+
+class _Float64Torch:
+    """torch with float32 read as float64: transformers' rope functions ask for ``torch.float``
+    or ``torch.float32`` by name, so with this in their module's place they run their own
+    formulas in float64, to be compared with ours to float64's rounding."""
+
+    float = float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _hf_config(hs, theta, scaling):
+    """A LlamaConfig whose rope_parameters are ours: dynamic's original context goes into
+    max_position_embeddings, where transformers reads it; yarn's context grows by its factor."""
+    params = {"rope_theta": theta, **scaling}
+    L = params.pop("original_max_position_embeddings")
+    if scaling["rope_type"] == "yarn":
+        params["original_max_position_embeddings"] = L
+        L = max(L, int(L * scaling["factor"]))
+    return LlamaConfig(hidden_size=hs, num_attention_heads=1, head_dim=hs, rope_parameters=params,
+                       max_position_embeddings=L)
+
+
+YARN = {"rope_type": "yarn", "original_max_position_embeddings": 64}
+HF_SCALINGS = [
+    {**YARN, "factor": 4.0},
+    {**YARN, "factor": 8.0, "beta_fast": 8, "beta_slow": 2.0, "truncate": False},
+    {**YARN, "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707, "mscale_all_dim": 0.707},
+    {**YARN, "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.5},
+    {**YARN, "factor": 16.0, "attention_factor": 1.5, "beta_fast": 4},
+    {**YARN, "factor": 2.0, "mscale": 0.707},                       # mscale alone is ignored
+    {**YARN, "factor": 1.0, "truncate": True},                      # factor 1: attention factor 1
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
+    {"rope_type": "dynamic", "factor": 8.0, "original_max_position_embeddings": 16},
+]
+
+
+@pytest.mark.parametrize("hs", [4, 8, 64, 128])
+@pytest.mark.parametrize("theta", [10000.0, 1000000.0])
+@pytest.mark.parametrize("scaling", HF_SCALINGS)
+@pytest.mark.parametrize("seq_len", [None, 10, 5000])
+def test_scaled_frequencies_match_transformers_in_float64(hs, theta, scaling, seq_len, monkeypatch):
+    """ROPE_INIT_FUNCTIONS[rope_type] run in float64 gives our inverse frequencies and attention
+    factor. Both sides evaluate one formula in a different order: theta^(2j/hs) (or the grown
+    base's) is a power whose relative error is an ulp plus the exponent's rounding times
+    ln(base) (ln of a grown base is below 40), the ramp and blend add a few ulps: rtol
+    50 * 2^-52 = 1.1e-14. The attention factor is the same Python arithmetic: exact but for the
+    order of two products, rtol 4 * 2^-52."""
+    monkeypatch.setattr(modeling_rope_utils, "torch", _Float64Torch())
+    rope_type = scaling["rope_type"]
+    theirs, their_factor = ROPE_INIT_FUNCTIONS[rope_type](_hf_config(hs, theta, scaling), None, seq_len=seq_len)
+    assert theirs.dtype == torch.float64, f"transformers' {rope_type} did not run in float64: {theirs.dtype}"
+    ours = rope_frequencies(hs, theta, scaling, seq_len)
+    name = f"rope_frequencies(hs={hs}, {rope_type}, seq_len={seq_len})"
+    assert_close(f"{name} vs ROPE_INIT_FUNCTIONS", ours, to_numpy(theirs), rtol=50 * 2.0**-52, atol=0.0)
+    assert_close(f"rope_attention_factor({rope_type}) vs ROPE_INIT_FUNCTIONS",
+                 np.float64(rope_attention_factor(scaling)), np.float64(their_factor), rtol=4 * 2.0**-52, atol=0.0)
+
+
+@pytest.mark.parametrize("scaling", HF_SCALINGS)
+def test_twin_matches_llama_rotary_embedding_cos_and_sin(scaling):
+    """LlamaRotaryEmbedding, in float32 as transformers runs it, multiplies cos and sin by the
+    attention factor and, for dynamic, grows the base to the largest position id + 1 it is given
+    (positions past the original context here). Its angles p f_j carry f_j's float32 error
+    (ln(theta) + 4) * 2^-24 relative (see test_frequencies_match_llama_rotary_embedding) times
+    p <= 99, plus the rounding of p f_j itself: atol m * (99 * (ln(theta) + 4) + 4) * 2^-24 on
+    tables of size m, the attention factor."""
+    hs, theta = 16, 10000.0
+    positions = np.array([[0, 3, 50, 99]])
+    module = LlamaRotaryEmbedding(_hf_config(hs, theta, scaling))
+    x = torch.zeros(1, positions.shape[-1], hs)
+    cos, sin = module(x, to_torch(positions))                       # (1, T, hs), both halves alike
+    m = rope_attention_factor(scaling)
+    # Every pair (1, 0) comes out as (m cos, m sin): the tables themselves.
+    ones = np.concatenate([np.ones(hs // 2), np.zeros(hs // 2)])
+    out, _ = rope_forward(np.tile(ones, (positions.shape[-1], 1)), positions[0], theta, "half", scaling)
+    ours_cos, ours_sin = out[:, : hs // 2], out[:, hs // 2:]        # (T, hs/2) each
+    atol = m * (99 * (math.log(theta) + 4) + 4) * 2.0**-24
+    assert_close(f"rope[{scaling['rope_type']}] cos vs LlamaRotaryEmbedding", ours_cos,
+                 to_numpy(cos)[0, :, : hs // 2].astype(np.float64), rtol=0.0, atol=atol)
+    assert_close(f"rope[{scaling['rope_type']}] sin vs LlamaRotaryEmbedding", ours_sin,
+                 to_numpy(sin)[0, :, : hs // 2].astype(np.float64), rtol=0.0, atol=atol)
+
+
+def test_dynamic_changes_nothing_within_the_original_context():
+    """Dynamic NTK is the plain rotation up to L positions, and slows every pair but the first
+    past them, the slowest pair the most."""
+    scaling = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 64}
+    plain = rope_frequencies(32, 10000.0)
+    assert_close("dynamic at seq_len 64", rope_frequencies(32, 10000.0, scaling, 64), plain)
+    assert_close("dynamic at seq_len None", rope_frequencies(32, 10000.0, scaling), plain)
+    ratio = rope_frequencies(32, 10000.0, scaling, 1000) / plain
+    assert ratio[0] == 1.0 and np.all(np.diff(ratio) < 0), f"dynamic past L: ratios {ratio}"
+
+
+def test_yarn_ramp_bands():
+    """Pairs turning more than beta_fast times over L keep their frequency, pairs turning fewer
+    than beta_slow times are divided by factor, and those between lie between."""
+    scaling = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "truncate": False}
+    plain = rope_frequencies(128, 10000.0)
+    scaled = rope_frequencies(128, 10000.0, scaling)
+    turns = 4096 * plain / (2 * np.pi)
+    fast, slow = turns > 32, turns < 1
+    assert fast.any() and slow.any() and (~fast & ~slow).any(), "the sweep misses a band"
+    assert_close("yarn fast band", scaled[fast], plain[fast])
+    assert_close("yarn slow band", scaled[slow], plain[slow] / 8)
+    middle = ~fast & ~slow
+    assert np.all((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8)), \
+        "yarn middle band is not between the two"
+
+
+def test_dynamic_reads_the_largest_position():
+    """seq_len=None is the largest position + 1 over all rows, as transformers takes it."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
+    x = S.ramp(2, 3, 4)
+    positions = np.array([[0, 1, 2], [20, 30, 40]])
+    out, _ = rope_forward(x, positions, scaling=scaling)
+    explicit, _ = rope_forward(x, positions, scaling=scaling, seq_len=41)
+    shorter, _ = rope_forward(x, positions, scaling=scaling, seq_len=20)
+    assert np.array_equal(out, explicit), "seq_len=None is not max(positions) + 1"
+    assert not np.allclose(out, shorter), "seq_len changes nothing past the original context"
+
+
+def test_bad_scaling():
+    x = np.zeros((2, 3, 4))
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    bad = [
+        (ValueError, "yarn scaling needs original_max_position_embeddings > 0, got None",
+         {"rope_type": "yarn", "factor": 4.0}),
+        (ValueError, "dynamic scaling needs factor > 0, got None",
+         {"rope_type": "dynamic", "original_max_position_embeddings": 64}),
+        (TypeError, "yarn scaling beta_fast must be a number or None, got str '32'", {**yarn, "beta_fast": "32"}),
+        (ValueError, "yarn scaling needs mscale > 0 and finite when given, got -1.0", {**yarn, "mscale": -1.0}),
+        (ValueError, "yarn scaling needs attention_factor > 0 and finite when given, got inf",
+         {**yarn, "attention_factor": float("inf")}),
+        (TypeError, "yarn scaling truncate must be True or False, got str 'no'", {**yarn, "truncate": "no"}),
+        (ValueError, "yarn scaling needs beta_fast >= beta_slow .* beta_fast 1 and beta_slow 32",
+         {**yarn, "beta_fast": 1, "beta_slow": 32}),
+        (ValueError, "yarn scaling needs a finite factor, got inf", {**yarn, "factor": float("inf")}),
+        (ValueError, "partial_rotary_factor is not implemented .* got 0.5", {**yarn, "partial_rotary_factor": 0.5}),
+    ]
+    for error, match, scaling in bad:
+        with pytest.raises(error, match=match):
+            rope_forward(x, np.arange(3), scaling=scaling)
+        with pytest.raises(error, match=match):
+            rope_attention_factor(scaling)
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
+    with pytest.raises(ValueError, match="dynamic scaling needs a head size hs >= 4 .* got 2"):
+        rope_forward(np.zeros((3, 2)), np.arange(3), scaling=dynamic)
+    with pytest.raises(TypeError, match="seq_len must be an int or None, got float 10.0"):
+        rope_forward(x, np.arange(3), scaling=dynamic, seq_len=10.0)
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
+        rope_frequencies(4, 10000.0, dynamic, seq_len=0)
+    with pytest.raises(ValueError, match="rope_type must be one of .* got 'longrope'"):
+        rope_attention_factor({"rope_type": "longrope", "factor": 2.0})

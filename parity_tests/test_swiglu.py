@@ -1,4 +1,7 @@
-"""Parity tests for numpy_attn/swiglu.py and torch_attn/swiglu.py, against Hugging Face's LlamaMLP."""
+"""Parity tests for numpy_attn/swiglu.py and torch_attn/swiglu.py (SwiGLU and GeGLU), against Hugging
+Face's LlamaMLP and Gemma2MLP."""
+
+from functools import partial
 
 import numpy as np
 import pytest
@@ -6,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
-from transformers import LlamaConfig
+from transformers import Gemma2Config, LlamaConfig
+from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 from numpy_attn.swiglu import (
@@ -32,6 +36,11 @@ from parity_tests.helpers import (
 from parity_tests.test_feed_forward import assert_drawn_like_nn_linear
 from torch_attn.swiglu import silu, swiglu
 
+# The gate's activation: SiLU (SwiGLU, Llama) or the tanh GELU (GeGLU, Gemma).
+acts = st.sampled_from(["silu", "gelu_tanh"])
+# The largest slope of each: silu' peaks at 1.0998, gelu_tanh' at 1.1290 (both near |g| = 2.4).
+MAX_SLOPE = {"silu": 1.1, "gelu_tanh": 1.13}
+
 
 @st.composite
 def networks(draw, dtype=None, max_C=6, max_H=8, max_dims=2):
@@ -48,18 +57,18 @@ def networks(draw, dtype=None, max_C=6, max_H=8, max_dims=2):
     return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
 
 
-def _terms_tol(x, params, dout):
+def _terms_tol(x, params, dout, act="silu"):
     """The dtype's tolerance with atol scaled by the largest sum of absolute terms behind any
     compared value: out sums |a| |down.w|; the gradients carry |dout| |down.w| back through
-    |u| and SiLU's slope (at most 1.1) or |silu(g)|, then through |gate.w| + |up.w| or |x|. A
-    result that cancels to near zero keeps the rounding error of those terms."""
+    |u| and the activation's slope (MAX_SLOPE) or |act(g)| <= |g|, then through |gate.w| + |up.w|
+    or |x|. A result that cancels to near zero keeps the rounding error of those terms."""
     C, H = params["gate"]["w"].shape
     xs = np.abs(x).reshape(-1, C).astype(np.float64)
     g = xs @ np.abs(params["gate"]["w"]) + sum(np.abs(params[n].get("b", 0)) for n in ("gate",))
     u = xs @ np.abs(params["up"]["w"]) + np.abs(params["up"].get("b", 0))
     a = g * u                                                              # |silu(g)| <= |g|
     da = np.abs(dout).reshape(-1, C) @ np.abs(params["down"]["w"]).T       # (N, C) -> (N, H)
-    dgu = da * (1.1 * u + g)                                               # (N, H)
+    dgu = da * (MAX_SLOPE[act] * u + g)                                    # (N, H)
     scales = [a @ np.abs(params["down"]["w"]), dgu @ (np.abs(params["gate"]["w"]) + np.abs(params["up"]["w"])).T,
               xs.T @ dgu, a.T @ np.abs(dout).reshape(-1, C), dgu.sum(axis=0)]
     tol = TOLERANCES[x.dtype]
@@ -68,25 +77,25 @@ def _terms_tol(x, params, dout):
 
 # -- forward matches the twin -----------------------------------------------------------------
 
-@given(case=networks())
-def test_forward_matches_twin(case):
+@given(case=networks(), act=acts)
+def test_forward_matches_twin(case, act):
     x, params, dout = case
-    out, _ = swiglu_forward(x, params)
-    twin_out, _ = autograd(swiglu, {"x": x, "params": params}, dout)
-    assert_close("swiglu.out", out, twin_out, **_terms_tol(x, params, dout))
+    out, _ = swiglu_forward(x, params, act)
+    twin_out, _ = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
+    assert_close(f"swiglu[{act}].out", out, twin_out, **_terms_tol(x, params, dout, act))
 
 
 # -- backward matches autograd ----------------------------------------------------------------
 
-@given(case=networks())
-def test_backward_matches_autograd(case):
+@given(case=networks(), act=acts)
+def test_backward_matches_autograd(case, act):
     x, params, dout = case
-    _, cache = swiglu_forward(x, params)
+    _, cache = swiglu_forward(x, params, act)
     dx, dparams = swiglu_backward(dout, cache)
-    _, grads = autograd(swiglu, {"x": x, "params": params}, dout)
-    tol = _terms_tol(x, params, dout)
-    assert_close("swiglu.dx", dx, grads["x"], **tol)
-    assert_tree_close("swiglu", dparams, grads["params"], **tol)
+    _, grads = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
+    tol = _terms_tol(x, params, dout, act)
+    assert_close(f"swiglu[{act}].dx", dx, grads["x"], **tol)
+    assert_tree_close(f"swiglu[{act}]", dparams, grads["params"], **tol)
 
 
 @given(x=S.arrays(np.float64, (7,), bound=40.0) | S.arrays(np.float32, (7,), bound=40.0), data=st.data())
@@ -113,7 +122,25 @@ def test_twin_matches_llama_mlp(case):
     bias = "b" in params["gate"]
     config = LlamaConfig(hidden_size=C, intermediate_size=H, mlp_bias=bias,
                                       hidden_act="silu", num_attention_heads=1, head_dim=2)
-    mlp = LlamaMLP(config).to(to_torch(x).dtype)
+    _check_against_hf_mlp("silu", "LlamaMLP", LlamaMLP(config), x, params, dout)
+
+
+@given(case=networks())
+def test_twin_matches_gemma2_mlp(case):
+    """GeGLU: Gemma2MLP with Gemma's gelu_pytorch_tanh, which has no biases."""
+    x, params, dout = case
+    params = {name: {"w": layer["w"]} for name, layer in params.items()}
+    C, H = params["gate"]["w"].shape
+    config = Gemma2Config(hidden_size=C, intermediate_size=H, hidden_activation="gelu_pytorch_tanh",
+                          num_attention_heads=1, head_dim=2)
+    _check_against_hf_mlp("gelu_tanh", "Gemma2MLP", Gemma2MLP(config), x, params, dout)
+
+
+def _check_against_hf_mlp(act, module_name, mlp, x, params, dout):
+    """Hugging Face's MLP module holding params: its out, dx and every parameter gradient equal
+    the twin's (with ``act``)."""
+    bias = "b" in params["gate"]
+    mlp = mlp.to(to_torch(x).dtype)
     layers = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
     with torch.no_grad():
         for name, layer in layers.items():
@@ -127,11 +154,11 @@ def test_twin_matches_llama_mlp(case):
     if bias:
         for name, layer in layers.items():
             theirs[name]["b"] = to_numpy(layer.bias.grad)
-    twin_out, twin_grads = autograd(swiglu, {"x": x, "params": params}, dout)
-    tol = _terms_tol(x, params, dout)
-    assert_close("swiglu.out vs LlamaMLP", twin_out, to_numpy(out), **tol)
-    assert_close("swiglu.dx vs LlamaMLP", twin_grads["x"], to_numpy(xt.grad), **tol)
-    assert_tree_close("swiglu vs LlamaMLP", twin_grads["params"], theirs, **tol)
+    twin_out, twin_grads = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
+    tol = _terms_tol(x, params, dout, act)
+    assert_close(f"swiglu[{act}].out vs {module_name}", twin_out, to_numpy(out), **tol)
+    assert_close(f"swiglu[{act}].dx vs {module_name}", twin_grads["x"], to_numpy(xt.grad), **tol)
+    assert_tree_close(f"swiglu[{act}] vs {module_name}", twin_grads["params"], theirs, **tol)
 
 
 # -- properties ---------------------------------------------------------------------------------
@@ -146,12 +173,12 @@ def test_positions_are_independent(case, data):
     assert_close("swiglu.out of permuted rows", out_perm, out[perm])
 
 
-@given(case=networks())
-def test_closed_gate_blocks_everything(case):
-    """With gate.w = 0 (and no gate bias) every gate is silu(0) = 0: out is down.b or zero."""
+@given(case=networks(), act=acts)
+def test_closed_gate_blocks_everything(case, act):
+    """With gate.w = 0 (and no gate bias) every gate is act(0) = 0: out is down.b or zero."""
     x, params, _ = case
     closed = {**params, "gate": {"w": np.zeros_like(params["gate"]["w"])}}
-    out, _ = swiglu_forward(x, closed)
+    out, _ = swiglu_forward(x, closed, act)
     expected = np.broadcast_to(params["down"].get("b", np.zeros(x.shape[-1], x.dtype)), x.shape)
     assert_close("swiglu.out with a closed gate", out, np.ascontiguousarray(expected))
 
@@ -184,17 +211,17 @@ def test_init_statistics_match_nn_linear(bias):
 
 # -- finite differences (no torch) ----------------------------------------------------------------
 
-@given(case=networks(dtype=np.float64, max_C=2, max_H=3, max_dims=1))
-def test_backward_matches_finite_differences(case):
+@given(case=networks(dtype=np.float64, max_C=2, max_H=3, max_dims=1), act=acts)
+def test_backward_matches_finite_differences(case, act):
     x, params, dout = case
-    _, cache = swiglu_forward(x, params)
+    _, cache = swiglu_forward(x, params, act)
     dx, dparams = swiglu_backward(dout, cache)
-    expected = {"x": numerical_grad(lambda x: swiglu_forward(x, params)[0], x.copy(), dout)}
+    expected = {"x": numerical_grad(lambda x: swiglu_forward(x, params, act)[0], x.copy(), dout)}
     for name, layer in params.items():
         expected[name] = {}
         for key, leaf in layer.items():
             def f(value, name=name, key=key):
-                return swiglu_forward(x, {**params, name: {**params[name], key: value}})[0]
+                return swiglu_forward(x, {**params, name: {**params[name], key: value}}, act)[0]
             expected[name][key] = numerical_grad(f, leaf.copy(), dout)
     assert_tree_close("swiglu vs finite differences", {"x": dx, **dparams}, expected, **FD_TOL)
 
@@ -247,6 +274,8 @@ def test_bad_input():
             silu_forward(x)
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         silu_forward([0.5])
+    with pytest.raises(ValueError, match=r"act must be one of \['gelu_tanh', 'silu'\], got 'gelu'"):
+        swiglu_forward(np.zeros((2, 4)), params, act="gelu")
     _, cache = swiglu_forward(np.zeros((2, 4)), params)
     with pytest.raises(ValueError, match=r"swiglu: dout must have the shape .* \(2, 4\), got \(2, 6\)"):
         swiglu_backward(np.zeros((2, 6)), cache)
