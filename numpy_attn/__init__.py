@@ -14,6 +14,7 @@ Reading order, leaf to root:
     positional       sinusoidal position encoding (and learned positions as an embedding)
     softmax          softmax and log-softmax, stable and mask-aware
     linear           x @ w + b with w stored (C_in, C_out)
+    softcap          logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
     attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
     masks            causal (both alignments), key padding and packed-sequence masks
     multi_head       split/merge heads and multi-head (self- or cross-) attention

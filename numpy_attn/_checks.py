@@ -271,3 +271,27 @@ def check_no_past(op, attended, past):
         raise ValueError(f"{op}: the forward attended over {attended} keys of which only {own} came "
                          "from its input; the rest came from a key/value cache, which is for "
                          "inference only")
+
+
+def check_softcap(softcap, name="softcap"):
+    """Raise unless ``softcap`` is None (no cap) or a finite real number > 0, the c of
+    c * tanh(x / c): TypeError for another type (a bool included), ValueError for c <= 0, inf or
+    NaN (c = 0 divides by zero, a negative c flips every sign, inf or NaN gives NaN)."""
+    if softcap is None:
+        return
+    if isinstance(softcap, bool | np.bool_) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"{name} must be a finite number > 0 or None, got {type(softcap).__name__} {softcap!r}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"{name} must be a finite number > 0 or None, got {softcap!r}")
+
+
+def check_window(window, name="window"):
+    """Raise unless ``window`` is None (no window) or an integer >= 1: the number of keys, the
+    query's own included, that a query sees under sliding-window attention. TypeError for another
+    type (a bool or a float such as 4.0 included), ValueError for 0 or less (no key at all)."""
+    if window is None:
+        return
+    if isinstance(window, bool | np.bool_) or not isinstance(window, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer or None, got {type(window).__name__} {window!r}")
+    if window < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {window!r}")

@@ -32,12 +32,14 @@ from parity_tests.helpers import (
 
 
 @st.composite
-def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0):
+def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0,
+                     softcap=False):
     """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
 
     Leading dimensions are (), (nh,) or (B, nh); with grouped-query attention q has g times the
     heads of k and v, g drawn from the range ``groups`` (g > 1 needs a head axis). Masks come
-    from S.attention_masks, of ``kinds``.
+    from S.attention_masks, of ``kinds``. With ``softcap`` a cap c is drawn: small ones saturate
+    scores of up to |q| |k| hs scale = 32, Gemma 2's 50 barely bends them.
     """
     dtype = draw(S.dtypes) if dtype is None else dtype
     kv_lead = draw(hnp.array_shapes(min_dims=int(groups[0] > 1), max_dims=2, min_side=1, max_side=3))
@@ -54,6 +56,8 @@ def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropou
     )
     case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
     case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
+    if softcap:
+        case["softcap"] = draw(st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0))
     return case
 
 
@@ -80,7 +84,7 @@ def numpy_forward(case, **changes):
     return scaled_dot_product_attention_forward(
         c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
         scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
-        attn_mask_grad=c.get("attn_mask_grad", False))
+        attn_mask_grad=c.get("attn_mask_grad", False), softcap=c.get("softcap"))
 
 
 def twin_fn(case, keep):
@@ -91,7 +95,7 @@ def twin_fn(case, keep):
     def fn(q, k, v):
         return tw.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=case["is_causal"], scale=case["scale"],
-            dropout_p=case["dropout_p"], keep=keep)
+            dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"))
     return fn
 
 
@@ -445,6 +449,128 @@ def test_learned_relative_position_bias_trains_like_autograd(dtype):
             table_t.grad = None
         assert_close(f"relative bias table after step {step + 1}", table, to_numpy(table_t))
     assert losses[-1] < losses[0], f"training the bias did not lower the loss: {losses}"
+
+
+# -- logit softcapping (Gemma 2): c * tanh(scores / c), then the mask -------------------------------
+
+@given(case=attention_inputs(softcap=True))
+def test_softcap_matches_twin_and_autograd(case):
+    """Output, weights and gradients equal the twin's and autograd's. The tolerances of the plain
+    op hold: the cap multiplies each score's gradient by 1 - tanh^2 <= 1, and adds a tanh whose
+    rounding (an ulp of c) is below that of the score it caps."""
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    weights_t = fn(**{k: to_torch(a) for k, a in qkv(case).items()})[1]
+    assert_close("sdpa[softcap].out", out, out_t)
+    assert_close("sdpa[softcap].weights", cache.weights, to_numpy(weights_t))
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa[softcap].d{name}", grads[name], grads_t[name], **tols[name])
+
+
+@given(case=attention_inputs(kinds=("float",), softcap=True))
+def test_softcap_float_mask_gradient_matches_autograd(case):
+    """The mask is added after the cap, so its gradient is dscores itself, not times 1 - tanh^2."""
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    keep = None if cache.keep is None else to_torch(cache.keep)
+
+    def fn(q, k, v, attn_mask):
+        return tw.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=case["scale"],
+                                               dropout_p=case["dropout_p"], keep=keep, softcap=case["softcap"])[0]
+    _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert_close("sdpa[softcap].dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
+
+
+def as_heads(a):
+    """(..., L, E) -> (B, nh, L, E) for transformers and flex attention, which want four axes."""
+    return a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape)
+
+
+@given(case=attention_inputs(dtype=np.float32, kinds=("none", "causal", "float"), dropout=False, softcap=True))
+def test_softcap_matches_gemma2_eager_attention(case):
+    """transformers' Gemma 2 attention (its eager_attention_forward: scores * scaling, then the
+    cap, then the additive mask, softmax) gives the same output and weights: the order of cap and
+    mask is that of the model. Float32 only: it computes its softmax in float32 whatever the
+    input's dtype. Its mask is additive: is_causal becomes -inf above the diagonal."""
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    from types import SimpleNamespace
+
+    q, k, v = (as_heads(case[n]) for n in "qkv")
+    T, S_ = q.shape[-2], k.shape[-2]
+    mask = case["attn_mask"]
+    if case["is_causal"]:
+        mask = np.where(np.tri(T, S_, dtype=bool), 0, -np.inf).astype(q.dtype)
+    if mask is not None:
+        mask = np.broadcast_to(mask, case["q"].shape[:-1] + (S_,)).reshape(q.shape[:-1] + (S_,))
+        assume(np.isfinite(mask).any(axis=-1).all())   # its softmax gives NaN on a fully masked row
+    module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], training=False, head_dim=q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
+    ref_out, ref_weights = gemma2.eager_attention_forward(
+        module, to_torch(q), to_torch(k), to_torch(v), None if mask is None else to_torch(mask),
+        scaling=scale, softcap=case["softcap"])
+    out, cache = numpy_forward(case)
+    assert_close("sdpa[softcap].out vs Gemma 2", out, to_numpy(ref_out.transpose(1, 2)).reshape(out.shape))
+    assert_close("sdpa[softcap].weights vs Gemma 2", cache.weights, to_numpy(ref_weights).reshape(cache.weights.shape))
+
+
+@given(case=attention_inputs(kinds=("none", "causal"), dropout=False, softcap=True))
+def test_softcap_twin_matches_flex_attention(case):
+    """torch.nn.attention.flex_attention (eager, CPU, forward only) with the score_mod
+    c * tanh(score / c), and is_causal as a score_mod too, gives the twin's output."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    c = case["softcap"]
+    q, k, v = (to_torch(as_heads(case[n])) for n in "qkv")
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        capped = c * torch.tanh(score / c)
+        return torch.where(kv_idx <= q_idx, capped, -torch.inf) if case["is_causal"] else capped
+    with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        out_b = flex_attention(q, k, v, score_mod=score_mod, scale=case["scale"], enable_gqa=q.shape[1] != k.shape[1])
+    out_t, _ = twin_fn(case, None)(**{n: to_torch(a) for n, a in qkv(case).items()})
+    assert_close("sdpa[softcap] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
+
+
+@given(case=attention_inputs(kinds=("none", "bool", "causal"), dropout=False, softcap=True))
+def test_softcap_bounds_the_weights_ratio(case):
+    """Capped scores lie in (-c, c), so no key a query may see gets less than exp(-2c) times the
+    largest weight of its row, however large |q k| is."""
+    _, cache = numpy_forward(case)
+    allowed = np.broadcast_to(allowed_keys(case), cache.weights.shape)
+    row_max = cache.weights.max(axis=-1, keepdims=True)
+    floor = np.broadcast_to(row_max * np.exp(-2 * case["softcap"]) * (1 - 1e-4), allowed.shape)
+    assert np.all(cache.weights[allowed] >= floor[allowed]), "sdpa[softcap] weight below exp(-2c) of its row's largest"
+
+
+@given(case=attention_inputs(dtype=np.float64, bound=1.0, softcap=True))
+def test_softcap_backward_matches_finite_differences(case):
+    """Elements bounded by 1 as in test_backward_matches_finite_differences; the cap's own
+    derivatives are below 1 / c^5, small for the caps of 0.2 and up drawn here."""
+    _, cache = numpy_forward(case)
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    for name in ("q", "k", "v"):
+        a = case[name].copy()
+        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"sdpa[softcap].d{name} vs finite differences", grads[name], expected, **FD_TOL)
+
+
+@pytest.mark.parametrize("softcap, error, message", [
+    (0, ValueError, "softcap must be a finite number > 0 or None, got 0"),
+    (-50.0, ValueError, "softcap must be a finite number > 0 or None, got -50.0"),
+    (math.inf, ValueError, "softcap must be a finite number > 0 or None, got inf"),
+    (math.nan, ValueError, "softcap must be a finite number > 0 or None, got nan"),
+    ("50", TypeError, "softcap must be a finite number > 0 or None, got str '50'"),
+    (False, TypeError, "softcap must be a finite number > 0 or None, got bool False"),
+])
+def test_bad_softcap_is_refused(softcap, error, message):
+    q = np.zeros((3, 4))
+    with pytest.raises(error, match=re.escape(message)):
+        scaled_dot_product_attention_forward(q, q, q, softcap=softcap)
 
 
 # -- batch axes that broadcast between q and k, v ----------------------------------------------------

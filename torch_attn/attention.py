@@ -1,9 +1,10 @@
 """Scaled dot-product attention in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/attention.py: scores = (q * scale) @ k^T + mask, weights = softmax(scores),
-out = dropout(weights) @ v, with the same masks (bool True = may attend, float added, is_causal
-top-left aligned, or bottom-right with is_causal="bottom_right"), grouped-query heads repeated at
-the edge, batch axes that broadcast, and fully masked rows giving zeros.
+out = dropout(weights) @ v, with an optional softcap c * tanh(scores / c) before the mask, the
+same masks (bool True = may attend, float added, is_causal top-left aligned, or bottom-right with
+is_causal="bottom_right"), grouped-query heads repeated at the edge, batch axes that broadcast,
+and fully masked rows giving zeros.
 Instead of ``rng`` it takes ``keep``, the NumPy twin's ``cache.keep``, so that both drop exactly
 the same weights. Returns ``(out, weights)``, the weights after softmax and before dropout, as
 ``cache.weights``.
@@ -15,11 +16,12 @@ import torch
 
 from torch_attn.dropout import dropout
 from torch_attn.masks import causal_mask
+from torch_attn.softcap import logit_softcap
 from torch_attn.softmax import softmax
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                 dropout_p=0.0, keep=None):
+                                 dropout_p=0.0, keep=None, softcap=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), weights (..., T, S))."""
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
@@ -35,6 +37,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         attn_mask = torch.where(attn_mask, 0, -torch.inf).to(q.dtype)   # False -> a score of -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.transpose(-1, -2)                       # (..., nh, T, S)
+    if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
+        scores = logit_softcap(scores, softcap)                   # (..., nh, T, S)
     if attn_mask is not None:
         scores = scores + attn_mask
     weights = softmax(scores)                                     # (..., nh, T, S); all -inf row -> 0
@@ -45,4 +49,5 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 
 # Equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
 # scale=scale, enable_gqa=True) (its output; enable_gqa only where k, v have fewer heads than q;
-# with dropout only in distribution, as the built-in draws its own mask).
+# with dropout only in distribution, as the built-in draws its own mask). With a softcap it equals
+# torch.nn.attention.flex_attention.flex_attention with score_mod = c * tanh(score / c).
