@@ -295,3 +295,14 @@ def check_window(window, name="window"):
         raise TypeError(f"{name} must be a positive integer or None, got {type(window).__name__} {window!r}")
     if window < 1:
         raise ValueError(f"{name} must be a positive integer or None, got {window!r}")
+
+
+def check_window_is_causal(window, is_causal):
+    """Raise unless ``window`` is None or an integer >= 1 (check_window) given with is_causal,
+    whose alignment it follows: a sliding window restricts the causal mask. An attn_mask of
+    one's own is combined with masks.sliding_window_mask instead."""
+    check_window(window)
+    if window is not None and not is_causal:
+        raise ValueError(f"window = {window} needs is_causal (True, \"top_left\" or \"bottom_right\"): it "
+                         "restricts the causal mask; with an attn_mask, combine it with "
+                         "numpy_attn.masks.sliding_window_mask instead")

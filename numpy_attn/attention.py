@@ -21,7 +21,11 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
           1 1 0 0 0                       1 1 1 1 0
           1 1 1 0 0                       1 1 1 1 1
 
-  With T > S bottom-right leaves the first T - S rows without a key. Giving both ``is_causal``
+  With T > S bottom-right leaves the first T - S rows without a key. ``window=w`` (with
+  is_causal) keeps only each query's last w keys, its own included, in either alignment
+  (sliding-window attention, numpy_attn/masks.py's sliding_window_mask); with w = 2, T = 3, S = 5,
+  bottom-right: rows 0 1 1 0 0 / 0 0 1 1 0 / 0 0 0 1 1. A caller with its own attn_mask combines
+  it with sliding_window_mask instead. Giving both ``is_causal``
   and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
 - ``softcap=c`` caps the scaled scores smoothly into (-c, c) before the mask is added
   (numpy_attn/softcap.py; the order of transformers' Gemma 2 attention: scale, cap, mask,
@@ -51,9 +55,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout, check_softcap
+from numpy_attn._checks import (
+    check_attention_inputs,
+    check_dout,
+    check_softcap,
+    check_window_is_causal,
+)
 from numpy_attn.dropout import dropout_backward, dropout_forward
-from numpy_attn.masks import causal_mask
+from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
@@ -85,18 +94,20 @@ class AttentionCache(NamedTuple):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None):
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None,
+                                         window=None):
     """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
 
     With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
-    ``softcap`` (a number > 0, or None) caps the scaled scores at c * tanh(scores / c).
+    ``softcap`` (a number > 0, or None) caps the scaled scores at c * tanh(scores / c);
+    ``window`` (an integer >= 1, or None; needs is_causal) lets each query see its last keys only.
 
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
     ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -106,8 +117,9 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         # (..., nkv, S, .) -> (..., nh, S, .)
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
-    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right; a window keeps the last w
+        align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+        attn_mask = causal_mask(T, S, align) if window is None else sliding_window_mask(T, S, window, align)
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
@@ -168,12 +180,14 @@ def _sum_to_shape(x, shape):
     return x.sum(axis=stretched, keepdims=True)
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap):
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
-    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, and unless
-    softcap is None or a finite number > 0."""
+    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, unless
+    softcap is None or a finite number > 0, and unless window is None or an integer >= 1 given
+    with is_causal."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
     check_softcap(softcap)
+    check_window_is_causal(window, is_causal)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):

@@ -84,7 +84,7 @@ def numpy_forward(case, **changes):
     return scaled_dot_product_attention_forward(
         c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
         scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
-        attn_mask_grad=c.get("attn_mask_grad", False), softcap=c.get("softcap"))
+        attn_mask_grad=c.get("attn_mask_grad", False), softcap=c.get("softcap"), window=c.get("window"))
 
 
 def twin_fn(case, keep):
@@ -95,7 +95,7 @@ def twin_fn(case, keep):
     def fn(q, k, v):
         return tw.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=case["is_causal"], scale=case["scale"],
-            dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"))
+            dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"), window=case.get("window"))
     return fn
 
 
@@ -571,6 +571,98 @@ def test_bad_softcap_is_refused(softcap, error, message):
     q = np.zeros((3, 4))
     with pytest.raises(error, match=re.escape(message)):
         scaled_dot_product_attention_forward(q, q, q, softcap=softcap)
+
+
+# -- sliding-window attention: query t sees its last ``window`` keys ----------------------------------
+
+@st.composite
+def window_inputs(draw, dtype=None, dropout=True, bound=4.0):
+    """An attention_inputs case, causal in a drawn alignment, with a window from 1 to past the
+    keys, and a softcap or none."""
+    case = draw(attention_inputs(dtype=dtype, kinds=("causal",), dropout=dropout, bound=bound,
+                                 softcap=draw(st.booleans(), label="softcap")))
+    case["is_causal"] = draw(st.sampled_from((True, "bottom_right")), label="is_causal")
+    case["window"] = draw(st.integers(1, case["k"].shape[-2] + 1), label="window")
+    return case
+
+
+def window_allowed(case):
+    """(T, S) bool: query t, at S - T + t bottom-right, sees key s iff t - window < s <= t."""
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    t = np.arange(T)[:, None] + (S_ - T if case["is_causal"] == "bottom_right" else 0)
+    s = np.arange(S_)[None, :]
+    return (s <= t) & (s > t - case["window"])
+
+
+WINDOW_EDGE = {**make_case(S.ramp(2, 3, 2), S.ramp(2, 5, 2), S.ramp(2, 5, 3), S.ramp(2, 3, 3),
+                           is_causal="bottom_right"), "window": 2}   # the docstring's 3 x 5 picture
+
+
+@given(case=window_inputs())
+@example(case=WINDOW_EDGE)
+def test_window_matches_twin_autograd_and_builtin(case):
+    """Output, weights and gradients equal the twin's and autograd's; the weights vanish outside
+    the window written out here; and without dropout or softcap the twin equals
+    F.scaled_dot_product_attention given that window as its mask."""
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    assert_close("sdpa[window].out", out, out_t)
+    allowed = np.broadcast_to(window_allowed(case), cache.weights.shape)
+    assert np.all(cache.weights[~allowed] == 0), "sdpa[window].weights nonzero outside the window"
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa[window].d{name}", grads[name], grads_t[name], **tols[name])
+    if case["dropout_p"] == 0 and case.get("softcap") is None:
+        mask = to_torch(window_allowed(case))
+        gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+        out_b, grads_b = autograd(lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=case["scale"], enable_gqa=gqa), qkv(case), case["dout"])
+        assert_close("sdpa[window] twin vs builtin", out_t, out_b)
+        for name in "qkv":
+            assert_close(f"sdpa[window].d{name} twin vs builtin", grads_t[name], grads_b[name], **tols[name])
+
+
+@given(case=window_inputs(dropout=False), data=st.data())
+def test_window_output_ignores_keys_outside_it(case, data):
+    """Keys and values outside a query's window change nothing in its output row."""
+    allowed = window_allowed(case)
+    t = data.draw(st.integers(0, case["q"].shape[-2] - 1), label="t")
+    outside = ~allowed[t]
+    changed = {}
+    for name in ("k", "v"):
+        a = case[name].copy()
+        a[..., outside, :] = data.draw(S.arrays(a.dtype, a[..., outside, :].shape), label=name)
+        changed[name] = a
+    out, _ = numpy_forward(case)
+    out_changed, _ = numpy_forward(case, **changed)
+    assert_close("sdpa[window].out[t] after changing keys outside its window", out_changed[..., t, :], out[..., t, :])
+
+
+@given(case=window_inputs(dtype=np.float64, dropout=False, bound=1.0))
+@example(case=WINDOW_EDGE)
+def test_window_backward_matches_finite_differences(case):
+    _, cache = numpy_forward(case)
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    for name in ("q", "k", "v"):
+        a = case[name].copy()
+        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"sdpa[window].d{name} vs finite differences", grads[name], expected, **FD_TOL)
+
+
+@pytest.mark.parametrize("window, is_causal, error, message", [
+    (0, True, ValueError, "window must be a positive integer or None, got 0"),
+    (-3, True, ValueError, "window must be a positive integer or None, got -3"),
+    (2.0, True, TypeError, "window must be a positive integer or None, got float 2.0"),
+    ("4", True, TypeError, "window must be a positive integer or None, got str '4'"),
+    (True, True, TypeError, "window must be a positive integer or None, got bool True"),
+    (2, False, ValueError, 'window = 2 needs is_causal (True, "top_left" or "bottom_right")'),
+])
+def test_bad_window_is_refused(window, is_causal, error, message):
+    q = np.zeros((3, 4))
+    with pytest.raises(error, match=re.escape(message)):
+        scaled_dot_product_attention_forward(q, q, q, is_causal=is_causal, window=window)
 
 
 # -- batch axes that broadcast between q and k, v ----------------------------------------------------
