@@ -358,12 +358,17 @@ def test_backward_matches_finite_differences(case):
     """Elements are bounded by 1 here: the stencil's truncation error grows with the fifth
     derivative of the softmax, about (scale * |k| * |q|)^5, which bound 4 makes large enough to
     reach FD_TOL; bound 1 keeps it near 1e-12 (see numerical_grad)."""
+    assert_matches_finite_differences("sdpa", case)
+
+
+def assert_matches_finite_differences(label, case):
+    """dq, dk, dv of the NumPy backward against finite differences of its forward (float64)."""
     _, cache = numpy_forward(case)
     grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
     for name in ("q", "k", "v"):
         a = case[name].copy()
         expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"sdpa.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+        assert_close(f"{label}.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
 # -- the gradient of a float mask (attn_mask_grad=True) ---------------------------------------------
@@ -551,22 +556,22 @@ def test_softcap_bounds_the_weights_ratio(case):
 def test_softcap_backward_matches_finite_differences(case):
     """Elements bounded by 1 as in test_backward_matches_finite_differences; the cap's own
     derivatives are below 1 / c^5, small for the caps of 0.2 and up drawn here."""
-    _, cache = numpy_forward(case)
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
-    for name in ("q", "k", "v"):
-        a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"sdpa[softcap].d{name} vs finite differences", grads[name], expected, **FD_TOL)
+    assert_matches_finite_differences("sdpa[softcap]", case)
 
 
-@pytest.mark.parametrize("softcap, error, message", [
-    (0, ValueError, "softcap must be a finite number > 0 or None, got 0"),
-    (-50.0, ValueError, "softcap must be a finite number > 0 or None, got -50.0"),
-    (math.inf, ValueError, "softcap must be a finite number > 0 or None, got inf"),
-    (math.nan, ValueError, "softcap must be a finite number > 0 or None, got nan"),
-    ("50", TypeError, "softcap must be a finite number > 0 or None, got str '50'"),
-    (False, TypeError, "softcap must be a finite number > 0 or None, got bool False"),
-])
+# Caps and windows refused, with the error and message; test_softcap.py and test_flash_attention.py
+# use them too.
+BAD_SOFTCAPS = [(c, error, f"softcap must be a finite number > 0 or None, got {got}")
+                for c, error, got in ((0, ValueError, "0"), (-50.0, ValueError, "-50.0"), (math.inf, ValueError, "inf"),
+                                      (math.nan, ValueError, "nan"), ("50", TypeError, "str '50'"),
+                                      (False, TypeError, "bool False"))]
+BAD_WINDOWS = [(w, True, error, f"window must be a positive integer or None, got {got}")
+               for w, error, got in ((0, ValueError, "0"), (-3, ValueError, "-3"), (2.0, TypeError, "float 2.0"),
+                                     ("4", TypeError, "str '4'"), (True, TypeError, "bool True"))]
+BAD_WINDOWS.append((2, False, ValueError, 'window = 2 needs is_causal (True, "top_left" or "bottom_right")'))
+
+
+@pytest.mark.parametrize("softcap, error, message", BAD_SOFTCAPS)
 def test_bad_softcap_is_refused(softcap, error, message):
     q = np.zeros((3, 4))
     with pytest.raises(error, match=re.escape(message)):
@@ -643,22 +648,10 @@ def test_window_output_ignores_keys_outside_it(case, data):
 @given(case=window_inputs(dtype=np.float64, dropout=False, bound=1.0))
 @example(case=WINDOW_EDGE)
 def test_window_backward_matches_finite_differences(case):
-    _, cache = numpy_forward(case)
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
-    for name in ("q", "k", "v"):
-        a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"sdpa[window].d{name} vs finite differences", grads[name], expected, **FD_TOL)
+    assert_matches_finite_differences("sdpa[window]", case)
 
 
-@pytest.mark.parametrize("window, is_causal, error, message", [
-    (0, True, ValueError, "window must be a positive integer or None, got 0"),
-    (-3, True, ValueError, "window must be a positive integer or None, got -3"),
-    (2.0, True, TypeError, "window must be a positive integer or None, got float 2.0"),
-    ("4", True, TypeError, "window must be a positive integer or None, got str '4'"),
-    (True, True, TypeError, "window must be a positive integer or None, got bool True"),
-    (2, False, ValueError, 'window = 2 needs is_causal (True, "top_left" or "bottom_right")'),
-])
+@pytest.mark.parametrize("window, is_causal, error, message", BAD_WINDOWS)
 def test_bad_window_is_refused(window, is_causal, error, message):
     q = np.zeros((3, 4))
     with pytest.raises(error, match=re.escape(message)):

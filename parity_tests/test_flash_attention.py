@@ -31,7 +31,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
-from parity_tests.test_attention import assert_dout_refused
+from parity_tests.test_attention import BAD_SOFTCAPS, BAD_WINDOWS, assert_dout_refused
 
 
 @st.composite
@@ -425,12 +425,17 @@ def test_backward_matches_finite_differences(case):
     """Elements bounded by 1, as in test_attention.py: it keeps the stencil's truncation error,
     which grows with the softmax's fifth derivative, near 1e-12 (see numerical_grad). Few heads:
     each element of q, k and v costs four forward passes."""
-    _, cache = numpy_forward(case)
+    assert_matches_finite_differences("flash", case, numpy_forward)
+
+
+def assert_matches_finite_differences(label, case, forward):
+    """dq, dk, dv of the readable backward against finite differences of ``forward`` (float64)."""
+    _, cache = forward(case)
     grads = dict(zip("qkv", flash_attention_backward(case["dout"], cache), strict=True))
     for name in ("q", "k", "v"):
         a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"flash.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+        expected = numerical_grad(lambda a, name=name: forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"{label}.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------
@@ -699,12 +704,7 @@ def test_window_softcap_twin_matches_flex_attention(case):
 @example(case=WINDOW_EDGES[1])
 def test_window_softcap_backward_matches_finite_differences(case):
     """Bounded by 1 as test_backward_matches_finite_differences; caps of 0.2 and up."""
-    _, cache = window_forward(case)
-    grads = dict(zip("qkv", flash_attention_backward(case["dout"], cache), strict=True))
-    for name in ("q", "k", "v"):
-        a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: window_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"flash[window].d{name} vs finite differences", grads[name], expected, **FD_TOL)
+    assert_matches_finite_differences("flash[window]", case, window_forward)
 
 
 class Recorded(np.ndarray):
@@ -781,16 +781,10 @@ def _log_of(case):
     return log
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(is_causal=True, window=0), ValueError, "window must be a positive integer or None, got 0"),
-    (dict(is_causal=True, window=-1), ValueError, "window must be a positive integer or None, got -1"),
-    (dict(is_causal=True, window=1.5), TypeError, "window must be a positive integer or None, got float 1.5"),
-    (dict(window=2), ValueError, "window = 2 needs is_causal"),
-    (dict(softcap=0.0), ValueError, "softcap must be a finite number > 0 or None, got 0.0"),
-    (dict(softcap=-1), ValueError, "softcap must be a finite number > 0 or None, got -1"),
-    (dict(softcap=math.nan), ValueError, "softcap must be a finite number > 0 or None, got nan"),
-    (dict(softcap="30"), TypeError, "softcap must be a finite number > 0 or None, got str '30'"),
-])
+@pytest.mark.parametrize("kwargs, error, message",
+                         [(dict(is_causal=is_causal, window=w), error, message)
+                          for w, is_causal, error, message in BAD_WINDOWS]
+                         + [(dict(softcap=c), error, message) for c, error, message in BAD_SOFTCAPS])
 def test_bad_window_or_softcap_is_refused(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):
         flash_attention_forward(Q, K, V, **kwargs)

@@ -5,8 +5,9 @@ tile visits the key tiles keeping a running row maximum m, a running sum l and a
 numerator acc; a larger maximum m' rescales both by exp(m - m'); out = acc / l and
 lse = m + log(l). Causal (top-left aligned, or is_causal="bottom_right") skips the tiles above
 the diagonal, and with a sliding ``window`` those before each query tile's band; ``softcap``
-caps the scores at c * tanh(s / c) before the mask. No attn_mask, no dropout; grouped-query heads repeated at the edge as in the NumPy twin. Returns ``(out, lse)``,
-lse being the NumPy twin's ``cache.lse``.
+caps the scores at c * tanh(s / c) before the mask. No attn_mask, no dropout; grouped-query heads
+repeated at the edge as in the NumPy twin. Returns ``(out, lse)``, lse being the NumPy twin's
+``cache.lse``.
 """
 
 import math
