@@ -703,7 +703,8 @@ def test_window_softcap_twin_matches_flex_attention(case):
 @given(case=window_inputs(dtype=np.float64, max_len=6, max_head=3, max_side=2, bound=1.0))
 @example(case=WINDOW_EDGES[1])
 def test_window_softcap_backward_matches_finite_differences(case):
-    """Bounded by 1 as test_backward_matches_finite_differences; caps of 0.2 and up."""
+    """Bounded by 1 as test_backward_matches_finite_differences; caps of 0.2 and up, whose fifth
+    derivative adds at most 3.3e-10 of the gradient to the stencil's error (test_attention.py)."""
     assert_matches_finite_differences("flash[window]", case, window_forward)
 
 

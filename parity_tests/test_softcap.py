@@ -104,10 +104,12 @@ def test_bounded_odd_increasing_and_near_identity(case):
 @given(case=capped(dtype=np.float64, bound=5.0))
 @example(case=(EDGE_CASE[0] / 10, EDGE_CASE[1], 1.0))
 def test_backward_matches_finite_differences(case):
-    """Inputs bounded by 5 and caps of 0.1 and up: the stencil's truncation error grows with the
-    fifth derivative of tanh(x / c), about 1 / c^5, so c >= 0.1 with h = 1e-3 stays near 1e-7 * h^4."""
+    """Inputs bounded by 5, caps of 0.1 and up. The stencil's truncation error is h^4 / 30 times
+    the fifth derivative of c tanh(x / c), tanh^(5)(u) / c^4 with u = x / c; tanh^(5)(u) =
+    (1 - t^2)(16 - 120 t^2 + 120 t^4) is at most 16 (1 - t^2), so the error is at most
+    16 h^4 / (30 c^4) = 5.3e-9 (h = 1e-3, c = 0.1) of the gradient dout (1 - t^2) itself: far
+    inside FD_TOL's rtol of 1e-6, saturated or not."""
     x, dout, c = case
-    c = max(c, 0.1)
     _, cache = logit_softcap_forward(x, c)
     expected = numerical_grad(lambda a: logit_softcap_forward(a, c)[0], x.copy(), dout)
     assert_close("softcap.dx vs finite differences", logit_softcap_backward(dout, cache), expected, **FD_TOL)
