@@ -45,7 +45,8 @@ PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walk
 def docstring_parts(op):
     """(summary, formula lines, diagram blocks, backward paragraphs) of the NumPy module's
     docstring. A formula line is a pre-formatted line with an "=" (not code); a diagram is a run of
-    the other pre-formatted lines; a backward paragraph is one that starts with "Backward"."""
+    the other pre-formatted lines (code too); a backward paragraph is one that starts with
+    "Backward"."""
     source = op.numpy_path.read_text(encoding="utf-8")
     lines, roles = source.splitlines(), show.line_roles(source)
     first = ast.parse(source).body[0]
@@ -54,7 +55,10 @@ def docstring_parts(op):
     for k in span:
         role, number = roles[k]
         text = lines[k].strip().strip('"').strip()
-        if role == "pre" and "=" in text and "np." not in text and "#" not in text:
+        # A formula stands on one line; a line whose brackets do not close is a piece of a call
+        # written over several lines (a usage example), so code.
+        balanced = text.count("(") == text.count(")") and text.count("[") == text.count("]")
+        if role == "pre" and "=" in text and "np." not in text and "#" not in text and balanced:
             formulas.append(text)
         elif role == "pre":
             if diagrams and diagrams[-1][1] == k - 1:

@@ -14,6 +14,7 @@ Reading order, leaf to root:
     positional       sinusoidal position encoding (and learned positions as an embedding)
     softmax          softmax and log-softmax, stable and mask-aware
     linear           x @ w + b with w stored (C_in, C_out)
+    softcap          logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
     dropout          inverted dropout with an explicit random generator
     masks            causal (both alignments), key padding and packed-sequence masks
     attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
@@ -79,8 +80,8 @@ from numpy_attn.llama import (
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
-    causal_mask, padded_position_ids, padding_attn_mask, varlen_attn_mask, varlen_position_ids,
-    varlen_sequence_ids,
+    causal_mask, padded_position_ids, padding_attn_mask, sliding_window_mask, varlen_attn_mask,
+    varlen_position_ids, varlen_sequence_ids,
 )
 from numpy_attn.multi_head import (
     init_multi_head_params, merge_heads, multi_head_attention_backward,
@@ -89,8 +90,11 @@ from numpy_attn.multi_head import (
 from numpy_attn.optim import adamw_init, adamw_step, sgd_init, sgd_step
 from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
-from numpy_attn.rope import half_to_interleaved, rope_backward, rope_forward, rope_frequencies
+from numpy_attn.rope import (
+    half_to_interleaved, rope_attention_factor, rope_backward, rope_forward, rope_frequencies,
+)
 from numpy_attn.small_gpt import init_small_gpt_params, small_gpt_backward, small_gpt_forward
+from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.softmax import (
     log_softmax_backward, log_softmax_forward, softmax_backward, softmax_forward,
 )

@@ -6,8 +6,6 @@ import types
 
 import numpy as np
 
-from numpy_attn.kv_cache import KVCache
-
 
 def check_float(name, x):
     """Raise TypeError unless ``x`` is a float32 or float64 NumPy array."""
@@ -141,12 +139,14 @@ def check_model_attn_mask(attn_mask, scores_shape):
 def check_model_kv_cache(kv_cache, n_layer, block_size, T, made_by):
     """Return how many tokens ``kv_cache`` already holds (0 without one); raise unless it is a
     KVCache (from ``made_by``) with a layer per block and room for T more tokens in block_size."""
+    from numpy_attn.kv_cache import KVCache  # here: kv_cache.py imports this module's check_window
+
     if kv_cache is None:
         return 0
     if not isinstance(kv_cache, KVCache):
         raise TypeError(f"kv_cache must be a KVCache ({made_by}), got {type(kv_cache).__name__}")
-    if kv_cache.k.shape[0] != n_layer:
-        raise ValueError(f"kv_cache has {kv_cache.k.shape[0]} layers {kv_cache.k.shape}, the model "
+    if kv_cache.n_layer != n_layer:
+        raise ValueError(f"kv_cache has {kv_cache.n_layer} layers (windows {list(kv_cache.windows)}), the model "
                          f"n_layer = {n_layer}")
     past = kv_cache.length                                                # tokens already cached
     if past + T > block_size:
@@ -271,3 +271,38 @@ def check_no_past(op, attended, past):
         raise ValueError(f"{op}: the forward attended over {attended} keys of which only {own} came "
                          "from its input; the rest came from a key/value cache, which is for "
                          "inference only")
+
+
+def check_softcap(softcap, name="softcap"):
+    """Raise unless ``softcap`` is None (no cap) or a finite real number > 0, the c of
+    c * tanh(x / c): TypeError for another type (a bool included), ValueError for c <= 0, inf or
+    NaN (c = 0 divides by zero, a negative c flips every sign, inf or NaN gives NaN)."""
+    if softcap is None:
+        return
+    if isinstance(softcap, bool | np.bool_) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"{name} must be a finite number > 0 or None, got {type(softcap).__name__} {softcap!r}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"{name} must be a finite number > 0 or None, got {softcap!r}")
+
+
+def check_window(window, name="window"):
+    """Raise unless ``window`` is None (no window) or an integer >= 1: the number of keys, the
+    query's own included, that a query sees under sliding-window attention. TypeError for another
+    type (a bool or a float such as 4.0 included), ValueError for 0 or less (no key at all)."""
+    if window is None:
+        return
+    if isinstance(window, bool | np.bool_) or not isinstance(window, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer or None, got {type(window).__name__} {window!r}")
+    if window < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {window!r}")
+
+
+def check_window_is_causal(window, is_causal):
+    """Raise unless ``window`` is None or an integer >= 1 (check_window) given with is_causal,
+    whose alignment it follows: a sliding window restricts the causal mask. An attn_mask of
+    one's own is combined with masks.sliding_window_mask instead."""
+    check_window(window)
+    if window is not None and not is_causal:
+        raise ValueError(f"window = {window} needs is_causal (True, \"top_left\" or \"bottom_right\"): it "
+                         "restricts the causal mask; with an attn_mask, combine it with "
+                         "numpy_attn.masks.sliding_window_mask instead")

@@ -1,6 +1,7 @@
 """Scaled dot-product attention with masks, dropout and grouped-query heads, and its backward.
 
-    scores  = (q * scale) @ k^T + mask            scale = 1 / sqrt(hs) unless given
+    scores  = (q * scale) @ k^T                   scale = 1 / sqrt(hs) unless given
+    scores  = c * tanh(scores / c) + mask         softcap c: Gemma 2's; without, scores + mask
     weights = softmax(scores)                     along the key axis S
     out     = dropout(weights) @ v
 
@@ -20,8 +21,15 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
           1 1 0 0 0                       1 1 1 1 0
           1 1 1 0 0                       1 1 1 1 1
 
-  With T > S bottom-right leaves the first T - S rows without a key. Giving both ``is_causal``
+  With T > S bottom-right leaves the first T - S rows without a key. ``window=w`` (with
+  is_causal) keeps only each query's last w keys, its own included, in either alignment
+  (sliding-window attention, numpy_attn/masks.py's sliding_window_mask); with w = 2, T = 3, S = 5,
+  bottom-right: rows 0 1 1 0 0 / 0 0 1 1 0 / 0 0 0 1 1. A caller with its own attn_mask combines
+  it with sliding_window_mask instead. Giving both ``is_causal``
   and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
+- ``softcap=c`` caps the scaled scores smoothly into (-c, c) before the mask is added
+  (numpy_attn/softcap.py; the order of transformers' Gemma 2 attention: scale, cap, mask,
+  softmax); a float mask's gradient is taken after the cap, the scores' through its derivative.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
 - A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
   ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
@@ -38,7 +46,8 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
   broadcast input over the axes it was broadcast along.
 
 Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
-dscores = softmax_backward(dweights), dq = dscores k * scale, dk = dscores^T (q * scale).
+dscores = softmax_backward(dweights) (times 1 - tanh^2 under a softcap), dq = dscores k * scale,
+dk = dscores^T (q * scale).
 Masked entries have weight 0 and so get no gradient; a float mask's own gradient is dscores.
 """
 
@@ -46,9 +55,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout
+from numpy_attn._checks import (
+    check_attention_inputs,
+    check_dout,
+    check_softcap,
+    check_window_is_causal,
+)
 from numpy_attn.dropout import dropout_backward, dropout_forward
-from numpy_attn.masks import causal_mask
+from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 
@@ -65,6 +80,7 @@ class AttentionCache(NamedTuple):
     scale: np.floating          # the score scale, in q's dtype
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
+    softcap_cache: tuple | None = None   # logit_softcap_forward's cache (tanh of the scores), None without a cap
 
     @property
     def keep(self):
@@ -78,17 +94,20 @@ class AttentionCache(NamedTuple):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None, attn_mask_grad=False):
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None,
+                                         window=None):
     """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
 
     With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
+    ``softcap`` (a number > 0, or None) caps the scaled scores at c * tanh(scores / c);
+    ``window`` (an integer >= 1, or None; needs is_causal) lets each query see its last keys only.
 
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
     ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -98,20 +117,24 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         # (..., nkv, S, .) -> (..., nh, S, .)
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
-    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right; a window keeps the last w
+        align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+        attn_mask = causal_mask(T, S, align) if window is None else sliding_window_mask(T, S, window, align)
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.swapaxes(-1, -2)                        # (..., nh, T, S)
+    softcap_cache = None
+    if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
+        scores, softcap_cache = logit_softcap_forward(scores, softcap)   # (..., nh, T, S)
     if attn_mask is not None:
         scores += attn_mask                                       # in place: scores is our own array
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
     cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,
-                           mask_shape)
+                           mask_shape, softcap_cache)
     return out, cache
 
 
@@ -131,6 +154,9 @@ def scaled_dot_product_attention_backward(dout, cache):
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
     dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S)
+    dmask = dscores                                               # the mask is added after the cap
+    if cache.softcap_cache is not None:   # Undoes scores = c * tanh(scores / c)
+        dscores = logit_softcap_backward(dscores, cache.softcap_cache)   # (..., nh, T, S)
     # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
     dq = (dscores @ k) * cache.scale                              # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
@@ -140,7 +166,7 @@ def scaled_dot_product_attention_backward(dout, cache):
         # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
     if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
-        return dq, dk, dv, _sum_to_shape(dscores, cache.mask_shape)   # (..., nh, T, S) -> mask's shape
+        return dq, dk, dv, _sum_to_shape(dmask, cache.mask_shape)   # (..., nh, T, S) -> mask's shape
     return dq, dk, dv
 
 
@@ -154,10 +180,14 @@ def _sum_to_shape(x, shape):
     return x.sum(axis=stretched, keepdims=True)
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
-    attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
+    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, unless
+    softcap is None or a finite number > 0, and unless window is None or an integer >= 1 given
+    with is_causal."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
+    check_softcap(softcap)
+    check_window_is_causal(window, is_causal)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):

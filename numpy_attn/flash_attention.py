@@ -22,9 +22,21 @@ backward's sum, without a pass over the keys.
 query t sees keys 0..t; ``is_causal="bottom_right"`` lets it see keys 0..S-T+t (see the picture in
 numpy_attn/attention.py). Tiles above either diagonal are skipped, not computed and masked, so
 causal attention does about half the work. A row that sees no key (S = 0, or the first T - S rows
-bottom-right aligned) gives zeros and zero gradients; every other row sees key 0. Unlike numpy_attn/attention.py there is no ``attn_mask``
-and no dropout. Grouped-query attention works as there, at the edges: k and v may have fewer
-heads (axis -3) than q, query head h reading key/value head h // g.
+bottom-right aligned) gives zeros and zero gradients; every other row sees key 0. Unlike
+numpy_attn/attention.py there is no ``attn_mask`` and no dropout. Grouped-query attention works
+as there, at the edges: k and v may have fewer heads (axis -3) than q, query head h reading
+key/value head h // g.
+
+``window=w`` (with is_causal, as FlashAttention-2's ``window_size=(w - 1, 0)``) lets query t see
+only keys t + offset - w < s <= t + offset (numpy_attn/masks.py's sliding_window_mask): a query
+tile visits only the key tiles that meet its band, from the one holding its first row's first
+key to the diagonal, so the work grows with T w instead of T S. A row may then see no key of the
+first tile it visits (its window starts in a later one): its running maximum stays -inf and the
+shift is taken as 0 there, so that its sums stay 0 instead of exp(-inf + inf) = NaN. Top-left
+aligned with T > S + w - 1, the last rows see no key: zeros, as above. ``softcap=c`` caps every
+score at c * tanh(s / c) before the mask (numpy_attn/softcap.py, FlashAttention-2's
+``softcap``); lse is then that of the capped scores, and the backward multiplies dS by the cap's
+derivative 1 - tanh^2, recomputed with the scores.
 
 This is the readable version; numpy_attn/kernels/flash_attention.py computes the same, faster.
 """
@@ -33,8 +45,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout, check_scale
-from numpy_attn.masks import causal_mask
+from numpy_attn._checks import (
+    check_attention_inputs,
+    check_dout,
+    check_scale,
+    check_softcap,
+    check_window_is_causal,
+)
+from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 
 
 class FlashCache(NamedTuple):
@@ -50,17 +69,21 @@ class FlashCache(NamedTuple):
     block_q: int
     block_k: int
     g: int                  # query heads per key/value head (1 without grouped-query heads)
+    softcap: float | None = None   # the cap c of c * tanh(s / c), None without one
+    window: int | None = None      # the sliding window, None without one
 
 
-def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512):
+def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512, softcap=None,
+                            window=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> out (..., T, hv), in tiles.
 
     Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
     block_q queries by block_k keys (any sizes >= 1; larger than the lengths means one tile).
     The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
-    so changing ``out`` in place after the forward leaves the gradients alone.
+    so changing ``out`` in place after the forward leaves the gradients alone. ``softcap`` caps
+    the scores at c * tanh(s / c); ``window`` (with is_causal) keeps each query's last keys only.
     """
-    _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k)
+    _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -70,30 +93,35 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     align = "bottom_right" if is_causal == "bottom_right" else "top_left"
     offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
+    last = _last_row(T, S, offset, window)                   # rows from it on see no key (a window, top-left)
     out = np.zeros(q.shape[:-1] + (hv,), q.dtype)            # (..., T, hv)
     lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T)
-    for i0 in range(first, T, block_q):                      # query tile: rows i0 .. i1-1
-        i1 = min(i0 + block_q, T)
+    for i0 in range(first, last, block_q):                   # query tile: rows i0 .. i1-1
+        i1 = min(i0 + block_q, last)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
         m = np.full(q_i.shape[:-1], -np.inf, q.dtype)        # (..., bq) running row maximum
         row_sum = np.zeros(q_i.shape[:-1], q.dtype)          # (..., bq) running sum of exp(s - m): l
         acc = np.zeros(q_i.shape[:-1] + (hv,), q.dtype)      # (..., bq, hv) running sum of exp(s - m) v
         S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
-        for j0 in range(0, S_seen, block_k):                 # key tile: keys j0 .. j1-1
+        # A window: keys before row i0's first are never seen; start at the key tile holding it.
+        j_first = max(0, i0 + offset - window + 1) // block_k * block_k if window else 0
+        for j0 in range(j_first, S_seen, block_k):           # key tile: keys j0 .. j1-1
             j1 = min(j0 + block_k, S_seen)
             s = q_i @ k[..., j0:j1, :].swapaxes(-1, -2)      # (..., bq, bk)
-            if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
-                visible = causal_mask(T, S, align, slice(i0, i1), slice(j0, j1))   # (bq, bk) of the (T, S) mask
-                s = np.where(visible, s, -np.inf)
-            m_new = np.maximum(m, s.max(axis=-1))            # (..., bq), finite: key 0 is seen first
-            p = np.exp(s - m_new[..., None])                 # (..., bq, bk) in [0, 1]
-            alpha = np.exp(m - m_new)                        # (..., bq) rescales the old sums to m_new
+            if softcap is not None:                          # c * tanh(s / c), before the mask
+                s, _ = logit_softcap_forward(s, softcap)     # (..., bq, bk)
+            if is_causal and _crosses(i0, i1, j0, j1, offset, window):   # hide the keys a row may not see
+                s = np.where(_visible(T, S, align, window, slice(i0, i1), slice(j0, j1)), s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1))            # (..., bq); -inf while a row has seen no key
+            m_safe = np.where(m_new == -np.inf, 0, m_new)    # (..., bq) shift by 0 there: p, alpha 0, not NaN
+            p = np.exp(s - m_safe[..., None])                # (..., bq, bk) in [0, 1]
+            alpha = np.exp(m - m_safe)                       # (..., bq) rescales the old sums to m_new
             row_sum = alpha * row_sum + p.sum(axis=-1)       # (..., bq)
             acc = alpha[..., None] * acc + p @ v[..., j0:j1, :]   # (..., bq, hv)
             m = m_new
         out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
         lse[..., i0:i1] = m + np.log(row_sum)                # (..., bq)
-    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g)
+    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g, softcap, window)
     return out, cache
 
 
@@ -102,7 +130,7 @@ def flash_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse, is_causal, scale, block_q, block_k, g = cache
+    q, k, v, out, lse, is_causal, scale, block_q, block_k, g, softcap, window = cache
     check_dout("flash_attention", dout, out.shape, out.dtype)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
@@ -111,29 +139,36 @@ def flash_attention_backward(dout, cache):
     align = "bottom_right" if is_causal == "bottom_right" else "top_left"
     offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset))                          # rows before it see no key: gradient 0
+    last = _last_row(T, S, offset, window)                   # rows from it on see no key: gradient 0
     dq = np.zeros(q.shape, q.dtype)                          # (..., nh, T, hs)
     dk = np.zeros(k.shape, k.dtype)                          # (..., nh, S, hs)
     dv = np.zeros(v.shape, v.dtype)                          # (..., nh, S, hv)
-    for j0 in range(0, S if T > 0 else 0, block_k):          # key tile: keys j0 .. j1-1
-        j1 = min(j0 + block_k, S)
+    S_seen = min(S, last + offset) if is_causal else S       # causal: keys after the last row's are never seen
+    for j0 in range(0, S_seen if T > 0 else 0, block_k):     # key tile: keys j0 .. j1-1
+        j1 = min(j0 + block_k, S_seen)
         dk_j = np.zeros(k.shape[:-2] + (j1 - j0, hs), k.dtype)   # (..., bk, hs)
         dv_j = np.zeros(v.shape[:-2] + (j1 - j0, hv), v.dtype)   # (..., bk, hv)
         # Causal: rows before j0 - offset see none of these keys; the tiles start at first.
         i_first = first + max(0, j0 - offset - first) // block_q * block_q if is_causal else first
-        for i0 in range(i_first, T, block_q):                # query tile: rows i0 .. i1-1
-            i1 = min(i0 + block_q, T)
+        # A window: rows after j1 - 1 + window - 1 - offset see none of these keys either.
+        i_stop = min(last, j1 - 1 + window - offset) if window else last
+        for i0 in range(i_first, i_stop, block_q):           # query tile: rows i0 .. i1-1
+            i1 = min(i0 + block_q, last)
             q_i, dout_i = q[..., i0:i1, :], dout[..., i0:i1, :]
             # Undoes the tile's p = exp(s - m) and the running sums: recomputed from lse directly.
             s = (q_i * scale) @ k[..., j0:j1, :].swapaxes(-1, -2)   # (..., bq, bk)
-            if is_causal and j1 - 1 > i0 + offset:           # a tile crossing the diagonal: hide later keys
-                visible = causal_mask(T, S, align, slice(i0, i1), slice(j0, j1))   # (bq, bk) of the (T, S) mask
-                s = np.where(visible, s, -np.inf)
+            if softcap is not None:                          # c * tanh(s / c), its tanh kept for ds
+                s, softcap_cache = logit_softcap_forward(s, softcap)   # (..., bq, bk)
+            if is_causal and _crosses(i0, i1, j0, j1, offset, window):   # hide the keys a row may not see
+                s = np.where(_visible(T, S, align, window, slice(i0, i1), slice(j0, j1)), s, -np.inf)
             p = np.exp(s - lse[..., i0:i1, None])            # (..., bq, bk) the softmax weights
             # Undoes acc += p @ v.
             dv_j += p.swapaxes(-1, -2) @ dout_i              # (..., bk, hv)
             dp = dout_i @ v[..., j0:j1, :].swapaxes(-1, -2)  # (..., bq, bk)
             # Undoes p = softmax(s) on this tile: dS = P * (dP - D).
             ds = p * (dp - D[..., i0:i1, None])              # (..., bq, bk)
+            if softcap is not None:                          # Undoes s = c * tanh(s / c)
+                ds = logit_softcap_backward(ds, softcap_cache)   # (..., bq, bk)
             # Undoes s = (q * scale) @ k^T.
             dq[..., i0:i1, :] += scale * (ds @ k[..., j0:j1, :])   # (..., bq, hs)
             dk_j += scale * (ds.swapaxes(-1, -2) @ q_i)      # (..., bk, hs)
@@ -145,7 +180,26 @@ def flash_attention_backward(dout, cache):
     return dq, dk, dv
 
 
-def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k):
+def _last_row(T, S, offset, window):
+    """The first query row from which on no row sees a key: T, but for a window aligned top-left
+    (row t sees keys > t + offset - window, none once that passes key S - 1)."""
+    return T if window is None else max(0, min(T, S - 1 + window - offset))
+
+
+def _crosses(i0, i1, j0, j1, offset, window):
+    """Whether the tile of rows i0..i1-1 by keys j0..j1-1 holds a key some row may not see: one
+    past a row's diagonal, or (a window) one before a row's first key."""
+    return j1 - 1 > i0 + offset or (window is not None and j0 <= i1 - 1 + offset - window)
+
+
+def _visible(T, S, align, window, rows, cols):
+    """(bq, bk) tile of the (T, S) causal or sliding-window mask: True where a query may attend."""
+    if window is None:
+        return causal_mask(T, S, align, rows, cols)
+    return sliding_window_mask(T, S, window, align, rows, cols)
+
+
+def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window):
     """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
@@ -155,5 +209,7 @@ def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k):
         if b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
     check_scale(scale)
+    check_softcap(softcap)
+    check_window_is_causal(window, is_causal)
     # The shapes, dtypes and grouped-query heads that numpy_attn/attention.py takes, same messages.
     check_attention_inputs(q, k, v)

@@ -8,6 +8,10 @@ combine them with ``&``. Each also has a meaning a reader can check by hand:
   aligned: query t of T sees keys 0..S-T+t, so that the last query sees every key, as when T new
   tokens attend over S = past + T cached keys (``torch.nn.attention.bias.causal_lower_right``).
   The two agree when T = S.
+- sliding window: the causal mask restricted to each query's last ``window`` keys, its own
+  included: query t sees key s when t + offset - window < s <= t + offset (offset 0 top-left,
+  S - T bottom-right), as transformers' ``sliding_window_causal_mask_function`` for Mistral,
+  Gemma 2 and Gemma 3, whose query index is the absolute position (bottom-right with a cache).
 - key padding: ``key_padding_mask`` (B, S) is True at padding, as ``nn.MultiheadAttention``'s
   argument; this is the one place where it is turned around into "may attend".
 - position ids of a padded batch: each sequence's real tokens are numbered 0, 1, ... whether the
@@ -20,7 +24,7 @@ combine them with ``&``. Each also has a meaning a reader can check by hand:
 
 import numpy as np
 
-from numpy_attn._checks import check_ndim
+from numpy_attn._checks import check_ndim, check_window
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -31,10 +35,31 @@ def causal_mask(T, S, align="top_left", rows=slice(None), cols=slice(None)):
     ``rows`` and ``cols`` (slices) give one tile of it without building the rest (flash attention).
     """
     _check_causal(T, S, align)
+    t, s = _query_key_positions(T, S, align, rows, cols)  # (T, 1), (1, S)
+    return s <= t                                         # (T, S)
+
+
+def sliding_window_mask(T, S, window, align="top_left", rows=slice(None), cols=slice(None)):
+    """(T, S) bool: causal_mask keeping only each query's last ``window`` keys, its own included.
+    top_left: t - window < s <= t; bottom_right: the same with t moved to S - T + t.
+
+    ``rows`` and ``cols`` (slices) give one tile of it without building the rest (flash attention).
+    """
+    _check_causal(T, S, align)
+    if window is None:
+        raise TypeError("window must be a positive integer, got None (use causal_mask for no window)")
+    check_window(window)
+    t, s = _query_key_positions(T, S, align, rows, cols)  # (T, 1), (1, S)
+    return (s <= t) & (s > t - window)                    # (T, S)
+
+
+def _query_key_positions(T, S, align, rows, cols):
+    """(T, 1) query and (1, S) key positions on one axis, the queries moved right by S - T when
+    aligned bottom-right, of the rows and cols asked for."""
     offset = 0 if align == "top_left" else S - T          # the diagonal moves right by S - T
-    t = np.arange(T)[rows, None]                          # (T, 1): the queries, or a tile's
+    t = np.arange(T)[rows, None] + offset                 # (T, 1): the queries, or a tile's
     s = np.arange(S)[None, cols]                          # (1, S): the keys, or a tile's
-    return s <= t + offset                                # (T, S)
+    return t, s
 
 
 def padding_attn_mask(key_padding_mask):

@@ -32,12 +32,14 @@ from parity_tests.helpers import (
 
 
 @st.composite
-def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0):
+def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0,
+                     softcap=False):
     """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
 
     Leading dimensions are (), (nh,) or (B, nh); with grouped-query attention q has g times the
     heads of k and v, g drawn from the range ``groups`` (g > 1 needs a head axis). Masks come
-    from S.attention_masks, of ``kinds``.
+    from S.attention_masks, of ``kinds``. With ``softcap`` a cap c is drawn: small ones saturate
+    scores of up to |q| |k| hs scale = 32, Gemma 2's 50 barely bends them.
     """
     dtype = draw(S.dtypes) if dtype is None else dtype
     kv_lead = draw(hnp.array_shapes(min_dims=int(groups[0] > 1), max_dims=2, min_side=1, max_side=3))
@@ -54,6 +56,8 @@ def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropou
     )
     case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
     case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
+    if softcap:
+        case["softcap"] = draw(st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0))
     return case
 
 
@@ -80,7 +84,7 @@ def numpy_forward(case, **changes):
     return scaled_dot_product_attention_forward(
         c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
         scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
-        attn_mask_grad=c.get("attn_mask_grad", False))
+        attn_mask_grad=c.get("attn_mask_grad", False), softcap=c.get("softcap"), window=c.get("window"))
 
 
 def twin_fn(case, keep):
@@ -91,7 +95,7 @@ def twin_fn(case, keep):
     def fn(q, k, v):
         return tw.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=case["is_causal"], scale=case["scale"],
-            dropout_p=case["dropout_p"], keep=keep)
+            dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"), window=case.get("window"))
     return fn
 
 
@@ -354,12 +358,17 @@ def test_backward_matches_finite_differences(case):
     """Elements are bounded by 1 here: the stencil's truncation error grows with the fifth
     derivative of the softmax, about (scale * |k| * |q|)^5, which bound 4 makes large enough to
     reach FD_TOL; bound 1 keeps it near 1e-12 (see numerical_grad)."""
+    assert_matches_finite_differences("sdpa", case)
+
+
+def assert_matches_finite_differences(label, case):
+    """dq, dk, dv of the NumPy backward against finite differences of its forward (float64)."""
     _, cache = numpy_forward(case)
     grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
     for name in ("q", "k", "v"):
         a = case[name].copy()
         expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"sdpa.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+        assert_close(f"{label}.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
 # -- the gradient of a float mask (attn_mask_grad=True) ---------------------------------------------
@@ -445,6 +454,209 @@ def test_learned_relative_position_bias_trains_like_autograd(dtype):
             table_t.grad = None
         assert_close(f"relative bias table after step {step + 1}", table, to_numpy(table_t))
     assert losses[-1] < losses[0], f"training the bias did not lower the loss: {losses}"
+
+
+# -- logit softcapping (Gemma 2): c * tanh(scores / c), then the mask -------------------------------
+
+@given(case=attention_inputs(softcap=True))
+def test_softcap_matches_twin_and_autograd(case):
+    """Output, weights and gradients equal the twin's and autograd's. The tolerances of the plain
+    op hold: the cap multiplies each score's gradient by 1 - tanh^2 <= 1, and adds a tanh whose
+    rounding (an ulp of c) is below that of the score it caps."""
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    weights_t = fn(**{k: to_torch(a) for k, a in qkv(case).items()})[1]
+    assert_close("sdpa[softcap].out", out, out_t)
+    assert_close("sdpa[softcap].weights", cache.weights, to_numpy(weights_t))
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa[softcap].d{name}", grads[name], grads_t[name], **tols[name])
+
+
+@given(case=attention_inputs(kinds=("float",), softcap=True))
+def test_softcap_float_mask_gradient_matches_autograd(case):
+    """The mask is added after the cap, so its gradient is dscores itself, not times 1 - tanh^2."""
+    case = {**case, "attn_mask_grad": True}
+    _, cache = numpy_forward(case)
+    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    keep = None if cache.keep is None else to_torch(cache.keep)
+
+    def fn(q, k, v, attn_mask):
+        return tw.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=case["scale"],
+                                               dropout_p=case["dropout_p"], keep=keep, softcap=case["softcap"])[0]
+    _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
+    assert_close("sdpa[softcap].dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
+
+
+def as_heads(a):
+    """(..., L, E) -> (B, nh, L, E) for transformers and flex attention, which want four axes."""
+    return a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape)
+
+
+@given(case=attention_inputs(dtype=np.float32, kinds=("none", "causal", "float"), dropout=False, softcap=True))
+def test_softcap_matches_gemma2_eager_attention(case):
+    """transformers' Gemma 2 attention (its eager_attention_forward: scores * scaling, then the
+    cap, then the additive mask, softmax) gives the same output and weights: the order of cap and
+    mask is that of the model. Float32 only: it computes its softmax in float32 whatever the
+    input's dtype. Its mask is additive: is_causal becomes -inf above the diagonal."""
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    from types import SimpleNamespace
+
+    q, k, v = (as_heads(case[n]) for n in "qkv")
+    T, S_ = q.shape[-2], k.shape[-2]
+    mask = case["attn_mask"]
+    if case["is_causal"]:
+        mask = np.where(np.tri(T, S_, dtype=bool), 0, -np.inf).astype(q.dtype)
+    if mask is not None:
+        mask = np.broadcast_to(mask, case["q"].shape[:-1] + (S_,)).reshape(q.shape[:-1] + (S_,))
+        assume(np.isfinite(mask).any(axis=-1).all())   # its softmax gives NaN on a fully masked row
+    module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], training=False, head_dim=q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
+    ref_out, ref_weights = gemma2.eager_attention_forward(
+        module, to_torch(q), to_torch(k), to_torch(v), None if mask is None else to_torch(mask),
+        scaling=scale, softcap=case["softcap"])
+    out, cache = numpy_forward(case)
+    assert_close("sdpa[softcap].out vs Gemma 2", out, to_numpy(ref_out.transpose(1, 2)).reshape(out.shape))
+    assert_close("sdpa[softcap].weights vs Gemma 2", cache.weights, to_numpy(ref_weights).reshape(cache.weights.shape))
+
+
+@given(case=attention_inputs(kinds=("none", "causal"), dropout=False, softcap=True))
+def test_softcap_twin_matches_flex_attention(case):
+    """torch.nn.attention.flex_attention (eager, CPU, forward only) with the score_mod
+    c * tanh(score / c), and is_causal as a score_mod too, gives the twin's output."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    c = case["softcap"]
+    q, k, v = (to_torch(as_heads(case[n])) for n in "qkv")
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        capped = c * torch.tanh(score / c)
+        return torch.where(kv_idx <= q_idx, capped, -torch.inf) if case["is_causal"] else capped
+    with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        out_b = flex_attention(q, k, v, score_mod=score_mod, scale=case["scale"], enable_gqa=q.shape[1] != k.shape[1])
+    out_t, _ = twin_fn(case, None)(**{n: to_torch(a) for n, a in qkv(case).items()})
+    assert_close("sdpa[softcap] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
+
+
+@given(case=attention_inputs(kinds=("none", "bool", "causal"), dropout=False, softcap=True))
+def test_softcap_bounds_the_weights_ratio(case):
+    """Capped scores lie in (-c, c), so no key a query may see gets less than exp(-2c) times the
+    largest weight of its row, however large |q k| is."""
+    _, cache = numpy_forward(case)
+    allowed = np.broadcast_to(allowed_keys(case), cache.weights.shape)
+    row_max = cache.weights.max(axis=-1, keepdims=True)
+    floor = np.broadcast_to(row_max * np.exp(-2 * case["softcap"]) * (1 - 1e-4), allowed.shape)
+    assert np.all(cache.weights[allowed] >= floor[allowed]), "sdpa[softcap] weight below exp(-2c) of its row's largest"
+
+
+@given(case=attention_inputs(dtype=np.float64, bound=1.0, softcap=True))
+def test_softcap_backward_matches_finite_differences(case):
+    """Elements bounded by 1 as in test_backward_matches_finite_differences. The cap adds its
+    fifth derivative, at most 16 (1 - t^2) / c^4 (test_softcap.py), to the stencil's truncation
+    error: 16 h^4 / (30 c^4) = 3.3e-10 of the gradient at the smallest cap drawn, 0.2."""
+    assert_matches_finite_differences("sdpa[softcap]", case)
+
+
+# Caps and windows refused, with the error and message; test_softcap.py and test_flash_attention.py
+# use them too.
+BAD_SOFTCAPS = [(c, error, f"softcap must be a finite number > 0 or None, got {got}")
+                for c, error, got in ((0, ValueError, "0"), (-50.0, ValueError, "-50.0"), (math.inf, ValueError, "inf"),
+                                      (math.nan, ValueError, "nan"), ("50", TypeError, "str '50'"),
+                                      (False, TypeError, "bool False"))]
+BAD_WINDOWS = [(w, True, error, f"window must be a positive integer or None, got {got}")
+               for w, error, got in ((0, ValueError, "0"), (-3, ValueError, "-3"), (2.0, TypeError, "float 2.0"),
+                                     ("4", TypeError, "str '4'"), (True, TypeError, "bool True"))]
+BAD_WINDOWS.append((2, False, ValueError, 'window = 2 needs is_causal (True, "top_left" or "bottom_right")'))
+
+
+@pytest.mark.parametrize("softcap, error, message", BAD_SOFTCAPS)
+def test_bad_softcap_is_refused(softcap, error, message):
+    q = np.zeros((3, 4))
+    with pytest.raises(error, match=re.escape(message)):
+        scaled_dot_product_attention_forward(q, q, q, softcap=softcap)
+
+
+# -- sliding-window attention: query t sees its last ``window`` keys ----------------------------------
+
+@st.composite
+def window_inputs(draw, dtype=None, dropout=True, bound=4.0):
+    """An attention_inputs case, causal in a drawn alignment, with a window from 1 to past the
+    keys, and a softcap or none."""
+    case = draw(attention_inputs(dtype=dtype, kinds=("causal",), dropout=dropout, bound=bound,
+                                 softcap=draw(st.booleans(), label="softcap")))
+    case["is_causal"] = draw(st.sampled_from((True, "bottom_right")), label="is_causal")
+    case["window"] = draw(st.integers(1, case["k"].shape[-2] + 1), label="window")
+    return case
+
+
+def window_allowed(case):
+    """(T, S) bool: query t, at S - T + t bottom-right, sees key s iff t - window < s <= t."""
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    t = np.arange(T)[:, None] + (S_ - T if case["is_causal"] == "bottom_right" else 0)
+    s = np.arange(S_)[None, :]
+    return (s <= t) & (s > t - case["window"])
+
+
+WINDOW_EDGE = {**make_case(S.ramp(2, 3, 2), S.ramp(2, 5, 2), S.ramp(2, 5, 3), S.ramp(2, 3, 3),
+                           is_causal="bottom_right"), "window": 2}   # the docstring's 3 x 5 picture
+
+
+@given(case=window_inputs())
+@example(case=WINDOW_EDGE)
+def test_window_matches_twin_autograd_and_builtin(case):
+    """Output, weights and gradients equal the twin's and autograd's; the weights vanish outside
+    the window written out here; and without dropout or softcap the twin equals
+    F.scaled_dot_product_attention given that window as its mask."""
+    out, cache = numpy_forward(case)
+    fn = twin_fn(case, cache.keep)
+    out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
+    assert_close("sdpa[window].out", out, out_t)
+    allowed = np.broadcast_to(window_allowed(case), cache.weights.shape)
+    assert np.all(cache.weights[~allowed] == 0), "sdpa[window].weights nonzero outside the window"
+    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    tols = gradient_tols(case, cache)
+    for name in "qkv":
+        assert_close(f"sdpa[window].d{name}", grads[name], grads_t[name], **tols[name])
+    if case["dropout_p"] == 0 and case.get("softcap") is None:
+        mask = to_torch(window_allowed(case))
+        gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+        out_b, grads_b = autograd(lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=case["scale"], enable_gqa=gqa), qkv(case), case["dout"])
+        assert_close("sdpa[window] twin vs builtin", out_t, out_b)
+        for name in "qkv":
+            assert_close(f"sdpa[window].d{name} twin vs builtin", grads_t[name], grads_b[name], **tols[name])
+
+
+@given(case=window_inputs(dropout=False), data=st.data())
+def test_window_output_ignores_keys_outside_it(case, data):
+    """Keys and values outside a query's window change nothing in its output row."""
+    allowed = window_allowed(case)
+    t = data.draw(st.integers(0, case["q"].shape[-2] - 1), label="t")
+    outside = ~allowed[t]
+    changed = {}
+    for name in ("k", "v"):
+        a = case[name].copy()
+        a[..., outside, :] = data.draw(S.arrays(a.dtype, a[..., outside, :].shape), label=name)
+        changed[name] = a
+    out, _ = numpy_forward(case)
+    out_changed, _ = numpy_forward(case, **changed)
+    assert_close("sdpa[window].out[t] after changing keys outside its window", out_changed[..., t, :], out[..., t, :])
+
+
+@given(case=window_inputs(dtype=np.float64, dropout=False, bound=1.0))
+@example(case=WINDOW_EDGE)
+def test_window_backward_matches_finite_differences(case):
+    assert_matches_finite_differences("sdpa[window]", case)
+
+
+@pytest.mark.parametrize("window, is_causal, error, message", BAD_WINDOWS)
+def test_bad_window_is_refused(window, is_causal, error, message):
+    q = np.zeros((3, 4))
+    with pytest.raises(error, match=re.escape(message)):
+        scaled_dot_product_attention_forward(q, q, q, is_causal=is_causal, window=window)
 
 
 # -- batch axes that broadcast between q and k, v ----------------------------------------------------

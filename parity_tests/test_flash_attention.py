@@ -2,6 +2,7 @@
 tuned numpy_attn/kernels/flash_attention.py against the readable version."""
 
 import math
+import re
 import tracemalloc
 import warnings
 
@@ -30,7 +31,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
-from parity_tests.test_attention import assert_dout_refused
+from parity_tests.test_attention import BAD_SOFTCAPS, BAD_WINDOWS, assert_dout_refused
 
 
 @st.composite
@@ -424,12 +425,17 @@ def test_backward_matches_finite_differences(case):
     """Elements bounded by 1, as in test_attention.py: it keeps the stencil's truncation error,
     which grows with the softmax's fifth derivative, near 1e-12 (see numerical_grad). Few heads:
     each element of q, k and v costs four forward passes."""
-    _, cache = numpy_forward(case)
+    assert_matches_finite_differences("flash", case, numpy_forward)
+
+
+def assert_matches_finite_differences(label, case, forward):
+    """dq, dk, dv of the readable backward against finite differences of ``forward`` (float64)."""
+    _, cache = forward(case)
     grads = dict(zip("qkv", flash_attention_backward(case["dout"], cache), strict=True))
     for name in ("q", "k", "v"):
         a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"flash.d{name} vs finite differences", grads[name], expected, **FD_TOL)
+        expected = numerical_grad(lambda a, name=name: forward(case, **{name: a})[0], a, case["dout"])
+        assert_close(f"{label}.d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------
@@ -595,3 +601,191 @@ def test_bottom_right_causal(case):
 def test_bad_is_causal():
     with pytest.raises(ValueError, match='is_causal must be False, True, "top_left" or "bottom_right", got \'lower\''):
         flash_attention_forward(Q, K, V, is_causal="lower")
+
+
+# -- sliding window and softcap (FlashAttention-2's window_size and softcap) -------------------------
+
+@st.composite
+def window_inputs(draw, dtype=None, max_len=9, **kw):
+    """A flash_inputs case, causal in a drawn alignment, with a window from 1 to past the keys
+    (or none) and a softcap (or none), never neither."""
+    case = draw(flash_inputs(dtype=dtype, max_len=max_len, **kw))
+    case["is_causal"] = draw(st.sampled_from((True, "bottom_right")), label="is_causal")
+    case["window"] = draw(st.none() | st.integers(1, case["k"].shape[-2] + 1), label="window")
+    case["softcap"] = draw((st.none() if case["window"] else st.nothing())
+                           | st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0), label="softcap")
+    return case
+
+
+WKWARGS = KWARGS + ("softcap", "window")
+
+# T > S top-left with a window of 2: rows 4.. see no key; blocks of 2 by 3 (a row's window may start
+# in the second key tile of its query tile); the 3 x 5 picture bottom-right with blocks of 1.
+WINDOW_EDGES = [
+    {**make_case(ramp(2, 7, 3), ramp(2, 3, 3), ramp(2, 3, 2), is_causal=True, block_q=3, block_k=2),
+     "window": 2, "softcap": None},
+    {**make_case(ramp(1, 9, 2), ramp(1, 9, 2), ramp(1, 9, 3), is_causal=True, block_q=4, block_k=3),
+     "window": 3, "softcap": 1.0},
+    {**make_case(ramp(3, 2), ramp(5, 2), ramp(5, 2), is_causal="bottom_right"), "window": 2, "softcap": None},
+    # A window of 1 with query tiles of 4 and key tiles of 1: rows 1..3 see nothing of key tile 0.
+    {**make_case(ramp(2, 6, 2), ramp(2, 6, 2), ramp(2, 6, 2), is_causal=True, block_q=4, block_k=1),
+     "window": 1, "softcap": 2.0},
+]
+
+
+def window_forward(case, **changes):
+    c = {**case, **changes}
+    return flash_attention_forward(c["q"], c["k"], c["v"], **{n: c[n] for n in WKWARGS})
+
+
+def window_reference(case):
+    """The dense op (numpy_attn/attention.py) with the same window and softcap: (out, (dq, dk, dv))."""
+    out, cache = scaled_dot_product_attention_forward(
+        case["q"], case["k"], case["v"], is_causal=case["is_causal"], scale=case["scale"],
+        softcap=case["softcap"], window=case["window"])
+    return out, scaled_dot_product_attention_backward(case["dout"], cache)
+
+
+@given(case=window_inputs())
+@example(case=WINDOW_EDGES[0])
+@example(case=WINDOW_EDGES[1])
+@example(case=WINDOW_EDGES[2])
+@example(case=WINDOW_EDGES[3])
+def test_window_softcap_match_twin_autograd_and_dense(case):
+    """Output, lse and gradients equal the twin's and autograd's, and the dense op's given the
+    same window and softcap. grad_tol's analysis holds: the cap multiplies dS by 1 - tanh^2 <= 1
+    and adds a tanh whose rounding is below that of the score; the window only removes terms."""
+    out, cache = window_forward(case)
+    t = {n: to_torch(a) for n, a in qkv(case).items()}
+    out_t, lse_t = tw.flash_attention(*t.values(), **{n: case[n] for n in WKWARGS})
+    assert_close("flash[window].out", out, to_numpy(out_t))
+    assert_close("flash[window].lse", cache.lse, to_numpy(lse_t))
+    grads = flash_attention_backward(case["dout"], cache)
+    _, grads_t = autograd(lambda q, k, v: tw.flash_attention(q, k, v, **{n: case[n] for n in WKWARGS})[0],
+                          qkv(case), case["dout"])
+    out_r, grads_r = window_reference(case)
+    assert_close("flash[window].out vs dense", out, out_r)
+    for name, d, d_r, tol in zip("qkv", grads, grads_r, (grad_tol(case),) * 2 + ({},), strict=True):
+        assert_close(f"flash[window].d{name}", d, grads_t[name], **tol)
+        assert_close(f"flash[window].d{name} vs dense", d, d_r, **tol)
+
+
+@given(case=window_inputs())
+@example(case=WINDOW_EDGES[0])
+def test_window_softcap_twin_matches_flex_attention(case):
+    """torch.nn.attention.flex_attention (eager, CPU, forward only) with score_mod
+    c * tanh(score / c) and the causal window as a mask_mod, written here from the definition,
+    gives the twin's output and lse; rows that see no key give 0 and -inf in both."""
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    q, k, v = (to_torch(a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape))
+               for a in (case["q"], case["k"], case["v"]))
+    T, S_ = q.shape[-2], k.shape[-2]
+    offset = S_ - T if case["is_causal"] == "bottom_right" else 0
+    c, w = case["softcap"], case["window"]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        seen = kv_idx <= q_idx + offset
+        return seen & (kv_idx > q_idx + offset - w) if w else seen
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return c * torch.tanh(score / c) if c else score
+    with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu")
+        out_b, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case["scale"],
+                                    enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
+    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS})
+    assert_close("flash[window] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
+    assert_close("flash[window].lse twin vs flex_attention", to_numpy(lse_t), to_numpy(aux.lse).reshape(lse_t.shape))
+
+
+@given(case=window_inputs(dtype=np.float64, max_len=6, max_head=3, max_side=2, bound=1.0))
+@example(case=WINDOW_EDGES[1])
+def test_window_softcap_backward_matches_finite_differences(case):
+    """Bounded by 1 as test_backward_matches_finite_differences; caps of 0.2 and up, whose fifth
+    derivative adds at most 3.3e-10 of the gradient to the stencil's error (test_attention.py)."""
+    assert_matches_finite_differences("flash[window]", case, window_forward)
+
+
+class Recorded(np.ndarray):
+    """An array that logs (name, row slice) each time flash attention takes a tile of it
+    (``a[..., i0:i1, :]``); arrays computed from it log nothing."""
+
+    def __getitem__(self, index):
+        if getattr(self, "log", None) is not None and isinstance(index, tuple) and index[0] is Ellipsis:
+            self.log.append((self.name, index[-2]))
+        return super().__getitem__(index)
+
+    def __array_finalize__(self, obj):
+        self.log = None
+
+
+def recorded(name, a, log):
+    r = a.view(Recorded)
+    r.name, r.log = name, log
+    return r
+
+
+def visited_tiles(log):
+    """{(query rows, key cols)}: each key tile taken paired with the query tile taken last."""
+    tiles, rows = set(), None
+    for name, index in log:
+        if name == "q":
+            rows = (index.start, index.stop)
+        elif name == "k":
+            tiles.add((rows, (index.start, index.stop)))
+    return tiles
+
+
+@given(case=window_inputs(max_len=24), data=st.data())
+@example(case={**make_case(ramp(64, 4), ramp(64, 4), ramp(64, 4), is_causal=True, block_q=8, block_k=8),
+               "window": 8, "softcap": None}, data=None)
+def test_window_skips_the_tiles_outside_it(case, data):
+    """The forward and the backward compute the scores of only the tiles that hold a key some row
+    of them may see (every tile they take meets the dense mask), and of every visible key (the
+    tiles cover the mask). T = S = 64, blocks of 8 and a window of 8 visit 15 tiles, where the
+    causal path visits 36; the output is the dense op's."""
+    if case["q"].ndim > 2 and case["q"].shape[:-2] != case["k"].shape[:-2]:
+        case = {**case, "q": case["q"][..., :1, :, :], "k": case["k"][..., :1, :, :],
+                "v": case["v"][..., :1, :, :], "dout": case["dout"][..., :1, :, :]}   # no repeat of k: one head
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    offset = S_ - T if case["is_causal"] == "bottom_right" else 0
+    t, s = np.arange(T)[:, None] + offset, np.arange(S_)[None, :]
+    dense = (s <= t) & (s > t - case["window"]) if case["window"] else s <= t
+    for part in ("forward", "backward"):
+        log = []
+        q, k = recorded("q", case["q"], log), recorded("k", case["k"], log)
+        out, cache = window_forward(case, q=q, k=k)
+        if part == "forward":
+            tiles = visited_tiles(log)
+        else:
+            log.clear()
+            flash_attention_backward(case["dout"], cache)
+            tiles = visited_tiles(log)
+        covered = np.zeros((T, S_), bool)                 # the score entries computed
+        for (r0, r1), (c0, c1) in tiles:
+            assert dense[r0:r1, c0:c1].any(), f"flash {part} computed tile rows {r0}:{r1} keys {c0}:{c1}, all masked"
+            covered[r0:r1, c0:c1] = True
+        assert np.all(covered[dense]), f"flash {part} skipped a visible key: {np.argwhere(dense & ~covered)[:3]}"
+        if data is None and part == "forward":
+            assert len(tiles) == 15, f"flash forward visited {len(tiles)} tiles of 8 x 8, not 15"
+            causal = visited_tiles(_log_of(case))
+            assert len(causal) == 36, f"the causal path visited {len(causal)} tiles, not 36"
+    assert_close("flash[window].out recorded vs dense", out, window_reference(case)[0])
+
+
+def _log_of(case):
+    """The forward's tile log on the case without its window."""
+    log = []
+    window_forward(case, q=recorded("q", case["q"], log), k=recorded("k", case["k"], log), window=None)
+    return log
+
+
+@pytest.mark.parametrize("kwargs, error, message",
+                         [(dict(is_causal=is_causal, window=w), error, message)
+                          for w, is_causal, error, message in BAD_WINDOWS]
+                         + [(dict(softcap=c), error, message) for c, error, message in BAD_SOFTCAPS])
+def test_bad_window_or_softcap_is_refused(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        flash_attention_forward(Q, K, V, **kwargs)

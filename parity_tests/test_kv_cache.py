@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import torch_attn.kv_cache as tw
 from numpy_attn.attention import scaled_dot_product_attention_forward
+from numpy_attn.flash_attention import flash_attention_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.masks import causal_mask
 from parity_tests import strategies as S
@@ -202,3 +203,165 @@ def test_twin_refuses_overflow_before_writing():
     with pytest.raises(ValueError, match="overflow"):
         tw.kv_cache_update(twin.layer(0), torch.ones(1, 1, 3, 1), torch.ones(1, 1, 3, 1))
     assert twin.lengths == [0] and not twin.k.any(), "twin cache after overflow"
+
+
+# -- sliding layers: a bounded cache ----------------------------------------------------------------
+
+@st.composite
+def sliding_cases(draw, dtype=None):
+    """(dims, windows, steps) as cache_cases, with a window (or None) per layer, from 1 to past
+    the tokens, and steps that fill up to max_len: several times a small window."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    L, B, nkv, hs = draw(S.dim(1, 3)), draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 3))
+    max_len = draw(S.dim(1, 12))
+    windows = [draw(st.none() | st.integers(1, max_len + 1)) for _ in range(L)]
+    sizes = draw(splits(draw(st.integers(1, max_len))))
+    steps = [[(draw(S.arrays(dtype, (B, nkv, n, hs))), draw(S.arrays(dtype, (B, nkv, n, hs))))
+              for _ in range(L)] for n in sizes]
+    return (L, B, nkv, max_len, hs), windows, steps
+
+
+@given(case=sliding_cases())
+@example(case=((2, 1, 1, 8, 1), [None, 3],
+               [[(np.arange(n, dtype=np.float64).reshape(1, 1, n, 1) + s,) * 2] * 2
+                for s, n in ((0, 5), (5, 1), (6, 2))]))
+def test_sliding_layer_holds_its_last_window(case):
+    """After each step a sliding layer hands back its held tokens then the new ones (the last
+    held + T of all the tokens so far, in order), and keeps the last min(window, max_len), oldest
+    first, in its slots; ``start`` and ``held`` say which positions those are. A full layer
+    returns every token. The twin does the same."""
+    (L, B, nkv, max_len, hs), windows, steps = case
+    dtype = steps[0][0][0].dtype
+    cache = init_kv_cache(L, B, nkv, max_len, hs, dtype, windows=windows)
+    twin = tw.init_kv_cache(L, B, nkv, max_len, hs, to_torch(np.zeros(0, dtype)).dtype, windows=windows)
+    for n, step in enumerate(steps):
+        for layer, (k, v) in enumerate(step):
+            lc, tc = cache.layer(layer), twin.layer(layer)
+            held_before = lc.held
+            k_all, v_all = kv_cache_update(lc, k, v)
+            tk_all, tv_all = tw.kv_cache_update(tc, to_torch(k), to_torch(v))
+            k_so_far = np.concatenate([s[layer][0] for s in steps[: n + 1]], axis=2)   # (B, nkv, length, hs)
+            v_so_far = np.concatenate([s[layer][1] for s in steps[: n + 1]], axis=2)
+            length = k_so_far.shape[2]
+            returned = length if windows[layer] is None else held_before + k.shape[2]
+            assert_close(f"sliding k_all[{layer}] step {n}", k_all, k_so_far[:, :, length - returned:], rtol=0, atol=0)
+            assert_close(f"sliding v_all[{layer}] step {n}", v_all, v_so_far[:, :, length - returned:], rtol=0, atol=0)
+            assert_close(f"sliding twin k_all[{layer}] step {n}", to_numpy(tk_all), k_all, rtol=0, atol=0)
+            assert_close(f"sliding twin v_all[{layer}] step {n}", to_numpy(tv_all), v_all, rtol=0, atol=0)
+            kept = length if windows[layer] is None else min(windows[layer], max_len, length)
+            assert (lc.held, lc.start, lc.length) == (kept, length - kept, length), \
+                f"layer {layer} held {lc.held} start {lc.start} length {lc.length}, expected {kept}, {length - kept}"
+            assert (tc.held, tc.start) == (lc.held, lc.start), f"twin layer {layer} held {tc.held} start {tc.start}"
+            assert_close(f"sliding slots k[{layer}] step {n}", lc.k[:, :, :kept], k_so_far[:, :, length - kept:],
+                         rtol=0, atol=0)
+            assert_close(f"sliding slots v[{layer}] step {n}", lc.v[:, :, :kept], v_so_far[:, :, length - kept:],
+                         rtol=0, atol=0)
+    assert twin.lengths == cache.lengths.tolist(), "sliding twin lengths"
+    assert (twin.nbytes, twin.bytes_per_token, twin.bytes_held) == (cache.nbytes, cache.bytes_per_token,
+                                                                     cache.bytes_held), "sliding twin bytes"
+
+
+@given(L=S.dim(1, 4), B=S.dim(1, 3), nkv=S.dim(1, 3), hs=S.dim(1, 4), max_len=S.dim(1, 16),
+       dtype=S.dtypes, data=st.data())
+@example(L=4, B=1, nkv=8, hs=256, max_len=8192, dtype=np.float32, data=None)   # Gemma 2 9B's shape, 4 layers
+def test_bytes_of_each_layer_kind(L, B, nkv, hs, max_len, dtype, data):
+    """A full layer allocates max_len slots, a sliding one min(window, max_len): nbytes counts
+    both; bytes_per_token counts the full layers only (all a further token adds); without
+    windows both are as before."""
+    windows = [None, 4096] * (L // 2) + [None] * (L % 2) if data is None else \
+        data.draw(st.lists(st.none() | st.integers(1, 20), min_size=L, max_size=L), label="windows")
+    cache = init_kv_cache(L, B, nkv, max_len, hs, dtype, windows=windows)
+    one = 2 * nkv * hs * np.dtype(dtype).itemsize                  # one token, one layer, one sequence
+    full = sum(w is None for w in windows)
+    slots = sum(max_len if w is None else min(w, max_len) for w in windows)
+    assert cache.bytes_per_token == full * one, f"bytes_per_token {cache.bytes_per_token}, {full} full layers"
+    assert cache.nbytes == slots * one * B, f"nbytes {cache.nbytes} for {slots} slots"
+    assert all(cache.layer(i).bytes_per_token == one for i in range(L)), "a layer's bytes_per_token"
+    plain = init_kv_cache(L, B, nkv, max_len, hs, dtype)
+    assert plain.nbytes >= cache.nbytes, "a sliding layer takes more than a full one"
+    if data is None:
+        assert cache.nbytes == (2 * 8192 + 2 * 4096) * one, "Gemma 2 shape: two full layers, two of 4096"
+        assert cache.nbytes * 4 == plain.nbytes * 3, "half the layers sliding at half the length: 3/4 the bytes"
+
+
+def test_a_cache_with_sliding_layers_has_no_stacked_k():
+    cache = init_kv_cache(2, 1, 1, 4, 2, windows=[None, 2])
+    with pytest.raises(ValueError, match=r"sliding layers \(windows \[None, 2\]\).*cache.layer\(i\).k"):
+        _ = cache.k
+    assert cache.layer(1).k.shape == (1, 1, 2, 2) and cache.layer(0).k.shape == (1, 1, 4, 2), "layer views"
+    twin = tw.init_kv_cache(2, 1, 1, 4, 2, windows=[None, 2])
+    with pytest.raises(ValueError, match="sliding layers"):
+        _ = twin.v
+
+
+def test_bad_windows_are_refused():
+    with pytest.raises(ValueError, match=r"windows\[1\] must be a positive integer or None, got 0"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=[None, 0])
+    with pytest.raises(ValueError, match=r"windows\[0\] must be a positive integer or None, got -4"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=[-4, None])
+    with pytest.raises(TypeError, match=r"windows\[0\] must be a positive integer or None, got float 4.0"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=[4.0, None])
+    with pytest.raises(TypeError, match=r"windows\[1\] must be a positive integer or None, got bool True"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=[None, True])
+    with pytest.raises(ValueError, match=r"windows must hold one entry per layer \(n_layer = 2\).*\[4\]"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=[4])
+    with pytest.raises(ValueError, match=r"windows must hold one entry per layer .* got 4"):
+        init_kv_cache(2, 1, 1, 4, 2, windows=4)
+
+
+@st.composite
+def sliding_decodes(draw):
+    """(q, k, v, window, sizes): T tokens, a window w with T >= 3 w, and a prompt longer than w
+    followed by steps of one or a few tokens, decoding well past the window."""
+    dtype = draw(S.dtypes)
+    B, nkv, g, hs = draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 2)), draw(S.dim(1, 4))
+    window = draw(S.dim(1, 4))
+    T = draw(st.integers(3 * window + 1, 3 * window + 6))
+    prompt = draw(st.integers(window + 1, T - window))
+    sizes = [prompt] + draw(splits(T - prompt))
+    q = draw(S.arrays(dtype, (B, g * nkv, T, hs)))
+    k = draw(S.arrays(dtype, (B, nkv, T, hs)))
+    v = draw(S.arrays(dtype, (B, nkv, T, hs)))
+    return q, k, v, window, sizes
+
+
+@given(case=sliding_decodes(), flash=st.booleans(), softcap=st.none() | st.floats(0.5, 50.0))
+@example(case=(S.ramp(1, 2, 14, 3), S.ramp(1, 1, 14, 3), S.ramp(1, 1, 14, 3) * 2, 3, [5] + [1] * 9),
+         flash=False, softcap=None)
+def test_sliding_decode_equals_full_window_attention(case, flash, softcap):
+    """A prompt longer than the window, then decoding well past it through a sliding layer of a
+    cache built with windows=[None, w]: every step's attention output (dense or flash, with or
+    without a softcap) equals the rows of the full sliding-window forward; the full layer beside
+    it, over every key, equals the full causal forward. The cache's bytes stay constant once the
+    window is full (the full layer's grow by one token's). The same sums in another order: the
+    tolerance of test_cached_attention_equals_full_causal_attention."""
+    q, k, v, window, sizes = case
+    B, nkv, T, hs = k.shape
+    full_window, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True, softcap=softcap, window=window)
+    full_causal, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True, softcap=softcap)
+    cache = init_kv_cache(2, B, nkv, T, hs, q.dtype, windows=[None, window])
+    nbytes, one = cache.nbytes, cache.layer(0).bytes_per_token * B
+    eps = float(np.finfo(q.dtype).eps)
+    tol = dict(rtol=0, atol=eps * (8 * 16 * hs**1.5 + 4 * T))
+    start = 0
+    for i, n in enumerate(sizes):
+        held_before = cache.bytes_held
+        rows = slice(start, start + n)
+        for layer, expected in ((0, full_causal), (1, full_window)):
+            lc = cache.layer(layer)
+            k_all, v_all = kv_cache_update(lc, k[:, :, rows], v[:, :, rows])
+            if flash:
+                out, _ = flash_attention_forward(q[:, :, rows], k_all, v_all, is_causal="bottom_right",
+                                                 softcap=softcap, window=lc.window, block_q=2, block_k=2)
+            else:
+                out, _ = scaled_dot_product_attention_forward(q[:, :, rows], k_all, v_all, is_causal="bottom_right",
+                                                              softcap=softcap, window=lc.window)
+            assert_close(f"sliding decode layer {layer} step {i}", out, expected[:, :, rows], **tol)
+        start += n
+        sliding = min(start, window) * one                       # the sliding layer's tokens held
+        assert cache.bytes_held == start * one + sliding, f"bytes_held {cache.bytes_held} at {start} tokens"
+        if start - n >= window:                                  # the window was already full
+            assert cache.bytes_held - held_before == n * one, "sliding layer grew after its window filled"
+        assert cache.layer(1).held == min(start, window), f"sliding layer holds {cache.layer(1).held}"
+        assert cache.nbytes == nbytes, "the allocation changed"
+    assert nbytes == (T + window) * one, f"nbytes {nbytes}: T slots for the full layer, {window} for the sliding"

@@ -18,6 +18,7 @@ from numpy_attn.masks import (
     causal_mask,
     padded_position_ids,
     padding_attn_mask,
+    sliding_window_mask,
     varlen_attn_mask,
     varlen_position_ids,
     varlen_sequence_ids,
@@ -165,6 +166,96 @@ def test_bottom_right_equals_causal_lower_right(data, T, past):
     assert_matches("causal bottom_right vs causal_lower_right", case, out, grads, out_ref, grads_ref)
 
 
+# -- sliding window --------------------------------------------------------------------------------
+
+ALIGNS = st.sampled_from(["top_left", "bottom_right"])
+
+
+@given(T=S.dim(0, 7), S_=S.dim(0, 7), window=S.dim(1, 8), align=ALIGNS, data=st.data())
+@example(T=3, S_=5, window=2, align="bottom_right", data=None)   # attention.py's picture
+def test_sliding_window_by_definition_twin_and_tiles(T, S_, window, align, data):
+    """Query t (moved to S - T + t bottom-right) sees key s iff t - window < s <= t: exactly the
+    causal mask's keys within ``window`` of it; the twin agrees and a tile is the whole's slice."""
+    t = np.arange(T)[:, None] + (S_ - T if align == "bottom_right" else 0)
+    s = np.arange(S_)[None, :]
+    whole = sliding_window_mask(T, S_, window, align)
+    np.testing.assert_array_equal(whole, (t - window < s) & (s <= t), err_msg="sliding_window_mask", strict=True)
+    np.testing.assert_array_equal(whole, causal_mask(T, S_, align) & (s > t - window),
+                                  err_msg="sliding_window_mask within causal_mask", strict=True)
+    np.testing.assert_array_equal(to_numpy(tw.sliding_window_mask(T, S_, window, align)), whole,
+                                  err_msg="twin sliding_window_mask", strict=True)
+    if data is None:
+        rows, cols = slice(1, 3), slice(2, 5)
+        picture = np.array([[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], bool)
+        np.testing.assert_array_equal(whole, picture, err_msg="attention.py's picture", strict=True)
+    else:
+        r0, c0 = data.draw(st.integers(0, T), label="row start"), data.draw(st.integers(0, S_), label="col start")
+        rows = slice(r0, data.draw(st.integers(r0, T), label="row end"))
+        cols = slice(c0, data.draw(st.integers(c0, S_), label="col end"))
+    np.testing.assert_array_equal(sliding_window_mask(T, S_, window, align, rows, cols), whole[rows, cols],
+                                  err_msg=f"sliding_window_mask tile {rows}, {cols}", strict=True)
+    if window >= S_ + max(0, T - S_):      # a window past every key is the causal mask
+        np.testing.assert_array_equal(whole, causal_mask(T, S_, align), err_msg="wide window", strict=True)
+
+
+@given(T=S.dim(1, 7), past=S.dim(0, 6), window=S.dim(1, 8))
+@example(T=1, past=6, window=4)
+def test_sliding_window_equals_transformers_mask_function(T, past, window):
+    """transformers' masking_utils.sliding_window_causal_mask_function(window), the mask of
+    Mistral, Gemma 2 and Gemma 3 sliding layers, takes absolute positions: T new queries at
+    positions past .. past + T - 1 over S = past + T keys. It is our bottom-right mask, and for
+    past = 0 our top-left one."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    import torch
+
+    S_ = past + T
+    fn = masking_utils.sliding_window_causal_mask_function(window)
+    q_idx = torch.arange(past, S_)[:, None]                        # (T, 1) cache positions
+    kv_idx = torch.arange(S_)[None, :]                             # (1, S)
+    theirs = to_numpy(fn(0, 0, q_idx, kv_idx))
+    np.testing.assert_array_equal(sliding_window_mask(T, S_, window, "bottom_right"), theirs,
+                                  err_msg="sliding_window_mask vs transformers", strict=True)
+    if past == 0:
+        np.testing.assert_array_equal(sliding_window_mask(T, S_, window), theirs,
+                                      err_msg="top-left sliding_window_mask vs transformers", strict=True)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_sliding_window_equals_mistral_attention_weights(window):
+    """A tiny transformers MistralModel with sliding_window = w and eager attention: its attention
+    weights are nonzero exactly where sliding_window_mask(T, T, w) is True, in every layer."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.MistralConfig(vocab_size=7, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                                        sliding_window=window, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.MistralModel(config).double().eval()
+    T = 6
+    with torch.no_grad():
+        out = model(torch.arange(T)[None] % 7, output_attentions=True)
+    assert len(out.attentions) == 2, "one weight tensor per layer"
+    for i, weights in enumerate(out.attentions):
+        seen = to_numpy(weights[0] > 0)                            # (nh, T, T)
+        np.testing.assert_array_equal(seen, np.broadcast_to(sliding_window_mask(T, T, window), seen.shape),
+                                      err_msg=f"Mistral layer {i} keys seen, window {window}", strict=True)
+
+
+@given(data=st.data(), T=S.dim(1, 5), past=S.dim(0, 4), window=S.dim(1, 5))
+def test_sliding_window_attention_equals_builtin(data, T, past, window):
+    """Attention with sliding_window_mask(T, S, w, "bottom_right") equals the built-in given that
+    window written out here, output and gradients."""
+    S_ = past + T
+    case = data.draw(qkv(T, S_))
+    out, grads = numpy_attention(case, sliding_window_mask(T, S_, window, "bottom_right"))
+    t, s = np.arange(past, S_)[:, None], np.arange(S_)[None, :]
+    mask = to_torch((s <= t) & (s > t - window))
+    out_ref, grads_ref = autograd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                  {n: case[n] for n in "qkv"}, case["dout"])
+    assert_matches("sliding window vs builtin", case, out, grads, out_ref, grads_ref)
+
+
 # -- key padding --------------------------------------------------------------------------------------
 
 @given(data=st.data(), padding=padding_masks())
@@ -247,6 +338,11 @@ def test_bad_input_is_refused():
         causal_mask(2, -1)
     with pytest.raises(TypeError, match="T must be an integer"):
         causal_mask(2.0, 2)
+    for window, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match=rf"window must be a positive integer.*got .*{window!r}"):
+            sliding_window_mask(3, 3, window)
+    with pytest.raises(ValueError, match="align must be one of"):
+        sliding_window_mask(2, 2, 1, "lower_right")
     with pytest.raises(TypeError, match="key_padding_mask must be a bool NumPy array"):
         padding_attn_mask(np.array([[1, 0]]))
     with pytest.raises(ValueError, match=r"key_padding_mask must have 2 dimensions, got shape \(2,\)"):

@@ -79,12 +79,18 @@ def test_nothing_is_fetched_when_reading(built):
 
 
 def formula_lines(op_name):
-    """Lines of the module docstring indented four or more that hold an "=" (not code): found here
-    by reading the file, independently of the site."""
+    """Lines of the module docstring indented four or more that hold an "=" (not code: code calls
+    np., carries a # comment, or is one line of a call whose brackets close on another): found
+    here by reading the file, independently of the site."""
     source = (ROOT / "numpy_attn" / f"{op_name}.py").read_text()
     first = ast.parse(source).body[0]
     lines = source.splitlines()[first.lineno - 1:first.end_lineno]
-    return [line for line in lines if line.startswith("    ") and "=" in line and "np." not in line]
+
+    def code(line):
+        return ("np." in line or "#" in line or line.count("(") != line.count(")")
+                or line.count("[") != line.count("]"))
+
+    return [line for line in lines if line.startswith("    ") and "=" in line and not code(line)]
 
 
 def test_equations_are_typeset_as_mathml(built):

@@ -1,9 +1,10 @@
 """Scaled dot-product attention in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/attention.py: scores = (q * scale) @ k^T + mask, weights = softmax(scores),
-out = dropout(weights) @ v, with the same masks (bool True = may attend, float added, is_causal
-top-left aligned, or bottom-right with is_causal="bottom_right"), grouped-query heads repeated at
-the edge, batch axes that broadcast, and fully masked rows giving zeros.
+out = dropout(weights) @ v, with an optional softcap c * tanh(scores / c) before the mask, the
+same masks (bool True = may attend, float added, is_causal top-left aligned, or bottom-right with
+is_causal="bottom_right", a sliding ``window`` of keys), grouped-query heads repeated at the
+edge, batch axes that broadcast, and fully masked rows giving zeros.
 Instead of ``rng`` it takes ``keep``, the NumPy twin's ``cache.keep``, so that both drop exactly
 the same weights. Returns ``(out, weights)``, the weights after softmax and before dropout, as
 ``cache.weights``.
@@ -14,12 +15,13 @@ import math
 import torch
 
 from torch_attn.dropout import dropout
-from torch_attn.masks import causal_mask
+from torch_attn.masks import causal_mask, sliding_window_mask
+from torch_attn.softcap import logit_softcap
 from torch_attn.softmax import softmax
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                 dropout_p=0.0, keep=None):
+                                 dropout_p=0.0, keep=None, softcap=None, window=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), weights (..., T, S))."""
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
@@ -29,12 +31,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
         # (..., nkv, S, .) -> (..., nh, S, .)
         k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)
-    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
-        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left", device=q.device)
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right; a window keeps the last w
+        align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+        attn_mask = (causal_mask(T, S, align, device=q.device) if window is None
+                     else sliding_window_mask(T, S, window, align, device=q.device))
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask, 0, -torch.inf).to(q.dtype)   # False -> a score of -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.transpose(-1, -2)                       # (..., nh, T, S)
+    if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
+        scores = logit_softcap(scores, softcap)                   # (..., nh, T, S)
     if attn_mask is not None:
         scores = scores + attn_mask
     weights = softmax(scores)                                     # (..., nh, T, S); all -inf row -> 0
@@ -45,4 +51,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 
 # Equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
 # scale=scale, enable_gqa=True) (its output; enable_gqa only where k, v have fewer heads than q;
-# with dropout only in distribution, as the built-in draws its own mask).
+# with dropout only in distribution, as the built-in draws its own mask). With a softcap it equals
+# torch.nn.attention.flex_attention.flex_attention with score_mod = c * tanh(score / c); with a
+# window, F.scaled_dot_product_attention with transformers' sliding-window causal mask.

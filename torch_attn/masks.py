@@ -1,7 +1,7 @@
 """Boolean attention masks for causal models, padded batches and packed sequences, in PyTorch.
 
 Twin of numpy_attn/masks.py: True where a query may attend; causal masks top-left or bottom-right
-aligned; ``key_padding_mask`` True at padding; packed sequences by ``cu_seqlens``.
+aligned, or restricted to a sliding window; ``key_padding_mask`` True at padding; packed sequences by ``cu_seqlens``.
 """
 
 import torch
@@ -10,10 +10,22 @@ import torch
 def causal_mask(T, S, align="top_left", rows=slice(None), cols=slice(None), device=None):
     """(T, S) bool: True where query t may see key s. top_left: s <= t; bottom_right: s <= S - T + t;
     ``rows`` and ``cols`` (slices) give one tile of it."""
+    t, s = _query_key_positions(T, S, align, rows, cols, device)   # (T, 1), (1, S)
+    return s <= t                                         # (T, S)
+
+
+def sliding_window_mask(T, S, window, align="top_left", rows=slice(None), cols=slice(None), device=None):
+    """(T, S) bool: causal_mask keeping only each query's last ``window`` keys, its own included."""
+    t, s = _query_key_positions(T, S, align, rows, cols, device)   # (T, 1), (1, S)
+    return (s <= t) & (s > t - window)                    # (T, S)
+
+
+def _query_key_positions(T, S, align, rows, cols, device):
+    """(T, 1) query and (1, S) key positions, the queries moved right by S - T bottom-right."""
     offset = 0 if align == "top_left" else S - T          # the diagonal moves right by S - T
-    t = torch.arange(T, device=device)[rows, None]        # (T, 1): the queries, or a tile's
+    t = torch.arange(T, device=device)[rows, None] + offset   # (T, 1): the queries, or a tile's
     s = torch.arange(S, device=device)[None, cols]        # (1, S): the keys, or a tile's
-    return s <= t + offset                                # (T, S)
+    return t, s
 
 
 def padding_attn_mask(key_padding_mask):
@@ -51,5 +63,7 @@ def varlen_sequence_ids(cu_seqlens):
 
 
 # causal_mask(T, S, "top_left") is the mask of F.scaled_dot_product_attention(..., is_causal=True);
-# causal_mask(T, S, "bottom_right") equals torch.nn.attention.bias.causal_lower_right(T, S), and
+# causal_mask(T, S, "bottom_right") equals torch.nn.attention.bias.causal_lower_right(T, S);
+# sliding_window_mask equals transformers.masking_utils.sliding_window_causal_mask_function(window)
+# at query positions S - T + t (bottom-right) or t (top-left); and
 # varlen_attn_mask equals running each sequence alone (FlashAttention's flash_attn_varlen_func).

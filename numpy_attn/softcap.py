@@ -1,0 +1,46 @@
+"""Logit softcapping, c * tanh(x / c), and its backward.
+
+    out = c * tanh(x / c)            -c < out < c;  out = x - x^3 / (3 c^2) + ... near 0
+
+Gemma Team, "Gemma 2: Improving Open Language Models at a Practical Size" (2024), section 2:
+the attention scores (``attn_logit_softcapping``, c = 50) and the final logits
+(``final_logit_softcapping``, c = 30) are squashed smoothly into (-c, c), so that no logit can
+grow without bound, while those well below c pass almost unchanged. Inside attention it acts on
+the scaled scores before the mask is added (numpy_attn/attention.py, flash_attention.py).
+
+Backward: d out / d x = 1 - tanh^2(x / c), from the tanh the forward kept (as PyTorch's tanh
+backward computes it, 1 - y^2).
+"""
+
+import numpy as np
+
+from numpy_attn._checks import check_dout, check_float, check_softcap
+
+
+def logit_softcap_forward(x, softcap):
+    """c * tanh(x / c) elementwise, c = ``softcap`` > 0: x (...) -> out (...).
+
+    Returns ``(out, cache)``; the cache is ``(t, c)``, t = tanh(x / c), all the backward needs.
+    """
+    _check_logit_softcap(x, softcap)
+    c = x.dtype.type(softcap)                       # in x's dtype: a float64 c would upcast float32
+    t = np.tanh(x / c)                              # (...) in (-1, 1)
+    out = c * t                                     # (...) in (-c, c)
+    return out, (t, c)
+
+
+def logit_softcap_backward(dout, cache):
+    """Gradient of softcapping: dout (...) -> dx (...)."""
+    t, c = cache
+    check_dout("logit_softcap", dout, t.shape, t.dtype)
+    # Undoes out = c * tanh(x / c): c * (1 - t^2) / c.
+    dx = dout * (1 - t * t)                         # (...)
+    return dx
+
+
+def _check_logit_softcap(x, softcap):
+    """Raise unless x is a float array and softcap a finite number > 0 (None is no cap: refused here)."""
+    check_float("x", x)
+    if softcap is None:
+        raise TypeError("softcap must be a finite number > 0, got None")
+    check_softcap(softcap)
