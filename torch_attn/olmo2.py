@@ -9,6 +9,7 @@ from torch_attn.llama import decoder, llama_attention
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
 
+# -- the block: norms after attention and after the MLP ---------------------------------------------
 
 def olmo2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """One block: x (B, T, C) -> (B, T, C); ``attn_mask`` and ``kv_cache`` go to attention."""
@@ -24,9 +25,12 @@ def olmo2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     return out
 
 
+# -- the model ------------------------------------------------------------------------------------
+
 def olmo2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's."""
-    return decoder(ids, params, config, olmo2_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache)
+    return decoder(ids, params, config, olmo2_block, positions=positions,
+                   attn_mask=attn_mask, kv_cache=kv_cache)
 
 
 # Equals Hugging Face's transformers.Olmo2ForCausalLM(...).logits holding the same weights;
