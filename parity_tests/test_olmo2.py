@@ -7,15 +7,13 @@ its own: the norms after the sublayers, and QK-norm across the heads.
 
 import numpy as np
 
-import torch_attn.llama as tw_llama
 import torch_attn.olmo2 as tw
-from numpy_attn.llama import init_llama_params, llama_kv_cache
+from numpy_attn.llama import init_llama_params
 from numpy_attn.olmo2 import Olmo2Config, olmo2_backward, olmo2_forward
 from parity_tests.helpers import assert_close, tree_map
 from parity_tests.test_qwen3 import Family, _tol, model_tests
 
-OLMO2 = Family("olmo2", Olmo2Config, olmo2_forward, olmo2_backward, llama_kv_cache, tw.olmo2, tw_llama.llama_kv_cache,
-               "olmo2")
+OLMO2 = Family("olmo2", "OLMo 2", Olmo2Config, olmo2_forward, olmo2_backward, tw.olmo2, "olmo2")
 
 
 def _model():

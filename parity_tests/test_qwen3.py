@@ -50,21 +50,19 @@ from parity_tests.test_llama import (
 
 
 class Family(NamedTuple):
-    """One model family built on numpy_attn/llama.py: its config class, its NumPy forward,
-    backward and cache, its torch twin and cache, and its kind in attn_cli.hf."""
+    """One model family built on numpy_attn/llama.py: its config class, its NumPy forward and
+    backward, its torch twin, and its kind in attn_cli.hf (the cache is llama_kv_cache's)."""
 
     name: str
+    title: str               # as messages name it
     config_class: type
     forward: object
     backward: object
-    kv_cache: object
     twin: object
-    twin_kv_cache: object
     kind: str
 
 
-QWEN3 = Family("qwen3", Qwen3Config, qwen3_forward, qwen3_backward, llama_kv_cache, tw.qwen3, tw_llama.llama_kv_cache,
-               "qwen3")
+QWEN3 = Family("qwen3", "Qwen3", Qwen3Config, qwen3_forward, qwen3_backward, tw.qwen3, "qwen3")
 
 
 def _tol(cache, dtype):
@@ -134,8 +132,9 @@ def model_tests(family):
             h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])   # as test_llama.py
             numeric = directional_derivative(
                 lambda p: np.sum(f.forward(ids, p, config, positions=positions)[0] * dout), params, direction, h=h)
-            assert_close(f"{f.name} directional derivative vs finite differences",
-                         np.float64(tree_dot(grads, direction)), np.float64(numeric), **directional_tol(grads, direction))
+            exact = np.float64(tree_dot(grads, direction))
+            assert_close(f"{f.name} directional derivative vs finite differences", exact, np.float64(numeric),
+                         **directional_tol(grads, direction))
 
         # -- cached decoding equals the full forward ------------------------------------------------------
 
@@ -148,12 +147,12 @@ def model_tests(family):
             sizes = [P] + [1] * (ids.shape[1] - P)
             f = family
             full, full_cache = f.forward(ids, params, config)
-            kv_cache = f.kv_cache(config, ids.shape[0], params["wte"].dtype)
+            kv_cache = llama_kv_cache(config, ids.shape[0], params["wte"].dtype)
             cached = decode_in_steps(lambda chunk: f.forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
             assert_close(f"{f.name} decode.logits vs full forward", cached, full,
                          **reorder_tol(_rstds(full_cache), full.dtype))
             tparams = tree_map(to_torch, params)
-            twin_cache = f.twin_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
+            twin_cache = tw_llama.llama_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
             twin = decode_in_steps(
                 lambda chunk: to_numpy(f.twin(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
             assert_close(f"{f.name} decode twin.logits", twin, cached, **_tol(full_cache, full.dtype))
@@ -215,7 +214,8 @@ def model_tests(family):
         def test_generate_hf_without_ids_is_refused(self, tmp_path, capsys):
             self.hf_model(np.float32).save_pretrained(tmp_path, safe_serialization=True)
             assert cli.main(["generate", "--hf", str(tmp_path), "--prompt", "hello"]) == 2
-            assert "--ids 1,2,3" in capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert f"is a {family.title} checkpoint" in err and "--ids 1,2,3" in err, err
 
         # -- bad input ----------------------------------------------------------------------------------------
 
@@ -247,8 +247,8 @@ def model_tests(family):
             assert message.replace("\\", "") in capsys.readouterr().err
 
         @pytest.mark.parametrize("changes, message", [
-            ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
-             "rope_type 'dynamic' is not supported"),
+            ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+             "rope_type 'longrope' is not supported"),
             ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
             ({"attention_bias": "yes"}, "attention_bias must be a bool, got 'yes'"),
         ])
