@@ -7,8 +7,9 @@ the bias on q, k and v, with an RMS norm of width hs on each head's query and ke
 (weights ``blocks.i.attn.q_norm.w`` and ``k_norm.w``, (hs,), shared by the heads). Everything
 else is llama.py's: the blocks, the keywords, the parameters' initialisation (``init_llama_params``,
 which gives a Qwen3Config's q and k norms their width) and the key/value cache
-(``llama_kv_cache``); what stands here is what Qwen3 changes. The head size is its own setting (Hugging Face's ``head_dim``, 128 in the released
-models whatever the width). Qwen3's optional sliding window is not implemented.
+(``llama_kv_cache``); what stands here is what Qwen3 changes. The head size is its own setting
+(Hugging Face's ``head_dim``, 128 in the released models whatever the width). Qwen3's optional
+sliding window is not implemented.
 """
 
 from dataclasses import dataclass
