@@ -2,8 +2,11 @@
 
     kind, config, params = load_checkpoint("gpt2")       # a folder with config.json + *.safetensors
 
-Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU and eps) and
-``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params). The tensors are read from
+Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU and eps),
+``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params), ``Qwen3ForCausalLM``
+(-> numpy_attn.qwen3.Qwen3Config) and ``Olmo2ForCausalLM`` (-> numpy_attn.olmo2.Olmo2Config),
+whose params are Llama's with the q and k norms (and for OLMo 2 the block's two norms after the
+attention and the MLP rather than before). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
 which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``.
 
@@ -37,8 +40,10 @@ import numpy as np
 
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.llama import LlamaConfig
+from numpy_attn.olmo2 import Olmo2Config
+from numpy_attn.qwen3 import Qwen3Config
 
-ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM")
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM")
 GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 # Buffers that older GPT-2 files store beside the weights: the causal mask, not parameters.
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -71,6 +76,13 @@ CONFIG_KEYS = {
         "attention_bias": ("bool", None, False), "mlp_bias": ("bool", None, False),
         "tie_word_embeddings": ("bool", None, False), "hidden_act": ("str", None, False)},
 }
+# Qwen3 and OLMo 2 read Llama's keys but mlp_bias (their MLPs have none); Qwen3's sliding-window
+# keys are read to be checked (qwen3_config refuses the window, which is not implemented).
+_LLAMA_FAMILY_KEYS = {key: rule for key, rule in CONFIG_KEYS["LlamaForCausalLM"].items() if key != "mlp_bias"}
+CONFIG_KEYS["Qwen3ForCausalLM"] = {**_LLAMA_FAMILY_KEYS, "use_sliding_window": ("bool", None, False),
+                                   "sliding_window": ("int or null", 1, False),
+                                   "max_window_layers": ("int", 0, False)}
+CONFIG_KEYS["Olmo2ForCausalLM"] = dict(_LLAMA_FAMILY_KEYS)
 # Sizes that allocate without being parameters, so that the parameter count cannot bound them:
 # the rotary table has head_dim / 2 entries (released models use head sizes of 64 to 512).
 CAPS = {"head_dim": 65536}
@@ -87,20 +99,15 @@ class CheckpointError(ValueError):
 
 
 def load_checkpoint(folder, dtype=np.float32):
-    """(kind, config, params) from a Hugging Face folder: kind "gpt2" or "llama"."""
+    """(kind, config, params) from a Hugging Face folder: kind "gpt2", "llama", "qwen3" or "olmo2"."""
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
     check_config(hf_config, architecture, folder)
     tensors = _Tensors(read_tensors(folder), folder, dtype)
-    if architecture == "GPT2LMHeadModel":
-        config = gpt2_config(hf_config)
-        params = _gpt2_params(tensors, config)
-        kind = "gpt2"
-    else:
-        config = llama_config(hf_config)
-        params = _llama_params(tensors, config)
-        kind = "llama"
+    kind, build, read_params = MODELS[architecture]
+    config = build(hf_config)
+    params = read_params(tensors, config)
     tensors.finish()
     return kind, config, params
 
@@ -147,7 +154,7 @@ def check_config(hf_config, architecture, folder):
         raise CheckpointError(f"{path} describes at least {need:,} parameters ({bytes_text(4 * need)} in float32), "
                               f"but the safetensors files hold {held:,} values: the config does not "
                               "describe these weights")
-    build = gpt2_config if architecture == "GPT2LMHeadModel" else llama_config
+    build = MODELS[architecture][1]
     try:                        # what only the config as a whole can refuse (n_embd % n_head, rope)
         build(hf_config)
     except (TypeError, ValueError) as err:      # named by path, once ("GPT-2 config.json: ..." or not)
@@ -466,11 +473,13 @@ def _gpt2_params(tensors, config):
 
 # -- Llama ------------------------------------------------------------------------------------------
 
-def llama_config(hf):
-    """LlamaConfig from a Llama config.json (dict): rope settings from ``rope_parameters``
-    (transformers 5) or ``rope_theta`` and ``rope_scaling`` (transformers 4)."""
+def llama_config(hf, config_class=LlamaConfig):
+    """LlamaConfig (or ``config_class``, a family built on it) from a Llama config.json (dict):
+    rope settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` and
+    ``rope_scaling`` (transformers 4)."""
+    family = config_class.__name__.removesuffix("Config")         # "Llama", "Qwen3", "Olmo2"
     if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"Llama config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+        raise CheckpointError(f"{family} config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     rope = dict(hf.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
     if not rope and hf.get("rope_scaling"):
@@ -481,21 +490,24 @@ def llama_config(hf):
     keys = {"default": (), "linear": ("factor",),
             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
     if rope_type not in keys:
-        raise CheckpointError(f"Llama config.json: rope_type {rope_type!r} is not supported "
+        raise CheckpointError(f"{family} config.json: rope_type {rope_type!r} is not supported "
                               f"(one of {sorted(keys)})")
     scaling = None if rope_type == "default" else {"rope_type": rope_type, **{k: rope.get(k) for k in keys[rope_type]}}
     n_head = hf["num_attention_heads"]
-    return LlamaConfig(
+    return config_class(
         vocab_size=hf["vocab_size"], block_size=hf.get("max_position_embeddings", 2048),
         n_layer=hf["num_hidden_layers"], n_head=n_head,
         n_kv_head=hf.get("num_key_value_heads") or n_head, n_embd=hf["hidden_size"],
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head, hidden=hf["intermediate_size"],
         rms_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), rope_scaling=scaling,
         rope_layout="half", attn_bias=bool(hf.get("attention_bias", False)),
-        mlp_bias=bool(hf.get("mlp_bias", False)), tie_weights=bool(hf.get("tie_word_embeddings", False)))
+        mlp_bias=bool(hf.get("mlp_bias", False)) and family == "Llama",   # Qwen3's, OLMo 2's MLPs have none
+        tie_weights=bool(hf.get("tie_word_embeddings", False)))
 
 
-def _llama_params(tensors, config):
+def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_layernorm")):
+    """The params of a Llama (or Qwen3, OLMo 2: config.qk_norm adds q_norm and k_norm) from its
+    tensors; ``norms`` names the block's two norms, our attn_norm and mlp_norm."""
     V, C, H, hs = config.vocab_size, config.n_embd, config.hidden, config.hs
     nh, nkv = config.n_head, config.n_kv_head
 
@@ -513,15 +525,52 @@ def _llama_params(tensors, config):
                 "k": linear(p + "self_attn.k_proj", C, nkv * hs, bias),
                 "v": linear(p + "self_attn.v_proj", C, nkv * hs, bias),
                 "o": linear(p + "self_attn.o_proj", nh * hs, C, bias)}
+        if config.qk_norm is not None:     # Qwen3, OLMo 2: weights (hs,) per head, or the projections' widths
+            q_width, k_width = config.qk_norm_widths
+            attn["q_norm"] = {"w": tensors.take(p + "self_attn.q_norm.weight", (q_width,))}
+            attn["k_norm"] = {"w": tensors.take(p + "self_attn.k_norm.weight", (k_width,))}
         mlp = {"gate": linear(p + "mlp.gate_proj", C, H, config.mlp_bias),
                "up": linear(p + "mlp.up_proj", C, H, config.mlp_bias),
                "down": linear(p + "mlp.down_proj", H, C, config.mlp_bias)}
         params["blocks"][str(i)] = {
-            "attn_norm": {"w": tensors.take(p + "input_layernorm.weight", (C,))}, "attn": attn,
-            "mlp_norm": {"w": tensors.take(p + "post_attention_layernorm.weight", (C,))}, "mlp": mlp}
+            "attn_norm": {"w": tensors.take(f"{p}{norms[0]}.weight", (C,))}, "attn": attn,
+            "mlp_norm": {"w": tensors.take(f"{p}{norms[1]}.weight", (C,))}, "mlp": mlp}
     params["norm"] = {"w": tensors.take("model.norm.weight", (C,))}
     if config.tie_weights:
         tensors.drop("lm_head.weight")
     else:
         params["head"] = {"w": tensors.take("lm_head.weight", (V, C)).T.copy()}   # (V, C) -> (C, V)
     return params
+
+
+# -- Qwen3 and OLMo 2: Llama's layout with q and k norms ---------------------------------------------
+
+def qwen3_config(hf):
+    """Qwen3Config from a Qwen3 config.json (dict): llama_config's reading, and the sliding window
+    (``use_sliding_window``, off in the released models) refused, as it is not implemented here."""
+    if hf.get("use_sliding_window", False):
+        raise CheckpointError("Qwen3 config.json: use_sliding_window = True is not supported (sliding-window "
+                              "layers are not implemented for Qwen3; only full attention)")
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list)
+                                    or any(t != "full_attention" for t in layer_types)):
+        raise CheckpointError(f"Qwen3 config.json: layer_types must list only 'full_attention' (sliding-window "
+                              f"layers are not implemented for Qwen3), got {_short(layer_types)}")
+    return llama_config(hf, Qwen3Config)
+
+
+def olmo2_config(hf):
+    """Olmo2Config from an OLMo 2 config.json (dict), read as llama_config reads Llama's."""
+    return llama_config(hf, Olmo2Config)
+
+
+def _olmo2_params(tensors, config):
+    """Llama's params, the block's norms read from their places after attention and the MLP."""
+    return _llama_params(tensors, config, norms=("post_attention_layernorm", "post_feedforward_layernorm"))
+
+
+# architecture -> (kind, its config from config.json, its params from the tensors)
+MODELS = {"GPT2LMHeadModel": ("gpt2", gpt2_config, _gpt2_params),
+          "LlamaForCausalLM": ("llama", llama_config, _llama_params),
+          "Qwen3ForCausalLM": ("qwen3", qwen3_config, _llama_params),
+          "Olmo2ForCausalLM": ("olmo2", olmo2_config, _olmo2_params)}

@@ -2,8 +2,9 @@
 
 The folder is one that ``huggingface-cli download gpt2 --local-dir gpt2`` (or ``save_pretrained``)
 writes: config.json and model.safetensors, read by attn_cli.hf. GPT-2 folders take ``--prompt``
-text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama folders come with
-tokenizers this project does not implement, so they take ``--ids 1,2,3`` and print ids. Both go
+text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama, Qwen3 and OLMo 2
+folders come with tokenizers this project does not implement, so they take ``--ids 1,2,3`` and
+print ids. Both go
 through the sampling loop of train checkpoints (attn_cli.generate.continue_ids): a prompt longer
 than the context is refused, and they decode with a key/value cache (numpy_attn/kv_cache.py)
 sized for the prompt and the new tokens: the prompt runs once, then each new token alone, while
@@ -28,11 +29,16 @@ def parse_ids(text):
 
 
 def run(args):
-    """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (Llama)."""
+    """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (the others)."""
     from attn_cli.hf import load_checkpoint
     from numpy_attn.gpt import gpt_forward, gpt_kv_cache
     from numpy_attn.llama import llama_forward, llama_kv_cache
+    from numpy_attn.olmo2 import olmo2_forward
+    from numpy_attn.qwen3 import qwen3_forward
 
+    models = {"gpt2": (gpt_forward, gpt_kv_cache), "llama": (llama_forward, llama_kv_cache),
+              "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache)}
+    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2"}
     kind, config, params = load_checkpoint(args.hf, np.float32)
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer
@@ -41,7 +47,7 @@ def run(args):
             raise ValueError("give --prompt TEXT (or --ids 1,2,3) to continue")
         prompt, option = tokenizer.encode(args.prompt), "--prompt"
     elif args.ids is None:
-        raise ValueError(f"{args.hf} is a Llama checkpoint, whose tokenizer numpy-attn does not "
+        raise ValueError(f"{args.hf} is a {family[kind]} checkpoint, whose tokenizer numpy-attn does not "
                          "implement: give the prompt as token ids, --ids 1,2,3 (its tokenizer "
                          "gives them), and read the continuation as ids")
     else:
@@ -50,7 +56,7 @@ def run(args):
     if bad:
         raise ValueError(f"{option}: token id {bad[0]} is outside the vocabulary of {args.hf}, ids 0 to "
                          f"{config.vocab_size - 1}")
-    forward, new_cache = (gpt_forward, gpt_kv_cache) if kind == "gpt2" else (llama_forward, llama_kv_cache)
+    forward, new_cache = models[kind]
     dtype = params["wte"].dtype
     out = continue_ids(lambda ids, **kw: forward(ids, params, config, **kw)[0], prompt, config.block_size,
                        args.max_new_tokens, args.temperature, args.top_k, np.random.default_rng(args.seed),

@@ -35,6 +35,8 @@ Reading order, leaf to root:
     rms_norm         root-mean-square norm (no centring, no bias), as in Llama
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
+    qwen3            Qwen3: Llama with QK-norm per head
+    olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)

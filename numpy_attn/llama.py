@@ -25,10 +25,15 @@ tokens while ids hold only the new ones, and ``rng`` (unused: this model has no 
 cache, the causal mask aligns bottom-right and each layer stores its keys already rotated, for
 its nkv key/value heads only. The backward refuses a forward that read past tokens from the cache:
 it is for inference only.
+
+The families built on this model reuse its pieces: a config class's ``qk_norm`` puts an RMS norm
+on q and k (``qk_norm_forward``: per head for numpy_attn/qwen3.py, over the whole projection for
+numpy_attn/olmo2.py), and ``decoder_forward`` / ``decoder_backward`` run the embedding, the
+blocks, the final norm and the head around another block (OLMo 2's norms after).
 """
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -74,6 +79,8 @@ class LlamaConfig:
     attn_bias: bool = False
     mlp_bias: bool = False
     tie_weights: bool = False     # the output layer is the token embedding, transposed
+    # Not a field: the families built on this one (numpy_attn/qwen3.py, olmo2.py) set it.
+    qk_norm: ClassVar[str | None] = None   # RMS norm on q and k: None, per "head" or over the "projection"
 
     def __post_init__(self):
         for name, value in _check_llama_config(self).items():
@@ -84,12 +91,21 @@ class LlamaConfig:
         """The head size: head_dim, or n_embd // n_head."""
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
+    @property
+    def qk_norm_widths(self):
+        """The widths of the q and k norms' weights: (hs, hs) per head, (nh*hs, nkv*hs) over the
+        projection; None without QK-norm."""
+        if self.qk_norm is None:
+            return None
+        return (self.hs, self.hs) if self.qk_norm == "head" else (self.n_head * self.hs, self.n_kv_head * self.hs)
+
 
 def init_llama_params(config, rng, dtype=np.float32):
     """{"wte": (V, C), "blocks": {"0": ..., ...}, "norm": {"w": (C,)}, ["head": {"w": (C, V)}]}.
 
     Embeddings and linear weights are drawn from N(0, 0.02^2), as Hugging Face's Llama
-    (initializer_range); norms start at 1, biases at 0; head only without tied weights.
+    (initializer_range); norms start at 1, biases at 0; head only without tied weights; the
+    attention's "q_norm" and "k_norm" {"w"} only with the config's qk_norm.
     """
     check_rng(rng, "init_llama_params")
     V, C, hs = config.vocab_size, config.n_embd, config.hs
@@ -105,6 +121,8 @@ def init_llama_params(config, rng, dtype=np.float32):
     for i in range(config.n_layer):
         attn = {"q": linear(C, nh * hs, config.attn_bias), "k": linear(C, nkv * hs, config.attn_bias),
                 "v": linear(C, nkv * hs, config.attn_bias), "o": linear(nh * hs, C, config.attn_bias)}
+        if config.qk_norm is not None:   # Qwen3, OLMo 2: the q and k norms start at 1 as the others
+            attn["q_norm"], attn["k_norm"] = ({"w": np.ones(width, dtype)} for width in config.qk_norm_widths)
         mlp = {"gate": linear(C, config.hidden, config.mlp_bias),
                "up": linear(C, config.hidden, config.mlp_bias),
                "down": linear(config.hidden, C, config.mlp_bias)}
@@ -116,14 +134,46 @@ def init_llama_params(config, rng, dtype=np.float32):
     return params
 
 
+# -- QK-norm: RMS norm on the queries and keys (Qwen3, OLMo 2) --------------------------------------
+
+class QKNormCache(NamedTuple):
+    """The two RMS norms' caches, and where they sat."""
+
+    q: tuple
+    k: tuple
+    kind: str                # "head" or "projection"
+
+
+def qk_norm_forward(q, k, params, eps, kind):
+    """RMS norm of q and of k over their last axis, each with its own weight: per head, q
+    (B, nh, T, hs) and k (B, nkv, T, hs) with weights (hs,); over the projection, q (B, T, nh*hs)
+    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,). Returns ``(q, k, cache)``.
+
+    Bounding each query and key bounds the scores q . k / sqrt(hs): no logit grows without limit
+    while training (Dehghani et al., "Scaling Vision Transformers to 22 Billion Parameters", 2023).
+    """
+    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps)
+    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
+    return q, k, QKNormCache(q_cache, k_cache, kind)
+
+
+def qk_norm_backward(dq, dk, cache):
+    """Gradients: (dq, dk) of the normed q and k -> (dq, dk, {"q_norm": {"w"}, "k_norm": {"w"}})."""
+    dk, dk_norm = rms_norm_backward(dk, cache.k)
+    dq, dq_norm = rms_norm_backward(dq, cache.q)
+    return dq, dk, {"q_norm": dq_norm, "k_norm": dk_norm}
+
+
 # -- attention with rotary positions and grouped-query heads ------------------------------------
 
 class LlamaAttentionCache(NamedTuple):
-    """The caches of the four projections, the two rotations and attention, in forward order."""
+    """The caches of the four projections, the QK-norm (None without), the two rotations and
+    attention, in forward order."""
 
     q: tuple
     k: tuple
     v: tuple
+    qk_norm: QKNormCache | None
     q_rope: tuple
     k_rope: tuple
     sdpa: tuple
@@ -147,9 +197,14 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
     k, k_cache = linear_forward(x, **params["k"])                             # (B, T, C) -> (B, T, nkv*hs)
     v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
+    qk_norm_cache = None
+    if config.qk_norm == "projection":   # OLMo 2: q and k normed across all their heads at once
+        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "projection")   # widths nh*hs, nkv*hs
     q = q.reshape(B, T, nh, hs).swapaxes(1, 2)                                # (B, T, nh*hs) -> (B, nh, T, hs)
     k = k.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
+        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "head")         # width hs
     rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
     q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
@@ -161,13 +216,14 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
                                                          is_causal=is_causal)   # (B, nh, T, hs)
     y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
-    cache = LlamaAttentionCache(q_cache, k_cache, v_cache, q_rope_cache, k_rope_cache, sdpa_cache, o_cache,
-                                nh, hs, past)
+    cache = LlamaAttentionCache(q_cache, k_cache, v_cache, qk_norm_cache, q_rope_cache, k_rope_cache, sdpa_cache,
+                                o_cache, nh, hs, past)
     return out, cache
 
 
 def llama_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"[, "q_norm", "k_norm"]} like
+    the params)."""
     B, T, C = dout.shape
     # Undoes out = y @ o.w (+ o.b).
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
@@ -180,16 +236,22 @@ def llama_attention_backward(dout, cache):
     # Undoes the two rotations.
     dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
     dq = rope_backward(dq, cache.q_rope)                                      # (B, nh, T, hs)
+    dqk_norm = {}
+    kind = None if cache.qk_norm is None else cache.qk_norm.kind
+    if kind == "head":         # undoes the per-head QK-norm
+        dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)            # (B, nh, T, hs), (B, nkv, T, hs)
     # Undoes the reshapes of q, k, v into heads.
     dv = dv.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nkv, T, hs) -> (B, T, nkv*hs)
     dk = dk.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nkv, T, hs) -> (B, T, nkv*hs)
     dq = dq.swapaxes(1, 2).reshape(B, T, -1)                                  # (B, nh, T, hs) -> (B, T, nh*hs)
+    if kind == "projection":   # undoes the QK-norm over the projection
+        dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)            # (B, T, nh*hs), (B, T, nkv*hs)
     # Undoes the three projections: x fed all of them, so their gradients add.
     dx_v, dv_params = linear_backward(dv, cache.v)                            # (B, T, C)
     dx_k, dk_params = linear_backward(dk, cache.k)                            # (B, T, C)
     dx_q, dq_params = linear_backward(dq, cache.q)                            # (B, T, C)
     dx = dx_q + dx_k + dx_v
-    return dx, {"q": dq_params, "k": dk_params, "v": dv_params, "o": do}
+    return dx, {"q": dq_params, "k": dk_params, "v": dv_params, "o": do, **dqk_norm}
 
 
 # -- the block ------------------------------------------------------------------------------------
@@ -255,7 +317,14 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     causality; ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; ``rng``
     is accepted for gpt_forward's vocabulary and unused (no dropout).
     """
-    ids = _check_llama(ids, config, positions, attn_mask, kv_cache, rng)
+    return decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng)
+
+
+def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng):
+    """llama_forward for the families built on it: ``config`` must be a ``config_class``, and
+    ``block_forward`` (llama_block_forward's arguments) makes each block."""
+    ids = _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng)
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
@@ -268,8 +337,8 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     block_caches = []
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
-        x, block_cache = llama_block_forward(x, params["blocks"][str(i)], config, positions,
-                                             attn_mask=attn_mask, kv_cache=layer_cache)
+        x, block_cache = block_forward(x, params["blocks"][str(i)], config, positions,
+                                       attn_mask=attn_mask, kv_cache=layer_cache)
         block_caches.append(block_cache)                                      # x: (B, T, C)
     # 3: final RMS norm
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps)  # (B, T, C)
@@ -281,12 +350,18 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
 
 def llama_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    return decoder_backward("llama", dlogits, cache, llama_block_backward)
+
+
+def decoder_backward(op, dlogits, cache, block_backward):
+    """llama_backward for the families built on it: ``block_backward`` undoes each block; ``op``
+    names the model in the message about a wrong dlogits."""
     # 4: undoes logits = x @ head_w.
-    dx, dhead = head_backward("llama", dlogits, cache.head)                   # (B, T, V) -> (B, T, C)
+    dx, dhead = head_backward(op, dlogits, cache.head)                        # (B, T, V) -> (B, T, C)
     # 3: undoes x = rms_norm(x).
     dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
     # 2: undoes the blocks, the last one first.
-    dx, dblocks = blocks_backward(dx, cache.blocks, llama_block_backward)     # (B, T, C)
+    dx, dblocks = blocks_backward(dx, cache.blocks, block_backward)           # (B, T, C)
     # 1: undoes x = wte[ids].
     dparams = {"wte": embedding_backward(dx, cache.wte), "blocks": dblocks, "norm": dnorm}
     return with_head(dparams, dhead, cache.head)
@@ -316,10 +391,10 @@ def _check_llama_config(config):
     return values
 
 
-def _check_llama(ids, config, positions, attn_mask, kv_cache, rng):
+def _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng):
     """Return ids as an integer (B, T) array, or raise naming the argument at fault."""
-    if not isinstance(config, LlamaConfig):
-        raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+    if type(config) is not config_class:    # each family's params differ: a Qwen3Config is no LlamaConfig here
+        raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
     past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "llama_kv_cache")

@@ -1,6 +1,7 @@
 """Parity tests for numpy_attn/llama.py and torch_attn/llama.py, against Hugging Face's Llama."""
 
 import dataclasses
+import importlib
 import types
 
 import numpy as np
@@ -10,7 +11,14 @@ import transformers
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from numpy_attn.llama import LlamaConfig, init_llama_params, llama_backward, llama_forward
+from numpy_attn.llama import (
+    LlamaConfig,
+    init_llama_params,
+    llama_backward,
+    llama_forward,
+    qk_norm_backward,
+    qk_norm_forward,
+)
 from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
@@ -27,7 +35,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_map,
 )
-from torch_attn.llama import llama
+from torch_attn.llama import llama, qk_norm
 
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
@@ -36,12 +44,13 @@ SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
 
 
 @st.composite
-def configs(draw, n_layer=None, tie_weights=None, rope_layout=None):
+def configs(draw, n_layer=None, tie_weights=None, rope_layout=None, config_class=LlamaConfig):
     """Tiny configs: grouped-query heads (1 or 2 key/value heads, 1 or 2 queries each), head
     sizes 2 or 4 independent of C (which Hugging Face's config wants a multiple of nh), biases,
-    tied heads, both layouts, every scaling."""
+    tied heads, both layouts, every scaling. ``config_class`` a family built on Llama's (Qwen3,
+    OLMo 2, whose MLPs have no bias)."""
     nkv, g = draw(S.dim(1, 2)), draw(S.dim(1, 2))
-    return LlamaConfig(
+    return config_class(
         vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
         n_layer=draw(st.integers(0, 2)) if n_layer is None else n_layer,
         n_head=nkv * g, n_kv_head=nkv, n_embd=nkv * g * draw(S.dim(1, 3)),
@@ -50,14 +59,15 @@ def configs(draw, n_layer=None, tie_weights=None, rope_layout=None):
         rope_theta=draw(st.sampled_from([10000.0, 500000.0, 3.0])),
         rope_scaling=draw(st.sampled_from(SCALINGS)),
         rope_layout=draw(st.sampled_from(["half", "interleaved"])) if rope_layout is None else rope_layout,
-        attn_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+        attn_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()) if config_class is LlamaConfig else False,
         tie_weights=draw(st.booleans()) if tie_weights is None else tie_weights)
 
 
 @st.composite
 def models(draw, dtype=None, **config_kw):
     """(config, params, ids, positions, dout): params from init_llama_params moved by U(-0.5, 0.5)
-    (so that norms and biases are not at 1 and 0), repeating ids, default or drawn positions."""
+    (so that norms and biases are not at 1 and 0), repeating ids, default or drawn positions;
+    ``config_kw`` for configs (config_class among them)."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     config = draw(configs(**config_kw))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
@@ -83,8 +93,10 @@ def _pinned_case():
 
 
 def _rstds(cache):
-    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w))."""
-    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
+    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w)), the QK-norms'
+    (Qwen3, OLMo 2) included."""
+    qk = [r for c in cache.blocks if c.attn.qk_norm for r in (c.attn.qk_norm.q[1], c.attn.qk_norm.k[1])]
+    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
 
 
 def _tol(cache, dtype):
@@ -124,26 +136,44 @@ def test_backward_matches_autograd(case):
 
 # -- the twin matches Hugging Face's LlamaForCausalLM ---------------------------------------------
 
+# Hugging Face's names for the block's two norms, attn_norm and mlp_norm, by family.
+NORMS = {"Llama": ("input_layernorm", "post_attention_layernorm"),
+         "Qwen3": ("input_layernorm", "post_attention_layernorm"),
+         "Olmo2": ("post_attention_layernorm", "post_feedforward_layernorm")}
+
+
+def _family(config):
+    """"Llama", "Qwen3" or "Olmo2": the config class's name, as in transformers' class names."""
+    return type(config).__name__.removesuffix("Config")
+
+
 def hf_llama(config, params):
-    """A transformers LlamaForCausalLM holding our parameters (nn.Linear stores w transposed),
-    in the params' dtype, with PyTorch's own attention (sdpa; the eager path computes its softmax
-    in float32)."""
+    """A transformers LlamaForCausalLM (Qwen3ForCausalLM, Olmo2ForCausalLM for their configs)
+    holding our parameters (nn.Linear stores w transposed), in the params' dtype, with PyTorch's
+    own attention (sdpa; the eager path computes its softmax in float32)."""
+    family = _family(config)
     rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
-    hf_config = transformers.LlamaConfig(
+    mlp_bias = {"mlp_bias": config.mlp_bias} if family == "Llama" else {}   # the others have none
+    hf_config = getattr(transformers, f"{family}Config")(
         vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,
         num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
         num_key_value_heads=config.n_kv_head, head_dim=config.hs,
         max_position_embeddings=config.block_size, rms_norm_eps=config.rms_eps,
-        rope_parameters=rope, attention_bias=config.attn_bias, mlp_bias=config.mlp_bias,
-        tie_word_embeddings=config.tie_weights, attn_implementation="sdpa")
+        rope_parameters=rope, attention_bias=config.attn_bias, **mlp_bias,
+        tie_word_embeddings=config.tie_weights, attn_implementation="sdpa",
+        pad_token_id=None, bos_token_id=None, eos_token_id=None)
     dtype = to_torch(params["wte"]).dtype
-    model = transformers.LlamaForCausalLM(hf_config).to(dtype).eval()
+    model = getattr(transformers, f"{family}ForCausalLM")(hf_config).to(dtype).eval()
     state = {"model.embed_tokens.weight": params["wte"], "model.norm.weight": params["norm"]["w"],
              "lm_head.weight": params["wte"] if config.tie_weights else params["head"]["w"].T}
+    attn_norm, mlp_norm = NORMS[family]
     for i, block in params["blocks"].items():
         prefix = f"model.layers.{i}."
-        state[prefix + "input_layernorm.weight"] = block["attn_norm"]["w"]
-        state[prefix + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
+        state[f"{prefix}{attn_norm}.weight"] = block["attn_norm"]["w"]
+        state[f"{prefix}{mlp_norm}.weight"] = block["mlp_norm"]["w"]
+        for ours in ("q_norm", "k_norm"):
+            if ours in block["attn"]:
+                state[f"{prefix}self_attn.{ours}.weight"] = block["attn"][ours]["w"]
         for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
             state[f"{prefix}self_attn.{theirs}.weight"] = block["attn"][ours]["w"].T
             if "b" in block["attn"][ours]:
@@ -158,14 +188,17 @@ def hf_llama(config, params):
 
 
 def exact_hf_llama(model, config):
-    """Make a float64 LlamaForCausalLM compute in float64 throughout. LlamaRMSNorm casts to
-    float32 and LlamaRotaryEmbedding computes its angles in float32 whatever the model's dtype
-    (sound choices for bfloat16 models); with those two forwards swapped for the same formulas
-    in the model's dtype, every other part of Hugging Face's model (projections and their
-    layout, grouped-query heads, attention, MLP, residuals, head) is compared at float64
-    precision. The frequencies are rope_frequencies', which test_rope.py checks against
-    LlamaRotaryEmbedding for every scaling; the float32 comparison runs the model unchanged."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+    """Make a float64 LlamaForCausalLM (Qwen3ForCausalLM, Olmo2ForCausalLM) compute in float64
+    throughout. Their RMS norms (QK-norms included) cast to float32 and their rotary embeddings
+    compute the angles in float32 whatever the model's dtype (sound choices for bfloat16 models);
+    with those two forwards swapped for the same formulas in the model's dtype, every other part
+    of Hugging Face's model (projections and their layout, grouped-query heads, attention, MLP,
+    residuals, head) is compared at float64 precision. The frequencies are rope_frequencies',
+    which test_rope.py checks against LlamaRotaryEmbedding for every scaling; the float32
+    comparison runs the model unchanged."""
+    family = _family(config)
+    modeling = importlib.import_module(f"transformers.models.{family.lower()}.modeling_{family.lower()}")
+    RMSNorm, RotaryEmbedding = getattr(modeling, f"{family}RMSNorm"), getattr(modeling, f"{family}RotaryEmbedding")
 
     inv_freq = torch.from_numpy(rope_frequencies(config.hs, config.rope_theta, config.rope_scaling))
     attention_factor = rope_attention_factor(config.rope_scaling)   # YaRN's, on cos and sin as transformers
@@ -179,9 +212,9 @@ def exact_hf_llama(model, config):
         return (angles.cos() * attention_factor).to(x.dtype), (angles.sin() * attention_factor).to(x.dtype)
 
     for module in model.modules():
-        if isinstance(module, LlamaRMSNorm):
+        if isinstance(module, RMSNorm):
             module.forward = types.MethodType(rms_norm, module)
-        if isinstance(module, LlamaRotaryEmbedding):
+        if isinstance(module, RotaryEmbedding):
             module.forward = types.MethodType(rotary, module)
     return model
 
@@ -200,7 +233,9 @@ def to_hf_names(grads, config):
     out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"]}
     if not config.tie_weights:
         out["lm_head.weight"] = grads["head"]["w"].T
-    names = {"attn_norm.w": "input_layernorm.weight", "mlp_norm.w": "post_attention_layernorm.weight"}
+    attn_norm, mlp_norm = NORMS[_family(config)]
+    names = {"attn_norm.w": f"{attn_norm}.weight", "mlp_norm.w": f"{mlp_norm}.weight",
+             "attn.q_norm.w": "self_attn.q_norm.weight", "attn.k_norm.w": "self_attn.k_norm.weight"}
     for i, block in grads["blocks"].items():
         for path, g in tree_leaves(block):
             if path in names:
@@ -352,6 +387,72 @@ def test_init_shapes_and_dtype(dtype, tie_weights, bias):
     assert all(v.dtype == dtype for _, v in tree_leaves(params)), "init_llama_params dtype"
     again = init_llama_params(config, np.random.default_rng(0), dtype)
     assert_tree_close("init_llama_params with the same seed", again, params, rtol=0, atol=0)
+
+
+# -- QK-norm (Qwen3 per head, OLMo 2 over the projection) ----------------------------------------------
+
+@st.composite
+def qk_norms(draw, dtype=None):
+    """(q, k, params, eps, dq, dk, kind): per head, q (B, nh, T, hs) and k (B, nkv, T, hs) with weights
+    (hs,); over the projection, q (B, T, nh*hs) and k (B, T, nkv*hs) with their own widths."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    B, T, nkv, hs = draw(S.dim(1, 2)), draw(S.dim(1, 4)), draw(S.dim(1, 2)), draw(S.dim(1, 4))
+    nh = nkv * draw(S.dim(1, 2))
+    kind = draw(st.sampled_from(["head", "projection"]))
+    if kind == "head":
+        q_shape, k_shape = (B, nh, T, hs), (B, nkv, T, hs)
+    else:
+        q_shape, k_shape = (B, T, nh * hs), (B, T, nkv * hs)
+    q, k, dq, dk = (draw(S.arrays(dtype, shape)) for shape in (q_shape, k_shape, q_shape, k_shape))
+    params = {"q_norm": {"w": draw(S.arrays(dtype, q_shape[-1:], 2.0))},
+              "k_norm": {"w": draw(S.arrays(dtype, k_shape[-1:], 2.0))}}
+    return q, k, params, draw(st.sampled_from([1e-6, 1e-5])), dq, dk, kind
+
+
+def _qk_tol(cache, dtype):
+    """Each RMS norm multiplies its input's rounding by its rstd (see layer_norm_tol)."""
+    return layer_norm_tol([cache.q[1], cache.k[1]], dtype)
+
+
+@given(case=qk_norms())
+def test_qk_norm_matches_twin_and_autograd(case):
+    """qk_norm_forward against the twin's qk_norm, and qk_norm_backward (dq, dk and both
+    weights' gradients) against autograd through (q_out * dq).sum() + (k_out * dk).sum()."""
+    q, k, params, eps, dq, dk, kind = case
+    q_out, k_out, cache = qk_norm_forward(q, k, params, eps, kind)
+    dq_in, dk_in, dparams = qk_norm_backward(dq, dk, cache)
+    tq, tk, tparams = to_torch(q).requires_grad_(), to_torch(k).requires_grad_(), tree_map(to_torch, params)
+    for leaf in (tparams["q_norm"]["w"], tparams["k_norm"]["w"]):
+        leaf.requires_grad_()
+    twin_q, twin_k = qk_norm(tq, tk, tparams, eps)
+    ((twin_q * to_torch(dq)).sum() + (twin_k * to_torch(dk)).sum()).backward()
+    tol = _qk_tol(cache, q.dtype)
+    assert_close("qk_norm.q", q_out, to_numpy(twin_q), **tol)
+    assert_close("qk_norm.k", k_out, to_numpy(twin_k), **tol)
+    assert_close("qk_norm.dq", dq_in, to_numpy(tq.grad), **tol)
+    assert_close("qk_norm.dk", dk_in, to_numpy(tk.grad), **tol)
+    assert_tree_close("qk_norm.dparams", dparams, tree_map(lambda t: to_numpy(t.grad), tparams), **tol)
+
+
+@given(case=qk_norms(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
+def test_qk_norm_backward_matches_finite_differences(case, seed):
+    """One directional derivative of sum(q_out * dq) + sum(k_out * dk) along a random direction
+    in q, k and both weights."""
+    q, k, params, eps, dq, dk, kind = case
+    rng = np.random.default_rng(seed)
+    tree = {"q": q, "k": k, "params": params}
+    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), tree)
+    q_out, k_out, cache = qk_norm_forward(q, k, params, eps, kind)
+    dq_in, dk_in, dparams = qk_norm_backward(dq, dk, cache)
+    grads = {"q": dq_in, "k": dk_in, "params": dparams}
+
+    def f(t):
+        q_out, k_out, _ = qk_norm_forward(t["q"], t["k"], t["params"], eps, kind)
+        return np.sum(q_out * dq) + np.sum(k_out * dk)
+
+    h = 1e-4 / max(1.0, float(cache.q[1].max()), float(cache.k[1].max()))   # narrower rows, smaller step
+    assert_close("qk_norm directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
+                 np.float64(directional_derivative(f, tree, direction, h=h)), **directional_tol(grads, direction))
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------

@@ -4,7 +4,8 @@ Twin of numpy_attn/llama.py: token embedding, blocks of x + attn(rms_norm(x)) (R
 grouped-query heads, causal) and x + swiglu(rms_norm(x)), a final RMS norm and the output layer
 (the token embedding, transposed, with tied weights), on the same nested parameter dict and the
 same ``LlamaConfig``. ``positions``, ``attn_mask`` and ``kv_cache`` (llama_kv_cache,
-torch_attn/kv_cache.py) as in the NumPy twin.
+torch_attn/kv_cache.py) as in the NumPy twin. The families built on it (torch_attn/qwen3.py,
+olmo2.py) use its QK-norm (``qk_norm``) and ``decoder`` with their own blocks.
 """
 
 import torch
@@ -20,6 +21,13 @@ from torch_attn.rope import rope as rotate
 from torch_attn.swiglu import swiglu
 
 
+def qk_norm(q, k, params, eps):
+    """RMS norm of q and of k over their last axis, each with its own weight -> (q, k)."""
+    q = rms_norm(q, params["q_norm"]["w"], eps)
+    k = rms_norm(k, params["k_norm"]["w"], eps)
+    return q, k
+
+
 def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
     with a ``kv_cache`` (this layer's) x holds only the new tokens."""
@@ -29,9 +37,13 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     q = linear(x, **params["q"])                                              # (B, T, C) -> (B, T, nh*hs)
     k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
     v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
+    if config.qk_norm == "projection":   # OLMo 2: q and k normed across all their heads at once
+        q, k = qk_norm(q, k, params, config.rms_eps)                          # widths nh*hs, nkv*hs
     q = q.reshape(B, T, nh, hs).transpose(1, 2)                               # (B, T, nh*hs) -> (B, nh, T, hs)
     k = k.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
+    if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
+        q, k = qk_norm(q, k, params, config.rms_eps)                          # width hs
     rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
     q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
     k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
@@ -62,6 +74,11 @@ def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
 def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); ``positions``, ``attn_mask`` and
     ``kv_cache`` (llama_kv_cache) as in the NumPy twin."""
+    return decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache)
+
+
+def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache):
+    """llama for the families built on it: ``block`` (llama_block's arguments) makes each block."""
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = torch.arange(past, past + T, device=ids.device) if positions is None else positions
@@ -73,8 +90,8 @@ def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None,
     # 2: the blocks, in order; each reads and appends to its own layer of the cache
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
-        x = llama_block(x, params["blocks"][str(i)], config, positions,
-                        attn_mask=attn_mask, kv_cache=layer_cache)
+        x = block(x, params["blocks"][str(i)], config, positions,
+                  attn_mask=attn_mask, kv_cache=layer_cache)
     # 3: final RMS norm
     x = rms_norm(x, params["norm"]["w"], config.rms_eps)                      # (B, T, C)
     # 4: the output layer
