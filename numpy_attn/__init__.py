@@ -77,8 +77,9 @@ from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
-    LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward,
-    llama_backward, llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache,
+    LlamaConfig, decoder_backward, decoder_forward, init_llama_params, llama_attention_backward,
+    llama_attention_forward, llama_backward, llama_block_backward, llama_block_forward, llama_forward,
+    llama_kv_cache, qk_norm_backward, qk_norm_forward,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
@@ -89,8 +90,12 @@ from numpy_attn.multi_head import (
     init_multi_head_params, merge_heads, multi_head_attention_backward,
     multi_head_attention_forward, split_heads,
 )
+from numpy_attn.olmo2 import (
+    Olmo2Config, olmo2_backward, olmo2_block_backward, olmo2_block_forward, olmo2_forward,
+)
 from numpy_attn.optim import adamw_init, adamw_step, sgd_init, sgd_step
 from numpy_attn.positional import sinusoidal_encoding
+from numpy_attn.qwen3 import Qwen3Config, qwen3_backward, qwen3_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (
     half_to_interleaved, rope_attention_factor, rope_backward, rope_forward, rope_frequencies,
