@@ -10,7 +10,7 @@
     out      = softmax(q k^T * scale + causal) v @ o.w     scale = mscale^2 / sqrt(dn + dr)
 
 DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language
-Model" (2024), section 2.1.2-2.1.3 (eqs. 9-19), in the form of Hugging Face's
+Model" (2024), sections 2.1.2-2.1.3, in the form of Hugging Face's
 ``DeepseekV3Attention``: the query and the joint key/value are compressed to ranks rq
 (``q_lora_rank``) and rkv (``kv_lora_rank``), each normed (RMS norm, numpy_attn/rms_norm.py);
 the keys' rotary part of width dr (``qk_rope_head_dim``) is decoupled from the latent and shared
@@ -376,6 +376,8 @@ def _check_mla(x, params, config, positions, latent_cache=None):
     check_float("x", x)
     if x.ndim != 3 or x.shape[-1] != config.n_embd:
         raise ValueError(f"x must have shape (B, T, C) with C = n_embd = {config.n_embd}, got {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"x of shape {x.shape} holds NaN or inf")
     B, T, C = x.shape
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict (init_mla_params), got {type(params).__name__}")

@@ -22,7 +22,7 @@ from numpy_attn.mla import (
     mla_param_shapes,
     mla_softmax_scale,
 )
-from numpy_attn.rope import rope_frequencies
+from numpy_attn.rope import half_to_interleaved, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     TOLERANCES,
@@ -296,6 +296,29 @@ def test_absorbed_decoding_equals_naive_forward(case, data):
     assert latent.length == T and twin_latent.length == T, "the caches hold every token"
 
 
+@pytest.mark.parametrize("q_lora_rank, rope_interleave", [(3, True), (None, False)])
+def test_absorbed_decoding_equals_hugging_face_cached_decoding(q_lora_rank, rope_interleave):
+    """A prompt of two tokens, then two single tokens, through DeepseekV3Attention with its
+    DynamicCache (which also keeps the latent and k_r, expanding them to keys and values each
+    step) and through the latent cache: the outputs agree to float64 rounding, and so do the two
+    caches, k_r in Hugging Face's order (its interleaved rotation returns the pairs half-split)."""
+    config, params, x, _, _ = _pinned_case(q_lora_rank, rope_interleave)
+    module = exact_hf(hf_attention(config, params))
+    hf_cache = transformers.DynamicCache(config=hf_config(config))
+    latent = init_latent_cache(config, 2, 4, np.float64)
+    cos, sin = hf_rotary(config, x, None)
+    for start, end in ((0, 2), (2, 3), (3, 4)):
+        with torch.no_grad():
+            hf_out, _ = module(to_torch(x[:, start:end]), position_embeddings=(cos[:, start:end], sin[:, start:end]),
+                               attention_mask=None, cache=hf_cache)
+        out = mla_absorbed_forward(x[:, start:end], params, config, latent)
+        assert_close(f"mla absorbed[{start}:{end}] vs DeepseekV3Attention with DynamicCache", out, to_numpy(hf_out))
+    perm = half_to_interleaved(config.qk_rope_head_dim) if rope_interleave else slice(None)
+    layer = hf_cache.layers[0]
+    assert_close("latent cache c_kv vs DynamicCache", latent.c_kv, to_numpy(layer.keys[:, 0]))
+    assert_close("latent cache k_r vs DynamicCache", latent.k_r[..., perm], to_numpy(layer.values[:, 0]))
+
+
 def test_absorbed_cache_holds_only_the_latent_and_the_shared_key():
     """What the cache keeps per token is c_kv (after its norm) and the rotated k_r: a fresh
     forward's values, not keys or values per head."""
@@ -425,6 +448,8 @@ def test_bad_input():
         mla_forward(x, params, no_rank)
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, C\) with C = n_embd = 5, got \(2, 4, 4\)"):
         mla_forward(x[..., :4], params, config)
+    with pytest.raises(ValueError, match=r"x of shape \(2, 4, 5\) holds NaN or inf"):
+        mla_forward(np.where(x > 1, np.nan, x), params, config)
     with pytest.raises(TypeError, match=r"q_a.w has dtype float64, x has float32"):
         mla_forward(x.astype(np.float32), params, config)
     with pytest.raises(TypeError, match="config must be an MLAConfig, got dict"):
