@@ -37,6 +37,7 @@ Reading order, leaf to root:
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
+    mla              multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -85,6 +86,10 @@ from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
     causal_mask, padded_position_ids, padding_attn_mask, sliding_window_mask, varlen_attn_mask,
     varlen_position_ids, varlen_sequence_ids,
+)
+from numpy_attn.mla import (
+    MLAConfig, init_latent_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
+    mla_backward, mla_cache_bytes_per_token, mla_forward, mla_param_shapes, mla_softmax_scale,
 )
 from numpy_attn.multi_head import (
     init_multi_head_params, merge_heads, multi_head_attention_backward,
