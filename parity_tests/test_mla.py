@@ -22,7 +22,7 @@ from numpy_attn.mla import (
     mla_param_shapes,
     mla_softmax_scale,
 )
-from numpy_attn.rope import half_to_interleaved, rope_frequencies
+from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     TOLERANCES,
@@ -199,7 +199,8 @@ def exact_hf(module):
 def hf_rotary(config, x, positions):
     """Hugging Face's (cos, sin) (B, T, dr): DeepseekV3RotaryEmbedding's, which computes its angles
     in float32, for float32; for float64 the same angles from rope_frequencies in float64
-    (test_rope.py checks those frequencies against Hugging Face's for every scaling)."""
+    (test_rope.py checks those frequencies against Hugging Face's for every scaling), cos and sin
+    times YaRN's attention factor as DeepseekV3RotaryEmbedding's (1 for the other scalings)."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
     B, T, _ = x.shape
@@ -209,7 +210,8 @@ def hf_rotary(config, x, positions):
     inv_freq = torch.from_numpy(rope_frequencies(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling))
     angles = position_ids[..., None].to(torch.float64) * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
+    factor = rope_attention_factor(config.rope_scaling)
+    return angles.cos() * factor, angles.sin() * factor
 
 
 def _hf_grad(layer, key):
