@@ -217,8 +217,8 @@ def _worked_dot_products(p, inputs):
         rows.append((f"q_{name} . k_{label:<{lw}} =", terms[j].split(" + "), rhs))
     _worked_lines(p, rows)
     weights = r["s5_weights"][i]
-    p.line(f"weights = softmax(scaled scores) = {_vec(weights, prec)}  (sum {term.fmt(weights.sum(dtype=np.float64), prec)})",
-           indent="    ")
+    total = term.fmt(weights.sum(dtype=np.float64), prec)
+    p.line(f"weights = softmax(scaled scores) = {_vec(weights, prec)}  (sum {total})", indent="    ")
     sum_terms = " + ".join(f"{term.fmt(w, prec)}*v_{label}" for w, label in zip(weights, inputs.labels, strict=True))
     p.line(f"context z_{name} = {sum_terms}", indent="    ")
     p.line(f"         = {_vec(r['s5_context'][i], prec)}", indent="    ")
@@ -279,8 +279,11 @@ def print_steps(p, inputs):
     p.same("scaled_dot_product_attention(q, k, v) gives the same context", "s5_context", "s5_sdpa")
     _worked_dot_products(p, inputs)
 
-    p.step(6, "The causal mask", "np.tri, np.where, softmax.softmax_forward, attention.scaled_dot_product_attention_forward(..., is_causal=True)",
-           "torch.ones(T, T).tril(), masked_fill, softmax.softmax, attention.scaled_dot_product_attention(..., is_causal=True)")
+    p.step(6, "The causal mask",
+           "np.tri, np.where, softmax.softmax_forward, "
+           "attention.scaled_dot_product_attention_forward(..., is_causal=True)",
+           "torch.ones(T, T).tril(), masked_fill, softmax.softmax, "
+           "attention.scaled_dot_product_attention(..., is_causal=True)")
     p.note("a decoder predicts token t+1 from tokens 0..t, so query t must not see the keys after t")
     p.table("s6_mask", "mask: 1 where query (row) may attend to key (column)", tok, tok)
     p.table("s6_masked", "masked scores: -inf above the diagonal", tok, tok)
@@ -292,7 +295,8 @@ def print_steps(p, inputs):
     p.same("is_causal=True in one call gives the same context", "s6_context", "s6_sdpa")
 
     p.step(7, f"Multi-head attention, {nh} heads of size {hs} (--heads), causal",
-           "linear.linear_forward, multi_head.split_heads / merge_heads, attention.scaled_dot_product_attention_forward, "
+           "linear.linear_forward, multi_head.split_heads / merge_heads, "
+           "attention.scaled_dot_product_attention_forward, "
            "multi_head.multi_head_attention_forward",
            "linear.linear, multi_head.split_heads / merge_heads, attention.scaled_dot_product_attention, "
            "multi_head.multi_head_attention")

@@ -56,7 +56,10 @@ def main():
 
     print("| T | reference (MiB) | flash (MiB) |\n|---:|---:|---:|")
     for i, T in enumerate(LENGTHS):
-        ref = f"{reference[i]:.0f}" if T <= REFERENCE_MAX_T else f"~{extrapolated[i - len(measured)]:.0f} (T^2, not run)"
+        if T <= REFERENCE_MAX_T:
+            ref = f"{reference[i]:.0f}"
+        else:
+            ref = f"~{extrapolated[i - len(measured)]:.0f} (T^2, not run)"
         print(f"| {T} | {ref} | {flash[i]:.1f} |")
 
     fig, ax = plt.subplots(figsize=(6, 4))

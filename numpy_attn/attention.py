@@ -76,7 +76,7 @@ class AttentionCache(NamedTuple):
     weights: np.ndarray         # (..., nh, T, S) after softmax, before dropout
     softmax_cache: tuple        # softmax_forward's cache (holds weights itself, not a copy)
     dropped: np.ndarray         # (..., nh, T, S) dropout(weights): weights itself without dropout
-    dropout_cache: tuple        # dropout_forward's cache: (keep-mask, 1 / (1 - p)) or (None, None)
+    dropout_cache: tuple        # dropout_forward's DropoutCache: keep-mask and 1 / (1 - p), or None, None
     scale: np.floating          # the score scale, in q's dtype
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
@@ -85,12 +85,12 @@ class AttentionCache(NamedTuple):
     @property
     def keep(self):
         """(..., nh, T, S) bool dropout keep-mask (True = kept), None without dropout."""
-        return self.dropout_cache[0]
+        return self.dropout_cache.mask
 
     @property
     def keep_scale(self):
         """1 / (1 - dropout_p): the scale of the kept weights (1 without dropout)."""
-        return 1.0 if self.dropout_cache[1] is None else self.dropout_cache[1]
+        return 1.0 if self.dropout_cache.scale is None else self.dropout_cache.scale
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,

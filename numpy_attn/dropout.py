@@ -13,9 +13,18 @@ and draws nothing, so it needs no rng, as F.dropout(x, 1.0) draws nothing.
 backward returns a fresh copy of dout, never dout itself.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_rng
+
+
+class DropoutCache(NamedTuple):
+    mask: np.ndarray | None     # (...) bool keep-mask, True = kept; None for the identity
+    scale: np.floating | None   # 1 / (1 - p) in x's dtype (0 at p = 1); None for the identity
+    shape: tuple                # x's shape and dtype, for checking dout
+    dtype: np.dtype
 
 
 def dropout_forward(x, p, rng=None, training=True, mask=None):
@@ -25,19 +34,19 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng`` (at p = 1
     it keeps nothing and is not drawn). With ``training=False`` or p = 0 the output is a copy of
     x; nothing is drawn and any mask is ignored.
-    Returns ``(out, cache)``; the cache is ``(mask, scale, shape, dtype)``, mask and scale None for
+    Returns ``(out, cache)``; the cache is a DropoutCache ``(mask, scale, shape, dtype)``, mask and scale None for
     the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
-        return x.copy(), (None, None, x.shape, x.dtype)   # a copy: changing out must not change x
+        return x.copy(), DropoutCache(None, None, x.shape, x.dtype)   # a copy: changing out must not change x
     if mask is None and p == 1:
         mask = np.zeros(x.shape, bool)                     # (...), keeps nothing: nothing to draw
     elif mask is None:
         mask = rng.random(x.shape, dtype=x.dtype) < 1 - p  # (...), True with probability 1 - p
     scale = x.dtype.type(0 if p == 1 else 1 / (1 - p))     # p = 1 keeps nothing: 0, not 1 / 0
     out = x * mask * scale
-    cache = (mask, scale, x.shape, x.dtype)
+    cache = DropoutCache(mask, scale, x.shape, x.dtype)
     return out, cache
 
 

@@ -49,7 +49,7 @@ def feed_forward_forward(x, params, approximate="none"):
 def feed_forward_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"fc": {"w", "b"}, "proj": {"w", "b"}})."""
     fc_cache, gelu_cache, proj_cache = cache
-    x = fc_cache[0]                                                    # the forward's input (..., C)
+    x = fc_cache.x                                                     # the forward's input (..., C)
     check_dout("feed_forward_backward", dout, x.shape, x.dtype)
     # Undoes out = a @ proj.w + proj.b.
     da, dproj = linear_backward(dout, proj_cache)                      # (..., C) -> (..., H)

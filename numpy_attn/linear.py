@@ -7,21 +7,28 @@ transpose (C_out, C_in), so the built-in to match is ``F.linear(x, w.T, b)``. An
 leading dimensions is allowed: they are flattened into rows for dw and db.
 """
 
+from typing import NamedTuple
 
 from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+
+
+class LinearCache(NamedTuple):
+    x: object               # (..., C_in) the input, for dw
+    w: object               # (C_in, C_out) the weight, for dx
+    has_bias: bool          # whether a b was added (the gradients then have a "b")
 
 
 def linear_forward(x, w, b=None):
     """Apply ``x @ w + b``: x (..., C_in), w (C_in, C_out), b (C_out,) or None -> (..., C_out).
 
-    Returns ``(out, cache)``; the cache is ``(x, w, has_bias)``: dw needs x, dx needs w.
+    Returns ``(out, cache)``; the cache is a LinearCache ``(x, w, has_bias)``: dw needs x, dx needs w.
     """
     _check_linear(x, w, b)
     C_in, C_out = w.shape
     out = x @ w                                    # (..., C_in) -> (..., C_out)
     if b is not None:
         out = out + b                              # (..., C_out)
-    cache = (x, w, b is not None)
+    cache = LinearCache(x, w, b is not None)
     return out, cache
 
 

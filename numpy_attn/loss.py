@@ -71,7 +71,7 @@ def cross_entropy_backward(dloss, cache):
     scalar (the 1 of ``loss.backward()``), which is cast to the loss's dtype.
     """
     wq, n, reduction, axis, logp_cache = cache
-    p = logp_cache[0]                                                  # softmax(logits)
+    p = logp_cache.y                                                   # softmax(logits)
     dloss = np.asarray(dloss, p.dtype) if isinstance(dloss, float | np.floating) else dloss
     check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
                p.dtype, name="dloss")

@@ -15,9 +15,17 @@ As ``torch.softmax``: ``dtype`` (float32 or float64) casts x first, so the outpu
 row of one entry along axis 0 or -1 (softmax 1, log-softmax 0).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from numpy_attn._checks import check_axis, check_dout, check_float
+
+
+class SoftmaxCache(NamedTuple):
+    y: np.ndarray           # (..., n) softmax's output, for its backward; log_softmax's p = softmax(x)
+    axis: int | None        # the axis normalised over (None for a 0-d x)
+    x_dtype: np.dtype       # x's dtype: the gradient goes back in it (dtype= may have cast x)
 
 
 def _row_max(x, axis):
@@ -36,7 +44,7 @@ def _row_max(x, axis):
 def softmax_forward(x, axis=-1, dtype=None):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is ``(copy of y, axis, x's dtype)``: the backward needs only
+    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(copy of y, axis, x's dtype)``: the backward needs only
     the output, and a copy, so that changing the returned y in place cannot change the gradient.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
@@ -45,7 +53,7 @@ def softmax_forward(x, axis=-1, dtype=None):
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
     y = np.asarray(y)                              # a 0-d x gives a 0-d array, not a NumPy scalar
-    cache = (y.copy(), axis, x_dtype)              # a copy: y is handed to the caller too
+    cache = SoftmaxCache(y.copy(), axis, x_dtype)  # a copy: y is handed to the caller too
     return y, cache
 
 
@@ -63,7 +71,7 @@ def softmax_backward(dy, cache):
 def log_softmax_forward(x, axis=-1, dtype=None):
     """Log-softmax of ``x`` along ``axis``: (..., n) -> (..., n).
 
-    Returns ``(y, cache)``; the cache is ``(p, axis, x's dtype)`` with p = softmax(x), which the
+    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(p, axis, x's dtype)`` with p = softmax(x), which the
     backward needs.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
@@ -75,7 +83,7 @@ def log_softmax_forward(x, axis=-1, dtype=None):
     log_s = np.log(np.where(empty, np.ones_like(s), s))
     y = np.where(empty, -np.inf, shifted - log_s).astype(x.dtype, copy=False)
     p = e / np.where(empty, np.ones_like(s), s)    # softmax, zeros on all -inf rows
-    cache = (p, axis, x_dtype)
+    cache = SoftmaxCache(p, axis, x_dtype)
     return y, cache
 
 

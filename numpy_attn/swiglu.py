@@ -94,7 +94,7 @@ def swiglu_forward(x, params, act="silu"):
 def swiglu_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"gate", "up", "down"} like the params)."""
     gate_cache, up_cache, silu_cache, s, u, down_cache, act = cache
-    check_dout("swiglu", dout, s.shape[:-1] + down_cache[1].shape[1:], s.dtype)
+    check_dout("swiglu", dout, s.shape[:-1] + down_cache.w.shape[1:], s.dtype)
     # Undoes out = a @ down.w.
     da, ddown = linear_backward(dout, down_cache)                     # (..., C) -> (..., H)
     # Undoes a = s * u.

@@ -254,11 +254,15 @@ def test_bad_dout_is_refused(approximate, case):
     x, params, dout = case
     out, cache = feed_forward_forward(x, params, approximate)
     assert_bad_dout_refused("feed_forward_backward", out, feed_forward_backward, cache)
+    # The backward's error analysis (_terms_tol), taken before the NaN goes in: the rows without
+    # it are test_backward_matches_autograd's comparison (Hypothesis found tanh-GELU's slope at
+    # h = -5.25, 1e-4 here and 0 in torch's float32, within it but not within the default).
+    tol = _terms_tol(x, params, dout)
     dout.flat[0] = np.nan
     dx, dparams = feed_forward_backward(dout, cache)
     _, grads = autograd(lambda x, params: feed_forward(x, params, approximate), {"x": x, "params": params}, dout)
-    assert_close("feed_forward.dx with a NaN in dout", dx, grads["x"])
-    assert_tree_close("feed_forward with a NaN in dout", dparams, grads["params"])
+    assert_close("feed_forward.dx with a NaN in dout", dx, grads["x"], **tol)
+    assert_tree_close("feed_forward with a NaN in dout", dparams, grads["params"], **tol)
 
 
 def assert_same_distribution(name, ours, theirs):

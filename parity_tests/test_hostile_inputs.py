@@ -5,8 +5,9 @@ model.safetensors.index.json, a Hugging Face config.json, and a checkpoint of nu
 (config.json and model.npz). Each case starts from a small valid folder, damages one thing, and
 expects a refusal of the boundary's error type whose message names the file and matches the
 case's pattern (the field and the value found), for Hugging Face folders also through
-``generate --hf`` without a traceback, without a hang (an alarm) and without an allocation the input did not justify (tracemalloc's
-peak stays under PEAK_LIMIT, far below what the damaged field asks for).
+``generate --hf`` without a traceback, without a hang (an alarm) and without an allocation the
+input did not justify (tracemalloc's peak stays under PEAK_LIMIT, far below what the damaged field
+asks for).
 
 A new boundary cannot come in without cases: test_every_reading_function_has_cases lists the
 functions of the reading modules that open or parse a file and fails for one READERS does not map

@@ -335,7 +335,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"^targets of shape \(3,\) must match logits \(2, 5\) without its "
                                          r"class axis 1: \(2,\)$"):
         cross_entropy_forward(logits, np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"targets of shape \(2,\) must match logits \(2, 5\) without its class axis 0: \(5,\)"):
+    with pytest.raises(ValueError, match=r"targets of shape \(2,\) must match logits \(2, 5\) "
+                                         r"without its class axis 0: \(5,\)"):
         cross_entropy_forward(logits, np.array([0, 1]), axis=0)
     with pytest.raises(TypeError, match="targets must be integers, got dtype bool"):
         cross_entropy_forward(logits, np.array([True, False]))

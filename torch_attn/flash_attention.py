@@ -26,7 +26,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     scale = 1 / math.sqrt(hs) if scale is None else scale
     g = q.shape[-3] // k.shape[-3] if q.shape[:-2] != k.shape[:-2] else 1   # query heads per key head
     if g > 1:   # grouped-query: repeat key/value head j for its query heads j*g .. j*g+g-1
-        k, v = torch.repeat_interleave(k, g, dim=-3), torch.repeat_interleave(v, g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)   # (..., nkv, S, .) -> (..., nh, S, .)
     align = "bottom_right" if is_causal == "bottom_right" else "top_left"
     offset = S - T if align == "bottom_right" else 0         # causal: query t sees keys 0..t+offset
     first = min(T, max(0, -offset)) if S > 0 else T          # rows before it see no key: out 0, lse log(0)
@@ -36,9 +36,9 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     for i0 in range(first, last, block_q):                   # query tile: rows i0 .. i1-1
         i1 = min(i0 + block_q, last)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
-        m = torch.full(q_i.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., bq) running row maximum
-        row_sum = torch.zeros(q_i.shape[:-1], dtype=q.dtype, device=q.device)   # (..., bq) running sum of exp(s - m): l
-        acc = torch.zeros(q_i.shape[:-1] + (hv,), dtype=q.dtype, device=q.device)   # (..., bq, hv) running sum of exp(s - m) v
+        m = q_i.new_full(q_i.shape[:-1], -torch.inf)          # (..., bq) running row maximum
+        row_sum = q_i.new_zeros(q_i.shape[:-1])               # (..., bq) running sum of exp(s - m): l
+        acc = q_i.new_zeros(q_i.shape[:-1] + (hv,))           # (..., bq, hv) running sum of exp(s - m) v
         S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
         # A window: keys before row i0's first are never seen; start at the key tile holding it.
         j_first = max(0, i0 + offset - window + 1) // block_k * block_k if window else 0
