@@ -129,19 +129,21 @@ def _terms_tol(x, params, hyper, dout, base=None):
     rise at most 1.1) times |u| + 1, or |g|, then |gate.w| + |up.w| or |x|; the routing weights'
     gradients are dot products of |dout| with |y|, which the softmax (or the normalisation times
     the sigmoid's slope, s / sum s <= 1) at most doubles before the router's |x| and |router.w|.
-    Rounding each such sum of n <= 50 terms costs at most n eps of it, far below atol times it."""
+    Rounding each such sum of n <= 50 terms costs at most n eps of it, far below atol times it.
+    One tolerance per compared group: "out", "x", and each parameter group ("router", "experts",
+    "shared", "selection_bias"), each from the largest sum behind a value of that group."""
     C = x.shape[-1]
     xs = np.abs(x).reshape(-1, C).astype(np.float64)                      # (N, C)
     d = np.abs(dout).reshape(-1, C).astype(np.float64)                    # (N, C)
     A = tree_map(lambda a: np.abs(a).astype(np.float64), params)
     wmax = max(1.0, hyper.get("routed_scaling_factor", 1.0))
-    scales = []
-    experts = [(A["experts"], True)] + ([({n: {"w": A["shared"][n]["w"][None]} for n in A["shared"]}, False)]
-                                        if "shared" in A else [])
+    scale = {"out": 0.0, "x": 0.0}
+    experts = [("experts", A["experts"])] + ([("shared", {n: {"w": A["shared"][n]["w"][None]} for n in A["shared"]})]
+                                             if "shared" in A else [])
     dlogits = 0.0
     limit = hyper.get("limit", np.inf)
-    for ex, routed in experts:
-        w = wmax if routed else 1.0
+    for name, ex in experts:
+        w = wmax if name == "experts" else 1.0
         g = np.einsum("nc,ech->enh", xs, ex["gate"]["w"]) + ex["gate"].get("b", np.zeros(1))[:, None]
         u = np.einsum("nc,ech->enh", xs, ex["up"]["w"]) + ex["up"].get("b", np.zeros(1))[:, None]
         g, u = np.minimum(g, limit), np.minimum(u, limit)                 # past the clamps, slope 0
@@ -149,17 +151,23 @@ def _terms_tol(x, params, hyper, dout, base=None):
         y = np.einsum("enh,ehc->enc", a, ex["down"]["w"]) + ex["down"].get("b", np.zeros(1))[:, None]
         da = w * np.einsum("nc,ehc->enh", d, ex["down"]["w"])             # (E, N, H)
         dgu = da * (1.1 * (u + 1) + g)                                    # (E, N, H)
-        dx = np.einsum("enh,ech->nc", dgu, ex["gate"]["w"] + ex["up"]["w"])
-        scales += [hyper["k"] * w * y.max(initial=0), dx.max(initial=0),
-                   np.einsum("nc,enh->ech", xs, dgu).max(initial=0), np.einsum("enh,nc->ehc", a, d).max(initial=0) * w,
-                   dgu.sum(axis=1).max(initial=0), w * d.sum(axis=0).max(initial=0)]
-        if routed:
+        scale["out"] += (hyper["k"] * w if name == "experts" else 1.0) * y.max(initial=0)
+        scale["x"] += np.einsum("enh,ech->nc", dgu, ex["gate"]["w"] + ex["up"]["w"]).max(initial=0)
+        scale[name] = max(np.einsum("nc,enh->ech", xs, dgu).max(initial=0), dgu.sum(axis=1).max(initial=0),
+                          w * np.einsum("enh,nc->ehc", a, d).max(initial=0), w * d.sum(axis=0).max(initial=0))
+        if name == "experts":
             dlogits = 2 * wmax * np.einsum("nc,enc->n", d, y)             # (N,) all experts' terms
-    router = A["router"]["w"]
-    scales += [(dlogits[:, None] * router.sum(axis=1)).max(initial=0), (xs.T * dlogits).max(initial=0),
-               dlogits.max(initial=0)]
+    scale["x"] += (dlogits[:, None] * A["router"]["w"].sum(axis=1)).max(initial=0)
+    scale["router"] = scale["selection_bias"] = max((xs.T * dlogits).max(initial=0), dlogits.max(initial=0))
     tol = TOLERANCES[np.dtype(x.dtype)] if base is None else base
-    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, max(float(s) for s in scales)))
+    return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(value))) for name, value in scale.items()}
+
+
+def _assert_grads(label, grads, expected, tols):
+    """assert_tree_close on each parameter group (router, experts, ...) with its own tolerance."""
+    assert grads.keys() == expected.keys(), f"{label}: keys {sorted(grads)} != {sorted(expected)}"
+    for key in grads:
+        assert_tree_close(label, {key: grads[key]}, {key: expected[key]}, **tols[key])
 
 
 def _margin(kind, x, params, hyper):
@@ -213,7 +221,7 @@ def test_forward_matches_twin(case):
     x, params, hyper, dout = case
     out, _ = LAYERS[kind][0](x, params, **hyper)
     twin_out, _ = _twin(kind, *case)
-    assert_close(f"{kind}_moe.out", out, twin_out, **_terms_tol(*case))
+    assert_close(f"{kind}_moe.out", out, twin_out, **_terms_tol(*case)["out"])
 
 
 # -- backward matches autograd ----------------------------------------------------------------
@@ -225,8 +233,8 @@ def test_backward_matches_autograd(case):
     _, _, dx, grads = _run(kind, *case)
     _, twin_grads = _twin(kind, *case)
     tol = _terms_tol(*case)
-    assert_close(f"{kind}_moe.dx", dx, twin_grads["x"], **tol)
-    assert_tree_close(f"{kind}_moe", grads, twin_grads["params"], **tol)
+    assert_close(f"{kind}_moe.dx", dx, twin_grads["x"], **tol["x"])
+    _assert_grads(f"{kind}_moe", grads, twin_grads["params"], tol)
 
 
 # -- the twin matches transformers' modules -----------------------------------------------------
@@ -275,7 +283,8 @@ def _deepseek_module(params, hyper, dtype):
     with torch.no_grad():
         moe.gate.weight.copy_(to_torch(params["router"]["w"].T))
         moe.gate.e_score_correction_bias.copy_(to_torch(params["selection_bias"]))
-        moe.experts.gate_up_proj.copy_(to_torch(np.concatenate([ex["gate"]["w"], ex["up"]["w"]], -1).transpose(0, 2, 1)))
+        gate_up = np.concatenate([ex["gate"]["w"], ex["up"]["w"]], axis=-1)          # (E, C, 2H)
+        moe.experts.gate_up_proj.copy_(to_torch(gate_up.transpose(0, 2, 1)))
         moe.experts.down_proj.copy_(to_torch(ex["down"]["w"].transpose(0, 2, 1)))
         for name in ("gate", "up", "down"):
             getattr(moe.shared_experts, f"{name}_proj").weight.copy_(to_torch(params["shared"][name]["w"].T))
@@ -327,9 +336,9 @@ def test_twin_matches_transformers(case):
         out, dx = _module_run(moe, x, dout)
         grads = _deepseek_module_grads(moe, params["experts"]["gate"]["w"].shape[-1])
         del twin_grads["params"]["selection_bias"]                   # a buffer there, no gradient
-    assert_close(f"{kind}_moe.out vs {name}", twin_out, out, **tol)
-    assert_close(f"{kind}_moe.dx vs {name}", twin_grads["x"], dx, **tol)
-    assert_tree_close(f"{kind}_moe vs {name}", twin_grads["params"], grads, **tol)
+    assert_close(f"{kind}_moe.out vs {name}", twin_out, out, **tol["out"])
+    assert_close(f"{kind}_moe.dx vs {name}", twin_grads["x"], dx, **tol["x"])
+    _assert_grads(f"{kind}_moe vs {name}", twin_grads["params"], grads, tol)
 
 
 @given(values=hnp.arrays(np.float64, (3, 5), elements=S.floats(np.float64), unique=True), k=st.integers(1, 5))
@@ -382,7 +391,8 @@ def test_choice_is_piecewise_constant(case, data):
     x, params, hyper, dout = case
     assume(_margin(kind, x, params, hyper) > 1e-2)
     direction = {"x": data.draw(S.arrays(np.float64, x.shape, bound=1.0)),
-                 "router": {k: data.draw(S.arrays(np.float64, v.shape, bound=1.0)) for k, v in params["router"].items()}}
+                 "router": {key: data.draw(S.arrays(np.float64, w.shape, bound=1.0))
+                            for key, w in params["router"].items()}}
     step = 1e-7                                               # moves a logit by at most 1e-7 (|x| + 1) C
     moved_x = x + step * direction["x"]
     moved = {**params, "router": tree_map(lambda w, d: w + step * d, params["router"], direction["router"])}
@@ -393,9 +403,9 @@ def test_choice_is_piecewise_constant(case, data):
         "a tiny change moved the choice"
     _, twin_grads = _twin(kind, moved_x, moved, hyper, dout)
     tol = _terms_tol(moved_x, moved, hyper, dout)
-    assert_close(f"{kind}_moe.dx after a tiny change", dx, twin_grads["x"], **tol)
+    assert_close(f"{kind}_moe.dx after a tiny change", dx, twin_grads["x"], **tol["x"])
     assert_tree_close(f"{kind}_moe.router after a tiny change", grads["router"], twin_grads["params"]["router"],
-                      **tol)
+                      **tol["router"])
 
     def f(tree):
         out, _ = LAYERS[kind][0](tree["x"], {**moved, "router": tree["router"]}, **hyper)
