@@ -247,6 +247,7 @@ def gpt_oss_moe_forward(x, params, k, alpha=1.702, limit=7.0):
     """gpt-oss's mixture of experts on x (..., C), params as from init_gpt_oss_moe_params, k experts
     per token -> (..., C). Returns ``(out, cache)``."""
     _check_gpt_oss_moe(x, params, k, alpha, limit)
+    alpha, limit = float(alpha), float(limit)                         # a np.float64 would promote float32
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices, router_cache = gpt_oss_router_forward(tokens, params["router"], k)   # (N, k)
@@ -277,8 +278,8 @@ class DeepSeekRouterCache(NamedTuple):
     s: np.ndarray          # (N, E) sigmoid scores: the sigmoid's gradient is s (1 - s)
     indices: np.ndarray    # (N, k) the chosen experts
     chosen: np.ndarray     # (N, k) their scores, before normalising
-    denominator: np.ndarray | None   # (N, 1) sum of chosen + 1e-20, None without norm_topk_prob
-    routed_scaling_factor: float
+    denominator: np.ndarray | None   # (N, 1) sum of chosen + 1e-20, None without norm_topk_prob;
+    routed_scaling_factor: float     # the normalised weights are recomputed from these two
 
 
 def deepseek_router_forward(x, router, selection_bias, k, n_group=1, topk_group=1, norm_topk_prob=True,
@@ -338,6 +339,7 @@ def deepseek_moe_forward(x, params, k, n_group=1, topk_group=1, norm_topk_prob=T
     """DeepSeek-V3's mixture of experts on x (..., C), params as from init_deepseek_moe_params, k
     routed experts per token out of topk_group of n_group groups -> (..., C). Returns ``(out, cache)``."""
     _check_deepseek_moe(x, params, k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
+    routed_scaling_factor = float(routed_scaling_factor)             # a np.float64 would promote float32
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices, router_cache = deepseek_router_forward(

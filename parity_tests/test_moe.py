@@ -474,6 +474,8 @@ def test_dtype_is_preserved(kind, dtype):
     case = ONE_TOKEN_GPT_OSS if kind == "gpt_oss" else ALL_EXPERTS_DEEPSEEK
     x, params, hyper, dout = (case[0].astype(dtype), tree_map(lambda a: a.astype(dtype), case[1]), case[2],
                               case[3].astype(dtype))
+    # NumPy float64 hyper-parameters (limit, routed_scaling_factor) must not promote float32 results.
+    hyper = {key: np.float64(value) if isinstance(value, float) else value for key, value in hyper.items()}
     out, _, dx, grads = _run(kind, x, params, hyper, dout)
     assert out.dtype == dtype, f"{kind}_moe.out dtype {out.dtype}"
     assert dx.dtype == dtype, f"{kind}_moe.dx dtype {dx.dtype}"
