@@ -199,7 +199,7 @@ def experts_backward(dout, cache, expert_backward):
         dweights[rows, slots] = (dout[rows] * y).sum(axis=-1)         # (n_e, C) -> (n_e,)
         dy = dout[rows] * weights[rows, slots, None]                  # (n_e, C)
         dx_e, grads = expert_backward(dy, expert_cache)               # (n_e, C)
-        dx[rows] += dx_e                                              # a token hears from k experts
+        dx[rows] += dx_e                  # from each of a token's k experts; rows distinct within one
         expert_grads.append(grads)
     dexperts = tree_map(lambda *g: np.stack(g), *expert_grads)        # E x (...) -> (E, ...)
     return dx, dweights, dexperts
