@@ -34,6 +34,7 @@ Reading order, leaf to root:
     rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
     rms_norm         root-mean-square norm (no centring, no bias), as in Llama
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
+    moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -90,6 +91,13 @@ from numpy_attn.masks import (
 from numpy_attn.mla import (
     MLAConfig, init_latent_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
     mla_backward, mla_cache_bytes_per_token, mla_forward, mla_param_shapes, mla_softmax_scale,
+)
+from numpy_attn.moe import (
+    clamped_glu_backward, clamped_glu_forward, deepseek_moe_backward, deepseek_moe_forward,
+    deepseek_router_backward, deepseek_router_forward, expert_params, experts_backward, experts_forward,
+    gpt_oss_expert_backward, gpt_oss_expert_forward, gpt_oss_moe_backward, gpt_oss_moe_forward,
+    gpt_oss_router_backward, gpt_oss_router_forward, init_deepseek_moe_params, init_gpt_oss_moe_params,
+    top_k,
 )
 from numpy_attn.multi_head import (
     init_multi_head_params, merge_heads, multi_head_attention_backward,

@@ -7,7 +7,7 @@ with ``torch.from_numpy``. Each file ends with a comment naming the PyTorch buil
 
 Reading order, leaf to root (numpy_attn's): embedding, positional, softmax, linear, softcap,
 dropout, masks, attention, kv_cache, multi_head, small_gpt, layer_norm, erf, gelu, feed_forward,
-block, gpt, loss, optim, flash_attention, flex_attention, rope, rms_norm, swiglu, llama, qwen3,
+block, gpt, loss, optim, flash_attention, flex_attention, rope, rms_norm, swiglu, moe, llama, qwen3,
 olmo2, mla.
 
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
