@@ -38,6 +38,7 @@ Reading order, leaf to root:
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
     gemma2           Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
+    gemma3           Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -77,6 +78,7 @@ from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_backward, gemma2_block_backward, gemma2_block_forward, gemma2_forward,
     gemma2_kv_cache, init_gemma2_params,
 )
+from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward

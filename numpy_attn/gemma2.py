@@ -53,6 +53,7 @@ class Gemma2Config(LlamaConfig):
     layer_types: tuple | None = None          # per layer, "sliding_attention" or "full_attention";
     #                                           None alternates, the first sliding (as Hugging Face)
     norm_offset = 1.0                         # every norm scales by 1 + w
+    sliding_pattern = 2                       # by default every 2nd layer is global (Gemma 3: every 6th)
 
     def __post_init__(self):
         super().__post_init__()
@@ -62,7 +63,7 @@ class Gemma2Config(LlamaConfig):
             object.__setattr__(self, name, value)
         types = self.layer_types
         if types is None:
-            types = tuple(LAYER_TYPES[i % 2] for i in range(self.n_layer))
+            types = tuple(LAYER_TYPES[(i + 1) % self.sliding_pattern == 0] for i in range(self.n_layer))
         if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != self.n_layer:
             raise ValueError(f"Gemma2Config.layer_types must list n_layer = {self.n_layer} entries, got {types!r}")
         for t in types:
@@ -97,7 +98,8 @@ class Gemma2Config(LlamaConfig):
 
 def init_gemma2_params(config, rng, dtype=np.float32):
     """init_llama_params' tree with each block's two norms after the sublayers ("attn_post_norm",
-    "mlp_post_norm"); every norm's weight starts at 0, as the norms scale by 1 + w."""
+    "mlp_post_norm"); every norm's weight (Gemma 3's q and k norms too) starts at 0, as the norms
+    scale by 1 + w."""
     check_rng(rng, "init_gemma2_params")
     params = init_llama_params(config, rng, dtype)
     params["norm"]["w"][:] = 0
@@ -105,6 +107,9 @@ def init_gemma2_params(config, rng, dtype=np.float32):
         C = block["attn_norm"]["w"].shape[0]
         block["attn_norm"]["w"][:] = 0
         block["mlp_norm"]["w"][:] = 0
+        for norm in ("q_norm", "k_norm"):
+            if norm in block["attn"]:
+                block["attn"][norm]["w"][:] = 0
         block["attn_post_norm"] = {"w": np.zeros(C, dtype)}
         block["mlp_post_norm"] = {"w": np.zeros(C, dtype)}
     return params
@@ -123,14 +128,14 @@ class Gemma2BlockCache(NamedTuple):
     mlp_post_norm: tuple
 
 
-def gemma2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+def gemma2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
-    (this block's layer) and ``window`` (None for a global layer) go to attention."""
+    (this block's layer), ``window`` (None for a global layer) and ``rope`` go to attention."""
     eps, one = config.rms_eps, config.norm_offset
     # 1-4: x + rms_norm(attn(rms_norm(x)))
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], eps, one)          # (B, T, C)
     a, attn_cache = llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
-                                            kv_cache=kv_cache, window=window)          # (B, T, C)
+                                            kv_cache=kv_cache, window=window, rope=rope)   # (B, T, C)
     a, attn_post_norm_cache = rms_norm_forward(a, params["attn_post_norm"]["w"], eps, one)  # (B, T, C)
     x = x + a
     # 5-8: x + rms_norm(geglu(rms_norm(x)))

@@ -31,7 +31,8 @@ on q and k (``qk_norm_forward``: per head for numpy_attn/qwen3.py, over the whol
 numpy_attn/olmo2.py), and ``decoder_forward`` / ``decoder_backward`` run the embedding, the
 blocks, the final norm and the head around another block (OLMo 2's norms after). A config's
 ``embed_scale``, ``score_scale``, ``score_softcap``, ``logit_softcap``, ``norm_offset`` and
-``block_options(i)`` (all off for Llama) are the points where Gemma 2 (numpy_attn/gemma2.py) differs.
+``block_options(i)`` (all off for Llama) are the points where Gemma 2 and 3 (numpy_attn/gemma2.py,
+gemma3.py) differ.
 """
 
 from dataclasses import dataclass
@@ -159,16 +160,17 @@ class QKNormCache(NamedTuple):
     kind: str                # "head" or "projection"
 
 
-def qk_norm_forward(q, k, params, eps, kind):
+def qk_norm_forward(q, k, params, eps, kind, offset=0.0):
     """RMS norm of q and of k over their last axis, each with its own weight: per head, q
     (B, nh, T, hs) and k (B, nkv, T, hs) with weights (hs,); over the projection, q (B, T, nh*hs)
-    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,). Returns ``(q, k, cache)``.
+    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,); ``offset`` as rms_norm_forward's
+    (Gemma 3's 1 + w). Returns ``(q, k, cache)``.
 
     Bounding each query and key bounds the scores q . k / sqrt(hs): no logit grows without limit
     while training (Dehghani et al., "Scaling Vision Transformers to 22 Billion Parameters", 2023).
     """
-    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps)
-    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
+    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps, offset)
+    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps, offset)
     return q, k, QKNormCache(q_cache, k_cache, kind)
 
 
@@ -198,14 +200,16 @@ class LlamaAttentionCache(NamedTuple):
     past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
 
 
-def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
+                            rope=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C).
 
     Returns ``(out, cache)``. ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) replaces the
     causal mask, so it must include causality. With a ``kv_cache`` (this layer's, KVCache.layer(i))
     x holds only the T new tokens: their rotated keys and values join the cached ones, S = past + T,
     and the new queries are the last T of the S. ``window`` (None, or w >= 1) lets each query see
-    its last w keys only (a sliding layer; with a cache, that layer's view holds only those).
+    its last w keys only (a sliding layer; with a cache, that layer's view holds only those);
+    ``rope`` ({"theta", "scaling"}, or None for the config's) rotates this layer its own way (Gemma 3's local layers).
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
@@ -220,8 +224,8 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     k = k.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
-        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "head")         # width hs
-    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "head", config.norm_offset)   # width hs
+    rope = {"theta": config.rope_theta, "scaling": config.rope_scaling, **(rope or {}), "layout": config.rope_layout}
     q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached

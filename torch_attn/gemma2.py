@@ -14,13 +14,13 @@ from torch_attn.swiglu import swiglu
 
 # -- the block: a norm before and after each sublayer -----------------------------------------------
 
-def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
-    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``window`` go to attention."""
+def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
+    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache``, ``window`` and ``rope`` go to attention."""
     eps, one = config.rms_eps, config.norm_offset
     # 1-4: x + rms_norm(attn(rms_norm(x)))
     h = rms_norm(x, params["attn_norm"]["w"], eps, one)                       # (B, T, C)
     a = llama_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
-                        kv_cache=kv_cache, window=window)                     # (B, T, C)
+                        kv_cache=kv_cache, window=window, rope=rope)          # (B, T, C)
     a = rms_norm(a, params["attn_post_norm"]["w"], eps, one)                  # (B, T, C)
     x = x + a
     # 5-8: x + rms_norm(geglu(rms_norm(x)))

@@ -22,16 +22,16 @@ from torch_attn.softcap import logit_softcap
 from torch_attn.swiglu import swiglu
 
 
-def qk_norm(q, k, params, eps):
+def qk_norm(q, k, params, eps, offset=0.0):
     """RMS norm of q and of k over their last axis, each with its own weight -> (q, k)."""
-    q = rms_norm(q, params["q_norm"]["w"], eps)
-    k = rms_norm(k, params["k_norm"]["w"], eps)
+    q = rms_norm(q, params["q_norm"]["w"], eps, offset)
+    k = rms_norm(k, params["k_norm"]["w"], eps, offset)
     return q, k
 
 
-def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
-    with a ``kv_cache`` (this layer's) x holds only the new tokens; ``window`` as in the NumPy twin."""
+    with a ``kv_cache`` (this layer's) x holds only the new tokens; ``window`` and ``rope`` as in the NumPy twin."""
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
@@ -44,8 +44,8 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     k = k.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
-        q, k = qk_norm(q, k, params, config.rms_eps)                          # width hs
-    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+        q, k = qk_norm(q, k, params, config.rms_eps, config.norm_offset)      # width hs
+    rope = {"theta": config.rope_theta, "scaling": config.rope_scaling, **(rope or {}), "layout": config.rope_layout}
     q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
     k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
