@@ -361,3 +361,13 @@ def test_bad_gemma3_config_is_refused_naming_the_field(tmp_path, capsys, changes
 def test_bad_gemma2_config_is_refused(changes, error, message):
     with pytest.raises(error, match=message):
         Gemma2Config(n_layer=2, **changes)
+
+
+@pytest.mark.parametrize("n_layer", [1, 6, 7, 13])
+def test_default_layer_types_are_transformers(n_layer):
+    """Without layer_types, Gemma 2 alternates (sliding first) and Gemma 3 makes every sixth layer
+    global, as transformers' configs do."""
+    assert Gemma2Config(n_layer=n_layer).layer_types == tuple(
+        transformers.Gemma2Config(num_hidden_layers=n_layer).layer_types)
+    assert Gemma3Config(n_layer=n_layer).layer_types == tuple(
+        transformers.Gemma3TextConfig(num_hidden_layers=n_layer).layer_types)
