@@ -4,7 +4,8 @@
 
 Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU and eps),
 ``LlamaForCausalLM`` (-> numpy_attn.llama.LlamaConfig and its params), ``Qwen3ForCausalLM``
-(-> numpy_attn.qwen3.Qwen3Config) and ``Olmo2ForCausalLM`` (-> numpy_attn.olmo2.Olmo2Config),
+(-> numpy_attn.qwen3.Qwen3Config), ``Olmo2ForCausalLM`` (-> numpy_attn.olmo2.Olmo2Config) and
+``Gemma2ForCausalLM`` (-> numpy_attn.gemma2.Gemma2Config), ``Gemma3ForCausalLM`` (-> numpy_attn.gemma3.Gemma3Config),
 whose params are Llama's with the q and k norms (and for OLMo 2 the block's two norms after the
 attention and the MLP rather than before). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
@@ -30,6 +31,7 @@ dtypes, passes the same checks, and every refusal is a CheckpointError naming th
 tensor or key, and the value found.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -38,12 +40,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn.gemma2 import LAYER_TYPES, Gemma2Config
+from numpy_attn.gemma3 import Gemma3Config
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.llama import LlamaConfig
 from numpy_attn.olmo2 import Olmo2Config
 from numpy_attn.qwen3 import Qwen3Config
 
-ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM")
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM", "Gemma2ForCausalLM",
+                 "Gemma3ForCausalLM")
 GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 # Buffers that older GPT-2 files store beside the weights: the causal mask, not parameters.
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -83,6 +88,14 @@ CONFIG_KEYS["Qwen3ForCausalLM"] = {**_LLAMA_FAMILY_KEYS, "use_sliding_window": (
                                    "sliding_window": ("int or null", 1, False),
                                    "max_window_layers": ("int", 0, False)}
 CONFIG_KEYS["Olmo2ForCausalLM"] = dict(_LLAMA_FAMILY_KEYS)
+# Gemma 2 names its activation hidden_activation; the rest are its score scale, caps and window.
+CONFIG_KEYS["Gemma2ForCausalLM"] = {
+    **{key: rule for key, rule in _LLAMA_FAMILY_KEYS.items() if key != "hidden_act"},
+    "hidden_activation": ("str", None, False), "query_pre_attn_scalar": ("number", 0, False),
+    "attn_logit_softcapping": ("number or null", 0, False), "final_logit_softcapping": ("number or null", 0, False),
+    "sliding_window": ("int", 1, False), "use_bidirectional_attention": ("bool or null", None, False)}
+# Gemma 3 text: Gemma 2's keys, and the local layers' rotary base in the older spelling.
+CONFIG_KEYS["Gemma3ForCausalLM"] = {**CONFIG_KEYS["Gemma2ForCausalLM"], "rope_local_base_freq": ("number", 0, False)}
 # Sizes that allocate without being parameters, so that the parameter count cannot bound them:
 # the rotary table has head_dim / 2 entries (released models use head sizes of 64 to 512).
 CAPS = {"head_dim": 65536}
@@ -99,7 +112,8 @@ class CheckpointError(ValueError):
 
 
 def load_checkpoint(folder, dtype=np.float32):
-    """(kind, config, params) from a Hugging Face folder: kind "gpt2", "llama", "qwen3" or "olmo2"."""
+    """(kind, config, params) from a Hugging Face folder: kind "gpt2", "llama", "qwen3", "olmo2" or
+    "gemma2" or "gemma3"."""
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
@@ -569,8 +583,73 @@ def _olmo2_params(tensors, config):
     return _llama_params(tensors, config, norms=("post_attention_layernorm", "post_feedforward_layernorm"))
 
 
+# -- Gemma 2: four norms per block, capped scores and logits, sliding layers -------------------------
+
+def gemma2_config(hf, config_class=Gemma2Config, **extra):
+    """Gemma2Config (or Gemma3Config, with ``extra`` fields) from a Gemma 2 config.json (dict):
+    llama_config's reading (tied weights by default), and the activation, score scale, caps,
+    window and layer types checked and read."""
+    family = config_class.__name__.removesuffix("Config")         # "Gemma2", "Gemma3"
+    if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise CheckpointError(f"{family} config.json: hidden_activation {hf['hidden_activation']!r} is not "
+                              "supported (only 'gelu_pytorch_tanh')")
+    if hf.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{family} config.json: use_bidirectional_attention = True is not supported "
+                              "(causal only)")
+    n_layer = hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != n_layer
+                                    or any(t not in LAYER_TYPES for t in layer_types)):
+        raise CheckpointError(f"{family} config.json: layer_types must list num_hidden_layers = {n_layer} entries, "
+                              f"each 'sliding_attention' or 'full_attention', got {_short(layer_types)}")
+    base = llama_config({**hf, "hidden_act": "silu", "tie_word_embeddings": hf.get("tie_word_embeddings", True)},
+                        config_class)
+    defaults = {"attn_logit_softcapping": base.attn_logit_softcap, "final_logit_softcapping": base.final_logit_softcap}
+    caps = {key: None if hf.get(key, default) is None else float(hf.get(key, default))
+            for key, default in defaults.items()}
+    return dataclasses.replace(
+        base, query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        attn_logit_softcap=caps["attn_logit_softcapping"], final_logit_softcap=caps["final_logit_softcapping"],
+        sliding_window=hf.get("sliding_window", 4096),
+        layer_types=None if layer_types is None else tuple(layer_types), **extra)
+
+
+def gemma3_config(hf):
+    """Gemma3Config from a Gemma 3 text config.json (dict): gemma2_config's reading, with the rope
+    settings per layer type (transformers 5: rope_parameters {"full_attention": ..., "sliding_attention":
+    ...}; before: rope_theta and rope_local_base_freq); the local layers' rope must be the default kind."""
+    rope = hf.get("rope_parameters") or {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        local = rope.get("sliding_attention") or {}
+        if not isinstance(local, dict) or local.get("rope_type", "default") != "default":
+            raise CheckpointError(f"Gemma3 config.json: rope_parameters.sliding_attention must be of the default "
+                                  f"rope_type, got {_short(local)}")
+        local_theta = local.get("rope_theta", 10000.0)
+        hf = {**hf, "rope_parameters": rope.get("full_attention")}
+    else:
+        local_theta = hf.get("rope_local_base_freq", 10000.0)
+    if not KINDS["number"](local_theta) or local_theta <= 0:
+        raise CheckpointError(f"Gemma3 config.json: the local layers' rope_theta must be a number > 0, "
+                              f"got {_short(local_theta)}")
+    return gemma2_config(hf, Gemma3Config, rope_local_theta=float(local_theta))
+
+
+def _gemma2_params(tensors, config):
+    """Llama's params with the norms before the sublayers as attn_norm and mlp_norm, and the two
+    after them (post-attention, post-feedforward) as attn_post_norm and mlp_post_norm."""
+    params = _llama_params(tensors, config, norms=("input_layernorm", "pre_feedforward_layernorm"))
+    C = config.n_embd
+    for i, block in params["blocks"].items():
+        p = f"model.layers.{i}."
+        block["attn_post_norm"] = {"w": tensors.take(p + "post_attention_layernorm.weight", (C,))}
+        block["mlp_post_norm"] = {"w": tensors.take(p + "post_feedforward_layernorm.weight", (C,))}
+    return params
+
+
 # architecture -> (kind, its config from config.json, its params from the tensors)
 MODELS = {"GPT2LMHeadModel": ("gpt2", gpt2_config, _gpt2_params),
           "LlamaForCausalLM": ("llama", llama_config, _llama_params),
           "Qwen3ForCausalLM": ("qwen3", qwen3_config, _llama_params),
-          "Olmo2ForCausalLM": ("olmo2", olmo2_config, _olmo2_params)}
+          "Olmo2ForCausalLM": ("olmo2", olmo2_config, _olmo2_params),
+          "Gemma2ForCausalLM": ("gemma2", gemma2_config, _gemma2_params),
+          "Gemma3ForCausalLM": ("gemma3", gemma3_config, _gemma2_params)}

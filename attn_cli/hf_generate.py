@@ -31,14 +31,17 @@ def parse_ids(text):
 def run(args):
     """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (the others)."""
     from attn_cli.hf import load_checkpoint
+    from numpy_attn.gemma2 import gemma2_forward, gemma2_kv_cache
+    from numpy_attn.gemma3 import gemma3_forward
     from numpy_attn.gpt import gpt_forward, gpt_kv_cache
     from numpy_attn.llama import llama_forward, llama_kv_cache
     from numpy_attn.olmo2 import olmo2_forward
     from numpy_attn.qwen3 import qwen3_forward
 
     models = {"gpt2": (gpt_forward, gpt_kv_cache), "llama": (llama_forward, llama_kv_cache),
-              "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache)}
-    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2"}
+              "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
+              "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache)}
+    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3"}
     kind, config, params = load_checkpoint(args.hf, np.float32)
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer

@@ -38,6 +38,8 @@ Reading order, leaf to root:
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
+    gemma2           Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
+    gemma3           Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
     mla              multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
@@ -74,6 +76,11 @@ from numpy_attn.flex_attention import (
     flex_attention_forward,
 )
 from numpy_attn.gelu import gelu_backward, gelu_forward
+from numpy_attn.gemma2 import (
+    Gemma2Config, gemma2_backward, gemma2_block_backward, gemma2_block_forward, gemma2_forward,
+    gemma2_kv_cache, init_gemma2_params,
+)
+from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward

@@ -29,7 +29,10 @@ it is for inference only.
 The families built on this model reuse its pieces: a config class's ``qk_norm`` puts an RMS norm
 on q and k (``qk_norm_forward``: per head for numpy_attn/qwen3.py, over the whole projection for
 numpy_attn/olmo2.py), and ``decoder_forward`` / ``decoder_backward`` run the embedding, the
-blocks, the final norm and the head around another block (OLMo 2's norms after).
+blocks, the final norm and the head around another block (OLMo 2's norms after). A config's
+``embed_scale``, ``score_scale``, ``score_softcap``, ``logit_softcap``, ``norm_offset`` and
+``block_options(i)`` (all off for Llama) are the points where Gemma 2 and 3 (numpy_attn/gemma2.py,
+gemma3.py) differ.
 """
 
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ import numpy as np
 
 from numpy_attn._checks import (
     check_config,
+    check_dout,
     check_model_attn_mask,
     check_model_kv_cache,
     check_no_past,
@@ -54,9 +58,10 @@ from numpy_attn.attention import (
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.masks import causal_mask
+from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
+from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
 
@@ -98,6 +103,17 @@ class LlamaConfig:
         if self.qk_norm is None:
             return None
         return (self.hs, self.hs) if self.qk_norm == "head" else (self.n_head * self.hs, self.n_kv_head * self.hs)
+
+    # The points where Gemma 2 (numpy_attn/gemma2.py) differs; Llama's are all off.
+    embed_scale = None       # the embedding is multiplied by this (Gemma: sqrt(C))
+    score_scale = None       # attention's score scale; None is 1 / sqrt(hs)
+    score_softcap = None     # c of c * tanh(scores / c) inside attention
+    logit_softcap = None     # c of c * tanh(logits / c) on the output
+    norm_offset = 0.0        # the final norm scales by offset + w (Gemma: 1)
+
+    def block_options(self, i):
+        """Keywords for block i's forward beyond llama_block_forward's (Gemma 2: its window)."""
+        return {}
 
 
 def init_llama_params(config, rng, dtype=np.float32):
@@ -144,16 +160,17 @@ class QKNormCache(NamedTuple):
     kind: str                # "head" or "projection"
 
 
-def qk_norm_forward(q, k, params, eps, kind):
+def qk_norm_forward(q, k, params, eps, kind, offset=0.0):
     """RMS norm of q and of k over their last axis, each with its own weight: per head, q
     (B, nh, T, hs) and k (B, nkv, T, hs) with weights (hs,); over the projection, q (B, T, nh*hs)
-    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,). Returns ``(q, k, cache)``.
+    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,); ``offset`` as rms_norm_forward's
+    (Gemma 3's 1 + w). Returns ``(q, k, cache)``.
 
     Bounding each query and key bounds the scores q . k / sqrt(hs): no logit grows without limit
     while training (Dehghani et al., "Scaling Vision Transformers to 22 Billion Parameters", 2023).
     """
-    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps)
-    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
+    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps, offset)
+    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps, offset)
     return q, k, QKNormCache(q_cache, k_cache, kind)
 
 
@@ -183,13 +200,16 @@ class LlamaAttentionCache(NamedTuple):
     past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
 
 
-def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
+                            rope=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C).
 
     Returns ``(out, cache)``. ``attn_mask`` (bool, broadcasting to (B, nh, T, S)) replaces the
     causal mask, so it must include causality. With a ``kv_cache`` (this layer's, KVCache.layer(i))
     x holds only the T new tokens: their rotated keys and values join the cached ones, S = past + T,
-    and the new queries are the last T of the S.
+    and the new queries are the last T of the S. ``window`` (None, or w >= 1) lets each query see
+    its last w keys only (a sliding layer; with a cache, that layer's view holds only those);
+    ``rope`` ({"theta", "scaling"}, or None for the config's) rotates this layer its own way (Gemma 3's local layers).
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
@@ -204,16 +224,20 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     k = k.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
-        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "head")         # width hs
-    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "head", config.norm_offset)   # width hs
+    rope = {"theta": config.rope_theta, "scaling": config.rope_scaling, **(rope or {}), "layout": config.rope_layout}
     q, q_rope_cache = rope_forward(q, pos, **rope)                            # (B, nh, T, hs)
     k, k_rope_cache = rope_forward(k, pos, **rope)                            # (B, nkv, T, hs)
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
     is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask,
-                                                         is_causal=is_causal)   # (B, nh, T, hs)
+    if attn_mask is not None and window is not None:   # the caller's mask, and the window's
+        attn_mask = attn_mask & sliding_window_mask(T, k.shape[2], window, "bottom_right")
+        window = None
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                         scale=config.score_scale, softcap=config.score_softcap,
+                                                         window=window)   # (B, nh, T, hs)
     y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
     cache = LlamaAttentionCache(q_cache, k_cache, v_cache, qk_norm_cache, q_rope_cache, k_rope_cache, sdpa_cache,
@@ -307,6 +331,8 @@ class LlamaCache(NamedTuple):
     blocks: list
     norm: tuple
     head: tuple              # numpy_attn/_model.py's HeadCache
+    embed_scale: np.floating | None = None    # the embedding's multiplier (Gemma), in its dtype
+    logit_softcap: tuple | None = None        # the cap on the logits' cache (Gemma 2)
 
 
 def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
@@ -333,18 +359,25 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right")
     # 1: token embedding (positions enter through RoPE inside attention)
     x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
+    embed_scale = None
+    if config.embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
+        embed_scale = x.dtype.type(config.embed_scale)
+        x = x * embed_scale                                                   # (B, T, C)
     # 2: the blocks, in order; each reads and appends to its own layer of the cache
     block_caches = []
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
         x, block_cache = block_forward(x, params["blocks"][str(i)], config, positions,
-                                       attn_mask=attn_mask, kv_cache=layer_cache)
+                                       attn_mask=attn_mask, kv_cache=layer_cache, **config.block_options(i))
         block_caches.append(block_cache)                                      # x: (B, T, C)
     # 3: final RMS norm
-    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps)  # (B, T, C)
+    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, config.norm_offset)   # (B, T, C)
     # 4: the output layer
     logits, head_cache = head_forward(x, params, config.tie_weights)         # (B, T, C) -> (B, T, V)
-    cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache)
+    softcap_cache = None
+    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c)
+        logits, softcap_cache = logit_softcap_forward(logits, config.logit_softcap)   # (B, T, V)
+    cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache)
     return logits, cache
 
 
@@ -356,12 +389,17 @@ def llama_backward(dlogits, cache):
 def decoder_backward(op, dlogits, cache, block_backward):
     """llama_backward for the families built on it: ``block_backward`` undoes each block; ``op``
     names the model in the message about a wrong dlogits."""
+    if cache.logit_softcap is not None:   # undoes logits = c * tanh(logits / c)
+        check_dout(op, dlogits, cache.head.shape, cache.head.dtype, name="dlogits")
+        dlogits = logit_softcap_backward(dlogits, cache.logit_softcap)       # (B, T, V)
     # 4: undoes logits = x @ head_w.
     dx, dhead = head_backward(op, dlogits, cache.head)                        # (B, T, V) -> (B, T, C)
     # 3: undoes x = rms_norm(x).
     dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
     # 2: undoes the blocks, the last one first.
     dx, dblocks = blocks_backward(dx, cache.blocks, block_backward)           # (B, T, C)
+    if cache.embed_scale is not None:   # undoes x = x * embed_scale
+        dx = dx * cache.embed_scale
     # 1: undoes x = wte[ids].
     dparams = {"wte": embedding_backward(dx, cache.wte), "blocks": dblocks, "norm": dnorm}
     return with_head(dparams, dhead, cache.head)

@@ -80,6 +80,17 @@ def _pinned(config_class):
     return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
 
 
+def refuse_changed_config(folder, capsys, changes, message):
+    """The saved ``folder`` with config.json changed: load_checkpoint and generate --hf refuse it,
+    naming the field (``message``, a pattern)."""
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(folder)
+    assert cli.main(["generate", "--hf", str(folder), "--ids", "1,2"]) == 2
+    assert message.replace("\\", "") in capsys.readouterr().err
+
+
 def model_tests(family):
     """The tests of one family (a Family), as a class for a Test... class to inherit: made anew for
     each family, so that Hypothesis sees one test function per family (its database keys on it)."""
@@ -250,13 +261,7 @@ def model_tests(family):
         def _bad_config(self, tmp_path, capsys, changes, message):
             """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it,
             naming the field."""
-            _save(self.hf_model(np.float32), tmp_path)
-            path = tmp_path / "config.json"
-            path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-            with pytest.raises(CheckpointError, match=message):
-                load_checkpoint(tmp_path)
-            assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2"]) == 2
-            assert message.replace("\\", "") in capsys.readouterr().err
+            refuse_changed_config(_save(self.hf_model(np.float32), tmp_path), capsys, changes, message)
 
         @pytest.mark.parametrize("changes, message", [
             ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},

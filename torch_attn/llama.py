@@ -15,22 +15,23 @@ from torch_attn.attention import scaled_dot_product_attention
 from torch_attn.embedding import embedding
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
-from torch_attn.masks import causal_mask
+from torch_attn.masks import causal_mask, sliding_window_mask
 from torch_attn.rms_norm import rms_norm
 from torch_attn.rope import rope as rotate
+from torch_attn.softcap import logit_softcap
 from torch_attn.swiglu import swiglu
 
 
-def qk_norm(q, k, params, eps):
+def qk_norm(q, k, params, eps, offset=0.0):
     """RMS norm of q and of k over their last axis, each with its own weight -> (q, k)."""
-    q = rms_norm(q, params["q_norm"]["w"], eps)
-    k = rms_norm(k, params["k_norm"]["w"], eps)
+    q = rms_norm(q, params["q_norm"]["w"], eps, offset)
+    k = rms_norm(k, params["k_norm"]["w"], eps, offset)
     return q, k
 
 
-def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
-    with a ``kv_cache`` (this layer's) x holds only the new tokens."""
+    with a ``kv_cache`` (this layer's) x holds only the new tokens; ``window`` and ``rope`` as in the NumPy twin."""
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
@@ -43,15 +44,18 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     k = k.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     if config.qk_norm == "head":         # Qwen3: each head's q and k normed alone, before the rotation
-        q, k = qk_norm(q, k, params, config.rms_eps)                          # width hs
-    rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
+        q, k = qk_norm(q, k, params, config.rms_eps, config.norm_offset)      # width hs
+    rope = {"theta": config.rope_theta, "scaling": config.rope_scaling, **(rope or {}), "layout": config.rope_layout}
     q = rotate(q, pos, **rope)                                                # (B, nh, T, hs)
     k = rotate(k, pos, **rope)                                                # (B, nkv, T, hs)
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
     is_causal = "bottom_right" if attn_mask is None else False   # query t sees keys 0..past+t
-    y, _ = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                        is_causal=is_causal)                  # (B, nh, T, hs)
+    if attn_mask is not None and window is not None:   # the caller's mask, and the window's
+        attn_mask = attn_mask & sliding_window_mask(T, k.shape[2], window, "bottom_right", device=x.device)
+        window = None
+    y, _ = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=config.score_scale,
+                                        softcap=config.score_softcap, window=window)   # (B, nh, T, hs)
     y = y.transpose(1, 2).reshape(B, T, nh * hs)                              # (B, nh, T, hs) -> (B, T, nh*hs)
     out = linear(y, **params["o"])                                            # (B, T, nh*hs) -> (B, T, C)
     return out
@@ -87,15 +91,19 @@ def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache):
     attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right", device=ids.device)
     # 1: token embedding (positions enter through RoPE inside attention)
     x = embedding(ids, wte)                                                   # (B, T) -> (B, T, C)
+    if config.embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
+        x = x * torch.tensor(config.embed_scale, dtype=x.dtype)               # (B, T, C)
     # 2: the blocks, in order; each reads and appends to its own layer of the cache
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
         x = block(x, params["blocks"][str(i)], config, positions,
-                  attn_mask=attn_mask, kv_cache=layer_cache)
+                  attn_mask=attn_mask, kv_cache=layer_cache, **config.block_options(i))
     # 3: final RMS norm
-    x = rms_norm(x, params["norm"]["w"], config.rms_eps)                      # (B, T, C)
+    x = rms_norm(x, params["norm"]["w"], config.rms_eps, config.norm_offset)  # (B, T, C)
     # 4: the output layer
     logits = head(x, params, config.tie_weights)                         # (B, T, C) -> (B, T, V)
+    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c)
+        logits = logit_softcap(logits, config.logit_softcap)                  # (B, T, V)
     return logits
 
 

@@ -1,0 +1,373 @@
+"""Parity tests for numpy_attn/gemma2.py and gemma3.py and their torch twins, against Hugging
+Face's Gemma 2 and Gemma 3 (text).
+
+Random Gemma2ForCausalLM models saved by transformers are loaded by attn_cli.hf: logits and every
+parameter's gradient against transformers' autograd in float64 and float32 (test_hf.py's
+tolerances, from its error analysis), the NumPy backward against the twin's autograd, cached
+decoding past the sliding window against the full forward, ``generate --hf`` against
+transformers' generate, and bad configs. The window is small (3) so that every test crosses it,
+and the caps are small (attention's 2, the logits' 3) so that tanh bends the values (at
+Gemma's 50 and 30 these small models would never reach the cap's curved part). Gemma 3 runs
+the same tests (seven layers: five sliding, one global, one sliding; no caps, QK-norm, the local
+layers' rotary base 1e4 against the global ones' 1e6), each parametrised by family.
+"""
+
+import types
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers.models.gemma2 import modeling_gemma2
+from transformers.models.gemma3 import modeling_gemma3
+
+import torch_attn.gemma2 as tw
+import torch_attn.gemma3 as tw3
+from attn_cli import cli
+from attn_cli.hf import load_checkpoint
+from numpy_attn.gemma2 import (
+    Gemma2Config,
+    gemma2_backward,
+    gemma2_forward,
+    gemma2_kv_cache,
+    init_gemma2_params,
+)
+from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward
+from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.rope import rope_frequencies
+from parity_tests.helpers import (
+    assert_close,
+    assert_tree_close,
+    autograd,
+    decode_in_steps,
+    layer_norm_tol,
+    reorder_tol,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+    tree_map,
+    tree_to_torch,
+)
+from parity_tests.test_hf import _compare, _ids, _randomise, _save
+from parity_tests.test_hf_generate import _hf_greedy
+from parity_tests.test_llama import hf_logits_and_grads
+from parity_tests.test_qwen3 import refuse_changed_config
+
+WINDOW = 3
+# Ours -> Hugging Face's names of a block's four norms.
+NORMS = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
+         "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
+TORCH_DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
+
+
+class Family(NamedTuple):
+    """Gemma 2 or 3: our config class, forward, backward, twin and kind; transformers' module."""
+
+    name: str
+    config_class: type
+    forward: object
+    backward: object
+    twin: object
+    modeling: object
+
+
+FAMILIES = {"gemma2": Family("gemma2", Gemma2Config, gemma2_forward, gemma2_backward, tw.gemma2, modeling_gemma2),
+            "gemma3": Family("gemma3", Gemma3Config, gemma3_forward, gemma3_backward, tw3.gemma3, modeling_gemma3)}
+family_names = pytest.mark.parametrize("name", list(FAMILIES))
+
+
+def _rstds(cache):
+    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, scale)), Gemma 3's
+    QK-norms included."""
+    qk = [r for c in cache.blocks if c.attn.qk_norm for r in (c.attn.qk_norm.q[1], c.attn.qk_norm.k[1])]
+    return [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in NORMS] + qk
+
+
+def _tol(cache, dtype):
+    """RMS norms amplify rounding as layer norms do (see layer_norm_tol)."""
+    return layer_norm_tol(_rstds(cache), dtype)
+
+
+def hf_gemma2(dtype, name="gemma2"):
+    """A random transformers Gemma2ForCausalLM (Gemma3ForCausalLM): grouped-query heads (4 on 2),
+    head size 8 for C = 16 (sqrt(C) = 4 is exact, so the embedding's scale rounds alike in every
+    dtype), window 3, query_pre_attn_scalar 6 (not hs: a scale of its own); Gemma 2 with three
+    layers (sliding, global, sliding) and the caps 2 and 3, Gemma 3 with seven (five sliding, one
+    global, one sliding), no caps; every parameter far from its initialisation (test_hf._randomise)."""
+    sizes = dict(vocab_size=19, hidden_size=16, intermediate_size=20, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=8, max_position_embeddings=32, rms_norm_eps=1e-5, sliding_window=WINDOW,
+                 query_pre_attn_scalar=6, attn_implementation="eager", pad_token_id=None, bos_token_id=None,
+                 eos_token_id=None)
+    if name == "gemma2":
+        config = transformers.Gemma2Config(num_hidden_layers=3, attn_logit_softcapping=2.0,
+                                           final_logit_softcapping=3.0, **sizes)
+        model = transformers.Gemma2ForCausalLM(config)
+    else:
+        config = transformers.Gemma3TextConfig(num_hidden_layers=7, **sizes)
+        model = transformers.Gemma3ForCausalLM(config)
+    return _randomise(model, 0).to(TORCH_DTYPES[dtype]).eval()
+
+
+def exact_hf_gemma2(model, modeling, monkeypatch):
+    """Make a float64 Gemma2ForCausalLM (Gemma3ForCausalLM, ``modeling`` its module) compute in
+    float64 throughout: its RMS norms cast to float32, its rotary angles are computed in float32
+    and its attention's softmax runs in float32,
+    whatever the model's dtype. Those three are swapped for the same formulas in the model's dtype
+    (the softmax through the module's eager attention, for this test only), so every other part
+    (projections, heads, caps, masks, MLP, residuals, head) is compared at float64 precision."""
+    config = model.config
+    rope = config.rope_parameters
+
+    def inv_freq(layer_type):   # Gemma 3 keeps rope settings per layer type
+        theta = (rope[layer_type] if layer_type else rope)["rope_theta"]
+        return torch.from_numpy(rope_frequencies(config.head_dim, theta))
+
+    def rms_norm(self, h):
+        return (1.0 + self.weight) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rotary(self, x, position_ids, layer_type=None):
+        angles = position_ids[..., None].to(torch.float64) * inv_freq(layer_type)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+        groups = module.num_key_value_groups
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        scores = query @ key.transpose(2, 3) * scaling
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1)                                # in the model's dtype
+        return (weights @ value).transpose(1, 2).contiguous(), weights
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(rms_norm, module)
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(rotary, module)
+    monkeypatch.setattr(modeling, "eager_attention_forward", attention)
+    return model
+
+
+def to_hf_names(grads, config):
+    """Our gradient tree under Hugging Face's parameter names, weights transposed (tied head)."""
+    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"]}
+    for i, block in grads["blocks"].items():
+        for path, g in tree_leaves(block):
+            group, layer, kind = (path.split(".") + [""])[:3]
+            if group in NORMS:
+                out[f"model.layers.{i}.{NORMS[group]}.weight"] = g
+            elif layer in ("q_norm", "k_norm"):   # Gemma 3
+                out[f"model.layers.{i}.self_attn.{layer}.weight"] = g
+            else:
+                module = "self_attn" if group == "attn" else "mlp"
+                out[f"model.layers.{i}.{module}.{layer}_proj.weight"] = g.T
+    return out
+
+
+# -- the NumPy model against its twin -----------------------------------------------------------------
+
+@family_names
+@given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(1, 3), T=st.integers(1, 8),
+       dtype=st.sampled_from([np.float64, np.float32]), caps=st.booleans())
+def test_forward_and_backward_match_twin(name, seed, n_layer, T, dtype, caps):
+    """Logits against the twin's, every gradient (labelled by path) against autograd's, with and
+    without the two caps, on one to three layers (Gemma 2: sliding, global, sliding; Gemma 3 with
+    a global layer every second one, so that both rotary bases are used)."""
+    f = FAMILIES[name]
+    config = f.config_class(vocab_size=11, block_size=8, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=8,
+                          head_dim=4, hidden=12, sliding_window=2, query_pre_attn_scalar=3.0,
+                          attn_logit_softcap=1.5 if caps else None, final_logit_softcap=2.0 if caps else None,
+                          layer_types=tuple(("sliding_attention", "full_attention")[i % 2] for i in range(n_layer)))
+    rng = np.random.default_rng(seed)
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
+                      init_gemma2_params(config, rng, dtype))
+    ids = rng.integers(0, config.vocab_size, (2, T))
+    dout = rng.normal(size=(2, T, config.vocab_size)).astype(dtype)
+    logits, cache = f.forward(ids, params, config)
+    dparams = f.backward(dout, cache)
+    twin_logits, grads = autograd(lambda params: f.twin(to_torch(ids), params, config), {"params": params}, dout)
+    assert_close(f"{name}.logits", logits, twin_logits, **_tol(cache, dtype))
+    # The gradient reaching wte through the embedding is dx * sqrt(C): the rounding that dx carries
+    # from the blocks is multiplied by sqrt(C) too, so wte's absolute tolerance is sqrt(C) times the rest's.
+    wte_tol = {**_tol(cache, dtype), "atol": _tol(cache, dtype)["atol"] * config.embed_scale}
+    assert_close(f"{name}.wte", dparams.pop("wte"), grads["params"].pop("wte"), **wte_tol)
+    assert_tree_close(name, dparams, grads["params"], **_tol(cache, dtype))
+
+
+def test_attn_mask_joins_the_window():
+    """An attn_mask joins each sliding layer's window rather than replacing it: with an all-true
+    mask the logits are those without a mask (a mask that replaced the window would let the sliding
+    layers see every past key); with sequence 0's first key masked, sequence 1 is unchanged and the
+    twin agrees. A mask with a bounded cache is refused."""
+    config = Gemma2Config(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, sliding_window=2)
+    rng = np.random.default_rng(0)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma2_params(config, rng, np.float64))
+    ids = rng.integers(0, 11, (2, 6))
+    full = np.ones((2, 1, 6, 6), bool)
+    logits, cache = gemma2_forward(ids, params, config, attn_mask=full)
+    assert_close("gemma2.logits with an all-true mask", logits, gemma2_forward(ids, params, config)[0],
+                 **_tol(cache, np.float64))
+    pad = full.copy()
+    pad[0, :, :, 0] = False
+    padded = gemma2_forward(ids, params, config, attn_mask=pad)[0]
+    assert np.abs(padded[0, 1:] - logits[0, 1:]).max() > 1e-6, "the mask changed nothing in sequence 0"
+    assert_close("gemma2.logits of the unpadded sequence", padded[1], logits[1], **_tol(cache, np.float64))
+    twin = tw.gemma2(to_torch(ids), tree_map(to_torch, params), config, attn_mask=to_torch(pad))
+    assert_close("gemma2 twin.logits, padded", to_numpy(twin), padded, **_tol(cache, np.float64))
+    with pytest.raises(ValueError, match="gemma2_forward: an attn_mask together with a kv_cache"):
+        gemma2_forward(ids, params, config, attn_mask=full, kv_cache=gemma2_kv_cache(config, 2, np.float64))
+
+
+# -- checkpoints saved by transformers ------------------------------------------------------------------
+
+def _next_token_dlogits(logits, ids):
+    """The gradient of the mean next-token cross-entropy (logits at t predict ids at t + 1)."""
+    _, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
+    dlogits = np.zeros_like(logits)
+    dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
+    return dlogits
+
+
+@family_names
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
+    """The folder save_pretrained writes, loaded by attn_cli.hf: logits, and every gradient of the
+    next-token loss (our backward and the twin's autograd) against transformers' autograd, with
+    test_hf.py's tolerances; T = 7 > the window 3, so the sliding layers mask what the global one sees."""
+    f = FAMILIES[name]
+    model = hf_gemma2(dtype, name)
+    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    assert kind == name and type(config) is f.config_class, config
+    sliding, full = "sliding_attention", "full_attention"
+    assert config.layer_types == ((sliding, full, sliding) if name == "gemma2" else (sliding,) * 5 + (full, sliding))
+    if dtype == np.float64:
+        model = exact_hf_gemma2(model, f.modeling, monkeypatch)
+    ids = _ids(config.vocab_size)
+    logits, cache = f.forward(ids, params, config)
+    dlogits = _next_token_dlogits(logits, ids)
+    hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
+    rstds = _rstds(cache)
+    _compare(f"{name} checkpoint logits", logits, hf_logits, dtype, rstds)
+    tparams = tree_to_torch(params, requires_grad=True)
+    (f.twin(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for source, grads in (("twin", tree_map(lambda t: to_numpy(t.grad), tparams)),
+                          ("backward", f.backward(dlogits, cache))):
+        grads = to_hf_names(grads, config)
+        assert grads.keys() == theirs.keys(), (source, sorted(grads), sorted(theirs))
+        for hf_name, g in theirs.items():
+            _compare(f"{f.name} checkpoint d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
+
+
+# -- cached decoding equals the full forward --------------------------------------------------------------
+
+@family_names
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, name, dtype):
+    """A prefill of 5 tokens (more than the window 3), then one token at a time up to 16: every
+    position's logits equal the full forward's (only the order of some sums differs: reorder_tol),
+    the twin decodes the same, and the sliding layers' bytes stop growing once their window is full
+    while the global layer's grow by one token a step."""
+    f = FAMILIES[name]
+    _, config, params = load_checkpoint(_save(hf_gemma2(dtype, name), tmp_path), dtype)
+    ids = _ids(config.vocab_size, B=2, T=16, seed=1)
+    full, full_cache = f.forward(ids, params, config)
+    kv_cache = gemma2_kv_cache(config, 2, dtype)
+    held = []
+
+    def step(chunk):
+        logits = f.forward(chunk, params, config, kv_cache=kv_cache)[0]
+        held.append([kv_cache.layer(i).held for i in range(config.n_layer)])
+        return logits
+
+    sizes = [5] + [1] * 11
+    cached = decode_in_steps(step, ids, sizes)
+    assert_close(f"{name} decode.logits vs full forward", cached, full, **reorder_tol(_rstds(full_cache), dtype))
+    lengths = np.cumsum(sizes)
+    assert held == [[n if w is None else WINDOW for w in map(config.window, range(config.n_layer))]
+                    for n in lengths], held
+    n_sliding = config.layer_types.count("sliding_attention")
+    per_token = 2 * config.n_kv_head * config.hs * np.dtype(dtype).itemsize        # k and v of one layer
+    assert kv_cache.bytes_per_token == (config.n_layer - n_sliding) * per_token   # the global layers only
+    assert kv_cache.bytes_held == 2 * per_token * (n_sliding * WINDOW + (config.n_layer - n_sliding) * 16)
+    tparams = tree_map(to_torch, params)
+    twin_cache = tw.gemma2_kv_cache(config, 2, tparams["wte"].dtype)
+    twin = decode_in_steps(lambda chunk: to_numpy(f.twin(to_torch(chunk), tparams, config, kv_cache=twin_cache)),
+                           ids, sizes)
+    # Absolute errors grow with the logits' size (Gemma 3's are uncapped, up to ~10 here), as in
+    # test_hf._compare: atol scales with the largest |logit|.
+    tol = _tol(full_cache, dtype)
+    tol["atol"] *= max(1.0, float(np.abs(full).max()))
+    assert_close(f"{name} decode twin.logits", twin, cached, **tol)
+
+
+@family_names
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, name, cache):
+    """``numpy-attn generate --hf DIR --ids``, with the key/value cache (the default) and without:
+    the greedy ids of transformers' generate (use_cache=True), decoding 10 tokens past a 5-token
+    prompt, well past the window."""
+    model = hf_gemma2(np.float32, name)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
+                     "--temperature", "0", *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == _hf_greedy(model, [3, 1, 4, 1, 5], 10), f"{name}: greedy ids differ from transformers'"
+
+
+# -- bad input ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
+     "layer_types must list num_hidden_layers = 3 entries, each 'sliding_attention' or 'full_attention', "
+     "got \\['sliding_attention', 'chunked_attention'"),
+    ({"layer_types": ["full_attention"]}, "layer_types must list num_hidden_layers = 3 entries"),
+    ({"sliding_window": 0}, "sliding_window must be an int >= 1, got 0"),
+    ({"final_logit_softcapping": 0}, "Gemma2Config.final_logit_softcap must be"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+     "rope_type 'longrope' is not supported"),
+])
+def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
+    """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
+    refuse_changed_config(_save(hf_gemma2(np.float32), tmp_path), capsys, changes, message)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}},
+     "rope_parameters.sliding_attention must be of the default rope_type"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": -1}}},
+     "the local layers' rope_theta must be a number > 0, got -1"),
+    ({"layer_types": ["sliding_attention"] * 6 + ["global"]}, "layer_types must list num_hidden_layers = 7 entries"),
+])
+def test_bad_gemma3_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
+    refuse_changed_config(_save(hf_gemma2(np.float32, "gemma3"), tmp_path), capsys, changes, message)
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"layer_types": ("sliding_attention", "local")}, ValueError, "Gemma2Config.layer_types: each entry"),
+    ({"layer_types": ("full_attention",)}, ValueError, "Gemma2Config.layer_types must list n_layer = 2"),
+    ({"sliding_window": 0}, ValueError, "Gemma2Config.sliding_window"),
+    ({"attn_logit_softcap": -1.0}, ValueError, "Gemma2Config.attn_logit_softcap"),
+    ({"query_pre_attn_scalar": "8"}, TypeError, "Gemma2Config.query_pre_attn_scalar"),
+])
+def test_bad_gemma2_config_is_refused(changes, error, message):
+    with pytest.raises(error, match=message):
+        Gemma2Config(n_layer=2, **changes)
+
+
+@pytest.mark.parametrize("n_layer", [1, 6, 7, 13])
+def test_default_layer_types_are_transformers(n_layer):
+    """Without layer_types, Gemma 2 alternates (sliding first) and Gemma 3 makes every sixth layer
+    global, as transformers' configs do."""
+    assert Gemma2Config(n_layer=n_layer).layer_types == tuple(
+        transformers.Gemma2Config(num_hidden_layers=n_layer).layer_types)
+    assert Gemma3Config(n_layer=n_layer).layer_types == tuple(
+        transformers.Gemma3TextConfig(num_hidden_layers=n_layer).layer_types)
