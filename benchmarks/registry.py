@@ -212,7 +212,7 @@ def _builtin_mha(t, static):
     """
     import torch.nn.functional as F
 
-    from parity_tests.convert import to_mha
+    from benchmarks.convert import to_mha
 
     x, s = t["x"], to_mha(t["params"])
     C = x.shape[-1]
@@ -236,7 +236,7 @@ def _builtin_block(t, static):
     import torch
     from torch import nn
 
-    from parity_tests.convert import to_encoder_layer
+    from benchmarks.convert import to_encoder_layer
 
     x, p = t["x"], t["params"]
     B, T, C = x.shape

@@ -6,11 +6,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
+from benchmarks import convert
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.feed_forward import feed_forward_backward, feed_forward_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
-from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,

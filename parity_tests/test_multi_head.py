@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import torch_attn.multi_head as tw
+from benchmarks import convert
 from numpy_attn.multi_head import (
     init_multi_head_params,
     merge_heads,
@@ -17,7 +18,6 @@ from numpy_attn.multi_head import (
     multi_head_attention_forward,
     split_heads,
 )
-from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,

@@ -12,6 +12,7 @@ from torch import nn
 
 import torch_attn.gpt as tw
 import torch_attn.masks as tw_masks
+from benchmarks import convert
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
@@ -21,7 +22,6 @@ from numpy_attn.masks import (
     varlen_position_ids,
 )
 from numpy_attn.multi_head import multi_head_attention_forward
-from parity_tests import convert
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,

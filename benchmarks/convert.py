@@ -3,10 +3,11 @@ how ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` store what we s
 
 We keep weights (C_in, C_out) applied as ``x @ w + b``; ``nn.Linear`` keeps (C_out, C_in), and
 ``nn.MultiheadAttention`` stacks Wq, Wk, Wv (each transposed) into one ``in_proj_weight`` (3C, C)
-and their biases into ``in_proj_bias`` (3C,). Used by the tests and the benchmarks to run the
-built-ins on our parameters; the operations never import it, so it lives here and not in
-torch_attn, which holds the twins only. Works on tensors (differentiably)
-and on their gradients, which have the same layout.
+and their biases into ``in_proj_bias`` (3C,). Used by the benchmarks and the tests to run the
+built-ins on our parameters; the operations never import it, so it is not in torch_attn, which
+holds the twins only, and it is in the benchmarks package because the wheel ships that (the tests
+are not shipped). Works on tensors (differentiably) and on their gradients, which have the same
+layout.
 """
 
 import torch
