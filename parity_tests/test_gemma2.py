@@ -54,7 +54,7 @@ from parity_tests.helpers import (
 from parity_tests.test_hf import _compare, _ids, _randomise, _save
 from parity_tests.test_hf_generate import _hf_greedy
 from parity_tests.test_llama import hf_logits_and_grads
-from parity_tests.test_qwen3 import refuse_changed_config
+from parity_tests.test_qwen3 import assert_changed_config_refused
 
 WINDOW = 3
 # Ours -> Hugging Face's names of a block's four norms.
@@ -335,7 +335,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, name, cac
 ])
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
-    refuse_changed_config(_save(hf_gemma2(np.float32), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(_save(hf_gemma2(np.float32), tmp_path), capsys, changes, message)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -348,7 +348,7 @@ def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, messa
     ({"layer_types": ["sliding_attention"] * 6 + ["global"]}, "layer_types must list num_hidden_layers = 7 entries"),
 ])
 def test_bad_gemma3_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
-    refuse_changed_config(_save(hf_gemma2(np.float32, "gemma3"), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(_save(hf_gemma2(np.float32, "gemma3"), tmp_path), capsys, changes, message)
 
 
 @pytest.mark.parametrize("changes, error, message", [

@@ -489,7 +489,7 @@ def _watch():
             signal.signal(signal.SIGALRM, old)
 
 
-def _refused(load, folder, named, pattern, error=CheckpointError):
+def assert_refused(load, folder, named, pattern, error=CheckpointError):
     """``load(folder)`` raises ``error``, naming ``named`` and matching ``pattern``, within
     PEAK_LIMIT bytes; the command line says the same in one line, exit status 2."""
     with _watch() as peak, pytest.raises(error) as caught:
@@ -501,18 +501,18 @@ def _refused(load, folder, named, pattern, error=CheckpointError):
     return message
 
 
-def _cli_refuses(argv, message):
+def assert_cli_refuses(argv, message):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = cli.main(argv)
     assert status == 2 and message in err.getvalue() and "Traceback" not in err.getvalue(), (status, err.getvalue())
 
 
-def _hf_case(folder, monkeypatch, make, pattern, named):
+def assert_hf_case_refused(folder, monkeypatch, make, pattern, named):
     """Damage the valid folder with ``make``; load_checkpoint and generate --hf refuse it."""
     make(folder, monkeypatch) if getattr(make, "needs_monkeypatch", False) else make(folder)
-    message = _refused(load_checkpoint, folder, named(folder), pattern)
-    _cli_refuses(["generate", "--hf", str(folder), "--ids", "1"], message)
+    message = assert_refused(load_checkpoint, folder, named(folder), pattern)
+    assert_cli_refuses(["generate", "--hf", str(folder), "--ids", "1"], message)
 
 
 @pytest.mark.parametrize("make, pattern", _cases(HEADER_CASES))
@@ -521,18 +521,18 @@ def test_safetensors_header(tmp_path, monkeypatch, make, pattern):
         (folder / "model.safetensors").write_bytes(make(*_layout(_gpt2_tensors())))
 
     # The conversion to float32 comes after the files are read, so its refusal names the folder.
-    _hf_case(_folder(tmp_path / "model"), monkeypatch, damage, pattern,
+    assert_hf_case_refused(_folder(tmp_path / "model"), monkeypatch, damage, pattern,
              lambda f: f if "beyond the range" in pattern else f / "model.safetensors")
 
 
 @pytest.mark.parametrize("make, pattern", _cases(INDEX_CASES))
 def test_sharded_index(tmp_path, monkeypatch, make, pattern):
-    _hf_case(_sharded(tmp_path / "model"), monkeypatch, make, pattern, lambda f: f)
+    assert_hf_case_refused(_sharded(tmp_path / "model"), monkeypatch, make, pattern, lambda f: f)
 
 
 @pytest.mark.parametrize("make, pattern", _cases(CONFIG_CASES))
 def test_hugging_face_config(tmp_path, monkeypatch, make, pattern):
-    _hf_case(_folder(tmp_path / "model"), monkeypatch, make, pattern,
+    assert_hf_case_refused(_folder(tmp_path / "model"), monkeypatch, make, pattern,
              lambda f: f if "no config.json" in pattern else f / "config.json")
 
 
@@ -541,7 +541,7 @@ def test_train_checkpoint(tmp_path, make, pattern):
     folder = tmp_path / "run"
     _run(folder)
     make(folder)
-    _refused(lambda f: checkpoint.load_checkpoint(str(f)), folder, folder, pattern, ValueError)
+    assert_refused(lambda f: checkpoint.load_checkpoint(str(f)), folder, folder, pattern, ValueError)
 
 
 @pytest.mark.parametrize("make, pattern", _cases(OUT_CASES))
@@ -552,7 +552,7 @@ def test_train_out_folder(tmp_path, make, pattern):
     out.mkdir()
     make(out)
     before = sorted(os.listdir(out))
-    _refused(lambda f: checkpoint.check_out(str(f), force=True), out, out, pattern, ValueError)
+    assert_refused(lambda f: checkpoint.check_out(str(f), force=True), out, out, pattern, ValueError)
     assert sorted(os.listdir(out)) == before, "check_out changed the folder"
 
 

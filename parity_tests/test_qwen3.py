@@ -80,7 +80,7 @@ def _pinned(config_class):
     return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
 
 
-def refuse_changed_config(folder, capsys, changes, message):
+def assert_changed_config_refused(folder, capsys, changes, message):
     """The saved ``folder`` with config.json changed: load_checkpoint and generate --hf refuse it,
     naming the field (``message``, a pattern)."""
     path = folder / "config.json"
@@ -258,10 +258,10 @@ def model_tests(family):
             with pytest.raises(ValueError, match=rf"{f.name}: dlogits must have the shape .* \(1, 3, 7\), got "):
                 f.backward(np.zeros((1, 3, 4)), cache)
 
-        def _bad_config(self, tmp_path, capsys, changes, message):
+        def _assert_bad_config_refused(self, tmp_path, capsys, changes, message):
             """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it,
             naming the field."""
-            refuse_changed_config(_save(self.hf_model(np.float32), tmp_path), capsys, changes, message)
+            assert_changed_config_refused(_save(self.hf_model(np.float32), tmp_path), capsys, changes, message)
 
         @pytest.mark.parametrize("changes, message", [
             ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
@@ -270,7 +270,7 @@ def model_tests(family):
             ({"attention_bias": "yes"}, "attention_bias must be a bool, got 'yes'"),
         ])
         def test_bad_config_is_refused_naming_the_field(self, tmp_path, capsys, changes, message):
-            self._bad_config(tmp_path, capsys, changes, message)
+            self._assert_bad_config_refused(tmp_path, capsys, changes, message)
 
     return ModelTests
 
@@ -284,7 +284,7 @@ class TestQwen3(model_tests(QWEN3)):
     ])
     def test_sliding_window_is_refused_naming_the_field(self, tmp_path, capsys, changes, message):
         """Qwen3's optional sliding window (off in the released models) is not implemented."""
-        self._bad_config(tmp_path, capsys, changes, message)
+        self._assert_bad_config_refused(tmp_path, capsys, changes, message)
 
     def test_qk_norm_is_per_head_before_the_rotation(self):
         """The q norm's weight has width hs and acts on each head alone: scaling one head's query
