@@ -76,7 +76,13 @@ class Family(NamedTuple):
 
 FAMILIES = {"gemma2": Family("gemma2", Gemma2Config, gemma2_forward, gemma2_backward, tw.gemma2, modeling_gemma2),
             "gemma3": Family("gemma3", Gemma3Config, gemma3_forward, gemma3_backward, tw3.gemma3, modeling_gemma3)}
-family_names = pytest.mark.parametrize("name", list(FAMILIES))
+
+
+@pytest.fixture(scope="module")
+def name(request):
+    """The family a model test runs for: the module's own (test_gemma3.py imports the model tests
+    and this fixture, so each family's comparisons are reported under its own test file)."""
+    return "gemma3" if request.module.__name__.endswith("test_gemma3") else "gemma2"
 
 
 def _rstds(cache):
@@ -171,7 +177,6 @@ def to_hf_names(grads, config):
 
 # -- the NumPy model against its twin -----------------------------------------------------------------
 
-@family_names
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(1, 3), T=st.integers(1, 8),
        dtype=st.sampled_from([np.float64, np.float32]), caps=st.booleans())
 def test_forward_and_backward_match_twin(name, seed, n_layer, T, dtype, caps):
@@ -233,7 +238,6 @@ def _next_token_dlogits(logits, ids):
     return dlogits
 
 
-@family_names
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
     """The folder save_pretrained writes, loaded by attn_cli.hf: logits, and every gradient of the
@@ -266,7 +270,6 @@ def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
 
 # -- cached decoding equals the full forward --------------------------------------------------------------
 
-@family_names
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, name, dtype):
     """A prefill of 5 tokens (more than the window 3), then one token at a time up to 16: every
@@ -306,7 +309,6 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, name, dty
     assert_close(f"{name} decode twin.logits", twin, cached, **tol)
 
 
-@family_names
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])
 def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, name, cache):
     """``numpy-attn generate --hf DIR --ids``, with the key/value cache (the default) and without:

@@ -1,0 +1,11 @@
+"""Parity tests for numpy_attn/gemma3.py and torch_attn/gemma3.py: Gemma 2's model tests
+(parity_tests/test_gemma2.py), run here for the gemma3 family through the ``name`` fixture, against
+transformers' Gemma3ForCausalLM. Gemma 3's config refusals stay beside Gemma 2's in test_gemma2.py."""
+
+from parity_tests.test_gemma2 import (  # noqa: F401  (pytest collects what the module holds)
+    name,
+    test_cached_decoding_past_the_window_equals_full_forward,
+    test_checkpoint_matches_transformers,
+    test_forward_and_backward_match_twin,
+    test_generate_hf_ids_equal_transformers_generate,
+)
