@@ -45,6 +45,9 @@ are the new tokens', so bottom-right alignment puts each query at its own positi
 ``layer.start`` is the position of the first key held (0 on a full layer), ``layer.held`` how many.
 ``cache.bytes_per_token`` is what each further token adds (the full layers' share),
 ``cache.bytes_held`` what the tokens held take now, ``cache.nbytes`` the allocation.
+
+Keys and values may differ in width (``v_head_size``): naive multi-head latent attention
+(numpy_attn/mla.py) caches keys of dn + dr numbers a head and values of dv.
 """
 
 from dataclasses import dataclass
@@ -64,6 +67,12 @@ class KVCache:
     lengths: np.ndarray    # (L,) int64: tokens each layer has seen (the position of its next one)
     windows: tuple         # L entries: None for a full layer, the window w of a sliding one
     dims: tuple            # (B, nkv, max_len, hs)
+    v_head_size: int | None = None   # the values' width when it is not the keys' hs (MLA: dv)
+
+    @property
+    def v_hs(self):
+        """The values' head size: v_head_size, or the keys' hs."""
+        return self.dims[3] if self.v_head_size is None else self.v_head_size
 
     @property
     def n_layer(self):
@@ -87,14 +96,14 @@ class KVCache:
     @property
     def v(self):
         """(L, B, nkv, max_len, hs): every layer's value slots, when every layer is full (a view)."""
-        return _stacked(self, self.buffer_v)
+        return _stacked(self, self.buffer_v, self.v_hs)
 
     @property
     def bytes_per_token(self):
-        """Bytes each further token of one sequence adds: 2 (k and v) x full layers x nkv x hs x
-        itemsize (a sliding layer adds none once its window is full)."""
+        """Bytes each further token of one sequence adds: full layers x nkv x (hs + v_hs) x itemsize
+        (2 hs without v_head_size: k and v; a sliding layer adds none once its window is full)."""
         B, nkv, max_len, hs = self.dims
-        return 2 * sum(w is None for w in self.windows) * nkv * hs * self.buffer_k.itemsize
+        return sum(w is None for w in self.windows) * nkv * (hs + self.v_hs) * self.buffer_k.itemsize
 
     @property
     def bytes_held(self):
@@ -137,8 +146,8 @@ class LayerKVCache:
 
     @property
     def v(self):
-        """(B, nkv, slots, hs): a view of this layer's value slots in the cache."""
-        return _layer_view(self, self.cache.buffer_v)
+        """(B, nkv, slots, v_hs): a view of this layer's value slots in the cache."""
+        return _layer_view(self, self.cache.buffer_v, self.cache.v_hs)
 
     @property
     def length(self):
@@ -157,28 +166,33 @@ class LayerKVCache:
 
     @property
     def bytes_per_token(self):
-        """Bytes one token of one sequence takes in this layer: 2 x nkv x hs x itemsize."""
+        """Bytes one token of one sequence takes in this layer: nkv x (hs + v_hs) x itemsize."""
         B, nkv, max_len, hs = self.cache.dims
-        return 2 * nkv * hs * self.cache.buffer_k.itemsize
+        return nkv * (hs + self.cache.v_hs) * self.cache.buffer_k.itemsize
 
 
-def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=np.float32, windows=None):
+def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=np.float32, windows=None, v_head_size=None):
     """An empty cache for ``n_layer`` layers of a batch of B sequences of up to ``max_len``
     tokens, all lengths 0. ``windows`` (n_layer entries, None = a full layer) makes the layers
     with a window w sliding ones, of min(w, max_len) slots; without it every layer is full, and
-    ``cache.k``, ``cache.v`` are (n_layer, B, n_kv_head, max_len, head_size)."""
+    ``cache.k``, ``cache.v`` are (n_layer, B, n_kv_head, max_len, head_size). ``v_head_size``
+    (default head_size) is the values' width, when it differs from the keys'."""
     windows = _check_init(n_layer, B, n_kv_head, max_len, head_size, dtype, windows)
-    per_token = B * n_kv_head * head_size                                # numbers per slot and layer
-    N = sum(_slots(w, max_len) for w in windows) * per_token             # every layer's slots
+    if v_head_size is not None:
+        _check_sizes(v_head_size=v_head_size)
+        v_head_size = int(v_head_size)
+    slots = sum(_slots(w, max_len) for w in windows) * B * n_kv_head     # every layer's slots, every head
+    N_k, N_v = slots * head_size, slots * (head_size if v_head_size is None else v_head_size)
     # Zeros rather than np.empty: slots past a layer's length are never read, but zeros make an
     # accidental read show up as a wrong answer that is the same on every run.
-    return KVCache(np.zeros(N, dtype), np.zeros(N, dtype), np.zeros(n_layer, np.int64), windows,
-                   (B, n_kv_head, max_len, head_size))
+    return KVCache(np.zeros(N_k, dtype), np.zeros(N_v, dtype), np.zeros(n_layer, np.int64), windows,
+                   (B, n_kv_head, max_len, head_size), v_head_size)
 
 
 def kv_cache_update(layer_cache, k, v):
-    """Append k, v (B, nkv, T, hs) of T new tokens to ``layer_cache`` (KVCache.layer(i)); return
-    its keys and values so far, k_all, v_all (B, nkv, S, hs) with S = old length + T (views), or
+    """Append k (B, nkv, T, hs), v (B, nkv, T, v_hs) of T new tokens to ``layer_cache``
+    (KVCache.layer(i)); return its keys and values so far, k_all (B, nkv, S, hs) and v_all
+    (B, nkv, S, v_hs) with S = old length + T (views), or
     on a sliding layer S = held + T (fresh arrays: the held tokens, then the new ones)."""
     _check_update(layer_cache, k, v)
     if layer_cache.window is not None:   # a sliding layer: a rolling copy of its last `window` tokens
@@ -211,21 +225,24 @@ def _slots(window, max_len):
     return max_len if window is None else min(window, max_len)
 
 
-def _layer_view(layer_cache, buffer):
-    """(B, nkv, slots, hs) view of one layer's part of a buffer laid out layer after layer."""
+def _layer_view(layer_cache, buffer, hs=None):
+    """(B, nkv, slots, hs) view of one layer's part of a buffer laid out layer after layer; hs
+    defaults to the keys'."""
     cache = layer_cache.cache
-    B, nkv, max_len, hs = cache.dims
+    B, nkv, max_len, key_hs = cache.dims
+    hs = key_hs if hs is None else hs
     before = sum(_slots(w, max_len) for w in cache.windows[:layer_cache.index])   # slots of the layers before
     size = B * nkv * layer_cache.slots * hs
     return buffer[before * B * nkv * hs:][:size].reshape(B, nkv, layer_cache.slots, hs)
 
 
-def _stacked(cache, buffer):
-    """(L, B, nkv, max_len, hs) view of a buffer whose layers are all full; raise otherwise."""
+def _stacked(cache, buffer, hs=None):
+    """(L, B, nkv, max_len, hs) view of a buffer whose layers are all full (hs default the keys');
+    raise otherwise."""
     if any(w is not None for w in cache.windows):
         raise ValueError(f"a cache with sliding layers (windows {list(cache.windows)}) has layers of "
                          "different sizes: read each one's keys and values as cache.layer(i).k, .v")
-    return buffer.reshape((cache.n_layer,) + cache.dims)
+    return buffer.reshape((cache.n_layer,) + cache.dims[:3] + (cache.dims[3] if hs is None else hs,))
 
 
 def _check_init(n_layer, B, n_kv_head, max_len, head_size, dtype, windows):
@@ -261,21 +278,23 @@ def _check_layer(cache, i):
 
 
 def _check_update(layer_cache, k, v):
-    """Raise unless k and v are (B, nkv, T, hs) arrays of the cache's dtype that fit in the layer."""
+    """Raise unless k (B, nkv, T, hs) and v (B, nkv, T, v_hs) are arrays of the cache's dtype that fit in
+    the layer."""
     if not isinstance(layer_cache, LayerKVCache):
         raise TypeError(f"cache must be a KVCache's layer (KVCache.layer(i)), got "
                         f"{type(layer_cache).__name__}")
     cache, layer = layer_cache.cache, layer_cache.index
     B, nkv, max_len, hs = cache.dims
-    for name, a in (("k", k), ("v", v)):
+    for name, a, width in (("k", k, hs), ("v", v, cache.v_hs)):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
         if a.dtype != cache.buffer_k.dtype:
             raise TypeError(f"{name} has dtype {a.dtype}, the cache holds {cache.buffer_k.dtype}")
-        if a.ndim != 4 or a.shape[:2] != (B, nkv) or a.shape[3] != hs:
-            raise ValueError(f"{name} must have shape (B, nkv, T, hs) = ({B}, {nkv}, T, {hs}) "
+        if a.ndim != 4 or a.shape[:2] != (B, nkv) or a.shape[3] != width:
+            hs_name = "hs" if name == "k" or cache.v_head_size is None else "v_hs"
+            raise ValueError(f"{name} must have shape (B, nkv, T, {hs_name}) = ({B}, {nkv}, T, {width}) "
                              f"to fit the cache {cache.dims}, got {a.shape}")
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k and v shapes differ: k {k.shape}, v {v.shape}")
     start = layer_cache.length
     if start + k.shape[2] > max_len:

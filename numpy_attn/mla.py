@@ -25,6 +25,11 @@ and the rotated shared k_r (dr), never a key or value per head: attention become
 attention over keys [c_kv, k_r] (rkv + dr) and values c_kv (rkv), with the query
 [q_n W_uk^T, q_r], and W_uv applied to its output. ``mla_cache_bytes_per_token`` compares that
 with the naive cache and with GQA and MHA of the same heads.
+
+Naive cached decoding (``mla_forward(..., kv_cache=layer)``) caches what Hugging Face's model
+attends over: each head's full key (dn + dr) and value (dv), in numpy_attn/kv_cache.py's cache
+with values of their own width (``init_mla_kv_cache``). It is the reference the absorbed path is
+checked against, and the cache it keeps is the one absorption saves.
 """
 
 import math
@@ -33,11 +38,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_config, check_dout, check_float, check_positions, check_rng
+from numpy_attn._checks import check_config, check_dout, check_float, check_no_past, check_positions, check_rng
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.kv_cache import LayerKVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import rope_backward, rope_forward, rope_frequencies
@@ -166,14 +172,17 @@ class MLACache(NamedTuple):
     sdpa: tuple
     o: tuple
     config: MLAConfig
+    past: int = 0            # keys read from a key/value cache (0 without one): no gradient reaches them
 
 
-def mla_forward(x, params, config, positions=None):
-    """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default 0..T-1) -> (B, T, C).
+def mla_forward(x, params, config, positions=None, kv_cache=None):
+    """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default past..past+T-1) -> (B, T, C).
 
-    Returns ``(out, cache)``; the cache holds the sub-operations' caches (MLACache).
+    Returns ``(out, cache)``; the cache holds the sub-operations' caches (MLACache). With a
+    ``kv_cache`` (this layer's, ``init_mla_kv_cache(...).layer(i)``) x holds only the T new tokens:
+    their keys and values join the cached ones, S = past + T, the mask aligned bottom-right.
     """
-    positions = _check_mla(x, params, config, positions)
+    positions = _check_mla(x, params, config, positions, kv_cache=kv_cache)
     B, T, C = x.shape
     nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
@@ -184,11 +193,14 @@ def mla_forward(x, params, config, positions=None):
     k_n, v = kv[..., :dn], kv[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dv)
     q = np.concatenate([q_n, q_r], axis=-1)                                   # (B, nh, T, dn+dr)
     k = np.concatenate([k_n, np.broadcast_to(k_r, (B, nh, T, dr))], axis=-1)  # (B, nh, T, dn+dr): k_r shared
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True,
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal="bottom_right",
                                                          scale=config.softmax_scale)   # (B, nh, T, dv)
     y = y.swapaxes(1, 2).reshape(B, T, -1)                                    # (B, nh, T, dv) -> (B, T, nh*dv)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*dv) -> (B, T, C)
-    cache = MLACache(query_cache, latent_cache, kv_b_cache, sdpa_cache, o_cache, config)
+    cache = MLACache(query_cache, latent_cache, kv_b_cache, sdpa_cache, o_cache, config, past)
     return out, cache
 
 
@@ -205,6 +217,7 @@ def mla_backward(dout, cache):
     dy = dy.reshape(B, T, nh, -1).swapaxes(1, 2)                              # -> (B, nh, T, dv)
     # Undoes attention.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)       # (B, nh, T, .)
+    check_no_past("mla_backward", dk.shape[2], cache.past)   # cached past: inference only
     # Undoes k = [k_n, k_r broadcast to every head]: the shared k_r sums the gradients of all heads.
     dk_n, dk_r = dk[..., :dn], dk[..., dn:].sum(axis=1, keepdims=True)        # (B, nh, T, dn), (B, 1, T, dr)
     # Undoes q = [q_n, q_r].
@@ -317,6 +330,15 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
     return out
 
 
+def init_mla_kv_cache(config, n_layer, B, max_len, dtype=np.float32):
+    """An empty naive cache for ``n_layer`` MLA layers: per head a key of dn + dr numbers and a
+    value of dv, as Hugging Face's model attends over (numpy_attn/kv_cache.py's KVCache)."""
+    if not isinstance(config, MLAConfig):
+        raise TypeError(f"config must be an MLAConfig, got {type(config).__name__}")
+    return init_kv_cache(n_layer, B, config.n_head, max_len, config.qk_head_dim, dtype,
+                         v_head_size=config.v_head_dim)
+
+
 def mla_cache_bytes_per_token(config, dtype=np.float32, n_kv_head=None, head_size=None):
     """Cache bytes per token, sequence and layer: {"mla_absorbed", "mla_naive", "gqa", "mha"}.
 
@@ -369,7 +391,7 @@ def mla_param_shapes(config):
     return shapes
 
 
-def _check_mla(x, params, config, positions, latent_cache=None):
+def _check_mla(x, params, config, positions, latent_cache=None, kv_cache=None):
     """Return positions as an integer array (default past..past+T-1), or raise naming the argument."""
     if not isinstance(config, MLAConfig):
         raise TypeError(f"config must be an MLAConfig, got {type(config).__name__}")
@@ -395,6 +417,8 @@ def _check_mla(x, params, config, positions, latent_cache=None):
     past = 0
     if latent_cache is not None:
         past = _check_latent_cache(latent_cache, config, x)
+    if kv_cache is not None:
+        past = _check_mla_kv_cache(kv_cache, config, x)
     check_positions(positions, B, T)
     return np.arange(past, past + T) if positions is None else np.asarray(positions)
 
@@ -416,6 +440,27 @@ def _check_latent_cache(latent_cache, config, x):
         raise ValueError(f"latent_cache overflow: it holds {latent_cache.length} tokens, appending {T} "
                          f"would make {latent_cache.length + T} > max_len = {c_kv.shape[1]}")
     return latent_cache.length
+
+
+def _check_mla_kv_cache(kv_cache, config, x):
+    """Return the tokens the layer ``kv_cache`` holds; raise unless its keys and values are MLA's
+    per-head ones for x and this config, of x's dtype, with room for x's T."""
+    if not isinstance(kv_cache, LayerKVCache):
+        raise TypeError(f"kv_cache must be one layer of an MLA key/value cache (init_mla_kv_cache(...).layer(i)), "
+                        f"got {type(kv_cache).__name__}")
+    B, T, C = x.shape
+    cache = kv_cache.cache
+    if cache.buffer_k.dtype != x.dtype:
+        raise TypeError(f"kv_cache holds {cache.buffer_k.dtype}, x is {x.dtype}")
+    wanted = (B, config.n_head, config.qk_head_dim, config.v_head_dim)
+    got = (cache.dims[0], cache.dims[1], cache.dims[3], cache.v_hs)
+    if got != wanted or kv_cache.window is not None:
+        raise ValueError(f"kv_cache (B, heads, key width, value width) = {got} must be {wanted} "
+                         f"(x {x.shape}, n_head, dn + dr, dv), full (window None, got {kv_cache.window})")
+    if kv_cache.length + T > cache.max_len:
+        raise ValueError(f"kv_cache overflow: it holds {kv_cache.length} tokens, appending {T} "
+                         f"would make {kv_cache.length + T} > max_len = {cache.max_len}")
+    return kv_cache.length
 
 
 def _check_latent_cache_sizes(B, max_len, dtype):

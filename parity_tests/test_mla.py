@@ -14,6 +14,7 @@ from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.mla import (
     MLAConfig,
     init_latent_cache,
+    init_mla_kv_cache,
     init_mla_params,
     mla_absorbed_forward,
     mla_backward,
@@ -38,6 +39,7 @@ from parity_tests.helpers import (
 )
 from parity_tests.test_llama import SCALINGS  # None, linear and llama3 scaling
 from torch_attn.mla import init_latent_cache as init_torch_latent_cache
+from torch_attn.mla import init_mla_kv_cache as init_torch_mla_kv_cache
 from torch_attn.mla import mla, mla_absorbed
 
 
@@ -269,6 +271,14 @@ def test_softmax_scale_matches_hugging_face(rope_parameters):
 
 # -- absorbed decoding equals the naive full forward ----------------------------------------------
 
+def _chunk_sizes(data, T):
+    """A prompt of 1..T-1 tokens drawn, then single tokens; all T at once without data or with T = 1."""
+    if data is None or T == 1:
+        return [T]
+    prompt = data.draw(st.integers(1, T - 1), label="prompt")
+    return [prompt] + [1] * (T - prompt)
+
+
 @given(case=cases(), data=st.data())
 @example(case=_pinned_case(), data=None)
 def test_absorbed_decoding_equals_naive_forward(case, data):
@@ -278,10 +288,7 @@ def test_absorbed_decoding_equals_naive_forward(case, data):
     (a c_kv) W_uv for a (c_kv W_uv): the same operations rounded in another order, _tol's bound."""
     config, params, x, _, _ = case
     B, T, C = x.shape
-    sizes = [T] if data is None or T == 1 else [1] * T
-    if data is not None and T > 1:
-        prompt = data.draw(st.integers(1, T - 1), label="prompt")
-        sizes = [prompt] + [1] * (T - prompt)
+    sizes = _chunk_sizes(data, T)
     expected, cache = mla_forward(x, params, config)
     latent, twin_latent = init_latent_cache(config, B, T + 1, x.dtype), \
         init_torch_latent_cache(config, B, T + 1, to_torch(x).dtype)
@@ -319,6 +326,50 @@ def test_absorbed_decoding_equals_hugging_face_cached_decoding(q_lora_rank, rope
     layer = hf_cache.layers[0]
     assert_close("latent cache c_kv vs DynamicCache", latent.c_kv, to_numpy(layer.keys[:, 0]))
     assert_close("latent cache k_r vs DynamicCache", latent.k_r[..., perm], to_numpy(layer.values[:, 0]))
+
+
+@given(case=cases(), data=st.data())
+@example(case=_pinned_case(), data=None)
+@example(case=_pinned_case(q_lora_rank=None, rope_interleave=False), data=None)
+def test_naive_cached_decoding_equals_full_forward_and_absorbed(case, data):
+    """A prompt, then single tokens, through the naive key/value cache (full per-head keys and
+    values, as Hugging Face's model caches them): each chunk's outputs equal the full forward's at
+    the same positions, in NumPy and in the twin, and equal the absorbed path's on the same chunks.
+    Cached or not, the keys and values are the same numbers; the new queries' scores are the full
+    forward's rows, each a sum over its own keys: equal up to the summation order of one matmul
+    row (BLAS may block T rows differently from one), _tol's bound. Absorbed against naive: as
+    test_absorbed_decoding_equals_naive_forward."""
+    config, params, x, _, _ = case
+    B, T, C = x.shape
+    expected, cache = mla_forward(x, params, config)
+    kv = init_mla_kv_cache(config, 1, B, T + 1, x.dtype)
+    twin_kv = init_torch_mla_kv_cache(config, 1, B, T + 1, to_torch(x).dtype)
+    latent = init_latent_cache(config, B, T + 1, x.dtype)
+    tparams, start = tree_map(to_torch, params), 0
+    for n in _chunk_sizes(data, T):
+        chunk, at = x[:, start:start + n], slice(start, start + n)
+        out, _ = mla_forward(chunk, params, config, kv_cache=kv.layer(0))
+        assert_close(f"mla naive cached[{start}:{start + n}] vs full forward", out, expected[:, at],
+                     **_tol(cache, expected))
+        twin = to_numpy(mla(to_torch(chunk), tparams, config, kv_cache=twin_kv.layer(0)))
+        assert_close(f"mla naive cached twin[{start}:{start + n}] vs full forward", twin, expected[:, at],
+                     **_tol(cache, expected))
+        absorbed = mla_absorbed_forward(chunk, params, config, latent)
+        assert_close(f"mla absorbed[{start}:{start + n}] vs naive cached", absorbed, out, **_tol(cache, out))
+        start += n
+    assert kv.length == twin_kv.length == latent.length == T, "the caches hold every token"
+    layer = kv.layer(0)   # the full forward's keys and values, computed chunk by chunk (rounded as above)
+    assert_close("naive cache keys", layer.k[:, :, :T], cache.sdpa.k, **_tol(cache, cache.sdpa.k))
+    assert_close("naive cache values", layer.v[:, :, :T], cache.sdpa.v, **_tol(cache, cache.sdpa.v))
+
+
+def test_naive_cache_bytes_per_token():
+    """The naive cache's allocation per token is the figure mla_cache_bytes_per_token gives."""
+    config = _pinned_case()[0]
+    kv = init_mla_kv_cache(config, 1, 2, 4, np.float64)
+    assert kv.bytes_per_token == mla_cache_bytes_per_token(config, np.float64)["mla_naive"] \
+        == kv.nbytes // (2 * 4), "mla_naive bytes per token"
+    assert kv.v.shape == (1, 2, config.n_head, 4, config.v_head_dim), f"naive cache values {kv.v.shape}"
 
 
 def test_absorbed_cache_holds_only_the_latent_and_the_shared_key():
@@ -476,3 +527,23 @@ def test_bad_input():
         mla_cache_bytes_per_token(config, n_kv_head=2)
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_mla_params(config, 0)
+
+
+def test_bad_naive_kv_cache():
+    config, params, x, _, dout = _pinned_case()
+    with pytest.raises(TypeError, match=r"kv_cache must be one layer of an MLA key/value cache .* got KVCache"):
+        mla_forward(x, params, config, kv_cache=init_mla_kv_cache(config, 1, 2, 5, np.float64))
+    plain = init_kv_cache(1, 2, config.n_head, 5, config.qk_head_dim, np.float64)   # values of width dn + dr
+    with pytest.raises(ValueError, match=r"kv_cache \(B, heads, key width, value width\) = \(2, 3, 6, 6\) "
+                                         r"must be \(2, 3, 6, 3\)"):
+        mla_forward(x, params, config, kv_cache=plain.layer(0))
+    with pytest.raises(TypeError, match="kv_cache holds float32, x is float64"):
+        mla_forward(x, params, config, kv_cache=init_mla_kv_cache(config, 1, 2, 5, np.float32).layer(0))
+    kv = init_mla_kv_cache(config, 1, 2, 5, np.float64)
+    mla_forward(x, params, config, kv_cache=kv.layer(0))
+    with pytest.raises(ValueError, match=r"kv_cache overflow: it holds 4 tokens, appending 2 would make 6"):
+        mla_forward(x[:, :2], params, config, kv_cache=kv.layer(0))
+    assert kv.length == 4, "a refused step leaves the cache as it was"
+    _, cache = mla_forward(x[:, :1], params, config, kv_cache=kv.layer(0))
+    with pytest.raises(ValueError, match=r"mla_backward: the forward attended over 5 keys of which only 1"):
+        mla_backward(dout[:, :1], cache)

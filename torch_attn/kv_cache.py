@@ -6,7 +6,8 @@ layer's keys and values up to its length; a model hands each layer its own view,
 ``cache.layer(i)``. A sliding layer (``windows``) keeps min(window, max_len) slots as a rolling
 copy: its held tokens then the new ones go to attention, and the last ``window`` of them stay.
 Only the key/value heads are stored (grouped-query attention); ``bytes_per_token`` is
-2 x full layers x nkv x hs x itemsize. Inference only: run it under ``torch.no_grad()``.
+full layers x nkv x (hs + v_hs) x itemsize (v_hs the values' width, hs unless ``v_head_size``
+says otherwise). Inference only: run it under ``torch.no_grad()``.
 """
 
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ class KVCache:
     lengths: list            # L ints: tokens each layer has seen
     windows: tuple           # L entries: None for a full layer, the window w of a sliding one
     dims: tuple              # (B, nkv, max_len, hs)
+    v_head_size: int | None = None   # the values' width when it is not the keys' hs (MLA: dv)
+
+    @property
+    def v_hs(self):
+        return self.dims[3] if self.v_head_size is None else self.v_head_size
 
     @property
     def n_layer(self):
@@ -42,12 +48,12 @@ class KVCache:
 
     @property
     def v(self):
-        return _stacked(self, self.buffer_v)
+        return _stacked(self, self.buffer_v, self.v_hs)
 
     @property
     def bytes_per_token(self):
         B, nkv, max_len, hs = self.dims
-        return 2 * sum(w is None for w in self.windows) * nkv * hs * self.buffer_k.element_size()
+        return sum(w is None for w in self.windows) * nkv * (hs + self.v_hs) * self.buffer_k.element_size()
 
     @property
     def bytes_held(self):
@@ -83,7 +89,7 @@ class LayerKVCache:
 
     @property
     def v(self):
-        return _layer_view(self, self.cache.buffer_v)
+        return _layer_view(self, self.cache.buffer_v, self.cache.v_hs)
 
     @property
     def length(self):
@@ -100,20 +106,23 @@ class LayerKVCache:
     @property
     def bytes_per_token(self):
         B, nkv, max_len, hs = self.cache.dims
-        return 2 * nkv * hs * self.cache.buffer_k.element_size()
+        return nkv * (hs + self.cache.v_hs) * self.cache.buffer_k.element_size()
 
 
-def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=torch.float32, device=None, windows=None):
-    """An empty cache, all lengths 0; ``windows`` (None = a full layer) as in the NumPy twin."""
+def init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=torch.float32, device=None, windows=None,
+                  v_head_size=None):
+    """An empty cache, all lengths 0; ``windows`` (None = a full layer) and ``v_head_size`` (the
+    values' width, default head_size) as in the NumPy twin."""
     windows = (None,) * n_layer if windows is None else tuple(windows)
-    per_token = B * n_kv_head * head_size                                # numbers per slot and layer
-    N = sum(_slots(w, max_len) for w in windows) * per_token             # every layer's slots
-    return KVCache(torch.zeros(N, dtype=dtype, device=device), torch.zeros(N, dtype=dtype, device=device),
-                   [0] * n_layer, windows, (B, n_kv_head, max_len, head_size))
+    slots = sum(_slots(w, max_len) for w in windows) * B * n_kv_head     # every layer's slots, every head
+    N_k, N_v = slots * head_size, slots * (head_size if v_head_size is None else v_head_size)
+    return KVCache(torch.zeros(N_k, dtype=dtype, device=device), torch.zeros(N_v, dtype=dtype, device=device),
+                   [0] * n_layer, windows, (B, n_kv_head, max_len, head_size), v_head_size)
 
 
 def kv_cache_update(layer_cache, k, v):
-    """Append k, v (B, nkv, T, hs) to ``layer_cache`` (KVCache.layer(i)); return k_all, v_all (B, nkv, S, hs)."""
+    """Append k (B, nkv, T, hs), v (B, nkv, T, v_hs) to ``layer_cache`` (KVCache.layer(i)); return k_all,
+    v_all (B, nkv, S, hs), (B, nkv, S, v_hs)."""
     start = layer_cache.length
     end = start + k.shape[2]
     if end > layer_cache.cache.max_len:
@@ -145,21 +154,24 @@ def _slots(window, max_len):
     return max_len if window is None else min(window, max_len)
 
 
-def _layer_view(layer_cache, buffer):
-    """(B, nkv, slots, hs) view of one layer's part of a buffer laid out layer after layer."""
+def _layer_view(layer_cache, buffer, hs=None):
+    """(B, nkv, slots, hs) view of one layer's part of a buffer laid out layer after layer; hs
+    defaults to the keys'."""
     cache = layer_cache.cache
-    B, nkv, max_len, hs = cache.dims
+    B, nkv, max_len, key_hs = cache.dims
+    hs = key_hs if hs is None else hs
     before = sum(_slots(w, max_len) for w in cache.windows[:layer_cache.index])   # slots of the layers before
     size = B * nkv * layer_cache.slots * hs
     return buffer[before * B * nkv * hs:][:size].view(B, nkv, layer_cache.slots, hs)
 
 
-def _stacked(cache, buffer):
-    """(L, B, nkv, max_len, hs) view of a buffer whose layers are all full; raise otherwise."""
+def _stacked(cache, buffer, hs=None):
+    """(L, B, nkv, max_len, hs) view of a buffer whose layers are all full (hs default the keys');
+    raise otherwise."""
     if any(w is not None for w in cache.windows):
         raise ValueError(f"a cache with sliding layers (windows {list(cache.windows)}) has layers of "
                          "different sizes: read each one's keys and values as cache.layer(i).k, .v")
-    return buffer.view((cache.n_layer,) + cache.dims)
+    return buffer.view((cache.n_layer,) + cache.dims[:3] + (cache.dims[3] if hs is None else hs,))
 
 
 # No single PyTorch built-in: test_kv_cache.py checks it against torch.cat of the steps' keys and

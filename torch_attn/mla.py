@@ -2,7 +2,8 @@
 
 Twin of numpy_attn/mla.py: the query's low-rank path (q_a, RMS norm, q_b; or one projection q),
 the joint key/value compression kv_a to the latent c_kv (RMS norm) and the shared rotary key k_r,
-kv_b up to per-head k_n and v, causal attention with ``MLAConfig.softmax_scale``, o; and absorbed
+kv_b up to per-head k_n and v, causal attention with ``MLAConfig.softmax_scale``, o (with a naive
+key/value cache of full per-head keys and values, as numpy_attn/mla.py's); and absorbed
 decoding from a latent cache (W_uk folded into the query, W_uv after the weighted sum), on the
 same nested parameter dict and the same ``MLAConfig``.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_attn.attention import scaled_dot_product_attention
+from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
 from torch_attn.rms_norm import rms_norm
 from torch_attn.rope import rope as rotate
@@ -49,10 +51,12 @@ def _latent(x, params, config, pos):
 
 # -- naive MLA: keys and values per head ----------------------------------------------------------
 
-def mla(x, params, config, positions=None):
-    """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default 0..T-1) -> (B, T, C)."""
+def mla(x, params, config, positions=None, kv_cache=None):
+    """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default past..past+T-1) -> (B, T, C);
+    ``kv_cache`` (init_mla_kv_cache(...).layer(i)) holds the past tokens' keys and values."""
     B, T, C = x.shape
-    positions = torch.arange(T, device=x.device) if positions is None else positions
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    positions = torch.arange(past, past + T, device=x.device) if positions is None else positions
     nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q_n, q_r = _query(x, params, config, pos)                                 # (B, nh, T, dn), (B, nh, T, dr)
@@ -62,11 +66,19 @@ def mla(x, params, config, positions=None):
     k_n, v = kv[..., :dn], kv[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dv)
     q = torch.cat([q_n, q_r], dim=-1)                                         # (B, nh, T, dn+dr)
     k = torch.cat([k_n, k_r.expand(B, nh, T, dr)], dim=-1)                    # (B, nh, T, dn+dr): k_r shared
-    y, _ = scaled_dot_product_attention(q, k, v, is_causal=True,
+    if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
+    y, _ = scaled_dot_product_attention(q, k, v, is_causal="bottom_right",
                                         scale=config.softmax_scale)           # (B, nh, T, dv)
     y = y.transpose(1, 2).reshape(B, T, -1)                                   # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
     return out
+
+
+def init_mla_kv_cache(config, n_layer, B, max_len, dtype=torch.float32, device=None):
+    """An empty naive cache for ``n_layer`` MLA layers: per head keys of dn + dr, values of dv."""
+    return init_kv_cache(n_layer, B, config.n_head, max_len, config.qk_head_dim, dtype, device,
+                         v_head_size=config.v_head_dim)
 
 
 # -- absorbed MLA: decoding from a cache of latents ----------------------------------------------
