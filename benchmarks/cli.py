@@ -33,7 +33,15 @@ from benchmarks import parity, registry, report
 from benchmarks._worker import ROOT, Worker
 from benchmarks.registry import IMPLS, MODES, Size
 
-DECODE = "decode"      # not an op of the registry: generation, timed by benchmarks/decode.py
+# Not ops of the registry: decoding, timed by benchmarks/decode.py and decode_cache.py; each runs alone.
+DECODE_RUNS = {
+    "decode": "tokens/s of greedy generation with the mini GPT, with a key/value cache and without "
+              "(--seq-lens: prompt lengths)",
+    "decode_sliding": "tokens/s and cache bytes of a Gemma 2 decoding to 4x its window, bounded cache against "
+                      "a full one (--seq-lens: windows)",
+    "decode_mla": "tokens/s and cache bytes per token of one decode step over S cached tokens: MLA absorbed, "
+                  "MLA naive, GQA, MHA (--seq-lens: S)",
+}
 
 FLOPS_CONVENTION = (
     "forward counts the dominant terms (attention 4*B*nh*T*S*hs, halved when causal); "
@@ -84,6 +92,10 @@ def build_parser():
         "  python -m benchmarks --list                  the ops and whether they can run\n"
         "  python -m benchmarks --ops decode            tokens/s of greedy generation, with and\n"
         "                                               without a key/value cache (--seq-lens: prompts)\n"
+        "  python -m benchmarks --ops decode_sliding    a sliding-window model's bounded cache against\n"
+        "                                               a full one (--seq-lens: windows)\n"
+        "  python -m benchmarks --ops decode_mla        MLA absorbed and naive, GQA and MHA: one\n"
+        "                                               decode step, cache bytes (--seq-lens: S)\n"
         "  python -m benchmarks --ops flash_attention --seq-lens 2048 --impls numpy builtin \\\n"
         "      --device cpu --threads 2 --interleave 7 --against HEAD~1\n"
         "                                               turns, paired ratios, before/after a change\n"
@@ -180,6 +192,8 @@ def _list_ops():
         print(f"{op.name}: " + "; ".join(
             f"{impl} {where[impl]}" + (f" ({missing[impl]})" if missing[impl] else "")
             for impl in IMPLS))
+    for name, what in DECODE_RUNS.items():
+        print(f"{name}: {what}; runs alone")
 
 
 def _plan(ops, args, cuda_reason):
@@ -492,14 +506,15 @@ def _read_results(path):
 
 def _select(names):
     """The registry's ops for --ops, or ValueError in one line naming every valid choice."""
-    if DECODE in names and len(names) > 1:
-        raise ValueError(f"--ops {DECODE} runs alone (it times generation, not an op)")
+    for name in DECODE_RUNS:
+        if name in names and len(names) > 1:
+            raise ValueError(f"--ops {name} runs alone (it times decoding, not an op)")
     try:
         return registry.select(names)
     except ValueError:
         unknown = [n for n in names if n not in registry.OPS and n not in registry.STEMS]
         raise ValueError(f"unknown op {', '.join(map(repr, unknown))}; choose from: "
-                         f"{', '.join([*registry.OPS, DECODE])} (or a file stem: "
+                         f"{', '.join([*registry.OPS, *DECODE_RUNS])} (or a file stem: "
                          f"{', '.join(s for s in registry.STEMS if s not in registry.OPS)})") from None
 
 
@@ -523,7 +538,7 @@ def _run(parser, args, argv):
     if args.list:
         _list_ops()
         return 0
-    generation = args.ops == [DECODE]
+    generation = len(args.ops) == 1 and args.ops[0] in DECODE_RUNS
     if not args.from_json and not generation:
         try:
             ops = _select(args.ops)
@@ -535,7 +550,7 @@ def _run(parser, args, argv):
         except (OSError, ValueError) as err:
             return _fail(err)
     if generation and (args.interleave or args.against):
-        return _fail("--interleave and --against time ops; --ops decode takes neither")
+        return _fail(f"--interleave and --against time ops; --ops {args.ops[0]} takes neither")
     if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
         return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:
@@ -544,9 +559,9 @@ def _run(parser, args, argv):
         if not commit:
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
     _check_outputs(parser, args)
-    if generation:   # not an op: its own table (benchmarks/decode.py)
+    if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py)
         from benchmarks import decode
-        return decode.main(args, argv)
+        return decode.main(args, argv, args.ops[0])
     if not args.from_json:
         missing = [name for name in ("torch", "threadpoolctl") if importlib.util.find_spec(name) is None]
         if missing:

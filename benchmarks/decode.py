@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from benchmarks import measure, report
+from benchmarks import measure, parity, report
 from benchmarks._worker import Worker
 from numpy_attn.gpt import GPTConfig, gpt_forward, gpt_kv_cache, init_gpt_params
 
@@ -29,35 +29,46 @@ QUICK = dict(config=GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2
              prompt_lens=[1, 16, 48], new_tokens=16)
 
 
-def greedy_numpy(params, config, prompt, new_tokens, cache):
-    """prompt (1, P) -> ids (1, P + new_tokens), each new id the argmax of the last logits."""
-    ids = prompt
-    kv_cache = gpt_kv_cache(config, 1, params["wte"].dtype) if cache else None
-    step = ids                                                      # what the next forward reads
+def greedy(forward, params, config, ids, new_tokens, kv_cache=None):
+    """ids (1, P) -> (1, P + new_tokens), each new id the argmax of the last logits of
+    ``forward(ids, params, config, kv_cache=...) -> (logits, cache)``. With a ``kv_cache`` the
+    first forward reads the ids it does not hold yet (all of them when it is empty), then one
+    token a step; without one, every step reads the whole context again."""
+    step = ids if kv_cache is None else ids[:, kv_cache.length:]  # what the next forward reads
     for _ in range(new_tokens):
-        logits, _ = gpt_forward(step, params, config, kv_cache=kv_cache)          # (1, T, V)
+        logits, _ = forward(step, params, config, kv_cache=kv_cache)             # (1, T, V)
         next_id = np.argmax(logits[0, -1])
         ids = np.concatenate([ids, [[next_id]]], axis=1)            # (1, T) -> (1, T + 1)
-        step = ids[:, -1:] if cache else ids                        # the cache holds the rest
+        step = ids if kv_cache is None else ids[:, -1:]             # the cache holds the rest
     return ids
 
 
-def greedy_twin(params, config, prompt, new_tokens, cache):
-    """The same with torch_attn's GPT, under torch.no_grad()."""
+def greedy_torch(forward, params, config, ids, new_tokens, kv_cache=None):
+    """The same with a torch_attn model, ``forward(...) -> logits``, under torch.no_grad()."""
     import torch
 
+    with torch.no_grad():
+        step = ids if kv_cache is None else ids[:, kv_cache.length:]
+        for _ in range(new_tokens):
+            logits = forward(step, params, config, kv_cache=kv_cache)             # (1, T, V)
+            next_id = torch.argmax(logits[0, -1])
+            ids = torch.cat([ids, next_id.reshape(1, 1)], dim=1)                  # (1, T) -> (1, T + 1)
+            step = ids if kv_cache is None else ids[:, -1:]
+        return ids
+
+
+def greedy_numpy(params, config, prompt, new_tokens, cache):
+    """prompt (1, P) -> ids (1, P + new_tokens) with the mini GPT, with a key/value cache or without."""
+    kv_cache = gpt_kv_cache(config, 1, params["wte"].dtype) if cache else None
+    return greedy(gpt_forward, params, config, prompt, new_tokens, kv_cache)
+
+
+def greedy_twin(params, config, prompt, new_tokens, cache):
+    """The same with torch_attn's GPT."""
     import torch_attn.gpt as tw
 
-    with torch.no_grad():
-        ids = prompt
-        kv_cache = tw.gpt_kv_cache(config, 1, params["wte"].dtype) if cache else None
-        step = ids
-        for _ in range(new_tokens):
-            logits = tw.gpt(step, params, config, kv_cache=kv_cache)                # (1, T, V)
-            next_id = torch.argmax(logits[0, -1])
-            ids = torch.cat([ids, next_id.reshape(1, 1)], dim=1)                    # (1, T) -> (1, T + 1)
-            step = ids[:, -1:] if cache else ids
-        return ids
+    kv_cache = tw.gpt_kv_cache(config, 1, params["wte"].dtype) if cache else None
+    return greedy_torch(tw.gpt, params, config, prompt, new_tokens, kv_cache)
 
 
 def run(args, argv):
@@ -103,10 +114,16 @@ def run(args, argv):
 
 
 def time_in_worker(job):
-    """In a timing worker: the rows of one library, {impl, P, cache, tokens, time_s} each.
+    """In a timing worker: the rows of one library, {impl, P, cache, tokens, time_s} each (the
+    other runs' rows: benchmarks/decode_cache.py).
 
     The model and the prompts come from the seed, drawn in the same order in either worker.
     """
+    if job["decode"].get("run", "decode") != "decode":
+        from benchmarks import decode_cache
+
+        yield from decode_cache.WORKERS[job["decode"]["run"]](job)
+        return
     spec, dtype = job["decode"], np.dtype(job["dtype"])
     config = GPTConfig(**spec["config"])
     rng = np.random.default_rng(spec["seed"])
@@ -118,7 +135,7 @@ def time_in_worker(job):
         import torch
 
         impl, generate, as_array = "twin", greedy_twin, torch.from_numpy
-        params = _tree(params, torch.from_numpy)
+        params = tree_map(params, torch.from_numpy)
     for P in spec["prompt_lens"]:
         prompt = as_array(rng.integers(0, config.vocab_size, (1, P)))
         for cache in (True, False):
@@ -138,12 +155,21 @@ def measure_threads():
     return USABLE_CPUS
 
 
-def _tree(tree, fn):
-    return {k: _tree(v, fn) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
+def tree_map(tree, fn):
+    """``fn`` on every array of nested dicts, tuples and lists (NumPy parameters to torch)."""
+    if isinstance(tree, dict):
+        return {k: tree_map(v, fn) for k, v in tree.items()}
+    if isinstance(tree, tuple | list):
+        return type(tree)(tree_map(v, fn) for v in tree)
+    return fn(tree)
 
 
 def table_lines(results):
-    """The report: one line per library and prompt length."""
+    """The report: one line per library and prompt length (another run's: its own table)."""
+    if results.get("run", "decode") != "decode":
+        from benchmarks import decode_cache
+
+        return decode_cache.RUNS[results["run"]][1](results)
     c = results["config"]
     m = c["model"]
     lines = [f"decode: greedy generation, GPT V={m['vocab_size']} block_size={m['block_size']} "
@@ -158,14 +184,21 @@ def table_lines(results):
     return lines
 
 
-def main(args, argv):
-    """Run the decode benchmark for the command line's ``args``; returns the exit status."""
+def main(args, argv, name="decode"):
+    """Run the decode benchmark ``name`` (decode, or one of benchmarks/decode_cache.py's) for the
+    command line's ``args``; returns the exit status."""
+    if name == "decode":
+        measure_run = run
+    else:
+        from benchmarks import decode_cache
+
+        measure_run = decode_cache.RUNS[name][0]
     try:
-        results = run(args, argv)
+        results = measure_run(args, argv)
     except ValueError as err:
         print(f"python -m benchmarks: error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:                    # a failed timing worker
+    except (parity.ParityError, RuntimeError) as err:   # tokens or outputs differ; a failed timing worker
         print(f"python -m benchmarks: {err}", file=sys.stderr)
         return 1
     if args.json:
@@ -173,4 +206,4 @@ def main(args, argv):
     if args.markdown:
         report.write_markdown(results, args.markdown)
     print("\n".join(table_lines(results)))
-    return 0 if all(r["same_tokens"] for r in results["rows"]) else 1
+    return 0 if all(r.get("same_tokens", True) for r in results["rows"]) else 1   # decode_mla: checked before

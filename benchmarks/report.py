@@ -68,9 +68,10 @@ def _vector_extensions(m):
     return " ".join(flags) + ("" if "avx512f" in flags else " (no AVX-512)")
 
 
-def header_lines(results):
-    """The lines above the table: machine, libraries, thread pools, sizes, conventions."""
-    m, cfg = results["machine"], results["config"]
+def machine_lines(results):
+    """The machine, its vector extensions, the versions, and each timing worker's CPUs, BLAS
+    kernel and thread pools (also the decode runs' header, benchmarks/decode_cache.py)."""
+    m = results["machine"]
     lines = [
         f"machine: {m['cpu']}, {m['physical_cores']} cores / {m['logical_cpus']} logical CPUs "
         f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}"
@@ -95,6 +96,13 @@ def header_lines(results):
                          f"CPU capability {env['torch_cpu_capability']}"
                          + (f", GPU {env['gpu']} (CUDA {env['cuda']}, TF32 matmul "
                             f"{env['tf32_matmul']})" if env["device"] == "cuda" else ""))
+    return lines
+
+
+def header_lines(results):
+    """The lines above the table: machine, libraries, thread pools, sizes, conventions."""
+    cfg = results["config"]
+    lines = machine_lines(results)
     if results.get("environment"):
         lines.append("thread/BLAS environment variables set by the user: "
                      + ", ".join(f"{k}={v}" for k, v in results["environment"].items()))

@@ -1,18 +1,23 @@
-"""The decode benchmark (benchmarks/decode.py): greedy generation with and without a key/value
-cache gives the same tokens in both libraries, and ``python -m benchmarks --ops decode`` runs."""
+"""The decode benchmarks: greedy generation with and without a key/value cache gives the same
+tokens in both libraries, and ``python -m benchmarks --ops decode`` runs (benchmarks/decode.py);
+``--ops decode_sliding`` and ``--ops decode_mla`` (benchmarks/decode_cache.py) run, their tokens
+and outputs agree before anything is timed, their bytes are the caches' own, and their report
+names the machine."""
 
 import contextlib
 import io
 import json
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks import cli
+from benchmarks import cli, decode, decode_cache, report
 from benchmarks.decode import greedy_numpy, greedy_twin
 from numpy_attn.gpt import GPTConfig, init_gpt_params
+from numpy_attn.mla import MLAConfig, mla_cache_bytes_per_token
 from parity_tests import strategies as S
 from parity_tests.helpers import tree_map
 
@@ -43,3 +48,117 @@ def test_decode_benchmark_runs(tmp_path):
     assert [(r["impl"], r["P"]) for r in rows] == [("numpy", 3), ("twin", 3)], rows
     assert all(r["same_tokens"] and r["cached_tokens_per_s"] > 0 for r in rows), rows
     assert "cached/uncached" in stdout.getvalue()
+
+
+# -- decode_sliding and decode_mla (benchmarks/decode_cache.py) ----------------------------------
+
+def _run_decode(tmp_path, name, *extra):
+    """``--ops name --quick`` in-process, one round: (exit status, stdout, the saved results)."""
+    out = tmp_path / f"{name}.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = cli.main(["--ops", name, "--quick", "--repeats", "1", "--no-progress", "--json", str(out), *extra])
+    return status, stdout.getvalue(), json.loads(out.read_text()) if out.exists() else None
+
+
+def _assert_names_the_machine(stdout, results):
+    """The report's header: the CPU, its vector extensions, each worker's BLAS kernel and threads."""
+    machine = report.machine()
+    assert results["machine"] == machine, results["machine"]
+    assert f"machine: {machine['cpu']}" in stdout and "vector extensions: " + " ".join(machine["vector_extensions"]) \
+        in stdout, stdout
+    assert "numpy cpu (CPUs" in stdout and "BLAS openblas" in stdout and "torch.get_num_threads() = 1" in stdout, stdout
+    assert "threads: 1 per timed process" in stdout, stdout
+
+
+def test_decode_sliding_quick_rows_agree_and_count_the_caches_bytes(tmp_path):
+    """Both libraries, both caches: the same tokens, and each cache's bytes as its layers hold
+    them: a global layer every token, a sliding layer (layers 0, 2, ...) its last W only."""
+    status, stdout, results = _run_decode(tmp_path, "decode_sliding")
+    assert status == 0, stdout
+    rows = results["rows"]
+    assert sorted((r["impl"], r["cache"]) for r in rows) == [("numpy", "bounded"), ("numpy", "full"),
+                                                             ("twin", "bounded"), ("twin", "full")], rows
+    model = decode_cache.SLIDING["quick"]["model"]
+    (W,) = decode_cache.SLIDING["quick"]["windows"]
+    assert all(r["same_tokens"] and r["tokens"] == rows[0]["tokens"] and len(r["tokens"]) == W for r in rows), rows
+    assert all(r["window"] == W and r["context"] == 4 * W and r["tokens_per_s"] > 0 for r in rows), rows
+    # One token of one layer: a key and a value of n_kv_head heads of head_dim float32 numbers.
+    layer = 2 * model["n_kv_head"] * model["head_dim"] * 4
+    n_sliding = (model["n_layer"] + 1) // 2
+    n_global = model["n_layer"] - n_sliding
+    seen = 4 * W - 1                               # the last new token is never fed back
+    expected = {"bounded": dict(bytes_per_token=n_global * layer, bytes_held=(n_global * seen + n_sliding * W) * layer,
+                                nbytes=(n_global * 4 * W + n_sliding * W) * layer),
+                "full": dict(bytes_per_token=model["n_layer"] * layer, bytes_held=model["n_layer"] * seen * layer,
+                             nbytes=model["n_layer"] * 4 * W * layer)}
+    for r in rows:
+        assert {k: r[k] for k in expected[r["cache"]]} == expected[r["cache"]], r
+    assert expected["bounded"]["bytes_held"] < expected["full"]["bytes_held"]
+    _assert_names_the_machine(stdout, results)
+
+
+def test_decode_mla_quick_rows_count_each_caches_bytes(tmp_path):
+    """Every variant at both contexts in both libraries; bytes per token as the caches hold them
+    (and as mla_cache_bytes_per_token says), absorbed below naive."""
+    status, stdout, results = _run_decode(tmp_path, "decode_mla")
+    assert status == 0, stdout
+    size = decode_cache.MLA["quick"]
+    m, nkv = size["model"], size["n_kv_head"]
+    rows = results["rows"]
+    assert sorted((r["S"], r["variant"], r["impl"]) for r in rows) == sorted(
+        (S, v, impl) for S in size["contexts"] for v in decode_cache.MLA_VARIANTS for impl in ("numpy", "twin")), rows
+    dn, dr, dv = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]
+    per_token = {"mla_absorbed": (m["kv_lora_rank"] + dr) * 4, "mla_naive": m["n_head"] * (dn + dr + dv) * 4,
+                 "gqa": 2 * nkv * dv * 4, "mha": 2 * m["n_head"] * dv * 4}
+    formula = mla_cache_bytes_per_token(MLAConfig(**m), np.float32, n_kv_head=nkv)
+    for r in rows:
+        assert r["bytes_per_token"] == per_token[r["variant"]] == formula[r["variant"]], r
+        assert r["cache_bytes"] == r["bytes_per_token"] * r["S"] and r["tokens_per_s"] > 0, r
+    assert per_token["mla_absorbed"] < per_token["mla_naive"]
+    _assert_names_the_machine(stdout, results)
+
+
+def test_decode_sliding_different_tokens_stop_before_timing(tmp_path, monkeypatch, capsys):
+    """A twin that generated other tokens: exit status 1, no worker started, no file written."""
+    def other_tokens(*args):
+        ids = decode.greedy_torch(*args)
+        ids[0, -1] = (ids[0, -1] + 1) % decode_cache.SLIDING["quick"]["model"]["vocab_size"]
+        return ids
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a timing worker was started")
+
+    monkeypatch.setattr(decode_cache, "greedy_torch", other_tokens)
+    monkeypatch.setattr(decode_cache, "Worker", no_worker)
+    status, _, results = _run_decode(tmp_path, "decode_sliding")
+    assert status == 1 and results is None
+    assert "the generated tokens differ, nothing was timed" in capsys.readouterr().err
+
+
+def test_decode_mla_twin_off_by_one_percent_stops_before_timing(tmp_path, monkeypatch, capsys):
+    import torch_attn.mla
+
+    absorbed = torch_attn.mla.mla_absorbed
+    monkeypatch.setattr(torch_attn.mla, "mla_absorbed", lambda *args: absorbed(*args) * 1.01)
+    monkeypatch.setattr(decode_cache, "Worker", None)          # calling it would raise
+    status, _, results = _run_decode(tmp_path, "decode_mla")
+    assert status == 1 and results is None
+    assert "mla_absorbed: twin vs numpy, relative error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ops", "decode_sliding", "softmax"], "--ops decode_sliding runs alone"),
+    (["--ops", "decode_mla", "decode"], "--ops decode runs alone"),
+    (["--ops", "decode_mla", "--interleave", "3"], "--ops decode_mla takes neither"),
+])
+def test_decode_runs_refuse_company_in_one_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_list_names_the_decode_runs(capsys):
+    assert cli.main(["--list"]) == 0
+    listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed[-3:] == ["decode", "decode_sliding", "decode_mla"], listed
