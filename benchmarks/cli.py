@@ -109,7 +109,8 @@ def build_parser():
     f = FULL
     p.add_argument("--ops", nargs="+", default=[], metavar="OP",
                    help=f"ops to run, by name or file stem (a stem selects every op built on it, "
-                   f"e.g. attention = attention + attention_causal); default all: {', '.join(registry.OPS)}")
+                   f"e.g. attention = attention + attention_causal); default all: {', '.join(registry.OPS)}; "
+                   f"or one decoding run alone: {', '.join(DECODE_RUNS)} (see --list)")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
                    help="implementations: numpy (numpy_attn, CPU), twin (torch_attn, autograd), "
                    "builtin (PyTorch's own); default all")
