@@ -7,27 +7,31 @@ window W decodes greedily up to a context of 4W, once with its bounded cache
 (``init_kv_cache`` without windows: every layer keeps every token). The first 3W - 1 prompt
 tokens are prefilled once, untimed; a timed call copies that cache and runs W single-token steps
 (the prompt's last token, then each new one), at contexts 3W to 4W - 1: tokens/s = W / median
-time. Before timing, the parent process generates from an empty cache with both caches in both
-libraries, and the four token sequences must be equal. The bytes are the cache objects' own
-counts after that generation: ``bytes_per_token`` (what one more token adds), ``bytes_held``
-(the tokens held at 4W) and ``nbytes`` (the allocation).
+time. Before timing, the parent process does the same (prefill, then W steps) with both caches in
+both libraries, and the four token sequences must be equal; each worker's timed call must give
+them again. The bytes are the cache objects' own counts after that: ``bytes_per_token`` (what one
+more token adds), ``bytes_held`` (the 4W - 1 tokens seen; the last new one is never fed back) and
+``nbytes`` (the allocation).
 
 decode_mla: one attention layer, one decode step: a new token over a cache of S tokens
 (prefilled, untimed; each timed call rewinds the cache to S tokens, so that every call appends
 the same token to the same cache). Four layers of nh heads each: MLA absorbed
-(``mla_absorbed_forward`` over a LatentCache), MLA naive over its full per-head keys and values,
-and Llama attention (``llama_attention_forward``) with grouped-query heads (GQA) and with one
-key/value head per query head (MHA), of head size dv. Before timing, the parent checks each
-twin's step against NumPy's and MLA absorbed against naive (``parity.TOLERANCE``). Bytes per
+(``mla_absorbed_forward`` over a LatentCache), MLA naive over its full per-head keys and values
+(``mla_forward(..., kv_cache=)``, ``init_mla_kv_cache``), and Llama attention
+(``llama_attention_forward``) with grouped-query heads (GQA) and with one key/value head per query
+head (MHA), of head size dv. Before timing, the parent checks each twin's step against NumPy's
+and MLA absorbed against naive (``parity.TOLERANCE``, relative to the output's scale). Bytes per
 token are each cache object's own, beside ``mla_cache_bytes_per_token``'s formula.
+
+``--seq-lens`` gives the windows W of decode_sliding and the cache lengths S of decode_mla.
 
 Timing: one worker per library (``_worker.py``), pinned to ``--threads``. Inside a worker the
 cases of one size take turns, one sample each, the order reversed every other round, for
 ``--repeats`` rounds: a drift of the machine's speed falls on all of them alike. The report gives
 the median over the rounds and the quartiles.
 
-This module imports NumPy and numpy_attn only: the NumPy worker imports it and must never load
-torch.
+torch is imported inside the functions that use it, never at module level: the NumPy worker
+imports this module and must never load torch.
 """
 
 import contextlib
@@ -119,8 +123,8 @@ def cache_bytes(cache):
 
 
 def _sliding_generations(window, model, dtype, seed):
-    """In the parent, untimed: every (impl, cache) generating from an empty cache to 4W, the
-    tokens and the cache's bytes of each."""
+    """In the parent, untimed: every (impl, cache) prefilled and decoding to 4W as a timed call
+    does, the tokens and the cache's bytes of each."""
     import torch
 
     from torch_attn.gemma2 import gemma2
@@ -130,12 +134,22 @@ def _sliding_generations(window, model, dtype, seed):
     tparams = tree_map(params, torch.from_numpy)
     out = {}
     for kind, cache in sliding_caches_numpy(config, dtype).items():
+        prefill(gemma2_forward, params, config, prompt, cache)
         ids = greedy(gemma2_forward, params, config, prompt, window, cache)
         out["numpy", kind] = dict(tokens=ids[0, prompt.shape[1]:].tolist(), **cache_bytes(cache))
-    for kind, cache in sliding_caches_twin(config, dtype).items():
-        ids = greedy_torch(gemma2, tparams, config, torch.from_numpy(prompt), window, cache)
-        out["twin", kind] = dict(tokens=ids[0, prompt.shape[1]:].tolist(), **cache_bytes(cache))
+    with torch.no_grad():
+        for kind, cache in sliding_caches_twin(config, dtype).items():
+            prefill(gemma2, tparams, config, torch.from_numpy(prompt), cache)
+            ids = greedy_torch(gemma2, tparams, config, torch.from_numpy(prompt), window, cache)
+            out["twin", kind] = dict(tokens=ids[0, prompt.shape[1]:].tolist(), **cache_bytes(cache))
     return out
+
+
+def prefill(forward, params, config, prompt, cache):
+    """All but the last prompt token into the empty ``cache``, PREFILL_CHUNK at a time (a
+    forward's (T, S) scores stay bounded); the last one is the first step of the decoding."""
+    for start in range(0, prompt.shape[1] - 1, PREFILL_CHUNK):
+        forward(prompt[:, start:min(start + PREFILL_CHUNK, prompt.shape[1] - 1)], params, config, kv_cache=cache)
 
 
 def _sliding_time(job):
@@ -156,7 +170,7 @@ def _sliding_time(job):
         fns = {}
         with _no_grad(impl):
             for kind, cache in caches.items():
-                forward(prompt[:, :-1], params, config, kv_cache=cache)          # prefill 3W - 1 tokens, untimed
+                prefill(forward, params, config, prompt, cache)                  # 3W - 1 tokens, untimed
                 fns[kind] = _decode_from(generate, forward, params, config, prompt, window, cache)
         for kind, time_s in take_turns(fns, job["repeats"], job["threads"], impl).items():
             with _no_grad(impl):

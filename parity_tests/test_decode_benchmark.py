@@ -71,9 +71,12 @@ def _assert_names_the_machine(stdout, results):
     assert "threads: 1 per timed process" in stdout, stdout
 
 
-def test_decode_sliding_quick_rows_agree_and_count_the_caches_bytes(tmp_path):
+def test_decode_sliding_quick_rows_agree_and_count_the_caches_bytes(tmp_path, monkeypatch):
     """Both libraries, both caches: the same tokens, and each cache's bytes as its layers hold
-    them: a global layer every token, a sliding layer (layers 0, 2, ...) its last W only."""
+    them: a global layer every token, a sliding layer (layers 0, 2, ...) its last W only. The
+    parent prefills 5 tokens a forward, the workers (other processes) all 3W - 1 at once: their
+    tokens must still agree."""
+    monkeypatch.setattr(decode_cache, "PREFILL_CHUNK", 5)
     status, stdout, results = _run_decode(tmp_path, "decode_sliding")
     assert status == 0, stdout
     rows = results["rows"]
