@@ -96,7 +96,7 @@ from numpy_attn.masks import (
     varlen_position_ids, varlen_sequence_ids,
 )
 from numpy_attn.mla import (
-    MLAConfig, init_latent_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
+    MLAConfig, init_latent_cache, init_mla_kv_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
     mla_backward, mla_cache_bytes_per_token, mla_forward, mla_param_shapes, mla_softmax_scale,
 )
 from numpy_attn.moe import (
