@@ -18,7 +18,11 @@ models that are not are discarded (hypothesis.assume).
 """
 
 import dataclasses
+import json
+import shutil
+import tempfile
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +32,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 import torch_attn.deepseek_v3 as tw
-from attn_cli import cli
+from attn_cli import cli, hf
 from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config,
@@ -57,6 +61,7 @@ from parity_tests.helpers import (
 from parity_tests.test_gemma2 import _next_token_dlogits
 from parity_tests.test_hf import DTYPES, _compare, _ids, _llama_model, _randomise, _save
 from parity_tests.test_hf_generate import _hf_greedy
+from parity_tests.test_hostile_inputs import JSON, PEAK_LIMIT, _watch
 from parity_tests.test_llama import SCALINGS, hf_logits_and_grads
 from parity_tests.test_mla import HF_NAMES, hf_rotary
 from parity_tests.test_mla import _rstds as mla_rstds
@@ -469,3 +474,36 @@ def test_checkpoint_without_an_expert_is_refused(tmp_path):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"tensor 'model.layers.1.mlp.experts.5.up_proj.weight' is missing"):
         load_checkpoint(folder)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One saved checkpoint (config.json and model.safetensors) for the tests that change its config."""
+    return _save(hf_deepseek_v3(np.float32), tmp_path_factory.mktemp("deepseek_v3"))
+
+
+ROPE = st.dictionaries(st.sampled_from(["rope_type", "type", *hf.ROPE_KEYS, *hf.YARN_OPTIONAL]),
+                       st.sampled_from(["default", "linear", "yarn", "llama3"]) | JSON, max_size=5)
+
+
+@given(data=st.data())
+def test_any_config_value_loads_or_is_refused(saved, data):
+    """One to three keys of the saved config.json given any JSON value (sizes of any magnitude, null,
+    strings, nested objects; rope objects with YaRN's keys): the folder loads, or a CheckpointError
+    names config.json or the tensor, with no hang and no allocation beyond test_hostile_inputs'
+    bound (the parameter count is checked against the values the file holds before any size is used)."""
+    config = json.loads((saved / "config.json").read_text())
+    keys = sorted(hf.CONFIG_KEYS["DeepseekV3ForCausalLM"])
+    changes = data.draw(st.dictionaries(st.sampled_from(keys), JSON, min_size=1, max_size=3), label="changes")
+    if data.draw(st.booleans(), label="rope"):
+        changes["rope_parameters"] = data.draw(ROPE, label="rope dict")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copy(saved / "model.safetensors", folder)
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+        with _watch() as peak:
+            try:
+                load_checkpoint(folder)
+            except CheckpointError as err:
+                assert str(folder) in str(err), err
+        assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
