@@ -23,12 +23,14 @@ from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
     assert_close,
     assert_tree_close,
     autograd,
     directional_derivative,
     directional_tol,
     layer_norm_tol,
+    moved_off_init,
     to_numpy,
     to_torch,
     tree_dot,
@@ -72,8 +74,7 @@ def models(draw, dtype=None, **config_kw):
     config = draw(configs(**config_kw))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_llama_params(config, rng, dtype))
+    params = moved_off_init(init_llama_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     positions = draw(st.sampled_from([None, (T,), (B, T)]))
     if positions is not None:
@@ -86,8 +87,7 @@ def _pinned_case():
     config = LlamaConfig(vocab_size=5, block_size=4, n_layer=2, n_head=4, n_kv_head=2, n_embd=8,
                          head_dim=2, hidden=5, rope_scaling=SCALINGS[2])
     rng = np.random.default_rng(1)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
-                      init_llama_params(config, rng, np.float64))
+    params = moved_off_init(init_llama_params(config, rng, np.float64), rng)
     ids = np.array([[1, 3, 1, 1]])
     return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
 
@@ -462,17 +462,9 @@ def test_qk_norm_backward_matches_finite_differences(case, seed):
 def test_backward_matches_finite_differences(case, seed):
     """One directional derivative of sum(logits * dout) along a random direction in every parameter."""
     config, params, ids, positions, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = llama_forward(ids, params, config, positions=positions)
-    grads = llama_backward(dout, cache)
-    exact = tree_dot(grads, direction)
-    # The step shrinks with the narrowest RMS-norm row, as in test_gpt.py.
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
-    numeric = directional_derivative(
-        lambda p: np.sum(llama_forward(ids, p, config, positions=positions)[0] * dout), params, direction, h=h)
-    assert_close("llama directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
+    assert_backward_matches_finite_differences(
+        "llama", lambda p: llama_forward(ids, p, config, positions=positions), llama_backward, params, dout, seed,
+        rstds=_rstds)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------
