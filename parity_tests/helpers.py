@@ -367,3 +367,34 @@ def assert_bad_ids_refused(forward, params, config):
         forward(np.array([[0, V]]), params, config)
     with pytest.raises(TypeError, match=r"token ids must be integers, got dtype float64"):
         forward(np.zeros((1, 2)), params, config)
+
+
+def numerical_grads(forward, x, params, dout):
+    """numerical_grad of sum(forward(x, params) * dout) with respect to x and to every leaf of
+    ``params`` ({layer: {"w": ..., "b": ...}}), as {"x": dx, layer: {key: gradient}}."""
+    expected = {"x": numerical_grad(lambda x: forward(x, params), x.copy(), dout)}
+    for name, layer in params.items():
+        expected[name] = {}
+        for key, leaf in layer.items():
+            def f(value, name=name, key=key):
+                return forward(x, {**params, name: {**params[name], key: value}})
+            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    return expected
+
+
+def load_linears(layers, params):
+    """Copy our linear layers ``params`` ({name: {"w": (C_in, C_out), "b"}}) into the nn.Linear
+    modules ``layers`` ({name: module}), which store w as (C_out, C_in)."""
+    with torch.no_grad():
+        for name, layer in layers.items():
+            layer.weight.copy_(to_torch(params[name]["w"].T))
+            if "b" in params[name]:
+                layer.bias.copy_(to_torch(params[name]["b"]))
+
+
+def linear_grads(layers):
+    """The gradients of the nn.Linear modules ``layers`` ({name: module}) in our nesting and
+    orientation: {name: {"w": (C_in, C_out), "b": (C_out,) where the module has a bias}}."""
+    return {name: {"w": to_numpy(layer.weight.grad).T,
+                   **({"b": to_numpy(layer.bias.grad)} if layer.bias is not None else {})}
+            for name, layer in layers.items()}
