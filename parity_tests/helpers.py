@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from numpy_attn._tree import leaves, tree_map
+from parity_tests.strategies import ramp
 
 TOLERANCES = {
     np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
@@ -398,3 +399,43 @@ def linear_grads(layers):
     return {name: {"w": to_numpy(layer.weight.grad).T,
                    **({"b": to_numpy(layer.bias.grad)} if layer.bias is not None else {})}
             for name, layer in layers.items()}
+
+
+def assert_logits_match_twin(name, forward, twin, params, dout, tol):
+    """A model's logits, ``forward(params) -> (logits, cache)``, equal its torch twin's,
+    ``twin(params) -> logits``, to ``tol(cache, dtype)``; labelled ``name``.logits."""
+    logits, cache = forward(params)
+    twin_logits, _ = autograd(twin, {"params": params}, dout)
+    assert_close(f"{name}.logits", logits, twin_logits, **tol(cache, logits.dtype))
+
+
+def assert_grads_match_autograd(name, forward, backward, twin, params, dout, tol):
+    """Every gradient of a model's ``params``, ``backward(dout, cache)``, equals autograd's
+    through its twin (as in assert_logits_match_twin), labelled by path under ``name``."""
+    _, cache = forward(params)
+    dparams = backward(dout, cache)
+    _, grads = autograd(twin, {"params": params}, dout)
+    assert_tree_close(name, dparams, grads["params"], **tol(cache, dout.dtype))
+
+
+def assert_bad_config_rng_and_dlogits_refused(backward_name, forward, backward, init_params, params, config):
+    """A model refuses a config of another type (a dict), an rng that is not a np.random.Generator
+    and dlogits (1, 3, 4) for logits (1, 3, V), each message naming what is wrong."""
+    ids = np.zeros((1, 3), np.int64)
+    with pytest.raises(TypeError, match=f"config must be a {type(config).__name__}, got dict"):
+        forward(ids, params, {})
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_params(config, 0)
+    _, cache = forward(ids, params, config)
+    with pytest.raises(ValueError, match=rf"{backward_name}: dlogits must have the shape .* "
+                                         rf"\(1, 3, {config.vocab_size}\), got \(1, 3, 4\)"):
+        backward(np.zeros((1, 3, 4)), cache)
+
+
+def assert_model_keeps_dtype(name, forward, backward, params, config, dtype):
+    """A model's logits for ids (1, 3), and every gradient of ``params``, come back in ``dtype``."""
+    logits, cache = forward(np.array([[1, 2, 2]]), params, config)
+    grads = backward(ramp(*logits.shape, dtype=dtype), cache)
+    assert logits.dtype == dtype, f"{name}.logits dtype {logits.dtype}"
+    for path, g in tree_leaves(grads):
+        assert g.dtype == dtype, f"{name}.{path} gradient dtype {g.dtype}"

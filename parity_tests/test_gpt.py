@@ -23,6 +23,8 @@ from parity_tests.helpers import (
     assert_backward_matches_finite_differences,
     assert_bad_ids_refused,
     assert_close,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
     assert_tree_close,
     autograd,
     layer_norm_rstds,
@@ -84,9 +86,7 @@ def _twin(config, ids, **kw):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt_forward(ids, params, config)
-    twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_close("gpt.logits", logits, twin_logits, **_ln_tol(cache, logits.dtype))
+    assert_logits_match_twin("gpt", lambda p: gpt_forward(ids, p, config), _twin(config, ids), params, dout, _ln_tol)
 
 
 # -- backward matches autograd ----------------------------------------------------------------
@@ -96,10 +96,8 @@ def test_forward_matches_twin(case):
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (gpt.blocks.0.attn.q.w, ...)."""
     config, params, ids, dout = case
-    _, cache = gpt_forward(ids, params, config)
-    dparams = gpt_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_tree_close("gpt", dparams, grads["params"], **_ln_tol(cache, dout.dtype))
+    assert_grads_match_autograd("gpt", lambda p: gpt_forward(ids, p, config), gpt_backward, _twin(config, ids),
+                                params, dout, _ln_tol)
 
 
 @given(case=models(dropout=0.3), seed=st.integers(0, 2**32 - 1))

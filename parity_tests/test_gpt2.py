@@ -13,16 +13,17 @@ from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, i
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_backward_matches_finite_differences,
+    assert_bad_config_rng_and_dlogits_refused,
     assert_close,
-    assert_tree_close,
-    autograd,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
+    assert_model_keeps_dtype,
     decode_with_cache,
     layer_norm_rstds,
     layer_norm_tol,
     moved_off_init,
     reorder_tol,
     to_torch,
-    tree_leaves,
     twin_decode_with_cache,
 )
 from torch_attn.gpt import gpt
@@ -78,19 +79,15 @@ def _twin(config, ids):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt_forward(ids, params, config)
-    twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_close("gpt2.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+    assert_logits_match_twin("gpt2", lambda p: gpt_forward(ids, p, config), _twin(config, ids), params, dout, _tol)
 
 
 @given(case=models())
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):
     config, params, ids, dout = case
-    _, cache = gpt_forward(ids, params, config)
-    dparams = gpt_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_tree_close("gpt2", dparams, grads["params"], **_tol(cache, dout.dtype))
+    assert_grads_match_autograd("gpt2", lambda p: gpt_forward(ids, p, config), gpt_backward, _twin(config, ids),
+                                params, dout, _tol)
 
 
 @given(case=models(), data=st.data())
@@ -137,11 +134,7 @@ def test_cached_decoding_equals_full_forward(case, data):
 def test_dtype_is_preserved(dtype):
     config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
     params = init_gpt2_params(config, np.random.default_rng(0), dtype)
-    logits, cache = gpt_forward(np.array([[1, 2, 2]]), params, config)
-    grads = gpt_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
-    assert logits.dtype == dtype, f"gpt2.logits dtype {logits.dtype}"
-    for path, g in tree_leaves(grads):
-        assert g.dtype == dtype, f"gpt2.{path} gradient dtype {g.dtype}"
+    assert_model_keeps_dtype("gpt2", gpt_forward, gpt_backward, params, config, dtype)
 
 
 @pytest.mark.parametrize("kw, error, message", [
@@ -165,13 +158,8 @@ def test_bad_input():
         gpt_forward(np.zeros((1, 5), np.int64), params, config)
     with pytest.raises(TypeError, match="token ids must be integers"):
         gpt_forward(np.zeros((1, 3)), params, config)
-    with pytest.raises(TypeError, match="config must be a GPTConfig, got dict"):
-        gpt_forward(np.zeros((1, 3), np.int64), params, {})
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
-        init_gpt2_params(config, 0)
-    _, cache = gpt_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        gpt_backward(np.zeros((1, 3, 4)), cache)
+    assert_bad_config_rng_and_dlogits_refused("gpt_backward", gpt_forward, gpt_backward, init_gpt2_params, params,
+                                              config)
 
 
 @given(case=models())

@@ -24,7 +24,11 @@ from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_fre
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_backward_matches_finite_differences,
+    assert_bad_config_rng_and_dlogits_refused,
     assert_close,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
+    assert_model_keeps_dtype,
     assert_tree_close,
     autograd,
     directional_derivative,
@@ -116,9 +120,8 @@ def _twin(config, ids, positions):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, positions, dout = case
-    logits, cache = llama_forward(ids, params, config, positions=positions)
-    twin_logits, _ = autograd(_twin(config, ids, positions), {"params": params}, dout)
-    assert_close("llama.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+    assert_logits_match_twin("llama", lambda p: llama_forward(ids, p, config, positions=positions),
+                             _twin(config, ids, positions), params, dout, _tol)
 
 
 # -- backward matches autograd ----------------------------------------------------------------
@@ -128,10 +131,8 @@ def test_forward_matches_twin(case):
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (llama.blocks.0.attn.q.w, ...)."""
     config, params, ids, positions, dout = case
-    _, cache = llama_forward(ids, params, config, positions=positions)
-    dparams = llama_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
-    assert_tree_close("llama", dparams, grads["params"], **_tol(cache, dout.dtype))
+    assert_grads_match_autograd("llama", lambda p: llama_forward(ids, p, config, positions=positions),
+                                llama_backward, _twin(config, ids, positions), params, dout, _tol)
 
 
 # -- the twin matches Hugging Face's LlamaForCausalLM ---------------------------------------------
@@ -473,11 +474,7 @@ def test_backward_matches_finite_differences(case, seed):
 def test_dtype_is_preserved(dtype):
     config = LlamaConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
     params = init_llama_params(config, np.random.default_rng(0), dtype)
-    logits, cache = llama_forward(np.array([[1, 2, 2]]), params, config)
-    grads = llama_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
-    assert logits.dtype == dtype, f"llama.logits dtype {logits.dtype}"
-    for path, g in tree_leaves(grads):
-        assert g.dtype == dtype, f"llama.{path} gradient dtype {g.dtype}"
+    assert_model_keeps_dtype("llama", llama_forward, llama_backward, params, config, dtype)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -542,10 +539,4 @@ def test_bad_input():
         llama_forward(np.zeros((1, 3), np.int64), params, config, positions=np.arange(3.0))
     with pytest.raises(ValueError, match="token id 7 is out of range"):
         llama_forward(np.full((1, 3), 7), params, config)
-    with pytest.raises(TypeError, match="config must be a LlamaConfig, got dict"):
-        llama_forward(np.zeros((1, 3), np.int64), params, {})
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
-        init_llama_params(config, 0)
-    _, cache = llama_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"llama: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        llama_backward(np.zeros((1, 3, 4)), cache)
+    assert_bad_config_rng_and_dlogits_refused("llama", llama_forward, llama_backward, init_llama_params, params, config)
