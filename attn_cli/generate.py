@@ -143,6 +143,9 @@ def add_arguments(p):
     p.add_argument("--no-cache", action="store_false", dest="cache",
                    help="run the whole context for every new token instead of decoding with a "
                         "key/value cache (slower; the same tokens)")
+    p.add_argument("--no-absorb", action="store_false", dest="absorb",
+                   help="with --hf DIR of a DeepSeek-V3 model: decode with the naive cache of every head's "
+                        "keys and values, not the absorbed latent cache (the same tokens)")
 
 
 def run(args):
@@ -163,6 +166,9 @@ def run(args):
         return hf_generate.run(args)
     if args.ids is not None:
         raise ValueError("--ids goes with --hf DIR (a Hugging Face folder); give --prompt text here")
+    if not args.absorb:
+        raise ValueError("--no-absorb goes with --hf DIR of a DeepSeek-V3 model (multi-head latent attention); "
+                         "a train checkpoint has none")
     path = args.checkpoint
     if path is not None and not os.path.exists(path):
         raise ValueError(f"--checkpoint {path}: no such folder; give a run folder of numpy-attn train "

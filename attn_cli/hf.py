@@ -7,7 +7,9 @@ Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU a
 (-> numpy_attn.qwen3.Qwen3Config), ``Olmo2ForCausalLM`` (-> numpy_attn.olmo2.Olmo2Config) and
 ``Gemma2ForCausalLM`` (-> numpy_attn.gemma2.Gemma2Config), ``Gemma3ForCausalLM`` (-> numpy_attn.gemma3.Gemma3Config),
 whose params are Llama's with the q and k norms (and for OLMo 2 the block's two norms after the
-attention and the MLP rather than before). The tensors are read from
+attention and the MLP rather than before), and ``DeepseekV3ForCausalLM`` (->
+numpy_attn.deepseek_v3.DeepseekV3Config: MLA's projections, each expert's three, the router and
+its selection bias). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
 which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``.
 
@@ -40,15 +42,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn.deepseek_v3 import DeepseekV3Config
 from numpy_attn.gemma2 import LAYER_TYPES, Gemma2Config
 from numpy_attn.gemma3 import Gemma3Config
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.llama import LlamaConfig
+from numpy_attn.mla import mla_param_shapes
 from numpy_attn.olmo2 import Olmo2Config
 from numpy_attn.qwen3 import Qwen3Config
 
 ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM", "Gemma2ForCausalLM",
                  "Gemma3ForCausalLM")
+ARCHITECTURES += ("DeepseekV3ForCausalLM",)
 GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 # Buffers that older GPT-2 files store beside the weights: the causal mask, not parameters.
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -96,9 +101,20 @@ CONFIG_KEYS["Gemma2ForCausalLM"] = {
     "sliding_window": ("int", 1, False), "use_bidirectional_attention": ("bool or null", None, False)}
 # Gemma 3 text: Gemma 2's keys, and the local layers' rotary base in the older spelling.
 CONFIG_KEYS["Gemma3ForCausalLM"] = {**CONFIG_KEYS["Gemma2ForCausalLM"], "rope_local_base_freq": ("number", 0, False)}
+# DeepSeek-V3: MLA's ranks and widths, the experts and their routing (absent keys take transformers'
+# defaults; num_key_value_heads, which MLA does not use, must be num_attention_heads, as transformers needs).
+CONFIG_KEYS["DeepseekV3ForCausalLM"] = {
+    **{key: rule for key, rule in _LLAMA_FAMILY_KEYS.items() if key != "head_dim"},
+    "moe_intermediate_size": ("int", 1, True), "n_routed_experts": ("int", 1, True),
+    "n_shared_experts": ("int", 1, False), "num_experts_per_tok": ("int", 1, False), "n_group": ("int", 1, False),
+    "topk_group": ("int", 1, False), "norm_topk_prob": ("bool", None, False),
+    "routed_scaling_factor": ("number", 0, False), "first_k_dense_replace": ("int", 0, False),
+    "q_lora_rank": ("int or null", 1, False), "kv_lora_rank": ("int", 1, True),
+    "qk_nope_head_dim": ("int", 1, True), "qk_rope_head_dim": ("int", 1, True), "v_head_dim": ("int", 1, True),
+    "rope_interleave": ("bool", None, False)}
 # Sizes that allocate without being parameters, so that the parameter count cannot bound them:
 # the rotary table has head_dim / 2 entries (released models use head sizes of 64 to 512).
-CAPS = {"head_dim": 65536}
+CAPS = {"head_dim": 65536, "qk_rope_head_dim": 65536}
 # Numbers inside Llama's rope_parameters / rope_scaling objects.
 ROPE_KEYS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 KINDS = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -163,7 +179,8 @@ def check_config(hf_config, architecture, folder):
         for name, value in (hf_config.get(key) or {}).items():
             if name in ROPE_KEYS:
                 _check_value(path, f"{key}.{name}", value, "number", 0)
-    need, held = _parameter_count(hf_config, architecture), _values_held(folder)
+    count = _deepseek_v3_parameter_count if architecture == "DeepseekV3ForCausalLM" else _parameter_count
+    need, held = count(hf_config, architecture), _values_held(folder)
     if need > held:
         raise CheckpointError(f"{path} describes at least {need:,} parameters ({bytes_text(4 * need)} in float32), "
                               f"but the safetensors files hold {held:,} values: the config does not "
@@ -494,19 +511,7 @@ def llama_config(hf, config_class=LlamaConfig):
     family = config_class.__name__.removesuffix("Config")         # "Llama", "Qwen3", "Olmo2"
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{family} config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
-    rope = dict(hf.get("rope_parameters") or {})
-    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-    if not rope and hf.get("rope_scaling"):
-        rope = dict(hf["rope_scaling"])
-    if "type" in rope:                       # older files spell rope_type "type"
-        rope.setdefault("rope_type", rope.pop("type"))
-    rope_type = rope.get("rope_type", "default")
-    keys = {"default": (), "linear": ("factor",),
-            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-    if rope_type not in keys:
-        raise CheckpointError(f"{family} config.json: rope_type {rope_type!r} is not supported "
-                              f"(one of {sorted(keys)})")
-    scaling = None if rope_type == "default" else {"rope_type": rope_type, **{k: rope.get(k) for k in keys[rope_type]}}
+    theta, scaling = _rope_settings(hf, family, LLAMA_ROPE_KEYS)
     n_head = hf["num_attention_heads"]
     return config_class(
         vocab_size=hf["vocab_size"], block_size=hf.get("max_position_embeddings", 2048),
@@ -517,6 +522,32 @@ def llama_config(hf, config_class=LlamaConfig):
         rope_layout="half", attn_bias=bool(hf.get("attention_bias", False)),
         mlp_bias=bool(hf.get("mlp_bias", False)) and family == "Llama",   # Qwen3's, OLMo 2's MLPs have none
         tie_weights=bool(hf.get("tie_word_embeddings", False)))
+
+
+# rope_type -> the keys of rope_parameters llama_config reads.
+LLAMA_ROPE_KEYS = {"default": (), "linear": ("factor",),
+                   "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _rope_settings(hf, family, keys, optional=()):
+    """(theta, scaling) from ``rope_parameters`` (transformers 5) or ``rope_theta`` and
+    ``rope_scaling`` (transformers 4): scaling None for the default kind, else the rope_type and
+    its ``keys[rope_type]`` (absent ones None, which rope.py refuses by name), with the
+    ``optional`` keys only where the file gives them; a rope_type outside ``keys`` is refused."""
+    rope = dict(hf.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if not rope and hf.get("rope_scaling"):
+        rope = dict(hf["rope_scaling"])
+    if "type" in rope:                       # older files spell rope_type "type"
+        rope.setdefault("rope_type", rope.pop("type"))
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in keys:
+        raise CheckpointError(f"{family} config.json: rope_type {rope_type!r} is not supported "
+                              f"(one of {sorted(keys)})")
+    if rope_type == "default":
+        return theta, None
+    given = {k: rope[k] for k in optional if k in rope}
+    return theta, {"rope_type": rope_type, **{k: rope.get(k) for k in keys[rope_type]}, **given}
 
 
 def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_layernorm")):
@@ -549,6 +580,12 @@ def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_lay
         params["blocks"][str(i)] = {
             "attn_norm": {"w": tensors.take(f"{p}{norms[0]}.weight", (C,))}, "attn": attn,
             "mlp_norm": {"w": tensors.take(f"{p}{norms[1]}.weight", (C,))}, "mlp": mlp}
+    return _with_norm_and_head(params, tensors, config)
+
+
+def _with_norm_and_head(params, tensors, config):
+    """``params`` with the final norm and, without tied weights, the head (a tied head's copy dropped)."""
+    V, C = config.vocab_size, config.n_embd
     params["norm"] = {"w": tensors.take("model.norm.weight", (C,))}
     if config.tie_weights:
         tensors.drop("lm_head.weight")
@@ -646,6 +683,93 @@ def _gemma2_params(tensors, config):
     return params
 
 
+# -- DeepSeek-V3: multi-head latent attention, dense then mixture-of-experts blocks -------------------
+
+# rope_type -> the keys of rope_parameters deepseek_v3_config reads (YaRN's optional ones where given).
+DEEPSEEK_ROPE_KEYS = {"default": (), "linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings")}
+YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+# MLA's projections: ours -> transformers' names under self_attn.
+MLA_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj",
+             "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "o": "o_proj"}
+
+
+def deepseek_v3_config(hf):
+    """DeepseekV3Config from a DeepSeek-V3 config.json (dict), with transformers' defaults for the
+    keys it leaves out; what is not implemented is refused naming the key."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"DeepseekV3 config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+    n_head = hf["num_attention_heads"]
+    if hf.get("num_key_value_heads") not in (None, n_head):
+        raise CheckpointError(f"DeepseekV3 config.json: num_key_value_heads = {hf['num_key_value_heads']} must be "
+                              f"num_attention_heads = {n_head} (MLA has one key and value per query head)")
+    theta, scaling = _rope_settings(hf, "DeepseekV3", DEEPSEEK_ROPE_KEYS, YARN_OPTIONAL)
+    return DeepseekV3Config(
+        vocab_size=hf["vocab_size"], block_size=hf.get("max_position_embeddings", 4096),
+        n_layer=hf["num_hidden_layers"], n_head=n_head, n_kv_head=n_head, n_embd=hf["hidden_size"],
+        head_dim=hf["qk_rope_head_dim"], hidden=hf["intermediate_size"], rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta), rope_scaling=scaling, attn_bias=hf.get("attention_bias", False),
+        tie_weights=hf.get("tie_word_embeddings", False), q_lora_rank=hf.get("q_lora_rank", 1536),
+        kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
+        qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
+        rope_interleave=hf.get("rope_interleave", True), moe_hidden=hf["moe_intermediate_size"],
+        n_routed_experts=hf["n_routed_experts"], n_shared_experts=hf.get("n_shared_experts", 1),
+        num_experts_per_tok=hf.get("num_experts_per_tok", 8), n_group=hf.get("n_group", 8),
+        topk_group=hf.get("topk_group", 4), norm_topk_prob=hf.get("norm_topk_prob", True),
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 2.5)),
+        first_k_dense_replace=hf.get("first_k_dense_replace", 3))
+
+
+def _deepseek_v3_parameter_count(hf, architecture):
+    """A lower bound on the parameters a DeepSeek-V3 config.json implies (its matrices and norms;
+    transformers' defaults for absent keys), in Python integers."""
+    C, L, V, nh = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
+    rq, rkv = hf.get("q_lora_rank", 1536), hf["kv_lora_rank"]
+    dn, dr, dv = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"], hf["v_head_dim"]
+    E, Hm, H = hf["n_routed_experts"], hf["moe_intermediate_size"], hf["intermediate_size"]
+    query = C * nh * (dn + dr) if rq is None else C * rq + rq * nh * (dn + dr)
+    attention = query + C * (rkv + dr) + rkv * nh * (dn + dv) + nh * dv * C
+    dense = min(L, hf.get("first_k_dense_replace", 3))
+    moe = 3 * C * Hm * (E + hf.get("n_shared_experts", 1)) + C * E          # the experts, the shared one, the router
+    return 2 * V * C + L * (attention + 2 * C) + dense * 3 * C * H + (L - dense) * moe + C
+
+
+def _deepseek_v3_params(tensors, config):
+    """The params of a DeepSeek-V3 from its tensors: MLA's under self_attn, a dense SwiGLU or the
+    experts (each expert's three projections, stacked (E, ...)), the router (mlp.gate) and its
+    selection bias (e_score_correction_bias), and the shared expert."""
+    V, C = config.vocab_size, config.n_embd
+    E, Hm = config.n_routed_experts, config.moe_hidden
+    shapes = {path: shape for path, shape in mla_param_shapes(config.mla).items()}
+
+    def linear(name, C_in, C_out):
+        return {"w": tensors.take(f"{name}.weight", (C_out, C_in)).T.copy()}   # (C_out, C_in) -> (C_in, C_out)
+
+    def swiglu(name, H):
+        return {"gate": linear(f"{name}.gate_proj", C, H), "up": linear(f"{name}.up_proj", C, H),
+                "down": linear(f"{name}.down_proj", H, C)}
+
+    params = {"wte": tensors.take("model.embed_tokens.weight", (V, C)), "blocks": {}}
+    for i in range(config.n_layer):
+        p = f"model.layers.{i}."
+        attn = {}
+        for path, shape in shapes.items():                 # "q_a.w" (C, rq), "kv_a_norm.w" (rkv,), "o.b" (C,) ...
+            name, key = path.split(".")
+            hf_name = f"{p}self_attn.{MLA_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"
+            attn.setdefault(name, {})[key] = tensors.take(hf_name, shape[::-1]).T.copy()
+        if config.block_options(i)["moe"]:
+            experts = [swiglu(f"{p}mlp.experts.{e}", Hm) for e in range(E)]
+            mlp = {"router": linear(p + "mlp.gate", C, E),
+                   "selection_bias": tensors.take(p + "mlp.gate.e_score_correction_bias", (E,)),
+                   "experts": {name: {"w": np.stack([x[name]["w"] for x in experts])} for name in experts[0]},
+                   "shared": swiglu(p + "mlp.shared_experts", config.n_shared_experts * Hm)}
+        else:
+            mlp = swiglu(p + "mlp", config.hidden)
+        params["blocks"][str(i)] = {
+            "attn_norm": {"w": tensors.take(p + "input_layernorm.weight", (C,))}, "attn": attn,
+            "mlp_norm": {"w": tensors.take(p + "post_attention_layernorm.weight", (C,))}, "mlp": mlp}
+    return _with_norm_and_head(params, tensors, config)
+
+
 # architecture -> (kind, its config from config.json, its params from the tensors)
 MODELS = {"GPT2LMHeadModel": ("gpt2", gpt2_config, _gpt2_params),
           "LlamaForCausalLM": ("llama", llama_config, _llama_params),
@@ -653,3 +777,4 @@ MODELS = {"GPT2LMHeadModel": ("gpt2", gpt2_config, _gpt2_params),
           "Olmo2ForCausalLM": ("olmo2", olmo2_config, _olmo2_params),
           "Gemma2ForCausalLM": ("gemma2", gemma2_config, _gemma2_params),
           "Gemma3ForCausalLM": ("gemma3", gemma3_config, _gemma2_params)}
+MODELS["DeepseekV3ForCausalLM"] = ("deepseek_v3", deepseek_v3_config, _deepseek_v3_params)

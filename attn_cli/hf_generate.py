@@ -9,7 +9,10 @@ through the sampling loop of train checkpoints (attn_cli.generate.continue_ids):
 than the context is refused, and they decode with a key/value cache (numpy_attn/kv_cache.py)
 sized for the prompt and the new tokens: the prompt runs once, then each new token alone, while
 the context fits in block_size; ``--no-cache`` runs the whole context for every token instead (the
-same tokens, more slowly).
+same tokens, more slowly). DeepSeek-V3 folders decode with absorbed multi-head latent attention
+(each layer's cache holds the latent and the shared rotary key only, numpy_attn/deepseek_v3.py);
+``--no-absorb`` decodes with the naive cache of every head's keys and values instead (the same
+tokens), and is refused for a model without MLA.
 """
 
 import numpy as np
@@ -31,6 +34,7 @@ def parse_ids(text):
 def run(args):
     """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (the others)."""
     from attn_cli.hf import load_checkpoint
+    from numpy_attn.deepseek_v3 import deepseek_v3_forward, deepseek_v3_kv_cache
     from numpy_attn.gemma2 import gemma2_forward, gemma2_kv_cache
     from numpy_attn.gemma3 import gemma3_forward
     from numpy_attn.gpt import gpt_forward, gpt_kv_cache
@@ -42,7 +46,15 @@ def run(args):
               "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
               "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache)}
     family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3"}
+    absorb = args.absorb
+    # DeepSeek-V3: absorbed MLA decoding by default, the naive cache of every head's keys and values on request.
+    models["deepseek_v3"] = (deepseek_v3_forward,
+                             lambda config, B, dtype, max_len: deepseek_v3_kv_cache(config, B, dtype, max_len, absorb))
+    family["deepseek_v3"] = "DeepSeek-V3"
     kind, config, params = load_checkpoint(args.hf, np.float32)
+    if not absorb and kind != "deepseek_v3":
+        raise ValueError(f"--no-absorb: {args.hf} is a {family.get(kind, 'GPT-2')} checkpoint, without multi-head "
+                         "latent attention; only DeepSeek-V3 decodes absorbed or not")
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer
 

@@ -36,7 +36,7 @@ MARKER = ".numpy-attn-site"          # in a folder this command wrote: it may be
 # Pictures of docs/images that belong to an operation, beyond those named after it ("rope_*.png").
 PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walkthrough_step7_heads.png"],
             "gpt": ["train_loss.png"], "flex_attention": ["flex_mask_*.png"],
-            "flash_attention": ["flash_attention_*.png"]}
+            "flash_attention": ["flash_attention_*.png"], "softcap": ["attention_patterns.png"]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ Reading order, leaf to root:
     gemma2           Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3           Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
     mla              multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
+    deepseek_v3      DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -65,6 +66,10 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_backward, scaled_dot_product_attention_forward,
 )
 from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.deepseek_v3 import (
+    DeepseekV3Config, deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
+    deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
+)
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.feed_forward import (
@@ -96,7 +101,7 @@ from numpy_attn.masks import (
     varlen_position_ids, varlen_sequence_ids,
 )
 from numpy_attn.mla import (
-    MLAConfig, init_latent_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
+    MLAConfig, init_latent_cache, init_mla_kv_cache, init_mla_params, latent_cache_update, mla_absorbed_forward,
     mla_backward, mla_cache_bytes_per_token, mla_forward, mla_param_shapes, mla_softmax_scale,
 )
 from numpy_attn.moe import (

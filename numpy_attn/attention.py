@@ -1,8 +1,8 @@
-"""Scaled dot-product attention with masks, dropout and grouped-query heads, and its backward.
+"""Scaled dot-product attention with masks, dropout, grouped-query heads and sinks, and its backward.
 
     scores  = (q * scale) @ k^T                   scale = 1 / sqrt(hs) unless given
     scores  = c * tanh(scores / c) + mask         softcap c: Gemma 2's; without, scores + mask
-    weights = softmax(scores)                     along the key axis S
+    weights = softmax([scores, s_h])[:S]          along the key axis S; the sink s_h only with sinks
     out     = dropout(weights) @ v
 
 Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are those of
@@ -31,6 +31,14 @@ Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are tho
   (numpy_attn/softcap.py; the order of transformers' Gemma 2 attention: scale, cap, mask,
   softmax); a float mask's gradient is taken after the cap, the scores' through its derivative.
 - A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
+- ``sinks`` (nh,), one learned logit s_h per query head (gpt-oss; OpenAI, "gpt-oss-120b &
+  gpt-oss-20b Model Card", 2025): each row's softmax gets one more column, s_h, after the scale,
+  cap and mask, and that column is dropped again, so the row's weights sum to less than one:
+  weights = exp(scores - m) / (sum exp(scores - m) + exp(s_h - m)), m the row's maximum over the
+  scores and s_h. The sink takes a share of the attention and gives no value: a head can attend
+  to nothing. A fully masked row then has weight 1 on its sink and so weights 0 and output 0.
+  With grouped-query heads there is still one sink per query head. Dropout acts on the weights
+  without the sink column (the order of transformers' gpt-oss eager attention).
 - A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
   ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
   along which the mask was broadcast, in the mask's shape. Bool masks and is_causal have none.
@@ -49,6 +57,9 @@ Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T)
 dscores = softmax_backward(dweights) (times 1 - tanh^2 under a softcap), dq = dscores k * scale,
 dk = dscores^T (q * scale).
 Masked entries have weight 0 and so get no gradient; a float mask's own gradient is dscores.
+With sinks, dweights gets a zero column for the sink (its weight reached no output) before the
+softmax backward, and dsinks is that column of dscores, -w_sink * sum(dweights * weights) per
+row, summed over every axis but the head axis; the backward returns it last.
 """
 
 from typing import NamedTuple
@@ -81,6 +92,7 @@ class AttentionCache(NamedTuple):
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
     softcap_cache: tuple | None = None   # logit_softcap_forward's cache (tanh of the scores), None without a cap
+    sinks: bool = False         # whether the softmax had a sink column (softmax_cache then holds S + 1 columns)
 
     @property
     def keep(self):
@@ -95,19 +107,21 @@ class AttentionCache(NamedTuple):
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
                                          dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None,
-                                         window=None):
+                                         window=None, sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
 
     With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
     ``softcap`` (a number > 0, or None) caps the scaled scores at c * tanh(scores / c);
-    ``window`` (an integer >= 1, or None; needs is_causal) lets each query see its last keys only.
+    ``window`` (an integer >= 1, or None; needs is_causal) lets each query see its last keys only;
+    ``sinks`` (nh,) in q's dtype, or None, adds each query head's sink logit to its softmax (the
+    backward then returns dsinks last).
 
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
     ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -130,17 +144,23 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         scores, softcap_cache = logit_softcap_forward(scores, softcap)   # (..., nh, T, S)
     if attn_mask is not None:
         scores += attn_mask                                       # in place: scores is our own array
+    if sinks is not None:   # gpt-oss: head h's sink logit joins every row of its scores as column S
+        sink_column = np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
+        scores = np.concatenate([scores, sink_column], axis=-1)   # (..., nh, T, S + 1)
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
+    if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
+        weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
     cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,
-                           mask_shape, softcap_cache)
+                           mask_shape, softcap_cache, sinks is not None)
     return out, cache
 
 
 def scaled_dot_product_attention_backward(dout, cache):
     """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)),
-    and dattn_mask (the mask's shape) after them if the forward had ``attn_mask_grad=True``.
+    then dattn_mask (the mask's shape) if the forward had ``attn_mask_grad=True``, then dsinks (nh,)
+    if it had ``sinks``: (dq, dk, dv[, dattn_mask][, dsinks]).
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
@@ -151,9 +171,15 @@ def scaled_dot_product_attention_backward(dout, cache):
     ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
     # Undoes dropped = dropout(weights): the same keep-mask and scale.
     dweights = dropout_backward(ddropped, cache.dropout_cache)    # (..., nh, T, S)
+    if cache.sinks:   # Undoes weights = weights[..., :-1]: the dropped sink weight reached no output
+        no_gradient = np.zeros(dweights.shape[:-1] + (1,), dweights.dtype)
+        dweights = np.concatenate([dweights, no_gradient], axis=-1)   # (..., nh, T, S + 1)
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
-    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S)
+    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S[ + 1])
+    if cache.sinks:   # Undoes the sink column: each head's sink fed every row of that head
+        dsink_column, dscores = dscores[..., -1], dscores[..., :-1]   # (..., nh, T), (..., nh, T, S)
+        dsinks = dsink_column.sum(axis=-1).reshape(-1, dsink_column.shape[-2]).sum(axis=0)   # -> (nh,)
     dmask = dscores                                               # the mask is added after the cap
     if cache.softcap_cache is not None:   # Undoes scores = c * tanh(scores / c)
         dscores = logit_softcap_backward(dscores, cache.softcap_cache)   # (..., nh, T, S)
@@ -165,9 +191,12 @@ def scaled_dot_product_attention_backward(dout, cache):
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
         # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
+    grads = (dq, dk, dv)
     if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
-        return dq, dk, dv, _sum_to_shape(dmask, cache.mask_shape)   # (..., nh, T, S) -> mask's shape
-    return dq, dk, dv
+        grads += (_sum_to_shape(dmask, cache.mask_shape),)       # (..., nh, T, S) -> mask's shape
+    if cache.sinks:
+        grads += (dsinks,)                                        # (nh,)
+    return grads
 
 
 def _sum_to_shape(x, shape):
@@ -180,14 +209,15 @@ def _sum_to_shape(x, shape):
     return x.sum(axis=stretched, keepdims=True)
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window):
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
     attention), unless attn_mask_grad is a bool, True only with a float attn_mask, unless
-    softcap is None or a finite number > 0, and unless window is None or an integer >= 1 given
-    with is_causal."""
+    softcap is None or a finite number > 0, unless window is None or an integer >= 1 given
+    with is_causal, and unless sinks is None or fits _check_sinks."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
     check_softcap(softcap)
     check_window_is_causal(window, is_causal)
+    _check_sinks(sinks, q, k)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):
@@ -195,3 +225,26 @@ def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_gr
     if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):
         got = "no attn_mask" if attn_mask is None else f"a bool attn_mask of shape {attn_mask.shape}"
         raise ValueError(f"attn_mask_grad=True needs a float attn_mask (its gradient), got {got}")
+
+
+def _check_sinks(sinks, q, k):
+    """Raise unless ``sinks`` is None or a finite (nh,) array of q's dtype, nh the query heads
+    of the scores (axis -3 of q, or of the batch axes broadcast): TypeError for another type
+    or dtype, ValueError for another shape, NaN or inf."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, np.ndarray):
+        raise TypeError(f"sinks must be a NumPy array (nh,) or None, got {type(sinks).__name__}")
+    if sinks.dtype != q.dtype:
+        raise TypeError(f"sinks must have q's dtype {q.dtype}, got dtype {sinks.dtype}")
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
+    kv_lead = k.shape[:-3] + (k.shape[-3] * g,) if g > 1 else k.shape[:-2]   # k's heads repeated g times
+    lead = np.broadcast_shapes(q.shape[:-2], kv_lead)                      # the scores' (..., nh)
+    if not lead:
+        raise ValueError(f"sinks (shape {sinks.shape}) need a head axis, one sink per query head; "
+                         f"q {q.shape} and k {k.shape} have none")
+    if sinks.shape != lead[-1:]:
+        raise ValueError(f"sinks must have shape (nh,) = {lead[-1:]}, one per query head (q {q.shape}), "
+                         f"got {sinks.shape}")
+    if not np.isfinite(sinks).all():
+        raise ValueError(f"sinks of shape {sinks.shape} holds NaN or inf: {sinks}")

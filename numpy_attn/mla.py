@@ -267,6 +267,15 @@ def _query_backward(dq_n, dq_r, query_cache):
     return dx, {"q_a": dq_a, "q_a_norm": dq_a_norm, "q_b": dq_b}
 
 
+def init_mla_kv_cache(config, n_layer, B, max_len, dtype=np.float32):
+    """An empty naive cache for ``n_layer`` MLA layers: per head a key of dn + dr numbers and a
+    value of dv, as Hugging Face's model attends over (numpy_attn/kv_cache.py's KVCache)."""
+    if not isinstance(config, MLAConfig):
+        raise TypeError(f"config must be an MLAConfig, got {type(config).__name__}")
+    return init_kv_cache(n_layer, B, config.n_head, max_len, config.qk_head_dim, dtype,
+                         v_head_size=config.v_head_dim)
+
+
 # -- absorbed MLA: decoding from a cache of latents ----------------------------------------------
 
 @dataclass
@@ -328,15 +337,6 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
     y = y.swapaxes(1, 2).reshape(B, T, -1)                                    # (B, nh, T, dv) -> (B, T, nh*dv)
     out, _ = linear_forward(y, **params["o"])                                 # (B, T, nh*dv) -> (B, T, C)
     return out
-
-
-def init_mla_kv_cache(config, n_layer, B, max_len, dtype=np.float32):
-    """An empty naive cache for ``n_layer`` MLA layers: per head a key of dn + dr numbers and a
-    value of dv, as Hugging Face's model attends over (numpy_attn/kv_cache.py's KVCache)."""
-    if not isinstance(config, MLAConfig):
-        raise TypeError(f"config must be an MLAConfig, got {type(config).__name__}")
-    return init_kv_cache(n_layer, B, config.n_head, max_len, config.qk_head_dim, dtype,
-                         v_head_size=config.v_head_dim)
 
 
 def mla_cache_bytes_per_token(config, dtype=np.float32, n_kv_head=None, head_size=None):

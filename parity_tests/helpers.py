@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from numpy_attn._tree import leaves, tree_map
+from parity_tests.strategies import ramp
 
 TOLERANCES = {
     np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
@@ -294,3 +295,147 @@ def assert_bad_dout_refused(backward_name, out, backward, cache, dout_name="dout
         missing = [m for m in (f"{backward_name}: {dout_name}",) + mentions if m not in message]
         assert not missing, \
             f"{backward_name} given {type(dout).__name__} {np.shape(dout)}: {missing} not in {message!r}"
+
+
+def moved_off_init(params, rng):
+    """``params`` (a nested dict) with every leaf moved by U(-0.5, 0.5) drawn from ``rng``, in its
+    own dtype: so that norms, biases and embeddings are not at their initial 1s, 0s and near-0s."""
+    return tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(p.dtype), params)
+
+
+def layer_norm_rstds(cache):
+    """The rstd of every layer norm of a gpt_forward cache (the norms' caches are (xhat, rstd, w)):
+    ln_f's, then each block's ln1 and ln2."""
+    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
+
+
+def assert_backward_matches_finite_differences(name, forward, backward, tree, dout, seed, rstds=None):
+    """One directional derivative of sum(out * dout) along a random direction (from ``seed``) in
+    every leaf of ``tree``: ``forward(tree) -> (out, cache)`` and ``backward(dout, cache)``, whose
+    gradients have ``tree``'s nesting, against directional_derivative, to directional_tol.
+
+    ``rstds(cache)`` lists the rstd arrays of the model's norms. A norm varies on the scale of its
+    row's spread sqrt(var + eps) = 1 / rstd, as small as sqrt(eps) = 3e-3 on a constant row; the
+    step shrinks with the narrowest row so that the stencil's truncation error stays that of unit
+    rows (its rounding error grows by rstd <= 316, still below FD_TOL).
+    """
+    rng = np.random.default_rng(seed)
+    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), tree)
+    _, cache = forward(tree)
+    grads = backward(dout, cache)
+    exact = tree_dot(grads, direction)
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in (rstds(cache) if rstds else [])])
+    numeric = directional_derivative(lambda t: np.sum(forward(t)[0] * dout), tree, direction, h=h)
+    assert_close(f"{name} directional derivative vs finite differences", np.float64(exact),
+                 np.float64(numeric), **directional_tol(grads, direction))
+
+
+def decode_with_cache(forward, new_kv_cache, config, params, ids, sizes):
+    """Logits (B, T, V) of decoding ids (B, T) in steps of ``sizes`` tokens through
+    ``forward(chunk, params, config, kv_cache=...) -> (logits, cache)`` with one cache from
+    ``new_kv_cache(config, B, dtype)``, and that cache."""
+    kv_cache = new_kv_cache(config, ids.shape[0], params["wte"].dtype)
+    logits = decode_in_steps(lambda chunk: forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
+    return logits, kv_cache
+
+
+def twin_decode_with_cache(twin, new_kv_cache, config, params, ids, sizes):
+    """decode_with_cache for a torch twin ``twin(chunk, params, config, kv_cache=...) -> logits``:
+    its logits (B, T, V) as a NumPy array, and its cache."""
+    tparams = tree_map(to_torch, params)
+    kv_cache = new_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
+    logits = decode_in_steps(lambda chunk: to_numpy(twin(to_torch(chunk), tparams, config, kv_cache=kv_cache)),
+                             ids, sizes)
+    return logits, kv_cache
+
+
+def assert_twin_cache_equal(name, twin_cache, kv_cache, end, tol):
+    """The twin's key/value cache holds the NumPy cache's lengths, and its keys and values at the
+    first ``end`` positions (the rest is never written)."""
+    assert twin_cache.lengths == kv_cache.lengths.tolist(), f"{name} cache lengths"
+    assert_close(f"{name}.cache.k", to_numpy(twin_cache.k)[..., :end, :], kv_cache.k[..., :end, :], **tol)
+    assert_close(f"{name}.cache.v", to_numpy(twin_cache.v)[..., :end, :], kv_cache.v[..., :end, :], **tol)
+
+
+def assert_bad_ids_refused(forward, params, config):
+    """``forward(ids, params, config)`` refuses ids longer than block_size, an id outside the
+    vocabulary and float ids, each message naming the ids and what was wrong."""
+    T, V = config.block_size + 1, config.vocab_size
+    with pytest.raises(ValueError, match=rf"sequence length T = {T} of ids \(1, {T}\) exceeds "
+                                         rf"block_size = {T - 1}"):
+        forward(np.zeros((1, T), int), params, config)
+    with pytest.raises(ValueError, match=rf"token id {V} is out of range for a vocabulary of size V = {V}"):
+        forward(np.array([[0, V]]), params, config)
+    with pytest.raises(TypeError, match=r"token ids must be integers, got dtype float64"):
+        forward(np.zeros((1, 2)), params, config)
+
+
+def numerical_grads(forward, x, params, dout):
+    """numerical_grad of sum(forward(x, params) * dout) with respect to x and to every leaf of
+    ``params`` ({layer: {"w": ..., "b": ...}}), as {"x": dx, layer: {key: gradient}}."""
+    expected = {"x": numerical_grad(lambda x: forward(x, params), x.copy(), dout)}
+    for name, layer in params.items():
+        expected[name] = {}
+        for key, leaf in layer.items():
+            def f(value, name=name, key=key):
+                return forward(x, {**params, name: {**params[name], key: value}})
+            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    return expected
+
+
+def load_linears(layers, params):
+    """Copy our linear layers ``params`` ({name: {"w": (C_in, C_out), "b"}}) into the nn.Linear
+    modules ``layers`` ({name: module}), which store w as (C_out, C_in)."""
+    with torch.no_grad():
+        for name, layer in layers.items():
+            layer.weight.copy_(to_torch(params[name]["w"].T))
+            if "b" in params[name]:
+                layer.bias.copy_(to_torch(params[name]["b"]))
+
+
+def linear_grads(layers):
+    """The gradients of the nn.Linear modules ``layers`` ({name: module}) in our nesting and
+    orientation: {name: {"w": (C_in, C_out), "b": (C_out,) where the module has a bias}}."""
+    return {name: {"w": to_numpy(layer.weight.grad).T,
+                   **({"b": to_numpy(layer.bias.grad)} if layer.bias is not None else {})}
+            for name, layer in layers.items()}
+
+
+def assert_logits_match_twin(name, forward, twin, params, dout, tol):
+    """A model's logits, ``forward(params) -> (logits, cache)``, equal its torch twin's,
+    ``twin(params) -> logits``, to ``tol(cache, dtype)``; labelled ``name``.logits."""
+    logits, cache = forward(params)
+    twin_logits, _ = autograd(twin, {"params": params}, dout)
+    assert_close(f"{name}.logits", logits, twin_logits, **tol(cache, logits.dtype))
+
+
+def assert_grads_match_autograd(name, forward, backward, twin, params, dout, tol):
+    """Every gradient of a model's ``params``, ``backward(dout, cache)``, equals autograd's
+    through its twin (as in assert_logits_match_twin), labelled by path under ``name``."""
+    _, cache = forward(params)
+    dparams = backward(dout, cache)
+    _, grads = autograd(twin, {"params": params}, dout)
+    assert_tree_close(name, dparams, grads["params"], **tol(cache, dout.dtype))
+
+
+def assert_bad_config_rng_and_dlogits_refused(backward_name, forward, backward, init_params, params, config):
+    """A model refuses a config of another type (a dict), an rng that is not a np.random.Generator
+    and dlogits (1, 3, 4) for logits (1, 3, V), each message naming what is wrong."""
+    ids = np.zeros((1, 3), np.int64)
+    with pytest.raises(TypeError, match=f"config must be a {type(config).__name__}, got dict"):
+        forward(ids, params, {})
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
+        init_params(config, 0)
+    _, cache = forward(ids, params, config)
+    with pytest.raises(ValueError, match=rf"{backward_name}: dlogits must have the shape .* "
+                                         rf"\(1, 3, {config.vocab_size}\), got \(1, 3, 4\)"):
+        backward(np.zeros((1, 3, 4)), cache)
+
+
+def assert_model_keeps_dtype(name, forward, backward, params, config, dtype):
+    """A model's logits for ids (1, 3), and every gradient of ``params``, come back in ``dtype``."""
+    logits, cache = forward(np.array([[1, 2, 2]]), params, config)
+    grads = backward(ramp(*logits.shape, dtype=dtype), cache)
+    assert logits.dtype == dtype, f"{name}.logits dtype {logits.dtype}"
+    for path, g in tree_leaves(grads):
+        assert g.dtype == dtype, f"{name}.{path} gradient dtype {g.dtype}"

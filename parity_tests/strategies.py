@@ -76,3 +76,15 @@ def attention_masks(draw, dtype, scores_shape, kinds=MASK_KINDS):
     if kind == "bool":
         return ~hide, False
     return np.where(hide, -np.inf, draw(arrays(dtype, shape, 3.0))).astype(dtype), False
+
+
+@st.composite
+def linear_params(draw, dtype, layers, bias, bound=1.0):
+    """Parameters {name: {"w": (C_in, C_out), "b": (C_out,)}} of the linear layers ``layers``
+    ((name, C_in, C_out), ...), each "b" only with ``bias``; elements within ``bound``."""
+    params = {}
+    for name, C_in, C_out in layers:
+        params[name] = {"w": draw(arrays(dtype, (C_in, C_out), bound))}
+        if bias:
+            params[name]["b"] = draw(arrays(dtype, (C_out,), bound))
+    return params

@@ -13,15 +13,14 @@ from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
     assert_close,
     assert_tree_close,
     autograd,
-    directional_derivative,
-    directional_tol,
     layer_norm_tol,
+    moved_off_init,
     to_numpy,
     to_torch,
-    tree_dot,
     tree_leaves,
     tree_map,
     tree_to_torch,
@@ -50,8 +49,7 @@ def blocks(draw, dtype=None, bias=None):
 def _example(T=1, nh=1, hs=2, seed=0):
     """A pinned case from init_block_params with non-trivial layer norms (T = 1, nh = 1 by default)."""
     rng = np.random.default_rng(seed)
-    params = init_block_params(nh * hs, rng, dtype=np.float64)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), params)
+    params = moved_off_init(init_block_params(nh * hs, rng, dtype=np.float64), rng)
     return (rng.normal(size=(1, T, nh * hs)), params, nh, rng.normal(size=(1, T, nh * hs)))
 
 
@@ -232,22 +230,14 @@ def test_zero_branch_outputs_make_the_identity(case):
 def test_backward_matches_finite_differences(case, seed):
     """One directional derivative along a random direction in (x, every parameter)."""
     x, params, nh, dout = case
-    inputs = {"x": x, "params": params}
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda a: rng.uniform(-1, 1, a.shape), inputs)
-    _, cache = block_forward(x, params, nh)
-    dx, dparams = block_backward(dout, cache)
-    grads = {"x": dx, "params": dparams}
-    exact = tree_dot(grads, direction)
-    # A layer norm varies on the scale of its row's spread sqrt(var + eps) = 1 / rstd, as small as
-    # sqrt(eps) = 3e-3 on a constant row; the step shrinks with it so that the stencil's truncation
-    # error stays that of unit rows (its rounding error grows by rstd <= 316, still below FD_TOL).
-    rstd = max(1.0, float(cache.ln1[1].max()), float(cache.ln2[1].max()))
-    numeric = directional_derivative(
-        lambda t: np.sum(block_forward(t["x"], t["params"], nh)[0] * dout), inputs, direction,
-        h=1e-4 / rstd)
-    assert_close("block directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
+
+    def backward(dout, cache):
+        dx, dparams = block_backward(dout, cache)
+        return {"x": dx, "params": dparams}
+
+    assert_backward_matches_finite_differences(
+        "block", lambda t: block_forward(t["x"], t["params"], nh), backward, {"x": x, "params": params}, dout, seed,
+        rstds=lambda cache: [cache.ln1[1], cache.ln2[1]])
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

@@ -17,12 +17,16 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
     assert_tree_close,
-    decode_in_steps,
+    assert_twin_cache_equal,
+    decode_with_cache,
+    layer_norm_rstds,
     layer_norm_tol,
+    moved_off_init,
     reorder_tol,
     to_numpy,
     to_torch,
     tree_map,
+    twin_decode_with_cache,
 )
 from parity_tests.test_kv_cache import splits
 
@@ -42,8 +46,7 @@ def decodes(draw, dtype=None):
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_gpt_params(config, rng, dtype))
+    params = moved_off_init(init_gpt_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     return config, params, ids, draw(splits(T))
 
@@ -53,24 +56,18 @@ def _pinned(positions, n_kv_head=None):
     config = GPTConfig(vocab_size=5, block_size=6, n_layer=2, n_head=2, n_kv_head=n_kv_head, n_embd=4,
                        positions=positions)
     rng = np.random.default_rng(3)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gpt_params(config, rng, np.float64))
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
     return config, params, np.array([[1, 3, 1, 4, 0]]), [3, 1, 1]
-
-
-def _rstds(cache):
-    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
 
 
 def decode_tol(full_cache, dtype):
     """How far cached decoding may stray from the full forward: reorder_tol over the layer norms' rstds."""
-    return reorder_tol(_rstds(full_cache), dtype)
+    return reorder_tol(layer_norm_rstds(full_cache), dtype)
 
 
 def decode_numpy(config, params, ids, sizes):
     """Logits (B, T, V) of decoding ids in steps of ``sizes`` with a cache, and the cache."""
-    kv_cache = gpt_kv_cache(config, ids.shape[0], params["wte"].dtype)
-    logits = decode_in_steps(lambda chunk: gpt_forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
-    return logits, kv_cache
+    return decode_with_cache(gpt_forward, gpt_kv_cache, config, params, ids, sizes)
 
 
 # -- cached decoding equals the full forward ----------------------------------------------------------
@@ -119,16 +116,10 @@ def test_twin_decoding_equals_numpy(case):
     config, params, ids, sizes = case
     full, full_cache = gpt_forward(ids, params, config)
     cached, kv_cache = decode_numpy(config, params, ids, sizes)
-    tparams = tree_map(to_torch, params)
-    twin_cache = tw.gpt_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
-    twin = decode_in_steps(lambda chunk: to_numpy(tw.gpt(to_torch(chunk), tparams, config, kv_cache=twin_cache)),
-                           ids, sizes)
-    tol = layer_norm_tol(_rstds(full_cache), full.dtype)    # two programs that round differently
+    twin, twin_cache = twin_decode_with_cache(tw.gpt, tw.gpt_kv_cache, config, params, ids, sizes)
+    tol = layer_norm_tol(layer_norm_rstds(full_cache), full.dtype)    # two programs that round differently
     assert_close("decode twin.logits", twin, cached, **tol)
-    assert twin_cache.lengths == kv_cache.lengths.tolist(), "decode twin cache lengths"
-    end = ids.shape[1]
-    assert_close("decode twin.cache.k", to_numpy(twin_cache.k)[..., :end, :], kv_cache.k[..., :end, :], **tol)
-    assert_close("decode twin.cache.v", to_numpy(twin_cache.v)[..., :end, :], kv_cache.v[..., :end, :], **tol)
+    assert_twin_cache_equal("decode twin", twin_cache, kv_cache, ids.shape[1], tol)
 
 
 # -- one new token at a time is the same as several --------------------------------------------
@@ -208,7 +199,7 @@ def test_grouped_query_model_equals_repeated_heads(case, data):
             block["attn"][name] = {key: repeat(p) for key, p in block["attn"][name].items()}
     logits, cache = gpt_forward(ids, params, config)
     logits_r, cache_r = gpt_forward(ids, repeated, full)
-    tol = layer_norm_tol(_rstds(cache) + _rstds(cache_r), logits.dtype)
+    tol = layer_norm_tol(layer_norm_rstds(cache) + layer_norm_rstds(cache_r), logits.dtype)
     assert_close("gqa gpt.logits vs repeated heads", logits, logits_r, **tol)
     dparams, dparams_r = gpt_backward(dout, cache), gpt_backward(dout, cache_r)
     for block in dparams_r["blocks"].values():

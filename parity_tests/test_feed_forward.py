@@ -20,7 +20,9 @@ from parity_tests.helpers import (
     assert_close,
     assert_tree_close,
     autograd,
-    numerical_grad,
+    linear_grads,
+    load_linears,
+    numerical_grads,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -37,12 +39,7 @@ def networks(draw, dtype=None, max_C=6, max_dims=2):
     lead = draw(S.batch_shapes(max_dims=max_dims))
     C = draw(S.dim(1, max_C))
     H = 4 * C
-    bias = draw(st.booleans())
-    params = {}
-    for name, C_in, C_out in (("fc", C, H), ("proj", H, C)):
-        params[name] = {"w": draw(S.arrays(dtype, (C_in, C_out), bound=1.0))}
-        if bias:
-            params[name]["b"] = draw(S.arrays(dtype, (C_out,), bound=1.0))
+    params = draw(S.linear_params(dtype, (("fc", C, H), ("proj", H, C)), bias=draw(st.booleans())))
     return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
 
 
@@ -105,11 +102,7 @@ def _sequential(params, approximate):
     dtype = to_torch(params["fc"]["w"]).dtype
     seq = nn.Sequential(nn.Linear(C, H, bias=bias, dtype=dtype), nn.GELU(approximate),
                         nn.Linear(H, C, bias=bias, dtype=dtype))
-    with torch.no_grad():
-        for layer, name in ((seq[0], "fc"), (seq[2], "proj")):
-            layer.weight.copy_(to_torch(params[name]["w"].T))
-            if bias:
-                layer.bias.copy_(to_torch(params[name]["b"]))
+    load_linears({"fc": seq[0], "proj": seq[2]}, params)
     return seq
 
 
@@ -122,11 +115,7 @@ def test_twin_matches_builtin(approximate, case):
     xt = to_torch(x, requires_grad=True)
     out = seq(xt)
     (out * to_torch(dout)).sum().backward()
-    builtin_grads = {name: {"w": to_numpy(layer.weight.grad).T} for name, layer in
-                     (("fc", seq[0]), ("proj", seq[2]))}
-    if "b" in params["fc"]:
-        builtin_grads["fc"]["b"] = to_numpy(seq[0].bias.grad)
-        builtin_grads["proj"]["b"] = to_numpy(seq[2].bias.grad)
+    builtin_grads = linear_grads({"fc": seq[0], "proj": seq[2]})
     label = f"feed_forward[{approximate}]"
     assert_close(f"{label}.out vs nn.Sequential", twin_out, to_numpy(out))
     tol = _terms_tol(x, params, dout)
@@ -175,15 +164,7 @@ def test_backward_matches_finite_differences(approximate, case):
     x, params, dout = case
     _, cache = feed_forward_forward(x, params, approximate)
     dx, dparams = feed_forward_backward(dout, cache)
-    expected = {"x": numerical_grad(lambda x: feed_forward_forward(x, params, approximate)[0],
-                                    x.copy(), dout)}
-    for name, layer in params.items():
-        expected[name] = {}
-        for key, leaf in layer.items():
-            def f(value, name=name, key=key):
-                changed = {**params, name: {**params[name], key: value}}
-                return feed_forward_forward(x, changed, approximate)[0]
-            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    expected = numerical_grads(lambda x, params: feed_forward_forward(x, params, approximate)[0], x, params, dout)
     assert_tree_close(f"feed_forward[{approximate}] vs finite differences",
                       {"x": dx, **dparams}, expected, **FD_TOL)
 

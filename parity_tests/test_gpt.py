@@ -20,15 +20,18 @@ from numpy_attn.gpt import (
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
+    assert_bad_ids_refused,
     assert_close,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
     assert_tree_close,
     autograd,
-    directional_derivative,
-    directional_tol,
+    layer_norm_rstds,
     layer_norm_tol,
+    moved_off_init,
     to_numpy,
     to_torch,
-    tree_dot,
     tree_leaves,
     tree_map,
     tree_to_torch,
@@ -53,8 +56,7 @@ def models(draw, dtype=None, n_layer=None, tie_weights=None, dropout=0.0):
         positions=draw(st.sampled_from(["learned", "sinusoidal"])))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_gpt_params(config, rng, dtype))
+    params = moved_off_init(init_gpt_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     return config, params, ids, draw(S.arrays(dtype, (B, T, config.vocab_size), 2.0))
 
@@ -63,20 +65,14 @@ def _pinned_case():
     """Tied weights, learned positions, two layers, repeated ids, float64."""
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4)
     rng = np.random.default_rng(1)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
-                      init_gpt_params(config, rng, np.float64))
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
     ids = np.array([[1, 3, 1, 1]])
     return config, params, ids, rng.normal(size=ids.shape + (config.vocab_size,))
 
 
-def _rstds(cache):
-    """The rstd of every layer norm of the model (their caches are (xhat, rstd, w))."""
-    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
-
-
 def _ln_tol(cache, dtype):
     """Tolerance widened by the rstd of every layer norm of the model (see layer_norm_tol)."""
-    return layer_norm_tol(_rstds(cache), dtype)
+    return layer_norm_tol(layer_norm_rstds(cache), dtype)
 
 
 def _twin(config, ids, **kw):
@@ -90,9 +86,7 @@ def _twin(config, ids, **kw):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt_forward(ids, params, config)
-    twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_close("gpt.logits", logits, twin_logits, **_ln_tol(cache, logits.dtype))
+    assert_logits_match_twin("gpt", lambda p: gpt_forward(ids, p, config), _twin(config, ids), params, dout, _ln_tol)
 
 
 # -- backward matches autograd ----------------------------------------------------------------
@@ -102,10 +96,8 @@ def test_forward_matches_twin(case):
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (gpt.blocks.0.attn.q.w, ...)."""
     config, params, ids, dout = case
-    _, cache = gpt_forward(ids, params, config)
-    dparams = gpt_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_tree_close("gpt", dparams, grads["params"], **_ln_tol(cache, dout.dtype))
+    assert_grads_match_autograd("gpt", lambda p: gpt_forward(ids, p, config), gpt_backward, _twin(config, ids),
+                                params, dout, _ln_tol)
 
 
 @given(case=models(dropout=0.3), seed=st.integers(0, 2**32 - 1))
@@ -223,17 +215,8 @@ def test_backward_matches_finite_differences(case, seed):
     """One directional derivative of sum(logits * dout) along a random direction in every
     parameter."""
     config, params, ids, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = gpt_forward(ids, params, config)
-    grads = gpt_backward(dout, cache)
-    exact = tree_dot(grads, direction)
-    # The step shrinks with the narrowest layer-norm row, as in test_block.py.
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
-    numeric = directional_derivative(
-        lambda p: np.sum(gpt_forward(ids, p, config)[0] * dout), params, direction, h=h)
-    assert_close("gpt directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
+    assert_backward_matches_finite_differences("gpt", lambda p: gpt_forward(ids, p, config), gpt_backward,
+                                               params, dout, seed, rstds=layer_norm_rstds)
 
 
 # -- training parity: 20 AdamW steps in NumPy and in torch ---------------------------------------------
@@ -328,12 +311,7 @@ def test_dtype_is_preserved(config, dtype):
 def test_bad_input():
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=4)
     params = init_gpt_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(ValueError, match=r"sequence length T = 5 of ids \(1, 5\) exceeds block_size = 4"):
-        gpt_forward(np.zeros((1, 5), int), params, config)
-    with pytest.raises(ValueError, match=r"token id 5 is out of range for a vocabulary of size V = 5"):
-        gpt_forward(np.array([[0, 5]]), params, config)
-    with pytest.raises(TypeError, match=r"token ids must be integers, got dtype float64"):
-        gpt_forward(np.zeros((1, 2)), params, config)
+    assert_bad_ids_refused(gpt_forward, params, config)
     with pytest.raises(ValueError, match=r"ids must have 2 dimensions, got shape \(3,\)"):
         gpt_forward(np.zeros(3, int), params, config)
     with pytest.raises(TypeError, match="needs rng"):

@@ -12,17 +12,19 @@ from hypothesis import strategies as st
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
+    assert_bad_config_rng_and_dlogits_refused,
     assert_close,
-    assert_tree_close,
-    autograd,
-    directional_derivative,
-    directional_tol,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
+    assert_model_keeps_dtype,
+    decode_with_cache,
+    layer_norm_rstds,
     layer_norm_tol,
-    to_numpy,
+    moved_off_init,
+    reorder_tol,
     to_torch,
-    tree_dot,
-    tree_leaves,
-    tree_map,
+    twin_decode_with_cache,
 )
 from torch_attn.gpt import gpt
 from torch_attn.gpt import gpt_kv_cache as twin_gpt_kv_cache
@@ -52,8 +54,7 @@ def models(draw, dtype=None):
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     hidden = draw(S.dim(1, 5))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_gpt2_params(config, rng, dtype, hidden=hidden))
+    params = moved_off_init(init_gpt2_params(config, rng, dtype, hidden=hidden), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     return config, params, ids, draw(S.arrays(dtype, (B, T, config.vocab_size), 2.0))
 
@@ -61,19 +62,13 @@ def models(draw, dtype=None):
 def _pinned_case():
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=2, n_head=2, n_embd=4, gelu="tanh")
     rng = np.random.default_rng(1)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
-                      init_gpt2_params(config, rng, np.float64))
+    params = moved_off_init(init_gpt2_params(config, rng, np.float64), rng)
     ids = np.array([[1, 3, 1, 1]])
     return config, params, ids, rng.normal(size=ids.shape + (config.vocab_size,))
 
 
-def _rstds(cache):
-    """The rstd of every layer norm (caches (xhat, rstd, w))."""
-    return [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
-
-
 def _tol(cache, dtype):
-    return layer_norm_tol(_rstds(cache), dtype)
+    return layer_norm_tol(layer_norm_rstds(cache), dtype)
 
 
 def _twin(config, ids):
@@ -84,19 +79,15 @@ def _twin(config, ids):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
-    logits, cache = gpt_forward(ids, params, config)
-    twin_logits, _ = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_close("gpt2.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+    assert_logits_match_twin("gpt2", lambda p: gpt_forward(ids, p, config), _twin(config, ids), params, dout, _tol)
 
 
 @given(case=models())
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):
     config, params, ids, dout = case
-    _, cache = gpt_forward(ids, params, config)
-    dparams = gpt_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids), {"params": params}, dout)
-    assert_tree_close("gpt2", dparams, grads["params"], **_tol(cache, dout.dtype))
+    assert_grads_match_autograd("gpt2", lambda p: gpt_forward(ids, p, config), gpt_backward, _twin(config, ids),
+                                params, dout, _tol)
 
 
 @given(case=models(), data=st.data())
@@ -116,52 +107,34 @@ def test_causal(case, data):
 def test_backward_matches_finite_differences(case, seed):
     """One directional derivative of sum(logits * dout) along a random direction in every parameter."""
     config, params, ids, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = gpt_forward(ids, params, config)
-    grads = gpt_backward(dout, cache)
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
-    numeric = directional_derivative(
-        lambda p: np.sum(gpt_forward(ids, p, config)[0] * dout), params, direction, h=h)
-    assert_close("gpt2 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
-                 np.float64(numeric), **directional_tol(grads, direction))
+    assert_backward_matches_finite_differences("gpt2", lambda p: gpt_forward(ids, p, config), gpt_backward,
+                                               params, dout, seed, rstds=layer_norm_rstds)
 
 
 @given(case=models(), data=st.data())
 def test_cached_decoding_equals_full_forward(case, data):
     """A prefill of P tokens, then one token at a time with a key/value cache, gives the full
-    forward's logits at every position; the twin decodes the same. The bound is test_decode.py's
-    decode_tol: only the order of some sums differs (float64: 1e-12 times the largest rstd;
+    forward's logits at every position; the twin decodes the same. The bound is reorder_tol, as
+    test_decode.py's: only the order of some sums differs (float64: 1e-12 times the largest rstd;
     float32: the tolerance of two programs that round differently)."""
     config, params, ids, _ = case
     assume(config.n_layer >= 1)                                   # a cache holds at least one layer
-    B, T = ids.shape
+    T = ids.shape[1]
     P = data.draw(st.integers(1, T), label="prefill")
+    sizes = [P] + [1] * (T - P)
     full, full_cache = gpt_forward(ids, params, config)
-    kv_cache = gpt_kv_cache(config, B, params["wte"].dtype)
-    twin_cache = twin_gpt_kv_cache(config, B, to_torch(params["wte"]).dtype)
-    tparams = tree_map(to_torch, params)
-    steps, twin_steps = [], []
-    for start, end in [(0, P)] + [(t, t + 1) for t in range(P, T)]:
-        steps.append(gpt_forward(ids[:, start:end], params, config, kv_cache=kv_cache)[0])
-        twin_steps.append(to_numpy(gpt(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)))
-    cached = np.concatenate(steps, axis=1)
-    tol = _tol(full_cache, full.dtype)
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(full_cache)])
-    decode_tol = dict(rtol=1e-12 * rstd, atol=1e-12 * rstd) if full.dtype == np.float64 else tol
-    assert_close("gpt2 decode.logits vs full forward", cached, full, **decode_tol)
-    assert_close("gpt2 decode twin.logits", np.concatenate(twin_steps, axis=1), cached, **tol)
+    cached, _ = decode_with_cache(gpt_forward, gpt_kv_cache, config, params, ids, sizes)
+    twin, _ = twin_decode_with_cache(gpt, twin_gpt_kv_cache, config, params, ids, sizes)
+    assert_close("gpt2 decode.logits vs full forward", cached, full,
+                 **reorder_tol(layer_norm_rstds(full_cache), full.dtype))
+    assert_close("gpt2 decode twin.logits", twin, cached, **_tol(full_cache, full.dtype))
 
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 def test_dtype_is_preserved(dtype):
     config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, tie_weights=False, gelu="tanh")
     params = init_gpt2_params(config, np.random.default_rng(0), dtype)
-    logits, cache = gpt_forward(np.array([[1, 2, 2]]), params, config)
-    grads = gpt_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
-    assert logits.dtype == dtype, f"gpt2.logits dtype {logits.dtype}"
-    for path, g in tree_leaves(grads):
-        assert g.dtype == dtype, f"gpt2.{path} gradient dtype {g.dtype}"
+    assert_model_keeps_dtype("gpt2", gpt_forward, gpt_backward, params, config, dtype)
 
 
 @pytest.mark.parametrize("kw, error, message", [
@@ -185,13 +158,8 @@ def test_bad_input():
         gpt_forward(np.zeros((1, 5), np.int64), params, config)
     with pytest.raises(TypeError, match="token ids must be integers"):
         gpt_forward(np.zeros((1, 3)), params, config)
-    with pytest.raises(TypeError, match="config must be a GPTConfig, got dict"):
-        gpt_forward(np.zeros((1, 3), np.int64), params, {})
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
-        init_gpt2_params(config, 0)
-    _, cache = gpt_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"gpt_backward: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        gpt_backward(np.zeros((1, 3, 4)), cache)
+    assert_bad_config_rng_and_dlogits_refused("gpt_backward", gpt_forward, gpt_backward, init_gpt2_params, params,
+                                              config)
 
 
 @given(case=models())

@@ -23,12 +23,18 @@ from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
+    assert_bad_config_rng_and_dlogits_refused,
     assert_close,
+    assert_grads_match_autograd,
+    assert_logits_match_twin,
+    assert_model_keeps_dtype,
     assert_tree_close,
     autograd,
     directional_derivative,
     directional_tol,
     layer_norm_tol,
+    moved_off_init,
     to_numpy,
     to_torch,
     tree_dot,
@@ -72,8 +78,7 @@ def models(draw, dtype=None, **config_kw):
     config = draw(configs(**config_kw))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_llama_params(config, rng, dtype))
+    params = moved_off_init(init_llama_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     positions = draw(st.sampled_from([None, (T,), (B, T)]))
     if positions is not None:
@@ -86,8 +91,7 @@ def _pinned_case():
     config = LlamaConfig(vocab_size=5, block_size=4, n_layer=2, n_head=4, n_kv_head=2, n_embd=8,
                          head_dim=2, hidden=5, rope_scaling=SCALINGS[2])
     rng = np.random.default_rng(1)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
-                      init_llama_params(config, rng, np.float64))
+    params = moved_off_init(init_llama_params(config, rng, np.float64), rng)
     ids = np.array([[1, 3, 1, 1]])
     return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
 
@@ -116,9 +120,8 @@ def _twin(config, ids, positions):
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, positions, dout = case
-    logits, cache = llama_forward(ids, params, config, positions=positions)
-    twin_logits, _ = autograd(_twin(config, ids, positions), {"params": params}, dout)
-    assert_close("llama.logits", logits, twin_logits, **_tol(cache, logits.dtype))
+    assert_logits_match_twin("llama", lambda p: llama_forward(ids, p, config, positions=positions),
+                             _twin(config, ids, positions), params, dout, _tol)
 
 
 # -- backward matches autograd ----------------------------------------------------------------
@@ -128,10 +131,8 @@ def test_forward_matches_twin(case):
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (llama.blocks.0.attn.q.w, ...)."""
     config, params, ids, positions, dout = case
-    _, cache = llama_forward(ids, params, config, positions=positions)
-    dparams = llama_backward(dout, cache)
-    _, grads = autograd(_twin(config, ids, positions), {"params": params}, dout)
-    assert_tree_close("llama", dparams, grads["params"], **_tol(cache, dout.dtype))
+    assert_grads_match_autograd("llama", lambda p: llama_forward(ids, p, config, positions=positions),
+                                llama_backward, _twin(config, ids, positions), params, dout, _tol)
 
 
 # -- the twin matches Hugging Face's LlamaForCausalLM ---------------------------------------------
@@ -462,17 +463,9 @@ def test_qk_norm_backward_matches_finite_differences(case, seed):
 def test_backward_matches_finite_differences(case, seed):
     """One directional derivative of sum(logits * dout) along a random direction in every parameter."""
     config, params, ids, positions, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    _, cache = llama_forward(ids, params, config, positions=positions)
-    grads = llama_backward(dout, cache)
-    exact = tree_dot(grads, direction)
-    # The step shrinks with the narrowest RMS-norm row, as in test_gpt.py.
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
-    numeric = directional_derivative(
-        lambda p: np.sum(llama_forward(ids, p, config, positions=positions)[0] * dout), params, direction, h=h)
-    assert_close("llama directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
+    assert_backward_matches_finite_differences(
+        "llama", lambda p: llama_forward(ids, p, config, positions=positions), llama_backward, params, dout, seed,
+        rstds=_rstds)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------
@@ -481,11 +474,7 @@ def test_backward_matches_finite_differences(case, seed):
 def test_dtype_is_preserved(dtype):
     config = LlamaConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
     params = init_llama_params(config, np.random.default_rng(0), dtype)
-    logits, cache = llama_forward(np.array([[1, 2, 2]]), params, config)
-    grads = llama_backward(S.ramp(1, 3, 7, dtype=dtype), cache)
-    assert logits.dtype == dtype, f"llama.logits dtype {logits.dtype}"
-    for path, g in tree_leaves(grads):
-        assert g.dtype == dtype, f"llama.{path} gradient dtype {g.dtype}"
+    assert_model_keeps_dtype("llama", llama_forward, llama_backward, params, config, dtype)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -550,10 +539,4 @@ def test_bad_input():
         llama_forward(np.zeros((1, 3), np.int64), params, config, positions=np.arange(3.0))
     with pytest.raises(ValueError, match="token id 7 is out of range"):
         llama_forward(np.full((1, 3), 7), params, config)
-    with pytest.raises(TypeError, match="config must be a LlamaConfig, got dict"):
-        llama_forward(np.zeros((1, 3), np.int64), params, {})
-    with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
-        init_llama_params(config, 0)
-    _, cache = llama_forward(np.zeros((1, 3), np.int64), params, config)
-    with pytest.raises(ValueError, match=r"llama: dlogits must have the shape .* \(1, 3, 7\), got \(1, 3, 4\)"):
-        llama_backward(np.zeros((1, 3, 4)), cache)
+    assert_bad_config_rng_and_dlogits_refused("llama", llama_forward, llama_backward, init_llama_params, params, config)

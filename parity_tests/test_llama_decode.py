@@ -23,14 +23,14 @@ from numpy_attn.rope import rope_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
-    decode_in_steps,
+    assert_twin_cache_equal,
+    decode_with_cache,
     layer_norm_tol,
+    moved_off_init,
     reorder_tol,
-    to_numpy,
-    to_torch,
-    tree_map,
+    twin_decode_with_cache,
 )
-from parity_tests.test_llama import configs
+from parity_tests.test_llama import _rstds, configs
 
 
 @st.composite
@@ -43,8 +43,7 @@ def decodes(draw, dtype=None):
     config = draw(configs(n_layer=draw(st.integers(1, 2))))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_llama_params(config, rng, dtype))
+    params = moved_off_init(init_llama_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     P = draw(st.integers(1, T), label="prefill")
     return config, params, ids, [P] + [1] * (T - P)
@@ -56,25 +55,13 @@ def _pinned(n_kv_head=2):
     config = LlamaConfig(vocab_size=5, block_size=6, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=8,
                          head_dim=2, hidden=5)
     rng = np.random.default_rng(3)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_llama_params(config, rng, np.float64))
+    params = moved_off_init(init_llama_params(config, rng, np.float64), rng)
     return config, params, np.array([[1, 3, 1, 4, 0]]), [3, 1, 1]
-
-
-def _rstds(cache):
-    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w))."""
-    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
 
 
 def decode_tol(full_cache, dtype):
     """How far cached decoding may stray from the full forward: reorder_tol over the RMS norms' rstds."""
     return reorder_tol(_rstds(full_cache), dtype)
-
-
-def decode_numpy(config, params, ids, sizes):
-    """Logits (B, T, V) of decoding ids in steps of ``sizes`` with a cache, and the cache."""
-    kv_cache = llama_kv_cache(config, ids.shape[0], params["wte"].dtype)
-    logits = decode_in_steps(lambda chunk: llama_forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
-    return logits, kv_cache
 
 
 # -- cached decoding equals the full forward ----------------------------------------------------------
@@ -86,7 +73,7 @@ def test_cached_logits_equal_full_forward(case):
     """For any prompt and prefill length, every position's logits."""
     config, params, ids, sizes = case
     full, full_cache = llama_forward(ids, params, config)
-    cached, _ = decode_numpy(config, params, ids, sizes)
+    cached, _ = decode_with_cache(llama_forward, llama_kv_cache, config, params, ids, sizes)
     assert_close("llama decode.logits vs full forward", cached, full, **decode_tol(full_cache, full.dtype))
 
 
@@ -125,17 +112,11 @@ def test_twin_decoding_equals_numpy(case):
     """The twin's cached logits at every step, and its cache at the end, equal the NumPy ones."""
     config, params, ids, sizes = case
     _, full_cache = llama_forward(ids, params, config)
-    cached, kv_cache = decode_numpy(config, params, ids, sizes)
-    tparams = tree_map(to_torch, params)
-    twin_cache = tw.llama_kv_cache(config, ids.shape[0], tparams["wte"].dtype)
-    twin = decode_in_steps(lambda chunk: to_numpy(tw.llama(to_torch(chunk), tparams, config, kv_cache=twin_cache)),
-                           ids, sizes)
+    cached, kv_cache = decode_with_cache(llama_forward, llama_kv_cache, config, params, ids, sizes)
+    twin, twin_cache = twin_decode_with_cache(tw.llama, tw.llama_kv_cache, config, params, ids, sizes)
     tol = layer_norm_tol(_rstds(full_cache), cached.dtype)    # two programs that round differently
     assert_close("llama decode twin.logits", twin, cached, **tol)
-    assert twin_cache.lengths == kv_cache.lengths.tolist(), "llama decode twin cache lengths"
-    end = ids.shape[1]
-    assert_close("llama decode twin.cache.k", to_numpy(twin_cache.k)[..., :end, :], kv_cache.k[..., :end, :], **tol)
-    assert_close("llama decode twin.cache.v", to_numpy(twin_cache.v)[..., :end, :], kv_cache.v[..., :end, :], **tol)
+    assert_twin_cache_equal("llama decode twin", twin_cache, kv_cache, ids.shape[1], tol)
 
 
 # -- the bound catches a real bug ---------------------------------------------------------------

@@ -49,12 +49,7 @@ def mha_inputs(draw, dtype=None, kinds=S.MASK_KINDS, dropout=True, max_heads=3, 
     C = nh * hs
     cross = draw(st.booleans())
     S_ = draw(S.dim(1, 4)) if cross else T
-    bias = draw(st.booleans())
-    params = {}
-    for name in ("q", "k", "v", "o"):
-        params[name] = {"w": draw(S.arrays(dtype, (C, C), 1.0))}
-        if bias:
-            params[name]["b"] = draw(S.arrays(dtype, (C,), 1.0))
+    params = draw(S.linear_params(dtype, [(name, C, C) for name in "qkvo"], bias=draw(st.booleans())))
     case = dict(
         x=draw(S.arrays(dtype, (B, T, C), bound)),
         params=params,

@@ -120,20 +120,21 @@ def _config(draw, C, T):
                      n_head=2, n_embd=C, tie_weights=draw(st.booleans()))
 
 
-def _gpt(draw):
+def _model(draw, init_params, forward, backward):
+    """A model's case: a tiny config, its initial params and repeating ids (B, T)."""
     dtype, B, T, C, rng = draw(sizes())
     config = _config(draw, C, T)
-    params = init_gpt_params(config, rng, dtype)
-    out, cache = gpt_forward(draw(S.token_ids(config.vocab_size, (B, T))), params, config)
-    return "gpt_backward", "dlogits", out, gpt_backward, cache
+    params = init_params(config, rng, dtype)
+    out, cache = forward(draw(S.token_ids(config.vocab_size, (B, T))), params, config)
+    return backward.__name__, "dlogits", out, backward, cache
+
+
+def _gpt(draw):
+    return _model(draw, init_gpt_params, gpt_forward, gpt_backward)
 
 
 def _small_gpt(draw):
-    dtype, B, T, C, rng = draw(sizes())
-    config = _config(draw, C, T)
-    params = init_small_gpt_params(config, rng, dtype)
-    out, cache = small_gpt_forward(draw(S.token_ids(config.vocab_size, (B, T))), params, config)
-    return "small_gpt_backward", "dlogits", out, small_gpt_backward, cache
+    return _model(draw, init_small_gpt_params, small_gpt_forward, small_gpt_backward)
 
 
 def _cross_entropy(draw):
@@ -143,80 +144,72 @@ def _cross_entropy(draw):
     return "cross_entropy_backward", "dloss", out, cross_entropy_backward, cache
 
 
+# Each case draws (backward name, dout name, out, backward, cache): case[2] is the forward's output.
 CASES = {f.__name__[1:]: f for f in (_embedding, _softmax, _log_softmax, _linear, _layer_norm,
                                      _gelu, _dropout, _feed_forward, _block, _gpt, _small_gpt,
                                      _cross_entropy)}
 OPS = pytest.mark.parametrize("op", list(CASES))
 
 
-def _missing(info, backward_name, dout_name, *mentions):
-    """What the refusal's message leaves out of: the backward, the argument and every one of
-    ``mentions`` (the expected and the received shape or dtype)."""
+def _assert_refused(error, case, dout, *mentions):
+    """The backward of ``case`` (a CASES tuple) refuses ``dout`` with ``error``, and its message
+    names the backward, the argument and every one of ``mentions`` (the expected and the received
+    shape or dtype)."""
+    name, dout_name, _, backward, cache = case
+    with pytest.raises(error) as info:
+        backward(dout, cache)
     message = str(info.value)
-    return [text for text in (f"{backward_name}: {dout_name}",) + mentions if text not in message]
+    missing = [text for text in (f"{name}: {dout_name}",) + mentions if text not in message]
+    assert not missing, f"{name}: {missing} not in {message}"
 
 
 @OPS
 @given(data=st.data())
 def test_wrong_shape_is_refused(op, data):
     """One more entry along the last axis (a 0-d loss: a 1-element vector)."""
-    name, dout_name, out, backward, cache = CASES[op](data.draw)
+    case = CASES[op](data.draw)
+    out = case[2]
     shape = out.shape[:-1] + (out.shape[-1] + 1,) if out.ndim else (1,)
-    dout = data.draw(S.arrays(out.dtype, shape))
-    with pytest.raises(ValueError) as info:
-        backward(dout, cache)
-    missing = _missing(info, name, dout_name, str(out.shape), str(shape))
-    assert not missing, f"{name}: {missing} not in {info.value}"
+    _assert_refused(ValueError, case, data.draw(S.arrays(out.dtype, shape)), str(out.shape), str(shape))
 
 
 @OPS
 @given(data=st.data())
 def test_transposed_layout_is_refused(op, data):
     """The right numbers in the wrong layout: the last two axes swapped (0-d: not applicable)."""
-    name, dout_name, out, backward, cache = CASES[op](data.draw)
+    case = CASES[op](data.draw)
+    out = case[2]
     if out.ndim < 2:
         pytest.skip(f"{op}'s output has {out.ndim} dimensions: nothing to transpose")
     dout = data.draw(S.arrays(out.dtype, out.shape)).swapaxes(-1, -2)
-    with pytest.raises(ValueError) as info:
-        backward(dout, cache)
-    missing = _missing(info, name, dout_name, str(out.shape), str(dout.shape))
-    assert not missing, f"{name}: {missing} not in {info.value}"
+    _assert_refused(ValueError, case, dout, str(out.shape), str(dout.shape))
 
 
 @OPS
 @given(data=st.data())
 def test_wrong_dtype_is_refused(op, data):
     """The other float dtype: float64 would upcast float32 gradients, float32 would round float64."""
-    name, dout_name, out, backward, cache = CASES[op](data.draw)
+    case = CASES[op](data.draw)
+    out = case[2]
     other = np.float32 if out.dtype == np.float64 else np.float64
-    dout = data.draw(S.arrays(other, out.shape))
-    with pytest.raises(TypeError) as info:
-        backward(dout, cache)
-    missing = _missing(info, name, dout_name, str(out.dtype), str(np.dtype(other)))
-    assert not missing, f"{name}: {missing} not in {info.value}"
+    _assert_refused(TypeError, case, data.draw(S.arrays(other, out.shape)), str(out.dtype), str(np.dtype(other)))
 
 
 @OPS
 @given(data=st.data())
 def test_int_array_is_refused(op, data):
-    name, dout_name, out, backward, cache = CASES[op](data.draw)
-    dout = data.draw(S.token_ids(3, out.shape))
-    with pytest.raises(TypeError) as info:
-        backward(dout, cache)
-    missing = _missing(info, name, dout_name, str(out.dtype), str(dout.dtype))
-    assert not missing, f"{name}: {missing} not in {info.value}"
+    case = CASES[op](data.draw)
+    dout = data.draw(S.token_ids(3, case[2].shape))
+    _assert_refused(TypeError, case, dout, str(case[2].dtype), str(dout.dtype))
 
 
 @OPS
 @given(data=st.data())
 def test_non_array_is_refused(op, data):
     """A nested list of the right shape: refused, not converted (its dtype would be a guess)."""
-    name, dout_name, out, backward, cache = CASES[op](data.draw)
-    dout = np.zeros(out.shape).tolist() if out.ndim else [0.0]
-    with pytest.raises(TypeError) as info:
-        backward(dout, cache)
-    missing = _missing(info, name, dout_name, str(out.shape), "list")
-    assert not missing, f"{name}: {missing} not in {info.value}"
+    case = CASES[op](data.draw)
+    out = case[2]
+    _assert_refused(TypeError, case, np.zeros(out.shape).tolist() if out.ndim else [0.0], str(out.shape), "list")
 
 
 @OPS

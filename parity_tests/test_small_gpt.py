@@ -13,14 +13,13 @@ from hypothesis import strategies as st
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.small_gpt import init_small_gpt_params, small_gpt_backward, small_gpt_forward
 from parity_tests.helpers import (
+    assert_backward_matches_finite_differences,
+    assert_bad_ids_refused,
     assert_close,
     assert_tree_close,
     autograd,
-    directional_derivative,
-    directional_tol,
+    moved_off_init,
     to_torch,
-    tree_dot,
-    tree_map,
 )
 from parity_tests.test_gpt import models
 from torch_attn.small_gpt import small_gpt
@@ -31,8 +30,7 @@ def small_models(draw, dtype=None):
     """(config, params, ids, dout) for the small model, params moved off their initial values."""
     config, _, ids, dout = draw(models(dtype=dtype, n_layer=0))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dout.dtype),
-                      init_small_gpt_params(config, rng, dout.dtype))
+    params = moved_off_init(init_small_gpt_params(config, rng, dout.dtype), rng)
     return config, params, ids, dout
 
 
@@ -50,14 +48,8 @@ def test_small_model_matches_twin_and_autograd(case):
 @given(case=small_models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
 def test_small_model_matches_finite_differences(case, seed):
     config, params, ids, dout = case
-    rng = np.random.default_rng(seed)
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), params)
-    grads = small_gpt_backward(dout, small_gpt_forward(ids, params, config)[1])
-    exact = tree_dot(grads, direction)
-    numeric = directional_derivative(
-        lambda p: np.sum(small_gpt_forward(ids, p, config)[0] * dout), params, direction)
-    assert_close("small_gpt directional derivative vs finite differences", np.float64(exact),
-                 np.float64(numeric), **directional_tol(grads, direction))
+    assert_backward_matches_finite_differences("small_gpt", lambda p: small_gpt_forward(ids, p, config),
+                                               small_gpt_backward, params, dout, seed)
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -65,12 +57,7 @@ def test_small_model_matches_finite_differences(case, seed):
 def test_bad_input():
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=0, n_head=2, n_embd=4)
     params = init_small_gpt_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(ValueError, match=r"sequence length T = 5 of ids \(1, 5\) exceeds block_size = 4"):
-        small_gpt_forward(np.zeros((1, 5), int), params, config)
-    with pytest.raises(ValueError, match=r"token id 5 is out of range for a vocabulary of size V = 5"):
-        small_gpt_forward(np.array([[0, 5]]), params, config)
-    with pytest.raises(TypeError, match=r"token ids must be integers, got dtype float64"):
-        small_gpt_forward(np.zeros((1, 2)), params, config)
+    assert_bad_ids_refused(small_gpt_forward, params, config)
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, got int"):
         init_small_gpt_params(config, 0)
 

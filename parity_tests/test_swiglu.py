@@ -5,7 +5,6 @@ from functools import partial
 
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -28,7 +27,9 @@ from parity_tests.helpers import (
     assert_close,
     assert_tree_close,
     autograd,
-    numerical_grad,
+    linear_grads,
+    load_linears,
+    numerical_grads,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -48,12 +49,7 @@ def networks(draw, dtype=None, max_C=6, max_H=8, max_dims=2):
     dtype = draw(S.dtypes) if dtype is None else dtype
     lead = draw(S.batch_shapes(max_dims=max_dims))
     C, H = draw(S.dim(1, max_C)), draw(S.dim(1, max_H))
-    bias = draw(st.booleans())
-    params = {}
-    for name, C_in, C_out in (("gate", C, H), ("up", C, H), ("down", H, C)):
-        params[name] = {"w": draw(S.arrays(dtype, (C_in, C_out), bound=1.0))}
-        if bias:
-            params[name]["b"] = draw(S.arrays(dtype, (C_out,), bound=1.0))
+    params = draw(S.linear_params(dtype, (("gate", C, H), ("up", C, H), ("down", H, C)), bias=draw(st.booleans())))
     return draw(S.arrays(dtype, lead + (C,))), params, draw(S.arrays(dtype, lead + (C,)))
 
 
@@ -139,21 +135,13 @@ def test_twin_matches_gemma2_mlp(case):
 def _check_against_hf_mlp(act, module_name, mlp, x, params, dout):
     """Hugging Face's MLP module holding params: its out, dx and every parameter gradient equal
     the twin's (with ``act``)."""
-    bias = "b" in params["gate"]
     mlp = mlp.to(to_torch(x).dtype)
     layers = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
-    with torch.no_grad():
-        for name, layer in layers.items():
-            layer.weight.copy_(to_torch(params[name]["w"].T))   # nn.Linear stores (C_out, C_in)
-            if bias:
-                layer.bias.copy_(to_torch(params[name]["b"]))
+    load_linears(layers, params)
     xt = to_torch(x, requires_grad=True)
     out = mlp(xt)
     (out * to_torch(dout)).sum().backward()
-    theirs = {name: {"w": to_numpy(layer.weight.grad).T} for name, layer in layers.items()}
-    if bias:
-        for name, layer in layers.items():
-            theirs[name]["b"] = to_numpy(layer.bias.grad)
+    theirs = linear_grads(layers)
     twin_out, twin_grads = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
     tol = _terms_tol(x, params, dout, act)
     assert_close(f"swiglu[{act}].out vs {module_name}", twin_out, to_numpy(out), **tol)
@@ -216,13 +204,7 @@ def test_backward_matches_finite_differences(case, act):
     x, params, dout = case
     _, cache = swiglu_forward(x, params, act)
     dx, dparams = swiglu_backward(dout, cache)
-    expected = {"x": numerical_grad(lambda x: swiglu_forward(x, params, act)[0], x.copy(), dout)}
-    for name, layer in params.items():
-        expected[name] = {}
-        for key, leaf in layer.items():
-            def f(value, name=name, key=key):
-                return swiglu_forward(x, {**params, name: {**params[name], key: value}}, act)[0]
-            expected[name][key] = numerical_grad(f, leaf.copy(), dout)
+    expected = numerical_grads(lambda x, params: swiglu_forward(x, params, act)[0], x, params, dout)
     assert_tree_close("swiglu vs finite differences", {"x": dx, **dparams}, expected, **FD_TOL)
 
 

@@ -4,7 +4,8 @@ Twin of numpy_attn/attention.py: scores = (q * scale) @ k^T + mask, weights = so
 out = dropout(weights) @ v, with an optional softcap c * tanh(scores / c) before the mask, the
 same masks (bool True = may attend, float added, is_causal top-left aligned, or bottom-right with
 is_causal="bottom_right", a sliding ``window`` of keys), grouped-query heads repeated at the
-edge, batch axes that broadcast, and fully masked rows giving zeros.
+edge, batch axes that broadcast, fully masked rows giving zeros, and learned ``sinks`` (nh,): one
+more softmax column per query head, dropped after the softmax.
 Instead of ``rng`` it takes ``keep``, the NumPy twin's ``cache.keep``, so that both drop exactly
 the same weights. Returns ``(out, weights)``, the weights after softmax and before dropout, as
 ``cache.weights``.
@@ -21,7 +22,7 @@ from torch_attn.softmax import softmax
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                 dropout_p=0.0, keep=None, softcap=None, window=None):
+                                 dropout_p=0.0, keep=None, softcap=None, window=None, sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), weights (..., T, S))."""
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
@@ -43,7 +44,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         scores = logit_softcap(scores, softcap)                   # (..., nh, T, S)
     if attn_mask is not None:
         scores = scores + attn_mask
+    if sinks is not None:   # gpt-oss: head h's sink logit joins every row of its scores as column S
+        sink_column = sinks[:, None, None].expand(scores.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
+        scores = torch.cat([scores, sink_column], dim=-1)         # (..., nh, T, S + 1)
     weights = softmax(scores)                                     # (..., nh, T, S); all -inf row -> 0
+    if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
+        weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
     dropped = dropout(weights, dropout_p, mask=keep)              # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
     return out, weights
@@ -53,4 +59,5 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 # scale=scale, enable_gqa=True) (its output; enable_gqa only where k, v have fewer heads than q;
 # with dropout only in distribution, as the built-in draws its own mask). With a softcap it equals
 # torch.nn.attention.flex_attention.flex_attention with score_mod = c * tanh(score / c); with a
-# window, F.scaled_dot_product_attention with transformers' sliding-window causal mask.
+# window, F.scaled_dot_product_attention with transformers' sliding-window causal mask. With sinks
+# it equals transformers' gpt-oss eager_attention_forward (its module.sinks), which has no built-in.
