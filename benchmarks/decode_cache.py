@@ -172,7 +172,7 @@ def _sliding_time(job):
             for kind, cache in caches.items():
                 prefill(forward, params, config, prompt, cache)                  # 3W - 1 tokens, untimed
                 fns[kind] = _decode_from(generate, forward, params, config, prompt, window, cache)
-        for kind, time_s in take_turns(fns, job["repeats"], job["threads"], impl).items():
+        for kind, time_s in take_turns(fns, job["repeats"], impl).items():
             with _no_grad(impl):
                 tokens = np.asarray(fns[kind]())[0, prompt.shape[1]:].tolist()   # those of the timed path
             yield dict(impl=impl, window=window, cache=kind, time_s=time_s, timed_tokens=tokens)
@@ -370,7 +370,7 @@ def _mla_time(job):
     make, impl = (mla_steps_numpy, "numpy") if job["library"] == "numpy" else (mla_steps_twin, "twin")
     for S in spec["contexts"]:
         fns = {name: step for name, (step, _) in make(config, spec["n_kv_head"], S, dtype, spec["seed"]).items()}
-        for name, time_s in take_turns(fns, job["repeats"], job["threads"], impl).items():
+        for name, time_s in take_turns(fns, job["repeats"], impl).items():
             yield dict(impl=impl, S=S, variant=name, time_s=time_s)
 
 
@@ -431,10 +431,10 @@ def _table(results, caption, columns, left):
             *report._layout([title for title, _ in columns], rows, False, left)]
 
 
-def take_turns(fns, rounds, threads, impl, warmup=1):
+def take_turns(fns, rounds, impl, warmup=1):
     """Time each of ``fns`` (name -> callable) one sample in turn, ``rounds`` times, the order
     reversed every other round: {name: measure.summarize's dict}. The twin's calls run under
-    torch.no_grad() with ``threads`` intra-op threads (set by the worker)."""
+    torch.no_grad(), on the intra-op threads the worker set (``--threads``)."""
     with _no_grad(impl):
         number = {name: measure.calls_per_sample(measure.warm_up(fn, warmup)) for name, fn in fns.items()}
         seconds = {name: [] for name in fns}
