@@ -14,7 +14,7 @@ read straight into its own array, and a tensor already of ``dtype`` is used as r
 float32 file as float32 holds its data once (the process's own memory, not a map of the file).
 
 Layouts. GPT-2's Conv1D weights are already (C_in, C_out), as ours; its ``c_attn`` holds q, k and
-v side by side in (C, 3C), handed out as three views of it. Llama's nn.Linear weights are (C_out, C_in) and
+v side by side in (C, 3C), split here into three. Llama's nn.Linear weights are (C_out, C_in) and
 are transposed. A tied head (``tie_word_embeddings``) is the token embedding; a file may omit it
 or repeat it. Hugging Face's Llama rotates q and k in the "half" layout, so the config says so.
 
@@ -484,8 +484,10 @@ def _gpt2_params(tensors, config):
         h = f"h.{i}."
         qkv_w = take(h + "attn.c_attn.weight", (C, 3 * C))                    # (C, 3C): q | k | v
         qkv_b = take(h + "attn.c_attn.bias", (3 * C,))
-        # Views of c_attn's three column blocks: no copy, each a (C, C) matrix whose rows are 3C apart.
-        attn = {name: {"w": qkv_w[:, j * C:(j + 1) * C], "b": qkv_b[j * C:(j + 1) * C]}
+        # Contiguous copies, one layer at a time (c_attn is then dropped): a strided view would
+        # save C x 3C floats while loading but make every pass over the weight slower (2.5x for
+        # multi_head's finiteness check).
+        attn = {name: {"w": qkv_w[:, j * C:(j + 1) * C].copy(), "b": qkv_b[j * C:(j + 1) * C].copy()}
                 for j, name in enumerate("qkv")}
         attn["o"] = {"w": take(h + "attn.c_proj.weight", (C, C)), "b": take(h + "attn.c_proj.bias", (C,))}
         ffn = {"fc": {"w": take(h + "mlp.c_fc.weight", (C, H)), "b": take(h + "mlp.c_fc.bias", (H,))},
