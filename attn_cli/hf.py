@@ -11,7 +11,9 @@ attention and the MLP rather than before), and ``DeepseekV3ForCausalLM`` (->
 numpy_attn.deepseek_v3.DeepseekV3Config: MLA's projections, each expert's three, the router and
 its selection bias). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
-which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``.
+which NumPy lacks, are widened to float32 bit by bit), and converted to ``dtype``. Each tensor is
+read straight into its own array, and a tensor already of ``dtype`` is used as read: loading a
+float32 file as float32 holds its data once (the process's own memory, not a map of the file).
 
 Layouts. GPT-2's Conv1D weights are already (C_in, C_out), as ours; its ``c_attn`` holds q, k and
 v side by side in (C, 3C), split here into three. Llama's nn.Linear weights are (C_out, C_in) and
@@ -337,21 +339,31 @@ class _Entry(NamedTuple):
 
 def _read_safetensors(path):
     """Every tensor of one safetensors file, by name, in its stored dtype (bfloat16 widened
-    exactly to float32: it is the top half of a float32, so shifting its 16 bits up is exact)."""
+    exactly to float32: it is the top half of a float32, so shifting its 16 bits up is exact).
+
+    Each tensor's bytes are read straight into the array that holds them (an allocation the
+    header, checked against the file's size by _header, justifies), so that the process holds one
+    copy of the weights, its own: a file rewritten or cut short while the model runs cannot change
+    or take away weights that were checked (a memory map of the file could do both)."""
     tensors = {}
     with open(path, "rb") as f:
         for name, entry in _header(path).items():
             f.seek(entry.begin)
-            data = f.read(entry.end - entry.begin)
-            if len(data) != entry.end - entry.begin:
+            tensor = np.empty(entry.shape, DTYPES[entry.dtype])
+            if f.readinto(tensor.reshape(-1).view(np.uint8)) != entry.end - entry.begin:
                 raise CheckpointError(f"{path}: the file was cut short while tensor {name!r} was read")
-            tensor = np.frombuffer(data, DTYPES[entry.dtype])
             if entry.dtype == "BF16":
-                tensor = (tensor.astype(np.uint32) << 16).view(np.float32)
-            if entry.dtype.startswith(("F", "BF")) and not np.isfinite(tensor).all():
+                tensor = np.left_shift(tensor, 16, dtype=np.uint32).view(np.float32)
+            if entry.dtype.startswith(("F", "BF")) and not _finite(tensor):
                 raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values: the file is damaged")
-            tensors[name] = tensor.reshape(entry.shape)
+            tensors[name] = tensor
     return tensors
+
+
+def _finite(tensor):
+    """Whether every value is finite, without an array of booleans the tensor's size: a NaN
+    anywhere makes the minimum and the maximum NaN, and an infinity is one of them."""
+    return bool(np.isfinite(tensor.min(initial=0)) and np.isfinite(tensor.max(initial=0)))
 
 
 def _header(path):
@@ -428,9 +440,11 @@ class _Tensors:
         if tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(f"{self.folder}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                                   f"expected {tuple(shape)} from config.json")
+        if tensor.dtype == self.dtype:
+            return tensor                                # the array read from the file, no copy
         with np.errstate(over="ignore"):                 # an overflow is refused below, by name
-            converted = np.array(tensor, dtype=self.dtype)  # a writable copy: the bytes read are read-only
-        if converted.dtype.itemsize < tensor.dtype.itemsize and not np.isfinite(converted).all():
+            converted = tensor.astype(self.dtype)
+        if converted.dtype.itemsize < tensor.dtype.itemsize and not _finite(converted):
             raise CheckpointError(f"{self.folder}: tensor {name!r} holds values beyond the range of "
                                   f"{self.dtype}; load it as {tensor.dtype}")
         return converted
@@ -487,6 +501,9 @@ def _gpt2_params(tensors, config):
         h = f"h.{i}."
         qkv_w = take(h + "attn.c_attn.weight", (C, 3 * C))                    # (C, 3C): q | k | v
         qkv_b = take(h + "attn.c_attn.bias", (3 * C,))
+        # Contiguous copies, one layer at a time (c_attn is then dropped): a strided view would
+        # save C x 3C floats while loading but make every pass over the weight slower (2.5x for
+        # multi_head's finiteness check).
         attn = {name: {"w": qkv_w[:, j * C:(j + 1) * C].copy(), "b": qkv_b[j * C:(j + 1) * C].copy()}
                 for j, name in enumerate("qkv")}
         attn["o"] = {"w": take(h + "attn.c_proj.weight", (C, C)), "b": take(h + "attn.c_proj.bias", (C,))}

@@ -218,11 +218,12 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks):
         raise ValueError(f"params['wte'] has shape {wte.shape}, but the config asks for "
                          f"(vocab_size, n_embd) = ({config.vocab_size}, {config.n_embd})")
     for dotted, leaf in leaves(params):
+        if isinstance(leaf, np.ndarray) and leaf.dtype == wte.dtype:
+            continue               # a float array of wte's dtype; the path is built for a message only
         path = "".join(f"[{key!r}]" for key in dotted.split("."))   # ['blocks']['0']['ln1']['w']
         check_float(f"params{path}", leaf)
-        if leaf.dtype != wte.dtype:
-            raise TypeError(f"params{path} is {leaf.dtype} but params['wte'] is {wte.dtype}: "
-                            f"every parameter must share one dtype")
+        raise TypeError(f"params{path} is {leaf.dtype} but params['wte'] is {wte.dtype}: "
+                        f"every parameter must share one dtype")
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
     return ids

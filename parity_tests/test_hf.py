@@ -324,3 +324,58 @@ def test_gpt2_params_allocate_nothing_the_weights_do_not_hold(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 2**20, f"{peak:,} bytes allocated to refuse a folder without tensors"
+
+
+def _data_bytes(path):
+    """The bytes of a safetensors file's tensors: the file less its 8-byte length and its header."""
+    with open(path, "rb") as f:
+        return path.stat().st_size - 8 - int.from_bytes(f.read(8), "little")
+
+
+def test_gpt2_checkpoint_is_held_once(tmp_path):
+    """Loading holds the weights once: each tensor is read straight into its array (no bytes
+    object and then a converted copy, no array of booleans for the finiteness check), and the tied
+    head is wte. So the peak allocation while load_checkpoint runs is the file's data bytes and
+    one layer's c_attn (split into q, k, v before it is dropped), and the arrays of the params
+    add up to exactly the data bytes."""
+    import tracemalloc
+
+    config = transformers.GPT2Config(vocab_size=1024, n_positions=64, n_embd=128, n_layer=1, n_head=4)
+    folder = _save(transformers.GPT2LMHeadModel(config).eval(), tmp_path)
+    data = _data_bytes(folder / "model.safetensors")                    # 1.3 MiB of float32
+    tracemalloc.start()
+    try:
+        _, _, params = load_checkpoint(folder, np.float32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    held = {id(a.base if a.base is not None else a): a.base if a.base is not None else a
+            for a in _flat(params).values()}
+    assert sum(a.nbytes for a in held.values()) == data, "the params' arrays are not the file's data, once"
+    # Beyond the data, the reader allocates one c_attn's weight and bias again while it splits
+    # them (C * 3C * 4 + 3C * 4 bytes), the parsed header (16 entries: a few KiB), the file
+    # object's 8 KiB buffer and the Python objects of the dicts: those last well under 64 KiB.
+    # A second copy of any other weight matrix is at least C * C * 4 = 64 KiB (c_proj), of the
+    # whole data 1.3 MiB (wte's copy alone 0.5 MiB).
+    C = config.n_embd
+    extra = peak - data - (3 * C * C + 3 * C) * 4
+    assert extra < 64 * 1024, f"loading {data:,} bytes of weights allocated {peak:,} at its peak ({extra:,} more " \
+                              "than the data and one c_attn)"
+
+
+def test_params_do_not_change_when_the_file_does(tmp_path):
+    """The params are the process's own arrays, not a map of the file: a checkpoint overwritten or
+    cut short after loading (a save_pretrained into the same folder) changes none of them."""
+    model = _gpt2_model(True, np.float32)
+    folder = _save(model, tmp_path)
+    _, _, params = load_checkpoint(folder, np.float32)
+    before = {name: a.copy() for name, a in _flat(params).items()}
+    path = folder / "model.safetensors"
+    with open(path, "r+b") as f:
+        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        f.write(b"\xff" * (path.stat().st_size - f.tell()))          # every weight's bytes NaN
+    for name, a in _flat(params).items():
+        np.testing.assert_array_equal(a, before[name], err_msg=f"{name} changed with the file")
+    path.write_bytes(b"")                                               # cut to nothing
+    for name, a in _flat(params).items():
+        np.testing.assert_array_equal(a, before[name], err_msg=f"{name} changed with the file")
