@@ -4,7 +4,7 @@ The folder is one that ``huggingface-cli download gpt2 --local-dir gpt2`` (or ``
 writes: config.json and model.safetensors, read by attn_cli.hf. GPT-2 folders take ``--prompt``
 text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama, Qwen3 and OLMo 2
 folders come with tokenizers this project does not implement, so they take ``--ids 1,2,3`` and
-print ids. Both go
+print ids (gpt-oss folders too). Both go
 through the sampling loop of train checkpoints (attn_cli.generate.continue_ids): a prompt longer
 than the context is refused, and they decode with a key/value cache (numpy_attn/kv_cache.py)
 sized for the prompt and the new tokens: the prompt runs once, then each new token alone, while
@@ -42,6 +42,10 @@ def run(args):
               "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
               "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache)}
     family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3"}
+    # gpt-oss: its sliding layers keep only their window in the cache.
+    from numpy_attn.gpt_oss import gpt_oss_forward, gpt_oss_kv_cache
+
+    models["gpt_oss"], family["gpt_oss"] = (gpt_oss_forward, gpt_oss_kv_cache), "gpt-oss"
     kind, config, params = load_checkpoint(args.hf, np.float32)
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer
