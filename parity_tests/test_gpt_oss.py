@@ -13,7 +13,10 @@ cut (at 7 these small models would never reach them). Transformers runs its eage
 and its eager loop over the experts (the readable implementations).
 """
 
+import json
+import tempfile
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +28,8 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 
 import torch_attn.gpt_oss as tw
 import torch_attn.moe as tw_moe
-from attn_cli import cli
-from attn_cli.hf import load_checkpoint
+from attn_cli import cli, hf
+from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn._tree import leaves, tree_map
 from numpy_attn.gpt_oss import GptOssConfig, gpt_oss_backward, gpt_oss_forward, gpt_oss_kv_cache, init_gpt_oss_params
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
@@ -35,6 +38,7 @@ from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
 from parity_tests.test_gemma2 import _next_token_dlogits
 from parity_tests.test_hf import _compare, _ids, _randomise, _save
 from parity_tests.test_hf_generate import _hf_greedy
+from parity_tests.test_hostile_inputs import JSON, PEAK_LIMIT, _watch
 from parity_tests.test_llama import hf_logits_and_grads
 from parity_tests.test_qwen3 import assert_changed_config_refused
 
@@ -206,12 +210,14 @@ def test_gate_up_proj_interleaves_gate_and_up(tmp_path):
 
 # -- cached decoding equals the full forward --------------------------------------------------------------
 
+@pytest.mark.parametrize("sizes", [[5] + [1] * 11, [1] * 16, [2, 7, 3, 4]], ids=["prefill 5", "one by one", "chunks"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype):
-    """A prefill of 5 tokens (more than the window 3), then one token at a time up to 16: every
-    position's logits equal the full forward's (only the order of some sums differs: reorder_tol),
-    the twin decodes the same, and the sliding layers hold their window only while the full layer
-    holds every token."""
+def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype, sizes):
+    """Decoding 16 tokens in steps of ``sizes`` (a prefill of 5, more than the window 3, then one
+    at a time; one at a time from the first; chunks longer than the window): every position's
+    logits equal the full forward's (only the order of some sums differs: reorder_tol), the twin
+    decodes the same, and the sliding layers hold their window only while the full layer holds
+    every token."""
     _, config, params = load_checkpoint(_save(hf_gpt_oss(dtype), tmp_path), dtype)
     ids = _ids(config.vocab_size, B=2, T=16, seed=1)
     full, full_cache = gpt_oss_forward(ids, params, config)
@@ -223,7 +229,6 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype):
         held.append([kv_cache.layer(i).held for i in range(config.n_layer)])
         return logits
 
-    sizes = [5] + [1] * 11
     cached = helpers.decode_in_steps(step, ids, sizes)
     assert_close("gpt_oss decode.logits vs full forward", cached, full,
                  **helpers.reorder_tol(_rstds(full_cache), dtype))
@@ -275,6 +280,40 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
     assert_changed_config_refused(_save(hf_gpt_oss(np.float32), tmp_path), capsys, changes, message)
+
+
+@pytest.fixture(scope="module")
+def saved_gpt_oss(tmp_path_factory):
+    """config.json and model.safetensors of the float32 test model, saved once for the module."""
+    folder = _save(hf_gpt_oss(np.float32), tmp_path_factory.mktemp("gpt_oss"))
+    return json.loads((folder / "config.json").read_text()), (folder / "model.safetensors").read_bytes()
+
+
+GPT_OSS_KEYS = sorted(set(hf.CONFIG_KEYS["GptOssForCausalLM"]) | {"layer_types"})
+
+
+@given(data=st.data())
+def test_any_config_value_loads_or_is_refused(saved_gpt_oss, data):
+    """One to three keys of the saved config.json (every key the loader reads, and layer_types)
+    given any JSON value, and sometimes a rope object with any of YaRN's keys: the folder loads,
+    or a CheckpointError names config.json (or, for a size that changes a tensor's shape, the
+    tensor); no other exception, no allocation beyond test_hostile_inputs' limit."""
+    config, weights = saved_gpt_oss
+    changes = data.draw(st.dictionaries(st.sampled_from(GPT_OSS_KEYS), JSON, min_size=1, max_size=3), label="changes")
+    if data.draw(st.booleans(), label="rope"):
+        rope = st.dictionaries(st.sampled_from(["rope_type", "type", *hf.ROPE_KEYS, *hf.GPT_OSS_YARN_KEYS]),
+                               st.sampled_from(["default", "yarn", "linear"]) | JSON, max_size=5)
+        changes[data.draw(st.sampled_from(["rope_parameters", "rope_scaling"]))] = data.draw(rope, label="rope dict")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+        (folder / "model.safetensors").write_bytes(weights)
+        with _watch() as peak:
+            try:
+                load_checkpoint(folder)
+            except CheckpointError as err:
+                assert str(folder) in str(err), err
+        assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
 
 
 @pytest.mark.parametrize("changes, error, message", [
