@@ -7,7 +7,9 @@ Supported: ``GPT2LMHeadModel`` (-> numpy_attn.gpt.GPTConfig, with GPT-2's GELU a
 (-> numpy_attn.qwen3.Qwen3Config), ``Olmo2ForCausalLM`` (-> numpy_attn.olmo2.Olmo2Config) and
 ``Gemma2ForCausalLM`` (-> numpy_attn.gemma2.Gemma2Config), ``Gemma3ForCausalLM`` (-> numpy_attn.gemma3.Gemma3Config),
 whose params are Llama's with the q and k norms (and for OLMo 2 the block's two norms after the
-attention and the MLP rather than before), and ``DeepseekV3ForCausalLM`` (->
+attention and the MLP rather than before), ``GptOssForCausalLM`` (->
+numpy_attn.gpt_oss.GptOssConfig: Llama's attention with biases and sinks, a mixture of experts
+for its MLP) and ``DeepseekV3ForCausalLM`` (->
 numpy_attn.deepseek_v3.DeepseekV3Config: MLA's projections, each expert's three, the router and
 its selection bias). The tensors are read from
 one ``model.safetensors`` or the shards listed in ``model.safetensors.index.json`` (bfloat16 ones,
@@ -48,6 +50,7 @@ from numpy_attn.deepseek_v3 import DeepseekV3Config
 from numpy_attn.gemma2 import LAYER_TYPES, Gemma2Config
 from numpy_attn.gemma3 import Gemma3Config
 from numpy_attn.gpt import GPTConfig
+from numpy_attn.gpt_oss import GptOssConfig
 from numpy_attn.llama import LlamaConfig
 from numpy_attn.mla import mla_param_shapes
 from numpy_attn.olmo2 import Olmo2Config
@@ -114,6 +117,15 @@ CONFIG_KEYS["DeepseekV3ForCausalLM"] = {
     "q_lora_rank": ("int or null", 1, False), "kv_lora_rank": ("int", 1, True),
     "qk_nope_head_dim": ("int", 1, True), "qk_rope_head_dim": ("int", 1, True), "v_head_dim": ("int", 1, True),
     "rope_interleave": ("bool", None, False)}
+# gpt-oss: Llama's keys but its activation (the experts' clamped GLU is fixed, whatever hidden_act says),
+# the experts, the GLU's alpha and limit, the window, and quantization_config (refused: MXFP4 is not
+# read); layer_types is checked by gpt_oss_config and GptOssConfig.
+ARCHITECTURES += ("GptOssForCausalLM",)
+CONFIG_KEYS["GptOssForCausalLM"] = {
+    **{key: rule for key, rule in _LLAMA_FAMILY_KEYS.items() if key != "hidden_act"},
+    "num_local_experts": ("int", 1, True), "num_experts_per_tok": ("int", 1, True),
+    "swiglu_alpha": ("number", None, False), "swiglu_limit": ("number", 0, False),
+    "sliding_window": ("int or null", 1, False), "quantization_config": ("object or null", None, False)}
 # Sizes that allocate without being parameters, so that the parameter count cannot bound them:
 # the rotary table has head_dim / 2 entries (released models use head sizes of 64 to 512).
 CAPS = {"head_dim": 65536, "qk_rope_head_dim": 65536}
@@ -131,7 +143,7 @@ class CheckpointError(ValueError):
 
 def load_checkpoint(folder, dtype=np.float32):
     """(kind, config, params) from a Hugging Face folder: kind "gpt2", "llama", "qwen3", "olmo2" or
-    "gemma2" or "gemma3"."""
+    "gemma2" or "gemma3", or "gpt_oss"."""
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
@@ -567,9 +579,10 @@ def _rope_settings(hf, family, keys, optional=()):
     return theta, {"rope_type": rope_type, **{k: rope.get(k) for k in keys[rope_type]}, **given}
 
 
-def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_layernorm")):
+def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_layernorm"), mlp=None):
     """The params of a Llama (or Qwen3, OLMo 2: config.qk_norm adds q_norm and k_norm) from its
-    tensors; ``norms`` names the block's two norms, our attn_norm and mlp_norm."""
+    tensors; ``norms`` names the block's two norms, our attn_norm and mlp_norm; ``mlp(tensors,
+    prefix, config)``, if given, reads the block's "mlp" in place of Llama's SwiGLU."""
     V, C, H, hs = config.vocab_size, config.n_embd, config.hidden, config.hs
     nh, nkv = config.n_head, config.n_kv_head
 
@@ -591,12 +604,13 @@ def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_lay
             q_width, k_width = config.qk_norm_widths
             attn["q_norm"] = {"w": tensors.take(p + "self_attn.q_norm.weight", (q_width,))}
             attn["k_norm"] = {"w": tensors.take(p + "self_attn.k_norm.weight", (k_width,))}
-        mlp = {"gate": linear(p + "mlp.gate_proj", C, H, config.mlp_bias),
-               "up": linear(p + "mlp.up_proj", C, H, config.mlp_bias),
-               "down": linear(p + "mlp.down_proj", H, C, config.mlp_bias)}
+        mlp_params = mlp(tensors, p + "mlp.", config) if mlp else {
+            "gate": linear(p + "mlp.gate_proj", C, H, config.mlp_bias),
+            "up": linear(p + "mlp.up_proj", C, H, config.mlp_bias),
+            "down": linear(p + "mlp.down_proj", H, C, config.mlp_bias)}
         params["blocks"][str(i)] = {
             "attn_norm": {"w": tensors.take(f"{p}{norms[0]}.weight", (C,))}, "attn": attn,
-            "mlp_norm": {"w": tensors.take(f"{p}{norms[1]}.weight", (C,))}, "mlp": mlp}
+            "mlp_norm": {"w": tensors.take(f"{p}{norms[1]}.weight", (C,))}, "mlp": mlp_params}
     return _with_norm_and_head(params, tensors, config)
 
 
@@ -795,3 +809,72 @@ MODELS = {"GPT2LMHeadModel": ("gpt2", gpt2_config, _gpt2_params),
           "Gemma2ForCausalLM": ("gemma2", gemma2_config, _gemma2_params),
           "Gemma3ForCausalLM": ("gemma3", gemma3_config, _gemma2_params)}
 MODELS["DeepseekV3ForCausalLM"] = ("deepseek_v3", deepseek_v3_config, _deepseek_v3_params)
+
+
+# -- gpt-oss: attention with biases and sinks, sliding layers, YaRN, a mixture of experts -----------
+
+# The rope_parameters (or rope_scaling) keys of YaRN that numpy_attn/rope.py reads.
+GPT_OSS_YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+                     "attention_factor", "mscale", "mscale_all_dim")
+
+
+def gpt_oss_config(hf):
+    """GptOssConfig from a gpt-oss config.json (dict): llama_config's reading (attention biases on by
+    default), the rope as rope_parameters (transformers 5) or rope_theta and rope_scaling says, of the
+    default or the yarn type, the experts, the window and the layer types; quantised experts refused."""
+    if hf.get("quantization_config") is not None:
+        raise CheckpointError(f"gpt-oss config.json: quantization_config {_short(hf['quantization_config'])} is not "
+                              "supported (MXFP4 experts are not read here); save the model dequantised")
+    if hf["num_experts_per_tok"] > hf["num_local_experts"]:
+        raise CheckpointError(f"gpt-oss config.json: num_experts_per_tok = {hf['num_experts_per_tok']} must be at "
+                              f"most num_local_experts = {hf['num_local_experts']}")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 150000.0))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type not in ("default", "yarn"):
+        raise CheckpointError(f"gpt-oss config.json: rope_type {rope_type!r} is not supported (default or yarn)")
+    read = GPT_OSS_YARN_KEYS if rope_type == "yarn" else ()
+    unknown = sorted(set(rope) - set(read))
+    if unknown:
+        raise CheckpointError(f"gpt-oss config.json: rope_parameters key {unknown[0]!r} is not read for rope_type "
+                              f"{rope_type!r} (read: {', '.join(read) or 'none besides rope_theta'})")
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and not isinstance(layer_types, list):
+        raise CheckpointError(f"gpt-oss config.json: layer_types must be a list, got {_short(layer_types)}")
+    sliding = layer_types is None or "sliding_attention" in layer_types
+    if sliding and hf.get("sliding_window", 128) is None:
+        raise CheckpointError("gpt-oss config.json: sliding_window = null with sliding_attention layers "
+                              "(give the window, or make every layer full_attention)")
+    base = llama_config({**hf, "hidden_act": "silu", "rope_parameters": {"rope_theta": theta}, "rope_scaling": None,
+                         "attention_bias": hf.get("attention_bias", True)}, GptOssConfig)
+    return dataclasses.replace(
+        base, rope_scaling=None if rope_type == "default" else {"rope_type": "yarn", **rope},
+        n_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
+        swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)), swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+        sliding_window=hf.get("sliding_window") or 128, layer_types=None if layer_types is None else tuple(layer_types))
+
+
+def _gpt_oss_moe_params(tensors, prefix, config):
+    """A block's mixture of experts: the router (E, C) transposed, and the experts' stacked weights,
+    already (E, C_in, C_out); gate_up_proj (E, C, 2H) holds gate in its even columns and up in its odd
+    ones (transformers' GptOssExperts: gate_up[..., ::2], gate_up[..., 1::2]), its bias likewise."""
+    C, H, E = config.n_embd, config.hidden, config.n_experts
+    gate_up = tensors.take(prefix + "experts.gate_up_proj", (E, C, 2 * H))             # (E, C, 2H)
+    gate_up_b = tensors.take(prefix + "experts.gate_up_proj_bias", (E, 2 * H))         # (E, 2H)
+    return {"router": {"w": tensors.take(prefix + "router.weight", (E, C)).T.copy(),   # (E, C) -> (C, E)
+                       "b": tensors.take(prefix + "router.bias", (E,))},
+            "experts": {"gate": {"w": gate_up[..., 0::2].copy(), "b": gate_up_b[..., 0::2].copy()},   # (E, C, H)
+                        "up": {"w": gate_up[..., 1::2].copy(), "b": gate_up_b[..., 1::2].copy()},     # (E, C, H)
+                        "down": {"w": tensors.take(prefix + "experts.down_proj", (E, H, C)),
+                                 "b": tensors.take(prefix + "experts.down_proj_bias", (E, C))}}}
+
+
+def _gpt_oss_params(tensors, config):
+    """Llama's params with the experts as each block's "mlp" and each attention's sinks (nh,)."""
+    params = _llama_params(tensors, config, mlp=_gpt_oss_moe_params)
+    for i, block in params["blocks"].items():
+        block["attn"]["sinks"] = tensors.take(f"model.layers.{i}.self_attn.sinks", (config.n_head,))
+    return params
+
+
+MODELS["GptOssForCausalLM"] = ("gpt_oss", gpt_oss_config, _gpt_oss_params)

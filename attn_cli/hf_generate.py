@@ -4,7 +4,7 @@ The folder is one that ``huggingface-cli download gpt2 --local-dir gpt2`` (or ``
 writes: config.json and model.safetensors, read by attn_cli.hf. GPT-2 folders take ``--prompt``
 text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama, Qwen3 and OLMo 2
 folders come with tokenizers this project does not implement, so they take ``--ids 1,2,3`` and
-print ids. Both go
+print ids (gpt-oss folders too). Both go
 through the sampling loop of train checkpoints (attn_cli.generate.continue_ids): a prompt longer
 than the context is refused, and they decode with a key/value cache (numpy_attn/kv_cache.py)
 sized for the prompt and the new tokens: the prompt runs once, then each new token alone, while
@@ -38,19 +38,24 @@ def run(args):
     from numpy_attn.gemma2 import gemma2_forward, gemma2_kv_cache
     from numpy_attn.gemma3 import gemma3_forward
     from numpy_attn.gpt import gpt_forward, gpt_kv_cache
+    from numpy_attn.gpt_oss import gpt_oss_forward, gpt_oss_kv_cache
     from numpy_attn.llama import llama_forward, llama_kv_cache
     from numpy_attn.olmo2 import olmo2_forward
     from numpy_attn.qwen3 import qwen3_forward
 
+    absorb = args.absorb
+
+    def deepseek_cache(config, B, dtype, max_len):
+        """Absorbed MLA decoding by default, the naive cache of every head's keys and values on request."""
+        return deepseek_v3_kv_cache(config, B, dtype, max_len, absorb)
+
+    # family -> (forward, cache maker); gpt-oss's and the Gemmas' sliding layers keep only their window.
     models = {"gpt2": (gpt_forward, gpt_kv_cache), "llama": (llama_forward, llama_kv_cache),
               "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
-              "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache)}
-    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3"}
-    absorb = args.absorb
-    # DeepSeek-V3: absorbed MLA decoding by default, the naive cache of every head's keys and values on request.
-    models["deepseek_v3"] = (deepseek_v3_forward,
-                             lambda config, B, dtype, max_len: deepseek_v3_kv_cache(config, B, dtype, max_len, absorb))
-    family["deepseek_v3"] = "DeepSeek-V3"
+              "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache),
+              "gpt_oss": (gpt_oss_forward, gpt_oss_kv_cache), "deepseek_v3": (deepseek_v3_forward, deepseek_cache)}
+    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3",
+              "gpt_oss": "gpt-oss", "deepseek_v3": "DeepSeek-V3"}
     kind, config, params = load_checkpoint(args.hf, np.float32)
     if not absorb and kind != "deepseek_v3":
         raise ValueError(f"--no-absorb: {args.hf} is a {family.get(kind, 'GPT-2')} checkpoint, without multi-head "

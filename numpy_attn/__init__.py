@@ -17,7 +17,7 @@ Reading order, leaf to root:
     softcap          logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
     dropout          inverted dropout with an explicit random generator
     masks            causal (both alignments), key padding and packed-sequence masks
-    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads, sinks
     kv_cache         the keys and values of past tokens, for decoding
     multi_head       split/merge heads and multi-head (self- or cross-) attention
     small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
@@ -40,6 +40,7 @@ Reading order, leaf to root:
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
     gemma2           Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3           Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
+    gpt_oss          gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
     mla              multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     deepseek_v3      DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
 
@@ -87,6 +88,10 @@ from numpy_attn.gemma2 import (
 )
 from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
+from numpy_attn.gpt_oss import (
+    GptOssConfig, gpt_oss_backward, gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward,
+    gpt_oss_kv_cache, init_gpt_oss_params,
+)
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward

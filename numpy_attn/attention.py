@@ -147,7 +147,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     if sinks is not None:   # gpt-oss: head h's sink logit joins every row of its scores as column S
         sink_column = np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
         scores = np.concatenate([scores, sink_column], axis=-1)   # (..., nh, T, S + 1)
-    weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
+    weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S[ + 1]); all -inf row -> 0
     if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
         weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)

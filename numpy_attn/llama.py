@@ -210,6 +210,7 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     and the new queries are the last T of the S. ``window`` (None, or w >= 1) lets each query see
     its last w keys only (a sliding layer; with a cache, that layer's view holds only those);
     ``rope`` ({"theta", "scaling"}, or None for the config's) rotates this layer its own way (Gemma 3's local layers).
+    A ``params["sinks"]`` (nh,) goes to attention as its sink logits (gpt-oss, numpy_attn/gpt_oss.py).
     """
     B, T, C = x.shape
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
@@ -237,7 +238,7 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
         window = None
     y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                          scale=config.score_scale, softcap=config.score_softcap,
-                                                         window=window)   # (B, nh, T, hs)
+                                                         window=window, sinks=params.get("sinks"))   # (B, nh, T, hs)
     y = y.swapaxes(1, 2).reshape(B, T, nh * hs)                               # (B, nh, T, hs) -> (B, T, nh*hs)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*hs) -> (B, T, C)
     cache = LlamaAttentionCache(q_cache, k_cache, v_cache, qk_norm_cache, q_rope_cache, k_rope_cache, sdpa_cache,
@@ -246,16 +247,16 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
 
 
 def llama_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"[, "q_norm", "k_norm"]} like
-    the params)."""
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"[, "q_norm", "k_norm"][, "sinks"]}
+    like the params)."""
     B, T, C = dout.shape
     # Undoes out = y @ o.w (+ o.b).
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
     nh, hs = cache.num_heads, cache.head_size
     # Undoes y = y.swapaxes(1, 2).reshape(...).
     dy = dy.reshape(B, T, nh, hs).swapaxes(1, 2)                              # (B, T, nh*hs) -> (B, nh, T, hs)
-    # Undoes attention; dk and dv come back with the nkv heads of k and v.
-    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)
+    # Undoes attention; dk and dv come back with the nkv heads of k and v (and dsinks with gpt-oss's sinks).
+    dq, dk, dv, *dsinks = scaled_dot_product_attention_backward(dy, cache.sdpa)
     check_no_past("llama_backward", dk.shape[2], cache.past)   # cached past: inference only
     # Undoes the two rotations.
     dk = rope_backward(dk, cache.k_rope)                                      # (B, nkv, T, hs)
@@ -275,7 +276,8 @@ def llama_attention_backward(dout, cache):
     dx_k, dk_params = linear_backward(dk, cache.k)                            # (B, T, C)
     dx_q, dq_params = linear_backward(dq, cache.q)                            # (B, T, C)
     dx = dx_q + dx_k + dx_v
-    return dx, {"q": dq_params, "k": dk_params, "v": dv_params, "o": do, **dqk_norm}
+    dsinks = {"sinks": dsinks[0]} if dsinks else {}
+    return dx, {"q": dq_params, "k": dk_params, "v": dv_params, "o": do, **dqk_norm, **dsinks}
 
 
 # -- the block ------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     if sinks is not None:   # gpt-oss: head h's sink logit joins every row of its scores as column S
         sink_column = sinks[:, None, None].expand(scores.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
         scores = torch.cat([scores, sink_column], dim=-1)         # (..., nh, T, S + 1)
-    weights = softmax(scores)                                     # (..., nh, T, S); all -inf row -> 0
+    weights = softmax(scores)                                     # (..., nh, T, S[ + 1]); all -inf row -> 0
     if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
         weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
     dropped = dropout(weights, dropout_p, mask=keep)              # (..., nh, T, S)

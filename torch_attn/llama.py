@@ -55,7 +55,8 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
         attn_mask = attn_mask & sliding_window_mask(T, k.shape[2], window, "bottom_right", device=x.device)
         window = None
     y, _ = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=config.score_scale,
-                                        softcap=config.score_softcap, window=window)   # (B, nh, T, hs)
+                                        softcap=config.score_softcap, window=window,
+                                        sinks=params.get("sinks"))            # (B, nh, T, hs)
     y = y.transpose(1, 2).reshape(B, T, nh * hs)                              # (B, nh, T, hs) -> (B, T, nh*hs)
     out = linear(y, **params["o"])                                            # (B, T, nh*hs) -> (B, T, C)
     return out

@@ -1,0 +1,153 @@
+"""gpt-oss: the Llama-style model (numpy_attn/llama.py) with attention sinks, sliding and full
+layers, YaRN and a mixture of experts in place of the MLP.
+
+    x      = wte[ids]
+    x      = x + attn(rms_norm(x))           q, k, v, o with biases; one learned sink per query head
+    x      = x + moe(rms_norm(x))            top-k of E clamped-GLU experts (the two lines once per block)
+    x      = rms_norm(x)
+    logits = x @ head.w
+
+OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (2025), section 2.1, and transformers'
+``GptOssForCausalLM``. Attention is llama.py's (grouped-query heads, RoPE in the "half" layout)
+with biases on the four projections and ``blocks.i.attn.sinks`` (nh,): each head's sink logit joins
+the softmax of every query row and takes a share of its weight (numpy_attn/attention.py). The
+layers whose ``layer_types`` entry is "sliding_attention" (every other one, from the first) see
+only their last ``sliding_window`` keys, and ``gpt_oss_kv_cache`` keeps only that many for them.
+The rotary frequencies are YaRN's (``rope_scaling`` {"rope_type": "yarn", ...},
+numpy_attn/rope.py). The MLP is numpy_attn/moe.py's ``gpt_oss_moe_forward``: a router with bias
+picks ``experts_per_token`` of ``n_experts`` experts per token and softmaxes their logits; each
+expert is (up + 1) * gate * sigmoid(alpha * gate) with gate and up clamped at ``swiglu_limit``,
+with biases (``blocks.i.mlp``: {"router", "experts"}). The choice of experts is piecewise constant:
+the backward flows through the chosen experts and the routing weights (moe.py). The rest (the
+keywords, the embedding, the final norm, the untied head) is llama.py's.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn import llama
+from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn.gemma2 import LAYER_TYPES, gemma2_kv_cache
+from numpy_attn.moe import gpt_oss_moe_backward, gpt_oss_moe_forward, init_gpt_oss_moe_params
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+
+
+@dataclass(frozen=True)
+class GptOssConfig(llama.LlamaConfig):
+    """LlamaConfig's fields and checks (``hidden`` is each expert's width), biases on attention,
+    and gpt-oss's own fields (Hugging Face's names in the comments)."""
+
+    attn_bias: bool = True
+    n_experts: int = 4                 # E (num_local_experts)
+    experts_per_token: int = 2         # k (num_experts_per_tok)
+    swiglu_alpha: float = 1.702        # alpha of the experts' sigmoid(alpha * gate)
+    swiglu_limit: float = 7.0          # the clamp of gate (above) and up (both sides)
+    sliding_window: int = 4            # w of the sliding layers: query i sees keys i - w < j <= i
+    layer_types: tuple | None = None   # per layer, "sliding_attention" or "full_attention";
+    #                                    None alternates, the first sliding (as Hugging Face)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, value in check_config(self, {
+                "n_experts": (int, 1), "experts_per_token": (int, 1), "swiglu_alpha": (float, None),
+                "swiglu_limit": (float, POSITIVE), "sliding_window": (int, 1)}).items():
+            object.__setattr__(self, name, value)
+        if not math.isfinite(self.swiglu_alpha):
+            raise ValueError(f"GptOssConfig.swiglu_alpha must be a finite number, got {self.swiglu_alpha!r}")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"GptOssConfig.experts_per_token = {self.experts_per_token} must be at most "
+                             f"n_experts = {self.n_experts}")
+        types = self.layer_types or tuple(LAYER_TYPES[i % 2] for i in range(self.n_layer))
+        if (not isinstance(types, tuple | list) or len(types) != self.n_layer
+                or any(t not in LAYER_TYPES for t in types)):
+            raise ValueError(f"GptOssConfig.layer_types must list n_layer = {self.n_layer} entries, each "
+                             f"'sliding_attention' or 'full_attention', got {types!r}")
+        object.__setattr__(self, "layer_types", tuple(types))
+
+    def window(self, i):
+        """Layer i's window: sliding_window for a sliding layer, None for a full one."""
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+
+    def block_options(self, i):
+        return {"window": self.window(i)}
+
+
+def init_gpt_oss_params(config, rng, dtype=np.float32):
+    """init_llama_params' tree (with the attention's biases) with each block's "mlp" a mixture of
+    experts (moe.py's init_gpt_oss_moe_params: {"router", "experts"}) and "attn.sinks" (nh,) drawn
+    from N(0, 0.02^2), as Hugging Face initialises them."""
+    check_rng(rng, "init_gpt_oss_params")
+    params = llama.init_llama_params(config, rng, dtype)
+    for block in params["blocks"].values():
+        block["attn"]["sinks"] = rng.normal(0, 0.02, config.n_head).astype(dtype)          # (nh,)
+        block["mlp"] = init_gpt_oss_moe_params(config.n_embd, config.hidden, config.n_experts, rng, dtype)
+    return params
+
+
+# -- the block: attention with sinks, then the mixture of experts -----------------------------------
+
+class GptOssBlockCache(NamedTuple):
+    """The four sub-caches, in forward order."""
+
+    attn_norm: tuple
+    attn: llama.LlamaAttentionCache
+    mlp_norm: tuple
+    mlp: tuple               # moe.py's GptOssMoECache
+
+
+def gpt_oss_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
+    (this block's layer) and ``window`` (None for a full layer) go to attention."""
+    # 1-3: x + attn(rms_norm(x)), the sinks read from params["attn"]["sinks"]
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
+    a, attn_cache = llama.llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
+                                                  kv_cache=kv_cache, window=window)    # (B, T, C)
+    x = x + a
+    # 4-6: x + moe(rms_norm(x))
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
+    f, mlp_cache = gpt_oss_moe_forward(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
+                                       config.swiglu_limit)                            # (B, T, C) via k experts
+    out = x + f
+    cache = GptOssBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache)
+    return out, cache
+
+
+def gpt_oss_block_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
+    # 6-4: undoes out = x + moe(rms_norm(x)); the skip hands dout to x as well.
+    dh, dmlp = gpt_oss_moe_backward(dout, cache.mlp)                          # (B, T, C)
+    dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
+    dx = dx_mlp + dout                                                        # branch + skip
+    # 3-1: undoes x = x + attn(rms_norm(x)) in the same way; dattn holds dsinks.
+    dh, dattn = llama.llama_attention_backward(dx, cache.attn)                # (B, T, C)
+    dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
+    dparams = {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
+    return dx_attn + dx, dparams                                              # branch + skip
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+    """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with gpt-oss's
+    blocks; ``kv_cache`` from gpt_oss_kv_cache (its sliding layers hold their window only). Returns
+    ``(logits, cache)``."""
+    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
+        raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
+                         "window is not supported (the mask spans all past + T keys); decode without attn_mask")
+    return llama.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
+                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng)
+
+
+def gpt_oss_backward(dlogits, cache):
+    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    return llama.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
+
+
+def gpt_oss_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
+    tokens: numpy_attn/gemma2.py's, whose full layers hold them all and sliding layers only their
+    last sliding_window (it reads only the config's layers, key/value heads and windows)."""
+    return gemma2_kv_cache(config, B, dtype, max_len)
