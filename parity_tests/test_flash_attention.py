@@ -678,6 +678,16 @@ def test_window_softcap_twin_matches_flex_attention(case):
     """torch.nn.attention.flex_attention (eager, CPU, forward only) with score_mod
     c * tanh(score / c) and the causal window as a mask_mod, written here from the definition,
     gives the twin's output and lse; rows that see no key give 0 and -inf in both."""
+    out_b, lse_b = builtin_flex(case)
+    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS})
+    assert_close("flash[window] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
+    assert_close("flash[window].lse twin vs flex_attention", to_numpy(lse_t), to_numpy(lse_b).reshape(lse_t.shape))
+
+
+def builtin_flex(case):
+    """torch.nn.attention.flex_attention (eager, CPU, forward only) on the case, with score_mod
+    c * tanh(score / c) and, when causal, the causal window as a mask_mod, written here from the
+    definition: (out, lse) as tensors of shape (-1, nh, T, .), (-1, nh, T)."""
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
     q, k, v = (to_torch(a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape))
@@ -694,12 +704,10 @@ def test_window_softcap_twin_matches_flex_attention(case):
         return c * torch.tanh(score / c) if c else score
     with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
         warnings.simplefilter("ignore", UserWarning)
-        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu")
+        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu") if case["is_causal"] else None
         out_b, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case["scale"],
                                     enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
-    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS})
-    assert_close("flash[window] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
-    assert_close("flash[window].lse twin vs flex_attention", to_numpy(lse_t), to_numpy(aux.lse).reshape(lse_t.shape))
+    return out_b, aux.lse
 
 
 @given(case=window_inputs(dtype=np.float64, max_len=6, max_head=3, max_side=2, bound=1.0))
@@ -920,32 +928,15 @@ def test_sinks_twin_matches_builtin(case, data):
     """torch.nn.attention.flex_attention's output and lse without a sink give the twin's with one:
     out * sigmoid(lse - s_h) (the sink only enlarges the denominator exp(lse) by exp(s_h)) and
     logaddexp(lse, s_h); rows without a key give 0 and s_h."""
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-
     case = {"softcap": None, "window": None, **case}
     if case["q"].ndim == 2:
         case.update({n: case[n][None] for n in ("q", "k", "v")})
     nh = case["q"].shape[-3]
     drawn = None if data is None else data.draw(S.arrays(case["q"].dtype, (nh,), 8.0), label="sinks")
     sinks = (np.linspace(-3, 5, nh) if drawn is None else drawn).astype(case["q"].dtype)
-    q, k, v = (to_torch(a.reshape((-1,) + a.shape[-3:])) for a in (case["q"], case["k"], case["v"]))
-    T, S_ = q.shape[-2], k.shape[-2]
-    offset = S_ - T if case["is_causal"] == "bottom_right" else 0
-    c, w = case["softcap"], case["window"]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        seen = kv_idx <= q_idx + offset
-        return seen & (kv_idx > q_idx + offset - w) if w else seen
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return c * torch.tanh(score / c) if c else score
-    with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
-        warnings.simplefilter("ignore", UserWarning)
-        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu") if case["is_causal"] else None
-        out_b, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case["scale"],
-                                    enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
+    out_b, lse_b = builtin_flex(case)
     s_h = to_torch(sinks)[:, None]                                       # (nh, 1)
-    out_sink, lse_sink = out_b * torch.sigmoid(aux.lse - s_h)[..., None], torch.logaddexp(aux.lse, s_h)
+    out_sink, lse_sink = out_b * torch.sigmoid(lse_b - s_h)[..., None], torch.logaddexp(lse_b, s_h)
     out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS},
                                       sinks=to_torch(sinks))
     assert_close("flash[sinks] twin.out vs flex_attention", to_numpy(out_t), to_numpy(out_sink).reshape(out_t.shape))
