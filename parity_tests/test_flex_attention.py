@@ -28,10 +28,12 @@ from parity_tests.helpers import (
     FD_TOL,
     TOLERANCES,
     assert_close,
+    autograd,
     numerical_grad,
     to_numpy,
     to_torch,
 )
+from parity_tests.test_flash_attention import assert_fa4_rule
 
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "prefix_lm", "document",
          "document_causal", "drawn")
@@ -560,8 +562,6 @@ def test_sinks_twin_matches_direct_and_builtin(case):
     torch; its output and lse equal torch.nn.attention.flex_attention's without a sink corrected
     for it: out * sigmoid(lse - s_h) and logaddexp(lse, s_h) (the sink only adds exp(s_h) to the
     denominator exp(lse)); fully masked rows give 0 and s_h in both."""
-    from parity_tests.helpers import autograd
-
     inputs = {n: case[n] for n in ("q", "k", "v", "sinks")}
     out_d, grads_d = autograd(lambda **t: direct_sinks(case, **t), inputs, case["dout"])
     no_dlse = {**case, "dlse": None}
@@ -583,6 +583,38 @@ def test_sinks_twin_matches_direct_and_builtin(case):
 def test_sinks_backward_matches_finite_differences(case):
     """dsinks and every other gradient with sinks against finite differences, as above."""
     assert_matches_finite_differences(case)
+
+
+@given(case=sink_inputs(dtype=np.float32))
+@example(case={**SINK_EDGES[1], **{n: SINK_EDGES[1][n].astype(np.float32) for n in ("q", "k", "v", "dout", "sinks")},
+               "param": SINK_EDGES[1]["param"].astype(np.float32), "dlse": None})
+def test_sinks_float32_follow_the_fa4_rule(case):
+    """dsinks and out of both paths in float32 against the float64 truth (the sink column
+    written out, on the same inputs upcast exactly): within FlashAttention-4's rule of the twin's
+    float32 error, plus the roundings the twin does not share (NumPy's exp, tanh and matmul):
+    every probability off by 4 eps (1 + 2 |s|) relatively, |s| the largest score with its bias
+    or sink (as test_flash_attention.py's test of the rule argues), times sum over the rows of
+    |p D| for dsinks_h and max|v| for out."""
+    case = {**case, "dlse": None}
+    up = {n: case[n].astype(np.float64) for n in ("q", "k", "v", "dout", "sinks")}
+    case64 = {**case, **up, "param": case["param"].astype(np.float64) if case["score"] in PARAMS else case["param"]}
+    out_64, grads_64 = autograd(lambda **t: direct_sinks(case64, **t), {n: case64[n] for n in ("q", "k", "v", "sinks")},
+                                case64["dout"])
+    (out_t, _), grads_t = twin_grads(case)
+    _, cache_64 = numpy_forward(case64)
+    pD = np.abs(cache_64.sink_p * (case64["dout"] * cache_64.out).sum(axis=-1)).sum(axis=(0, 2))   # (Hq,)
+    B, _, L, E = case["q"].shape
+    bias = np.abs(case["param"]).max() * max(L, case["k"].shape[2]) if case["score"] in PARAMS else 0.0
+    largest = max(_scale(case) * E * np.abs(case["q"]).max() * np.abs(case["k"]).max() + bias,
+                  np.abs(case["sinks"]).max())
+    relative = 4 * float(np.finfo(np.float32).eps) * (1 + 2 * float(largest))
+    for dense in (False, True):
+        (out, _), cache = numpy_forward(case, dense=dense)
+        dsinks = numpy_grads(case, cache)["sinks"]
+        assert_fa4_rule(f"flex[sinks] dense={dense}.dsinks float32", dsinks, grads_t["sinks"], grads_64["sinks"],
+                        extra=relative * pD)
+        assert_fa4_rule(f"flex[sinks] dense={dense}.out float32", out, out_t, out_64,
+                        extra=relative * float(np.abs(case["v"]).max()))
 
 
 def test_sinks_fully_masked_rows_give_zeros():
