@@ -306,3 +306,23 @@ def check_window_is_causal(window, is_causal):
         raise ValueError(f"window = {window} needs is_causal (True, \"top_left\" or \"bottom_right\"): it "
                          "restricts the causal mask; with an attn_mask, combine it with "
                          "numpy_attn.masks.sliding_window_mask instead")
+
+
+def check_sinks(sinks, q, op=""):
+    """Raise unless ``sinks`` is None or a finite (nh,) array of q's dtype, nh = q.shape[-3] the
+    query heads (one learned sink logit each, grouped-query heads included): TypeError for
+    another type or dtype, ValueError for another shape (or a q without a head axis), NaN or inf.
+    ``op`` prefixes the message."""
+    prefix = f"{op}: " if op else ""
+    if sinks is None:
+        return
+    if not isinstance(sinks, np.ndarray):
+        raise TypeError(f"{prefix}sinks must be a NumPy array (nh,) or None, got {type(sinks).__name__} {sinks!r}")
+    if sinks.dtype != q.dtype:
+        raise TypeError(f"{prefix}sinks must have q's dtype {q.dtype}, got dtype {sinks.dtype}: {sinks!r}")
+    if q.ndim < 3 or sinks.shape != q.shape[-3:-2]:
+        heads = f"(nh,) = {q.shape[-3:-2]}" if q.ndim >= 3 else "(nh,), but q has no head axis"
+        raise ValueError(f"{prefix}sinks must have shape {heads}, one per query head (q {q.shape}), "
+                         f"got shape {sinks.shape}")
+    if not np.isfinite(sinks).all():
+        raise ValueError(f"{prefix}sinks must be finite, got {sinks!r}")

@@ -38,6 +38,25 @@ score at c * tanh(s / c) before the mask (numpy_attn/softcap.py, FlashAttention-
 ``softcap``); lse is then that of the capped scores, and the backward multiplies dS by the cap's
 derivative 1 - tanh^2, recomputed with the scores.
 
+``sinks`` (nh,), one learned logit s_h per query head (gpt-oss; grouped-query heads too), joins
+every row's softmax as one more column whose value vector is zero, and is dropped again:
+
+    weights = exp(s - m) / (sum_j exp(s_j - m) + exp(s_h - m)),   m = max(max_j s_j, s_h).
+
+It is folded in by starting each row's online softmax with it, as the column visited first:
+m = s_h, l = exp(s_h - m) = 1, acc = 0 (its value is zero). Folding it in at the end instead
+would cost one more rescale per row; starting with it costs nothing per tile, and it keeps m
+finite from the start. The sink is neither scaled nor capped nor masked. lse is then the row's
+log-sum-exp with the sink, L = log(sum_j exp(s_j) + exp(s_h)), so the backward's P = exp(S - L)
+needs no change; a row that sees no key gives output 0 and lse = s_h (the sink alone).
+dsinks, derived: out = sum_j exp(s_j - L) v_j and dL/ds_h = exp(s_h - L) = p, the sink's
+probability, so d out / d s_h = -p out and dLoss/ds_h = sum_rows dout . (-p out) = -p D, with
+D = rowsum(dout * out) the backward's D (the softmax backward's dS = P (dP - D) for a column of
+dP = dout . 0 = 0). dsinks sums -p D over every row, batch and query position of head h. The
+forward keeps p = exp(s_h - m) / l per row (O(T), as lse) rather than have the backward
+recompute it as exp(s_h - lse): lse rounds to an ulp of |lse|, which exp turns into |lse| ulps
+of error in p, where the kept p has the few ulps of the division.
+
 This is the readable version; numpy_attn/kernels/flash_attention.py computes the same, faster.
 """
 
@@ -49,6 +68,7 @@ from numpy_attn._checks import (
     check_attention_inputs,
     check_dout,
     check_scale,
+    check_sinks,
     check_softcap,
     check_window_is_causal,
 )
@@ -71,19 +91,22 @@ class FlashCache(NamedTuple):
     g: int                  # query heads per key/value head (1 without grouped-query heads)
     softcap: float | None = None   # the cap c of c * tanh(s / c), None without one
     window: int | None = None      # the sliding window, None without one
+    sinks: np.ndarray | None = None   # (nh,) the sink logits, None without them
+    sink_p: np.ndarray | None = None  # (..., nh, T) each row's sink probability exp(s_h - lse), None without
 
 
 def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512, softcap=None,
-                            window=None):
+                            window=None, sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> out (..., T, hv), in tiles.
 
     Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
     block_q queries by block_k keys (any sizes >= 1; larger than the lengths means one tile).
     The backward reads the output (D = rowsum(dout * out)) from ``cache.out``, a copy (O(T hv)),
     so changing ``out`` in place after the forward leaves the gradients alone. ``softcap`` caps
-    the scores at c * tanh(s / c); ``window`` (with is_causal) keeps each query's last keys only.
+    the scores at c * tanh(s / c); ``window`` (with is_causal) keeps each query's last keys only;
+    ``sinks`` (nh,) adds each query head's sink logit to its softmax (the backward adds dsinks).
     """
-    _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window)
+    _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window, sinks)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -96,12 +119,18 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     last = _last_row(T, S, offset, window)                   # rows from it on see no key (a window, top-left)
     out = np.zeros(q.shape[:-1] + (hv,), q.dtype)            # (..., T, hv)
     lse = np.full(q.shape[:-1], -np.inf, q.dtype)            # (..., T)
+    sink_p = None if sinks is None else np.ones(q.shape[:-1], q.dtype)   # (..., nh, T) for dsinks
+    if sinks is not None:   # rows that see no key: the sink alone, lse = s_h, p = 1 (out stays 0)
+        lse[...] = sinks[:, None]                            # (nh,) -> (..., nh, T)
     for i0 in range(first, last, block_q):                   # query tile: rows i0 .. i1-1
         i1 = min(i0 + block_q, last)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
         m = np.full(q_i.shape[:-1], -np.inf, q.dtype)        # (..., bq) running row maximum
         row_sum = np.zeros(q_i.shape[:-1], q.dtype)          # (..., bq) running sum of exp(s - m): l
         acc = np.zeros(q_i.shape[:-1] + (hv,), q.dtype)      # (..., bq, hv) running sum of exp(s - m) v
+        if sinks is not None:   # the sink is the column seen first: m = max(-inf, s_h), l = 0 + exp(s_h - m) = 1
+            m = np.maximum(m, sinks[:, None])                # (nh,) -> (..., nh, bq); acc += 0: its value is 0
+            row_sum = row_sum + np.exp(sinks[:, None] - m)   # (..., nh, bq)
         S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
         # A window: keys before row i0's first are never seen; start at the key tile holding it.
         j_first = max(0, i0 + offset - window + 1) // block_k * block_k if window else 0
@@ -121,16 +150,20 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
             m = m_new
         out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
         lse[..., i0:i1] = m + np.log(row_sum)                # (..., bq)
-    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g, softcap, window)
+        if sinks is not None:   # kept for dsinks: the sink's probability, its share of the row sum
+            sink_p[..., i0:i1] = np.exp(sinks[:, None] - m) / row_sum   # (..., nh, bq)
+    cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g, softcap, window, sinks,
+                       sink_p)
     return out, cache
 
 
 def flash_attention_backward(dout, cache):
-    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)), and
+    dsinks (nh,) after them if the forward had ``sinks``: (dq, dk, dv[, dsinks]).
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse, is_causal, scale, block_q, block_k, g, softcap, window = cache
+    q, k, v, out, lse, is_causal, scale, block_q, block_k, g, softcap, window, sinks, sink_p = cache
     check_dout("flash_attention", dout, out.shape, out.dtype)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
@@ -177,6 +210,10 @@ def flash_attention_backward(dout, cache):
     if g > 1:   # grouped-query: undoes the repeat; key/value head j sums the gradients of its g query heads
         # (..., nh, S, .) -> (..., nkv, g, S, .) -> (..., nkv, S, .)
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
+    if sinks is not None:   # Undoes the sink column: dS = p (0 - D), p its probability, summed over the rows
+        dsink = -sink_p * D                                  # (..., nh, T)
+        dsinks = dsink.sum(axis=-1).reshape(-1, len(sinks)).sum(axis=0)   # (..., nh, T) -> (nh,)
+        return dq, dk, dv, dsinks
     return dq, dk, dv
 
 
@@ -199,7 +236,7 @@ def _visible(T, S, align, window, rows, cols):
     return sliding_window_mask(T, S, window, align, rows, cols)
 
 
-def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window):
+def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window, sinks):
     """Raise TypeError/ValueError on inputs flash attention cannot take, naming the argument."""
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
@@ -213,3 +250,4 @@ def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap,
     check_window_is_causal(window, is_causal)
     # The shapes, dtypes and grouped-query heads that numpy_attn/attention.py takes, same messages.
     check_attention_inputs(q, k, v)
+    check_sinks(sinks, q)

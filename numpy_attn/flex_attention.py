@@ -17,6 +17,14 @@ its output with respect to the score (``dscore``) and the gradients of its param
 (``dparams``, a scatter-add over the index it read). A plain function as score_mod works forward
 but the backward refuses it. Fully masked rows give output 0, lse -inf and zero gradients.
 
+``sinks`` (Hq,), one learned logit s_h per query head (gpt-oss), joins every row's softmax as
+one more column of value zero, after the modifiers and the mask, and is dropped again (the
+derivation of dsinks is in numpy_attn/flash_attention.py): it enters the row's maximum and sum
+only, so the dense path adds exp(s_h - m) to the row sum and the tiled path starts each row's
+running sums with it (m = s_h, l = 1). lse then includes the sink; a fully masked row gives
+output 0 and lse = s_h. The backward returns dsinks = -sum over rows of p (D - dlse), p the
+sink's probability, which the forward keeps.
+
 What a user's function returns is checked where it is called (``_call_mask_mod``,
 ``_call_score_mod``, ``_call_dparams``): the kind (a NumPy array), the dtype (bool for a mask, as
 torch requires; real numbers for a score) and the shape (it must broadcast to the scores without
@@ -30,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, check_scale
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, check_scale, check_sinks
 
 # ---------------------------------------------------------------------------------------------
 # Mask modifiers: mask_mod(b, h, q_idx, kv_idx) -> bool array, True where a query may attend.
@@ -279,16 +287,19 @@ class FlexCache(NamedTuple):
     score_mod: Callable | None
     block_mask: BlockMask
     scale: float
+    sinks: np.ndarray | None = None   # (Hq,) the sink logits, None without them
+    sink_p: np.ndarray | None = None  # (B, Hq, L) each row's sink probability exp(s_h - lse), None without
 
 
 def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
-                                 enable_gqa=False, return_lse=False):
+                                 enable_gqa=False, return_lse=False, sinks=None):
     """q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) -> out (B, Hq, L, Ev) [, lse (B, Hq, L)].
 
     Every score is computed, modified and masked (mask_mod everywhere). Returns (out, cache) or
-    ((out, lse), cache); flex_attention_backward on this cache is dense as well.
+    ((out, lse), cache); flex_attention_backward on this cache is dense as well. ``sinks`` (Hq,)
+    adds each query head's sink logit to its softmax.
     """
-    _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa)
+    _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sinks)
     B, Hq, L, E = q.shape
     S = k.shape[2]
     scale = 1 / math.sqrt(E) if scale is None else scale
@@ -302,15 +313,21 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     if block_mask is not None:
         score = np.where(_call_mask_mod(block_mask.mask_mod, (b, h, q_idx, kv_idx)), score, -np.inf)
     m = score.max(axis=-1, keepdims=True)                       # (B, Hq, L, 1)
+    if sinks is not None:   # the sink is one more column of the row: it joins the maximum
+        m = np.maximum(m, sinks[:, None, None])                 # (Hq,) -> (B, Hq, L, 1)
     m = np.where(np.isneginf(m), 0, m).astype(q.dtype)          # a fully masked row: no NaN
     e = np.exp(score - m)                                       # (B, Hq, L, S)
     row_sum = e.sum(axis=-1, keepdims=True)                     # (B, Hq, L, 1)
+    if sinks is not None:   # ... and the sum; its value is 0, so it adds nothing to e @ v
+        row_sum = row_sum + np.exp(sinks[:, None, None] - m)    # (B, Hq, L, 1)
     empty = row_sum == 0                                        # fully masked rows
     out = (e / np.where(empty, 1, row_sum)) @ v                 # (B, Hq, L, Ev), zeros where empty
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, row_sum)))[..., 0]  # (B, Hq, L)
     # One L x S tile, partial where there is a mask: flex_attention_backward is dense too.
     mask_mod = None if block_mask is None else block_mask.mask_mod
-    cache = FlexCache(q_, k_, v_, out, lse.astype(q.dtype), score_mod, _one_tile(L, S, mask_mod), scale)
+    sink_p = None if sinks is None else (np.exp(sinks[:, None, None] - m) / row_sum)[..., 0]   # (B, Hq, L)
+    cache = FlexCache(q_, k_, v_, out, lse.astype(q.dtype), score_mod, _one_tile(L, S, mask_mod), scale, sinks,
+                      sink_p)
     return ((out, cache.lse) if return_lse else out), cache
 
 
@@ -351,13 +368,14 @@ def _tile_scores(q_blk, k_blk, grids, score_mod, mask_mod, partial, scale):
 
 
 def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
-                           enable_gqa=False, return_lse=False):
+                           enable_gqa=False, return_lse=False, sinks=None):
     """q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) -> out (B, Hq, L, Ev) [, lse (B, Hq, L)].
 
     Tiles of block_mask.BLOCK_SIZE (128 without a block mask); only the listed tiles are
     computed. Returns (out, cache) or ((out, lse), cache); lse is the natural log-sum-exp.
+    ``sinks`` (Hq,) adds each query head's sink logit to its softmax.
     """
-    _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa)
+    _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sinks)
     B, Hq, L, E = q.shape
     S, Ev = v.shape[2], v.shape[3]
     scale = 1 / math.sqrt(E) if scale is None else scale
@@ -367,12 +385,16 @@ def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
     v_rep = np.repeat(v, Hq // v.shape[1], axis=1)             # (B, Hkv, S, Ev) -> (B, Hq, S, Ev)
     out = np.zeros((B, Hq, L, Ev), dtype=q.dtype)
     lse = np.full((B, Hq, L), -np.inf, dtype=q.dtype)
+    sink_p = None if sinks is None else np.ones((B, Hq, L), dtype=q.dtype)   # (B, Hq, L) for dsinks
     for bs, hs, i, kv_blocks in _tiles(block_mask):
         i0, i1 = i * BQ, min((i + 1) * BQ, L)
         q_blk = q[bs, hs, i0:i1]                                  # (b, h, bq, E)
         m = np.full(q_blk.shape[:-1], -np.inf, dtype=q.dtype)    # (b, h, bq) running max
         row_sum = np.zeros(q_blk.shape[:-1], dtype=q.dtype)       # (b, h, bq) running sum
         acc = np.zeros((*q_blk.shape[:-1], Ev), dtype=q.dtype)  # (b, h, bq, Ev) running p @ v
+        if sinks is not None:   # the sink is the column seen first: m = max(-inf, s_h), l = 0 + exp(s_h - m) = 1
+            m = np.maximum(m, sinks[hs][:, None])                 # (h,) -> (b, h, bq); acc += 0: its value is 0
+            row_sum = row_sum + np.exp(sinks[hs][:, None] - m)    # (b, h, bq)
         for j, partial in kv_blocks:
             j0, j1 = j * BK, min((j + 1) * BK, S)
             grids = _tile_grids(B, Hq, bs, hs, i0, i1, j0, j1)
@@ -388,17 +410,20 @@ def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
         empty = row_sum == 0                                      # fully masked rows: 0 and -inf
         out[bs, hs, i0:i1] = acc / np.where(empty, 1, row_sum)[..., None]
         lse[bs, hs, i0:i1] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, row_sum)))
-    cache = FlexCache(q, k, v, out, lse, score_mod, block_mask, scale)
+        if sinks is not None:   # kept for dsinks: the sink's share of the row sum (never empty here)
+            sink_p[bs, hs, i0:i1] = np.exp(sinks[hs][:, None] - m) / row_sum
+    cache = FlexCache(q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p)
     return ((out, lse) if return_lse else out), cache
 
 
 def flex_attention_backward(dout, cache, dlse=None):
-    """dout (B, Hq, L, Ev) [, dlse (B, Hq, L)] -> (dq, dk, dv, dparams), tile by tile.
+    """dout (B, Hq, L, Ev) [, dlse (B, Hq, L)] -> (dq, dk, dv, dparams[, dsinks]), tile by tile.
 
-    dparams maps the score_mod's parameter names to their gradients ({} without parameters).
-    Each tile's probabilities are recomputed from lse (FlashAttention-2's backward).
+    dparams maps the score_mod's parameter names to their gradients ({} without parameters);
+    dsinks (Hq,) comes last if the forward had sinks. Each tile's probabilities are recomputed
+    from lse (FlashAttention-2's backward).
     """
-    q, k, v, out, lse, score_mod, block_mask, scale = cache
+    q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p = cache
     _check_flex_backward(dout, dlse, cache)
     B, Hq, L, E = q.shape
     S, Ev = v.shape[2], v.shape[3]
@@ -439,6 +464,8 @@ def flex_attention_backward(dout, cache, dlse=None):
     # Grouped-query heads: each kv head served g query heads; their gradients add up.
     dk = dk.reshape(B, Hq // g, g, S, E).sum(axis=2)           # (B, Hq, S, E) -> (B, Hkv, S, E)
     dv = dv.reshape(B, Hq // g, g, S, Ev).sum(axis=2)          # (B, Hq, S, Ev) -> (B, Hkv, S, Ev)
+    if sinks is not None:   # the sink column's dS = p (0 - D), summed over the batch and the rows
+        return dq, dk, dv, dparams, (-sink_p * D).sum(axis=(0, 2))   # (B, Hq, L) -> (Hq,)
     return dq, dk, dv, dparams
 
 
@@ -458,7 +485,7 @@ def _check_create_block_mask(B, H, Q_LEN, KV_LEN, BLOCK_SIZE):
                          f"got {BLOCK_SIZE!r}")
 
 
-def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa):
+def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sinks):
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float(name, x)
         check_ndim(name, x, 4)
@@ -476,6 +503,7 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa):
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
     check_scale(scale, "flex_attention")
+    check_sinks(sinks, q, "flex_attention")
     if block_mask is None:
         return
     if not isinstance(block_mask, BlockMask):

@@ -429,10 +429,12 @@ def test_backward_matches_finite_differences(case):
 
 
 def assert_matches_finite_differences(label, case, forward):
-    """dq, dk, dv of the readable backward against finite differences of ``forward`` (float64)."""
+    """dq, dk, dv (and dsinks, given sinks) of the readable backward against finite differences
+    of ``forward`` (float64)."""
     _, cache = forward(case)
-    grads = dict(zip("qkv", flash_attention_backward(case["dout"], cache), strict=True))
-    for name in ("q", "k", "v"):
+    names = ("q", "k", "v") + (("sinks",) if case.get("sinks") is not None else ())
+    grads = dict(zip(names, flash_attention_backward(case["dout"], cache), strict=True))
+    for name in names:
         a = case[name].copy()
         expected = numerical_grad(lambda a, name=name: forward(case, **{name: a})[0], a, case["dout"])
         assert_close(f"{label}.d{name} vs finite differences", grads[name], expected, **FD_TOL)
@@ -676,6 +678,16 @@ def test_window_softcap_twin_matches_flex_attention(case):
     """torch.nn.attention.flex_attention (eager, CPU, forward only) with score_mod
     c * tanh(score / c) and the causal window as a mask_mod, written here from the definition,
     gives the twin's output and lse; rows that see no key give 0 and -inf in both."""
+    out_b, lse_b = builtin_flex(case)
+    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS})
+    assert_close("flash[window] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
+    assert_close("flash[window].lse twin vs flex_attention", to_numpy(lse_t), to_numpy(lse_b).reshape(lse_t.shape))
+
+
+def builtin_flex(case):
+    """torch.nn.attention.flex_attention (eager, CPU, forward only) on the case, with score_mod
+    c * tanh(score / c) and, when causal, the causal window as a mask_mod, written here from the
+    definition: (out, lse) as tensors of shape (-1, nh, T, .), (-1, nh, T)."""
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
     q, k, v = (to_torch(a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape))
@@ -692,12 +704,10 @@ def test_window_softcap_twin_matches_flex_attention(case):
         return c * torch.tanh(score / c) if c else score
     with warnings.catch_warnings():     # "called without torch.compile()": eager is the point here
         warnings.simplefilter("ignore", UserWarning)
-        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu")
+        block_mask = create_block_mask(mask_mod, None, None, T, S_, device="cpu") if case["is_causal"] else None
         out_b, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case["scale"],
                                     enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
-    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS})
-    assert_close("flash[window] twin vs flex_attention", to_numpy(out_t), to_numpy(out_b).reshape(out_t.shape))
-    assert_close("flash[window].lse twin vs flex_attention", to_numpy(lse_t), to_numpy(aux.lse).reshape(lse_t.shape))
+    return out_b, aux.lse
 
 
 @given(case=window_inputs(dtype=np.float64, max_len=6, max_head=3, max_side=2, bound=1.0))
@@ -789,3 +799,271 @@ def _log_of(case):
 def test_bad_window_or_softcap_is_refused(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):
         flash_attention_forward(Q, K, V, **kwargs)
+
+
+# -- learned attention sinks (gpt-oss): one more softmax column per query head, value 0 ---------------
+
+@st.composite
+def sink_inputs(draw, dtype=None, max_len=9, sink_bound=8.0, **kw):
+    """A flash_inputs or window_inputs case with a head axis and sinks (nh,), one per query head
+    (grouped-query heads too). Sinks up to 8 against scores of a few units: the sink takes from
+    nothing to nearly the whole row."""
+    case = draw(flash_inputs(dtype=dtype, max_len=max_len, **kw) | window_inputs(dtype=dtype, max_len=max_len, **kw))
+    case = {"softcap": None, "window": None, **case}
+    if case["q"].ndim == 2:   # sinks need a head axis
+        case.update({n: case[n][None] for n in ("q", "k", "v", "dout")})
+    nh = case["q"].shape[-3]
+    case["sinks"] = draw(S.arrays(case["q"].dtype, (nh,), sink_bound), label="sinks")
+    return case
+
+
+SKWARGS = WKWARGS + ("sinks",)
+
+# GQA bottom-right with T > S (rows 0 and 1 see no key: out 0, lse = s_h); a window top-left with
+# T > S + w - 1 (the last rows see no key); softcap with a sink far above the scores; one head, T = 1.
+SINK_EDGES = [
+    {**make_case(ramp(2, 4, 5, 3), ramp(2, 2, 3, 3), ramp(2, 2, 3, 2), is_causal="bottom_right", block_q=2,
+                 block_k=2), "window": None, "softcap": None, "sinks": np.array([0.5, -1.0, 2.0, 0.0])},
+    {**WINDOW_EDGES[0], "sinks": np.array([1.0, -3.0])},
+    {**WINDOW_EDGES[1], "sinks": np.array([6.0])},
+    {**make_case(ramp(1, 1, 2), ramp(1, 3, 2), ramp(1, 3, 2)), "window": None, "softcap": None,
+     "sinks": np.array([-0.5])},
+]
+
+
+def sink_forward(case, impl="readable", **changes):
+    c = {**case, **changes}
+    if impl == "kernel":   # no window, softcap or bottom-right alignment in the tuned kernel
+        return fa.flash_attention_forward(c["q"], c["k"], c["v"], **{n: c[n] for n in KWARGS + ("sinks",)})
+    return flash_attention_forward(c["q"], c["k"], c["v"], **{n: c[n] for n in SKWARGS})
+
+
+def sink_twin(case):
+    """The torch twin's (out, lse) as a function of (q, k, v, sinks)."""
+    return lambda q, k, v, sinks: tw.flash_attention(q, k, v, **{n: case[n] for n in WKWARGS}, sinks=sinks)
+
+
+def sink_inputs_of(case):
+    return {name: case[name] for name in ("q", "k", "v", "sinks")}
+
+
+def dsinks_tol(case):
+    """assert_close's atol for dsinks: dsinks_h = -sum over R rows (batch and query positions of
+    head h) of p D, p = exp(s_h - lse) <= 1 and D = rowsum(dout * out), a sum of hv terms of at
+    most G = max|dout| max|v| each. Each term is off by a few ulps of hv G (D's rounding) plus
+    p's relative error, an ulp of |lse| (exp of s_h - lse rounds with lse), |lse| below
+    max|s_h| + the largest score + log(S + 1); the sum of R terms adds R ulps. Hence 8 ulps of
+    R hv G (1 + that bound); a bug is off by a fraction of R hv G itself."""
+    q, k, v, dout, sinks = (case[n] for n in ("q", "k", "v", "dout", "sinks"))
+    eps = float(np.finfo(q.dtype).eps)
+    hs, S_, hv = q.shape[-1], k.shape[-2], v.shape[-1]
+    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
+    R = q.size // (hs * q.shape[-3])
+    G = float(np.abs(dout).max(initial=0)) * float(np.abs(v).max(initial=0))
+    largest = scale * hs * float(np.abs(q).max(initial=0)) * float(np.abs(k).max(initial=0))
+    lse_bound = float(np.abs(sinks).max()) + largest + math.log(S_ + 1)
+    return dict(atol=max(TOLERANCES[q.dtype]["atol"], 8 * eps * R * hv * G * (1 + lse_bound)))
+
+
+def direct_sinks(case, q, k, v, sinks):
+    """The sink as the issue defines it, in plain torch: the masked, capped scores, the sink
+    column concatenated, softmax, the column dropped, times v. A row without a key has only its
+    sink: weights 0."""
+    T, S_, hs = q.shape[-2], k.shape[-2], q.shape[-1]
+    if q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
+    s = (q * scale) @ k.transpose(-1, -2)                             # (..., nh, T, S)
+    if case["softcap"] is not None:
+        s = case["softcap"] * torch.tanh(s / case["softcap"])
+    if case["is_causal"]:
+        offset = S_ - T if case["is_causal"] == "bottom_right" else 0
+        t, j = torch.arange(T)[:, None] + offset, torch.arange(S_)[None, :]
+        seen = (j <= t) & (j > t - case["window"]) if case["window"] else j <= t
+        s = s.masked_fill(~seen, -torch.inf)
+    sink_column = sinks[:, None, None].expand(s.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
+    weights = torch.softmax(torch.cat([s, sink_column], dim=-1), dim=-1)[..., :-1]   # (..., nh, T, S)
+    return weights @ v
+
+
+@given(case=sink_inputs())
+@example(case=SINK_EDGES[0])
+@example(case=SINK_EDGES[1])
+@example(case=SINK_EDGES[2])
+@example(case=SINK_EDGES[3])
+def test_sinks_match_twin_and_autograd(case):
+    """With sinks (and causal, window, softcap, GQA as drawn): out and lse equal the twin's, and
+    dq, dk, dv, dsinks autograd's of the twin."""
+    out, cache = sink_forward(case)
+    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in ("q", "k", "v")),
+                                      **{n: case[n] for n in WKWARGS}, sinks=to_torch(case["sinks"]))
+    assert_close("flash[sinks].out", out, to_numpy(out_t))
+    assert_close("flash[sinks].lse", cache.lse, to_numpy(lse_t))
+    grads = flash_attention_backward(case["dout"], cache)
+    assert len(grads) == 4, f"flash[sinks] backward returned {len(grads)} gradients, not dq, dk, dv, dsinks"
+    _, grads_t = autograd(lambda **t: sink_twin(case)(**t)[0], sink_inputs_of(case), case["dout"])
+    for name, d, tol in zip(("q", "k", "v", "sinks"), grads, (grad_tol(case),) * 2 + ({}, dsinks_tol(case)),
+                            strict=True):
+        assert_close(f"flash[sinks].d{name}", d, grads_t[name], **tol)
+
+
+@given(case=sink_inputs())
+@example(case=SINK_EDGES[0])
+@example(case=SINK_EDGES[2])
+def test_sinks_twin_matches_direct_torch(case):
+    """The twin equals the sink column written out in torch (concatenate, softmax, drop), output
+    and every gradient, sinks' included."""
+    out_d, grads_d = autograd(lambda **t: direct_sinks(case, **t), sink_inputs_of(case), case["dout"])
+    out_t, grads_t = autograd(lambda **t: sink_twin(case)(**t)[0], sink_inputs_of(case), case["dout"])
+    assert_close("flash[sinks] twin.out vs direct", out_t, out_d)
+    for name, tol in zip(("q", "k", "v", "sinks"), (grad_tol(case),) * 2 + ({}, dsinks_tol(case)), strict=True):
+        assert_close(f"flash[sinks] twin.d{name} vs direct", grads_t[name], grads_d[name], **tol)
+
+
+@given(case=window_inputs() | flash_inputs(), data=st.data())
+@example(case={**make_case(ramp(2, 7, 3), ramp(2, 3, 3), ramp(2, 3, 2), is_causal=True, block_q=3, block_k=2),
+               "window": 2, "softcap": None}, data=None)
+def test_sinks_twin_matches_builtin(case, data):
+    """torch.nn.attention.flex_attention's output and lse without a sink give the twin's with one:
+    out * sigmoid(lse - s_h) (the sink only enlarges the denominator exp(lse) by exp(s_h)) and
+    logaddexp(lse, s_h); rows without a key give 0 and s_h."""
+    case = {"softcap": None, "window": None, **case}
+    if case["q"].ndim == 2:
+        case.update({n: case[n][None] for n in ("q", "k", "v")})
+    nh = case["q"].shape[-3]
+    drawn = None if data is None else data.draw(S.arrays(case["q"].dtype, (nh,), 8.0), label="sinks")
+    sinks = (np.linspace(-3, 5, nh) if drawn is None else drawn).astype(case["q"].dtype)
+    out_b, lse_b = builtin_flex(case)
+    s_h = to_torch(sinks)[:, None]                                       # (nh, 1)
+    out_sink, lse_sink = out_b * torch.sigmoid(lse_b - s_h)[..., None], torch.logaddexp(lse_b, s_h)
+    out_t, lse_t = tw.flash_attention(*(to_torch(case[n]) for n in "qkv"), **{n: case[n] for n in WKWARGS},
+                                      sinks=to_torch(sinks))
+    assert_close("flash[sinks] twin.out vs flex_attention", to_numpy(out_t), to_numpy(out_sink).reshape(out_t.shape))
+    assert_close("flash[sinks] twin.lse vs flex_attention", to_numpy(lse_t), to_numpy(lse_sink).reshape(lse_t.shape))
+
+
+@given(case=sink_inputs(dtype=np.float64, max_len=5, max_head=3, max_side=2, bound=1.0, sink_bound=2.0))
+@example(case=SINK_EDGES[0])
+@example(case=SINK_EDGES[2])
+def test_sinks_backward_matches_finite_differences(case):
+    """dq, dk, dv and dsinks against finite differences in float64 (bounded as the tests above:
+    the stencil's error stays near 1e-12)."""
+    if case["softcap"] is not None:
+        case = {**case, "softcap": max(case["softcap"], 0.2)}
+    assert_matches_finite_differences("flash[sinks]", case, sink_forward)
+
+
+# The FlashAttention-4 rule for a float32 result: its error against the float64 truth (computed on
+# the same float32 inputs, upcast exactly) is at most twice the torch twin's float32 error plus
+# 2 ulps of the largest |truth|. Here the truth is direct_sinks in float64 and autograd.
+def assert_fa4_rule(label, ours, twin, truth, extra=0.0):
+    """The rule, plus ``extra`` for roundings the twin does not share (see its use)."""
+    ulp = float(np.spacing(np.float32(np.abs(truth).max(initial=0))))
+    err, err_t = np.abs(ours.astype(np.float64) - truth), np.abs(twin.astype(np.float64) - truth)
+    allowed = 2 * err_t + 2 * ulp + extra
+    worst = np.unravel_index(np.argmax(err - allowed), err.shape) if err.size else ()
+    assert np.all(err <= allowed), (f"{label}{list(worst)}: error {err[worst]:.3g} against float64 > 2 x the "
+                                    f"twin's {err_t[worst]:.3g} + 2 ulp {ulp:.3g}")
+
+
+@given(case=sink_inputs(dtype=np.float32))
+@example(case={**SINK_EDGES[1], **{n: SINK_EDGES[1][n].astype(np.float32) for n in ("q", "k", "v", "dout", "sinks")}})
+def test_sinks_float32_follow_the_fa4_rule(case):
+    """dsinks and out in float32 of the readable version and of the kernel (where it applies)
+    against the float64 truth: within the FlashAttention-4 rule of the twin's float32 error, plus
+    the roundings in which an implementation may differ from the twin's on the same formula. The
+    scores are rounded by each one's own matmul, tanh and exp (NumPy's, not torch's; the kernel
+    folds log2(e) into q's scale, subtracts c inside the matmul and takes its sink times
+    log2(e)), each to a few ulps of the largest score or sink |s| (|s2| = log2(e) |s| in the
+    kernel's base 2), twice for a difference of two; so every probability is off by 4 eps (1 + 2 |s|)
+    relatively, as in lse_allowance. That scales sum over the rows of |p D| for dsinks_h (from
+    the float64 forward) and max|v| for out. On a small case a lucky twin can be nearly exact,
+    and without this the rule would ask the other roundings to be exact too."""
+    case64 = {**case, **{n: case[n].astype(np.float64) for n in ("q", "k", "v", "dout", "sinks")}}
+    out_64, grads_64 = autograd(lambda **t: direct_sinks(case64, **t), sink_inputs_of(case64), case64["dout"])
+    out_t, grads_t = autograd(lambda **t: sink_twin(case)(**t)[0], sink_inputs_of(case), case["dout"])
+    _, cache_64 = sink_forward(case64)
+    pD = np.abs(cache_64.sink_p * (case64["dout"] * cache_64.out).sum(axis=-1))   # (..., nh, T)
+    pD = pD.sum(axis=-1).reshape(-1, pD.shape[-2]).sum(axis=0)                    # (nh,)
+    q, k = case["q"], case["k"]
+    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
+    largest = max(scale * q.shape[-1] * float(np.abs(q).max()) * float(np.abs(k).max()),
+                  float(np.abs(case["sinks"]).max()))
+    kernel_applies = case["is_causal"] != "bottom_right" and case["window"] is None and case["softcap"] is None
+    for impl in ("readable", "kernel") if kernel_applies else ("readable",):
+        out, cache = sink_forward(case, impl)
+        dsinks = IMPLS[impl][1](case["dout"], cache)[3]
+        s = largest * (math.log2(math.e) if impl == "kernel" else 1)
+        relative = 4 * float(np.finfo(np.float32).eps) * (1 + 2 * s)
+        assert_fa4_rule(f"flash {impl}[sinks].dsinks float32", dsinks, grads_t["sinks"], grads_64["sinks"],
+                        extra=relative * pD)
+        assert_fa4_rule(f"flash {impl}[sinks].out float32", out, out_t, out_64,
+                        extra=relative * float(np.abs(case["v"]).max()))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sinks_without_keys_give_zeros(impl, is_causal):
+    """S = 0: each row holds its sink alone, so weights 0 and output 0 (not NaN), lse = s_h, and
+    every gradient 0, dsinks included (D = rowsum(dout * 0) = 0)."""
+    q, k, v, sinks = ramp(2, 3, 4), np.zeros((2, 0, 4)), np.zeros((2, 0, 5)), np.array([1.5, -2.0])
+    forward, backward = IMPLS[impl]
+    out, cache = forward(q, k, v, is_causal=is_causal, sinks=sinks)
+    dq, dk, dv, dsinks = backward(ramp(2, 3, 5), cache)
+    assert_close("flash[sinks].out with S = 0", out, np.zeros((2, 3, 5)))
+    assert_close("flash[sinks].lse with S = 0", cache.lse, np.repeat(sinks[:, None], 3, axis=1))
+    assert_close("flash[sinks].dq with S = 0", dq, np.zeros_like(q))
+    assert_close("flash[sinks].dsinks with S = 0", dsinks, np.zeros(2))
+    assert dk.shape == (2, 0, 4) and dv.shape == (2, 0, 5), f"dk {dk.shape}, dv {dv.shape}"
+
+
+def test_sinks_rows_without_keys_give_zeros():
+    """Bottom-right with T > S: rows 0..T-S-1 see no key; with a sink they give output 0, lse = s_h
+    and no gradient, while the other rows' weights sum to 1 - p, p the sink's probability."""
+    case = SINK_EDGES[0]
+    out, cache = sink_forward(case)
+    dq, _, _, _ = flash_attention_backward(case["dout"], cache)
+    assert np.all(out[..., :2, :] == 0) and np.all(dq[..., :2, :] == 0), "flash[sinks]: rows without a key"
+    assert_close("flash[sinks].lse of rows without a key", cache.lse[..., :2],
+                 np.broadcast_to(case["sinks"][:, None], cache.lse[..., :2].shape))
+    # v = 1 everywhere: out = sum of the weights = 1 - exp(s_h - lse)
+    ones = {**case, "v": np.ones_like(case["v"])}
+    out_1, cache_1 = sink_forward(ones)
+    p_sink = np.exp(case["sinks"][:, None] - cache_1.lse)
+    assert_close("flash[sinks] weights sum to 1 - p_sink", out_1[..., 0], 1 - p_sink)
+
+
+def test_sinks_large_against_the_scores_stay_finite():
+    """A sink far above every score (1e3 in float32, past exp's overflow against m = 0) takes the
+    whole row: output about 0, dsinks about 0; far below, it changes nothing."""
+    q, k, v = (ramp(2, 4, 3, dtype=np.float32) for _ in range(3))
+    dout = ramp(2, 4, 3, dtype=np.float32)
+    for impl, (forward, backward) in IMPLS.items():
+        plain, _ = forward(q, k, v)
+        high, cache = forward(q, k, v, sinks=np.float32([1e3, 1e3]))
+        grads = backward(dout, cache)
+        assert all(np.isfinite(a).all() for a in (high, cache.lse, *grads)), f"flash {impl}[sinks]: not finite"
+        assert_close(f"flash {impl}[sinks].out with a sink of 1e3", high, np.zeros_like(high))
+        low, _ = forward(q, k, v, sinks=np.float32([-1e3, -1e3]))
+        assert_close(f"flash {impl}[sinks].out with a sink of -1e3", low, plain)
+
+
+BAD_SINKS = [   # (sinks, q, error, what the message must say)
+    (np.zeros(3), Q, ValueError,
+     "sinks must have shape (nh,) = (4,), one per query head (q (2, 4, 3, 8)), got shape (3,)"),
+    (np.zeros((4, 1)), Q, ValueError, "got shape (4, 1)"),
+    (np.zeros(4, np.float32), Q, TypeError, "sinks must have q's dtype float64, got dtype float32"),
+    ([0.0] * 4, Q, TypeError, "sinks must be a NumPy array (nh,) or None, got list [0.0, 0.0, 0.0, 0.0]"),
+    (np.array([0, np.nan, 0, 0]), Q, ValueError, "sinks must be finite, got array([ 0., nan,  0.,  0.])"),
+    (np.array([0, 0, np.inf, 0]), Q, ValueError, "sinks must be finite, got array([ 0.,  0., inf,  0.])"),
+    (np.zeros(3), Q[0, 0], ValueError, "sinks must have shape (nh,), but q has no head axis"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sinks, q, error, message", BAD_SINKS)
+def test_bad_sinks_are_refused(impl, sinks, q, error, message):
+    k, v = (K, V) if q.ndim == 4 else (K[0, 0], V[0, 0])
+    with pytest.raises(error, match=re.escape(message)):
+        IMPLS[impl][0](q, k, v, sinks=sinks)

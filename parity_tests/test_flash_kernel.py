@@ -21,6 +21,7 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.flash_attention import flash_attention_backward as readable_backward
 from numpy_attn.flash_attention import flash_attention_forward as readable_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import TOLERANCES, assert_close
@@ -79,7 +80,10 @@ def tolerances(case):
     allowed; (2) every probability is exp of a score rounded to an ulp of the largest score |s|,
     so P is off by a few ulps of |s|, relatively (4 allowed), whatever the shift: out (a mean of
     v) by that times max|v|, lse by that absolutely, dv (g T rows of P dout) by that times
-    T max|dout|, dq and dk by that times M.
+    T max|dout|, dq and dk by that times M. A sink s_h is one more score (its exponent s_h - c
+    or s_h - m is one more score difference): |s_h| joins the bound on |s|; and dsinks, a sum
+    over R rows of p D (p <= 1, |D| <= G = hv max|dout| max|v|, D's own rounding a few ulps of
+    G), is off by (8 eps + P's relative error) R G.
     """
     q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
     eps = float(np.finfo(q.dtype).eps)
@@ -88,9 +92,16 @@ def tolerances(case):
     qk = max(float(np.abs(q).max()), float(np.abs(k).max()))
     M = scale * qk * max(T, S_) * float(np.abs(dout).max()) * float(np.abs(v).max()) * hv
     largest = scale * hs * float(np.abs(q).max()) * float(np.abs(k).max())   # bound on |score|
+    sinks = case.get("sinks")
+    if sinks is not None:
+        largest = max(largest, float(np.abs(sinks).max()))
     relative = 4 * eps * (1 + largest)
     atol = TOLERANCES[q.dtype]["atol"]
-    return {"out": dict(atol=atol + relative * float(np.abs(v).max())),
+    extra = {}
+    if sinks is not None:
+        R, G = q.size // (hs * q.shape[-3]), hv * float(np.abs(dout).max()) * float(np.abs(v).max())
+        extra["dsinks"] = dict(atol=atol + (8 * eps + relative) * R * G)
+    return {**extra, "out": dict(atol=atol + relative * float(np.abs(v).max())),
             "lse": dict(atol=atol + relative),
             "dq": dict(atol=atol + (8 * eps + relative) * M),
             "dk": dict(atol=atol + (8 * eps + relative) * M),
@@ -321,3 +332,88 @@ def test_kernel_tiles_are_clamped_to_the_lengths():
     ref, _ = scaled_dot_product_attention_forward(q, k, v)
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14, err_msg="kernel out, clamped tiles")
     assert (cache.block_q, cache.block_k) == (3, 3), (cache.block_q, cache.block_k)
+
+
+# -- learned attention sinks -----------------------------------------------------------------------
+
+def with_sinks(case, sinks):
+    """The case with a head axis (sinks need one) and ``sinks`` (nh,) in its dtype."""
+    if case["q"].ndim == 2:
+        case = {**case, **{n: case[n][None] for n in ("q", "k", "v", "dout") if n in case}}
+    return {**case, "sinks": np.asarray(sinks, case["q"].dtype).reshape(case["q"].shape[-3])}
+
+
+def sink_results(forward, backward, case):
+    """(out, lse, (dq, dk, dv, dsinks)) of an implementation on a case with sinks."""
+    kwargs = {n: case[n] for n in ("is_causal", "scale", "block_q", "block_k", "sinks")}
+    out, cache = forward(case["q"], case["k"], case["v"], **kwargs)
+    return out, cache.lse, backward(case["dout"], cache)
+
+
+@given(case=kernel_inputs(), data=st.data())
+def test_sinks_each_path_matches_the_readable_version(case, data):
+    """With sinks from far below to far above the scores (the logits multiply them too): the path
+    taken and the running-maximum path alone give the readable version's out, lse and gradients,
+    dsinks included (float64 tightly, float32 to rounding: tolerances counts the sink)."""
+    nh = case["q"].shape[-3] if case["q"].ndim >= 3 else 1
+    logits = float(np.abs(case["q"]).max()) + 1
+    case = with_sinks(case, data.draw(S.arrays(case["q"].dtype, (nh,), 4.0), label="sinks") * logits)
+    expected = sink_results(readable_forward, readable_backward, case)
+    tol = tolerances(case)
+    for label, shifted in (("kernel[sinks]", False), ("kernel[sinks] shifted", True)):
+        with pytest.MonkeyPatch.context() as mp:
+            if shifted:
+                _always_shifted(mp)
+            out, lse, grads = sink_results(fa.flash_attention_forward, fa.flash_attention_backward, case)
+        assert_all_close(label, (out, lse, grads[:3]), (expected[0], expected[1], expected[2][:3]), tol)
+        assert_close(f"{label}.dsinks", grads[3], expected[2][3], **tol["dsinks"])
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 100.0), (np.float64, 800.0)])
+def test_a_sink_far_above_key_0_falls_back(monkeypatch, dtype, big):
+    """A sink 2 big above every row's score against key 0 (exp(s_h - c) overflows) sends every
+    block, and only then, to the running maximum, which starts at the sink: the result is the
+    readable version's, the output about 0 (the sink takes the whole row)."""
+    calls = _count_fallbacks(monkeypatch)
+    case = with_sinks(_one_row_of_scores(dtype, 1.0, first=1.0), [2 * big])
+    got = sink_results(fa.flash_attention_forward, fa.flash_attention_backward, case)
+    expected = sink_results(readable_forward, readable_backward, case)
+    tol = tolerances(case)
+    assert calls == [0, 4, 8], f"fallbacks of blocks at rows {calls}, expected every block (0, 4, 8)"
+    assert_all_close("kernel[sinks]", (got[0], got[1], got[2][:3]), (expected[0], expected[1], expected[2][:3]), tol)
+    assert_close("kernel[sinks].dsinks", got[2][3], expected[2][3], **tol["dsinks"])
+    assert_close("kernel[sinks].out with a sink far above", got[0], np.zeros_like(got[0]))
+    calls.clear()
+    sink_results(fa.flash_attention_forward, fa.flash_attention_backward, {**case, "sinks": -case["sinks"]})
+    assert calls == [], f"a sink far below the scores made blocks at rows {calls} fall back"
+
+
+@given(case=extreme_inputs(), sink=st.floats(-2.0 ** 125, 2.0 ** 125, width=32) | st.floats(-100, 100, width=32))
+@example(case=SMALL_WEIGHT, sink=-45.0)    # the sink between the weights 1 and e^-70
+def test_kernel_with_sinks_is_as_accurate_as_the_readable_version(case, sink):
+    """test_kernel_is_as_accurate_as_the_readable_version with a sink of any size: its bound holds
+    with the sink as one more weight of value 0 (W is unchanged by it, L counts |s_h|)."""
+    q, k, v = (case[n][None] for n in ("q", "k", "v"))
+    sinks = np.float32([sink])
+    kwargs = {n: case[n] for n in ("is_causal", "scale", "block_q", "block_k")}
+    s = (q[0].astype(np.float64) * np.float64(np.float32(case["scale"]))) @ k[0].astype(np.float64).T   # (T, S)
+    if case["is_causal"]:
+        s = np.where(np.tri(*s.shape, dtype=bool), s, -np.inf)
+    s = np.concatenate([s, np.full((len(s), 1), float(sink))], axis=1)   # the sink column, value 0
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True))[:, :-1]
+    truth = p @ v[0].astype(np.float64)
+    with np.errstate(all="ignore"):
+        readable = readable_forward(q, k, v, sinks=sinks, **kwargs)[0][0].astype(np.float64)
+    got = fa.flash_attention_forward(q, k, v, sinks=sinks, **kwargs)[0][0].astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    S_, hs = k.shape[-2:]
+    L = math.log2(math.e) * max(float(case["scale"]) * float(np.abs(q).max()) * float(np.abs(k).max()), abs(sink))
+    W = p @ np.abs(v[0].astype(np.float64))
+    allowed = (2 * np.abs(readable - truth) + 2 * eps * (4 * (hs + 1) * L + S_ + 4) * W
+               + (S_ + 1) * 2.0 ** -126 * float(np.abs(v).max()))
+    err = np.abs(got - truth)
+    worst = np.unravel_index(np.argmax(err - allowed), err.shape)
+    assert np.all(err <= allowed), (
+        f"kernel[sinks] out{list(worst)} = {got[worst]!r}, truth {truth[worst]!r}: error {err[worst]:.3g} > "
+        f"allowed {allowed[worst]:.3g} (readable's error {abs(readable[worst] - truth[worst]):.3g})")

@@ -28,10 +28,12 @@ from parity_tests.helpers import (
     FD_TOL,
     TOLERANCES,
     assert_close,
+    autograd,
     numerical_grad,
     to_numpy,
     to_torch,
 )
+from parity_tests.test_flash_attention import assert_fa4_rule
 
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "prefix_lm", "document",
          "document_causal", "drawn")
@@ -173,13 +175,14 @@ def numpy_forward(case, dense=False, **changes):
     c = {**case, **changes}
     forward = nf.dense_flex_attention_forward if dense else nf.flex_attention_forward
     return forward(c["q"], c["k"], c["v"], build_score(nf, c, c["param"]), numpy_block_mask(c),
-                   scale=c["scale"], enable_gqa=gqa(c), return_lse=True)
+                   scale=c["scale"], enable_gqa=gqa(c), return_lse=True, sinks=c.get("sinks"))
 
 
 def numpy_grads(case, cache):
-    """{"q", "k", "v", and the score_mod's parameter name}: the hand-written gradients."""
-    dq, dk, dv, dparams = nf.flex_attention_backward(case["dout"], cache, dlse=case["dlse"])
-    return {"q": dq, "k": dk, "v": dv, **dparams}
+    """{"q", "k", "v", the score_mod's parameter name, and "sinks" with sinks}: the hand-written
+    gradients."""
+    dq, dk, dv, dparams, *dsinks = nf.flex_attention_backward(case["dout"], cache, dlse=case["dlse"])
+    return {"q": dq, "k": dk, "v": dv, **dparams, **({"sinks": dsinks[0]} if dsinks else {})}
 
 
 def twin_grads(case):
@@ -188,9 +191,11 @@ def twin_grads(case):
     param = case["param"]
     if case["score"] in PARAMS:
         param = t[PARAMS[case["score"]]] = to_torch(param, requires_grad=True)
+    if case.get("sinks") is not None:
+        t["sinks"] = to_torch(case["sinks"], requires_grad=True)
     out, lse = tf.flex_attention(t["q"], t["k"], t["v"], build_score(tf, case, param),
                                  torch_block_mask(case), scale=case["scale"], enable_gqa=gqa(case),
-                                 return_lse=True)
+                                 return_lse=True, sinks=t.get("sinks"))
     loss = (out * to_torch(case["dout"])).sum()
     if case["dlse"] is not None:      # -inf rows: where() in the twin passes them no gradient
         loss = loss + torch.where(torch.isneginf(lse), 0, lse * to_torch(case["dlse"])).sum()
@@ -457,21 +462,195 @@ def test_backward_matches_finite_differences(case):
     """Every gradient, the score_mod's parameters included, against the five-point stencil of
     sum(out * dout) + sum(lse * dlse) over rows with a finite lse. Elements bounded by 1 (see
     test_flash_attention.py): it keeps the stencil's truncation error near 1e-12."""
+    assert_matches_finite_differences(case)
+
+
+def assert_matches_finite_differences(case):
+    """Every gradient of the case (dsinks too, given sinks) against finite differences (float64)."""
     _, cache = numpy_forward(case)
     grads = numpy_grads(case, cache)
     dlse = np.zeros(cache.lse.shape) if case["dlse"] is None else case["dlse"]
     dlse = np.where(np.isneginf(cache.lse), 0, dlse)
-    names = ["q", "k", "v"] + ([PARAMS[case["score"]]] if case["score"] in PARAMS else [])
+    names = (["q", "k", "v"] + ([PARAMS[case["score"]]] if case["score"] in PARAMS else [])
+             + (["sinks"] if case.get("sinks") is not None else []))
 
     def f(name):
         def loss(a):                            # a is the array numerical_grad moves in place
-            (out, lse), _ = numpy_forward(case, **({"param": a} if name not in "qkv" else {name: a}))
+            change = {"param": a} if name in PARAMS.values() else {name: a}
+            (out, lse), _ = numpy_forward(case, **change)
             return np.sum(out * case["dout"]) + np.sum(np.where(np.isneginf(lse), 0, lse) * dlse)
         return loss
     for name in names:
-        a = (case["param"] if name not in "qkv" else case[name]).copy()
+        a = (case["param"] if name in PARAMS.values() else case[name]).copy()
         expected = numerical_grad(f(name), a, np.ones(()))
         assert_close(f"flex.d{name} ({case['score']}) vs finite differences", grads[name], expected, **FD_TOL)
+
+
+# -- learned attention sinks (gpt-oss): one more softmax column per query head, value 0 ---------------
+
+@st.composite
+def sink_inputs(draw, dtype=None, max_len=9, max_head=4, bound=4.0, sink_bound=8.0):
+    """A flex_inputs case with sinks (Hq,), one per query head, up to 8: from nothing to nearly
+    the whole row."""
+    case = draw(flex_inputs(dtype=dtype, max_len=max_len, max_head=max_head, bound=bound))
+    return {**case, "sinks": draw(S.arrays(case["q"].dtype, (case["q"].shape[1],), sink_bound), label="sinks")}
+
+
+# EDGE_CASES[0]: bottom-right with L > S, rows 0 and 1 fully masked, dlse given: lse = s_h there,
+# and dsinks takes dlse from them; a drawn per-head mask with a learned bias; L = S = 1.
+SINK_EDGES = [{**EDGE_CASES[0], "sinks": np.array([1.5, -2.0])},
+              {**EDGE_CASES[3], "sinks": np.array([0.25, 3.0])},
+              {**EDGE_CASES[4], "sinks": np.array([-0.5])}]
+
+
+def sink_tols(case):
+    """grad_tols, and for dsinks: dsinks_h = -sum over R = B L rows of p (D - dlse), p <= 1 the
+    sink's probability, |D - dlse| <= G (grad_tols' G); each term is off by a few ulps of G plus
+    p's relative error, the ulps of its exponent s_h - m, |s_h - m| below max|s_h| + the largest
+    score (with the bias, forward_tol's bound); R terms add R ulps. Hence 8 ulps of R G (1 + that)."""
+    q, k, v, dout, dlse, sinks = (case[n] for n in ("q", "k", "v", "dout", "dlse", "sinks"))
+    eps = float(np.finfo(q.dtype).eps)
+    B, _, L, E = q.shape
+    G = np.abs(dout).max() * np.abs(v).max() * v.shape[3] + (0 if dlse is None else np.abs(dlse).max())
+    bias = np.abs(case["param"]).max() * max(L, k.shape[2]) if case["score"] in PARAMS else 0.0
+    largest = _scale(case) * E * np.abs(q).max() * np.abs(k).max() + bias + np.abs(sinks).max()
+    atol = max(TOLERANCES[q.dtype]["atol"], 8 * eps * B * L * G * (1 + largest))
+    return {**grad_tols(case), "sinks": dict(atol=atol)}
+
+
+@given(case=sink_inputs(), dense=st.booleans())
+@example(case=SINK_EDGES[0], dense=False)
+@example(case=SINK_EDGES[1], dense=True)
+@example(case=SINK_EDGES[2], dense=False)
+def test_sinks_match_twin_and_autograd(case, dense):
+    """With sinks, the tiled and the dense path: out and lse equal the twin's; dq, dk, dv, the
+    modifier's parameters and dsinks equal autograd's of sum(out dout) + sum(lse dlse)."""
+    (out, lse), cache = numpy_forward(case, dense=dense)
+    (out_t, lse_t), grads_t = twin_grads(case)
+    out_tol, lse_tol = forward_tol(case)
+    assert_close("flex[sinks].out", out, out_t, **out_tol)
+    assert_close("flex[sinks].lse", lse, lse_t, **lse_tol)
+    grads = numpy_grads(case, cache)
+    assert grads.keys() == grads_t.keys(), f"gradients {sorted(grads)} != autograd's {sorted(grads_t)}"
+    tols = sink_tols(case)
+    for name, d in grads.items():
+        assert_close(f"flex[sinks].d{name}", d, grads_t[name], **tols[name])
+
+
+def direct_sinks(case, q, k, v, sinks):
+    """The sink as defined, in plain torch: the twin's scores without a sink (its lse gives them
+    back only masked; recomputed here), the sink column concatenated, softmax, dropped, times v."""
+    B, Hq, L, E = q.shape
+    k, v = (x.repeat_interleave(Hq // x.shape[1], dim=1) for x in (k, v))
+    b, h, q_idx, kv_idx = (torch.arange(n).reshape(shape) for n, shape in
+                           ((B, (B, 1, 1, 1)), (Hq, (1, Hq, 1, 1)), (L, (1, 1, L, 1)), (k.shape[2], (1, 1, 1, -1))))
+    score = (q @ k.transpose(-2, -1)) * _scale(case)
+    param = to_torch(case["param"]) if case["score"] in PARAMS else case["param"]
+    score_mod, mask_mod = build_score(tf, case, param), build_mask(tf, case)
+    if score_mod is not None:
+        score = score_mod(score, b, h, q_idx, kv_idx).to(q.dtype)
+    if mask_mod is not None:
+        score = torch.where(mask_mod(b, h, q_idx, kv_idx), score, -torch.inf)
+    column = sinks[:, None, None].expand(score.shape[:-1] + (1,))        # (Hq,) -> (B, Hq, L, 1)
+    return torch.softmax(torch.cat([score, column], dim=-1), dim=-1)[..., :-1] @ v
+
+
+@given(case=sink_inputs())
+@example(case=SINK_EDGES[0])
+def test_sinks_twin_matches_direct_and_builtin(case):
+    """The twin's output and gradients (dsinks included) equal the sink column written out in
+    torch; its output and lse equal torch.nn.attention.flex_attention's without a sink corrected
+    for it: out * sigmoid(lse - s_h) and logaddexp(lse, s_h) (the sink only adds exp(s_h) to the
+    denominator exp(lse)); fully masked rows give 0 and s_h in both."""
+    inputs = {n: case[n] for n in ("q", "k", "v", "sinks")}
+    out_d, grads_d = autograd(lambda **t: direct_sinks(case, **t), inputs, case["dout"])
+    no_dlse = {**case, "dlse": None}
+    (out_t, lse_t), grads_t = twin_grads(no_dlse)
+    out_tol, lse_tol = forward_tol(case)
+    assert_close("flex[sinks] twin.out vs direct", out_t, out_d, **out_tol)
+    tols = sink_tols(no_dlse)
+    for name in ("q", "k", "v", "sinks"):
+        assert_close(f"flex[sinks] twin.d{name} vs direct", grads_t[name], grads_d[name], **tols[name])
+    out_b, lse_b = (to_torch(a) for a in builtin_forward(case))
+    s_h = to_torch(case["sinks"])[:, None]                                 # (Hq, 1)
+    assert_close("flex[sinks] twin.out vs builtin", out_t,
+                 to_numpy(out_b * torch.sigmoid(lse_b - s_h)[..., None]), **out_tol)
+    assert_close("flex[sinks] twin.lse vs builtin", lse_t, to_numpy(torch.logaddexp(lse_b, s_h)), **lse_tol)
+
+
+@given(case=sink_inputs(dtype=np.float64, max_len=4, max_head=2, bound=1.0, sink_bound=2.0))
+@example(case=SINK_EDGES[0])
+def test_sinks_backward_matches_finite_differences(case):
+    """dsinks and every other gradient with sinks against finite differences, as above."""
+    assert_matches_finite_differences(case)
+
+
+@given(case=sink_inputs(dtype=np.float32))
+@example(case={**SINK_EDGES[1], **{n: SINK_EDGES[1][n].astype(np.float32) for n in ("q", "k", "v", "dout", "sinks")},
+               "param": SINK_EDGES[1]["param"].astype(np.float32), "dlse": None})
+def test_sinks_float32_follow_the_fa4_rule(case):
+    """dsinks and out of both paths in float32 against the float64 truth (the sink column
+    written out, on the same inputs upcast exactly): within FlashAttention-4's rule of the twin's
+    float32 error, plus the roundings the twin does not share (NumPy's exp, tanh and matmul):
+    every probability off by 4 eps (1 + 2 |s|) relatively, |s| the largest score with its bias
+    or sink (as test_flash_attention.py's test of the rule argues), times sum over the rows of
+    |p D| for dsinks_h and max|v| for out."""
+    case = {**case, "dlse": None}
+    up = {n: case[n].astype(np.float64) for n in ("q", "k", "v", "dout", "sinks")}
+    case64 = {**case, **up, "param": case["param"].astype(np.float64) if case["score"] in PARAMS else case["param"]}
+    out_64, grads_64 = autograd(lambda **t: direct_sinks(case64, **t), {n: case64[n] for n in ("q", "k", "v", "sinks")},
+                                case64["dout"])
+    (out_t, _), grads_t = twin_grads(case)
+    _, cache_64 = numpy_forward(case64)
+    pD = np.abs(cache_64.sink_p * (case64["dout"] * cache_64.out).sum(axis=-1)).sum(axis=(0, 2))   # (Hq,)
+    B, _, L, E = case["q"].shape
+    bias = np.abs(case["param"]).max() * max(L, case["k"].shape[2]) if case["score"] in PARAMS else 0.0
+    largest = max(_scale(case) * E * np.abs(case["q"]).max() * np.abs(case["k"]).max() + bias,
+                  np.abs(case["sinks"]).max())
+    relative = 4 * float(np.finfo(np.float32).eps) * (1 + 2 * float(largest))
+    for dense in (False, True):
+        (out, _), cache = numpy_forward(case, dense=dense)
+        dsinks = numpy_grads(case, cache)["sinks"]
+        assert_fa4_rule(f"flex[sinks] dense={dense}.dsinks float32", dsinks, grads_t["sinks"], grads_64["sinks"],
+                        extra=relative * pD)
+        assert_fa4_rule(f"flex[sinks] dense={dense}.out float32", out, out_t, out_64,
+                        extra=relative * float(np.abs(case["v"]).max()))
+
+
+def test_sinks_fully_masked_rows_give_zeros():
+    """A fully masked row (bottom-right, L > S) holds its sink alone: output 0 (not NaN), lse =
+    s_h, no gradient to q; dsinks then gets dlse from it (d lse / d s_h = p = 1), and a row that
+    sees keys sums its weights to 1 - p."""
+    case = SINK_EDGES[0]
+    for dense in (False, True):
+        (out, lse), cache = numpy_forward(case, dense=dense)
+        grads = numpy_grads(case, cache)
+        assert np.all(out[:, :, :2] == 0) and np.all(grads["q"][:, :, :2] == 0), f"flex[sinks] dense={dense}"
+        assert_close("flex[sinks].lse of fully masked rows", lse[:, :, :2],
+                     np.broadcast_to(case["sinks"][None, :, None], lse[:, :, :2].shape))
+        without = nf.flex_attention_backward(case["dout"], cache, dlse=np.where(np.arange(5) < 2, 0, case["dlse"]))
+        assert_close("flex[sinks].dsinks from fully masked rows", grads["sinks"] - without[4],
+                     case["dlse"][..., :2].sum(axis=(0, 2)))
+        (out_1, lse_1), _ = numpy_forward({**case, "v": np.ones_like(case["v"])}, dense=dense)
+        assert_close("flex[sinks] weights sum to 1 - p", out_1[..., 2:, 0],
+                     1 - np.exp(case["sinks"][None, :, None] - lse_1[..., 2:]))
+
+
+BAD_SINKS = [   # (sinks, error, what the message must say)
+    (np.zeros(2), ValueError, "flex_attention: sinks must have shape (nh,) = (4,), one per query head "
+                              "(q (2, 4, 3, 8)), got shape (2,)"),
+    (np.zeros(4, np.float32), TypeError, "flex_attention: sinks must have q's dtype float64, got dtype float32"),
+    ((0.0,) * 4, TypeError, "flex_attention: sinks must be a NumPy array (nh,) or None, got tuple"),
+    (np.array([0, 0, 0, -np.inf]), ValueError,
+     "flex_attention: sinks must be finite, got array([  0.,   0.,   0., -inf])"),
+]
+
+
+@pytest.mark.parametrize("forward", [nf.flex_attention_forward, nf.dense_flex_attention_forward])
+@pytest.mark.parametrize("sinks, error, message", BAD_SINKS)
+def test_bad_sinks_are_refused(forward, sinks, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        forward(Q, K, V, enable_gqa=True, sinks=sinks)
 
 
 # -- properties ---------------------------------------------------------------------------------

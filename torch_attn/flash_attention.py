@@ -5,7 +5,8 @@ tile visits the key tiles keeping a running row maximum m, a running sum l and a
 numerator acc; a larger maximum m' rescales both by exp(m - m'); out = acc / l and
 lse = m + log(l). Causal (top-left aligned, or is_causal="bottom_right") skips the tiles above
 the diagonal, and with a sliding ``window`` those before each query tile's band; ``softcap``
-caps the scores at c * tanh(s / c) before the mask. No attn_mask, no dropout; grouped-query heads
+caps the scores at c * tanh(s / c) before the mask; ``sinks`` (nh,) starts each row's running
+sums with its head's sink logit (m = s_h, l = 1; its value is zero). No attn_mask, no dropout; grouped-query heads
 repeated at the edge as in the NumPy twin. Returns ``(out, lse)``, lse being the NumPy twin's
 ``cache.lse``.
 """
@@ -18,7 +19,8 @@ from torch_attn.masks import causal_mask, sliding_window_mask
 from torch_attn.softcap import logit_softcap
 
 
-def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512, softcap=None, window=None):
+def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512, softcap=None, window=None,
+                    sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), lse (..., T))."""
     _check_flash_attention(scale)
     T, hs = q.shape[-2:]
@@ -33,12 +35,17 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
     last = _last_row(T, S, offset, window)                   # rows from it on see no key (a window, top-left)
     out = torch.zeros(q.shape[:-1] + (hv,), dtype=q.dtype, device=q.device)   # (..., T, hv)
     lse = torch.full(q.shape[:-1], -torch.inf, dtype=q.dtype, device=q.device)   # (..., T)
+    if sinks is not None:   # rows that see no key: the sink alone, lse = s_h (out stays 0)
+        lse[...] = sinks[:, None]                            # (nh,) -> (..., nh, T)
     for i0 in range(first, last, block_q):                   # query tile: rows i0 .. i1-1
         i1 = min(i0 + block_q, last)
         q_i = q[..., i0:i1, :] * scale                       # (..., bq, hs)
         m = q_i.new_full(q_i.shape[:-1], -torch.inf)          # (..., bq) running row maximum
         row_sum = q_i.new_zeros(q_i.shape[:-1])               # (..., bq) running sum of exp(s - m): l
         acc = q_i.new_zeros(q_i.shape[:-1] + (hv,))           # (..., bq, hv) running sum of exp(s - m) v
+        if sinks is not None:   # the sink is the column seen first: m = max(-inf, s_h), l = 0 + exp(s_h - m) = 1
+            m = torch.maximum(m, sinks[:, None].detach())    # (nh,) -> (..., nh, bq); detach: m is a shift
+            row_sum = row_sum + torch.exp(sinks[:, None] - m)   # (..., nh, bq); its gradient reaches the sink
         S_seen = min(S, i1 + offset) if is_causal else S     # causal: keys after row i1-1's are never seen
         # A window: keys before row i0's first are never seen; start at the key tile holding it.
         j_first = max(0, i0 + offset - window + 1) // block_k * block_k if window else 0
@@ -90,4 +97,6 @@ def _check_flash_attention(scale):
 # enable_gqa=True) (its output; enable_gqa only where k, v have fewer heads than q), and lse equals
 # torch.logsumexp(scale * q @ k^T (causally masked), dim=-1). With softcap and window it equals
 # torch.nn.attention.flex_attention.flex_attention with score_mod c * tanh(score / c) and a
-# sliding-window mask_mod (parity_tests/test_flash_attention.py).
+# sliding-window mask_mod (parity_tests/test_flash_attention.py). With sinks, out equals the output
+# without them times sigmoid(lse - s_h), lse the no-sink log-sum-exp, and lse becomes
+# logaddexp(lse, s_h): the sink only enlarges each row's denominator.

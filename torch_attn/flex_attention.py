@@ -9,7 +9,8 @@ The modifiers are the NumPy twin's, written with torch ops, so they serve both t
 torch.nn.attention.flex_attention.flex_attention unchanged; a learned table or ALiBi's slopes that
 require grad receive their gradient through autograd. ``block_mask`` is any object with a
 ``mask_mod`` (torch's BlockMask or numpy_attn's); its mask is applied everywhere. Fully masked
-rows give output 0 and lse -inf, with zero gradients.
+rows give output 0 and lse -inf, with zero gradients. ``sinks`` (Hq,) adds each query head's sink
+logit to the row's maximum and sum, as one more column of value zero.
 """
 
 import math
@@ -129,7 +130,7 @@ def _index_grids(B, H, L, S):
 
 
 def flex_attention(q, k, v, score_mod=None, block_mask=None, scale=None,
-                   enable_gqa=False, return_lse=False):
+                   enable_gqa=False, return_lse=False, sinks=None):
     """q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) -> out (B, Hq, L, Ev) [, lse (B, Hq, L)]."""
     B, Hq, L, E = q.shape
     S = k.shape[2]
@@ -144,9 +145,13 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, scale=None,
         score = torch.where(block_mask.mask_mod(b, h, q_idx, kv_idx), score, -torch.inf)
     # detach: subtracting m is a constant shift of the scores, no gradient flows through it
     m = score.amax(dim=-1, keepdim=True).detach()               # (B, Hq, L, 1)
+    if sinks is not None:   # the sink is one more column of the row: it joins the maximum
+        m = torch.maximum(m, sinks[:, None, None].detach())     # (Hq,) -> (B, Hq, L, 1)
     m = torch.where(torch.isneginf(m), 0, m)                    # a fully masked row: no NaN
     e = torch.exp(score - m)                                    # (B, Hq, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)                       # (B, Hq, L, 1)
+    if sinks is not None:   # ... and the sum; its value is 0, so it adds nothing to e @ v
+        row_sum = row_sum + torch.exp(sinks[:, None, None] - m)   # (B, Hq, L, 1)
     empty = row_sum == 0                                        # fully masked rows
     out = (e / torch.where(empty, 1, row_sum)) @ v              # (B, Hq, L, Ev), zeros where empty
     lse = torch.where(empty, -torch.inf, m + torch.log(torch.where(empty, 1, row_sum)))[..., 0]  # (B, Hq, L)
@@ -155,4 +160,6 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, scale=None,
 
 # Equals torch.nn.attention.flex_attention.flex_attention(q, k, v, score_mod, block_mask, scale,
 # enable_gqa, return_lse) with the same modifiers (there the block mask's skipped tiles are masked
-# too; with a block mask from create_block_mask of the same mask_mod that is the same mask).
+# too; with a block mask from create_block_mask of the same mask_mod that is the same mask). With
+# sinks it equals that built-in's out * sigmoid(lse - s_h) and logaddexp(lse, s_h), out and lse
+# being the built-in's without the sink.

@@ -12,7 +12,10 @@ lists only what it does differently (docs/flash_attention_breakdown.md measures 
 - the row sums come out of p @ [v | 1], and in the backward s - lse and dP - D out of matmuls
   with an extra column, saving a pass over each tile;
 - exponentials in base 2 where NumPy vectorizes np.exp2 (AVX-512), base e elsewhere (see EXP);
-- causal: only the diagonal square of a tile is masked, by adding a precomputed -inf triangle.
+- causal: only the diagonal square of a tile is masked, by adding a precomputed -inf triangle;
+- ``sinks``: the sink's exp(s_h - c) starts the row sum (the column of ones' total), so the
+  tiles are untouched; the forward keeps each row's sink probability p, and the backward's
+  dsinks = -sum p D needs only it and D, O(T).
 
 Only top-left causal alignment (``is_causal`` True or False), block defaults 256 x 512.
 """
@@ -24,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype, check_scale
+from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype, check_scale, check_sinks
 
 LOG2E = math.log2(math.e)
 
@@ -61,6 +64,8 @@ class FlashCache(NamedTuple):
     scale: np.floating      # in q's dtype
     block_q: int
     block_k: int
+    sinks: np.ndarray | None = None   # (nh,) the sink logits, None without them
+    sink_p: np.ndarray | None = None  # (..., nh, T) each row's sink probability, None without sinks
 
     @property
     def lse(self):
@@ -73,7 +78,7 @@ class FlashCache(NamedTuple):
         return self.lse_b / LOG_FACTOR
 
 
-def _check_inputs(q, k, v, is_causal, scale, block_q, block_k):
+def _check_inputs(q, k, v, is_causal, scale, block_q, block_k, sinks):
     """Raise ValueError (TypeError for wrong array types) on inputs attention cannot take."""
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int | np.integer) or b < 1:
@@ -86,6 +91,7 @@ def _check_inputs(q, k, v, is_causal, scale, block_q, block_k):
     check_scale(scale)   # as numpy_attn/flash_attention.py
     # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
     check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
+    check_sinks(sinks, q)
 
 
 def _cpu_count():
@@ -151,7 +157,10 @@ def _future_mask(block_q, T, dtype):
 # Where the row spreads too far above c, anything overflows (inf or nan in p @ v_1) and the
 # block is computed again with the running maximum: rows whose scores spread over more than
 # about 88 (float32; 709 in float64) cost twice the time but give the same answer.
-# UNSHIFTED_MIN_SUM guards l >= 1 (rounding cannot bring it near 1/2).
+# UNSHIFTED_MIN_SUM guards l >= 1 (rounding cannot bring it near 1/2). A sink s_h is one more
+# score of the row, with value 0: it starts the row sum at exp(s_h - c), and since c is still at
+# most the row's maximum (over the scores and s_h) all of the above holds; a sink far above c
+# overflows there and sends the block to the running maximum, which then starts at s_h - c.
 UNSHIFTED_MIN_SUM = 0.5
 
 
@@ -172,13 +181,13 @@ def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k
     return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
 
 
-def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv, m):
     """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m.
 
-    Its scores are s - c too (q_blk as in _rows_unshifted): m is the maximum of s - c.
+    Its scores are s - c too (q_blk as in _rows_unshifted): m is the maximum of s - c. ``m``
+    (bq,) and acc come in holding what the tiles start from: -inf and 0, or the sink's.
     """
     bq = len(q_blk)
-    m = np.full(bq, -np.inf, q_blk.dtype)                    # (bq,) running row maximum
     for j0 in range(0, S_seen, block_k):
         j1 = min(j0 + block_k, S_seen)
         s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
@@ -193,8 +202,10 @@ def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, 
     return m
 
 
-def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
-    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse_b (T,)."""
+def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sink_b, sink_p):
+    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse_b (T,);
+    sink_b is the head's sink logit in the kernel's base, or None, and then sink_p (T,) its
+    probability in each row."""
     T, hs = q.shape
     S, hv = v.shape
     dtype = q.dtype
@@ -218,27 +229,36 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k):
         c = q_blk[:, :hs] @ k[0]                             # (bq,) score against key 0, <= the row maximum
         q_blk[:, hs] = -c
         acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
+        if sink_b is not None:   # the sink: value 0, score s_h, so it adds exp(s_h - c) to l alone
+            with np.errstate(over="ignore"):                 # overflow sends the block to the fallback
+                acc[:, hv] = EXP(sink_b - c)
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
         pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
         args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv)
-        m = c                                                # the shift the sums were taken against
+        top = 0                                              # the shift the sums were taken against, above c
         if not _rows_unshifted(*args):
             acc[:] = 0
-            m = c + _rows_shifted(*args)
+            m0 = np.full(i1 - i0, -np.inf, dtype)            # (bq,) the running maximum's start
+            if sink_b is not None:   # the sink seen first: m = s_h - c, l = exp(s_h - c - m) = 1
+                m0, acc[:, hv] = sink_b - c, 1
+            top = _rows_shifted(*args, m0)
         row_sum = acc[:, hv]                                 # (bq,) >= 1: the row maximum's term
         out[i0:i1] = acc[:, :hv] / row_sum[:, None]
-        lse_b[i0:i1] = m + LOG(row_sum)                      # log-sum-exp in the kernel's base
+        lse_b[i0:i1] = c + top + LOG(row_sum)                # log-sum-exp in the kernel's base
+        if sink_b is not None:   # kept for dsinks, as in the readable version: exp(s_h - m) / l
+            sink_p[i0:i1] = EXP(sink_b - c - top) / row_sum
 
 
-def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, block_k=512):
+def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, block_k=512, sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> out (..., T, hv), in tiles.
 
     Returns ``(out, cache)``; ``cache.lse`` (..., T) is each query row's log-sum-exp. Tiles are
     block_q queries by block_k keys (any sizes >= 1). The defaults, 256 x 512 (512 KiB of float32
     scores, a core's L2 cache on the machine measured), were the fastest shape that held up in
-    repeated runs there (docs/flash_attention_breakdown.md).
+    repeated runs there (docs/flash_attention_breakdown.md). ``sinks`` (nh,): each query head's
+    sink logit joins its softmax (numpy_attn/flash_attention.py); the backward adds dsinks.
     """
-    _check_inputs(q, k, v, is_causal, scale, block_q, block_k)
+    _check_inputs(q, k, v, is_causal, scale, block_q, block_k, sinks)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     # A tile never needs to be larger than the sequence: buffers are sized by the tiles.
@@ -251,15 +271,23 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     v3 = v.reshape(Nkv, S, hv)                               # (..., nkv, S, hv) -> (Nkv, S, hv)
     out = np.zeros((N, T, hv), q.dtype)                      # stays 0 if S = 0
     lse_b = np.full((N, T), -np.inf, q.dtype)                # log(0) if S = 0
+    # Each slice's sink in the kernel's base: slice n is query head n % nh.
+    sinks_b = None if sinks is None else np.tile(sinks * q.dtype.type(LOG_FACTOR), N // len(sinks))   # (N,)
+    sink_p = None if sinks is None else np.ones((N, T), q.dtype)   # (N, T); S = 0: the sink alone, p = 1
+    if sinks is not None:   # S = 0: lse = s_h
+        lse_b[:] = sinks_b[:, None]
 
     def one(n):   # query slice n reads key/value slice n // g
-        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse_b[n], is_causal, scale, block_q, block_k)
+        sink_b, sink_p_n = (None, None) if sinks is None else (sinks_b[n], sink_p[n])
+        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse_b[n], is_causal, scale, block_q, block_k,
+                       sink_b, sink_p_n)
 
     if S > 0:
         _map_slices(one, N, N * T * S * hs)
     out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
     lse_b = lse_b.reshape(q.shape[:-1])                      # (N, T) -> (..., nh, T)
-    cache = FlashCache(q, k, v, out, lse_b, is_causal, scale, block_q, block_k)
+    sink_p = None if sinks is None else sink_p.reshape(q.shape[:-1])   # (N, T) -> (..., nh, T)
+    cache = FlashCache(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p)
     return out, cache
 
 
@@ -315,11 +343,12 @@ def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, blo
 
 
 def flash_attention_backward(dout, cache):
-    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)).
+    """Gradients: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)), and
+    dsinks (nh,) after them if the forward had ``sinks``.
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse_b, is_causal, scale, block_q, block_k = cache
+    q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p = cache
     check_float("dout", dout)
     check_same_dtype(dout=dout, out=out)
     if dout.shape != out.shape:
@@ -344,4 +373,8 @@ def flash_attention_backward(dout, cache):
 
     if S > 0 and T > 0:
         _map_slices(one, Nkv, N * T * S * hs)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    if sinks is not None:   # dsinks = -sum over rows of p D (numpy_attn/flash_attention.py derives it)
+        D = np.einsum("...ij,...ij->...i", dout, out)        # (..., nh, T)
+        grads += ((-(sink_p * D)).sum(axis=-1).reshape(-1, len(sinks)).sum(axis=0),)   # (nh,)
+    return grads
