@@ -69,6 +69,7 @@ import numpy as np
 from numpy_attn._checks import (
     check_attention_inputs,
     check_dout,
+    check_sinks,
     check_softcap,
     check_window_is_causal,
 )
@@ -228,23 +229,14 @@ def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_gr
 
 
 def _check_sinks(sinks, q, k):
-    """Raise unless ``sinks`` is None or a finite (nh,) array of q's dtype, nh the query heads
-    of the scores (axis -3 of q, or of the batch axes broadcast): TypeError for another type
-    or dtype, ValueError for another shape, NaN or inf."""
-    if sinks is None:
-        return
-    if not isinstance(sinks, np.ndarray):
-        raise TypeError(f"sinks must be a NumPy array (nh,) or None, got {type(sinks).__name__}")
-    if sinks.dtype != q.dtype:
-        raise TypeError(f"sinks must have q's dtype {q.dtype}, got dtype {sinks.dtype}")
+    """Raise unless ``sinks`` is None or fits _checks.check_sinks, nh the query heads of the
+    scores: axis -3 of q, or of the batch axes q and k, v broadcast to."""
+    if sinks is None or not isinstance(sinks, np.ndarray) or sinks.dtype != q.dtype:
+        return check_sinks(sinks, q)                                       # no array, or not q's dtype
     g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
     kv_lead = k.shape[:-3] + (k.shape[-3] * g,) if g > 1 else k.shape[:-2]   # k's heads repeated g times
     lead = np.broadcast_shapes(q.shape[:-2], kv_lead)                      # the scores' (..., nh)
     if not lead:
         raise ValueError(f"sinks (shape {sinks.shape}) need a head axis, one sink per query head; "
                          f"q {q.shape} and k {k.shape} have none")
-    if sinks.shape != lead[-1:]:
-        raise ValueError(f"sinks must have shape (nh,) = {lead[-1:]}, one per query head (q {q.shape}), "
-                         f"got {sinks.shape}")
-    if not np.isfinite(sinks).all():
-        raise ValueError(f"sinks of shape {sinks.shape} holds NaN or inf: {sinks}")
+    check_sinks(sinks, q, heads=lead[-1:])

@@ -914,13 +914,14 @@ def test_backward_returns_dsinks_last():
 
 
 BAD_SINKS = [
-    (np.zeros(3), ValueError, "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got (3,)"),
-    (np.zeros((2, 1)), ValueError, "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got (2, 1)"),
-    (np.zeros(2, np.float32), TypeError, "sinks must have q's dtype float64, got dtype float32"),
+    (np.zeros(3), ValueError, "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got shape (3,)"),
+    (np.zeros((2, 1)), ValueError,
+     "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got shape (2, 1)"),
+    (np.zeros(2, np.float32), TypeError, "sinks must have q's dtype float64, got dtype float32: "),
     (np.zeros(2, np.int64), TypeError, "sinks must have q's dtype float64, got dtype int64"),
-    ([0.0, 0.0], TypeError, "sinks must be a NumPy array (nh,) or None, got list"),
-    (np.array([0.0, np.nan]), ValueError, "sinks of shape (2,) holds NaN or inf: [ 0. nan]"),
-    (np.array([np.inf, 1.0]), ValueError, "sinks of shape (2,) holds NaN or inf: [inf  1.]"),
+    ([0.0, 0.0], TypeError, "sinks must be a NumPy array (nh,) or None, got list [0.0, 0.0]"),
+    (np.array([0.0, np.nan]), ValueError, "sinks must be finite, got array([ 0., nan])"),
+    (np.array([np.inf, 1.0]), ValueError, "sinks must be finite, got array([inf,  1.])"),
 ]
 
 
