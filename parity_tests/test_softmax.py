@@ -312,6 +312,31 @@ def test_bad_input(op):
         forward(np.array([0.0, np.nan], np.float32), dtype=np.float64)
 
 
+def _one_bad_entry(n):
+    """Positions in a row of n entries to put one NaN or +inf at: every one for short rows (the
+    SIMD widths of float32 and float64 and their tails), the ends and block edges for long ones."""
+    return range(n) if n <= 40 else sorted({0, 1, 15, 16, 31, 32, 63, 64, n // 2, n - 2, n - 1})
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_nan_or_inf_anywhere_in_a_row_is_refused(op, dtype):
+    """The NaN/+inf check reads the row maxima, not x: one NaN or +inf at any position of a row,
+    among finite or -inf entries, makes that row's maximum NaN or +inf and is refused, whether the
+    row runs along the last axis or the first (contiguous or strided: NumPy's max runs other loops)."""
+    forward = PAIRS[op][0]
+    for n in list(range(1, 41)) + [127, 128, 129, 1031]:
+        for fill, bad in ((0.5, np.nan), (0.5, np.inf), (-np.inf, np.nan), (-np.inf, np.inf)):
+            for pos in _one_bad_entry(n):
+                x = np.full((3, n), fill, dtype)
+                x[1, pos] = bad
+                for axis, rows in ((-1, x), (0, x.T), (0, np.ascontiguousarray(x.T))):
+                    with pytest.raises(ValueError, match=r"holds NaN or \+inf"):
+                        forward(rows, axis=axis)
+                        pytest.fail(f"{op} of {dtype.__name__} rows of {n} with {bad} at {pos} "
+                                    f"among {fill}, axis {axis}: no error")
+
+
 @given(op=ops, case=logits(), dtype=st.none() | S.dtypes)
 def test_bad_dy_is_refused(op, case, dtype):
     """dy has the output's shape and dtype (dtype='s, not x's, when given)."""
