@@ -50,8 +50,8 @@ def _row_max(x, axis):
 def softmax_forward(x, axis=-1, dtype=None):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(copy of y, axis, x's dtype)``: the backward needs only
-    the output, and a copy, so that changing the returned y in place cannot change the gradient.
+    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(y, axis, x's dtype)``: the backward needs only the
+    output. y is read-only, so that changing it in place is an error instead of a change to the gradient.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
     m = _row_max(x, axis)                          # (..., 1); raises on NaN or +inf
@@ -61,7 +61,8 @@ def softmax_forward(x, axis=-1, dtype=None):
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     e /= np.where(s == 0, np.ones_like(s), s)      # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
     y = e                                          # (..., n)
-    cache = SoftmaxCache(y.copy(), axis, x_dtype)  # a copy: y is handed to the caller too
+    y.flags.writeable = False                      # handed to the caller and cached: read-only, not copied
+    cache = SoftmaxCache(y, axis, x_dtype)
     return y, cache
 
 

@@ -284,6 +284,22 @@ def test_dtype_is_preserved(op, dtype):
     assert dx.dtype == dtype, f"{op}.dx dtype {dx.dtype}"
 
 
+@pytest.mark.parametrize("shape", [(), (3, 4)])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_softmax_hands_out_the_cached_y_read_only(dtype, shape):
+    """softmax's y is the very array its backward reads, not a copy of it, handed out read-only:
+    changing it in place is NumPy's error, never a silent change to the gradient."""
+    x = S.ramp(*shape, dtype=dtype)
+    y, cache = softmax_forward(x)
+    assert np.shares_memory(y, cache.y), "softmax.y is a copy of what the backward reads"
+    assert not y.flags.writeable, "softmax.y is writeable"
+    expected = softmax_backward(np.ones_like(x), softmax_forward(x)[1])
+    with pytest.raises(ValueError, match="read-only"):
+        y *= 2
+    assert_close("softmax.dx after y *= 2 was refused", softmax_backward(np.ones_like(x), cache), expected,
+                 rtol=0, atol=0)
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", sorted(PAIRS))
