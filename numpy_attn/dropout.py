@@ -9,8 +9,9 @@ The keep-mask is drawn from an explicit ``np.random.Generator`` (keep where a un
 as ``mask``; either way it is kept in the cache, and the torch twin accepts the same mask, so the
 two agree exactly. p = 1 drops everything (zeros, as F.dropout; the scale is 0, not 1 / 0)
 and draws nothing, so it needs no rng, as F.dropout(x, 1.0) draws nothing.
-``training=False`` is the identity for any p: the output is x itself (as F.dropout), and the
-backward returns a fresh copy of dout, never dout itself.
+``training=False`` (any p) and p = 0 are the identity: the output is x itself when x is read-only
+(as F.dropout; softmax's read-only weights in attention pass through uncopied), else a copy, so that
+changing the output in place cannot change x; the backward returns a fresh copy of dout, never dout itself.
 """
 
 from typing import NamedTuple
@@ -32,14 +33,16 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     1 / (1 - p) -> (...).
 
     The keep-mask (boolean, True = kept) is ``mask`` if given, else drawn from ``rng`` (at p = 1
-    it keeps nothing and is not drawn). With ``training=False`` or p = 0 the output is a copy of
-    x; nothing is drawn and any mask is ignored.
+    it keeps nothing and is not drawn). With ``training=False`` or p = 0 the output is x itself if
+    x is read-only, else a copy of x; nothing is drawn and any mask is ignored.
     Returns ``(out, cache)``; the cache is a DropoutCache ``(mask, scale, shape, dtype)``, mask and scale None for
     the identity (shape and dtype are x's, for checking dout).
     """
     _check_dropout(x, p, rng, training, mask)
     if not training or p == 0:
-        return x.copy(), DropoutCache(None, None, x.shape, x.dtype)   # a copy: changing out must not change x
+        # Changing out in place must not change x: a read-only x cannot be changed through out, else a copy.
+        out = x if not x.flags.writeable else x.copy()
+        return out, DropoutCache(None, None, x.shape, x.dtype)
     if mask is None and p == 1:
         mask = np.zeros(x.shape, bool)                     # (...), keeps nothing: nothing to draw
     elif mask is None:

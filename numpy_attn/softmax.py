@@ -29,12 +29,18 @@ class SoftmaxCache(NamedTuple):
 
 
 def _row_max(x, axis):
-    """Row maximum, with 0 in place of -inf for rows that are entirely -inf.
+    """Row maximum, with 0 in place of -inf for rows that are entirely -inf; raise if x holds NaN
+    or +inf (they have no meaningful softmax; -inf means masked).
 
+    The check reads the (..., 1) maxima instead of making a pass over x of its own: np.max
+    propagates NaN (a row holding one has the maximum NaN) and a row holding +inf has the maximum
+    +inf, so a row holds NaN or +inf exactly when its maximum is not below +inf.
     Without the swap, x - m would be -inf - (-inf) = NaN on such rows. ``initial`` lets an
     empty axis through (its softmax is empty, as in torch.softmax).
     """
     m = x.max(axis=axis, keepdims=True, initial=-np.inf)
+    if not np.all(m < np.inf):
+        raise ValueError(f"x of shape {x.shape} holds NaN or +inf; only -inf (masked) is allowed")
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
 
@@ -44,16 +50,19 @@ def _row_max(x, axis):
 def softmax_forward(x, axis=-1, dtype=None):
     """Softmax of ``x`` along ``axis``: (..., n) -> (..., n), rows sum to one (or are all zero).
 
-    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(copy of y, axis, x's dtype)``: the backward needs only
-    the output, and a copy, so that changing the returned y in place cannot change the gradient.
+    Returns ``(y, cache)``; the cache is a SoftmaxCache ``(y, axis, x's dtype)``: the backward needs only the
+    output. y is read-only, so that changing it in place is an error instead of a change to the gradient.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
-    m = _row_max(x, axis)                          # (..., 1)
-    e = np.exp(x - m)                              # (..., n), entries in [0, 1]
+    m = _row_max(x, axis)                          # (..., 1); raises on NaN or +inf
+    # exp and the division write into x - m, an array of our own: one (..., n) array, not three.
+    e = np.asarray(x - m)                          # (..., n); asarray: for a 0-d x, x - m is a NumPy scalar
+    np.exp(e, out=e)                               # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
-    y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    y = np.asarray(y)                              # a 0-d x gives a 0-d array, not a NumPy scalar
-    cache = SoftmaxCache(y.copy(), axis, x_dtype)  # a copy: y is handed to the caller too
+    e /= np.where(s == 0, np.ones_like(s), s)      # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
+    y = e                                          # (..., n)
+    y.flags.writeable = False                      # handed to the caller and cached: read-only, not copied
+    cache = SoftmaxCache(y, axis, x_dtype)
     return y, cache
 
 
@@ -62,7 +71,8 @@ def softmax_backward(dy, cache):
     y, axis, x_dtype = cache
     _check_softmax_dy("softmax_backward", dy, y, x_dtype)
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
-    dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+    dx = dy - (dy * y).sum(axis=axis, keepdims=True)   # (..., n)
+    dx *= y                                            # in place: dx is an array of our own
     dx = np.asarray(dx).astype(x_dtype, copy=False)   # 0-d stays an array; undoes the cast to dtype
     return dx
 
@@ -75,7 +85,7 @@ def log_softmax_forward(x, axis=-1, dtype=None):
     backward needs.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
-    m = _row_max(x, axis)                          # (..., 1)
+    m = _row_max(x, axis)                          # (..., 1); raises on NaN or +inf
     shifted = x - m                                # (..., n), max entry 0
     e = np.exp(shifted)                            # (..., n)
     s = e.sum(axis=axis, keepdims=True)            # (..., 1)
@@ -104,8 +114,7 @@ def _check_softmax(x, axis, dtype):
     """Return ``(x, axis, x's dtype)``: x cast to ``dtype`` if given, axis made non-negative (None
     for a 0-d x, whose reductions then run over its one entry). Raise unless x is a float array
     (or, with a float32/float64 ``dtype``, a bool, integer or float one), ``axis`` is an integer
-    in range (0 or -1 for a 0-d x, as torch) and x holds no NaN or +inf (they have no meaningful
-    softmax; -inf means masked)."""
+    in range (0 or -1 for a 0-d x, as torch). NaN and +inf are refused by _row_max."""
     x_dtype = getattr(x, "dtype", None)
     if dtype is not None:
         try:
@@ -122,8 +131,6 @@ def _check_softmax(x, axis, dtype):
     if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
         raise TypeError(f"axis must be an integer, got {type(axis).__name__} {axis!r}")
     axis = None if x.ndim == 0 and axis in (0, -1) else check_axis("x", x, axis)
-    if not np.all(x < np.inf):
-        raise ValueError(f"x of shape {x.shape} holds NaN or +inf; only -inf (masked) is allowed")
     return x, axis, x_dtype
 
 

@@ -202,6 +202,19 @@ def test_identity_when_p_is_zero_or_not_training(case, training):
     assert_close("F.dropout as identity", builtin, x, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_identity_passes_a_read_only_x_through_uncopied(dtype):
+    """With p = 0 or in evaluation a read-only x (softmax's weights in attention) comes back as x
+    itself: nothing can change it through the output, so the copy a writeable x gets is not needed."""
+    x = S.ramp(2, 3, dtype=dtype)
+    x.flags.writeable = False
+    for p, training in ((0.0, True), (0.5, False)):
+        out, cache = dropout_forward(x, p, training=training)
+        assert out is x, f"dropout(p={p}, training={training}) copied a read-only x"
+        dout = S.ramp(2, 3, dtype=dtype)[::-1].copy()
+        assert_close("dropout.dx as identity", dropout_backward(dout, cache), dout, rtol=0, atol=0)
+
+
 @given(case=dropped())
 def test_gradient_shares_no_memory(case):
     """dx is a fresh array: never dout, x, the cached mask, or the forward's output."""

@@ -284,6 +284,22 @@ def test_dtype_is_preserved(op, dtype):
     assert dx.dtype == dtype, f"{op}.dx dtype {dx.dtype}"
 
 
+@pytest.mark.parametrize("shape", [(), (3, 4)])
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+def test_softmax_hands_out_the_cached_y_read_only(dtype, shape):
+    """softmax's y is the very array its backward reads, not a copy of it, handed out read-only:
+    changing it in place is NumPy's error, never a silent change to the gradient."""
+    x = S.ramp(*shape, dtype=dtype)
+    y, cache = softmax_forward(x)
+    assert np.shares_memory(y, cache.y), "softmax.y is a copy of what the backward reads"
+    assert not y.flags.writeable, "softmax.y is writeable"
+    expected = softmax_backward(np.ones_like(x), softmax_forward(x)[1])
+    with pytest.raises(ValueError, match="read-only"):
+        y *= 2
+    assert_close("softmax.dx after y *= 2 was refused", softmax_backward(np.ones_like(x), cache), expected,
+                 rtol=0, atol=0)
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", sorted(PAIRS))
@@ -310,6 +326,31 @@ def test_bad_input(op):
         forward(np.zeros(3, complex), dtype=np.float32)
     with pytest.raises(ValueError, match=r"x of shape \(2,\) holds NaN or \+inf"):
         forward(np.array([0.0, np.nan], np.float32), dtype=np.float64)
+
+
+def _one_bad_entry(n):
+    """Positions in a row of n entries to put one NaN or +inf at: every one for short rows (the
+    SIMD widths of float32 and float64 and their tails), the ends and block edges for long ones."""
+    return range(n) if n <= 40 else sorted({0, 1, 15, 16, 31, 32, 63, 64, n // 2, n - 2, n - 1})
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_nan_or_inf_anywhere_in_a_row_is_refused(op, dtype):
+    """The NaN/+inf check reads the row maxima, not x: one NaN or +inf at any position of a row,
+    among finite or -inf entries, makes that row's maximum NaN or +inf and is refused, whether the
+    row runs along the last axis or the first (contiguous or strided: NumPy's max runs other loops)."""
+    forward = PAIRS[op][0]
+    for n in list(range(1, 41)) + [127, 128, 129, 1031]:
+        for fill, bad in ((0.5, np.nan), (0.5, np.inf), (-np.inf, np.nan), (-np.inf, np.inf)):
+            for pos in _one_bad_entry(n):
+                x = np.full((3, n), fill, dtype)
+                x[1, pos] = bad
+                for axis, rows in ((-1, x), (0, x.T), (0, np.ascontiguousarray(x.T))):
+                    with pytest.raises(ValueError, match=r"holds NaN or \+inf"):
+                        forward(rows, axis=axis)
+                        pytest.fail(f"{op} of {dtype.__name__} rows of {n} with {bad} at {pos} "
+                                    f"among {fill}, axis {axis}: no error")
 
 
 @given(op=ops, case=logits(), dtype=st.none() | S.dtypes)
