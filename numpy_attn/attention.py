@@ -120,7 +120,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
-    ``cache.weights`` is the very array the backward reads: changing it changes the gradients.
+    ``cache.weights`` is the very array the backward reads, read-only: changing it in place is an error.
     """
     _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks)
     T, hs = q.shape[-2:]
