@@ -71,8 +71,7 @@ def softmax_backward(dy, cache):
     y, axis, x_dtype = cache
     _check_softmax_dy("softmax_backward", dy, y, x_dtype)
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
-    dx = dy - (dy * y).sum(axis=axis, keepdims=True)   # (..., n)
-    dx *= y                                            # in place: dx is an array of our own
+    dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
     dx = np.asarray(dx).astype(x_dtype, copy=False)   # 0-d stays an array; undoes the cast to dtype
     return dx
 
