@@ -55,12 +55,10 @@ def softmax_forward(x, axis=-1, dtype=None):
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
     m = _row_max(x, axis)                          # (..., 1); raises on NaN or +inf
-    # exp and the division write into x - m, an array of our own: one (..., n) array, not three.
-    e = np.asarray(x - m)                          # (..., n); asarray: for a 0-d x, x - m is a NumPy scalar
-    np.exp(e, out=e)                               # (..., n), entries in [0, 1]
+    e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
-    e /= np.where(s == 0, np.ones_like(s), s)      # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    y = e                                          # (..., n)
+    y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
+    y = np.asarray(y)                              # a 0-d x gives a 0-d array, not a NumPy scalar
     y.flags.writeable = False                      # handed to the caller and cached: read-only, not copied
     cache = SoftmaxCache(y, axis, x_dtype)
     return y, cache
