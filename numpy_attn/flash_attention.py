@@ -41,7 +41,7 @@ derivative 1 - tanh^2, recomputed with the scores.
 ``sinks`` (nh,), one learned logit s_h per query head (gpt-oss; grouped-query heads too), joins
 every row's softmax as one more column whose value vector is zero, and is dropped again:
 
-    weights = exp(s - m) / (sum_j exp(s_j - m) + exp(s_h - m)),   m = max(max_j s_j, s_h).
+    weights = exp(s - m) / (sum_j exp(s_j - m) + exp(s_h - m)),   m = max(max_j s_j, s_h)
 
 It is folded in by starting each row's online softmax with it, as the column visited first:
 m = s_h, l = exp(s_h - m) = 1, acc = 0 (its value is zero). Folding it in at the end instead
