@@ -22,6 +22,7 @@ reduction is split between threads.
 import argparse
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -468,7 +469,10 @@ def main(argv=None):
     found = baseline(SMALL_LENGTHS if args.small else LENGTHS)
     print()
     print(format_baseline(found))
-    draw(found, args.out)
+    try:
+        draw(found, args.out)
+    except OSError as err:
+        sys.exit(f"--out {str(args.out)!r}: cannot write it: {err.strerror or err}")
     print(f"\nwrote {args.out}")
 
 

@@ -53,6 +53,16 @@ def test_the_script_writes_only_its_out(small_run):
     assert (folder / "picture.png").read_bytes().startswith(PNG_SIGNATURE), "--out holds no PNG"
 
 
+def test_an_out_in_no_folder_is_refused_naming_it(tmp_path):
+    out = tmp_path / "missing" / "picture.png"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(out)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--out" in done.stderr and str(out) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_pages_verdicts_are_what_the_script_finds(small_run):
     _, printed = small_run
     # op, torch call, tensor, dtype -> verdict; the shares themselves move with the sizes.
