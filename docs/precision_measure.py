@@ -417,6 +417,21 @@ def baseline(lengths):
     return found
 
 
+def default_backend(T=256):
+    """Which backend F.scaled_dot_product_attention picks on CPU: the names of those whose output
+    equals the default's bit for bit, per dtype."""
+    g = torch.Generator().manual_seed(T)
+    qkv = [normal(g, 1, 2, T, 64) for _ in range(3)]
+    picked = {}
+    for name, dtype in LOWP.items():
+        low = [t.to(dtype) for t in qkv]
+        default = F.scaled_dot_product_attention(*low)
+        picked[name] = [backend.name for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
+                        if torch.equal(sdpa(backend)(*low), default)]
+    return "F.scaled_dot_product_attention's default on CPU equals, bit for bit: " + "; ".join(
+        f"{name}: {', '.join(found) or 'neither backend'}" for name, found in picked.items())
+
+
 def format_baseline(found):
     lines = ["| op | dtype | T | max \\|torch - truth\\| | max \\|float32 once - truth\\| | ratio |",
              "|---|---|---|---|---|---|"]
@@ -467,7 +482,7 @@ def main(argv=None):
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, one thread\n")
     print(format_table(measure(args.small)))
     found = baseline(SMALL_LENGTHS if args.small else LENGTHS)
-    print()
+    print(f"\n{default_backend()}\n")
     print(format_baseline(found))
     try:
         draw(found, args.out)

@@ -74,6 +74,12 @@ def test_the_pages_verdicts_are_what_the_script_finds(small_run):
     assert not differ, f"page verdict vs the script's at small sizes: {differ}"
 
 
+def test_the_page_names_the_backend_the_script_finds_by_default(small_run):
+    _, printed = small_run
+    line = next(line for line in printed.splitlines() if "default on CPU" in line)
+    assert line in PAGE.read_text(encoding="utf-8"), f"the page lacks the script's line: {line}"
+
+
 def test_every_op_is_measured_in_both_dtypes(small_run):
     _, printed = small_run
     rows = table_rows(printed, 8)
