@@ -449,25 +449,32 @@ def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     """The causal forward and backward exponentiate no more scores than the diagonal pieces hold:
     T (T + 1) / 2 visible ones plus, per row block, half a DIAG_ROWS-wide strip of its square
     (T DIAG_ROWS / 2 in all). A diagonal tile computed whole would take T^2 / 2 + T block_q / 2;
-    its masked part above the diagonal is the causal forward's lost speed-up."""
+    its masked part above the diagonal is the causal forward's lost speed-up. Nor do the fast path
+    and the backward exponentiate -inf: NumPy's AVX-512 float32 np.exp2 is several times slower
+    on scores whose result underflows (_exp_visible)."""
     T, block_q, block_k = 512, 256, 512
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, T, 16)).astype(np.float32) for _ in range(3))
-    counted = []
+    counted, minus_inf = [], []
     exp = fa.EXP
 
     def counting_exp(x, *args, **kwargs):
         if np.ndim(x) == 2:                                  # a tile of scores (not a row's rescaling)
             counted.append(x.size)
+            minus_inf.append(int(np.isneginf(x).sum()))
         return exp(x, *args, **kwargs)
 
     monkeypatch.setattr(fa, "EXP", counting_exp)
     if shifted:
         _always_shifted(monkeypatch)
     out, cache = fa.flash_attention_forward(q, k, v, is_causal=True, block_q=block_q, block_k=block_k)
-    forward = sum(counted)
+    forward, forward_inf = sum(counted), sum(minus_inf)
     counted.clear()
+    minus_inf.clear()
     fa.flash_attention_backward(np.ones_like(out), cache)
+    # The running maximum's path masks with -inf (it is taken only where the fast path overflowed).
+    assert (0 if shifted else forward_inf, sum(minus_inf)) == (0, 0), (
+        f"-inf scores exponentiated: {forward_inf} in the forward, {sum(minus_inf)} in the backward")
     bound = T * (T + 1) // 2 + T * fa.DIAG_ROWS // 2
     assert forward <= bound and sum(counted) <= bound, (
         f"causal T={T}, tiles {block_q} x {block_k}: forward exponentiated {forward} scores, "
