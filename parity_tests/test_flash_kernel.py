@@ -417,3 +417,65 @@ def test_kernel_with_sinks_is_as_accurate_as_the_readable_version(case, sink):
     assert np.all(err <= allowed), (
         f"kernel[sinks] out{list(worst)} = {got[worst]!r}, truth {truth[worst]!r}: error {err[worst]:.3g} > "
         f"allowed {allowed[worst]:.3g} (readable's error {abs(readable[worst] - truth[worst]):.3g})")
+
+
+# -- causal: the diagonal tiles split ---------------------------------------------------------------
+
+@given(case=kernel_inputs(), diag_rows=st.integers(1, 4), data=st.data())
+def test_diagonal_pieces_match_the_reference(case, diag_rows, data):
+    """Causal, with the diagonal squares cut into pieces of 1 to 4 rows (the default, 64, is more
+    than these tiles hold): both paths give the reference, and with sinks the readable version."""
+    case = {**case, "is_causal": True}
+    tol = tolerances(case)
+    nh = case["q"].shape[-3] if case["q"].ndim >= 3 else 1
+    sinked = with_sinks(case, data.draw(S.arrays(case["q"].dtype, (nh,), 4.0), label="sinks"))
+    expected, expected_sinks = reference(case), sink_results(readable_forward, readable_backward, sinked)
+    tol_sinks = tolerances(sinked)
+    for label, shifted in (("kernel", False), ("kernel shifted", True)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fa, "DIAG_ROWS", diag_rows)
+            if shifted:
+                _always_shifted(mp)
+            got = kernel(case)
+            out, lse, grads = sink_results(fa.flash_attention_forward, fa.flash_attention_backward, sinked)
+        assert_all_close(f"{label}, diag_rows {diag_rows}", got, expected, tol)
+        assert_all_close(f"{label}[sinks], diag_rows {diag_rows}", (out, lse, grads[:3]),
+                         (expected_sinks[0], expected_sinks[1], expected_sinks[2][:3]), tol_sinks)
+        assert_close(f"{label}[sinks].dsinks", grads[3], expected_sinks[2][3], **tol_sinks["dsinks"])
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
+    """The causal forward and backward exponentiate no more scores than the diagonal pieces hold:
+    T (T + 1) / 2 visible ones plus, per row block, half a DIAG_ROWS-wide strip of its square
+    (T DIAG_ROWS / 2 in all). A diagonal tile computed whole would take T^2 / 2 + T block_q / 2;
+    its masked part above the diagonal is the causal forward's lost speed-up. Nor do the fast path
+    and the backward exponentiate -inf: NumPy's AVX-512 float32 np.exp2 is several times slower
+    on scores whose result underflows (_exp_visible)."""
+    T, block_q, block_k = 512, 256, 512
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, T, 16)).astype(np.float32) for _ in range(3))
+    counted, minus_inf = [], []
+    exp = fa.EXP
+
+    def counting_exp(x, *args, **kwargs):
+        if np.ndim(x) == 2:                                  # a tile of scores (not a row's rescaling)
+            counted.append(x.size)
+            minus_inf.append(int(np.isneginf(x).sum()))
+        return exp(x, *args, **kwargs)
+
+    monkeypatch.setattr(fa, "EXP", counting_exp)
+    if shifted:
+        _always_shifted(monkeypatch)
+    out, cache = fa.flash_attention_forward(q, k, v, is_causal=True, block_q=block_q, block_k=block_k)
+    forward, forward_inf = sum(counted), sum(minus_inf)
+    counted.clear()
+    minus_inf.clear()
+    fa.flash_attention_backward(np.ones_like(out), cache)
+    # The running maximum's path masks with -inf (it is taken only where the fast path overflowed).
+    assert (0 if shifted else forward_inf, sum(minus_inf)) == (0, 0), (
+        f"-inf scores exponentiated: {forward_inf} in the forward, {sum(minus_inf)} in the backward")
+    bound = T * (T + 1) // 2 + T * fa.DIAG_ROWS // 2
+    assert forward <= bound and sum(counted) <= bound, (
+        f"causal T={T}, tiles {block_q} x {block_k}: forward exponentiated {forward} scores, "
+        f"backward {sum(counted)}, at most {bound} needed (whole diagonal tiles: {T * T // 2 + T * block_q // 2})")

@@ -12,7 +12,9 @@ lists only what it does differently (docs/flash_attention_breakdown.md measures 
 - the row sums come out of p @ [v | 1], and in the backward s - lse and dP - D out of matmuls
   with an extra column, saving a pass over each tile;
 - exponentials in base 2 where NumPy vectorizes np.exp2 (AVX-512), base e elsewhere (see EXP);
-- causal: only the diagonal square of a tile is masked, by adding a precomputed -inf triangle;
+- causal: a tile the diagonal crosses is split (``_causal_pieces``) into blocks of DIAG_ROWS
+  rows, each against the keys up to its last row's only, masked by adding a precomputed -inf
+  triangle;
 - ``sinks``: the sink's exp(s_h - c) starts the row sum (the column of ones' total), so the
   tiles are untouched; the forward keeps each row's sink probability p, and the backward's
   dsinks = -sum p D needs only it and D, O(T).
@@ -138,10 +140,56 @@ def _mask_future(s, i0, j0, future):
     s[:, max(c1, j0) - j0:] = -np.inf                       # keys after the block's last query
 
 
+def _exp_visible(s, i0, j0, keep):
+    """p = EXP(s) in place, 0 where the key is after its query (tile s: queries i0.., keys j0..).
+
+    ``keep`` (block_q, block_q) is 1 on and below its diagonal, 0 above. The masked scores are
+    zeroed before EXP and its results there after: exponentiating -inf (or any score whose result
+    underflows) takes NumPy's float32 np.exp2 about 7 times as long as an ordinary score on
+    AVX-512 (200 against 30 us for a 256 x 512 tile half masked), where np.exp does not slow down.
+    A masked score of +inf (q k^T past the dtype's range) gives nan, as adding -inf did.
+    """
+    bq, bk = s.shape
+    c0, c1 = max(j0, i0), min(j0 + bk, i0 + bq)            # keys inside the block's diagonal square
+    square = slice(c0 - j0, max(c1 - j0, 0))
+    s[:, square] *= keep[:bq, c0 - i0:c1 - i0]
+    s[:, max(c1, j0) - j0:] = 0                             # keys after the block's last query
+    p = EXP(s, out=s)
+    p[:, square] *= keep[:bq, c0 - i0:c1 - i0]
+    p[:, max(c1, j0) - j0:] = 0
+    return p
+
+
+# Rows per piece of a diagonal square: the square of a row block of block_q rows then costs
+# block_q * (block_q + DIAG_ROWS) / 2 scores instead of block_q^2, for block_q / DIAG_ROWS
+# matmul pairs and exp calls instead of one (docs/flash_attention_breakdown.md measures it).
+DIAG_ROWS = 64
+
+
+def _causal_pieces(i0, i1, j0, j1, is_causal, diag_rows):
+    """The pieces (r0, r1, j0, k1, masked) of tile rows i0:i1 by keys j0:j1 that attention reads.
+
+    Non-causal, or a tile wholly below the diagonal: the tile itself. A tile the diagonal
+    crosses: rows r0:r1 of diag_rows each against keys j0:k1, up to their last row's (k1 <= r1);
+    ``masked`` where some key is after row r0. (The keys before row i0 stay in each piece: split
+    off, they would cost one more matmul pair and exp call per tile and save no score.)
+    """
+    if not is_causal or j1 - 1 <= i0:
+        yield i0, i1, j0, j1, False
+        return
+    for r0 in range(i0, i1, diag_rows):
+        r1 = min(r0 + diag_rows, i1)
+        k1 = min(j1, r1)
+        if j0 < k1:                                          # else these rows see none of the tile's keys
+            yield r0, r1, j0, k1, k1 - 1 > r0
+
+
 def _future_mask(block_q, T, dtype):
-    """(bq, bq) with -inf above the diagonal (a later key) and 0 on and below it."""
+    """(future, keep), each (bq, bq): future -inf above the diagonal (a later key) and 0 on and
+    below it, for _mask_future; keep 0 above the diagonal and 1 on and below it, for _exp_visible."""
     bq = min(block_q, T)
-    return np.where(np.tri(bq, dtype=np.bool_), dtype.type(0), dtype.type(-np.inf))
+    keep = np.tri(bq, dtype=dtype)
+    return np.where(keep == 1, dtype.type(0), dtype.type(-np.inf)), keep
 
 
 # The forward first tries each block of query rows without the running maximum: each row's scores
@@ -164,41 +212,46 @@ def _future_mask(block_q, T, dtype):
 UNSHIFTED_MIN_SUM = 0.5
 
 
-def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv):
+def _pieces(i0, bq, S_seen, is_causal, block_k):
+    """The forward's pieces of row block i0:i0+bq over keys 0:S_seen, as (a, b, k0, k1, masked):
+    rows a:b of the block (0 <= a < b <= bq) against keys k0:k1 (_causal_pieces)."""
+    for j0 in range(0, S_seen, block_k):
+        for r0, r1, k0, k1, masked in _causal_pieces(i0, i0 + bq, j0, min(j0 + block_k, S_seen), is_causal,
+                                                     DIAG_ROWS):
+            yield r0 - i0, r1 - i0, k0, k1, masked
+
+
+def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv):
     """acc += sum over key tiles of exp(s - c) @ v_1, no running maximum; whether that was safe.
 
     q_blk (bq, hs+1) is [q * scale | -c] and k_t (hs+1, S) is [k^T ; 1], so the matmul yields s - c.
     """
-    bq = len(q_blk)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below
-        for j0 in range(0, S_seen, block_k):
-            j1 = min(j0 + block_k, S_seen)
-            s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
-            if is_causal and j1 - 1 > i0:                    # only tiles crossing the diagonal
-                _mask_future(s, i0, j0, future)
-            p = EXP(s, out=s)                                # (bq, bk) in place, exp(s - c)
-            acc += np.matmul(p, v_1[j0:j1], out=pv)
+        for a, b, j0, j1, masked in _pieces(i0, len(q_blk), S_seen, is_causal, block_k):
+            s = np.matmul(q_blk[a:b], k_t[:, j0:j1], out=s_buf[:(b - a) * (j1 - j0)].reshape(b - a, j1 - j0))
+            # (rows, keys) in place, exp(s - c); masked only in pieces crossing the diagonal
+            p = _exp_visible(s, i0 + a, j0, masks[1]) if masked else EXP(s, out=s)
+            acc[a:b] += np.matmul(p, v_1[j0:j1], out=pv[:b - a])
     return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
 
 
-def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv, m):
+def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv, m):
     """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m.
 
     Its scores are s - c too (q_blk as in _rows_unshifted): m is the maximum of s - c. ``m``
-    (bq,) and acc come in holding what the tiles start from: -inf and 0, or the sink's.
+    (bq,) and acc come in holding what the tiles start from: -inf and 0, or the sink's; m is
+    updated in place, a block of rows at a time on the diagonal.
     """
-    bq = len(q_blk)
-    for j0 in range(0, S_seen, block_k):
-        j1 = min(j0 + block_k, S_seen)
-        s = np.matmul(q_blk, k_t[:, j0:j1], out=s_buf[:bq * (j1 - j0)].reshape(bq, j1 - j0))
-        if is_causal and j1 - 1 > i0:
-            _mask_future(s, i0, j0, future)
-        m_new = np.maximum(m, s.max(axis=1))                 # (bq,), finite: key 0 is always seen first
-        acc *= EXP(m - m_new)[:, None]                       # rescale the old sums to the new maximum
-        m = m_new
-        s -= m[:, None]
-        p = EXP(s, out=s)                                    # (bq, bk) in [0, 1], in place
-        acc += np.matmul(p, v_1[j0:j1], out=pv)
+    for a, b, j0, j1, masked in _pieces(i0, len(q_blk), S_seen, is_causal, block_k):
+        s = np.matmul(q_blk[a:b], k_t[:, j0:j1], out=s_buf[:(b - a) * (j1 - j0)].reshape(b - a, j1 - j0))
+        if masked:
+            _mask_future(s, i0 + a, j0, masks[0])
+        m_new = np.maximum(m[a:b], s.max(axis=1))            # (rows,), finite: key 0 is always seen first
+        acc[a:b] *= EXP(m[a:b] - m_new)[:, None]             # rescale the old sums to the new maximum
+        m[a:b] = m_new
+        s -= m_new[:, None]
+        p = EXP(s, out=s)                                    # (rows, keys) in [0, 1], in place
+        acc[a:b] += np.matmul(p, v_1[j0:j1], out=pv[:b - a])
     return m
 
 
@@ -221,7 +274,7 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sink
     # be page-faulted in. Views of their first rows*cols elements are contiguous for every shape.
     s_buf = np.empty(block_q * block_k, dtype)
     pv_buf = np.empty(block_q * (hv + 1), dtype)
-    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
+    masks = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal masks
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
         q_blk = np.empty((i1 - i0, hs + 1), dtype)           # (bq, hs+1): [q * scale | -c]
@@ -234,7 +287,7 @@ def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sink
                 acc[:, hv] = EXP(sink_b - c)
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
         pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
-        args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, future, block_k, s_buf, pv)
+        args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv)
         top = 0                                              # the shift the sums were taken against, above c
         if not _rows_unshifted(*args):
             acc[:] = 0
@@ -309,7 +362,7 @@ def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, blo
     dp_buf = np.empty(block_q * block_k, dtype)
     dkv_buf = np.empty(block_k * max(hs, hv), dtype)
     dq_buf = np.empty(block_q * hs, dtype)
-    future = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal mask
+    keep = _future_mask(block_q, T, dtype)[1] if is_causal else None   # (bq, bq) causal mask
     for h in range(g):
         np.multiply(q[h], scale * LOG_FACTOR, out=q_lse[:, :hs])
         np.negative(lse_b[h], out=q_lse[:, hs])
@@ -321,23 +374,22 @@ def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, blo
             j1 = min(j0 + block_k, S)
             i_first = j0 // block_q * block_q if is_causal else 0   # causal: rows before j0 see none of these keys
             for i0 in range(i_first, T, block_q):
-                i1 = min(i0 + block_q, T)
-                shape = (i1 - i0, j1 - j0)
-                # Undoes p = EXP(s - m) and the running sums: recomputed from lse directly.
-                s = np.matmul(q_lse[i0:i1], k_1[:, j0:j1], out=s_buf[:shape[0] * shape[1]].reshape(shape))
-                if is_causal and j1 - 1 > i0:
-                    _mask_future(s, i0, j0, future)
-                p = EXP(s, out=s)                            # (bq, bk)
-                # Undoes acc += p @ v: dv gets p^T dout.
-                dv_tile = np.matmul(p.T, dout[h, i0:i1], out=dkv_buf[:(j1 - j0) * hv].reshape(j1 - j0, hv))
-                dv[j0:j1] += dv_tile
-                dp = np.matmul(dout_D[i0:i1], v_1[:, j0:j1], out=dp_buf[:shape[0] * shape[1]].reshape(shape))
-                ds = np.multiply(dp, p, out=dp)              # dS = P * (dP - D): softmax backward
-                # Undoes s = (q * scale) @ k^T; the scale is applied once at the end.
-                dk_tile = np.matmul(ds.T, q[h, i0:i1], out=dkv_buf[:(j1 - j0) * hs].reshape(j1 - j0, hs))
-                dk[j0:j1] += dk_tile
-                dq_tile = np.matmul(ds, k[j0:j1], out=dq_buf[:(i1 - i0) * hs].reshape(i1 - i0, hs))
-                dq_h[i0:i1] += dq_tile
+                for r0, r1, k0, k1, masked in _causal_pieces(i0, min(i0 + block_q, T), j0, j1, is_causal,
+                                                             DIAG_ROWS):
+                    rows, keys = r1 - r0, k1 - k0
+                    # Undoes p = EXP(s - m) and the running sums: recomputed from lse directly.
+                    s = np.matmul(q_lse[r0:r1], k_1[:, k0:k1], out=s_buf[:rows * keys].reshape(rows, keys))
+                    p = _exp_visible(s, r0, k0, keep) if masked else EXP(s, out=s)   # (rows, keys)
+                    # Undoes acc += p @ v: dv gets p^T dout.
+                    dv_tile = np.matmul(p.T, dout[h, r0:r1], out=dkv_buf[:keys * hv].reshape(keys, hv))
+                    dv[k0:k1] += dv_tile
+                    dp = np.matmul(dout_D[r0:r1], v_1[:, k0:k1], out=dp_buf[:rows * keys].reshape(rows, keys))
+                    ds = np.multiply(dp, p, out=dp)          # dS = P * (dP - D): softmax backward
+                    # Undoes s = (q * scale) @ k^T; the scale is applied once at the end.
+                    dk_tile = np.matmul(ds.T, q[h, r0:r1], out=dkv_buf[:keys * hs].reshape(keys, hs))
+                    dk[k0:k1] += dk_tile
+                    dq_tile = np.matmul(ds, k[k0:k1], out=dq_buf[:rows * hs].reshape(rows, hs))
+                    dq_h[r0:r1] += dq_tile
         dq_h *= scale
     dk *= scale
 
