@@ -6,13 +6,32 @@ import types
 
 import numpy as np
 
+# The float dtypes every operation takes, by name: bfloat16 is the one ml_dtypes registers with
+# NumPy (numpy_attn does not import it; an array of it says its name like any other).
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+LOW_PRECISION = ("float16", "bfloat16")
+
 
 def check_float(name, x):
-    """Raise TypeError unless ``x`` is a float32 or float64 NumPy array."""
+    """Raise TypeError unless ``x`` is a float16, bfloat16, float32 or float64 NumPy array."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{name} must be float32 or float64, got dtype {x.dtype}")
+    if x.dtype.name not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
+
+
+def opmath(dtype):
+    """The dtype an operation on ``dtype`` computes in: float32 for float16 and bfloat16 (what
+    PyTorch's CPU kernels call the "opmath" type: they load the low-precision inputs, compute in
+    float32 and round once at the end, docs/precision.md), ``dtype`` itself for float32 and float64."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.name in LOW_PRECISION else dtype
+
+
+def upcast(x):
+    """``x`` in its opmath dtype: a float32 copy of a float16 or bfloat16 array, ``x`` itself
+    (not a copy) otherwise; None stays None."""
+    return None if x is None else x.astype(opmath(x.dtype), copy=False)
 
 
 def check_integer(name, x):

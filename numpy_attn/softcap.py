@@ -10,32 +10,37 @@ the scaled scores before the mask is added (numpy_attn/attention.py, flash_atten
 
 Backward: d out / d x = 1 - tanh^2(x / c), from the tanh the forward kept (as PyTorch's tanh
 backward computes it, 1 - y^2).
+
+float16 and bfloat16: the whole of c * tanh(x / c) and its backward run in float32 and are
+rounded once to x's dtype, as PyTorch's tanh kernel computes its one step (docs/precision.md).
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_softcap
+from numpy_attn._checks import check_dout, check_float, check_softcap, upcast
 
 
 def logit_softcap_forward(x, softcap):
     """c * tanh(x / c) elementwise, c = ``softcap`` > 0: x (...) -> out (...).
 
-    Returns ``(out, cache)``; the cache is ``(t, c)``, t = tanh(x / c), all the backward needs.
+    Returns ``(out, cache)``; the cache is ``(t, c, x's dtype)``, t = tanh(x / c) in the dtype
+    computed in, all the backward needs.
     """
     _check_logit_softcap(x, softcap)
-    c = x.dtype.type(softcap)                       # in x's dtype: a float64 c would upcast float32
-    t = np.tanh(x / c)                              # (...) in (-1, 1)
+    xf = upcast(x)                                  # (...) float32 for float16 and bfloat16
+    c = xf.dtype.type(softcap)                      # in xf's dtype: a float64 c would upcast float32
+    t = np.tanh(xf / c)                             # (...) in (-1, 1)
     out = c * t                                     # (...) in (-c, c)
-    return out, (t, c)
+    return out.astype(x.dtype, copy=False), (t, c, x.dtype)   # rounded once to x's dtype
 
 
 def logit_softcap_backward(dout, cache):
     """Gradient of softcapping: dout (...) -> dx (...)."""
-    t, c = cache
-    check_dout("logit_softcap", dout, t.shape, t.dtype)
+    t, c, x_dtype = cache
+    check_dout("logit_softcap", dout, t.shape, x_dtype)
     # Undoes out = c * tanh(x / c): c * (1 - t^2) / c.
-    dx = dout * (1 - t * t)                         # (...)
-    return dx
+    dx = upcast(dout) * (1 - t * t)                 # (...) in t's dtype, float32 for the low ones
+    return dx.astype(x_dtype, copy=False)
 
 
 def _check_logit_softcap(x, softcap):

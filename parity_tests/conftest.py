@@ -52,10 +52,14 @@ def pytest_report_header(config):
 
 ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
 ERROR_JSON = "test-errors.json"     # the same per test file, read by numpy-attn site; git-ignored
+BUDGET_JSON = "test-precision.json"  # the multiples of PyTorch's low-precision error; git-ignored
 
 
 def pytest_terminal_summary(terminalreporter, config):
     """The ten comparisons closest to their tolerance on the terminal; every one in ERROR_FILE."""
+    if helpers.budget_rows():
+        (config.rootpath / BUDGET_JSON).write_text(json.dumps(helpers.budget_rows(), indent=1) + "\n",
+                                                   encoding="utf-8")
     lines = helpers.error_report()
     if not lines:
         return

@@ -13,12 +13,17 @@ import math
 import os
 from collections import defaultdict
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 from numpy_attn._tree import leaves, tree_map
 from parity_tests.strategies import ramp
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# The two low-precision dtypes, as NumPy and torch name them.
+LOW_DTYPES = {"float16": (np.dtype(np.float16), torch.float16), "bfloat16": (BFLOAT16, torch.bfloat16)}
 
 TOLERANCES = {
     np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
@@ -31,13 +36,23 @@ _WORST_BY_FILE = defaultdict(lambda: (0.0, 0.0))
 
 
 def to_torch(x, requires_grad=False):
-    """A torch tensor sharing ``x``'s dtype (a fresh copy, so NumPy code cannot alias it)."""
-    t = torch.from_numpy(np.array(x, copy=True))
+    """A torch tensor sharing ``x``'s dtype (a fresh copy, so NumPy code cannot alias it).
+
+    torch.from_numpy does not know ml_dtypes' bfloat16: its bits travel as uint16 and are viewed
+    as torch.bfloat16, which has the same layout."""
+    x = np.array(x, copy=True)
+    if x.dtype == BFLOAT16:
+        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(x)
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 def to_numpy(t):
-    return t.detach().cpu().numpy()
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy().view(BFLOAT16)
+    return t.numpy()
 
 
 def tree_to_torch(tree, requires_grad=False):
@@ -116,6 +131,59 @@ def _record(name, actual, expected, rtol, atol):
     old_err, old_used = _WORST_BY_FILE[(test_file, *key)]
     _WORST_BY_FILE[(test_file, *key)] = (max(old_err, err), max(old_used, used))
     _target(used, f"{name} {expected.dtype} share of tolerance")
+
+
+# (op, tensor, dtype) -> the largest multiple of PyTorch's error ours reached, for docs/precision.md
+_BUDGET = defaultdict(float)
+
+
+def round_to(x, dtype):
+    """``x`` (float64) rounded to the low-precision NumPy ``dtype`` ("float16" or "bfloat16")."""
+    return np.asarray(x).astype(LOW_DTYPES[dtype][0])
+
+
+def ulp(value, dtype):
+    """The spacing of the low-precision ``dtype`` at ``|value|`` (its ulp there), as a float."""
+    return float(np.abs(np.spacing(np.abs(np.asarray(value, dtype=LOW_DTYPES[dtype][0])))))
+
+
+def assert_error_budget(op, dtype, tensors, multiple=2.0):
+    """FlashAttention's error rule: for each named ``(ours, torch_lowp, truth)`` of ``tensors``,
+    max |ours - truth| <= multiple * max |torch_lowp - truth| + one ulp of max |truth|.
+
+    ``ours`` must come back in the low ``dtype``; ``torch_lowp`` is PyTorch computing the same
+    thing in that dtype (NumPy array, from to_numpy); ``truth`` is float64 on the same rounded
+    inputs. Non-finite truth entries (masked -inf) must be matched exactly and are left out of the
+    maxima. The multiple reached is recorded per (op, tensor, dtype) for the end-of-run report.
+    A ``multiple`` other than 2 must be explained by a comment at the call.
+    """
+    low = LOW_DTYPES[dtype][0]
+    for name, (ours, theirs, truth) in tensors.items():
+        label = f"{op} {name} ({dtype})"
+        ours, theirs, truth = np.asarray(ours), np.asarray(theirs), np.asarray(truth, dtype=np.float64)
+        assert ours.dtype == low, f"{label}: came back as {ours.dtype}, not {low}"
+        assert ours.shape == truth.shape == theirs.shape, f"{label}: shapes {ours.shape}, {theirs.shape}, {truth.shape}"
+        finite = np.isfinite(truth)
+        o64 = ours.astype(np.float64)
+        assert np.array_equal(o64[~finite], truth[~finite]), f"{label}: non-finite entries differ from the truth's"
+        if not finite.any():
+            continue
+        err_ours = float(np.max(np.abs(o64[finite] - truth[finite])))
+        err_torch = float(np.max(np.abs(theirs.astype(np.float64)[finite] - truth[finite])))
+        one_ulp = ulp(np.max(np.abs(truth[finite])), dtype)
+        bound = multiple * err_torch + one_ulp
+        if err_torch > 0:
+            _BUDGET[(op, name, dtype)] = max(_BUDGET[(op, name, dtype)], err_ours / err_torch)
+        _target(err_ours / bound, f"{label} share of budget")
+        assert err_ours <= bound, (
+            f"{label}: max |ours - truth| = {err_ours:.3g} exceeds {multiple:g} x PyTorch's "
+            f"{err_torch:.3g} + one ulp {one_ulp:.3g} = {bound:.3g}")
+
+
+def budget_rows():
+    """The multiples recorded by assert_error_budget, as rows for the conftest's JSON."""
+    return [dict(op=op, tensor=name, dtype=dtype, multiple=value)
+            for (op, name, dtype), value in sorted(_BUDGET.items())]
 
 
 def _target(value, label):

@@ -287,7 +287,7 @@ def test_bad_input():
         dropout_forward(x, 0.5, mask=np.ones(3, dtype=bool))
     with pytest.raises(TypeError, match=r"got float64 \(2, 3\)"):
         dropout_forward(x, 0.5, mask=np.ones((2, 3)))
-    with pytest.raises(TypeError, match="x must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64, got dtype int64"):
         dropout_forward(np.arange(3), 0.5, rng=rng)
     with pytest.raises(TypeError, match="x must be a NumPy array, got list"):
         dropout_forward([1.0, 2.0], 0.5, rng=rng)

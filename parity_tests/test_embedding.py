@@ -169,7 +169,7 @@ def test_bad_input():
         embedding_forward(np.array([True, False]), wte)
     with pytest.raises(ValueError, match=r"wte must have 2 dimensions, got shape \(5,\)"):
         embedding_forward(np.array([0]), np.zeros(5))
-    with pytest.raises(TypeError, match="^wte must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^wte must be float16, bfloat16, float32 or float64, got dtype int64$"):
         embedding_forward(np.array([0]), np.zeros((5, 3), dtype=np.int64))
     with pytest.raises(TypeError, match="wte must be a NumPy array, got list"):
         embedding_forward(np.array([0]), [[0.0, 1.0]])

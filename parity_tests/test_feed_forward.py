@@ -202,14 +202,14 @@ def test_bad_input():
                                         "got int$"):
         init_feed_forward_params(4, 0)
     # The wrong kind of input: integers would run through the matmuls and come out int64 or float64.
-    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^x must be float16, bfloat16, float32 or float64, got dtype int64$"):
         feed_forward_forward(np.zeros((2, 4), np.int64), params)
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         feed_forward_forward([[0.0] * 4], params)
     for name in ("fc", "proj"):
         for w, got in ((params[name]["w"].astype(np.int32), "got dtype int32"), (params[name]["w"].tolist(),
                                                                                 "a NumPy array, got list")):
-            with pytest.raises(TypeError, match=f"^{name}.w must be (float32 or float64, )?{got}$"):
+            with pytest.raises(TypeError, match=f"^{name}.w must be (float16, bfloat16, float32 or float64, )?{got}$"):
                 feed_forward_forward(np.zeros((2, 4)), {**params, name: {**params[name], "w": w}})
     with pytest.raises(ValueError, match=r"^fc.w \(16,\) and proj.w \(16, 4\) must be \(C, H\) and \(H, C\) "
                                          r"with C = 4 from x \(2, 4\)$"):

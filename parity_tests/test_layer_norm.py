@@ -306,7 +306,7 @@ def test_bad_input():
         layer_norm_forward(x.astype(np.float32), w, np.zeros(3))
     with pytest.raises(TypeError, match="x is float64, b is float32"):
         layer_norm_forward(x, None, np.zeros(3, np.float32))
-    with pytest.raises(TypeError, match="x must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64, got dtype int64"):
         layer_norm_forward(np.arange(3), w, np.zeros(3))
     with pytest.raises(TypeError, match="w must be a NumPy array, got list"):
         layer_norm_forward(x, [1.0, 1.0, 1.0])

@@ -146,7 +146,8 @@ def test_bad_input():
     for name, args in (("x", (np.zeros((2, 3), np.int64), w)), ("w", (np.zeros((2, 3)), w.astype(np.int32))),
                        ("b", (np.zeros((2, 3)), w, np.zeros(4, np.int64)))):
         dtype = args[["x", "w", "b"].index(name)].dtype
-        with pytest.raises(TypeError, match=f"^{name} must be float32 or float64, got dtype {dtype}$"):
+        with pytest.raises(TypeError,
+                           match=f"^{name} must be float16, bfloat16, float32 or float64, got dtype {dtype}$"):
             linear_forward(*args)
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         linear_forward([[0.0, 1.0, 2.0]], w)

@@ -342,7 +342,7 @@ def test_bad_input():
         cross_entropy_forward(logits, np.array([True, False]))
     with pytest.raises(TypeError, match="targets must be a NumPy array, got list"):
         cross_entropy_forward(logits, [0, 1])
-    with pytest.raises(TypeError, match="logits must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match="logits must be float16, bfloat16, float32 or float64, got dtype int64"):
         cross_entropy_forward(np.zeros((2, 5), dtype=np.int64), np.array([0, 1]))
     with pytest.raises(TypeError, match="logits must be a NumPy array, got list"):
         cross_entropy_forward([[0.0, 1.0]], np.array([0]))

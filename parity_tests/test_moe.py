@@ -497,7 +497,7 @@ def test_bad_input():
         gpt_oss_moe_forward(x, params, k=0)
     with pytest.raises(TypeError, match="k must be an integer, got float 1.0"):
         gpt_oss_moe_forward(x, params, k=1.0)
-    with pytest.raises(TypeError, match="x must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64, got dtype int64"):
         gpt_oss_moe_forward(np.zeros((1, 3), np.int64), params, k=1)
     with pytest.raises(TypeError, match="x must be a NumPy array, got list"):
         gpt_oss_moe_forward([[0.0, 0.0, 0.0]], params, k=1)

@@ -387,7 +387,7 @@ def test_bad_input():
 def test_bad_input_names_the_callers_argument():
     """Errors name what the caller passed (x, kv, params["k"]["w"]), not the projected q, k, v."""
     x, params = np.zeros((2, 3, 6)), hand_params(6)
-    with pytest.raises(TypeError, match=r"kv must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match=r"kv must be float16, bfloat16, float32 or float64, got dtype int64"):
         multi_head_attention_forward(x, params, 2, kv=np.zeros((2, 5, 6), dtype=np.int64))
     with pytest.raises(TypeError, match=r"x is float64, kv is float32"):
         multi_head_attention_forward(x, params, 2, kv=np.zeros((2, 5, 6), dtype=np.float32))

@@ -185,9 +185,9 @@ def test_bad_input():
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         rms_norm_forward(x.astype(np.float32), np.ones(3))
     # The wrong kind of input: integers would be normalised in float64 without a word.
-    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^x must be float16, bfloat16, float32 or float64, got dtype int64$"):
         rms_norm_forward(np.arange(3), np.ones(3))
-    with pytest.raises(TypeError, match="^w must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^w must be float16, bfloat16, float32 or float64, got dtype int64$"):
         rms_norm_forward(x, np.ones(3, np.int64))
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         rms_norm_forward([0.0, 1.0, 2.0], np.ones(3))

@@ -293,7 +293,7 @@ def test_bad_input():
         rope_forward(x, np.array(1))
     with pytest.raises(TypeError, match="positions must be integers, got dtype float64"):
         rope_forward(x, np.arange(3.0))
-    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^x must be float16, bfloat16, float32 or float64, got dtype int64$"):
         rope_forward(np.zeros((3, 4), np.int64), np.arange(3))
     with pytest.raises(ValueError, match="layout must be 'half' or 'interleaved', got 'neox'"):
         rope_forward(x, np.arange(3), layout="neox")

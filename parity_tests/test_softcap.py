@@ -12,7 +12,17 @@ from hypothesis.extra import numpy as hnp
 import torch_attn.softcap as tw
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from parity_tests import strategies as S
-from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+from parity_tests.helpers import (
+    FD_TOL,
+    LOW_DTYPES,
+    assert_close,
+    assert_error_budget,
+    autograd,
+    numerical_grad,
+    round_to,
+    to_numpy,
+    to_torch,
+)
 from parity_tests.test_attention import BAD_SOFTCAPS
 
 # Gemma 2's caps (attn_logit_softcapping, final_logit_softcapping), a small one that saturates
@@ -120,6 +130,27 @@ def test_backward_matches_finite_differences(case):
     assert_close("softcap.dx vs finite differences", logit_softcap_backward(dout, cache), expected, **FD_TOL)
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=capped(dtype=np.float64))
+@example(case=EDGE_CASE)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of PyTorch's own
+    low-precision softcap: transformers' three ops (divide, torch.tanh, multiply), each rounded."""
+    x, dout = round_to(case[0], dtype), round_to(case[1], dtype)   # the inputs every side shares
+    c = case[2]
+    out, cache = logit_softcap_forward(x, c)
+    dx = logit_softcap_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x: tw.logit_softcap(x, c), {"x": x}, dout)
+    torch_out, torch_grads = autograd(lambda x: c * torch.tanh(x / c), {"x": x}, dout)
+    truth_out, truth_grads = autograd(lambda x: c * torch.tanh(x / c), {"x": x.astype(np.float64)},
+                                      dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
+        assert_error_budget(f"softcap[{who}]", dtype, {"out": (o, torch_out, truth_out),
+                                                        "dx": (g, torch_grads["x"], truth_grads["x"])})
+
+
 # -- dtype and bad input -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
@@ -139,7 +170,7 @@ def test_bad_softcap_is_refused(softcap, error, message):
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(TypeError, match="x must be float32 or float64, got dtype int64"):
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64, got dtype int64"):
         logit_softcap_forward(np.zeros(3, np.int64), 30.0)
     with pytest.raises(TypeError, match="x must be a NumPy array, got list"):
         logit_softcap_forward([1.0, 2.0], 30.0)

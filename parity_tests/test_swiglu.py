@@ -237,12 +237,13 @@ def test_bad_input():
     with pytest.raises(TypeError, match="^init_swiglu_params needs rng: rng must be a np.random.Generator, got int$"):
         init_swiglu_params(4, 6, 0)
     # The wrong kind of input: integers would run through the matmuls and come out int64 or float64.
-    with pytest.raises(TypeError, match="^x must be float32 or float64, got dtype int64$"):
+    with pytest.raises(TypeError, match="^x must be float16, bfloat16, float32 or float64, got dtype int64$"):
         swiglu_forward(np.zeros((2, 4), np.int64), params)
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         swiglu_forward([[0.0] * 4], params)
     for name in ("gate", "up", "down"):
-        with pytest.raises(TypeError, match=f"^{name}.w must be float32 or float64, got dtype int32$"):
+        with pytest.raises(TypeError,
+                           match=f"^{name}.w must be float16, bfloat16, float32 or float64, got dtype int32$"):
             swiglu_forward(np.zeros((2, 4)), {**params, name: {"w": params[name]["w"].astype(np.int32)}})
         for layer, got in (({"w": params[name]["w"].tolist()}, "list"), ({}, "NoneType")):
             with pytest.raises(TypeError, match=f"^{name}.w must be a NumPy array, got {got}$"):
@@ -251,8 +252,8 @@ def test_bad_input():
         swiglu_forward(np.zeros((2, 4)), {**params, "gate": {"w": np.zeros(())}})
     with pytest.raises(ValueError, match=r"^params must be a dict with keys 'gate', 'up', 'down', got list$"):
         swiglu_forward(np.zeros((2, 4)), [params["gate"]])
-    for x, got in ((np.arange(3), "got dtype int64"), (np.zeros(3, np.float16), "got dtype float16")):
-        with pytest.raises(TypeError, match=f"^x must be float32 or float64, {got}$"):   # silu alone
+    for x, got in ((np.arange(3), "got dtype int64"), (np.zeros(3, np.complex64), "got dtype complex64")):
+        with pytest.raises(TypeError, match=f"^x must be float16, bfloat16, float32 or float64, {got}$"):   # silu alone
             silu_forward(x)
     with pytest.raises(TypeError, match="^x must be a NumPy array, got list$"):
         silu_forward([0.5])

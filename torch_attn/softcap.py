@@ -6,13 +6,16 @@ Twin of numpy_attn/softcap.py (Gemma 2's ``attn_logit_softcapping`` and
 
 import torch
 
+from torch_attn._opmath import upcast
+
 
 def logit_softcap(x, softcap):
     """c * tanh(x / c) elementwise, c = ``softcap`` > 0: x (...) -> out (...)."""
+    xf = upcast(x)                                  # (...) float32 for float16 and bfloat16
     c = softcap
-    t = torch.tanh(x / c)                           # (...) in (-1, 1)
+    t = torch.tanh(xf / c)                          # (...) in (-1, 1)
     out = c * t                                     # (...) in (-c, c)
-    return out
+    return out.to(x.dtype)                          # rounded once to x's dtype
 
 
 # No PyTorch built-in of its own: it equals the three lines transformers' Gemma 2 applies to its
