@@ -165,13 +165,15 @@ def test_the_cache_is_sized_by_the_prompt_and_new_tokens(tmp_path, capsys):
 
 
 @pytest.mark.skipif(physical_memory() is None, reason="the system does not say how much memory it has")
-def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys):
+@pytest.mark.parametrize("dtype, needs", [([], "25,600,000,000,256"), (["--dtype", "float32"], "25,600,000,000,256")])
+def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys, dtype, needs):
+    """The cache takes the model's dtype: in bfloat16 and float16 half the bytes a token."""
     _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
     _edit_config(tmp_path, max_position_embeddings=10**12)
-    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11)]) == 2
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11), *dtype]) == 2
     err = capsys.readouterr().err
-    # 2 (k, v) x 2 layers x 2 key/value heads x head size 8 x 4 bytes = 256 bytes a token.
-    assert "the key/value cache for 100,000,000,001 tokens" in err and "needs 25,600,000,000,256 bytes" in err, err
+    # 2 (k, v) x 2 layers x 2 key/value heads x head size 8 x 4 bytes = 256 bytes a token (2 bytes: 128).
+    assert "the key/value cache for 100,000,000,001 tokens" in err and f"needs {needs} bytes" in err, err
     assert "lower --max-new-tokens" in err, err
 
 
