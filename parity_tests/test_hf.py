@@ -37,6 +37,7 @@ from parity_tests.helpers import (
     BFLOAT16,
     LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     layer_norm_tol,
     to_numpy,
     to_torch,
@@ -297,6 +298,54 @@ def test_sharded_checkpoint(tmp_path):
     _compare("sharded llama logits", llama_forward(ids, params, config)[0],
              hf_logits_and_grads(exact_hf_llama(model, config), ids, None,
                                  np.zeros((2, 7, config.vocab_size)))[0], np.float64)
+
+
+# -- bfloat16 and float16 checkpoints: their logits' error against float64, ours beside transformers' --
+
+def _low_folder(family, dtype, folder):
+    """A small random model saved by save_pretrained in ``dtype`` (bfloat16, float16): GPT-2 with
+    the released model's config but its sizes (gelu_new, a tied head, eps 1e-5: transformers'
+    GPT2Config defaults), or a Llama with grouped-query heads and llama3 rope; weights as _randomise
+    draws them (every layer matters to the logits)."""
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=32, rope_parameters=dict(LLAMA3), rms_norm_eps=1e-5)
+        model = transformers.LlamaForCausalLM(config)
+    return _save(_randomise(model, 0).to(LOW_DTYPES[dtype][1]), folder)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_checkpoint_logits_meet_the_error_budget(tmp_path, family, dtype):
+    """The folder's bfloat16 (float16) weights run three ways on the same ids: ours as ``generate
+    --hf DIR --dtype bfloat16`` runs them (loaded as stored, every operation in float32 rounded
+    once to the dtype; and the twin on the same params), transformers in that dtype
+    (from_pretrained with its dtype), and the truth, transformers in float64 on the same weights
+    (for Llama with its norm and rotary angles in float64 too, exact_hf_llama). Ours must be within
+    FlashAttention's budget: max |ours - truth| <= 2 max |transformers' - truth| + one ulp."""
+    folder = _low_folder(family, dtype, tmp_path)
+    kind, config, params = load_checkpoint(folder, dtype)
+    ids = _ids(config.vocab_size, B=2, T=16)
+    forward, twin = (gpt_forward, gpt) if kind == "gpt2" else (llama_forward, llama)
+    ours = forward(ids, params, config)[0]
+    with torch.no_grad():
+        twin_logits = to_numpy(twin(to_torch(ids), tree_to_torch(params), config))
+        lowp = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=LOW_DTYPES[dtype][1]).eval()
+        theirs = to_numpy(lowp(input_ids=to_torch(ids)).logits)
+        truth_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+        if kind == "llama":
+            truth_model = exact_hf_llama(truth_model, config)
+        truth = to_numpy(truth_model(input_ids=to_torch(ids)).logits)
+    errors = {who: float(np.abs(x.astype(np.float64) - truth).max()) for who, x in
+              {"ours": ours, "twin": twin_logits, "transformers": theirs}.items()}
+    print(f"{kind} {dtype} checkpoint, max |logit - float64 truth| (largest |logit| "
+          f"{float(np.abs(truth).max()):.3g}): " + ", ".join(f"{k} {v:.3g}" for k, v in errors.items()))
+    for who, logits in {"numpy": ours, "twin": twin_logits}.items():
+        assert_error_budget(f"hf_checkpoint[{who}]", dtype, {f"{kind}.logits": (logits, theirs, truth)})
 
 
 # -- bad checkpoints --------------------------------------------------------------------------------
