@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from numpy_attn import optim
 from numpy_attn._model import head_backward
+from numpy_attn._tree import flatten
 from numpy_attn.gpt import (
     GPTConfig,
     gpt_backward,
@@ -26,6 +27,7 @@ from parity_tests.helpers import (
     assert_backward_matches_finite_differences,
     assert_bad_ids_refused,
     assert_close,
+    assert_error_budget,
     assert_grads_match_autograd,
     assert_logits_match_twin,
     assert_tree_close,
@@ -41,6 +43,7 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_block import _encoder_layer, _encoder_layer_grads
+from parity_tests.test_llama import GRAD_MULTIPLE
 from torch_attn import optim as torch_optim
 from torch_attn.gpt import gpt
 from torch_attn.loss import cross_entropy
@@ -171,6 +174,44 @@ def test_twin_matches_builtin(case):
     tol = _ln_tol(cache, dout.dtype)
     assert_close("gpt.logits vs built-ins", twin_logits, logits, **tol)
     assert_tree_close("gpt vs built-ins", twin_grads["params"], builtin_grads, **tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against PyTorch's built-ins ----------------
+
+@st.composite
+def budget_models(draw, n_layer=2):
+    """models()'s (config, params, ids, dout) in float64 at one small size rather than the tiniest
+    (C = 12 on 3 heads, V = 19, tied weights and biases, B = 2, 2 <= T <= 7), as test_llama's."""
+    config = GPTConfig(vocab_size=19, block_size=8, n_layer=n_layer, n_head=3, n_embd=12,
+                       positions=draw(st.sampled_from(["learned", "sinusoidal"])))
+    T = draw(st.integers(2, 7))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
+    return config, params, rng.integers(0, config.vocab_size, (2, T)), rng.normal(size=(2, T, config.vocab_size))
+
+
+# Two layers in three programs and the twin: a handful of examples (the ops' own budget tests draw many more).
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=6)
+@given(case=budget_models())
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against test_twin_matches_builtin's built-ins in
+    float64 on the same rounded weights, within twice the error of those built-ins run in the low dtype
+    (PyTorch's own program: each built-in rounding its output, nn.TransformerEncoderLayer's attention sdpa)."""
+    config, params, ids, dout = case
+    params, dout = tree_map(lambda p: round_to(p, dtype), _with_zero_biases(params, config)), round_to(dout, dtype)
+    logits, cache = gpt_forward(ids, params, config)
+    grads = flatten(gpt_backward(dout, cache))
+    twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
+    lowp_logits, lowp_grads = _builtin_gpt(config, params, ids, dout)
+    truth_logits, truth_grads = _builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids,
+                                             dout.astype(np.float64))
+    lowp_grads, truth_grads = flatten(lowp_grads), flatten(truth_grads)
+    for who, (out, g) in {"numpy": (logits, grads), "twin": (twin_logits, flatten(twin_grads["params"]))}.items():
+        assert_error_budget(f"gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
+        assert_error_budget(f"gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
+                                                   for path in truth_grads if not path.endswith("attn.k.b")},
+                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE says why; k.b: see test_block
 
 
 def _sinusoid_closed_form(T, wte):
