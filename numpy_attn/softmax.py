@@ -16,10 +16,11 @@ dtype, comes back in x's dtype; a 0-d x is one row of one entry along axis 0 or 
 log-softmax 0).
 
 float16 and bfloat16: the max, exp, sum, log and division run in float32 and the output is rounded
-once, as PyTorch's softmax kernels compute in float32 (docs/precision.md). The cache keeps the
-float32 probabilities: PyTorch's backward reads its saved low-dtype output instead, but these ops
-are not on attention's (T, T) path (attention has its own softmax), so the float32 copy costs
-little and makes the backward float32 throughout, rounded once.
+once, as PyTorch's softmax kernels compute in float32 (docs/precision.md). softmax's backward
+reads the rounded output it handed out, as PyTorch's does (attention's (T, S) weights are that
+output: a float32 copy would triple their memory), and computes in float32, rounded once.
+log_softmax keeps its softmax p in float32: it is no output (nothing to share), and the loss, which
+runs it on float32 logits, needs p in float32 anyway.
 """
 
 from typing import NamedTuple
@@ -30,8 +31,8 @@ from numpy_attn._checks import FLOAT_DTYPES, check_axis, check_dout, check_float
 
 
 class SoftmaxCache(NamedTuple):
-    y: np.ndarray           # (..., n) softmax's output, for its backward; log_softmax's p = softmax(x);
-                            # float32 for a float16 or bfloat16 output (what it was computed in)
+    y: np.ndarray           # (..., n) softmax's output (in its dtype), for its backward; log_softmax's
+                            # p = softmax(x) (in the dtype computed in: float32 for float16, bfloat16)
     axis: int | None        # the axis normalised over (None for a 0-d x)
     x_dtype: np.dtype       # x's dtype: the gradient goes back in it (dtype= may have cast x)
     y_dtype: np.dtype       # the output's dtype (dy's): x's after dtype='s cast
@@ -61,7 +62,7 @@ def softmax_forward(x, axis=-1, dtype=None):
 
     Returns ``(y, cache)``; the cache is a SoftmaxCache ``(y, axis, x's dtype, y's dtype)``: the backward
     needs only the output. y is read-only, so that changing it in place is an error instead of a change
-    to the gradient (a float16 or bfloat16 y is a rounded copy of the float32 one the cache keeps).
+    to the gradient.
     """
     x, axis, x_dtype = _check_softmax(x, axis, dtype)   # x cast to dtype; axis None for a 0-d x
     y_dtype = x.dtype                              # the output's dtype: x's after dtype='s cast
@@ -70,10 +71,9 @@ def softmax_forward(x, axis=-1, dtype=None):
     e = np.exp(x - m)                              # (..., n), entries in [0, 1]
     s = e.sum(axis=axis, keepdims=True)            # (..., 1), >= 1 unless the row is all -inf
     y = e / np.where(s == 0, np.ones_like(s), s)   # all -inf row: 0 / 1 = 0, not 0 / 0 = NaN
-    y = np.asarray(y)                              # a 0-d x gives a 0-d array, not a NumPy scalar
+    y = np.asarray(y).astype(y_dtype, copy=False)  # rounded once; a 0-d x gives a 0-d array, not a scalar
     y.flags.writeable = False                      # handed to the caller and cached: read-only, not copied
     cache = SoftmaxCache(y, axis, x_dtype, y_dtype)
-    y = y.astype(y_dtype, copy=False)              # rounded once to the output dtype (the same y otherwise)
     return y, cache
 
 
@@ -81,7 +81,7 @@ def softmax_backward(dy, cache):
     """Gradient of softmax: dy (..., n) -> dx (..., n)."""
     y, axis, x_dtype, y_dtype = cache
     _check_softmax_dy("softmax_backward", dy, y, x_dtype, y_dtype)
-    dy = upcast(dy)                                # (..., n) in y's dtype, float32 for the low ones
+    y, dy = upcast(y), upcast(dy)                  # (..., n) float32 for float16 and bfloat16
     # Undoes y = e / s: the Jacobian diag(y) - y y^T applied to dy without forming it.
     dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
     return _to_x_dtype(dx, y_dtype, x_dtype)
