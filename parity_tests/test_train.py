@@ -12,7 +12,7 @@ import pytest
 
 from attn_cli import checkpoint, cli, generate, train
 from numpy_attn import optim
-from numpy_attn.gpt import GPTConfig, gpt_forward, init_gpt_params
+from numpy_attn.gpt import GPTConfig, init_gpt_params
 from parity_tests.helpers import assert_tree_close, needs_vocab, ulp
 
 TEXT = ("The cat sat on the mat. The dog sat on the log. " * 20)
@@ -233,24 +233,9 @@ def _tiny_model(seed=0):
     return config, params, ids, np.roll(ids, -1, axis=1)
 
 
-def _model_runs_in(dtype):
-    """Whether every operation of the mini GPT takes ``dtype`` yet (they are converted one by one)."""
-    config, params, ids, _ = _tiny_model()
-    try:
-        gpt_forward(ids, train.model_weights(params, train.compute_dtype(dtype)), config)
-    except TypeError:
-        return False
-    return True
 
 
-def needs_low_precision_model(dtype):
-    return pytest.mark.skipif(not _model_runs_in(dtype), reason=f"the mini GPT does not run in {dtype} yet")
-
-
-MIXED = [pytest.param(d, marks=needs_low_precision_model(d)) for d in train.MIXED]
-
-
-@pytest.fixture(scope="module", params=MIXED)
+@pytest.fixture(scope="module", params=train.MIXED)
 def mixed_run(request, tmp_path_factory):
     """A short mixed-precision run with --compare-torch: (dtype, folder, its stdout)."""
     folder = tmp_path_factory.mktemp(f"mixed-{request.param}")
@@ -310,7 +295,7 @@ def test_mixed_precision_step_1_agrees_with_torch_autocast(mixed_run):
     assert abs(ours - theirs) <= 2 * spacing, (dtype, ours, theirs, spacing)
 
 
-@pytest.mark.parametrize("dtype", MIXED)
+@pytest.mark.parametrize("dtype", train.MIXED)
 def test_a_mixed_step_steps_the_float32_masters_on_the_low_precision_gradients(dtype):
     """The recipe, written out: cast the masters down, forward and backward there, the gradients up
     to float32 and divided by the loss scale, AdamW in float32."""
@@ -336,7 +321,6 @@ def test_a_mixed_step_steps_the_float32_masters_on_the_low_precision_gradients(d
     assert new_scaler == (None if scaler is None else {**scaler, "clean_steps": 1}), new_scaler
 
 
-@needs_low_precision_model("float16")
 def test_a_float16_overflow_skips_the_step_and_halves_the_scale():
     """A scale of 2^16 is beyond float16 (its largest number is 65504): the scaled gradient of the
     loss is already inf, every gradient overflows, and the step must leave the masters and the

@@ -640,28 +640,7 @@ def test_help_says_how_to_keep_colour_through_a_pager():
 
 # -- --dtype bfloat16 and float16 -------------------------------------------------------------------
 
-def _walks_in(dtype):
-    """Whether every operation the walkthrough calls takes ``dtype`` yet (converted one by one)."""
-    from attn_cli import walk_steps
-
-    try:
-        walk_steps.pipeline(walk_steps.NumpySide(), walk_steps.prepare(cli.build_parser().parse_args(
-            ["walkthrough", "--dtype", dtype, "--no-torch"])))
-    except TypeError:
-        return False
-    return True
-
-
 LOW = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
-
-
-@pytest.fixture(scope="module")
-def low_precision_ops():
-    if not all(_walks_in(d) for d in LOW):
-        pytest.skip("numpy_attn's operations do not all run in float16 and bfloat16 yet")
-
-
-needs_low_precision_ops = pytest.mark.usefixtures("low_precision_ops")
 
 
 def _decimals(out, title):
@@ -676,7 +655,6 @@ def _decimals(out, title):
     return found
 
 
-@needs_low_precision_ops
 @pytest.mark.parametrize("dtype, decimals, bits", [("float32", 4, None), ("float16", 3, 11), ("bfloat16", 2, 8)])
 def test_the_printed_digits_follow_the_dtype(dtype, decimals, bits):
     """Four decimals for float32; for the low dtypes the digits they keep near 1, and one line that
@@ -694,7 +672,6 @@ def test_the_printed_digits_follow_the_dtype(dtype, decimals, bits):
     assert re.search(rf"largest \|NumPy - PyTorch\| over all steps = \S+ \(step \d+, .*; {dtype}\)", text), text
 
 
-@needs_low_precision_ops
 def test_precision_still_overrides_the_dtype_s_decimals():
     status, out, err = run("--dtype", "bfloat16", "--precision", "5", "--no-torch")
     assert status == 0, err
@@ -721,7 +698,6 @@ def _within_one_ulp(label, actual, expected, dtype, scale=None):
     assert worst <= 1, f"{label}: {worst:.2f} ulps of {dtype} from the float32 computation, rounded"
 
 
-@needs_low_precision_ops
 @pytest.mark.parametrize("dtype", LOW)
 def test_low_precision_inputs_are_the_float32_walkthrough_s_rounded(dtype):
     """The embeddings, weights and G of --dtype bfloat16/float16 are exactly the float32
@@ -770,7 +746,6 @@ def _rounded_float32(fn, low):
     return wrapped
 
 
-@needs_low_precision_ops
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("argv", [(), ("--example", "source")], ids=["default", "source"])
 def test_each_step_is_float32_rounded_once(dtype, argv, monkeypatch):
@@ -803,7 +778,6 @@ def test_each_step_is_float32_rounded_once(dtype, argv, monkeypatch):
             _within_one_ulp(f"{dtype} {key}", value, rounded, low, scale=np.max(finite, initial=0.0))
 
 
-@needs_low_precision_ops
 @pytest.mark.parametrize("dtype", LOW)
 def test_low_precision_sides_agree_within_the_printed_tolerance(dtype):
     """NumPy and PyTorch in the low dtype, every table, within render's tolerance (two ulps at the
