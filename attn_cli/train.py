@@ -407,10 +407,10 @@ def _drift_note(dtype):
                          "over a hundred steps or more they drift apart too.")
     return ("Mixed precision on both sides, but not the same roundings: NumPy rounds every "
             f"operation's output to {dtype} (each computing in float32 inside), torch's autocast "
-            f"rounds the matmuls' inputs to {dtype} and runs most of the rest in float32. The losses "
-            f"are {dtype} numbers (spacing {_spacing(dtype)} between 4 and 8), so from step 1 they "
-            "differ by about that spacing, and training drifts them further apart; what compares is "
-            "the trend and the final held-out losses.")
+            f"rounds the matmuls' inputs to {dtype} and runs most of the rest in float32. NumPy's "
+            f"loss is a {dtype} number (spacing {_spacing(dtype)} between 4 and 8), torch's a float32 "
+            "one, so from step 1 they differ by up to about that spacing, and training drifts them "
+            "further apart; what compares is the trend and the final held-out losses.")
 
 
 def _spacing(dtype):

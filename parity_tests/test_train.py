@@ -284,11 +284,11 @@ def test_mixed_precision_trains_and_saves_float32_masters(mixed_run):
 @needs_vocab
 def test_mixed_precision_step_1_agrees_with_torch_autocast(mixed_run):
     """Step 1: the same weights and batch; ours rounds every operation's output to the low dtype,
-    torch's autocast the matmuls' inputs. Both losses are low-precision numbers: each within half
-    a spacing (ulp) of the float32 mean it rounds, so one ulp between them; the logits differ by the
-    roundings on the way, relative 2^-8 (bfloat16) or 2^-11 (float16) per rounding, and move the
-    mean cross-entropy by at most 2 max|dlogit|, below one more ulp for these small initial logits
-    (|z| < 1 at init, loss about ln V = 3.4). So: at most 2 ulps of the loss."""
+    torch's autocast the matmuls' inputs. Our loss is a low-precision number, within half a
+    spacing (ulp) of the float32 mean it rounds (torch's comes out in float32); the logits differ
+    by the roundings on the way, relative 2^-8 (bfloat16) or 2^-11 (float16) per rounding, and
+    move the mean cross-entropy by at most 2 max|dlogit|, below one more ulp for these small
+    initial logits (|z| < 1 at init, loss about ln V = 3.4). So: at most 2 ulps of the loss."""
     dtype, _, stdout = mixed_run
     ours, theirs = _step_losses(stdout)[1]
     spacing = float(ulp(ours, dtype))
