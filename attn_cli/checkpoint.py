@@ -1,7 +1,11 @@
 """Checkpoints of ``numpy-attn train``: a run folder holding ``model.npz`` (the parameters by
 dotted path, e.g. ``blocks.0.attn.q.w``, plus ``vocab``; read with ``allow_pickle=False``),
 ``config.json`` (the GPTConfig, the dtype, the run's facts, and model.npz's size and SHA-256) and
-``loss.png``.
+``loss.png``. The parameters are saved in the dtype the optimiser kept them in: float32 or float64,
+and float32 for a mixed-precision run (``--dtype bfloat16`` or ``float16``), whose float32 master
+weights are saved rather than their low-precision casts; its config.json says ``"dtype": "float32"``
+and names the dtype the steps ran in as ``"compute_dtype"`` (with float16's final loss scale and
+skipped steps under ``"loss_scale"``).
 
 Writing. ``--out`` is the user's folder: it may be the current folder, a symlink to a folder
 elsewhere, or a folder that holds other work. So a run owns its three files there and nothing else:

@@ -9,6 +9,20 @@ batches (inputs and the next tokens); AdamW updates the weights. ``--compare-tor
 torch twin beside it from the same weights, batches and dropout masks, and prints both losses and
 their difference at every step.
 
+Mixed precision (``--dtype bfloat16`` or ``float16``), as mixed-precision training does it
+(Micikevicius et al., 2018): the optimiser keeps float32 master weights and float32 AdamW moments;
+each step casts the masters to the low dtype, runs the forward and the backward in it (every
+operation computing in float32 inside and rounding its output, as PyTorch's CPU kernels), casts
+the gradients up to float32 and steps there. float16, whose smallest normal number is 6e-5, adds
+dynamic loss scaling (``numpy_attn.optim.loss_scale_init``): the gradient of the loss enters the
+backward multiplied by a scale S (2^15 at first), the gradients are divided by S in float32, and a
+step whose gradients overflowed is skipped and S halved; the summary gives the steps skipped and the
+final S. bfloat16 has float32's range and needs no scaling. ``--compare-torch`` then trains torch's
+own equivalent: the twin under ``torch.autocast("cpu", dtype)`` with float32 weights (matmuls in the
+low dtype), for float16 with ``torch.amp.GradScaler("cpu")`` and ``torch.optim.AdamW``. The
+checkpoint holds the float32 masters; config.json says ``"dtype": "float32"`` and the dtype the
+steps ran in as ``"compute_dtype"``.
+
 Output, in the folder ``--out``: ``model.npz`` and ``config.json`` (see ``attn_cli.checkpoint``),
 ``loss.png`` (when matplotlib is present), and nothing else; no other file there is touched. A
 folder holding a run, or other files, is taken only with ``--force``; a file of one of those names
@@ -24,6 +38,7 @@ import sys
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 
 from attn_cli import term
@@ -59,6 +74,7 @@ EXAMPLES = f"""examples:
   numpy-attn train --steps 2000 --out long-run  longer, into another folder
   numpy-attn train --compare-torch --force      the torch twin beside NumPy, loss by loss
   numpy-attn train --text my.txt --dtype float64
+  numpy-attn train --dtype bfloat16 --compare-torch   mixed precision, beside torch's autocast
 
 Writes {DEFAULT_OUT}/{CHECKPOINT}, {CONFIG} and {PLOT} by default; numpy-attn generate reads them.
 """
@@ -115,12 +131,67 @@ def get_batch(data, B, T, rng):
 
 # -- one step ---------------------------------------------------------------------------------------
 
-def loss_and_grads(params, config, ids, targets, rng=None):
-    """Mean cross-entropy of the next tokens and its gradients; also the forward cache."""
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+MIXED = ("bfloat16", "float16")            # mixed precision: float32 masters, steps in the low dtype
+
+
+def compute_dtype(name):
+    """The NumPy dtype of ``--dtype`` (bfloat16 is ml_dtypes')."""
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def master_dtype(name):
+    """The dtype of the weights the optimiser keeps: float32 for the mixed-precision dtypes."""
+    return np.dtype(np.float32) if name in MIXED else np.dtype(name)
+
+
+def loss_and_grads(params, config, ids, targets, rng=None, loss_scale=1.0):
+    """Mean cross-entropy of the next tokens and the gradients of ``loss_scale`` * loss, in the
+    parameters' dtype; also the forward cache. The scale enters as the gradient of the loss itself,
+    d(scale * loss) / d loss = scale, so the backward carries scaled gradients from its first step."""
     logits, cache = gpt_forward(ids, params, config, rng=rng)                 # (B, T, V)
     loss, loss_cache = cross_entropy_forward(logits, targets)
-    dlogits = cross_entropy_backward(np.ones((), loss.dtype), loss_cache)     # (B, T, V)
+    dloss = np.full((), loss_scale, loss.dtype)                               # 1 unless float16's scaling
+    dlogits = cross_entropy_backward(dloss, loss_cache)                       # (B, T, V)
     return float(loss), gpt_backward(dlogits, cache), cache
+
+
+def step(params, state, scaler, config, ids, targets, rng, hyper, dtype):
+    """One AdamW step: ``(params, state, scaler, loss, cache, skipped)``.
+
+    ``dtype`` float32 or float64: the step runs on ``params`` themselves. bfloat16 or float16
+    (mixed precision): ``params`` and ``state`` are float32 masters, the forward and backward run on
+    their cast to ``dtype``, the gradients come back to float32 divided by the loss scale, and
+    ``scaler`` (float16's loss scaling, else None) decides whether the step is taken. A
+    FloatingPointError (raised by np.errstate) or a non-finite loss means the run diverged; with a
+    scaler, gradients that overflowed float16 only skip the step.
+    """
+    if dtype.name not in MIXED:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            loss, grads, cache = loss_and_grads(params, config, ids, targets, rng)
+            params, state = optim.adamw_step(params, grads, state, **hyper)
+        return params, state, scaler, loss, cache, False
+    scale = 1.0 if scaler is None else scaler["scale"]
+    # float16's scaled gradients may overflow: counted by unscale_grads, they skip the step
+    raised = "raise" if scaler is None else "ignore"
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        model = tree_map(lambda p: p.astype(dtype), params)                  # the masters, rounded
+        with np.errstate(over=raised, invalid=raised):
+            loss, grads, cache = loss_and_grads(model, config, ids, targets, rng, scale)
+        grads, found_inf = optim.unscale_grads(grads, scale)                 # float32, / scale
+        skipped = False
+        if scaler is not None:
+            scaler, skipped = optim.loss_scale_update(scaler, found_inf)
+        elif found_inf:
+            raise FloatingPointError("the gradients overflowed")
+        if not skipped:
+            params, state = optim.adamw_step(params, grads, state, **hyper)   # in float32
+    return params, state, scaler, loss, cache, skipped
+
+
+def model_weights(params, dtype):
+    """The weights a step computes with: ``params`` cast to ``dtype`` (themselves when equal)."""
+    return tree_map(lambda p: p.astype(dtype, copy=False), params)
 
 
 def evaluate(params, config, data, B, rng, batches=4):
@@ -203,79 +274,100 @@ def _prepare(args):
 
 def _train(args, source, vocab, train_data, val_data, config):
     T = config.block_size
-    dtype = np.dtype(args.dtype)
+    dtype = compute_dtype(args.dtype)
     rng = np.random.default_rng(args.seed)
-    params = init_gpt_params(config, rng, dtype)
+    params = init_gpt_params(config, rng, master_dtype(args.dtype))    # float32 masters when mixed
     state = optim.adamw_init(params)
+    scaler = optim.loss_scale_init() if dtype == np.float16 else None
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay)
+    precision = (f"{dtype.name}" if args.dtype not in MIXED else
+                 f"mixed precision: float32 master weights and AdamW state, forward and backward in "
+                 f"{dtype.name}" + (f" with dynamic loss scaling from {scaler['scale']:g}" if scaler else ""))
     say(f"corpus {source}: {len(train_data) + len(val_data)} GPT-2 tokens, {len(vocab)} distinct (the vocabulary); "
-        f"{sum(p.size for p in flatten(params).values())} parameters, {dtype.name}; "
+        f"{sum(p.size for p in flatten(params).values())} parameters, {precision}; "
         f"{args.threads} BLAS thread{'s' if args.threads > 1 else ''} (--threads)")
     say(LOSSES)
-    twin = _TorchTwin(params, config, hyper, args.threads) if args.compare_torch else None
+    twin = _TorchTwin(params, config, hyper, args.threads, args.dtype) if args.compare_torch else None
     if twin is not None:
-        say(_drift_note(dtype))
+        say(_drift_note(args.dtype))
     every = max(1, args.steps // 10)
-    losses, twin_losses, held_out, seconds, twin_seconds = [], [], [], 0.0, 0.0
-    for step in range(1, args.steps + 1):
+    losses, twin_losses, held_out, seconds, twin_seconds, skipped = [], [], [], 0.0, 0.0, []
+    for number in range(1, args.steps + 1):
         ids, targets = get_batch(train_data, args.batch_size, T, rng)
         start = time.perf_counter()
         loss, overflow = None, False
         try:
-            with np.errstate(over="raise", invalid="raise", divide="raise"):
-                loss, grads, cache = loss_and_grads(params, config, ids, targets, rng)
-                params, state = optim.adamw_step(params, grads, state, **hyper)
+            params, state, scaler, loss, cache, skip = step(params, state, scaler, config, ids, targets,
+                                                            rng, hyper, dtype)
         except FloatingPointError:      # a number overflowed on the way
             overflow = True
         if overflow or not math.isfinite(loss) or not all(np.isfinite(p).all() for p in flatten(params).values()):
-            raise _diverged(args, step, loss, losses)
+            raise _diverged(args, number, loss, losses)
         seconds += time.perf_counter() - start
         losses.append(loss)
-        line = f"loss {loss:.4f}"
+        if skip:
+            skipped.append(number)
+        line = f"loss {loss:.4f}" + ("  (skipped: the gradients overflowed float16)" if skip else "")
         if twin is not None:
             start = time.perf_counter()
             twin_losses.append(twin.step(ids, targets, cache.masks if config.dropout else None))
             twin_seconds += time.perf_counter() - start
             line += f"  torch {twin_losses[-1]:.4f}  diff {loss - twin_losses[-1]:+.2e}"
         if twin is not None or args.verbose:
-            print(f"step {step:>5}  {line}")
-        if step % every == 0 or step == args.steps:
+            print(f"step {number:>5}  {line}")
+        if number % every == 0 or number == args.steps:
             # The same held-out windows every time (their own seed), so the points compare.
             val_rng = np.random.default_rng(args.seed + 1)
             try:
                 with np.errstate(over="raise", invalid="raise", divide="raise"):
-                    held_out.append((step, evaluate(params, config, val_data, args.batch_size, val_rng)))
+                    held_out.append((number, evaluate(model_weights(params, dtype), config, val_data,
+                                                      args.batch_size, val_rng)))
             except FloatingPointError:
-                raise _diverged(args, step, loss, losses) from None
+                raise _diverged(args, number, loss, losses) from None
             line += f"  held-out {held_out[-1][1]:.4f}"
+            if twin is not None:
+                twin.held_out.append((number, twin.evaluate(val_data, args.batch_size,
+                                                            np.random.default_rng(args.seed + 1))))
             if twin is not None or args.verbose:
-                print(f"step {step:>5}  held-out loss {held_out[-1][1]:.4f}")
+                print(f"step {number:>5}  held-out loss {held_out[-1][1]:.4f}"
+                      + (f"  torch {twin.held_out[-1][1]:.4f}" if twin is not None else ""))
         if sys.stderr.isatty() or args.progress:
-            term.progress(step, args.steps, line)
+            term.progress(number, args.steps, line)
     tokens = args.steps * args.batch_size * T
     val = held_out[-1][1]
     # The training text on the held-out loss's footing: no dropout, as many windows, fixed seed.
     try:
         with np.errstate(over="raise", invalid="raise", divide="raise"):
-            seen = evaluate(params, config, train_data, args.batch_size, np.random.default_rng(args.seed + 1))
+            seen = evaluate(model_weights(params, dtype), config, train_data, args.batch_size,
+                            np.random.default_rng(args.seed + 1))
     except FloatingPointError:
         raise _diverged(args, args.steps, losses[-1], losses) from None
     say(f"NumPy: {tokens / seconds:,.0f} tokens/s; training loss {losses[0]:.4f} -> "
         f"{losses[-1]:.4f} (last batch; mean of the last {every} steps "
         f"{np.mean(losses[-every:]):.4f}), held-out loss {val:.4f}; the training text measured "
         f"the same way {seen:.4f}")
+    if scaler is not None:
+        say(f"loss scaling (float16): the scale went from {optim.loss_scale_init()['scale']:g} to "
+            f"{scaler['scale']:g}; {len(skipped)} of {args.steps} steps skipped (gradients that "
+            f"overflowed float16)" + (f": steps {_some(skipped)}" if skipped else ""))
     if twin is not None:
         diff = np.abs(np.array(losses) - twin_losses)
         say(f"torch: {tokens / twin_seconds:,.0f} tokens/s; largest loss difference "
-            f"{diff.max():.2e} (step {int(diff.argmax()) + 1})")
+            f"{diff.max():.2e} (step {int(diff.argmax()) + 1}); held-out loss {twin.held_out[-1][1]:.4f}"
+            + twin.summary())
     facts = {"corpus": source, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-             "weight_decay": args.weight_decay, "seed": args.seed, "final_loss": losses[-1],
-             "val_loss": val, "train_text_loss": seen, "held_out": held_out}
+             "weight_decay": args.weight_decay, "seed": args.seed, "compute_dtype": dtype.name,
+             "final_loss": losses[-1], "val_loss": val, "train_text_loss": seen, "held_out": held_out}
+    if scaler is not None:
+        facts["loss_scale"] = {"final": scaler["scale"], "skipped_steps": skipped}
+    if twin is not None:
+        facts["torch_val_loss"] = twin.held_out[-1][1]
 
     def plot(file):
         return _plot(losses, held_out, twin_losses, file, source)
 
-    for name in save_checkpoint(args.out, params, config, vocab, dtype, facts, force=args.force, plot=plot):
+    for name in save_checkpoint(args.out, params, config, vocab, master_dtype(args.dtype), facts,
+                                force=args.force, plot=plot):
         print(f"wrote {os.path.join(args.out, name)}")
     return 0
 
@@ -289,6 +381,12 @@ def _diverged(args, step, loss, losses):
                       f"default is 1e-2) and train again; nothing was written to {args.out}")
 
 
+def _some(numbers, shown=10):
+    """``numbers`` as text, the first ``shown`` of them and how many more."""
+    more = len(numbers) - shown
+    return ", ".join(map(str, numbers[:shown])) + (f" and {more} more" if more > 0 else "")
+
+
 def say(text):
     """Print prose wrapped to the terminal (80 columns when piped)."""
     print("\n".join(term.wrap(text, term.width_of(sys.stdout))))
@@ -299,19 +397,32 @@ def _drift_note(dtype):
     common = ("NumPy and torch add in different orders, so their losses differ by rounding, and "
               "training amplifies any difference step by step (AdamW divides by the gradients' "
               "size, so tiny gradients count fully): ")
-    if dtype == np.float32:
+    if dtype == "float32":
         return common + ("in float32 they agree to about 1e-6 for the first tens of steps, then "
                          "drift apart to 1e-3..1e-1 after a few hundred; that is expected. With "
                          "--dtype float64 they agree to about 1e-14 at first and to 1e-12 still "
                          "after 50 steps.")
-    return common + ("in float64 they agree to about 1e-14 at first and to 1e-12 after 50 steps; "
-                     "over a hundred steps or more they drift apart too.")
+    if dtype == "float64":
+        return common + ("in float64 they agree to about 1e-14 at first and to 1e-12 after 50 steps; "
+                         "over a hundred steps or more they drift apart too.")
+    return ("Mixed precision on both sides, but not the same roundings: NumPy rounds every "
+            f"operation's output to {dtype} (each computing in float32 inside), torch's autocast "
+            f"rounds the matmuls' inputs to {dtype} and runs most of the rest in float32. NumPy's "
+            f"loss is a {dtype} number (spacing {_spacing(dtype)} between 4 and 8), torch's a float32 "
+            "one, so from step 1 they differ by up to about that spacing, and training drifts them "
+            "further apart; what compares is the trend and the final held-out losses.")
+
+
+def _spacing(dtype):
+    """The distance between neighbouring ``dtype`` numbers in [4, 8), as text."""
+    return f"{float(ml_dtypes.finfo(compute_dtype(dtype)).eps) * 4:g}"
 
 
 class _TorchTwin:
-    """The torch twin trained beside NumPy: the same weights, batches, masks and AdamW."""
+    """The torch twin trained beside NumPy: the same weights, batches, masks and AdamW; for
+    bfloat16 and float16, torch's own mixed precision (autocast, float16 with GradScaler)."""
 
-    def __init__(self, params, config, hyper, threads):
+    def __init__(self, params, config, hyper, threads, dtype):
         import torch
 
         from torch_attn import optim as torch_optim
@@ -320,22 +431,63 @@ class _TorchTwin:
         self.torch, self.optim, self.config, self.hyper = torch, torch_optim, config, hyper
         self.params = tree_map(lambda p: torch.from_numpy(p.copy()).requires_grad_(), params)
         self.state = torch_optim.adamw_init(self.params)
+        self.held_out = []
+        # Mixed precision: float32 weights, autocast to the low dtype; float16 also scales the loss.
+        self.autocast = getattr(torch, dtype) if dtype in MIXED else None
+        self.scaler = self.builtin = None
+        self.skipped = 0
+        if dtype == "float16":
+            # GradScaler steps a torch.optim optimiser: torch.optim.AdamW, which the twin equals.
+            self.builtin = torch.optim.AdamW([p for _, p in flatten(self.params).items()], **hyper)
+            self.scaler = torch.amp.GradScaler("cpu", init_scale=optim.loss_scale_init()["scale"])
 
-    def step(self, ids, targets, masks):
+    def _context(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast("cpu", dtype=self.autocast)
+
+    def _loss(self, ids, targets, masks=None, config=None):
         from torch_attn.gpt import gpt
         from torch_attn.loss import cross_entropy
 
         torch = self.torch
+        with self._context():
+            return cross_entropy(gpt(torch.from_numpy(ids), self.params, config or self.config, masks=masks),
+                                 torch.from_numpy(targets))
+
+    def step(self, ids, targets, masks):
+        torch = self.torch
         if masks is not None:
             masks = {"emb": torch.from_numpy(masks["emb"]),
                      "blocks": [{k: torch.from_numpy(m) for k, m in b.items()} for b in masks["blocks"]]}
-        loss = cross_entropy(gpt(torch.from_numpy(ids), self.params, self.config, masks=masks),
-                             torch.from_numpy(targets))
+        loss = self._loss(ids, targets, masks)
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.builtin)
+            self.scaler.update()
+            self.builtin.zero_grad()
+            self.skipped += self.scaler.get_scale() < scale          # halved: the step was skipped
+            return float(loss.detach())
         loss.backward()
         grads = tree_map(lambda p: p.grad, self.params)
         params, self.state = self.optim.adamw_step(self.params, grads, self.state, **self.hyper)
         self.params = tree_map(lambda p: p.requires_grad_(), params)
         return float(loss.detach())
+
+    def evaluate(self, data, B, rng, batches=4):
+        """``evaluate`` on the torch side: the same windows (the same ``rng``), no dropout."""
+        config = dataclasses.replace(self.config, dropout=0.0)
+        with self.torch.no_grad():
+            return float(np.mean([float(self._loss(*get_batch(data, B, config.block_size, rng), config=config))
+                                  for _ in range(batches)]))
+
+    def summary(self):
+        """GradScaler's figures, for float16."""
+        if self.scaler is None:
+            return ""
+        return (f"; GradScaler: the scale went to {self.scaler.get_scale():g}, {self.skipped} "
+                "steps skipped")
 
 
 def _plot(losses, held_out, twin_losses, file, source):
@@ -380,8 +532,10 @@ def add_arguments(p):
     p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
     p.add_argument("--weight-decay", type=float, default=0.01, dest="weight_decay",
                    help="AdamW decoupled weight decay (default 0.01)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="dtype of the weights (default float32)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="dtype of the weights and arithmetic (default float32); bfloat16 and float16 "
+                        "train in mixed precision: float32 master weights and AdamW state, the "
+                        "forward and backward in the low dtype, float16 with dynamic loss scaling")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, batches and dropout (default 0)")
     p.add_argument("--compare-torch", action="store_true", dest="compare_torch",
                    help="train the torch twin beside NumPy and print both losses per step (in "

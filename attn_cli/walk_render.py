@@ -18,6 +18,24 @@ def max_abs_diff(a, b):
     return float(diff.max()) if diff.size else 0.0
 
 
+def spacing(dtype, value):
+    """The distance from |value| to the next larger number of ``dtype`` (its ulp there)."""
+    return float(np.spacing(np.abs(np.asarray(value, dtype=dtype))))
+
+
+def tolerance(dtype, results):
+    """The largest |NumPy - PyTorch| a table may show and be marked good. float32, float64: their
+    rounding level. float16, bfloat16: every operation on both sides computes in float32 and rounds
+    once, so the two differ only where float32's different summation orders fall on either side of a
+    rounding boundary: one ulp, and one more inherited from an earlier step; two ulps at the largest
+    value the walkthrough shows."""
+    if dtype.name not in ("float16", "bfloat16"):
+        return 1e-4 if dtype == np.float32 else 1e-10
+    largest = max(float(np.max(np.abs(a[np.isfinite(a)]), initial=0)) for a in results.values()
+                  if a.dtype == dtype)
+    return 2 * spacing(dtype, largest)
+
+
 class Printer:
     """Prints steps and tables; records each table's largest difference and the weights to plot.
 
@@ -34,7 +52,7 @@ class Printer:
         self.precision = precision
         self.width = width
         self.brief = brief
-        self.tolerance = 1e-4 if inputs.dtype == np.float32 else 1e-10
+        self.tolerance = tolerance(inputs.dtype, results["NumPy"])
         self.diffs = []               # (step, table title, max |NumPy - PyTorch|)
         self.heatmaps = []            # (file stem, title, [(panel title, values (T, T))], signed)
         self.step_number = 0

@@ -13,11 +13,16 @@ steps run on each side, NumPy (``numpy_attn``) and PyTorch (``torch_attn``), thr
 
 Both sides run ``pipeline`` from the same inputs, each through its own operations (``NumpySide``
 and ``TorchSide`` say which). torch is imported only when the PyTorch side is built.
+
+``--dtype bfloat16`` or ``float16``: the inputs are the float32 walkthrough's, drawn (or typed in)
+in float32 and rounded to the low dtype; every step then runs in that dtype, each operation
+computing in float32 inside and rounding its output once, as PyTorch's CPU kernels do.
 """
 
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from attn_cli import tokenizer
@@ -41,6 +46,7 @@ from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 DEFAULT_TEXT = SOURCE_EXAMPLE["text"]
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 # Tables are T x T: beyond 32 tokens they no longer fit a screen, nor a heatmap's tick labels.
 MAX_TOKENS = 32
@@ -75,7 +81,7 @@ class NumpySide:
 
     def attention(self, q, k, v, is_causal=False, scale=None):
         out, cache = scaled_dot_product_attention_forward(q, k, v, is_causal=is_causal, scale=scale)
-        return out, cache.weights
+        return out, cache.weights.astype(out.dtype, copy=False)     # printed in out's dtype
 
     def split_heads(self, x, num_heads):
         return split_heads(x, num_heads)
@@ -85,7 +91,7 @@ class NumpySide:
 
     def multi_head(self, x, params, num_heads, is_causal=False):
         out, cache = multi_head_attention_forward(x, params, num_heads, is_causal=is_causal)
-        return out, cache.weights
+        return out, cache.weights.astype(out.dtype, copy=False)
 
     def kv_cache(self, n_layer, B, n_kv_head, max_len, head_size, dtype):
         return init_kv_cache(n_layer, B, n_kv_head, max_len, head_size, dtype=dtype)
@@ -160,11 +166,22 @@ class TorchSide:
                         multi_head=multi_head, positional=positional, softmax=softmax)
 
     def asarray(self, a):
-        """A tensor of a copy of ``a``, or a nested dict of them (the multi-head parameters)."""
-        return tree_map(lambda leaf: self.torch.from_numpy(np.array(leaf, copy=True)), a)
+        """A tensor of a copy of ``a``, or a nested dict of them (the multi-head parameters).
+        torch.from_numpy does not know ml_dtypes' bfloat16: its bits travel as uint16 and are
+        viewed as torch.bfloat16, which has the same layout."""
+        def tensor(leaf):
+            leaf = np.array(leaf, copy=True)
+            if leaf.dtype == BFLOAT16:
+                return self.torch.from_numpy(leaf.view(np.uint16)).view(self.torch.bfloat16)
+            return self.torch.from_numpy(leaf)
+
+        return tree_map(tensor, a)
 
     def to_numpy(self, t):
-        return t.detach().numpy()
+        t = t.detach()
+        if t.dtype == self.torch.bfloat16:
+            return t.view(self.torch.uint16).numpy().view(BFLOAT16)
+        return t.numpy()
 
     def embedding(self, ids, wte):
         return self.ops["embedding"].embedding(ids, wte)
@@ -179,7 +196,8 @@ class TorchSide:
         return self.ops["softmax"].softmax(x)
 
     def attention(self, q, k, v, is_causal=False, scale=None):
-        return self.ops["attention"].scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        out, weights = self.ops["attention"].scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        return out, weights.to(out.dtype)
 
     def split_heads(self, x, num_heads):
         return self.ops["multi_head"].split_heads(x, num_heads)
@@ -188,7 +206,8 @@ class TorchSide:
         return self.ops["multi_head"].merge_heads(x)
 
     def multi_head(self, x, params, num_heads, is_causal=False):
-        return self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal=is_causal)
+        out, weights = self.ops["multi_head"].multi_head_attention(x, params, num_heads, is_causal=is_causal)
+        return out, weights.to(out.dtype)
 
     def kv_cache(self, n_layer, B, n_kv_head, max_len, head_size, dtype):
         return self.ops["kv_cache"].init_kv_cache(n_layer, B, n_kv_head, max_len, head_size,
@@ -381,6 +400,17 @@ def _resolve_focus(focus, labels):
     return pos % T
 
 
+def as_dtype(name):
+    """The NumPy dtype of ``--dtype`` (bfloat16 is ml_dtypes')."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def _cast(a, dtype):
+    """``a`` (float64) in ``dtype``, through float32 for float16 and bfloat16: the low-precision
+    walkthrough's inputs are then exactly the float32 walkthrough's, rounded."""
+    return a.astype(dtype) if dtype == np.float64 else a.astype(np.float32).astype(dtype)
+
+
 def prepare(args):
     """Check the command's arguments and draw (or type in) every input; raise ValueError if bad."""
     source = args.example == "source"
@@ -412,7 +442,7 @@ def prepare(args):
         raise ValueError(f"--seed must be at least 0, got {args.seed}")
     if args.precision is not None and not 0 <= args.precision <= 12:
         raise ValueError(f"--precision must lie in 0..12, got {args.precision}")
-    dtype = np.dtype(args.dtype)
+    dtype = as_dtype(args.dtype)
     pieces = tokenizer.token_strings(ids)
     labels = _labels(pieces)
     focus = _resolve_focus(args.focus, labels)
@@ -423,18 +453,19 @@ def prepare(args):
     if source:
         # The typed-in rows go into the table at their tokens' ids; the rest of the table stays zero.
         wte = np.zeros((V, C), dtype=dtype)
-        wte[ids] = np.array(SOURCE_EXAMPLE["embeddings"], dtype=dtype)
-        w = {name: np.array(SOURCE_EXAMPLE[name], dtype=dtype) for name in ("w_query", "w_key", "w_value")}
+        wte[ids] = _cast(np.array(SOURCE_EXAMPLE["embeddings"]), dtype)
+        w = {name: _cast(np.array(SOURCE_EXAMPLE[name]), dtype) for name in ("w_query", "w_key", "w_value")}
         notes.append("wte: the six rows typed in from the source example, the rest of the table zero")
         notes.append("W_query, W_key, W_value: typed in from the source (torch.manual_seed(123); torch.rand(3, 2))")
     else:
-        wte = rng.standard_normal((V, C)).astype(dtype)       # N(0, 1), as torch.nn.Embedding
-        w = {name: rng.random((C, d_out)).astype(dtype) for name in ("w_query", "w_key", "w_value")}
+        wte = _cast(rng.standard_normal((V, C)), dtype)      # N(0, 1), as torch.nn.Embedding
+        w = {name: _cast(rng.random((C, d_out)), dtype) for name in ("w_query", "w_key", "w_value")}
         notes.append(f"wte ({V}, {C}) drawn from N(0, 1), as torch.nn.Embedding; seed {args.seed}")
         notes.append(f"W_query, W_key, W_value ({C}, {d_out}) drawn from U[0, 1), as torch.rand in the source example")
-    params = init_multi_head_params(C, rng, bias=True, dtype=dtype)
+    drawn = dtype if dtype == np.float64 else np.dtype(np.float32)       # a low dtype: rounded after
+    params = tree_map(lambda p: p.astype(dtype), init_multi_head_params(C, rng, bias=True, dtype=drawn))
     # Drawn after everything else, so that the earlier draws (and steps) stay as they were.
-    upstream = np.round(rng.standard_normal((len(ids), d_out)), 2).astype(dtype)
+    upstream = _cast(np.round(rng.standard_normal((len(ids), d_out)), 2), dtype)
     positional = (not source) if args.positional is None else args.positional
     return Inputs(text=text, ids=ids, labels=labels, pieces=pieces, C=C, d_out=d_out,
                   num_heads=num_heads, dtype=dtype, positional=positional, focus=focus, wte=wte,

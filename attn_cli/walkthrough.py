@@ -6,10 +6,20 @@ imported only when the PyTorch side runs; matplotlib only for ``--plot``.
 """
 
 import argparse
+import math
 import os
+
+import ml_dtypes
 
 from attn_cli import term
 from attn_cli.source_example import SOURCE_DESCRIPTION
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+# Decimals printed by default: float32 and float64 show 4. A low-precision dtype shows those it
+# keeps near 1, the size of the walkthrough's numbers: between 1 and 2, float16's numbers are
+# 2^-10 = 0.001 apart (3 decimals), bfloat16's 2^-7 = 0.008 apart (2 decimals; a third is noise).
+DECIMALS = {"float32": 4, "float64": 4, "float16": 3, "bfloat16": 2}
 
 HELP = "attention step by step, NumPy and PyTorch side by side"
 
@@ -53,9 +63,11 @@ def add_arguments(p):
                    help=f"source: replay the worked example of {SOURCE_DESCRIPTION}, its "
                         "embeddings and W matrices typed in, so the printed tables can be checked "
                         "against it")
-    p.add_argument("--precision", type=int, default=None, help="decimals printed (default 4)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="dtype of both sides (default float32, as PyTorch)")
+    p.add_argument("--precision", type=int, default=None,
+                   help="decimals printed (default 4; 3 for float16, 2 for bfloat16: the digits they keep)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="dtype of both sides (default float32, as PyTorch); bfloat16 and float16 "
+                        "round the float32 walkthrough's inputs and compute every step in that dtype")
     p.add_argument("--brief", action="store_true",
                    help="print each step's key table only (every table is still compared)")
     p.add_argument("--no-torch", action="store_true", help="run the NumPy side alone; torch is not imported")
@@ -64,6 +76,16 @@ def add_arguments(p):
                         "step 7 in one figure) and of step 9's gradient dscores to DIR")
     p.add_argument("--force", action="store_true", help="let --plot overwrite heatmaps already in DIR")
     term.add_color_option(p)
+
+
+def keeps(dtype, precision):
+    """The line saying what a low-precision ``dtype`` keeps, and so how many decimals are printed."""
+    bits = ml_dtypes.finfo(dtype).nmant + 1                  # the stored bits and the implicit one
+    return (f"{dtype.name} keeps {bits} significant bits, about {bits * math.log10(2):.1f} decimal "
+            f"digits (float32 keeps 24, about 7.2): between 1 and 2 its numbers are "
+            f"{float(ml_dtypes.finfo(dtype).eps):.2g} apart, so {precision} decimals are printed "
+            "(--precision changes it). The inputs are the float32 walkthrough's, rounded to "
+            f"{dtype.name}; each step computes in float32 inside and rounds its output to {dtype.name}.")
 
 
 def run(args, out=None, color=None):
@@ -86,7 +108,7 @@ def run(args, out=None, color=None):
         except ImportError:
             torch_missing = True
     results = {side.name: walk_steps.pipeline(side, inputs) for side in sides}
-    precision = 4 if args.precision is None else args.precision
+    precision = DECIMALS[inputs.dtype.name] if args.precision is None else args.precision
     p = walk_render.Printer(inputs, results, out, term.Style(color), precision,
                             term.width_of(out), brief=args.brief)
     title = f"numpy-attn walkthrough of {inputs.text!r}"     # repr: control characters escaped
@@ -97,6 +119,8 @@ def run(args, out=None, color=None):
            f"{inputs.num_heads} heads (--heads), {inputs.dtype.name}, seed {inputs.seed}")
     p.line(f"positions {'added' if inputs.positional else 'left out'} (--positional), "
            f"focus {inputs.labels[inputs.focus]!r} (--focus)")
+    if inputs.dtype.name in DECIMALS and inputs.dtype.name not in ("float32", "float64"):
+        p.line(keeps(inputs.dtype, precision))
     if len(sides) == 2:
         p.line("Every step runs twice, in numpy_attn (backward by hand: step 9) and in "
                "torch_attn (autograd). Each table shows NumPy left and PyTorch right (NumPy above and "

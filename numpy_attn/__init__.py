@@ -28,7 +28,7 @@ Reading order, leaf to root:
     block            the pre-LayerNorm transformer block
     gpt              GPT (GPT-2's architecture): embeddings, blocks, final layer norm, LM head
     loss             cross-entropy on log-softmax
-    optim            AdamW and SGD over nested parameter dicts
+    optim            AdamW and SGD over nested parameter dicts, and float16's loss scaling
     flash_attention  tiled attention with online softmax: no T x S matrix
     flex_attention   score and mask modifiers, block masks that skip empty tiles
     rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
@@ -123,7 +123,15 @@ from numpy_attn.multi_head import (
 from numpy_attn.olmo2 import (
     Olmo2Config, olmo2_backward, olmo2_block_backward, olmo2_block_forward, olmo2_forward,
 )
-from numpy_attn.optim import adamw_init, adamw_step, sgd_init, sgd_step
+from numpy_attn.optim import (
+    adamw_init,
+    adamw_step,
+    loss_scale_init,
+    loss_scale_update,
+    sgd_init,
+    sgd_step,
+    unscale_grads,
+)
 from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.qwen3 import Qwen3Config, qwen3_backward, qwen3_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward

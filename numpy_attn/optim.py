@@ -18,6 +18,20 @@ The order of operations is that of ``torch.optim.AdamW`` / ``torch.optim.SGD`` (
 path), so the two agree to rounding. Every call returns fresh arrays; the state is a plain dict
 ``{"step": int, ...moment trees...}`` and nothing is kept between calls.
 
+float16 and bfloat16 parameters: each update runs in float32 on upcast copies of p, g, m and v,
+and each result is rounded once to its own dtype (torch.optim's single-tensor path computes in
+the parameters' dtype, rounding at every operation). Mixed-precision training keeps float32
+master weights instead, so that the step is float32 throughout (attn_cli/train.py).
+
+Dynamic loss scaling, for float16 mixed precision (Micikevicius et al., 2018, as
+``torch.amp.GradScaler``): the loss's gradient is multiplied by a scale S before the backward, so
+that small gradients stay above float16's smallest normal number (6e-5); the gradients are
+divided by S in float32. A step whose gradients overflowed (inf or NaN) is skipped and S halved;
+after ``growth_interval`` clean steps in a row S is doubled.
+
+    found_inf:  skip the step;  S = S * backoff_factor;  clean = 0
+    otherwise:  clean = clean + 1;  if clean == growth_interval:  S = S * growth_factor;  clean = 0
+
 Hyperparameters have torch.optim's bounds: lr, eps, momentum and weight_decay >= 0 (no upper
 bound), betas in [0, 1), nesterov only with momentum > 0 and dampening 0. Beyond them we refuse a
 NaN anywhere (torch.optim.SGD takes a NaN lr, momentum or weight_decay, and every parameter
@@ -25,12 +39,13 @@ becomes NaN) and a dampening outside [0, 1], which SGD does not check (the gradi
 1 - dampening; a negative factor climbs the loss).
 """
 
+import math
 import numbers
 
 import numpy as np
 
-from numpy_attn._checks import check_float
-from numpy_attn._tree import tree_map, tree_pick
+from numpy_attn._checks import check_float, upcast
+from numpy_attn._tree import leaves, tree_map, tree_pick
 
 
 def _check_leaf(path, leaf, *others):
@@ -100,12 +115,14 @@ def adamw_step(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weig
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
 
     def update(p, g, m, v):
+        dtype = p.dtype
+        p, g, m, v = upcast(p), upcast(g), upcast(m), upcast(v)   # float32 for float16 and bfloat16
         p = p * (1 - lr * weight_decay)                           # decay first, as torch does
         m = beta1 * m + (1 - beta1) * g                           # torch writes m.lerp_(g, 1 - b1)
         v = beta2 * v + (1 - beta2) * g * g
         denom = np.sqrt(v) / bias_correction2_sqrt + eps
         p = p - step_size * (m / denom)
-        return p, m, v
+        return p.astype(dtype, copy=False), m.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
     triples = _tree_map(update, params, grads, state["m"], state["v"])
     new_params = tree_pick(triples, 0)
@@ -129,14 +146,59 @@ def sgd_step(params, grads, state, lr=1e-3, momentum=0.0, dampening=0.0, weight_
     first = state["step"] == 0
 
     def update(p, g, buf):
+        dtype = p.dtype
+        p, g, buf = upcast(p), upcast(g), upcast(buf)             # float32 for float16 and bfloat16
         if weight_decay != 0:
             g = g + weight_decay * p                              # L2: part of the gradient
         if momentum != 0:
             buf = g.copy() if first else momentum * buf + (1 - dampening) * g
             g = g + momentum * buf if nesterov else buf
         p = p - lr * g
-        return p, buf.copy() if momentum == 0 else buf            # fresh arrays, even unused
+        buf = buf.copy() if momentum == 0 else buf                # fresh arrays, even unused
+        return p.astype(dtype, copy=False), buf.astype(dtype, copy=False)
 
     pairs = _tree_map(update, params, grads, state["buf"])
     new_state = {"step": state["step"] + 1, "buf": tree_pick(pairs, 1)}
     return tree_pick(pairs, 0), new_state
+
+
+def loss_scale_init(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    """State of dynamic loss scaling: the scale, its rules, and the clean steps counted so far.
+
+    The defaults are ``torch.amp.GradScaler``'s, but for the first scale: 2^15, the largest power
+    of two float16 holds (its largest number is 65504), because here the scaled gradient of the
+    loss, 1 * scale, enters the float16 backward as a float16 number; GradScaler's 2^16 scales a
+    float32 loss.
+    """
+    for name, value, low in (("init_scale", init_scale, 0), ("growth_factor", growth_factor, 1)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (math.isfinite(value) and value > low):
+            raise ValueError(f"{name} must be a finite number above {low}, got {value!r}")
+    if not isinstance(backoff_factor, numbers.Real) or not 0 < backoff_factor < 1:
+        raise ValueError(f"backoff_factor must lie in (0, 1), got {backoff_factor!r}")
+    if not isinstance(growth_interval, numbers.Integral) or isinstance(growth_interval, bool) or growth_interval < 1:
+        raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+    return {"scale": float(init_scale), "clean_steps": 0, "growth_factor": float(growth_factor),
+            "backoff_factor": float(backoff_factor), "growth_interval": int(growth_interval)}
+
+
+def unscale_grads(grads, scale):
+    """``(grads / scale in float32, found_inf)``: the gradients of a scaled loss brought back to the
+    loss's own scale, in float32 (the master weights' dtype), and whether any of them overflowed."""
+    inv_scale = np.float32(1 / scale)                             # exact for a power of two
+    unscaled = _tree_map(lambda g: g.astype(np.float32) * inv_scale, grads)   # fresh float32 arrays
+    found_inf = not all(np.isfinite(g).all() for _, g in leaves(unscaled))
+    return unscaled, found_inf
+
+
+def loss_scale_update(state, found_inf):
+    """The scale after one step whose gradients did (``found_inf``) or did not overflow: returns
+    ``(new_state, skip)``, ``skip`` True when the step must not be taken (see the module docstring)."""
+    if found_inf:
+        return {**state, "scale": state["scale"] * state["backoff_factor"], "clean_steps": 0}, True
+    clean = state["clean_steps"] + 1
+    if clean == state["growth_interval"]:
+        grown = state["scale"] * state["growth_factor"]
+        if grown <= float(np.finfo(np.float32).max):              # GradScaler keeps a float32 scale
+            return {**state, "scale": grown, "clean_steps": 0}, False
+        clean = 0
+    return {**state, "clean_steps": clean}, False

@@ -3,14 +3,17 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numpy_attn import optim
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -137,19 +140,25 @@ def test_matches_twin(name, hyper, data):
 
 # -- the twin matches PyTorch's built-in ---------------------------------------------------------
 
-def _assert_matches_builtin(label, name, params, stacked, grads_seq, hyper):
-    """``stacked`` (parameters stacked over the steps) equals torch.optim.AdamW / SGD run on the
-    same leaves, fed the same gradients, step after step."""
+def _builtin_history(name, params, grads_seq, hyper):
+    """torch.optim's parameters after each step, stacked: {path: (steps, ...)}, in params' dtype."""
     leaves = [to_torch(leaf, requires_grad=True) for _, leaf in tree_leaves(params)]
     builtin = OPTIMIZERS[name][-1](leaves, **hyper)
-    builtin_history = []
+    history = []
     for grads in grads_seq:
         for leaf, (_, g) in zip(leaves, tree_leaves(grads), strict=True):
             leaf.grad = to_torch(g)
         builtin.step()
-        builtin_history.append([to_numpy(leaf).copy() for leaf in leaves])
-    for i, (path, leaf) in enumerate(tree_leaves(stacked)):
-        assert_close(f"{label} {path} vs torch.optim", leaf, np.stack([step[i] for step in builtin_history]))
+        history.append([to_numpy(leaf).copy() for leaf in leaves])
+    return {path: np.stack([step[i] for step in history]) for i, (path, _) in enumerate(tree_leaves(params))}
+
+
+def _assert_matches_builtin(label, name, params, stacked, grads_seq, hyper):
+    """``stacked`` (parameters stacked over the steps) equals torch.optim.AdamW / SGD run on the
+    same leaves, fed the same gradients, step after step."""
+    builtin = _builtin_history(name, params, grads_seq, hyper)
+    for path, leaf in tree_leaves(stacked):
+        assert_close(f"{label} {path} vs torch.optim", leaf, builtin[path])
 
 
 @pytest.mark.parametrize("name, hyper", [("adamw", bounded_adamw_hyper), ("sgd", sgd_hyper)])
@@ -159,6 +168,48 @@ def test_twin_matches_builtin(name, hyper, data):
     params, grads_seq, hyper = _draw(data, hyper)
     twin_params, _, _ = _split(_run_twin(name, params, grads_seq, hyper))
     _assert_matches_builtin(name, name, params, twin_params, grads_seq, hyper)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+# torch.optim.AdamW on float16 parameters adds eps in float16, where 1e-8 is 0 (the smallest
+# float16 number is 6e-8): a zero gradient then steps by 0 / 0 = NaN (the test below). The
+# budget is measured where torch's own step is finite: eps that float16 holds.
+low_precision_adamw_hyper = st.fixed_dictionaries({**ADAMW_FIELDS, "eps": st.sampled_from([1e-6, 1e-3]),
+                                                   "betas": st.tuples(st.floats(0, 0.9), st.floats(0.9, 0.999))})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("name, hyper", [("adamw", low_precision_adamw_hyper), ("sgd", sgd_hyper)])
+@settings(max_examples=20)       # four steps of three optimisers per example: the file stays fast
+@given(data=st.data())
+def test_low_precision_meets_the_error_budget(dtype, name, hyper, data):
+    """The parameters after each step, ours and the twin's, against float64 truth, within twice
+    the error of torch.optim itself on low-precision parameters (its single-tensor path computes
+    in the parameters' dtype, rounding at every operation)."""
+    params64, grads64, hyper = _draw(data, hyper)
+    params = tree_map(lambda a: round_to(a, dtype), params64)              # the inputs every side shares
+    grads_seq = [tree_map(lambda a: round_to(a, dtype), g) for g in grads64]
+    widen = lambda tree: tree_map(lambda a: a.astype(np.float64), tree)    # noqa: E731
+    truth = _builtin_history(name, widen(params), [widen(g) for g in grads_seq], hyper)
+    theirs = _builtin_history(name, params, grads_seq, hyper)
+    for who, history in {"numpy": _run_numpy(name, params, grads_seq, hyper),
+                         "twin": _run_twin(name, params, grads_seq, hyper)}.items():
+        ours = dict(tree_leaves(_split(history)[0]))
+        assert_error_budget(f"optim.{name}[{who}]", dtype,
+                            {path: (ours[path], theirs[path], truth[path]) for path in truth})
+
+
+def test_float16_adamw_keeps_eps_where_torch_loses_it():
+    """eps = 1e-8 rounds to 0 in float16; computed in float32, it keeps a zero gradient's step 0."""
+    params, grads = {"w": np.ones(3, np.float16)}, {"w": np.zeros(3, np.float16)}
+    new, state = optim.adamw_step(params, grads, optim.adamw_init(params), lr=0.1, weight_decay=0.0)
+    np.testing.assert_array_equal(new["w"], params["w"], err_msg="adamw float16 w after a zero gradient")
+    assert new["w"].dtype == state["v"]["w"].dtype == np.float16, (new["w"].dtype, state["v"]["w"].dtype)
+    w = to_torch(params["w"], requires_grad=True)
+    w.grad = to_torch(grads["w"])
+    torch.optim.AdamW([w], lr=0.1, weight_decay=0.0).step()
+    assert torch.isnan(w).all(), "torch.optim.AdamW in float16: 0 / (0 + fp16(1e-8)) is no longer NaN"
 
 
 # Hyperparameters at the bounds torch.optim accepts (and beyond, where it sets none): both twins
@@ -447,3 +498,87 @@ def test_returned_arrays_are_fresh(name, hyper):
             for in_name, a in given_in + returned[:i]:
                 assert not np.shares_memory(out, a), f"{name}: {out_name} shares memory with {in_name}"
         params, state = new_params, new_state
+
+
+# -- dynamic loss scaling (float16 mixed precision) ----------------------------------------------
+
+SCALERS = {"numpy": optim, "twin": torch_optim}
+
+
+@pytest.mark.parametrize("who", SCALERS)
+def test_an_overflow_skips_the_step_and_halves_the_scale(who):
+    ops = SCALERS[who]
+    state = ops.loss_scale_init(init_scale=1024.0, growth_interval=3)
+    state, skip = ops.loss_scale_update(state, found_inf=False)
+    assert not skip and state["scale"] == 1024.0 and state["clean_steps"] == 1, state
+    state, skip = ops.loss_scale_update(state, found_inf=True)
+    assert skip, "a step whose gradients overflowed must be skipped"
+    assert state["scale"] == 512.0 and state["clean_steps"] == 0, state
+    state, skip = ops.loss_scale_update(state, found_inf=True)
+    assert skip and state["scale"] == 256.0, state
+
+
+@pytest.mark.parametrize("who", SCALERS)
+def test_the_scale_doubles_after_growth_interval_clean_steps(who):
+    ops = SCALERS[who]
+    state = ops.loss_scale_init(init_scale=8.0, growth_interval=3)
+    scales = []
+    for found_inf in (False, False, False, False, True, False, False, False):
+        state, skip = ops.loss_scale_update(state, found_inf)
+        assert skip == found_inf, (found_inf, skip)
+        scales.append(state["scale"])
+    # grown after steps 1-3; the overflow at step 5 halves it and restarts the count: 6-8 grow it again
+    assert scales == [8.0, 8.0, 16.0, 16.0, 8.0, 8.0, 8.0, 16.0], scales
+
+
+@given(overflows=st.lists(st.booleans(), min_size=1, max_size=12), interval=st.integers(1, 4),
+       init=st.sampled_from([1.0, 2.0**15, 2.0**127]))
+def test_loss_scaling_matches_torch_grad_scaler(overflows, interval, init):
+    """Step by step, the scale and the skipped steps of torch.amp.GradScaler("cpu") on a parameter
+    whose gradient is made infinite where ``overflows`` says; 2^127 tests the float32 ceiling."""
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=interval)
+    state = optim.loss_scale_init(init_scale=init, growth_interval=interval)
+    twin_state = torch_optim.loss_scale_init(init_scale=init, growth_interval=interval)
+    for step, overflow in enumerate(overflows):
+        before = p.detach().clone()
+        loss = (p * (float("inf") if overflow else 1.0)).sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        torch_skipped = bool(torch.equal(p.detach(), before))
+        state, skip = optim.loss_scale_update(state, overflow)
+        twin_state, twin_skip = torch_optim.loss_scale_update(twin_state, overflow)
+        assert skip == twin_skip == torch_skipped == overflow, (step, skip, twin_skip, torch_skipped)
+        assert state["scale"] == twin_state["scale"] == scaler.get_scale(), (
+            step, state["scale"], twin_state["scale"], scaler.get_scale())
+
+
+@pytest.mark.parametrize("who", SCALERS)
+def test_unscaled_gradients_are_float32_and_overflow_is_found(who):
+    ops = SCALERS[who]
+    g = np.array([[3.0, -0.5], [65504.0, 2.0**-10]], np.float16)
+    grads = {"a": {"w": g}, "b": np.array([1.0], np.float16)}
+    convert = (lambda t: t) if who == "numpy" else tree_to_torch
+    unscaled, found_inf = ops.unscale_grads(convert(grads), 1024.0)
+    w = unscaled["a"]["w"] if who == "numpy" else to_numpy(unscaled["a"]["w"])
+    assert w.dtype == np.float32 and not found_inf, (w.dtype, found_inf)
+    np.testing.assert_array_equal(w, g.astype(np.float32) / 1024, err_msg="unscaled w: g / 2^10 is exact")
+    for bad in (np.inf, -np.inf, np.nan):
+        grads["b"] = np.array([bad], np.float16)
+        assert ops.unscale_grads(convert(grads), 1024.0)[1], f"{bad} in the gradients not found"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("init_scale", 0.0, "init_scale must be a finite number above 0, got 0.0"),
+    ("init_scale", float("inf"), "init_scale must be a finite number above 0, got inf"),
+    ("growth_factor", 1.0, "growth_factor must be a finite number above 1, got 1.0"),
+    ("backoff_factor", 1.0, r"backoff_factor must lie in \(0, 1\), got 1.0"),
+    ("growth_interval", 0, "growth_interval must be an integer >= 1, got 0"),
+    ("growth_interval", 2.5, "growth_interval must be an integer >= 1, got 2.5"),
+])
+def test_bad_loss_scaling_is_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        optim.loss_scale_init(**{field: value})

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from attn_cli import checkpoint, cli, generate, train
+from numpy_attn import optim
 from numpy_attn.gpt import GPTConfig, init_gpt_params
-from parity_tests.helpers import assert_tree_close, needs_vocab
+from parity_tests.helpers import assert_tree_close, needs_vocab, ulp
 
 TEXT = ("The cat sat on the mat. The dog sat on the log. " * 20)
 TINY = ["--steps", "4", "--batch-size", "2", "--block-size", "8", "--n-layer", "1",
@@ -217,3 +218,122 @@ def test_the_end_of_a_run_compares_like_with_like(run):
     _, stdout = run
     text = " ".join(stdout.split())
     assert re.search(r"held-out loss [\d.]+; the training text measured the same way [\d.]+", text), text
+
+
+# -- mixed precision: --dtype bfloat16 and float16 ------------------------------------------------
+
+MIXED_STEPS = 20
+
+
+def _tiny_model(seed=0):
+    config = GPTConfig(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=8)
+    rng = np.random.default_rng(seed)
+    params = init_gpt_params(config, rng, np.float32)
+    ids = rng.integers(0, 11, (2, 6))
+    return config, params, ids, np.roll(ids, -1, axis=1)
+
+
+
+
+@pytest.fixture(scope="module", params=train.MIXED)
+def mixed_run(request, tmp_path_factory):
+    """A short mixed-precision run with --compare-torch: (dtype, folder, its stdout)."""
+    folder = tmp_path_factory.mktemp(f"mixed-{request.param}")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    out = io.StringIO()
+    # Wider than TINY and on 4 windows a step: TINY's 8 channels plateau near the unigram loss.
+    argv = ["train", "--text", str(corpus), "--out", str(folder / "out"), "--compare-torch",
+            "--dtype", request.param, "--steps", str(MIXED_STEPS), "--batch-size", "4", "--block-size", "8",
+            "--n-layer", "1", "--n-head", "2", "--n-embd", "16"]
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(argv)
+    assert rc == 0, out.getvalue()
+    return request.param, folder / "out", out.getvalue()
+
+
+def _step_losses(stdout):
+    """{step: (ours, torch's)} of --compare-torch's per-step lines."""
+    found = re.findall(r"^step +(\d+)  loss ([\d.]+)(?:  \(skipped[^)]*\))?  torch ([\d.]+)", stdout, re.M)
+    return {int(n): (float(a), float(b)) for n, a, b in found}
+
+
+@needs_vocab
+def test_mixed_precision_trains_and_saves_float32_masters(mixed_run):
+    dtype, folder, stdout = mixed_run
+    meta = json.loads((folder / "config.json").read_text())
+    assert meta["dtype"] == "float32" and meta["compute_dtype"] == dtype, (meta["dtype"], meta["compute_dtype"])
+    params, _, _ = checkpoint.load_checkpoint(str(folder))
+    wrong = [path for path, p in checkpoint.flatten(params).items() if p.dtype != np.float32]
+    assert not wrong, f"{dtype} run saved non-float32 masters: {wrong}"
+    losses = _step_losses(stdout)
+    assert sorted(losses) == list(range(1, MIXED_STEPS + 1)), sorted(losses)
+    ours = [losses[n][0] for n in sorted(losses)]
+    theirs = [losses[n][1] for n in sorted(losses)]
+    for who, curve in (("ours", ours), ("torch's", theirs)):
+        assert np.mean(curve[-4:]) < np.mean(curve[:4]) - 0.5, f"{dtype} {who} loss did not fall: {curve}"
+    held = [loss for _, loss in meta["held_out"]]
+    assert held[-1] < held[0], f"{dtype} held-out loss did not fall: {held}"
+    if dtype == "float16":
+        assert re.search(r"loss scaling \(float16\): the scale went from 32768 to \d+; \d+ of 20 steps skipped",
+                         " ".join(stdout.split())), stdout
+        assert meta["loss_scale"]["final"] > 0 and isinstance(meta["loss_scale"]["skipped_steps"], list), meta
+    assert "GradScaler" in stdout if dtype == "float16" else "GradScaler" not in stdout, stdout
+
+
+@needs_vocab
+def test_mixed_precision_step_1_agrees_with_torch_autocast(mixed_run):
+    """Step 1: the same weights and batch; ours rounds every operation's output to the low dtype,
+    torch's autocast the matmuls' inputs. Our loss is a low-precision number, within half a
+    spacing (ulp) of the float32 mean it rounds (torch's comes out in float32); the logits differ
+    by the roundings on the way, relative 2^-8 (bfloat16) or 2^-11 (float16) per rounding, and
+    move the mean cross-entropy by at most 2 max|dlogit|, below one more ulp for these small
+    initial logits (|z| < 1 at init, loss about ln V = 3.4). So: at most 2 ulps of the loss."""
+    dtype, _, stdout = mixed_run
+    ours, theirs = _step_losses(stdout)[1]
+    spacing = float(ulp(ours, dtype))
+    assert abs(ours - theirs) <= 2 * spacing, (dtype, ours, theirs, spacing)
+
+
+@pytest.mark.parametrize("dtype", train.MIXED)
+def test_a_mixed_step_steps_the_float32_masters_on_the_low_precision_gradients(dtype):
+    """The recipe, written out: cast the masters down, forward and backward there, the gradients up
+    to float32 and divided by the loss scale, AdamW in float32."""
+    config, masters, ids, targets = _tiny_model()
+    low = train.compute_dtype(dtype)
+    hyper = dict(lr=1e-2, weight_decay=0.01)
+    scaler = optim.loss_scale_init() if dtype == "float16" else None
+    scale = 1.0 if scaler is None else scaler["scale"]
+    state = optim.adamw_init(masters)
+    new, new_state, new_scaler, loss, _, skipped = train.step(masters, state, scaler, config, ids, targets,
+                                                              None, hyper, low)
+    model = train.model_weights(masters, low)
+    expected_loss, grads, _ = train.loss_and_grads(model, config, ids, targets, loss_scale=scale)
+    assert all(g.dtype == low for g in checkpoint.flatten(grads).values()), "the backward ran in another dtype"
+    grads = {k: g.astype(np.float32) / np.float32(scale) for k, g in checkpoint.flatten(grads).items()}
+    expected, expected_state = optim.adamw_step(masters, checkpoint.unflatten(grads), state, **hyper)
+    assert not skipped and loss == expected_loss, (skipped, loss, expected_loss)
+    for tree, label in ((new, "masters"), (new_state["m"], "m"), (new_state["v"], "v")):
+        wrong = [path for path, p in checkpoint.flatten(tree).items() if p.dtype != np.float32]
+        assert not wrong, f"{dtype} step left {label} {wrong} not float32"
+    assert_tree_close(f"{dtype} mixed step's masters", new, expected)
+    assert_tree_close(f"{dtype} mixed step's moments", new_state["v"], expected_state["v"])
+    assert new_scaler == (None if scaler is None else {**scaler, "clean_steps": 1}), new_scaler
+
+
+def test_a_float16_overflow_skips_the_step_and_halves_the_scale():
+    """A scale of 2^16 is beyond float16 (its largest number is 65504): the scaled gradient of the
+    loss is already inf, every gradient overflows, and the step must leave the masters and the
+    moments as they were."""
+    config, masters, ids, targets = _tiny_model()
+    state = optim.adamw_init(masters)
+    scaler = optim.loss_scale_init(init_scale=2.0**16)
+    new, new_state, new_scaler, loss, _, skipped = train.step(masters, state, scaler, config, ids, targets,
+                                                              None, dict(lr=1e-2, weight_decay=0.01),
+                                                              np.dtype(np.float16))
+    assert skipped and np.isfinite(loss), (skipped, loss)
+    assert new_scaler["scale"] == 2.0**15 and new_scaler["clean_steps"] == 0, new_scaler
+    assert new is masters and new_state is state, "a skipped step changed the masters or the moments"
+    _, _, again, _, _, skipped = train.step(masters, state, new_scaler, config, ids, targets, None,
+                                            dict(lr=1e-2, weight_decay=0.01), np.dtype(np.float16))
+    assert not skipped and again["scale"] == 2.0**15, (skipped, again)

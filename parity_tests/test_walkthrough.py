@@ -14,7 +14,7 @@ import pytest
 
 from attn_cli import cli, term
 from attn_cli.source_example import SOURCE_EXAMPLE
-from parity_tests.helpers import assert_close, needs_vocab
+from parity_tests.helpers import BFLOAT16, assert_close, needs_vocab, tree_leaves
 
 pytestmark = needs_vocab
 
@@ -636,3 +636,157 @@ def test_help_says_how_to_keep_colour_through_a_pager():
     text = " ".join(out.getvalue().split())
     assert "through a pager, pass --color always (less -R)" in text
     assert "numpy-attn walkthrough --color always | less -R" in text
+
+
+# -- --dtype bfloat16 and float16 -------------------------------------------------------------------
+
+LOW = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
+
+
+def _decimals(out, title):
+    """The decimals of every number in the NumPy side of the first table titled ``title``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(title))
+    found = set()
+    for line in lines[start + 2:]:
+        if not line.strip() or "max |" in line:
+            break
+        found |= {len(cell.split(".")[1]) for cell in line.split("|")[0].split()[1:] if "." in cell}
+    return found
+
+
+@pytest.mark.parametrize("dtype, decimals, bits", [("float32", 4, None), ("float16", 3, 11), ("bfloat16", 2, 8)])
+def test_the_printed_digits_follow_the_dtype(dtype, decimals, bits):
+    """Four decimals for float32; for the low dtypes the digits they keep near 1, and one line that
+    says so: bfloat16's numbers in [1, 2) are 2^-7 = 0.008 apart, float16's 2^-10 = 0.001."""
+    status, out, err = run("--dtype", dtype)
+    assert status == 0, err
+    for title in ("x = wte[ids]", "weights = softmax(scaled scores)", "dscores = weights"):
+        assert _decimals(out, title) == {decimals}, (dtype, title, _decimals(out, title))
+    text = " ".join(out.split())
+    if bits is None:
+        assert "significant bits" not in text, text
+    else:
+        assert f"{dtype} keeps {bits} significant bits, about {bits * np.log10(2):.1f} decimal digits" in text, text
+        assert f"{decimals} decimals are printed" in text, text
+    assert re.search(rf"largest \|NumPy - PyTorch\| over all steps = \S+ \(step \d+, .*; {dtype}\)", text), text
+
+
+def test_precision_still_overrides_the_dtype_s_decimals():
+    status, out, err = run("--dtype", "bfloat16", "--precision", "5", "--no-torch")
+    assert status == 0, err
+    assert _decimals(out, "x = wte[ids]") == {5}, _decimals(out, "x = wte[ids]")
+
+
+def test_bad_dtype_is_refused_by_argparse():
+    result = run_subprocess("--dtype", "int8", "--no-torch")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert "argument --dtype: invalid choice: 'int8'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def _within_one_ulp(label, actual, expected, dtype, scale=None):
+    """|actual - expected| <= one ulp of ``dtype`` at the larger of the two, entry by entry, or at
+    ``scale`` (equal infinities, the masked scores, count as equal)."""
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    same = a == e
+    with np.errstate(invalid="ignore"):
+        err = np.where(same, 0.0, np.abs(a - e))
+    at = np.maximum(np.abs(a), np.abs(e)) if scale is None else np.full(a.shape, scale)
+    one_ulp = np.spacing(at.astype(dtype)).astype(np.float64)
+    worst = np.max(err / np.where(same, 1.0, one_ulp), initial=0.0)
+    assert worst <= 1, f"{label}: {worst:.2f} ulps of {dtype} from the float32 computation, rounded"
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_inputs_are_the_float32_walkthrough_s_rounded(dtype):
+    """The embeddings, weights and G of --dtype bfloat16/float16 are exactly the float32
+    walkthrough's rounded; so are step 2's rows (a lookup), and step 3's PE is float32's PE rounded
+    to one ulp (computed in float32 inside, rounded once: a float32 sin/cos a few float32 ulps from
+    the truth can fall on the other side of a rounding boundary)."""
+    low = LOW[dtype]
+    f32, (results32,) = _inputs_and_numpy_results()
+    ins, (results,) = _inputs_and_numpy_results("--dtype", dtype)
+    pairs = [("wte rows", f32.wte[f32.ids], ins.wte[ins.ids]), ("W_query", f32.w_query, ins.w_query),
+             ("W_key", f32.w_key, ins.w_key), ("W_value", f32.w_value, ins.w_value), ("G", f32.upstream, ins.upstream),
+             ("x = wte[ids]", results32["tok"], results["tok"])]
+    pairs += [(f"params {path}", p32, p) for (path, p32), (_, p) in zip(tree_leaves(f32.params),
+                                                                       tree_leaves(ins.params), strict=True)]
+    for label, a32, a in pairs:
+        assert a.dtype == low, f"{label} is {a.dtype}, not {dtype}"
+        np.testing.assert_array_equal(a, a32.astype(low), err_msg=f"{dtype} {label} vs the float32 one, rounded")
+    _within_one_ulp(f"{dtype} PE", results["pe"], results32["pe"].astype(low), low)
+
+
+def _inputs_and_numpy_results(*argv):
+    inputs, results = walk_results(*argv, torch_side=False)
+    return inputs, (results["NumPy"],)
+
+
+def _rounded_float32(fn, low):
+    """``fn`` run in float32 on float32 copies of its low-precision arrays, every array it returns
+    (at any depth of a tuple) rounded to ``low``; a ``dtype`` argument becomes float32."""
+    def up(a):
+        if isinstance(a, dict):                                   # the multi-head parameters
+            return {k: up(v) for k, v in a.items()}
+        return a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == low else a
+
+    def down(a):
+        if isinstance(a, tuple) and not hasattr(a, "_fields"):
+            return tuple(down(x) for x in a)
+        return a.astype(low) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a
+
+    def wrapped(*args, **kwargs):
+        kwargs = {k: np.float32 if k == "dtype" else up(v) for k, v in kwargs.items()}
+        result = down(fn(*(up(a) for a in args), **kwargs))
+        if fn.__name__ == "softmax_forward":   # its backward reads the output it handed out, rounded
+            result = result[0], result[1]._replace(y=result[0].astype(np.float32))
+        return result
+
+    return wrapped
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("argv", [(), ("--example", "source")], ids=["default", "source"])
+def test_each_step_is_float32_rounded_once(dtype, argv, monkeypatch):
+    """Every table of --dtype bfloat16/float16 is what the same step computes in float32 from the
+    same (low-precision) inputs, rounded once to the dtype: the walkthrough run again with each
+    numpy_attn operation it calls replaced by the float32 one on float32 copies, its outputs
+    rounded. Equal up to one ulp at the table's largest value: a float32 result near a rounding
+    boundary may round either way when the low-precision operation sums in another order inside,
+    and where a table's entries cancel (dW sums T products of either sign) that order moves a small
+    entry by a fraction of an ulp of the terms, not of itself (measured: every table equal bit for
+    bit but dW_key and dW_value, within half an ulp at their largest value)."""
+    from attn_cli import walk_steps
+    from numpy_attn import multi_head
+
+    low = LOW[dtype]
+    _, (results,) = _inputs_and_numpy_results("--dtype", dtype, *argv)
+    # The operations, where the walkthrough calls them and where multi-head attention does.
+    for module, names in ((walk_steps, ("embedding_forward", "sinusoidal_encoding", "linear_forward",
+                                        "linear_backward", "softmax_forward", "softmax_backward",
+                                        "scaled_dot_product_attention_forward",
+                                        "scaled_dot_product_attention_backward")),
+                          (multi_head, ("linear_forward", "scaled_dot_product_attention_forward"))):
+        for name in names:
+            monkeypatch.setattr(module, name, _rounded_float32(getattr(module, name), low))
+    _, (expected,) = _inputs_and_numpy_results("--dtype", dtype, *argv)
+    for key, value in results.items():
+        if value.dtype == low:
+            rounded = expected[key].astype(low)
+            finite = np.abs(rounded[np.isfinite(rounded)].astype(np.float64))
+            _within_one_ulp(f"{dtype} {key}", value, rounded, low, scale=np.max(finite, initial=0.0))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_sides_agree_within_the_printed_tolerance(dtype):
+    """NumPy and PyTorch in the low dtype, every table, within render's tolerance (two ulps at the
+    largest value shown: its docstring says why)."""
+    from attn_cli import walk_render
+
+    inputs, results = walk_results("--dtype", dtype)
+    tol = walk_render.tolerance(inputs.dtype, results["NumPy"])
+    for key, a in results["NumPy"].items():
+        if a.dtype == LOW[dtype]:
+            d = walk_render.max_abs_diff(a, results["PyTorch"][key])
+            assert d <= tol, f"{dtype} {key}: |NumPy - PyTorch| = {d:.3g} > {tol:.3g}"
