@@ -156,3 +156,145 @@ def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch
     assert digest(old) == before, "the old picture changed"
     assert mine.read_text() == "the user's own file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "precision_error.png"], "a temporary remains"
+
+
+# -- the table of multiples (docs/precision_table.py) ---------------------------------------------
+
+TABLE_SCRIPT = ROOT / "docs" / "precision_table.py"
+table = SimpleNamespace(**runpy.run_path(str(TABLE_SCRIPT), run_name="precision_table"))
+OUT_CELL = re.compile(r"\d+\.\d\d|—")
+GRAD_CELL = re.compile(r"\d+\.\d\d \(d\w+\)|—")
+
+
+def committed_table():
+    """The rows of the page's section between the markers, header and rule checked."""
+    text = PAGE.read_text(encoding="utf-8")
+    assert text.count(table.BEGIN) == 1 and text.count(table.END) == 1, "the page's table markers"
+    lines = text.split(table.BEGIN)[1].split(table.END)[0].strip().splitlines()
+    assert "\n".join(lines[:2]) == table.HEADER, f"the table's header: {lines[:2]}"
+    return [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines[2:]]
+
+
+def test_the_committed_table_is_well_formed():
+    rows = committed_table()
+    assert rows, "the table has no rows"
+    seen = set()
+    for row in rows:
+        assert len(row) == 6, f"a row of {len(row)} cells: {row}"
+        op, dtype, *cells = row
+        assert dtype in table.DTYPES, f"{op}: dtype {dtype!r}"
+        assert (op, dtype) not in seen, f"{op} {dtype} twice"
+        seen.add((op, dtype))
+        for cell, pattern in zip(cells, (OUT_CELL, GRAD_CELL) * 2, strict=True):
+            assert pattern.fullmatch(cell), f"{op} {dtype}: cell {cell!r}"
+        assert any(cell != table.NONE for cell in cells), f"{op} {dtype}: no multiple at all"
+
+
+def test_every_op_of_a_budget_test_has_its_rows():
+    """A new assert_error_budget call (a new op, or an op's name changed) needs the table
+    regenerated: `python docs/precision_table.py --run`."""
+    calls = table.budget_calls()
+    unread = [where for name, where, _ in calls if name is None]
+    assert not unread, f"assert_error_budget calls whose op name the table cannot read: {unread}"
+    assert all(tests for _, _, tests in calls), f"budget calls no test reaches: {calls}"
+    shown = {(row[0], row[1]) for row in committed_table()}
+    missing = [f"{op} ({dtype})" for op in table.budget_ops() for dtype in table.DTYPES if (op, dtype) not in shown]
+    assert not missing, f"ops of the budget tests without their table rows: {missing}"
+    stale = sorted({op for op, _ in shown} - set(table.budget_ops()))
+    assert not stale, f"table rows of ops no budget test names: {stale}"
+
+
+def test_the_op_names_are_read_from_the_sources(tmp_path):
+    """A string, an f-string starting with the op, and a helper's parameter given one by each caller."""
+    (tmp_path / "test_softmax.py").write_text(
+        "def check(op, dtype):\n"
+        "    assert_error_budget(op, dtype, {})\n"
+        "def test_a(dtype):\n"
+        "    for who in ('numpy', 'twin'):\n"
+        "        assert_error_budget(f'softmax[{who}]', dtype, {})\n"
+        "def test_b(dtype):\n"
+        "    check('log_softmax[numpy]', dtype)\n"
+        "    check(op='masked softmax[twin]', dtype=dtype)\n"
+        "def test_c(name, dtype):\n"
+        "    helpers.assert_error_budget(name, dtype, {})\n")
+    found = table.budget_calls(tmp_path)
+    assert [(name, where.split(":")[1]) for name, where, _ in found] == [
+        ("log_softmax", "2"), ("masked softmax", "2"), ("softmax", "5"), (None, "10")]
+    prefix = f"{tmp_path.name}/test_softmax.py::"
+    assert found[0][2] == [prefix + "test_b"] and found[2][2] == [prefix + "test_a"], found
+
+
+def records(*rows):
+    return [dict(op=op, tensor=tensor, dtype=dtype, multiple=multiple) for op, tensor, dtype, multiple in rows]
+
+
+def test_the_table_takes_the_forward_and_the_largest_gradient():
+    found = records(("softmax[numpy]", "out", "float16", 0.5), ("softmax[numpy]", "dx", "float16", 1.25),
+                    ("softmax[numpy]", "dw", "float16", 1.5), ("softmax[twin]", "out", "float16", 1.0),
+                    ("softmax[numpy]", "dx", "bfloat16", 0.75), ("softmax[twin]", "dx", "bfloat16", 2.5))
+    lines = table.render(found, ["softmax"]).splitlines()
+    assert lines[:2] == table.HEADER.splitlines()
+    assert lines[2:] == ["| softmax | float16 | 0.50 | 1.50 (dw) | 1.00 | — |",
+                         "| softmax | bfloat16 | — | 0.75 (dx) | — | 2.50 (dx) |"]
+    with pytest.raises(table.TableError, match=r"no records for: gelu \(float16\), gelu \(bfloat16\)"):
+        table.render(found, ["softmax", "gelu"])
+    with pytest.raises(table.TableError, match=r"no records for: linear \(bfloat16\)"):
+        table.render(found + records(("linear[numpy]", "out", "float16", 1.0)), ["softmax"])
+
+
+def test_only_the_section_between_the_markers_changes():
+    page = f"# title\n\nbefore\n{table.BEGIN}\nold rows\n{table.END}\nafter\n"
+    assert table.replace_section(page, "NEW") == f"# title\n\nbefore\n{table.BEGIN}\nNEW\n{table.END}\nafter\n"
+    for broken in (page.replace(table.END, ""), page + table.BEGIN, f"{table.END}\n{table.BEGIN}\n"):
+        with pytest.raises(table.TableError, match="must hold"):
+            table.replace_section(broken, "NEW")
+
+
+def test_a_missing_or_bad_record_file_leaves_the_page_as_it_was(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"mine\n{table.BEGIN}\nold\n{table.END}\n")
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"op": "softcap[numpy]"}]')
+    for json_file, message in ((tmp_path / "none.json", "cannot read"), (bad, "is not a list of")):
+        done = subprocess.run([sys.executable, str(TABLE_SCRIPT), "--json", str(json_file), "--page", str(page)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and message in done.stderr and str(json_file) in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert page.read_text() == f"mine\n{table.BEGIN}\nold\n{table.END}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "page.md"]
+
+
+@pytest.mark.parametrize("step", ["write", "replace"])
+def test_an_interrupted_table_write_leaves_the_old_page_whole(tmp_path, monkeypatch, step):
+    page = tmp_path / "precision.md"
+    page.write_text("the old page\n")
+    mine = tmp_path / "notes.txt"
+    mine.write_text("the user's own file\n")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if step == "write":
+        real_fdopen = table.os.fdopen
+
+        class HalfWritten:
+            def __init__(self, *args, **kwargs):
+                self.file = real_fdopen(*args, **kwargs)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.file.close()
+
+            def write(self, text):
+                self.file.write(text[:5])
+                raise KeyboardInterrupt
+        monkeypatch.setattr(table.os, "fdopen", HalfWritten)
+    else:
+        monkeypatch.setattr(table.os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        table.write_page(page, "the new page\n")
+    assert page.read_text() == "the old page\n", "the old page changed"
+    assert mine.read_text() == "the user's own file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "precision.md"], "a temporary remains"
