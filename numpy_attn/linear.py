@@ -5,14 +5,20 @@
 Storing w as (C_in, C_out) keeps transposes out of the forward; ``torch.nn.Linear`` stores the
 transpose (C_out, C_in), so the built-in to match is ``F.linear(x, w.T, b)``. Any number of
 leading dimensions is allowed: they are flattened into rows for dw and db.
+
+float16 and bfloat16: the products, their sums and the bias are computed in float32 and rounded
+once to x's dtype, forward and backward, as PyTorch's CPU matmul accumulates in float32
+(docs/precision.md); PyTorch's ``x @ w`` then ``+ b`` rounds twice, ours once.
 """
 
 from typing import NamedTuple
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, upcast
 
 
 class LinearCache(NamedTuple):
+    # The inputs by reference in their own dtype (PyTorch saves the low-dtype tensors too: an
+    # activation-sized float32 copy would double the memory of a float16 x); the backward casts up.
     x: object               # (..., C_in) the input, for dw
     w: object               # (C_in, C_out) the weight, for dx
     has_bias: bool          # whether a b was added (the gradients then have a "b")
@@ -25,11 +31,12 @@ def linear_forward(x, w, b=None):
     """
     _check_linear(x, w, b)
     C_in, C_out = w.shape
-    out = x @ w                                    # (..., C_in) -> (..., C_out)
+    xf, wf, bf = upcast(x), upcast(w), upcast(b)   # float32 for float16 and bfloat16
+    out = xf @ wf                                  # (..., C_in) -> (..., C_out)
     if b is not None:
-        out = out + b                              # (..., C_out)
+        out = out + bf                             # (..., C_out)
     cache = LinearCache(x, w, b is not None)
-    return out, cache
+    return out.astype(x.dtype, copy=False), cache  # rounded once to x's dtype
 
 
 def linear_backward(dout, cache):
@@ -40,12 +47,15 @@ def linear_backward(dout, cache):
     x, w, has_bias = cache
     C_in, C_out = w.shape
     check_dout("linear_backward", dout, x.shape[:-1] + (C_out,), x.dtype)
+    doutf, xf, wf = upcast(dout), upcast(x), upcast(w)                  # float32 for the low dtypes
     # Undoes out = out + b: every row added the same b.
-    db = dout.reshape(-1, C_out).sum(axis=0) if has_bias else None      # (C_out,)
+    db = doutf.reshape(-1, C_out).sum(axis=0) if has_bias else None     # (C_out,)
     # Undoes out = x @ w.
-    dx = dout @ w.T                                                      # (..., C_out) -> (..., C_in)
-    dw = x.reshape(-1, C_in).T @ dout.reshape(-1, C_out)                 # (C_in, C_out)
-    grads = {"w": dw} if db is None else {"w": dw, "b": db}
+    dx = doutf @ wf.T                                                    # (..., C_out) -> (..., C_in)
+    dw = xf.reshape(-1, C_in).T @ doutf.reshape(-1, C_out)               # (C_in, C_out)
+    # Each gradient rounded once to its input's dtype (one dtype for all three).
+    dx, dw = dx.astype(x.dtype, copy=False), dw.astype(x.dtype, copy=False)
+    grads = {"w": dw} if db is None else {"w": dw, "b": db.astype(x.dtype, copy=False)}
     return dx, grads
 
 

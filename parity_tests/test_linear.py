@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from numpy_attn.linear import linear_backward, linear_forward
 from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad
+from parity_tests.helpers import (
+    FD_TOL,
+    LOW_DTYPES,
+    assert_close,
+    assert_error_budget,
+    assert_tree_close,
+    autograd,
+    numerical_grad,
+    round_to,
+)
 from torch_attn.linear import linear
 
 
@@ -117,9 +126,42 @@ def test_backward_matches_finite_differences(case):
                  numerical_grad(lambda b: linear_forward(x, w, b)[0], b.copy(), dout), **FD_TOL)
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=affine(dtype=np.float64, bias=True))
+@example(case=(ONE_ROW[0], ONE_ROW[1], np.array([0.1, -0.3, 2.7]), ONE_ROW[3]))
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of PyTorch's own
+    low-precision F.linear, for out, dx, dw and db."""
+    x, w, b, dout = (round_to(a, dtype) for a in case)         # the inputs every side shares
+    out, cache = linear_forward(x, w, b)
+    dx, dparams = linear_backward(dout, cache)
+    ours = {"numpy": (out, {"x": dx, **dparams}), "twin": autograd(linear, {"x": x, "w": w, "b": b}, dout)}
+    builtin = lambda x, w, b: F.linear(x, w.T, b)             # noqa: E731
+    torch_out, torch_grads = autograd(builtin, {"x": x, "w": w, "b": b}, dout)
+    truth_out, truth_grads = autograd(builtin, {"x": x.astype(np.float64), "w": w.astype(np.float64),
+                                                "b": b.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in ours.items():
+        assert_error_budget(f"linear[{who}]", dtype, {
+            "out": (o, torch_out, truth_out),
+            **{f"d{k}": (g[k], torch_grads[k], truth_grads[k]) for k in ("x", "w", "b")}})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_mix_is_refused(dtype):
+    """A low-precision x with float32 weights is refused as a float32/float64 mix is."""
+    low = LOW_DTYPES[dtype][0]
+    x, w = np.zeros((2, 3), low), np.zeros((3, 4), np.float32)
+    with pytest.raises(TypeError, match=f"^arrays must share one dtype: x is {dtype}, w is float32$"):
+        linear_forward(x, w)
+    with pytest.raises(TypeError, match=f"^arrays must share one dtype: x is {dtype}, w is {dtype}, b is float32$"):
+        linear_forward(x, w.astype(low), np.zeros(4, np.float32))
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d for d, _ in LOW_DTYPES.values()))
 def test_dtype_is_preserved(dtype):
     x, w, b = np.ones((2, 3), dtype), np.ones((3, 4), dtype), np.ones(4, dtype)
     out, cache = linear_forward(x, w, b)
