@@ -150,7 +150,10 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         scores = np.concatenate([scores, sink_column], axis=-1)   # (..., nh, T, S + 1)
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S[ + 1]); all -inf row -> 0
     if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
-        weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
+        # A contiguous copy, not the strided view: matmul sums a strided operand in another order, and
+        # the same weights would then give another last bit of out than without a sink.
+        weights = np.ascontiguousarray(weights[..., :-1])         # (..., nh, T, S + 1) -> (..., nh, T, S)
+        weights.flags.writeable = False                           # read-only, as softmax's own output
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
     cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,

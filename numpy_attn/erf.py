@@ -15,13 +15,17 @@ from the continued fraction. Beyond 6, erf rounds to 1 in float64. Measured agai
 digits on 20,000 points of (0, 6] and 200 of [1e-300, 1e-6]: largest error 1.2 ulp, against
 ``torch.erf``'s 0.95 ulp and ``math.erf``'s 1.0 ulp; parity_tests/test_erf.py repeats a dense
 sweep against torch.erf on every run.
+
+float16 and bfloat16 are computed as float32 is, in float64, and rounded once to x's dtype:
+PyTorch's erf kernel evaluates in float32 for them (its opmath type, docs/precision.md), and
+float64 is more accurate still at no cost here, erf being elementwise and exact to 1.2 ulp of float64.
 """
 
 import math
 
 import numpy as np
 
-from numpy_attn._checks import check_float
+from numpy_attn._checks import FLOAT_DTYPES, check_float
 
 # Taylor coefficients of erf(a) / a in powers of a^2, 2/sqrt(pi) folded in; 24 terms reach
 # float64 precision for a < 1 (the 24th is below 1e-24).
@@ -68,8 +72,8 @@ _AT_MID = _taylor_coefficients(
 def erf(x):
     """The error function of a float array, elementwise: (...) -> (...), same dtype.
 
-    Computed in float64 on |x| (erf is odd) and rounded once to x's dtype. A 0-d array or a
-    float32/float64 NumPy scalar gives a 0-d array.
+    Computed in float64 on |x| (erf is odd) and rounded once to x's dtype, float16 and bfloat16
+    included. A 0-d array or a NumPy scalar of one of those dtypes gives a 0-d array.
     """
     _check_erf(x)
     a = np.array(np.abs(x), dtype=np.float64)      # (...), an array even for a 0-d x
@@ -79,12 +83,13 @@ def erf(x):
     y[mid] = _horner(a[mid] - _MID, _AT_MID)       # a - 1.5 is exact here (Sterbenz)
     y[tail] = 1 - _erfc_continued_fraction(a[tail], _CF_DEPTH)
     y[np.isnan(a)] = np.nan
-    return np.asarray(np.copysign(y, x), dtype=x.dtype)
+    y = np.copysign(y, np.asarray(x, dtype=np.float64))   # float64: copysign has no bfloat16 loop to trust
+    return np.asarray(y.astype(x.dtype, copy=False))   # rounded once to x's dtype
 
 
 def _check_erf(x):
-    """Raise TypeError unless x is a float32/float64 array or NumPy scalar (arithmetic on a 0-d
-    array returns a NumPy scalar, so gelu hands erf one)."""
-    if isinstance(x, np.float32 | np.float64):
+    """Raise TypeError unless x is a float array or NumPy scalar of one of FLOAT_DTYPES
+    (arithmetic on a 0-d array returns a NumPy scalar, so gelu hands erf one)."""
+    if isinstance(x, np.generic) and x.dtype.name in FLOAT_DTYPES:
         return
     check_float("x", x)

@@ -57,6 +57,13 @@ forward keeps p = exp(s_h - m) / l per row (O(T), as lse) rather than have the b
 recompute it as exp(s_h - lse): lse rounds to an ulp of |lse|, which exp turns into |lse| ulps
 of error in p, where the kept p has the few ulps of the division.
 
+float16 and bfloat16: q, k, v (and sinks) are cast up to float32 once, at the top, and every
+tile, the running m and l, the accumulator and lse stay in float32; the output is rounded once at
+the end, and each gradient once at the end of the backward (lse and the cache stay float32). This
+is how FlashAttention itself works: low-precision inputs, float32 accumulators, as PyTorch's
+opmath and its CPU flash kernel (docs/precision.md), except that the probabilities are not
+rounded to the low dtype before P @ V here, so the error is that of float32 rounded once.
+
 This is the readable version; numpy_attn/kernels/flash_attention.py computes the same, faster.
 """
 
@@ -71,13 +78,15 @@ from numpy_attn._checks import (
     check_sinks,
     check_softcap,
     check_window_is_causal,
+    upcast,
 )
 from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 
 
 class FlashCache(NamedTuple):
-    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array)."""
+    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array),
+    all in the dtype computed in (float32 for float16 and bfloat16: the backward reads them there)."""
 
     q: np.ndarray           # (..., nh, T, hs)
     k: np.ndarray           # (..., nh, S, hs) k, its heads repeated g times
@@ -85,7 +94,7 @@ class FlashCache(NamedTuple):
     out: np.ndarray         # (..., nh, T, hv) a copy of the forward's output
     lse: np.ndarray         # (..., nh, T) log-sum-exp of each row of scale * q @ k^T
     is_causal: bool
-    scale: np.floating      # in q's dtype
+    scale: np.floating      # in the dtype computed in
     block_q: int
     block_k: int
     g: int                  # query heads per key/value head (1 without grouped-query heads)
@@ -93,6 +102,7 @@ class FlashCache(NamedTuple):
     window: int | None = None      # the sliding window, None without one
     sinks: np.ndarray | None = None   # (nh,) the sink logits, None without them
     sink_p: np.ndarray | None = None  # (..., nh, T) each row's sink probability exp(s_h - lse), None without
+    dtype: np.dtype | None = None     # the inputs' dtype, which the output and gradients are rounded to
 
 
 def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, block_k=512, softcap=None,
@@ -105,8 +115,11 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
     so changing ``out`` in place after the forward leaves the gradients alone. ``softcap`` caps
     the scores at c * tanh(s / c); ``window`` (with is_causal) keeps each query's last keys only;
     ``sinks`` (nh,) adds each query head's sink logit to its softmax (the backward adds dsinks).
+    float16 and bfloat16 are computed in float32 and the output rounded once; lse stays float32.
     """
     _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap, window, sinks)
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
@@ -153,8 +166,8 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=128, b
         if sinks is not None:   # kept for dsinks: the sink's probability, its share of the row sum
             sink_p[..., i0:i1] = np.exp(sinks[:, None] - m) / row_sum   # (..., nh, bq)
     cache = FlashCache(q, k, v, out.copy(), lse, is_causal, scale, block_q, block_k, g, softcap, window, sinks,
-                       sink_p)
-    return out, cache
+                       sink_p, dtype)
+    return out.astype(dtype, copy=False), cache              # rounded once to the inputs' dtype
 
 
 def flash_attention_backward(dout, cache):
@@ -163,8 +176,9 @@ def flash_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse, is_causal, scale, block_q, block_k, g, softcap, window, sinks, sink_p = cache
-    check_dout("flash_attention", dout, out.shape, out.dtype)
+    q, k, v, out, lse, is_causal, scale, block_q, block_k, g, softcap, window, sinks, sink_p, dtype = cache
+    check_dout("flash_attention", dout, out.shape, dtype)
+    dout = upcast(dout)                                      # float32 for float16 and bfloat16
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     # Undoes out = acc / row_sum: D = rowsum(dout * out) = rowsum(P * dP), the softmax backward's sum.
@@ -213,8 +227,8 @@ def flash_attention_backward(dout, cache):
     if sinks is not None:   # Undoes the sink column: dS = p (0 - D), p its probability, summed over the rows
         dsink = -sink_p * D                                  # (..., nh, T)
         dsinks = dsink.sum(axis=-1).reshape(-1, len(sinks)).sum(axis=0)   # (..., nh, T) -> (nh,)
-        return dq, dk, dv, dsinks
-    return dq, dk, dv
+        return tuple(d.astype(dtype, copy=False) for d in (dq, dk, dv, dsinks))   # each rounded once
+    return tuple(d.astype(dtype, copy=False) for d in (dq, dk, dv))
 
 
 def _last_row(T, S, offset, window):

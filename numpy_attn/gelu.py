@@ -6,11 +6,15 @@
 Both write out = x * cdf, so both backwards are dx = dout * (cdf + x * dcdf/dx). Follows
 Hendrycks and Gimpel, "Gaussian Error Linear Units" (2016), and ``torch.nn.functional.gelu``.
 NumPy has no erf: the exact form uses the one in numpy_attn/erf.py.
+
+float16 and bfloat16: x is cast up to float32 and both forms and their backward are computed
+there, out and dx rounded once to x's dtype, as PyTorch's GELU kernel evaluates erf or tanh in
+float32 (its opmath type, docs/precision.md).
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float
+from numpy_attn._checks import check_dout, check_float, upcast
 from numpy_attn.erf import erf
 
 _KAPPA = 0.044715                        # the cubic coefficient of the tanh approximation
@@ -20,28 +24,31 @@ _APPROXIMATIONS = ("none", "tanh")
 def gelu_forward(x, approximate="none"):
     """GELU of ``x`` elementwise: (...) -> (...), exact (erf) or ``approximate="tanh"``.
 
-    Returns ``(out, cache)``; the cache is ``(x, cdf, t, approximate)`` with t the tanh (None for
-    the exact form): the backward recomputes only the Gaussian density exp(-x^2 / 2).
+    Returns ``(out, cache)``; the cache is ``(x, cdf, t, approximate, x's dtype)`` with t the tanh
+    (None for the exact form), x, cdf and t in the dtype computed in (float32 for float16 and
+    bfloat16): the backward recomputes only the Gaussian density exp(-x^2 / 2).
     """
     _check_gelu(x, approximate)
-    half, one = x.dtype.type(0.5), x.dtype.type(1)
+    xf = upcast(x)                                 # (...) float32 for float16 and bfloat16
+    half, one = xf.dtype.type(0.5), xf.dtype.type(1)
     t = None
     if approximate == "none":
-        cdf = half * (one + erf(x * x.dtype.type(np.sqrt(0.5))))     # Phi(x), the normal CDF
+        cdf = half * (one + erf(xf * xf.dtype.type(np.sqrt(0.5))))   # Phi(x), the normal CDF
     else:
-        x_cube = x * x * x
-        inner = x.dtype.type(np.sqrt(2 / np.pi)) * (x + x.dtype.type(_KAPPA) * x_cube)
+        x_cube = xf * xf * xf
+        inner = xf.dtype.type(np.sqrt(2 / np.pi)) * (xf + xf.dtype.type(_KAPPA) * x_cube)
         t = np.tanh(inner)
         cdf = half * (one + t)
-    out = np.asarray(x * cdf)                      # asarray: a 0-d x gives a 0-d array, not a scalar
-    cache = (x, cdf, t, approximate)
-    return out, cache
+    out = np.asarray(xf * cdf)                     # asarray: a 0-d x gives a 0-d array, not a scalar
+    cache = (xf, cdf, t, approximate, x.dtype)
+    return out.astype(x.dtype, copy=False), cache  # rounded once to x's dtype
 
 
 def gelu_backward(dout, cache):
     """Gradient of GELU: dout (...) -> dx (...)."""
-    x, cdf, t, approximate = cache
-    check_dout("gelu_backward", dout, x.shape, x.dtype)
+    x, cdf, t, approximate, x_dtype = cache
+    check_dout("gelu_backward", dout, x.shape, x_dtype)
+    dout = upcast(dout)                            # float32 for float16 and bfloat16
     half, one = x.dtype.type(0.5), x.dtype.type(1)
     if approximate == "none":
         # Undoes cdf = Phi(x): its derivative is the normal density exp(-x^2 / 2) / sqrt(2 pi).
@@ -52,7 +59,7 @@ def gelu_backward(dout, cache):
         dcdf = dinner * x.dtype.type(np.sqrt(2 / np.pi)) * (one + x.dtype.type(3 * _KAPPA) * x * x)
     # Undoes out = x * cdf (product rule).
     dx = np.asarray(dout * (cdf + x * dcdf))       # asarray: 0-d stays an array, as in the forward
-    return dx
+    return dx.astype(x_dtype, copy=False)          # rounded once to x's dtype
 
 
 def _check_gelu(x, approximate):

@@ -17,11 +17,25 @@ is divided by inf instead, so the loss is 0 and every gradient is 0 (the same ch
 all-masked rows). With probability targets a negative ``ignore_index`` (PyTorch's default -100
 included) matches no class and changes nothing, and one >= 0 is refused, both as in PyTorch.
 A logit of -inf (a class that cannot occur) costs nothing where its target weight is 0.
+
+float16 and bfloat16: logits, weight and probability targets are cast up and everything runs in
+float32 (the log-softmax as PyTorch's kernel runs it, and the sum and mean over the tokens too),
+the loss and dlogits rounded once to logits' dtype. PyTorch's nll_loss sums the tokens' losses in
+the low dtype instead (docs/precision.md); the float32 sum is more accurate, by a margin that
+grows with the number of tokens.
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_axis, check_dout, check_float, check_integer, check_same_dtype
+from numpy_attn._checks import (
+    FLOAT_DTYPES,
+    check_axis,
+    check_dout,
+    check_float,
+    check_integer,
+    check_same_dtype,
+    upcast,
+)
 from numpy_attn.softmax import log_softmax_backward, log_softmax_forward
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -33,15 +47,18 @@ def cross_entropy_forward(logits, targets, ignore_index=None, reduction="mean", 
     probabilities, weight (V,) or None -> loss, 0-d (or (...) for reduction="none").
 
     ``axis`` is the class axis of logits (and of probability targets); the math below runs with it
-    last. Returns ``(loss, cache)``; the cache is ``(q, weight, n, reduction, axis, log_softmax
-    cache)``: the backward needs the weighted targets, the divisor and where the classes were.
+    last. Returns ``(loss, cache)``; the cache is ``(weight * q, n, reduction, axis, log_softmax
+    cache, logits' dtype)``: the backward needs the weighted targets, the divisor and where the
+    classes were, all in the dtype computed in (float32 for float16 and bfloat16 logits).
     """
     targets, weight, soft = _check_cross_entropy(logits, targets, ignore_index, reduction,
                                                  label_smoothing, weight, axis)
-    logits = np.moveaxis(logits, axis, -1)                             # class axis last: (..., V)
+    dtype = logits.dtype                                               # the loss's and dlogits'
+    logits = upcast(np.moveaxis(logits, axis, -1))                     # class axis last: (..., V)
+    weight = upcast(weight)                                            # float32 for the low dtypes
     V = logits.shape[-1]
     if soft:                                                           # probabilities: (..., V)
-        q = np.moveaxis(targets, axis, -1)                             # class axis last: (..., V)
+        q = upcast(np.moveaxis(targets, axis, -1))                     # class axis last: (..., V)
         counted = np.ones(q.shape[:-1], bool)                          # (...)
         n = q[..., 0].size                                             # the number of tokens
     else:                                                              # class indices: (...)
@@ -58,8 +75,8 @@ def cross_entropy_forward(logits, targets, ignore_index=None, reduction="mean", 
     n = 1 if reduction != "mean" else n if n != 0 else np.inf          # n = 0: 0 / inf, not 0 / 0
     if reduction != "none":
         loss = loss.sum() / logits.dtype.type(n)                       # (...) -> ()
-    loss = np.asarray(loss, dtype=logits.dtype)
-    cache = (wq, n, reduction, axis, logp_cache)
+    loss = np.asarray(loss, dtype=logits.dtype).astype(dtype, copy=False)   # rounded once
+    cache = (wq, n, reduction, axis, logp_cache, dtype)
     return loss, cache
 
 
@@ -70,20 +87,20 @@ def cross_entropy_backward(dloss, cache):
     dloss is an array of the loss's shape and dtype or, for a 0-d loss, a Python or NumPy float
     scalar (the 1 of ``loss.backward()``), which is cast to the loss's dtype.
     """
-    wq, n, reduction, axis, logp_cache = cache
-    p = logp_cache.y                                                   # softmax(logits)
-    dloss = np.asarray(dloss, p.dtype) if isinstance(dloss, float | np.floating) else dloss
+    wq, n, reduction, axis, logp_cache, dtype = cache
+    p = logp_cache.y                                                   # softmax(logits), computed in
+    dloss = np.asarray(dloss, dtype) if isinstance(dloss, float | np.floating) else dloss
     check_dout("cross_entropy_backward", dloss, wq.shape[:-1] if reduction == "none" else (),
-               p.dtype, name="dloss")
+               dtype, name="dloss")
     # Undoes loss = sum(loss) / n (mean), sum(loss) (sum, n = 1) or nothing (none): every token
     # receives dloss / n.
-    dtok = (dloss / p.dtype.type(n))[..., None]                        # () or (...) -> (..., 1)
+    dtok = (upcast(dloss) / p.dtype.type(n))[..., None]                # () or (...) -> (..., 1)
     # Undoes loss = -sum(weight * q * logp) (terms of weight 0 had no gradient).
     dlogp = -wq * dtok                                                 # (..., V)
     # Undoes logp = log_softmax(logits).
     dlogits = log_softmax_backward(dlogp, logp_cache)                  # (..., V)
     dlogits = np.moveaxis(dlogits, -1, axis)                           # class axis back in place
-    return dlogits
+    return dlogits.astype(dtype, copy=False)                           # rounded once to logits' dtype
 
 
 def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, weight, axis):
@@ -118,7 +135,7 @@ def _check_cross_entropy(logits, targets, ignore_index, reduction, label_smoothi
     check_same_dtype(logits=logits, weight=weight)
     if not isinstance(targets, np.ndarray):
         raise TypeError(f"targets must be a NumPy array, got {type(targets).__name__}")
-    if np.issubdtype(targets.dtype, np.floating):
+    if targets.dtype.name in FLOAT_DTYPES:
         check_same_dtype(logits=logits, targets=targets)
         if targets.shape != logits.shape:
             raise ValueError(f"probability targets of shape {targets.shape} must have logits' "

@@ -13,39 +13,50 @@ order matters (Llama rounds xhat to bfloat16 and then multiplies by w, Gemma rou
 once), and 1 + w rounds w to the ulp of 1 where xhat * w + xhat would not. The backward only
 swaps w for 1 + w in dxhat; dw is unchanged.
 
-Precision. We compute in x's dtype: float32 stays float32 and float64 stays float64. Hugging
-Face's ``LlamaRMSNorm`` casts x to float32, normalises, casts back and then scales by w; for
-float32 input that is exactly our computation (the casts do nothing), for bfloat16 it is more
-accurate than bfloat16 arithmetic, and for float64 it throws away half of the digits, which we
+Precision. float32 stays float32 and float64 stays float64. Hugging Face's ``LlamaRMSNorm`` casts
+x to float32, normalises, casts back and then scales by w; for float32 input that is exactly our
+computation (the casts do nothing), and for float64 it throws away half of the digits, which we
 do not.
+
+float16 and bfloat16: x and w are cast up to float32 and the mean square, rstd and xhat are
+computed there (PyTorch's opmath, as ``F.rms_norm`` and both Hugging Face norms do,
+docs/precision.md). Then the two orders above: without an offset xhat is rounded to x's dtype
+and multiplied by w, the product rounded again (``LlamaRMSNorm`` and ``F.rms_norm``); with one,
+xhat * (offset + w) is formed in float32 and rounded once (``Gemma2RMSNorm``). The backward runs
+in float32 from the float32 xhat and rounds dx and dw once each.
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
 
 
 def rms_norm_forward(x, w, eps=1e-6, offset=0.0):
     """Normalise each row of ``x`` (..., C) by its root mean square, then scale by w (C,) -> (..., C).
 
     ``offset=1.0`` scales by 1 + w instead (Gemma). Returns ``(out, cache)``; the cache is
-    ``(xhat, rstd, scale)``: the normalised rows, their reciprocal root mean squares and the
-    scale (w, or offset + w); the backward recomputes nothing.
+    ``(xhat, rstd, scale, x's dtype)``: the normalised rows, their reciprocal root mean squares and
+    the scale (w, or offset + w), in the dtype computed in (float32 for float16 and bfloat16); the
+    backward recomputes nothing.
     """
     _check_rms_norm(x, w, eps, offset)
-    ms = (x * x).mean(axis=-1, keepdims=True)              # (..., C) -> (..., 1)
-    rstd = 1 / np.sqrt(ms + x.dtype.type(eps))             # (..., 1)
-    xhat = x * rstd                                        # (..., C), unit root mean square
-    scale = w + w.dtype.type(offset) if offset else w      # (C,), Gemma's 1 + w formed first
-    out = xhat * scale                                     # (..., C)
-    cache = (xhat, rstd, scale)
-    return out, cache
+    xf, wf = upcast(x), upcast(w)                          # float32 for float16 and bfloat16
+    ms = (xf * xf).mean(axis=-1, keepdims=True)            # (..., C) -> (..., 1)
+    rstd = 1 / np.sqrt(ms + xf.dtype.type(eps))            # (..., 1)
+    xhat = xf * rstd                                       # (..., C), unit root mean square
+    scale = wf + wf.dtype.type(offset) if offset else wf   # (C,), Gemma's 1 + w formed first
+    # Llama rounds xhat to x's dtype before * w, Gemma does not (a no-op for float32 and float64).
+    xhat_scaled = xhat if offset else upcast(xhat.astype(x.dtype, copy=False))
+    out = xhat_scaled * scale                              # (..., C)
+    cache = (xhat, rstd, scale, x.dtype)
+    return out.astype(x.dtype, copy=False), cache          # rounded once to x's dtype
 
 
 def rms_norm_backward(dout, cache):
     """Gradients of RMS norm: dout (..., C) -> (dx (..., C), {"w": dw (C,)})."""
-    xhat, rstd, scale = cache
-    check_dout("rms_norm", dout, xhat.shape, xhat.dtype)
+    xhat, rstd, scale, x_dtype = cache
+    check_dout("rms_norm", dout, xhat.shape, x_dtype)
+    dout = upcast(dout)                                    # float32 for float16 and bfloat16
     C = scale.shape[0]
     # Undoes out = xhat * scale: scale = w (+ offset) scaled every row; the offset has no gradient.
     dw = (dout * xhat).reshape(-1, C).sum(axis=0)          # (..., C) -> (C,)
@@ -53,7 +64,7 @@ def rms_norm_backward(dout, cache):
     # Undoes xhat = x * rstd and rstd = 1 / sqrt(mean(x^2) + eps) together: the Jacobian is
     # rstd * (I - xhat xhat^T / C), applied without forming it.
     dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    return dx, {"w": dw}
+    return dx.astype(x_dtype, copy=False), {"w": dw.astype(x_dtype, copy=False)}   # each rounded once
 
 
 def _check_rms_norm(x, w, eps, offset=0.0):

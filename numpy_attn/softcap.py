@@ -31,7 +31,8 @@ def logit_softcap_forward(x, softcap):
     c = xf.dtype.type(softcap)                      # in xf's dtype: a float64 c would upcast float32
     t = np.tanh(xf / c)                             # (...) in (-1, 1)
     out = c * t                                     # (...) in (-c, c)
-    return out.astype(x.dtype, copy=False), (t, c, x.dtype)   # rounded once to x's dtype
+    out = out.astype(x.dtype, copy=False)           # rounded once to x's dtype
+    return out, (t, c, x.dtype)
 
 
 def logit_softcap_backward(dout, cache):

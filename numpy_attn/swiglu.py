@@ -17,13 +17,21 @@ is evaluated from exp(-|g|), which never overflows.
 (the same paper's FFN_GEGLU), Gemma's MLP down(gelu_tanh(gate(x)) * up(x)), which Hugging Face's
 ``Gemma2MLP`` computes with ``hidden_activation="gelu_pytorch_tanh"``. Only the gate's
 activation and its derivative change.
+
+float16 and bfloat16: x and every weight and bias are cast up to float32 at the top, the whole
+network (the three matmuls, the gate, the product) and its backward run there as for float32, and
+out and each gradient are rounded once to x's dtype. PyTorch's LlamaMLP in bfloat16 rounds after
+each of its five ops (each one computing in float32 inside, docs/precision.md); rounding once is
+at least as accurate, and the float32 cache costs the (..., H) activations twice their bytes.
+SiLU on its own computes in float32 and rounds once, as F.silu does.
 """
 
 from functools import partial
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_rng
+from numpy_attn._checks import check_dout, check_float, check_rng, check_same_dtype, upcast
+from numpy_attn._tree import tree_map
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.linear import linear_backward, linear_forward
 
@@ -50,21 +58,23 @@ def sigmoid(x):
 
 
 def silu_forward(x):
-    """SiLU (swish) x * sigmoid(x): (...) -> (...). The cache is ``(x, sigmoid(x))``."""
+    """SiLU (swish) x * sigmoid(x): (...) -> (...). The cache is ``(x, sigmoid(x), x's dtype)``, x
+    and sigmoid(x) in the dtype computed in (float32 for float16 and bfloat16)."""
     check_float("x", x)
-    s = sigmoid(x)
-    out = x * s
-    cache = (x, s)
-    return out, cache
+    xf = upcast(x)                                   # (...) float32 for float16 and bfloat16
+    s = sigmoid(xf)
+    out = xf * s
+    cache = (xf, s, x.dtype)
+    return out.astype(x.dtype, copy=False), cache   # rounded once to x's dtype
 
 
 def silu_backward(dout, cache):
     """Gradient of SiLU: dout (...) -> dx (...)."""
-    x, s = cache
-    check_dout("silu", dout, x.shape, x.dtype)
+    x, s, x_dtype = cache
+    check_dout("silu", dout, x.shape, x_dtype)
     # Undoes out = x * s(x): the product rule, with s' = s (1 - s).
-    dx = dout * s * (1 + x * (1 - s))
-    return dx
+    dx = upcast(dout) * s * (1 + x * (1 - s))
+    return dx.astype(x_dtype, copy=False)           # rounded once to x's dtype
 
 
 # The gate's activation, forward and backward: SiLU for SwiGLU (Llama), the tanh GELU for GeGLU (Gemma).
@@ -79,22 +89,25 @@ def swiglu_forward(x, params, act="silu"):
 
     ``act`` is the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU). Returns
     ``(out, cache)``; the cache holds the three linear caches, the activation's, g's activation
-    s and u (the backward multiplies each by the other's gradient), and ``act``.
+    s and u (the backward multiplies each by the other's gradient), ``act`` and x's dtype.
     """
     _check_swiglu(x, params, act)
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     g, gate_cache = linear_forward(x, **params["gate"])               # (..., C) -> (..., H)
     u, up_cache = linear_forward(x, **params["up"])                   # (..., C) -> (..., H)
     s, silu_cache = GATE_ACTIVATIONS[act][0](g)                       # (..., H), silu(g) or gelu_tanh(g)
     a = s * u                                                         # (..., H)
     out, down_cache = linear_forward(a, **params["down"])             # (..., H) -> (..., C)
-    cache = (gate_cache, up_cache, silu_cache, s, u, down_cache, act)
-    return out, cache
+    cache = (gate_cache, up_cache, silu_cache, s, u, down_cache, act, x_dtype)
+    return out.astype(x_dtype, copy=False), cache                     # rounded once to x's dtype
 
 
 def swiglu_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"gate", "up", "down"} like the params)."""
-    gate_cache, up_cache, silu_cache, s, u, down_cache, act = cache
-    check_dout("swiglu", dout, s.shape[:-1] + down_cache.w.shape[1:], s.dtype)
+    gate_cache, up_cache, silu_cache, s, u, down_cache, act, x_dtype = cache
+    check_dout("swiglu", dout, s.shape[:-1] + down_cache.w.shape[1:], x_dtype)
+    dout = upcast(dout)                                               # float32 for float16 and bfloat16
     # Undoes out = a @ down.w.
     da, ddown = linear_backward(dout, down_cache)                     # (..., C) -> (..., H)
     # Undoes a = s * u.
@@ -106,7 +119,9 @@ def swiglu_backward(dout, cache):
     dx_up, dup = linear_backward(du, up_cache)                        # (..., H) -> (..., C)
     dx_gate, dgate = linear_backward(dg, gate_cache)                  # (..., H) -> (..., C)
     dx = dx_gate + dx_up
-    return dx, {"gate": dgate, "up": dup, "down": ddown}
+    grads = {"gate": dgate, "up": dup, "down": ddown}
+    # Each gradient rounded once to the inputs' dtype (no copy for float32 and float64).
+    return dx.astype(x_dtype, copy=False), tree_map(lambda g: g.astype(x_dtype, copy=False), grads)
 
 
 def _check_swiglu(x, params, act="silu"):
@@ -125,3 +140,6 @@ def _check_swiglu(x, params, act="silu"):
     for name, shape in expected.items():
         if weights[name].shape != shape:
             raise ValueError(f"{name}.w must have shape {shape} for x {x.shape}, got {weights[name].shape}")
+    # Refused here, as linear would (the same message), for the forward casts up before linear sees them.
+    for p in params.values():
+        check_same_dtype(x=x, w=p["w"], b=p.get("b"))

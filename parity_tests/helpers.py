@@ -147,9 +147,11 @@ def ulp(value, dtype):
     return float(np.abs(np.spacing(np.abs(np.asarray(value, dtype=LOW_DTYPES[dtype][0])))))
 
 
-def assert_error_budget(op, dtype, tensors, multiple=2.0):
+def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
     """FlashAttention's error rule: for each named ``(ours, torch_lowp, truth)`` of ``tensors``,
-    max |ours - truth| <= multiple * max |torch_lowp - truth| + one ulp of max |truth|.
+    max |ours - truth| <= multiple * max |torch_lowp - truth| + one ulp of max |truth|
+    (+ ``extra[name]`` where given: an error of the float32 computation that the low dtype's
+    rounding does not cover, which must be derived in a comment at the call).
 
     ``ours`` must come back in the low ``dtype``; ``torch_lowp`` is PyTorch computing the same
     thing in that dtype (NumPy array, from to_numpy); ``truth`` is float64 on the same rounded
@@ -171,9 +173,10 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0):
         err_ours = float(np.max(np.abs(o64[finite] - truth[finite])))
         err_torch = float(np.max(np.abs(theirs.astype(np.float64)[finite] - truth[finite])))
         one_ulp = ulp(np.max(np.abs(truth[finite])), dtype)
-        bound = multiple * err_torch + one_ulp
-        if err_torch > 0:
-            _BUDGET[(op, name, dtype)] = max(_BUDGET[(op, name, dtype)], err_ours / err_torch)
+        allowance = (extra or {}).get(name, 0.0)
+        bound = multiple * err_torch + one_ulp + allowance
+        if err_torch > 0:   # the multiple recorded counts only what the allowance does not cover
+            _BUDGET[(op, name, dtype)] = max(_BUDGET[(op, name, dtype)], max(err_ours - allowance, 0) / err_torch)
         _target(err_ours / bound, f"{label} share of budget")
         assert err_ours <= bound, (
             f"{label}: max |ours - truth| = {err_ours:.3g} exceeds {multiple:g} x PyTorch's "

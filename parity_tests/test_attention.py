@@ -815,12 +815,21 @@ def test_sinks_backward_matches_finite_differences(case):
         assert_close(f"sdpa[sinks].d{name} vs finite differences", grads[name], expected, **FD_TOL)
 
 
+# Three equal weights 1/3 on equal values: the sum rounds differently depending on how matmul
+# reads the weights (a strided view of the S + 1 softmax columns, or a contiguous array).
+EQUAL_WEIGHTS_SINK_CASE = sink_case(np.zeros((1, 2, 1), np.float32), np.zeros((1, 3, 1), np.float32),
+                                    np.full((1, 3, 1), 3.6456072, np.float32), np.zeros((1, 2, 1), np.float32),
+                                    np.zeros(1, np.float32))
+
+
 @given(case=attention_inputs(sinks=True, dropout=False))
 @example(case=SINK_EDGE_CASES[0])
+@example(case=EQUAL_WEIGHTS_SINK_CASE)
 def test_sink_rescales_each_row_without_reshaping_it(case):
     """A sink only takes a share of its row: the weights with sinks are those without, each row
     times its own total (which is below one); and a sink of -1e4, whose exp is 0 beside any score,
-    gives the output without sinks exactly as computed."""
+    gives the output without sinks exactly as computed: the weights are the same bits, and the
+    forward hands them to matmul in the same (contiguous) layout."""
     _, cache = numpy_forward(case)
     _, plain = numpy_forward({**case, "sinks": None})
     total = cache.weights.sum(axis=-1, keepdims=True)

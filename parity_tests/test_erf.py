@@ -8,6 +8,8 @@ the NumPy erf's float64 arithmetic, where only exp may round differently in the 
 erf's condition number |x erf'(x) / erf(x)| is at most 1, so one ulp in stays about one ulp out.
 """
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 import torch_attn.erf as tw
 from numpy_attn.erf import erf
 from parity_tests import strategies as S
-from parity_tests.helpers import assert_close, to_numpy, to_torch
+from parity_tests.helpers import LOW_DTYPES, assert_close, assert_error_budget, round_to, to_numpy, to_torch
 
 # Points in each region (|x| below 1: Taylor series at 0; below 2: Taylor series at 1.5; below 6:
 # continued fraction; beyond: 1), their boundaries and both sides of zero.
@@ -94,6 +96,36 @@ def test_dtype_and_shape_are_preserved(dtype):
             f"erf of {type(given_x).__name__} {dtype.__name__} gave {type(y).__name__} {np.shape(y)}"
         assert_close("erf(0.5)", y, to_numpy(torch.erf(torch.tensor(0.5, dtype=to_torch(x).dtype))),
                      **two_ulps(dtype))
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(x=arguments(dtype=np.float64))
+@example(x=EDGES)
+def test_low_precision_meets_the_error_budget(dtype, x):
+    """Ours and the twin against float64 truth, within twice the error of torch.erf in the low
+    dtype (erf has no backward: gelu's test covers its derivative). A 0-d x too."""
+    x = round_to(x, dtype)
+    truth = to_numpy(torch.erf(to_torch(x.astype(np.float64))))
+    theirs = to_numpy(torch.erf(to_torch(x)))
+    for who, ours in {"numpy": erf(x), "twin": to_numpy(tw.erf(to_torch(x)))}.items():
+        assert_error_budget(f"erf[{who}]", dtype, {"out": (ours, theirs, truth)})
+        # erf is bounded by 1, so the budget's one ulp of max|truth| lets through any evaluation
+        # good to an ulp of 1. Ours is sharper: float64 to 1.2 ulp of float64, then one rounding,
+        # so it is the correctly rounded truth unless the truth lies within ~1e-16 of a midpoint
+        # between two low-precision values (about 2^-40 of draws).
+        assert np.array_equal(ours, round_to(truth, dtype), equal_nan=True), \
+            f"erf[{who}] ({dtype}) is not the correctly rounded float64 erf"
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_scalar_gives_a_0d_array(dtype):
+    """A float16 or bfloat16 NumPy scalar is taken, as float32's is, and keeps its dtype."""
+    x = round_to(np.array(0.5), dtype)[()]
+    y = erf(x)
+    assert isinstance(y, np.ndarray) and y.shape == () and y.dtype == x.dtype, f"erf gave {type(y).__name__} {y!r}"
+    assert y == round_to(np.array(math.erf(0.5)), dtype), f"erf(0.5) in {dtype} is {y!r}"
 
 
 # -- bad input --------------------------------------------------------------------------------------

@@ -24,10 +24,13 @@ from numpy_attn.flash_attention import flash_attention_backward, flash_attention
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
+    assert_error_budget,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -115,12 +118,17 @@ def grad_tol(case):
     q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
     if q.size * k.size * dout.size == 0:
         return {}
+    default = TOLERANCES[q.dtype]["atol"]
+    return dict(atol=max(default, 8 * float(np.finfo(q.dtype).eps) * cancelled_size(case)))
+
+
+def cancelled_size(case):
+    """grad_tol's M = scale max|q, k| max(T, S) max|dout| max|v| hv: the size of what dq and dk cancel."""
+    q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
     T, S_, hs, hv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
-    M = (scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
-         * np.abs(v).max() * hv)
-    default = TOLERANCES[q.dtype]["atol"]
-    return dict(atol=max(default, 8 * float(np.finfo(q.dtype).eps) * M))
+    return float(scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
+                 * np.abs(v).max() * hv)
 
 
 # -- forward matches the twin -------------------------------------------------------------------
@@ -854,23 +862,29 @@ def dsinks_tol(case):
     p's relative error, an ulp of |lse| (exp of s_h - lse rounds with lse), |lse| below
     max|s_h| + the largest score + log(S + 1); the sum of R terms adds R ulps. Hence 8 ulps of
     R hv G (1 + that bound); a bug is off by a fraction of R hv G itself."""
+    q = case["q"]
+    return dict(atol=max(TOLERANCES[q.dtype]["atol"], 8 * float(np.finfo(q.dtype).eps) * dsinks_size(case)))
+
+
+def dsinks_size(case):
+    """dsinks_tol's R hv G (1 + the bound on |lse|): the size of dsinks' terms and their rounding."""
     q, k, v, dout, sinks = (case[n] for n in ("q", "k", "v", "dout", "sinks"))
-    eps = float(np.finfo(q.dtype).eps)
     hs, S_, hv = q.shape[-1], k.shape[-2], v.shape[-1]
     scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
     R = q.size // (hs * q.shape[-3])
     G = float(np.abs(dout).max(initial=0)) * float(np.abs(v).max(initial=0))
     largest = scale * hs * float(np.abs(q).max(initial=0)) * float(np.abs(k).max(initial=0))
     lse_bound = float(np.abs(sinks).max()) + largest + math.log(S_ + 1)
-    return dict(atol=max(TOLERANCES[q.dtype]["atol"], 8 * eps * R * hv * G * (1 + lse_bound)))
+    return R * hv * G * (1 + lse_bound)
 
 
-def direct_sinks(case, q, k, v, sinks):
+def direct_sinks(case, q, k, v, sinks=None):
     """The sink as the issue defines it, in plain torch: the masked, capped scores, the sink
     column concatenated, softmax, the column dropped, times v. A row without a key has only its
-    sink: weights 0."""
+    sink: weights 0. Without ``sinks``, plain attention with the case's mask and cap, a row
+    without a key giving 0 as flash attention does (its softmax of -inf only is NaN)."""
     T, S_, hs = q.shape[-2], k.shape[-2], q.shape[-1]
-    if q.shape[-3] != k.shape[-3]:
+    if q.shape[:-2] != k.shape[:-2]:   # grouped-query heads (no head axis: none)
         g = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
@@ -882,6 +896,9 @@ def direct_sinks(case, q, k, v, sinks):
         t, j = torch.arange(T)[:, None] + offset, torch.arange(S_)[None, :]
         seen = (j <= t) & (j > t - case["window"]) if case["window"] else j <= t
         s = s.masked_fill(~seen, -torch.inf)
+    if sinks is None:
+        weights = torch.softmax(s, dim=-1)
+        return torch.where(torch.isnan(weights), 0, weights) @ v   # rows without a key: 0
     sink_column = sinks[:, None, None].expand(s.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
     weights = torch.softmax(torch.cat([s, sink_column], dim=-1), dim=-1)[..., :-1]   # (..., nh, T, S)
     return weights @ v
@@ -1067,3 +1084,92 @@ def test_bad_sinks_are_refused(impl, sinks, q, error, message):
     k, v = (K, V) if q.ndim == 4 else (K[0, 0], V[0, 0])
     with pytest.raises(error, match=re.escape(message)):
         IMPLS[impl][0](q, k, v, sinks=sinks)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule ---------------------------------------------
+
+def torch_lowp(case, q, k, v, sinks=None):
+    """PyTorch's own attention in the low dtype of q: F.scaled_dot_product_attention (on CPU its
+    default backend is the flash kernel, which rounds P before P @ V, docs/precision.md) where it
+    expresses the case (no softcap, window or sinks; no mask or the top-left causal one), else
+    direct_sinks, plain torch ops each rounding in the low dtype as a user's code would."""
+    if case["softcap"] is None and case["window"] is None and sinks is None and case["is_causal"] != "bottom_right":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(case["is_causal"]), scale=case["scale"],
+                                              enable_gqa=q.shape[:-2] != k.shape[:-2])
+    return direct_sinks(case, q, k, v, sinks)
+
+
+def float32_allowance(case):
+    """{result: what its float32 computation may keep beyond the one rounding to the low dtype}.
+
+    The rule's one ulp of max|truth| covers that rounding, but not where a result cancels to
+    (nearly) 0 while its terms do not: equal rows of v make dP - D vanish, so the true dq and dk
+    are 0, and a float32 computation keeps a few float32 ulps of the terms (1.2e-7 in a float16
+    dq of a 1 x 2 case), where PyTorch's low-precision kernel may be exact by luck (its output
+    rounded to the low dtype makes D equal dP). The float32 analyses above bound what remains:
+    each probability is off by 4 eps (1 + |s|) relatively (lse_allowance), times max|v| for out
+    and g T max|dout| for dv; dq and dk keep 8 ulps of grad_tol's M (cancelled_size) more; dsinks
+    8 ulps of dsinks_size. eps is float32's: a real bug is off by ulps of the low dtype, 2^13
+    (float16) or 2^16 (bfloat16) times more."""
+    eps = float(np.finfo(np.float32).eps)
+    q, k = case["q"], case["k"]
+    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
+    largest = scale * q.shape[-1] * float(np.abs(q).max()) * float(np.abs(k).max())
+    if case["sinks"] is not None:
+        largest = max(largest, float(np.abs(case["sinks"]).max()))
+    relative = 4 * eps * (1 + largest)
+    rows = q.size // q.shape[-1] // max(k.size // k.shape[-1] // k.shape[-2], 1)   # g T per key
+    M = cancelled_size(case)
+    extra = {"out": relative * float(np.abs(case["v"]).max()),
+             "dv": relative * rows * float(np.abs(case["dout"]).max()),
+             "dq": (8 * eps + relative) * M, "dk": (8 * eps + relative) * M}
+    if case["sinks"] is not None:
+        extra["dsinks"] = 8 * eps * dsinks_size(case)
+    return extra
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=flash_inputs(dtype=np.float64) | window_inputs(dtype=np.float64) | sink_inputs(dtype=np.float64))
+@example(case=EDGE_CASES[1])
+@example(case=EDGE_CASES[3])
+@example(case=WINDOW_EDGES[1])
+@example(case=SINK_EDGES[0])
+@example(case=SINK_EDGES[2])
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """The readable version, its twin and (where it applies) the tuned kernel in float16 and
+    bfloat16 against the float64 truth on the same rounded inputs (direct_sinks, autograd):
+    within twice PyTorch's own low-precision error (torch_lowp), out and every gradient."""
+    case = {"softcap": None, "window": None, "sinks": None, **case}
+    names = ("q", "k", "v") + (("sinks",) if case["sinks"] is not None else ())
+    low = {n: round_to(case[n], dtype) for n in names}                 # the inputs every side shares
+    dout = round_to(case["dout"], dtype)
+    truth_out, truth_grads = autograd(lambda **t: direct_sinks(case, **t),
+                                      {n: a.astype(np.float64) for n, a in low.items()}, dout.astype(np.float64))
+    torch_out, torch_grads = autograd(lambda **t: torch_lowp(case, **t), low, dout)
+    twin_out, twin_grads = autograd(lambda **t: tw.flash_attention(**t, **{n: case[n] for n in WKWARGS})[0],
+                                    low, dout)
+    ours = {"numpy": sink_forward({**case, **low}), "twin": (twin_out, tuple(twin_grads.values()))}
+    ours["numpy"] = (ours["numpy"][0], flash_attention_backward(dout, ours["numpy"][1]))
+    if case["is_causal"] != "bottom_right" and case["window"] is None and case["softcap"] is None:
+        out_k, cache_k = sink_forward({**case, **low}, "kernel")
+        ours["kernel"] = (out_k, fa.flash_attention_backward(dout, cache_k))
+    extra = float32_allowance({**case, **{n: a.astype(np.float64) for n, a in low.items()}})
+    for who, (out, grads) in ours.items():
+        tensors = {"out": (out, torch_out, truth_out)}
+        tensors.update({f"d{n}": (g, torch_grads[n], truth_grads[n]) for n, g in zip(names, grads, strict=True)})
+        assert_error_budget(f"flash_attention[{who}]", dtype, tensors, extra=extra)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_mixed_dtypes_are_refused(dtype):
+    """A low-precision q with float32 k and v (or sinks) is refused, as a float32/float64 mix."""
+    low = LOW_DTYPES[dtype][0]
+    q, k, v = (ramp(2, 3, 4).astype(low), ramp(2, 5, 4).astype(np.float32), ramp(2, 5, 4).astype(np.float32))
+    for forward, _ in IMPLS.values():
+        with pytest.raises(TypeError, match=f"must share one dtype: q is {dtype}, k is float32"):
+            forward(q, k, v)
+        with pytest.raises(TypeError, match=f"sinks must have q's dtype {dtype}, got dtype float32"):
+            forward(q, k.astype(low), v.astype(low), sinks=np.zeros(2, np.float32))
+    _, cache = flash_attention_forward(q, k.astype(low), v.astype(low))
+    with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
+        flash_attention_backward(np.zeros((2, 3, 4), np.float32), cache)

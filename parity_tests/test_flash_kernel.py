@@ -24,7 +24,7 @@ from numpy_attn.attention import (
 from numpy_attn.flash_attention import flash_attention_backward as readable_backward
 from numpy_attn.flash_attention import flash_attention_forward as readable_forward
 from parity_tests import strategies as S
-from parity_tests.helpers import TOLERANCES, assert_close
+from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, round_to
 
 
 @st.composite
@@ -479,3 +479,45 @@ def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     assert forward <= bound and sum(counted) <= bound, (
         f"causal T={T}, tiles {block_q} x {block_k}: forward exponentiated {forward} scores, "
         f"backward {sum(counted)}, at most {bound} needed (whole diagonal tiles: {T * T // 2 + T * block_q // 2})")
+
+
+# -- float16 and bfloat16 ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=kernel_inputs(dtype=np.float64), data=st.data())
+def test_low_precision_matches_the_readable_version(dtype, case, data):
+    """In float16 and bfloat16 (sinks or none) the kernel gives the readable version's out and
+    gradients in the low dtype, and lse in float32. Both compute in float32 from the same
+    rounded inputs, so before their one rounding they differ by at most tolerances() of the
+    float32 case (its analysis holds for any float32 computation of the case); rounding each to
+    the low dtype moves each by at most half an ulp of the low dtype at its magnitude, so they
+    differ by at most that float32 tolerance plus one low-dtype ulp of the larger of the two.
+    (The budget test in test_flash_attention.py holds the kernel to FlashAttention's rule too.)"""
+    low = LOW_DTYPES[dtype][0]
+    if data.draw(st.booleans(), label="with sinks"):
+        nh = case["q"].shape[-3] if case["q"].ndim >= 3 else 1
+        case = with_sinks(case, data.draw(S.arrays(np.float64, (nh,), 4.0), label="sinks"))
+    names = ("q", "k", "v", "dout") + (("sinks",) if "sinks" in case else ())
+    case = {**case, **{n: round_to(case[n], dtype) for n in names}}
+    case32 = {**case, **{n: case[n].astype(np.float32) for n in names}}
+    tol = tolerances(case32)
+    results = {}
+    for impl, (forward, backward) in {"readable": (readable_forward, readable_backward),
+                                      "kernel": (fa.flash_attention_forward, fa.flash_attention_backward)}.items():
+        kwargs = {n: case[n] for n in ("is_causal", "scale", "block_q", "block_k")}
+        out, cache = forward(case["q"], case["k"], case["v"], sinks=case.get("sinks"), **kwargs)
+        grads = backward(case["dout"], cache)
+        results[impl] = {"out": out, "lse": cache.lse, **dict(zip(("dq", "dk", "dv", "dsinks")[:len(grads)], grads,
+                                                                  strict=True))}
+    for name, a in results["kernel"].items():
+        b = results["readable"][name]
+        assert a.dtype == (np.float32 if name == "lse" else low), f"kernel {name} ({dtype}) came back {a.dtype}"
+        if name == "lse":   # float32 in both: the float32 tolerance alone
+            assert_close(f"kernel.lse ({dtype}) vs readable", a, b, **tol["lse"])
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        one_ulp = np.spacing(np.maximum(np.abs(a64), np.abs(b64)).astype(low)).astype(np.float64)
+        allowed = tol[name]["atol"] + one_ulp
+        assert np.all(np.abs(a64 - b64) <= allowed), (
+            f"kernel.{name} ({dtype}) vs readable: {np.max(np.abs(a64 - b64) - allowed):.3g} past "
+            "the float32 tolerance plus one ulp")

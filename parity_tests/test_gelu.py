@@ -11,7 +11,17 @@ import torch_attn.gelu as tw
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+from parity_tests.helpers import (
+    FD_TOL,
+    LOW_DTYPES,
+    assert_close,
+    assert_error_budget,
+    autograd,
+    numerical_grad,
+    round_to,
+    to_numpy,
+    to_torch,
+)
 
 approximations = st.sampled_from(["none", "tanh"])
 
@@ -88,6 +98,27 @@ def test_backward_matches_finite_differences(approximate, case):
 
 # -- dtype preservation -----------------------------------------------------------------------------
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(approximate=approximations, case=activations(dtype=np.float64))
+@example(approximate="none", case=EDGE_CASE)
+@example(approximate="tanh", case=EDGE_CASE)
+def test_low_precision_meets_the_error_budget(dtype, approximate, case):
+    """Ours and the twin against float64 truth, within twice the error of F.gelu in the low
+    dtype, in both forms (x and dout rounded first: every side sees them)."""
+    x, dout = round_to(case[0], dtype), round_to(case[1], dtype)
+    out, cache = gelu_forward(x, approximate)
+    dx = gelu_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x: tw.gelu(x, approximate), {"x": x}, dout)
+    torch_out, torch_grads = autograd(lambda x: F.gelu(x, approximate=approximate), {"x": x}, dout)
+    truth_out, truth_grads = autograd(lambda x: F.gelu(x, approximate=approximate), {"x": x.astype(np.float64)},
+                                      dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
+        assert_error_budget(f"gelu[{approximate}][{who}]", dtype, {
+            "out": (o, torch_out, truth_out), "dx": (g, torch_grads["x"], truth_grads["x"])})
+
+
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_dtype_is_preserved(approximate, dtype):
@@ -142,3 +173,11 @@ def test_bad_dout_is_refused(approximate, case):
     dout.flat[0] = np.nan
     _, grads = autograd(lambda x: tw.gelu(x, approximate), {"x": x}, dout)
     assert_close(f"gelu[{approximate}].dx with a NaN in dout", gelu_backward(dout, cache), grads["x"])
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_dtypes_are_refused(dtype):
+    """A float32 dout for a low-precision x is a mix, refused (the cache keeps float32 inside)."""
+    _, cache = gelu_forward(round_to(EDGES, dtype))
+    with pytest.raises(TypeError, match=f"gelu_backward: dout must have the dtype .* {dtype}, got float32"):
+        gelu_backward(EDGES.astype(np.float32), cache)

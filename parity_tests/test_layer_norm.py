@@ -15,11 +15,14 @@ from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     layer_norm_tol,
     numerical_grad,
+    round_to,
     to_numpy,
 )
 from torch_attn.layer_norm import layer_norm
@@ -271,6 +274,48 @@ def test_backward_matches_finite_differences(case):
     rstd = max(1.0, float(cache[1].max()))
     fd_tol = dict(rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] * rstd)
     assert_tree_close("layer_norm vs finite differences", {"x": dx, **dparams}, fd, **fd_tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=rows(dtype=np.float64))
+@example(case=CONSTANT_ROW)
+@example(case=TWO_AXES)
+@example(case=NO_AFFINE)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of F.layer_norm in the low
+    dtype, for out, dx and the given dw, db (x, w, b and dout rounded first: every side sees them)."""
+    x, w, b, dout, eps, shape = case
+    x, dout = round_to(x, dtype), round_to(dout, dtype)
+    params = {k: round_to(v, dtype) for k, v in _params(w, b).items()}
+    builtin_shape = x.shape[-1:] if shape is None else shape
+
+    def builtin(x, w=None, b=None):
+        return F.layer_norm(x, builtin_shape, w, b, eps)
+
+    out, cache = layer_norm_forward(x, params.get("w"), params.get("b"), eps, shape)
+    dx, dparams = layer_norm_backward(dout, cache)
+    twin_out, twin_grads = autograd(_twin(eps, shape), {"x": x, **params}, dout)
+    torch_out, torch_grads = autograd(builtin, {"x": x, **params}, dout)
+    truth_out, truth_grads = autograd(builtin, {"x": x.astype(np.float64),
+                                                **{k: v.astype(np.float64) for k, v in params.items()}},
+                                      dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, {"x": dx, **dparams}), "twin": (twin_out, twin_grads)}.items():
+        assert g.keys() == {"x", *params}, f"layer_norm[{who}] gradients"
+        assert_error_budget(f"layer_norm[{who}]", dtype, {
+            "out": (o, torch_out, truth_out),
+            **{f"d{k}": (g[k], torch_grads[k], truth_grads[k]) for k in g}})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_dtypes_are_refused(dtype):
+    """A low-precision x with float32 parameters is a mix, refused as float32 with float64 is."""
+    x = round_to(S.ramp(2, 3), dtype)
+    with pytest.raises(TypeError, match=f"share one dtype: x is {dtype}, w is float32"):
+        layer_norm_forward(x, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=f"x is {dtype}, w is {dtype}, b is float32"):
+        layer_norm_forward(x, round_to(np.ones(3), dtype), np.zeros(3, np.float32))
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

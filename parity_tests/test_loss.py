@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -12,10 +12,13 @@ from numpy_attn.loss import REDUCTIONS, cross_entropy_backward, cross_entropy_fo
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
+    assert_error_budget,
     autograd,
     numerical_grad,
+    round_to,
     to_torch,
 )
 from torch_attn.loss import cross_entropy
@@ -284,7 +287,7 @@ def test_gradient_shares_no_memory(case):
     logits, targets, kw, dloss = case
     _, cache = cross_entropy_forward(logits, targets, **kw)
     dlogits = cross_entropy_backward(dloss, cache)
-    wq, _, _, _, (p, _, _) = cache
+    wq, p = cache[0], cache[4].y
     for name, a in (("logits", logits), ("targets", targets), ("dloss", dloss), ("cache wq", wq),
                     ("cache softmax", p)):
         assert not np.shares_memory(dlogits, a), f"cross_entropy.dlogits shares memory with {name}"
@@ -304,9 +307,59 @@ def test_backward_matches_finite_differences(case):
     assert_close("cross_entropy.dlogits vs finite differences", dlogits, expected, **FD_TOL)
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+LOW_TYPES = tuple(d.type for d, _ in LOW_DTYPES.values())
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=batches(dtype=np.float64))
+@example(case=REPEATED)
+@example(case=CLASS_AXIS_1)
+@example(case=SOFT)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of PyTorch's own
+    low-precision F.cross_entropy (whose mean sums in the low dtype), for the loss and dlogits,
+    every reduction, smoothing, weight and target kind drawn. A mean over zero weight is NaN in
+    PyTorch and 0 here (test_all_ignored_gives_zero_where_builtin_gives_nan): no truth to hold to."""
+    logits, targets, kw, dloss = case
+    assume(kw["reduction"] != "mean" or _divisor(targets, kw, logits.shape[kw["axis"]]) != 0)
+    # Every float input rounded, weight and probabilities included: every side sees the same.
+    logits, dloss = round_to(logits, dtype), round_to(dloss, dtype)
+    targets = round_to(targets, dtype) if np.issubdtype(targets.dtype, np.floating) else targets
+    kw = dict(kw, weight=None if kw["weight"] is None else round_to(kw["weight"], dtype))
+    loss, cache = cross_entropy_forward(logits, targets, **kw)
+    dlogits = cross_entropy_backward(dloss, cache)
+    twin_loss, twin_grads = autograd(_twin(targets, kw), {"logits": logits}, dloss)
+    torch_loss, torch_grads = autograd(_builtin(targets, kw), {"logits": logits}, dloss)
+    wide = lambda a: a if a is None or a.dtype.kind in "iu" else a.astype(np.float64)  # noqa: E731
+    kw64 = dict(kw, weight=wide(kw["weight"]))
+    truth_loss, truth_grads = autograd(_builtin(wide(targets), kw64), {"logits": wide(logits)}, wide(dloss))
+    for who, (o, g) in {"numpy": (loss, dlogits), "twin": (twin_loss, twin_grads["logits"])}.items():
+        assert_error_budget(f"cross_entropy[{who}]", dtype, {
+            "loss": (o, torch_loss, truth_loss), "dlogits": (g, torch_grads["logits"], truth_grads["logits"])})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_mix_is_refused(dtype):
+    """Low-precision logits with float32 weight or probabilities (and the reverse) are refused,
+    naming both dtypes, as a float32/float64 mix is; so is a float32 dloss for a low loss."""
+    low = LOW_DTYPES[dtype][0]
+    logits = np.zeros((2, 3), low)
+    with pytest.raises(TypeError, match=f"^arrays must share one dtype: logits is {dtype}, weight is float32$"):
+        cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=f"^arrays must share one dtype: logits is {dtype}, targets is float32$"):
+        cross_entropy_forward(logits, np.full((2, 3), 1 / 3, np.float32))
+    with pytest.raises(TypeError, match=f"^arrays must share one dtype: logits is float32, targets is {dtype}$"):
+        cross_entropy_forward(logits.astype(np.float32), np.full((2, 3), 1 / 3, low))
+    _, cache = cross_entropy_forward(logits, np.array([0, 1]))
+    with pytest.raises(TypeError, match=f"dloss must have the dtype of the forward's output, {dtype}, got float32"):
+        cross_entropy_backward(np.array(1.0, np.float32), cache)
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + LOW_TYPES)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_dtype_is_preserved(dtype, reduction):
     logits = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], dtype=dtype)
@@ -391,7 +444,7 @@ def test_bad_input():
         cross_entropy_forward(np.where(np.eye(2, 5, dtype=bool), np.nan, logits), np.array([0, 1]))
 
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + LOW_TYPES)
 def test_loss_is_a_zero_d_array(dtype):
     """The loss is a 0-d NumPy array of the logits' dtype (not a NumPy scalar, not a Python float),
     with or without ignored tokens, so that loss.dtype, loss.shape and in-place use behave as for

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
@@ -14,12 +14,15 @@ from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     layer_norm_tol,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -264,6 +267,74 @@ def test_offset_matches_gemma_rms_norm(module_class, case):
         their = to_numpy(their.detach())
         assert_close(f"{name}.{label}", ours, their,
                      rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(their).max(initial=0))))
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def _hf_norm(module_class, x, w, eps):
+    """Hugging Face's norm module in x's dtype holding w, as a function of (x, w) for autograd."""
+    def f(x, w):
+        module = module_class(x.shape[-1], eps=eps).to(x.dtype)
+        module.weight = torch.nn.Parameter(w)               # the leaf autograd differentiates
+        return module(x)
+    return f
+
+
+@pytest.mark.parametrize("offset, module_class", [(0.0, LlamaRMSNorm), (1.0, Gemma2RMSNorm)])
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=rows(dtype=np.float64))
+@example(case=ZERO_ROW)
+def test_low_precision_meets_the_error_budget(dtype, offset, module_class, case):
+    """Ours and the twin against float64 truth (F.rms_norm with weight offset + w), within twice
+    the error of Hugging Face's module in the low dtype: LlamaRMSNorm rounds xhat before * w,
+    Gemma2RMSNorm rounds only the product, and each of ours follows its own order."""
+    x, w, dout = (round_to(a, dtype) for a in case[:3])
+    eps = case[3]
+    out, cache = rms_norm_forward(x, w, eps, offset)
+    dx, dparams = rms_norm_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x, w: rms_norm(x, w, eps, offset), {"x": x, "w": w}, dout)
+    torch_out, torch_grads = autograd(_hf_norm(module_class, x, w, eps), {"x": x, "w": w}, dout)
+    truth_out, truth_grads = autograd(lambda x, w: F.rms_norm(x, x.shape[-1:], offset + w, eps),
+                                      {"x": x.astype(np.float64), "w": w.astype(np.float64)}, dout.astype(np.float64))
+    # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) cancels to nothing where dxhat is parallel to
+    # xhat (one column, dout proportional to x): both sides then carry float32's cancellation error,
+    # about eps32 * rstd * |dxhat|, far above an ulp of the tiny truth, and the ratio of two such
+    # errors is luck (3.9e-8 against 1.29e-8 on x = [1.125], offset 1). Those cases are left to the
+    # float32 tests; any cancellation short of 1/64 stays, where one ulp of the low dtype's truth
+    # (at least 2^-11 / 64 of the terms) dwarfs float32's 2^-24.
+    terms = np.max(cache[1] * np.abs(dout.astype(np.float64) * (offset + w.astype(np.float64))), initial=0)
+    assume(np.max(np.abs(truth_grads["x"]), initial=0) >= terms / 64)
+    for who, (o, g) in {"numpy": (out, {"x": dx, **dparams}), "twin": (twin_out, twin_grads)}.items():
+        assert_error_budget(f"rms_norm(offset={offset:g})[{who}]", dtype, {
+            "out": (o, torch_out, truth_out),
+            **{f"d{k}": (g[k], torch_grads[k], truth_grads[k]) for k in ("x", "w")}})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_follows_each_variants_order(dtype):
+    """The forward rounds where each Hugging Face module rounds: equal to LlamaRMSNorm and to
+    Gemma2RMSNorm in the low dtype on rows where the two orders give different results (xhat
+    near the middle between two low-precision values, scaled by w = 1.75 or 1 + 0.75)."""
+    rng = np.random.default_rng(0)
+    x, eps = round_to(rng.normal(size=(64, 8)), dtype), 1e-6
+    for offset, module_class, w in [(0.0, LlamaRMSNorm, 1.75), (1.0, Gemma2RMSNorm, 0.75)]:
+        w = round_to(np.full(8, w), dtype)
+        out, _ = rms_norm_forward(x, w, eps, offset)
+        theirs = to_numpy(_hf_norm(module_class, x, w, eps)(to_torch(x), to_torch(w)))
+        other = to_numpy(_hf_norm({0.0: Gemma2RMSNorm, 1.0: LlamaRMSNorm}[offset], x, w - offset, eps)(
+            to_torch(x), to_torch(w - offset if offset else w + 1)))
+        assert (theirs != other).any(), "the two orders must differ on these rows for the test to mean anything"
+        mismatch = np.mean(out.astype(np.float64) != theirs.astype(np.float64))
+        # Both sides round the same float32 values; only the float32 mean square may differ by an
+        # ulp (summation order), flipping at most a rare rounding: a few percent of entries at most.
+        assert mismatch <= 0.03, f"rms_norm(offset={offset:g}) differs from {module_class.__name__} in {mismatch:.0%}"
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_dtypes_are_refused(dtype):
+    """A low-precision x with float32 weights is a mix, refused as float32 with float64 is."""
+    with pytest.raises(TypeError, match=f"share one dtype: x is {dtype}, w is float32"):
+        rms_norm_forward(round_to(S.ramp(2, 3), dtype), np.ones(3, np.float32))
 
 
 def test_bad_offset():

@@ -12,6 +12,7 @@ from transformers import Gemma2Config, LlamaConfig
 from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP
 
+from numpy_attn._tree import flatten, tree_map
 from numpy_attn.swiglu import (
     init_swiglu_params,
     silu_backward,
@@ -22,14 +23,17 @@ from numpy_attn.swiglu import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     linear_grads,
     load_linears,
     numerical_grads,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -147,6 +151,72 @@ def _check_against_hf_mlp(act, module_name, mlp, x, params, dout):
     assert_close(f"swiglu[{act}].out vs {module_name}", twin_out, to_numpy(out), **tol)
     assert_close(f"swiglu[{act}].dx vs {module_name}", twin_grads["x"], to_numpy(xt.grad), **tol)
     assert_tree_close(f"swiglu[{act}] vs {module_name}", twin_grads["params"], theirs, **tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def _plain_mlp(act):
+    """LlamaMLP's (act "silu") or Gemma2MLP's (act "gelu_tanh") five ops in plain torch: in a low
+    dtype each F.linear, the activation and the product round, as those modules do in bfloat16."""
+    activation = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}[act]
+
+    def mlp(x, params):
+        def lin(name, a):
+            return F.linear(a, params[name]["w"].T, params[name].get("b"))
+        return lin("down", activation(lin("gate", x)) * lin("up", x))
+    return mlp
+
+
+def _budget(op, dtype, ours, theirs, truth):
+    """assert_error_budget over every leaf of matching trees {name: array or {name: ...}}."""
+    ours, theirs, truth = flatten(ours), flatten(theirs), flatten(truth)
+    assert ours.keys() == theirs.keys() == truth.keys(), f"{op}: {sorted(ours)} vs {sorted(truth)}"
+    assert_error_budget(op, dtype, {k: (ours[k], theirs[k], truth[k]) for k in ours})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=networks(dtype=np.float64), act=acts)
+def test_low_precision_meets_the_error_budget(dtype, case, act):
+    """Ours and the twin against float64 truth, within twice the error of the MLP written with
+    PyTorch's built-ins in the low dtype: out, dx and every weight's and bias's gradient (x, the
+    parameters and dout rounded first: every side sees them)."""
+    x, params, dout = case
+    x, dout, params = round_to(x, dtype), round_to(dout, dtype), tree_map(lambda p: round_to(p, dtype), params)
+    out, cache = swiglu_forward(x, params, act)
+    dx, dparams = swiglu_backward(dout, cache)
+    twin_out, twin_grads = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
+    torch_out, torch_grads = autograd(_plain_mlp(act), {"x": x, "params": params}, dout)
+    truth_out, truth_grads = autograd(_plain_mlp(act), {"x": x.astype(np.float64), "params": tree_map(
+        lambda p: p.astype(np.float64), params)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, {"x": dx, "params": dparams}), "twin": (twin_out, twin_grads)}.items():
+        _budget(f"swiglu[{act}][{who}]", dtype, {"out": o, "d": g}, {"out": torch_out, "d": torch_grads},
+                {"out": truth_out, "d": truth_grads})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(x=S.arrays(np.float64, (7,), bound=40.0), dout=S.arrays(np.float64, (7,)))
+def test_silu_low_precision_meets_the_error_budget(dtype, x, dout):
+    """SiLU alone, ours and the twin, within twice F.silu's own low-precision error."""
+    x, dout = round_to(x, dtype), round_to(dout, dtype)
+    out, cache = silu_forward(x)
+    dx = silu_backward(dout, cache)
+    twin_out, twin_grads = autograd(silu, {"x": x}, dout)
+    torch_out, torch_grads = autograd(lambda x: F.silu(x), {"x": x}, dout)
+    truth_out, truth_grads = autograd(lambda x: F.silu(x), {"x": x.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
+        assert_error_budget(f"silu[{who}]", dtype, {"out": (o, torch_out, truth_out),
+                                                     "dx": (g, torch_grads["x"], truth_grads["x"])})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_dtypes_are_refused(dtype):
+    """A low-precision x with one float32 weight is a mix, refused before anything is cast up."""
+    params = tree_map(lambda p: round_to(p, dtype), init_swiglu_params(3, 4, np.random.default_rng(0)))
+    params["up"]["w"] = params["up"]["w"].astype(np.float32)
+    with pytest.raises(TypeError, match=f"share one dtype: x is {dtype}, w is float32"):
+        swiglu_forward(round_to(S.ramp(2, 3), dtype), params)
+    with pytest.raises(TypeError, match=f"share one dtype: x is float32, w is {dtype}"):
+        swiglu_forward(S.ramp(2, 3, dtype=np.float32), tree_map(lambda p: round_to(p, dtype), params))
 
 
 # -- properties ---------------------------------------------------------------------------------

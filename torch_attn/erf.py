@@ -2,7 +2,8 @@
 
 Twin of numpy_attn/erf.py: the same three expansions on a = |x| in float64 (Taylor series at 0
 below 1, Taylor series at 1.5 below 2, the continued fraction of erfc below 6, 1 beyond), with
-the same coefficients, then the sign of x and one rounding to x's dtype. It exists so that the
+the same coefficients, then the sign of x and one rounding to x's dtype (float16 and bfloat16
+included, computed in float64 as float32 is). It exists so that the
 NumPy erf is read beside a torch program of the same shape; torch_attn/gelu.py uses ``torch.erf``
 itself, whose autograd gives erf's exact derivative (the derivative of this piecewise
 approximation would be close but not the same, and |x| has no gradient at 0).

@@ -8,13 +8,15 @@ the diagonal, and with a sliding ``window`` those before each query tile's band;
 caps the scores at c * tanh(s / c) before the mask; ``sinks`` (nh,) starts each row's running
 sums with its head's sink logit (m = s_h, l = 1; its value is zero). No attn_mask, no dropout; grouped-query heads
 repeated at the edge as in the NumPy twin. Returns ``(out, lse)``, lse being the NumPy twin's
-``cache.lse``.
+``cache.lse``. float16 and bfloat16 are cast up to float32 at the top and the output rounded once
+at the end, as in the NumPy twin; lse stays float32.
 """
 
 import math
 
 import torch
 
+from torch_attn._opmath import upcast
 from torch_attn.masks import causal_mask, sliding_window_mask
 from torch_attn.softcap import logit_softcap
 
@@ -23,6 +25,8 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
                     sinks=None):
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), lse (..., T))."""
     _check_flash_attention(scale)
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     scale = 1 / math.sqrt(hs) if scale is None else scale
@@ -66,7 +70,7 @@ def flash_attention(q, k, v, is_causal=False, scale=None, block_q=128, block_k=5
             m = m_new
         out[..., i0:i1, :] = acc / row_sum[..., None]        # (..., bq, hv); row_sum >= 1 (the maximum adds 1)
         lse[..., i0:i1] = m + torch.log(row_sum)             # (..., bq)
-    return out, lse
+    return out.to(dtype), lse                                # rounded once to the inputs' dtype
 
 
 def _last_row(T, S, offset, window):

@@ -2,28 +2,32 @@
 
 Twin of numpy_attn/gelu.py: out = x * cdf, with cdf = Phi(x) = (1 + erf(x / sqrt(2))) / 2 or its
 tanh approximation (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) / 2. ``torch.erf`` stands in for
-the NumPy erf. Python float constants keep the tensor's dtype.
+the NumPy erf. Python float constants keep the tensor's dtype. float16 and bfloat16 computed in
+float32 and rounded once, as there.
 """
 
 import math
 
 import torch
 
+from torch_attn._opmath import upcast
+
 _KAPPA = 0.044715                        # the cubic coefficient of the tanh approximation
 
 
 def gelu(x, approximate="none"):
     """GELU of ``x`` elementwise: (...) -> (...), exact (erf) or ``approximate="tanh"``."""
+    xf = upcast(x)                                 # (...) float32 for float16 and bfloat16
     half, one = 0.5, 1.0
     if approximate == "none":
-        cdf = half * (one + torch.erf(x * math.sqrt(0.5)))          # Phi(x), the normal CDF
+        cdf = half * (one + torch.erf(xf * math.sqrt(0.5)))         # Phi(x), the normal CDF
     else:
-        x_cube = x * x * x
-        inner = math.sqrt(2 / math.pi) * (x + _KAPPA * x_cube)
+        x_cube = xf * xf * xf
+        inner = math.sqrt(2 / math.pi) * (xf + _KAPPA * x_cube)
         t = torch.tanh(inner)
         cdf = half * (one + t)
-    out = x * cdf
-    return out
+    out = xf * cdf
+    return out.to(x.dtype)                         # rounded once to x's dtype
 
 
 # Equals torch.nn.functional.gelu(x, approximate=approximate).

@@ -2,10 +2,13 @@
 the backward.
 
 Twin of numpy_attn/layer_norm.py: biased variance, eps inside the square root, the same second
-centring that keeps near-constant rows accurate, and w and b each optional.
+centring that keeps near-constant rows accurate, and w and b each optional; float16 and bfloat16
+computed in float32 and rounded once, as there.
 """
 
 import torch
+
+from torch_attn._opmath import upcast
 
 
 def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
@@ -13,15 +16,16 @@ def layer_norm(x, w=None, b=None, eps=1e-5, normalized_shape=None):
     axis), then scale by w S and shift by b S, each optional -> (..., *S)."""
     normalized_shape = _normalized_shape(x, normalized_shape)
     axes = tuple(range(-len(normalized_shape), 0))         # the normalised trailing axes
-    mu = x.mean(dim=axes, keepdim=True)                    # (..., *S) -> (..., 1, ..., 1)
-    xc = x - mu                                            # (..., *S)
+    xf, wf, bf = upcast(x), upcast(w), upcast(b)           # float32 for float16 and bfloat16
+    mu = xf.mean(dim=axes, keepdim=True)                   # (..., *S) -> (..., 1, ..., 1)
+    xc = xf - mu                                           # (..., *S)
     xc = xc - xc.mean(dim=axes, keepdim=True)              # removes mu's rounding error
     var = (xc * xc).mean(dim=axes, keepdim=True)           # (..., 1, ..., 1), biased
     rstd = 1 / torch.sqrt(var + eps)                       # (..., 1, ..., 1)
     xhat = xc * rstd                                       # (..., *S), zero mean, unit variance
-    out = xhat if w is None else xhat * w                  # no w: elementwise_affine=False
-    out = out if b is None else out + b                    # no b: bias=False
-    return out
+    out = xhat if wf is None else xhat * wf                # no w: elementwise_affine=False
+    out = out if bf is None else out + bf                  # no b: bias=False
+    return out.to(x.dtype)                                 # rounded once to x's dtype
 
 
 def _normalized_shape(x, normalized_shape):

@@ -4,10 +4,12 @@ Twin of numpy_attn/loss.py, built on torch_attn.softmax's log-softmax: the targe
 (smoothed, weighted) distribution q over the classes and each token costs -sum(weight * q * logp).
 Tokens whose target is ``ignore_index`` are left out; if every token is (or the counted weight is
 0), reduction="mean" returns 0 with zero gradients (PyTorch's built-in returns NaN there).
+float16 and bfloat16 are computed in float32 and the loss rounded once, as there.
 """
 
 import torch
 
+from torch_attn._opmath import upcast
 from torch_attn.softmax import log_softmax
 
 
@@ -16,11 +18,12 @@ def cross_entropy(logits, targets, ignore_index=None, reduction="mean", label_sm
     """Cross-entropy: logits (..., V), targets (...) of class indices or (..., V) of class
     probabilities, weight (V,) or None -> loss, 0-d (or (...) for reduction="none")."""
     soft = targets.is_floating_point()                                 # the NumPy checker's decision
-    logits = torch.movedim(logits, axis, -1)                           # class axis last: (..., V)
+    dtype = logits.dtype                                               # the loss's
+    logits = upcast(torch.movedim(logits, axis, -1))                   # class axis last: (..., V)
     V = logits.shape[-1]
-    weight = torch.ones(V, dtype=logits.dtype, device=logits.device) if weight is None else weight
+    weight = torch.ones(V, dtype=logits.dtype, device=logits.device) if weight is None else upcast(weight)
     if soft:                                                           # probabilities: (..., V)
-        q = torch.movedim(targets, axis, -1)                           # class axis last: (..., V)
+        q = upcast(torch.movedim(targets, axis, -1))                   # class axis last: (..., V)
         counted = torch.ones(q.shape[:-1], dtype=torch.bool, device=q.device)   # (...)
         n = q[..., 0].numel()                                          # the number of tokens
     else:                                                              # class indices: (...)
@@ -37,7 +40,7 @@ def cross_entropy(logits, targets, ignore_index=None, reduction="mean", label_sm
     n = 1 if reduction != "mean" else n if n != 0 else torch.inf       # n = 0: 0 / inf, not 0 / 0
     if reduction != "none":
         loss = loss.sum() / n                                          # (...) -> ()
-    return loss
+    return loss.to(dtype)                                              # rounded once to logits' dtype
 
 
 # Equals torch.nn.functional.cross_entropy(torch.movedim(logits, axis, 1), targets, weight,

@@ -15,7 +15,8 @@ def logit_softcap(x, softcap):
     c = softcap
     t = torch.tanh(xf / c)                          # (...) in (-1, 1)
     out = c * t                                     # (...) in (-c, c)
-    return out.to(x.dtype)                          # rounded once to x's dtype
+    out = out.to(x.dtype)                           # rounded once to x's dtype
+    return out
 
 
 # No PyTorch built-in of its own: it equals the three lines transformers' Gemma 2 applies to its

@@ -2,12 +2,15 @@
 
 Twin of numpy_attn/swiglu.py: out = (silu(x @ gate.w) * (x @ up.w)) @ down.w, biases optional,
 weights stored (C_in, C_out); ``act="gelu_tanh"`` gates with the tanh GELU (GeGLU, Gemma).
+float16 and bfloat16 computed in float32 and rounded once, as there.
 """
 
 from functools import partial
 
 import torch
 
+from numpy_attn._tree import tree_map  # plain Python: walks the nested dicts
+from torch_attn._opmath import upcast
 from torch_attn.gelu import gelu
 from torch_attn.linear import linear
 
@@ -20,9 +23,10 @@ def sigmoid(x):
 
 def silu(x):
     """SiLU (swish) x * sigmoid(x): (...) -> (...)."""
-    s = sigmoid(x)
-    out = x * s
-    return out
+    xf = upcast(x)                                   # (...) float32 for float16 and bfloat16
+    s = sigmoid(xf)
+    out = xf * s
+    return out.to(x.dtype)                           # rounded once to x's dtype
 
 
 # The gate's activation: SiLU for SwiGLU (Llama), the tanh GELU for GeGLU (Gemma).
@@ -34,12 +38,14 @@ GATE_ACTIVATIONS = {
 
 def swiglu(x, params, act="silu"):
     """SwiGLU network on x (..., C), params {"gate", "up", "down"}, act "silu" or "gelu_tanh" -> (..., C)."""
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     g = linear(x, **params["gate"])                                   # (..., C) -> (..., H)
-    u = linear(x, **params["up"])                                     # (..., C) -> (..., H)
+    u = linear(x, **params["up"])                                    # (..., C) -> (..., H)
     s = GATE_ACTIVATIONS[act](g)                                      # (..., H), silu(g) or gelu_tanh(g)
     a = s * u                                                         # (..., H)
     out = linear(a, **params["down"])                                 # (..., H) -> (..., C)
-    return out
+    return out.to(x_dtype)                                            # rounded once to x's dtype
 
 
 # silu equals torch.nn.functional.silu; swiglu equals Hugging Face's LlamaMLP (hidden_act="silu")

@@ -20,6 +20,10 @@ lists only what it does differently (docs/flash_attention_breakdown.md measures 
   dsinks = -sum p D needs only it and D, O(T).
 
 Only top-left causal alignment (``is_causal`` True or False), block defaults 256 x 512.
+
+float16 and bfloat16, as in the readable version: q, k, v and sinks cast up to float32 once at
+the top, every tile, sum and lse in float32, the output and each gradient rounded once at the end
+(float32 and float64 take no copy: the casts are no-ops for them).
 """
 
 import math
@@ -29,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_float, check_same_dtype, check_scale, check_sinks
+from numpy_attn._checks import check_attention_inputs, check_float, check_scale, check_sinks, upcast
 
 LOG2E = math.log2(math.e)
 
@@ -55,7 +59,8 @@ PARALLEL_MIN_WORK = 1 << 22
 
 
 class FlashCache(NamedTuple):
-    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array)."""
+    """What the backward needs: the inputs, the output and the per-row log-sum-exp (no T x S array),
+    all in the dtype computed in (float32 for float16 and bfloat16: the backward reads them there)."""
 
     q: np.ndarray           # (..., nh, T, hs)
     k: np.ndarray           # (..., nkv, S, hs)
@@ -63,11 +68,12 @@ class FlashCache(NamedTuple):
     out: np.ndarray         # (..., nh, T, hv)
     lse_b: np.ndarray       # (..., nh, T) log-sum-exp of each row in the kernel's base: lse * LOG_FACTOR
     is_causal: bool
-    scale: np.floating      # in q's dtype
+    scale: np.floating      # in the dtype computed in
     block_q: int
     block_k: int
     sinks: np.ndarray | None = None   # (nh,) the sink logits, None without them
     sink_p: np.ndarray | None = None  # (..., nh, T) each row's sink probability, None without sinks
+    dtype: np.dtype | None = None     # the inputs' dtype, which the output and gradients are rounded to
 
     @property
     def lse(self):
@@ -310,8 +316,11 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     scores, a core's L2 cache on the machine measured), were the fastest shape that held up in
     repeated runs there (docs/flash_attention_breakdown.md). ``sinks`` (nh,): each query head's
     sink logit joins its softmax (numpy_attn/flash_attention.py); the backward adds dsinks.
+    float16 and bfloat16 are computed in float32 and the output rounded once; lse stays float32.
     """
     _check_inputs(q, k, v, is_causal, scale, block_q, block_k, sinks)
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     # A tile never needs to be larger than the sequence: buffers are sized by the tiles.
@@ -340,8 +349,8 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
     lse_b = lse_b.reshape(q.shape[:-1])                      # (N, T) -> (..., nh, T)
     sink_p = None if sinks is None else sink_p.reshape(q.shape[:-1])   # (N, T) -> (..., nh, T)
-    cache = FlashCache(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p)
-    return out, cache
+    cache = FlashCache(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p, dtype)
+    return out.astype(dtype, copy=False), cache              # rounded once to the inputs' dtype
 
 
 def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, block_q, block_k):
@@ -400,11 +409,13 @@ def flash_attention_backward(dout, cache):
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
-    q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p = cache
+    q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sinks, sink_p, dtype = cache
     check_float("dout", dout)
-    check_same_dtype(dout=dout, out=out)
+    if dout.dtype != dtype:   # the output's dtype: the cache holds float32 for float16 and bfloat16
+        raise TypeError(f"arrays must share one dtype: dout is {dout.dtype}, out is {dtype}")
     if dout.shape != out.shape:
         raise ValueError(f"dout of shape {dout.shape} must have the output's shape {out.shape}")
+    dout = upcast(dout)                                      # float32 for float16 and bfloat16
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     N, Nkv = math.prod(q.shape[:-2]), math.prod(k.shape[:-2])
@@ -429,4 +440,4 @@ def flash_attention_backward(dout, cache):
     if sinks is not None:   # dsinks = -sum over rows of p D (numpy_attn/flash_attention.py derives it)
         D = np.einsum("...ij,...ij->...i", dout, out)        # (..., nh, T)
         grads += ((-(sink_p * D)).sum(axis=-1).reshape(-1, len(sinks)).sum(axis=0),)   # (nh,)
-    return grads
+    return tuple(d.astype(dtype, copy=False) for d in grads)   # each rounded once
