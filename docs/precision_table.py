@@ -33,7 +33,6 @@ TESTS = ROOT / "parity_tests"
 BEGIN = "<!-- precision-table: begin (written by docs/precision_table.py) -->"
 END = "<!-- precision-table: end -->"
 DTYPES = ("float16", "bfloat16")
-WHO = ("numpy", "twin")
 HEADER = ("| op | dtype | numpy: out | numpy: largest gradient | twin: out | twin: largest gradient |\n"
           "|---|---|---|---|---|---|")
 NONE = "—"          # no multiple: PyTorch's error was 0 in every drawn case (ours then within one ulp)
@@ -54,41 +53,136 @@ def reading_order():
     return [line.split()[0] for line in block.splitlines() if line.strip()]
 
 
-def _label_prefix(text):
-    """"softcap[numpy]" -> "softcap": the op, without the implementation in brackets."""
-    return text.split("[", 1)[0].strip()
+WHO = ("numpy", "twin")
+_WHO_LABEL = re.compile(r"\[(numpy|twin)\]")
 
 
-def _resolve(expr, function, functions, depth=2):
-    """The op names ``expr`` (the first argument of an assert_error_budget call inside
-    ``function``) can take: a string, an f-string that starts with one, or a parameter of
-    ``function`` whose callers in the module pass one of those. None when it cannot be read."""
-    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
-        return {_label_prefix(expr.value)}
-    if isinstance(expr, ast.JoinedStr) and expr.values:
-        head = expr.values[0]
-        if isinstance(head, ast.Constant) and "[" in head.value:
-            return {_label_prefix(head.value)}
-        if isinstance(head, ast.FormattedValue) and len(expr.values) > 1 and isinstance(expr.values[1], ast.Constant) \
-                and expr.values[1].value.startswith("["):
-            return _resolve(head.value, function, functions, depth)
+def split_label(label):
+    """"gelu[tanh][twin]" -> ("gelu[tanh]", "twin"): the op, and the implementation the label
+    names in brackets (numpy_attn's where it names none)."""
+    found = _WHO_LABEL.search(label)
+    return " ".join(_WHO_LABEL.sub("", label, count=1).split()), found[1] if found else "numpy"
+
+
+def _assigned(name, module):
+    """The value a module-level ``name = ...`` assigns, or None."""
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+    return None
+
+
+def _collection(expr, module, function=None):
+    """The constants a literal collection (or a dict's keys, or sorted/list/tuple of one, or a
+    name bound to one in ``function`` or the module) holds; None when it is not that. A dict bound
+    in ``function`` also gets the constant keys the function stores into it (``d["k"] = ...``)."""
+    if isinstance(expr, ast.Name):
+        local = [node for node in ast.walk(function) if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == expr.id for t in node.targets)] if function else []
+        bound = local[0].value if len(local) == 1 else None if local else _assigned(expr.id, module)
+        found = None if bound is None else _collection(bound, module)
+        if found is not None and local and isinstance(bound, ast.Dict):
+            stored = [t.slice for node in ast.walk(function) if isinstance(node, ast.Assign) for t in node.targets
+                      if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == expr.id]
+            if not all(isinstance(key, ast.Constant) for key in stored):
+                return None
+            found += [key.value for key in stored if key.value not in found]
+        return found
+    if isinstance(expr, ast.Call) and getattr(expr.func, "id", None) in ("sorted", "list", "tuple") and expr.args:
+        return _collection(expr.args[0], module, function)
+    items = expr.keys if isinstance(expr, ast.Dict) else expr.elts if isinstance(
+        expr, ast.Tuple | ast.List | ast.Set) else None
+    if items is None or not all(isinstance(item, ast.Constant) for item in items):
         return None
-    if isinstance(expr, ast.Name) and function is not None and depth > 0:
-        params = [a.arg for a in function.args.posonlyargs + function.args.args]
-        if expr.id not in params:
-            return None
-        index, names = params.index(expr.id), set()
-        callers = [(caller, call) for caller in functions for call in ast.walk(caller)
-                   if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == function.name]
-        for caller, call in callers:
+    return [item.value for item in items]
+
+
+def _strategy(expr, module):
+    """The values of a ``st.sampled_from(collection)`` (or a module-level name bound to one)."""
+    if isinstance(expr, ast.Name):
+        bound = _assigned(expr.id, module)
+        return None if bound is None else _strategy(bound, module)
+    if isinstance(expr, ast.Call) and getattr(expr.func, "attr", getattr(expr.func, "id", None)) == "sampled_from":
+        return _collection(expr.args[0], module) if expr.args else None
+    return None
+
+
+def _parametrized(name, function, module):
+    """The values ``name`` takes from the function's loops, pytest parametrize and Hypothesis
+    given decorators; None when none of them binds it."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.For):
+            names = [node.target] if isinstance(node.target, ast.Name) else getattr(node.target, "elts", [])
+            index = next((i for i, t in enumerate(names) if isinstance(t, ast.Name) and t.id == name), None)
+            if index is None:
+                continue
+            over = node.iter
+            if isinstance(over, ast.Call) and getattr(over.func, "attr", None) == "items" and index == 0:
+                return _collection(over.func.value, module, function)
+            if isinstance(node.target, ast.Name):
+                return _collection(over, module, function)
+            rows = getattr(over, "elts", None)             # for a, b in ((1, 2), (3, 4))
+            if rows is None or not all(isinstance(row, ast.Tuple) and len(row.elts) == len(names) for row in rows):
+                return None
+            cells = [row.elts[index] for row in rows]
+            return [c.value for c in cells] if all(isinstance(c, ast.Constant) for c in cells) else None
+    for decorator in function.decorator_list:
+        if not isinstance(decorator, ast.Call):
+            continue
+        kind = getattr(decorator.func, "attr", getattr(decorator.func, "id", None))
+        if kind == "parametrize" and len(decorator.args) == 2 and isinstance(decorator.args[0], ast.Constant):
+            names = [n.strip() for n in decorator.args[0].value.split(",")]
+            if name in names:
+                rows = getattr(decorator.args[1], "elts", None)
+                if rows is None:
+                    return _collection(decorator.args[1], module) if len(names) == 1 else None
+                cells = [row if len(names) == 1 else row.elts[names.index(name)] for row in rows]
+                return [c.value for c in cells] if all(isinstance(c, ast.Constant) for c in cells) else None
+        if kind == "given":
+            drawn = next((k.value for k in decorator.keywords if k.arg == name), None)
+            if drawn is not None:
+                return _strategy(drawn, module)
+    return None
+
+
+def _values(expr, function, functions, module, depth=2):
+    """Every value ``expr`` can take inside ``function``, as far as the source says; None when it
+    cannot be read: constants, f-strings of readable parts, names bound by a loop over a literal,
+    by parametrize or given, or a parameter every caller in the module passes a readable value."""
+    if isinstance(expr, ast.Constant):
+        return {expr.value}
+    if isinstance(expr, ast.JoinedStr):
+        texts = {""}
+        for part in expr.values:
+            if isinstance(part, ast.Constant):
+                texts = {t + part.value for t in texts}
+                continue
+            spec = "".join(v.value for v in part.format_spec.values) if part.format_spec else ""
+            found = _values(part.value, function, functions, module, depth)
+            if found is None:
+                return None
+            texts = {t + format(value, spec) for t in texts for value in found}
+        return texts
+    if not isinstance(expr, ast.Name) or function is None:
+        return None
+    found = _parametrized(expr.id, function, module)
+    if found is not None:
+        return set(found)
+    params = [a.arg for a in function.args.posonlyargs + function.args.args]
+    if expr.id not in params or depth == 0:
+        return None
+    index, names = params.index(expr.id), set()
+    for caller in functions:
+        for call in ast.walk(caller):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == function.name):
+                continue
             passed = next((k.value for k in call.keywords if k.arg == expr.id), None)
             passed = passed if passed is not None else (call.args[index] if index < len(call.args) else None)
-            found = _resolve(passed, caller, functions, depth - 1) if passed is not None else None
+            found = None if passed is None else _values(passed, caller, functions, module, depth - 1)
             if found is None:
                 return None
             names |= found
-        return names or None
-    return None
+    return names or None
 
 
 def budget_calls(folder=TESTS):
@@ -106,7 +200,9 @@ def budget_calls(folder=TESTS):
                 if not (isinstance(call, ast.Call) and call.args and getattr(call.func, "id", getattr(
                         call.func, "attr", None)) == "assert_error_budget"):
                     continue
-                names = _resolve(call.args[0], function, functions)
+                labels = _values(call.args[0], function, functions, tree)
+                names = None if labels is None or not all(isinstance(label, str) for label in labels) else {
+                    split_label(label)[0] for label in labels}
                 where = f"{path.relative_to(folder.parent)}:{call.lineno}"
                 tests = _tests_reaching(function, functions, path.relative_to(folder.parent))
                 found += [(name, where, tests) for name in sorted(names)] if names else [(None, where, tests)]
@@ -148,21 +244,14 @@ def read_records(path):
     return rows
 
 
-def _split_label(label):
-    """"softcap[twin]" -> ("softcap", "twin"); a label without brackets is numpy_attn's."""
-    match = re.fullmatch(r"(.*)\[(\w+)\]", label)
-    return (match[1], match[2]) if match else (label, "numpy")
-
-
 def _cell(found, gradients):
-    """The forward's multiple, or the largest over the gradients with the tensor that reached it."""
-    if not gradients:
-        return f"{found['out']:.2f}" if "out" in found else NONE
-    grads = {name: value for name, value in found.items() if name != "out"}
-    if not grads:
+    """The largest multiple over the forward's outputs or over the gradients (tensors named d...),
+    with the tensor that reached it (left out for the forward's usual "out")."""
+    mine = {name: value for name, value in found.items() if name.startswith("d") == gradients}
+    if not mine:
         return NONE
-    name = max(grads, key=grads.get)
-    return f"{grads[name]:.2f} ({name})"
+    name = max(mine, key=mine.get)
+    return f"{mine[name]:.2f}" + ("" if name == "out" else f" ({name})")
 
 
 def render(records, ops):
@@ -170,7 +259,7 @@ def render(records, ops):
     records name) and dtype. TableError names the ops with no record in a dtype."""
     multiples = {}                                 # (op, dtype, who) -> {tensor: multiple}
     for r in records:
-        op, who = _split_label(r["op"])
+        op, who = split_label(r["op"])
         multiples.setdefault((op, r["dtype"], who), {})[r["tensor"]] = r["multiple"]
     named = list(dict.fromkeys([*ops, *sorted({op for op, _, _ in multiples})]))
     missing = [f"{op} ({dtype})" for op in named for dtype in DTYPES

@@ -162,8 +162,8 @@ def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch
 
 TABLE_SCRIPT = ROOT / "docs" / "precision_table.py"
 table = SimpleNamespace(**runpy.run_path(str(TABLE_SCRIPT), run_name="precision_table"))
-OUT_CELL = re.compile(r"\d+\.\d\d|—")
-GRAD_CELL = re.compile(r"\d+\.\d\d \(d\w+\)|—")
+OUT_CELL = re.compile(r"\d+\.\d\d( \([a-ce-z]\w*\))?|—")        # "out" unnamed, another output by its name
+GRAD_CELL = re.compile(r"\d+\.\d\d \(d[\w.]+\)|—")
 
 
 def committed_table():
@@ -205,8 +205,11 @@ def test_every_op_of_a_budget_test_has_its_rows():
 
 
 def test_the_op_names_are_read_from_the_sources(tmp_path):
-    """A string, an f-string starting with the op, and a helper's parameter given one by each caller."""
+    """Strings, f-strings whose parts a loop, parametrize, given(sampled_from) or a helper's callers
+    bind, and the implementation's bracket ([numpy], [twin]) left out of the op's name."""
     (tmp_path / "test_softmax.py").write_text(
+        "PAIRS = {'softmax': 1, 'log_softmax': 2}\n"
+        "ops = st.sampled_from(sorted(PAIRS))\n"
         "def check(op, dtype):\n"
         "    assert_error_budget(op, dtype, {})\n"
         "def test_a(dtype):\n"
@@ -216,12 +219,26 @@ def test_the_op_names_are_read_from_the_sources(tmp_path):
         "    check('log_softmax[numpy]', dtype)\n"
         "    check(op='masked softmax[twin]', dtype=dtype)\n"
         "def test_c(name, dtype):\n"
-        "    helpers.assert_error_budget(name, dtype, {})\n")
+        "    helpers.assert_error_budget(name, dtype, {})\n"
+        "@pytest.mark.parametrize('offset, cls', [(0.0, A), (1.0, B)])\n"
+        "@given(op=ops)\n"
+        "def test_d(offset, cls, op, dtype):\n"
+        "    ours = {'numpy': 1, 'twin': 2}\n"
+        "    ours['kernel'] = 3\n"
+        "    for who, value in ours.items():\n"
+        "        assert_error_budget(f'{op}(offset={offset:g})[{who}] x', dtype, {})\n")
     found = table.budget_calls(tmp_path)
     assert [(name, where.split(":")[1]) for name, where, _ in found] == [
-        ("log_softmax", "2"), ("masked softmax", "2"), ("softmax", "5"), (None, "10")]
+        ("log_softmax", "4"), ("masked softmax", "4"), ("softmax", "7"), (None, "12"),
+        ("log_softmax(offset=0) x", "19"), ("log_softmax(offset=0)[kernel] x", "19"),
+        ("log_softmax(offset=1) x", "19"), ("log_softmax(offset=1)[kernel] x", "19"),
+        ("softmax(offset=0) x", "19"), ("softmax(offset=0)[kernel] x", "19"),
+        ("softmax(offset=1) x", "19"), ("softmax(offset=1)[kernel] x", "19")]
     prefix = f"{tmp_path.name}/test_softmax.py::"
     assert found[0][2] == [prefix + "test_b"] and found[2][2] == [prefix + "test_a"], found
+    assert table.split_label("gelu[tanh][twin]") == ("gelu[tanh]", "twin")
+    assert table.split_label("softmax[numpy] dtype=") == ("softmax dtype=", "numpy")
+    assert table.split_label("flash_attention[kernel]") == ("flash_attention[kernel]", "numpy")
 
 
 def records(*rows):
@@ -231,10 +248,11 @@ def records(*rows):
 def test_the_table_takes_the_forward_and_the_largest_gradient():
     found = records(("softmax[numpy]", "out", "float16", 0.5), ("softmax[numpy]", "dx", "float16", 1.25),
                     ("softmax[numpy]", "dw", "float16", 1.5), ("softmax[twin]", "out", "float16", 1.0),
+                    ("softmax[twin]", "lse", "float16", 1.5),
                     ("softmax[numpy]", "dx", "bfloat16", 0.75), ("softmax[twin]", "dx", "bfloat16", 2.5))
     lines = table.render(found, ["softmax"]).splitlines()
     assert lines[:2] == table.HEADER.splitlines()
-    assert lines[2:] == ["| softmax | float16 | 0.50 | 1.50 (dw) | 1.00 | — |",
+    assert lines[2:] == ["| softmax | float16 | 0.50 | 1.50 (dw) | 1.50 (lse) | — |",
                          "| softmax | bfloat16 | — | 0.75 (dx) | — | 2.50 (dx) |"]
     with pytest.raises(table.TableError, match=r"no records for: gelu \(float16\), gelu \(bfloat16\)"):
         table.render(found, ["softmax", "gelu"])
