@@ -60,6 +60,13 @@ Masked entries have weight 0 and so get no gradient; a float mask's own gradient
 With sinks, dweights gets a zero column for the sink (its weight reached no output) before the
 softmax backward, and dsinks is that column of dscores, -w_sink * sum(dweights * weights) per
 row, summed over every axis but the head axis; the backward returns it last.
+
+float16 and bfloat16: q, k, v, a float mask and the sinks are cast up to float32 at the top and
+everything, scores, cap, softmax (max, exp, sum) and weights @ v, runs in float32; out is rounded
+once to q's dtype, and so are the weights ``cache.weights`` shows. The backward computes in float32
+from the float32 cache and rounds each gradient once. This is PyTorch's math backend exactly
+(docs/precision.md); its CPU flash kernel, the default, also rounds the weights to the low dtype
+before weights @ v, which adds an error this does not have.
 """
 
 from typing import NamedTuple
@@ -72,6 +79,7 @@ from numpy_attn._checks import (
     check_sinks,
     check_softcap,
     check_window_is_causal,
+    upcast,
 )
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
@@ -85,11 +93,11 @@ class AttentionCache(NamedTuple):
     q_scaled: np.ndarray        # (..., nh, T, hs) q * scale
     k: np.ndarray               # (..., nh, S, hs) k, its heads repeated g times
     v: np.ndarray               # (..., nh, S, hv) v, its heads repeated g times
-    weights: np.ndarray         # (..., nh, T, S) after softmax, before dropout
+    weights: np.ndarray         # (..., nh, T, S) after softmax, before dropout, in q's dtype
     softmax_cache: tuple        # softmax_forward's cache (holds weights itself, not a copy)
     dropped: np.ndarray         # (..., nh, T, S) dropout(weights): weights itself without dropout
     dropout_cache: tuple        # dropout_forward's DropoutCache: keep-mask and 1 / (1 - p), or None, None
-    scale: np.floating          # the score scale, in q's dtype
+    scale: np.floating          # the score scale, in the dtype computed in
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
     softcap_cache: tuple | None = None   # logit_softcap_forward's cache (tanh of the scores), None without a cap
@@ -120,11 +128,15 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
     softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
     ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
-    ``cache.weights`` is the very array the backward reads, read-only: changing it in place is an error.
+    ``cache.weights`` is read-only, changing it in place is an error; for float32 and float64 it is
+    the very array the backward reads, for float16 and bfloat16 that array rounded to q's dtype.
+    The cache holds the rest in float32 for those (the dtype the backward computes in).
     """
     _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
+    dtype = q.dtype                                               # out's: float16 and bfloat16 compute in float32
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 copies for float16 and bfloat16
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     # g query heads per key/value head: more than one with grouped-query heads
     g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
@@ -137,6 +149,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         attn_mask = causal_mask(T, S, align) if window is None else sliding_window_mask(T, S, window, align)
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
+    attn_mask = upcast(attn_mask)                                 # a float16/bfloat16 mask in float32: -inf stays -inf
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.swapaxes(-1, -2)                        # (..., nh, T, S)
@@ -156,9 +169,11 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         weights.flags.writeable = False                           # read-only, as softmax's own output
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
-    cache = AttentionCache(q_scaled, k, v, weights, softmax_cache, dropped, dropout_cache, scale, g,
+    shown = weights.astype(dtype, copy=False)                     # weights itself, or rounded to float16/bfloat16
+    shown.flags.writeable = False
+    cache = AttentionCache(q_scaled, k, v, shown, softmax_cache, dropped, dropout_cache, scale, g,
                            mask_shape, softcap_cache, sinks is not None)
-    return out, cache
+    return out.astype(dtype, copy=False), cache                   # rounded once to q's dtype
 
 
 def scaled_dot_product_attention_backward(dout, cache):
@@ -169,7 +184,9 @@ def scaled_dot_product_attention_backward(dout, cache):
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
     q_scaled, k, v, dropped, g = cache.q_scaled, cache.k, cache.v, cache.dropped, cache.g
-    check_dout("scaled_dot_product_attention", dout, cache.weights.shape[:-1] + v.shape[-1:], v.dtype)
+    dtype = cache.weights.dtype                                   # the inputs'; the cache may hold float32
+    check_dout("scaled_dot_product_attention", dout, cache.weights.shape[:-1] + v.shape[-1:], dtype)
+    dout = upcast(dout)                                           # float32 for float16 and bfloat16
     # Undoes out = dropped @ v.
     dv = dropped.swapaxes(-1, -2) @ dout                          # (..., nh, S, hv)
     ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
@@ -200,7 +217,7 @@ def scaled_dot_product_attention_backward(dout, cache):
         grads += (_sum_to_shape(dmask, cache.mask_shape),)       # (..., nh, T, S) -> mask's shape
     if cache.sinks:
         grads += (dsinks,)                                        # (nh,)
-    return grads
+    return tuple(d.astype(dtype, copy=False) for d in grads)      # each rounded once to its input's dtype
 
 
 def _sum_to_shape(x, shape):

@@ -12,18 +12,23 @@ and draws nothing, so it needs no rng, as F.dropout(x, 1.0) draws nothing.
 ``training=False`` (any p) and p = 0 are the identity: the output is x itself when x is read-only
 (as F.dropout; softmax's read-only weights in attention pass through uncopied), else a copy, so that
 changing the output in place cannot change x; the backward returns a fresh copy of dout, never dout itself.
+
+float16 and bfloat16: the mask's uniform draw is float32 (a bfloat16 uniform has 8 bits: its keep
+probability would be 1 - p only to within 1/256; Generator.random has no low dtype anyway), and
+x * keep * scale is formed in float32 with the scale in float32, rounded once, as PyTorch's
+multiplication by a Python scale rounds once (docs/precision.md); the backward the same.
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_rng
+from numpy_attn._checks import check_dout, check_float, check_rng, opmath, upcast
 
 
 class DropoutCache(NamedTuple):
     mask: np.ndarray | None     # (...) bool keep-mask, True = kept; None for the identity
-    scale: np.floating | None   # 1 / (1 - p) in x's dtype (0 at p = 1); None for the identity
+    scale: np.floating | None   # 1 / (1 - p) in x's opmath dtype (0 at p = 1); None for the identity
     shape: tuple                # x's shape and dtype, for checking dout
     dtype: np.dtype
 
@@ -46,11 +51,12 @@ def dropout_forward(x, p, rng=None, training=True, mask=None):
     if mask is None and p == 1:
         mask = np.zeros(x.shape, bool)                     # (...), keeps nothing: nothing to draw
     elif mask is None:
-        mask = rng.random(x.shape, dtype=x.dtype) < 1 - p  # (...), True with probability 1 - p
-    scale = x.dtype.type(0 if p == 1 else 1 / (1 - p))     # p = 1 keeps nothing: 0, not 1 / 0
-    out = x * mask * scale
+        mask = rng.random(x.shape, dtype=opmath(x.dtype)) < 1 - p   # (...), True with probability 1 - p
+    xf = upcast(x)                                         # (...) float32 for float16 and bfloat16
+    scale = xf.dtype.type(0 if p == 1 else 1 / (1 - p))    # p = 1 keeps nothing: 0, not 1 / 0
+    out = xf * mask * scale
     cache = DropoutCache(mask, scale, x.shape, x.dtype)
-    return out, cache
+    return out.astype(x.dtype, copy=False), cache          # rounded once to x's dtype
 
 
 def dropout_backward(dout, cache):
@@ -60,8 +66,8 @@ def dropout_backward(dout, cache):
     if mask is None:
         return dout.copy()                                 # undoes the identity
     # Undoes out = x * mask * scale.
-    dx = dout * mask * scale
-    return dx
+    dx = upcast(dout) * mask * scale                       # (...) float32 for the low dtypes
+    return dx.astype(dtype, copy=False)                    # rounded once to x's dtype
 
 
 def _check_dropout(x, p, rng, training, mask):

@@ -8,11 +8,17 @@ that appears several times collects the sum of its rows, so the backward must us
 accumulate). With ``padding_idx`` that row is read like any other but receives no gradient, so
 training never moves it. Follows ``torch.nn.functional.embedding`` (padding_idx included; a
 negative one counts from the end, as there).
+
+float16 and bfloat16: the lookup copies rows, exact in any dtype, so it runs in wte's own dtype
+(a float32 copy of the table would cost V * C floats for nothing). The backward adds the rows in
+float32 and rounds each table row once; PyTorch's F.embedding adds them in the low dtype
+(docs/precision.md), and so does the twin (its lookup has no cast for autograd to undo in
+float32): an id repeated many times loses digits there and not here.
 """
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_integer, check_ndim, opmath, upcast
 
 
 def embedding_forward(ids, wte, padding_idx=None):
@@ -32,12 +38,12 @@ def embedding_backward(dout, cache):
     """Gradient of the table: dout (..., C) -> dwte (V, C); repeated ids add up."""
     ids, V, C, dtype, padding_idx = cache
     check_dout("embedding_backward", dout, ids.shape + (C,), dtype)
-    dwte = np.zeros((V, C), dtype=dout.dtype)      # (V, C)
+    dwte = np.zeros((V, C), dtype=opmath(dtype))   # (V, C) float32 for float16 and bfloat16
     # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
-    np.add.at(dwte, ids, dout)
+    np.add.at(dwte, ids, upcast(dout))
     if padding_idx is not None:
         dwte[padding_idx] = 0                      # the padding row is frozen, as in F.embedding
-    return dwte
+    return dwte.astype(dtype, copy=False)          # each row's sum rounded once to wte's dtype
 
 
 def _check_embedding(ids, wte, padding_idx):

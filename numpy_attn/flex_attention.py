@@ -30,6 +30,12 @@ What a user's function returns is checked where it is called (``_call_mask_mod``
 torch requires; real numbers for a score) and the shape (it must broadcast to the scores without
 growing them); a refusal names the function. A float mask read as bool would invert an additive
 0 / -inf mask, and a score of the wrong shape would give an output of the wrong shape.
+
+float16 and bfloat16: q, k, v and sinks are cast up to float32 once, at the top, so the scores
+the modifiers see, the softmax, its sums and lse are float32 (as torch's flex_attention computes
+its scores in float32 for both), and the output is rounded once to the inputs' dtype at the end;
+lse is returned in float32. The backward likewise rounds each gradient once (a score_mod
+parameter's to that parameter's dtype, its scatter-add summed in float32), docs/precision.md.
 """
 
 import math
@@ -38,7 +44,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, check_scale, check_sinks
+from numpy_attn._checks import (
+    FLOAT_DTYPES,
+    check_dout,
+    check_float,
+    check_ndim,
+    check_same_dtype,
+    check_scale,
+    check_sinks,
+    opmath,
+    upcast,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Mask modifiers: mask_mod(b, h, q_idx, kv_idx) -> bool array, True where a query may attend.
@@ -127,12 +143,13 @@ def _one(score, b, h, q_idx, kv_idx):
 
 
 def _scatter_add(param, index, grad):
-    """A zero array like ``param`` plus ``grad`` summed in at ``param[index]``.
+    """A zero array like ``param`` plus ``grad`` summed in at ``param[index]``, in ``param``'s
+    opmath dtype (float32 for a float16 or bfloat16 table: the backward rounds it once at the end).
 
     np.add.at, not ``+=``: the same table entry is read by many (b, q_idx, kv_idx).
     """
-    dparam = np.zeros_like(param)
-    np.add.at(dparam, tuple(np.broadcast_to(i, grad.shape) for i in index), grad.astype(param.dtype))
+    dparam = np.zeros(param.shape, opmath(param.dtype))
+    np.add.at(dparam, tuple(np.broadcast_to(i, grad.shape) for i in index), grad.astype(dparam.dtype))
     return dparam
 
 
@@ -277,7 +294,8 @@ def _one_tile(Q_LEN, KV_LEN, mask_mod):
 # The dense path: all scores, then the modifiers (what the torch twin does).
 
 class FlexCache(NamedTuple):
-    """What the backward needs: the inputs and modifiers, out and lse (the scores are recomputed)."""
+    """What the backward needs: the inputs and modifiers, out and lse (the scores are recomputed),
+    the arrays in the dtype computed in (float32 for float16 and bfloat16)."""
 
     q: np.ndarray
     k: np.ndarray
@@ -289,6 +307,7 @@ class FlexCache(NamedTuple):
     scale: float
     sinks: np.ndarray | None = None   # (Hq,) the sink logits, None without them
     sink_p: np.ndarray | None = None  # (B, Hq, L) each row's sink probability exp(s_h - lse), None without
+    dtype: np.dtype | None = None     # the inputs' dtype, which out and the gradients are rounded to
 
 
 def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
@@ -300,6 +319,8 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     adds each query head's sink logit to its softmax.
     """
     _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sinks)
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     B, Hq, L, E = q.shape
     S = k.shape[2]
     scale = 1 / math.sqrt(E) if scale is None else scale
@@ -327,7 +348,8 @@ def dense_flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale
     mask_mod = None if block_mask is None else block_mask.mask_mod
     sink_p = None if sinks is None else (np.exp(sinks[:, None, None] - m) / row_sum)[..., 0]   # (B, Hq, L)
     cache = FlexCache(q_, k_, v_, out, lse.astype(q.dtype), score_mod, _one_tile(L, S, mask_mod), scale, sinks,
-                      sink_p)
+                      sink_p, dtype)
+    out = out.astype(dtype, copy=False)                         # rounded once; lse stays float32
     return ((out, cache.lse) if return_lse else out), cache
 
 
@@ -376,6 +398,8 @@ def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
     ``sinks`` (Hq,) adds each query head's sink logit to its softmax.
     """
     _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sinks)
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     B, Hq, L, E = q.shape
     S, Ev = v.shape[2], v.shape[3]
     scale = 1 / math.sqrt(E) if scale is None else scale
@@ -412,7 +436,8 @@ def flex_attention_forward(q, k, v, score_mod=None, block_mask=None, scale=None,
         lse[bs, hs, i0:i1] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, row_sum)))
         if sinks is not None:   # kept for dsinks: the sink's share of the row sum (never empty here)
             sink_p[bs, hs, i0:i1] = np.exp(sinks[hs][:, None] - m) / row_sum
-    cache = FlexCache(q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p)
+    cache = FlexCache(q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p, dtype)
+    out = out.astype(dtype, copy=False)                         # rounded once; lse stays float32
     return ((out, lse) if return_lse else out), cache
 
 
@@ -423,8 +448,9 @@ def flex_attention_backward(dout, cache, dlse=None):
     dsinks (Hq,) comes last if the forward had sinks. Each tile's probabilities are recomputed
     from lse (FlashAttention-2's backward).
     """
-    q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p = cache
+    q, k, v, out, lse, score_mod, block_mask, scale, sinks, sink_p, dtype = cache
     _check_flex_backward(dout, dlse, cache)
+    dout = upcast(dout)                                         # float32 for float16 and bfloat16
     B, Hq, L, E = q.shape
     S, Ev = v.shape[2], v.shape[3]
     BQ, BK = block_mask.BLOCK_SIZE
@@ -440,7 +466,10 @@ def flex_attention_backward(dout, cache, dlse=None):
     dq = np.zeros_like(q)
     dk = np.zeros_like(k_rep)
     dv = np.zeros_like(v_rep)
-    dparams = {name: np.zeros_like(p) for name, p in (getattr(score_mod, "params", None) or {}).items()}
+    params = getattr(score_mod, "params", None) or {}
+    param_dtypes = {name: np.asarray(p).dtype for name, p in params.items()}
+    # In the parameters' opmath dtype, rounded once at the end.
+    dparams = {name: np.zeros(np.shape(p), opmath(param_dtypes[name])) for name, p in params.items()}
     for bs, hs, i, kv_blocks in _tiles(block_mask):
         i0, i1 = i * BQ, min((i + 1) * BQ, L)
         q_blk, do_blk = q[bs, hs, i0:i1], dout[bs, hs, i0:i1]    # (b, h, bq, E), (b, h, bq, Ev)
@@ -464,9 +493,12 @@ def flex_attention_backward(dout, cache, dlse=None):
     # Grouped-query heads: each kv head served g query heads; their gradients add up.
     dk = dk.reshape(B, Hq // g, g, S, E).sum(axis=2)           # (B, Hq, S, E) -> (B, Hkv, S, E)
     dv = dv.reshape(B, Hq // g, g, S, Ev).sum(axis=2)          # (B, Hq, S, Ev) -> (B, Hkv, S, Ev)
+    # Each gradient rounded once: dq, dk, dv to the inputs' dtype, each parameter's to its own.
+    grads = tuple(d.astype(dtype, copy=False) for d in (dq, dk, dv))
+    dparams = {name: d.astype(param_dtypes[name], copy=False) for name, d in dparams.items()}
     if sinks is not None:   # the sink column's dS = p (0 - D), summed over the batch and the rows
-        return dq, dk, dv, dparams, (-sink_p * D).sum(axis=(0, 2))   # (B, Hq, L) -> (Hq,)
-    return dq, dk, dv, dparams
+        return *grads, dparams, (-sink_p * D).sum(axis=(0, 2)).astype(dtype, copy=False)   # (B, Hq, L) -> (Hq,)
+    return *grads, dparams
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,7 +552,7 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sin
 
 
 def _check_flex_backward(dout, dlse, cache):
-    check_dout("flex_attention_backward", dout, cache.out.shape, cache.out.dtype)
+    check_dout("flex_attention_backward", dout, cache.out.shape, cache.dtype)
     if dlse is not None:
         check_dout("flex_attention_backward", dlse, cache.lse.shape, cache.lse.dtype, name="dlse")
     score_mod = cache.score_mod
@@ -575,8 +607,8 @@ def _call_score_mod(fn, score, grids, of=None):
         raise TypeError(f"flex_attention: {what} returned {type(new).__name__}; it must return a "
                         "NumPy array, such as score + x or np.full_like(score, x) (torch's "
                         "flex_attention also refuses a Python number)")
-    if not (np.issubdtype(new.dtype, np.floating) or np.issubdtype(new.dtype, np.integer)
-            or new.dtype == np.bool_):
+    if not (np.issubdtype(new.dtype, np.floating) or new.dtype.name in FLOAT_DTYPES   # bfloat16 is not "floating"
+            or np.issubdtype(new.dtype, np.integer) or new.dtype == np.bool_):
         raise TypeError(f"flex_attention: {what} returned dtype {new.dtype}; it must return real "
                         f"numbers (float, int or bool), cast to the scores' {score.dtype}")
     _check_returned_shape(what, new.shape, score.shape)
@@ -596,7 +628,7 @@ def _call_dparams(score_mod, grad, score, grids):
         raise ValueError(f"flex_attention_backward: {what} returned gradients of {sorted(got)}; its "
                          f"params are {sorted(params)}")
     for name, g in got.items():
-        if not (isinstance(g, np.ndarray) and np.issubdtype(g.dtype, np.floating)):
+        if not (isinstance(g, np.ndarray) and (np.issubdtype(g.dtype, np.floating) or g.dtype.name in FLOAT_DTYPES)):
             kind = f"dtype {g.dtype}" if isinstance(g, np.ndarray) else type(g).__name__
             raise TypeError(f"flex_attention_backward: {what} returned {kind} for {name!r}; it must "
                             "return a float NumPy array")

@@ -48,13 +48,17 @@ are the new tokens', so bottom-right alignment puts each query at its own positi
 
 Keys and values may differ in width (``v_head_size``): naive multi-head latent attention
 (numpy_attn/mla.py) caches keys of dn + dr numbers a head and values of dv.
+
+The cache takes the model's dtype: float16 or bfloat16 keys and values are stored as they are,
+2 bytes a number, half the bytes per token of float32 (a copy is exact; attention casts them up
+to float32 when it reads them). Keys and values of another dtype are refused, not rounded.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from numpy_attn._checks import check_window
+from numpy_attn._checks import FLOAT_DTYPES, check_window
 
 
 @dataclass
@@ -246,11 +250,11 @@ def _stacked(cache, buffer, hs=None):
 
 
 def _check_init(n_layer, B, n_kv_head, max_len, head_size, dtype, windows):
-    """Raise on sizes below 1 or not integers, a dtype other than float32/float64, or windows that
-    are not n_layer entries of None or an integer >= 1; return the windows as a tuple."""
+    """Raise on sizes below 1 or not integers, a dtype other than float16/bfloat16/float32/float64, or
+    windows that are not n_layer entries of None or an integer >= 1; return the windows as a tuple."""
     _check_sizes(n_layer=n_layer, B=B, n_kv_head=n_kv_head, max_len=max_len, head_size=head_size)
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    if np.dtype(dtype).name not in FLOAT_DTYPES:   # by name: bfloat16 is ml_dtypes'
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {np.dtype(dtype)}")
     if windows is None:
         return (None,) * n_layer
     if isinstance(windows, str) or not hasattr(windows, "__len__") or len(windows) != n_layer:

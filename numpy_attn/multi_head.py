@@ -19,6 +19,12 @@ For decoding, a ``kv_cache`` (one layer's view, numpy_attn/kv_cache.py's ``KVCac
 stores the keys and values of past tokens, so that x holds only the new ones; the new queries are
 then the last T of the S keys, so a causal caller passes ``is_causal="bottom_right"``. It is
 inference only.
+
+float16 and bfloat16: a composition, each step computing as its own module says: every
+projection in float32, rounded once to x's dtype (numpy_attn/linear.py), and the attention in
+float32, rounded once (numpy_attn/attention.py); so q, k, v and the merged heads are rounded to
+the low dtype between the steps, as in PyTorch's own program of F.linear and
+F.scaled_dot_product_attention (docs/precision.md).
 """
 
 from typing import NamedTuple
@@ -135,7 +141,7 @@ def multi_head_attention_backward(dout, cache):
     cross-attention, then dattn_mask (the mask's shape) if the forward had attn_mask_grad=True.
     dparams has the keys and nesting of params ("b" only with bias)."""
     B, nh, T, hs = cache.attention.q_scaled.shape
-    check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.attention.q_scaled.dtype)
+    check_dout("multi_head_attention", dout, (B, T, nh * hs), cache.weights.dtype)   # x's (q_scaled may be float32)
     # Undoes out = linear(y, o).
     dy, do = linear_backward(dout, cache.o)                       # (B, T, C)
     # Undoes y = merge_heads(y): split_heads is its backward.

@@ -8,6 +8,9 @@ pair, PE[t + k] is PE[t] rotated by the angle k / base^(2i/C), which depends onl
 what lets attention read relative positions. The table is computed in float64 and rounded once to
 ``dtype``. It has no parameters and so no backward.
 
+float16 and bfloat16 are rounded once from the same float64 table: the angles t / base^(2i/C) need
+more digits than either has (bfloat16 cannot even hold t = 257), so no step runs in them.
+
 Learned positions are not a separate operation: they are the embedding of the positions,
 
     wpe_out, cache = embedding_forward(np.arange(T), wpe)    # wpe (T_max, C) -> (T, C)
@@ -19,6 +22,8 @@ import numbers
 import operator
 
 import numpy as np
+
+from numpy_attn._checks import FLOAT_DTYPES
 
 
 def sinusoidal_encoding(T, C, base=10000.0, dtype=np.float32):
@@ -35,7 +40,8 @@ def sinusoidal_encoding(T, C, base=10000.0, dtype=np.float32):
 
 
 def _check_sinusoidal_encoding(T, C, base, dtype):
-    """Raise unless T and C are integers >= 0, base > 1 and dtype is float32 or float64."""
+    """Raise unless T and C are integers >= 0, base > 1 and dtype is float16, bfloat16, float32 or
+    float64."""
     for name, n in (("T", T), ("C", C)):
         try:
             operator.index(n)
@@ -45,5 +51,9 @@ def _check_sinusoidal_encoding(T, C, base, dtype):
             raise ValueError(f"{name} must be >= 0, got {n}")
     if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 1:   # as rope's theta
         raise ValueError(f"base must be > 1, got {base!r}")
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = repr(dtype)                      # not a NumPy dtype at all (a torch dtype, a typo)
+    if name not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {name}")

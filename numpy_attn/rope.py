@@ -41,13 +41,18 @@ transformers reads from the model config's ``max_position_embeddings``.
 Backward: a rotation's transpose is the rotation by the opposite angle, so dx = R(-p f) dout
 (times the attention factor, which the cached cos and sin already hold). Angles are computed
 in float64 and their cos and sin rounded once to x's dtype.
+
+float16 and bfloat16: the tables are rounded to float32 instead (transformers also forms them in
+float32 for a bfloat16 model, though it then rounds them to the model's dtype), x is cast up, the
+rotation and its backward run in float32 and out and dx are rounded once to x's dtype, as
+PyTorch's elementwise kernels compute each product in float32 (docs/precision.md).
 """
 
 import math
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_integer
+from numpy_attn._checks import check_dout, check_float, check_integer, opmath, upcast
 
 LAYOUTS = ("half", "interleaved")
 SCALING_KEYS = {
@@ -156,8 +161,9 @@ def rope_forward(x, positions, theta=10000.0, layout="half", scaling=None, seq_l
     ``positions`` broadcasts against x's leading dimensions (one row per batch, or one for all).
     ``seq_len`` sizes dynamic NTK's base; None means the largest position + 1 over all rows, as
     transformers' rotary embedding takes it from the position ids it is given.
-    Returns ``(out, cache)``; the cache is ``(cos, sin, layout, x's shape)``: the backward
-    rotates back by the same tables and checks its dout against the shape.
+    Returns ``(out, cache)``; the cache is ``(cos, sin, layout, x's shape, x's dtype)``: the backward
+    rotates back by the same tables (float32 for float16 and bfloat16) and checks its dout against
+    the shape and dtype.
     """
     _check_rope(x, positions, layout)
     T, hs = x.shape[-2:]
@@ -167,29 +173,29 @@ def rope_forward(x, positions, theta=10000.0, layout="half", scaling=None, seq_l
     # YaRN's attention factor scales both tables (1.0 for the other kinds), as in transformers.
     attention_factor = rope_attention_factor(scaling)
     angles = np.asarray(positions)[..., None] * inv_freq            # (..., T) -> (..., T, hs/2), float64
-    cos = (np.cos(angles) * attention_factor).astype(x.dtype)       # (..., T, hs/2)
-    sin = (np.sin(angles) * attention_factor).astype(x.dtype)       # (..., T, hs/2)
-    x_a, x_b = _pairs(x, layout)                                    # (..., T, hs) -> 2 x (..., T, hs/2)
+    cos = (np.cos(angles) * attention_factor).astype(opmath(x.dtype))   # (..., T, hs/2), float32 for low x
+    sin = (np.sin(angles) * attention_factor).astype(opmath(x.dtype))   # (..., T, hs/2)
+    x_a, x_b = _pairs(upcast(x), layout)                            # (..., T, hs) -> 2 x (..., T, hs/2)
     out_a = x_a * cos - x_b * sin
     out_b = x_b * cos + x_a * sin
     out = _join(out_a, out_b, layout)                               # 2 x (..., T, hs/2) -> (..., T, hs)
-    cache = (cos, sin, layout, x.shape)
-    return out, cache
+    cache = (cos, sin, layout, x.shape, x.dtype)
+    return out.astype(x.dtype, copy=False), cache                   # rounded once to x's dtype
 
 
 def rope_backward(dout, cache):
     """Gradient of the rotation: dout (..., T, hs) -> dx (..., T, hs), the rotation by -angle."""
-    cos, sin, layout, shape = cache
-    check_dout("rope", dout, shape, cos.dtype)
+    cos, sin, layout, shape, x_dtype = cache
+    check_dout("rope", dout, shape, x_dtype)
     # Undoes out = _join(out_a, out_b).
-    dout_a, dout_b = _pairs(dout, layout)                           # (..., T, hs) -> 2 x (..., T, hs/2)
+    dout_a, dout_b = _pairs(upcast(dout), layout)                          # (..., T, hs) -> 2 x (..., T, hs/2)
     # Undoes both rotated halves at once: the transpose of [[cos, -sin], [sin, cos]] (a scaled
     # rotation's transpose is scaled alike: the factor is inside cos and sin).
     dx_a = dout_a * cos + dout_b * sin
     dx_b = dout_b * cos - dout_a * sin
     # Undoes x_a, x_b = _pairs(x).
     dx = _join(dx_a, dx_b, layout)                                  # 2 x (..., T, hs/2) -> (..., T, hs)
-    return dx
+    return dx.astype(x_dtype, copy=False)                           # rounded once to x's dtype
 
 
 def _check_frequencies(hs, theta, scaling, seq_len=None):

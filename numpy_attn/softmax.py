@@ -31,8 +31,8 @@ from numpy_attn._checks import FLOAT_DTYPES, check_axis, check_dout, check_float
 
 
 class SoftmaxCache(NamedTuple):
-    # softmax: its output y (..., n) in y's dtype; log_softmax: p = softmax(x) in float32 for a low x
-    y: np.ndarray
+    y: np.ndarray           # (..., n) softmax's output, for its backward; log_softmax's p = softmax(x)
+                            # in the dtype it computed in (float32 for the low dtypes)
     axis: int | None        # the axis normalised over (None for a 0-d x)
     x_dtype: np.dtype       # x's dtype: the gradient goes back in it (dtype= may have cast x)
     y_dtype: np.dtype       # the output's dtype (dy's): x's after dtype='s cast

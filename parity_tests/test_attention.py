@@ -22,12 +22,16 @@ from numpy_attn.linear import linear_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
+    assert_error_budget,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
+    tree_to_torch,
 )
 
 
@@ -119,10 +123,17 @@ def gradient_tols(case, cache):
     dk entries of 1e-5 off by 1.2e-5.
     """
     tol = TOLERANCES[np.dtype(case["q"].dtype)]
-    D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
-    terms = {"q": D * np.abs(case["k"]).max() * cache.scale, "k": D * np.abs(case["q"]).max() * cache.scale,
-             "v": np.abs(case["dout"]).max() * cache.keep_scale}
-    return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(m))) for name, m in terms.items()}
+    terms = cancelled_terms(case, cache)
+    return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(terms[name]))) for name in "qkv"}
+
+
+def cancelled_terms(case, cache):
+    """The size of the terms the backward cancels, as gradient_tols derives it: D for dscores
+    ("scores"), D max|k| scale for dq, D max|q| scale for dk, max|dout| / (1 - p) for dv."""
+    big = {name: float(np.abs(case[name]).max()) for name in ("q", "k", "v", "dout")}
+    D = case["v"].shape[-1] * big["dout"] * big["v"] * cache.keep_scale
+    return {"scores": D, "q": D * big["k"] * cache.scale, "k": D * big["q"] * cache.scale,
+            "v": big["dout"] * cache.keep_scale}
 
 
 def qkv(case):
@@ -1056,6 +1067,175 @@ def test_causal_alignments_picture():
         scaled_dot_product_attention_forward(q, k, k, is_causal="lower")
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def rounded(case, dtype):
+    """The case with its float64 arrays (q, k, v, a float mask, the sinks, dout) rounded to the
+    low ``dtype``: the inputs every side shares (-inf mask entries stay -inf)."""
+    return {n: round_to(a, dtype) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a
+            for n, a in case.items()}
+
+
+def torch_or_none(a):
+    return None if a is None else to_torch(a)
+
+
+def widened(arrays):
+    """The same rounded arrays in float64, for the truth (bool masks and None left alone)."""
+    return {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype != np.bool_ else a
+            for n, a in arrays.items()}
+
+
+# A sum of the few (at most about 50) terms of size X drawn here, computed in float32, is off by
+# at most about 50 * 2^-24 X < 2^-16 X.
+FLOAT32_NOISE = 2.0**-16
+
+
+def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
+    """assert_error_budget for the NumPy side and the twin, each a dict tensor name -> array,
+    against the same ``torch_lowp`` and ``truth`` dicts.
+
+    A gradient whose every true entry lies below the float32 noise FLOAT32_NOISE * terms[name] of
+    the terms its computation cancels (v equal along the keys, or dout @ v^T so: dscores is then 0
+    exactly) is out of the rule's reach: any float32 program is off by that noise, PyTorch's flash
+    kernel can come out exactly 0 there (its dS = P (dP - rowsum(dO O)) cancels exactly), and one
+    ulp of a truth near 0 is next to nothing. Such a gradient is held to that noise instead."""
+    for who, got in {"numpy": ours, "twin": twin}.items():
+        budget = {}
+        for name in truth:
+            noise = FLOAT32_NOISE * terms.get(name, 0.0)
+            if np.max(np.abs(truth[name]), initial=0.0) > noise:
+                budget[name] = (got[name], torch_lowp[name], truth[name])
+            else:
+                label = f"{op}[{who}] {name} ({dtype}), its truth within float32 noise"
+                assert got[name].dtype == LOW_DTYPES[dtype][0], f"{label}: came back as {got[name].dtype}"
+                assert_close(label, got[name].astype(np.float64), truth[name], rtol=0, atol=noise)
+        assert_error_budget(f"{op}[{who}]", dtype, budget)
+
+
+def sdpa_on(case, backend):
+    """F.scaled_dot_product_attention as a function of (q, k, v) on the case's mask, on ``backend``
+    alone (an SDPBackend), the inputs viewed as (B, nh, L, E)."""
+    from torch.nn.attention import sdpa_kernel
+
+    mask = torch_or_none(case["attn_mask"])
+    if mask is not None:   # the flash kernel takes masks of two or four axes only
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask.ndim > 2 else mask
+    gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
+
+    def fn(q, k, v):
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(as_heads(q), as_heads(k), as_heads(v), attn_mask=mask,
+                                                 is_causal=case["is_causal"], scale=case["scale"], enable_gqa=gqa)
+        return out.reshape(q.shape[:-1] + v.shape[-1:])          # (B', nh, T, hv) -> (..., T, hv)
+    return fn
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=attention_inputs(dtype=np.float64, dropout=False))
+@example(case=EDGE_CASES[0])
+@example(case={**EDGE_CASES[1], "dropout_p": 0.0})
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against float64 truth (F.scaled_dot_product_attention
+    on the same rounded inputs, its math backend), within twice the error of PyTorch's own
+    low-precision attention, the backend its dispatch picks on CPU (forced, so that the baseline
+    is named): the flash kernel (docs/precision.md), or the math backend where q and v have
+    different head sizes; out, dq, dk, dv, with masks, is_causal and grouped-query heads as
+    drawn, fully masked rows included."""
+    from torch.nn.attention import SDPBackend
+
+    case = rounded(case, dtype)
+    out, cache = numpy_forward(case)
+    ours = {"out": out, **dict(zip(("dq", "dk", "dv"), scaled_dot_product_attention_backward(case["dout"], cache),
+                                   strict=True))}
+    # The flash kernel takes only equal head sizes of q and v; else sdpa's dispatch picks the math backend.
+    flash = case["q"].shape[-1] == case["v"].shape[-1]
+    backend = SDPBackend.FLASH_ATTENTION if flash else SDPBackend.MATH
+    sides = {}
+    for name, fn, inputs, dout in (("twin", output_of(twin_fn(case, None)), qkv(case), case["dout"]),
+                                   ("torch", sdpa_on(case, backend), qkv(case), case["dout"]),
+                                   ("truth", sdpa_on(widened(case), SDPBackend.MATH), widened(qkv(case)),
+                                    case["dout"].astype(np.float64))):
+        o, grads = autograd(fn, inputs, dout)
+        sides[name] = {"out": o, **{f"d{n}": grads[n] for n in "qkv"}}
+    terms = {f"d{name}": size for name, size in cancelled_terms(case, cache).items()}
+    assert_attention_budget("attention", dtype, ours, sides["twin"], sides["torch"], sides["truth"], terms)
+
+
+def output_of(fn):
+    """A function returning (out, weights), as one returning out, for autograd."""
+    return lambda **t: fn(**t)[0]
+
+
+def eager_attention(q, k, v, attn_mask, sinks, scale, softcap, keep, dropout_p):
+    """Attention as a user's PyTorch program writes it, every op in the inputs' dtype and rounding
+    there (transformers' eager attention of Gemma 2 and gpt-oss: matmul, scale, cap, mask, sink
+    column, softmax, dropout, matmul): (out, weights). ``attn_mask`` additive or None. A row whose
+    scores are all -inf gets weights 0 (as PyTorch's own safe softmax inside sdpa), by exact fills."""
+    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 else 1
+    if g > 1:
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    if sinks is not None:
+        scores = torch.cat([scores, sinks[:, None, None].expand(scores.shape[:-1] + (1,))], dim=-1)
+    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(empty, 0), dim=-1).masked_fill(empty, 0)
+    if sinks is not None:
+        weights = weights[..., :-1]
+    dropped = weights if keep is None else weights * keep * (1 / (1 - dropout_p))
+    return dropped @ v, weights
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=attention_inputs(dtype=np.float64, softcap=True, sinks=True), cap=st.booleans(), sink=st.booleans())
+@example(case=SINK_EDGE_CASES[0], cap=False, sink=True)
+@example(case=SINK_EDGE_CASES[1], cap=False, sink=True)
+def test_low_precision_softcap_sinks_dropout_meet_the_error_budget(dtype, case, cap, sink):
+    """What sdpa cannot express (a softcap, sinks, a replayed dropout mask, a float mask's gradient)
+    against the same attention written in plain torch ops in the low dtype, each rounding
+    (eager_attention), truth the same program in float64: out, the weights the cache shows, dq, dk,
+    dv, dsinks, dattn_mask, for ours and the twin."""
+    case = rounded({**case, "softcap": case.get("softcap") if cap else None,
+                    "sinks": case["sinks"] if sink else None}, dtype)
+    mask = case["attn_mask"]
+    learned = {} if mask is None or mask.dtype == np.bool_ else {"attn_mask": mask}   # a float mask's gradient too
+    case = {**case, "attn_mask_grad": bool(learned)}
+    arrays = {**qkv(case), **learned, **({"sinks": case["sinks"]} if sink else {})}
+    out, cache = numpy_forward(case)
+    names = ["dq", "dk", "dv"] + ["dattn_mask"] * bool(learned) + ["dsinks"] * sink
+    ours = {"out": out, "weights": cache.weights,
+            **dict(zip(names, scaled_dot_product_attention_backward(case["dout"], cache), strict=True))}
+    keep = None if cache.keep is None else to_torch(cache.keep)
+
+    def twin(**t):
+        return tw.scaled_dot_product_attention(
+            t["q"], t["k"], t["v"], attn_mask=t.get("attn_mask", torch_or_none(case["attn_mask"])),
+            is_causal=case["is_causal"], scale=case["scale"], dropout_p=case["dropout_p"], keep=keep,
+            softcap=case["softcap"], sinks=t.get("sinks"))
+
+    def eager(arrays):
+        fixed = torch_or_none(additive_mask(widened(case) if arrays["q"].dtype == np.float64 else case))
+        scale = 1 / math.sqrt(case["q"].shape[-1]) if case["scale"] is None else case["scale"]
+        return lambda **t: eager_attention(t["q"], t["k"], t["v"], t.get("attn_mask", fixed), t.get("sinks"),
+                                           scale, case["softcap"], keep, case["dropout_p"])
+
+    sides = {}
+    for name, fn, inputs, dout in (("twin", twin, arrays, case["dout"]),
+                                   ("torch", eager(arrays), arrays, case["dout"]),
+                                   ("truth", eager(widened(arrays)), widened(arrays), case["dout"].astype(np.float64))):
+        o, grads = autograd(output_of(fn), inputs, dout)
+        weights = to_numpy(fn(**tree_to_torch(inputs))[1])
+        sides[name] = {"out": o, "weights": weights, **{f"d{n}": g for n, g in grads.items()}}
+    terms = {f"d{name}": size for name, size in cancelled_terms(case, cache).items()}
+    terms["dattn_mask"] = terms["dscores"] * (cache.weights.size // (case["attn_mask"].size if learned else 1))
+    terms["dsinks"] = terms["dscores"] * (cache.weights[..., 0].size // (case["sinks"].size if sink else 1))
+    assert_attention_budget("attention eager", dtype, ours, sides["twin"], sides["torch"], sides["truth"], terms)
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
@@ -1068,6 +1248,30 @@ def test_dtype_is_preserved(dtype):
     grads = scaled_dot_product_attention_backward(case["dout"], cache)
     for name, a in [("out", out), ("weights", cache.weights), *zip(("dq", "dk", "dv"), grads, strict=True)]:
         assert a.dtype == dtype, f"sdpa.{name} dtype {a.dtype}"
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_dtype_is_preserved_and_mixes_are_refused(dtype):
+    """float16 and bfloat16 stay themselves, out, weights and every gradient (dattn_mask and dsinks
+    too), with a softcap, dropout and GQA; a float32 k, mask or sinks beside a low-precision q is
+    refused as a float32/float64 mix is, naming both dtypes."""
+    low = LOW_DTYPES[dtype][0]
+    q, k, v = S.ramp(2, 2, 3, 2, dtype=low), S.ramp(2, 1, 4, 2, dtype=low), S.ramp(2, 1, 4, 3, dtype=low)
+    case = {**make_case(q, k, v, S.ramp(2, 2, 3, 3, dtype=low), attn_mask=S.ramp(3, 4, dtype=low), scale=0.5,
+                        dropout_p=0.25), "attn_mask_grad": True, "softcap": 2.0, "sinks": S.ramp(2, dtype=low)}
+    out, cache = numpy_forward(case)
+    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    names = ("dq", "dk", "dv", "dattn_mask", "dsinks")
+    for name, a in [("out", out), ("weights", cache.weights), *zip(names, grads, strict=True)]:
+        assert a.dtype == low, f"sdpa.{name} dtype {a.dtype}"
+    with pytest.raises(TypeError, match=f"arrays must share one dtype: q is {dtype}, k is float32, v is {dtype}"):
+        scaled_dot_product_attention_forward(q, k.astype(np.float32), v)
+    with pytest.raises(ValueError, match=f"float of q's dtype {dtype}, got dtype float32"):
+        scaled_dot_product_attention_forward(q, k, v, attn_mask=np.zeros((3, 4), np.float32))
+    with pytest.raises(TypeError, match=f"sinks must have q's dtype {dtype}, got dtype float32"):
+        scaled_dot_product_attention_forward(q, k, v, sinks=np.zeros(2, np.float32))
+    with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
+        scaled_dot_product_attention_backward(case["dout"].astype(np.float32), cache)
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -1100,7 +1304,7 @@ def test_bad_input():
             sdpa(q, k, v, dropout_p=p, rng=np.random.default_rng(0))
     with pytest.raises(TypeError, match="dropout_p = 0.5 needs rng"):
         sdpa(q, k, v, dropout_p=0.5)
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
         sdpa(q.astype(np.int64), k, v)
     with pytest.raises(TypeError, match="must share one dtype"):
         sdpa(q.astype(np.float32), k, v)

@@ -202,7 +202,7 @@ def test_identity_when_p_is_zero_or_not_training(case, training):
     assert_close("F.dropout as identity", builtin, x, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d.type for d, _ in helpers.LOW_DTYPES.values()))
 def test_identity_passes_a_read_only_x_through_uncopied(dtype):
     """With p = 0 or in evaluation a read-only x (softmax's weights in attention) comes back as x
     itself: nothing can change it through the output, so the copy a writeable x gets is not needed."""
@@ -245,9 +245,48 @@ def test_backward_matches_finite_differences(case):
     assert_close("dropout.dx vs finite differences", dx, expected, **FD_TOL)
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+LOW_TYPES = tuple(d.type for d, _ in helpers.LOW_DTYPES.values())
+
+
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
+@given(case=dropped(dtype=np.float64))
+@example(case=ONE_DROPPED[:2] + (0.1, ONE_DROPPED[3]))
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of x * keep * scale written
+    with plain torch ops in the low dtype (F.dropout's formula; it cannot take a mask), for the
+    same mask on every side, for out and dx."""
+    x, dout, p, mask = case
+    x, dout = helpers.round_to(x, dtype), helpers.round_to(dout, dtype)         # the inputs every side shares
+    out, cache = dropout_forward(x, p, mask=mask)
+    dx = dropout_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x: dropout(x, p, mask=to_torch(mask)), {"x": x}, dout)
+    scale = 0.0 if p == 1 else 1 / (1 - p)
+    formula = lambda x: x * to_torch(mask) * scale              # noqa: E731
+    torch_out, torch_grads = autograd(formula, {"x": x}, dout)
+    truth_out, truth_grads = autograd(formula, {"x": x.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
+        helpers.assert_error_budget(f"dropout[{who}]", dtype, {
+            "out": (o, torch_out, truth_out), "dx": (g, torch_grads["x"], truth_grads["x"])})
+
+
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
+def test_low_precision_draws_and_dout_mix(dtype):
+    """A low-precision x draws its mask from an rng as float32 (the same mask as a float32 x of
+    the same seed); a float32 dout for its output is refused, naming both dtypes."""
+    low = helpers.LOW_DTYPES[dtype][0]
+    x = np.ones((4, 64), low)
+    out, cache = dropout_forward(x, 0.5, rng=np.random.default_rng(7))
+    out32, _ = dropout_forward(np.ones((4, 64), np.float32), 0.5, rng=np.random.default_rng(7))
+    assert out.dtype == low and np.array_equal(out.astype(np.float32), out32), "low-dtype dropout drew another mask"
+    with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
+        dropout_backward(np.ones((4, 64), np.float32), cache)
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + LOW_TYPES)
 def test_dtype_is_preserved(dtype):
     x = np.array([[1.0, -2.0], [3.0, 0.5]], dtype=dtype)
     # A p given as a NumPy float64 must not upcast float32.

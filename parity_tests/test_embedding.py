@@ -8,6 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_attn.embedding import embedding_backward, embedding_forward
+from parity_tests import helpers
 from parity_tests import strategies as S
 from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 from torch_attn.embedding import embedding
@@ -138,9 +139,73 @@ def test_backward_matches_finite_differences(case):
     assert_close("embedding.dwte vs finite differences", dwte, expected, **FD_TOL)
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@st.composite
+def crowded_lookups(draw):
+    """(ids, wte, dout, padding_idx) in float64 with up to 64 ids from a vocabulary of 1 to 3: each
+    table row sums many dout rows, where adding them in the low dtype (F.embedding) loses digits."""
+    V, C = draw(S.dim(1, 3)), draw(S.dim(1, 4))
+    ids = draw(S.token_ids(V, (draw(S.dim(16, 64)),)))
+    wte = draw(S.arrays(np.float64, (V, C)))
+    dout = draw(S.arrays(np.float64, ids.shape + (C,)))
+    return ids, wte, dout, draw(st.none() | st.integers(-V, V - 1))
+
+
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
+@given(case=crowded_lookups() | lookups(dtype=np.float64))
+@example(case=PADDED)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of PyTorch's own
+    low-precision F.embedding, for out (a copy: exact on every side) and dwte."""
+    ids, wte, dout, padding_idx = case
+    wte, dout = helpers.round_to(wte, dtype), helpers.round_to(dout, dtype)   # what every side shares
+    out, cache = embedding_forward(ids, wte, padding_idx)
+    dwte = embedding_backward(dout, cache)
+    twin_out, twin_grads = autograd(_twin(ids, padding_idx), {"wte": wte}, dout)
+    builtin = lambda wte: F.embedding(to_torch(ids), wte, padding_idx)   # noqa: E731
+    torch_out, torch_grads = autograd(builtin, {"wte": wte}, dout)
+    truth_out, truth_grads = autograd(builtin, {"wte": wte.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dwte), "twin": (twin_out, twin_grads["wte"])}.items():
+        helpers.assert_error_budget(f"embedding[{who}]", dtype, {
+            "out": (o, torch_out, truth_out), "dwte": (g, torch_grads["wte"], truth_grads["wte"])})
+
+
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
+def test_repeated_ids_add_up_in_float32(dtype):
+    """One id read 256 times, its dout rows 1 then 255 times a quarter of an ulp of 1: added one
+    at a time in the low dtype (F.embedding) each quarter rounds away and the sum stays 1; added
+    in float32, the table row is the exact sum rounded once, 1 + 255/4 ulp. The twin has no cast
+    (the lookup is exact), so autograd adds in the low dtype as F.embedding does."""
+    low, _ = helpers.LOW_DTYPES[dtype]
+    quarter = np.spacing(low.type(1)).astype(np.float64) / 4
+    dout = np.array([1.0] + [quarter] * 255)[:, None].astype(low)        # (256, 1), exact
+    ids = np.zeros(256, np.int64)
+    _, cache = embedding_forward(ids, np.zeros((1, 1), low))
+    dwte = embedding_backward(dout, cache)
+    exact = helpers.round_to(1 + 255 * quarter, dtype)
+    _, twin_grads = autograd(_twin(ids, None), {"wte": np.zeros((1, 1), low)}, dout)
+    _, torch_grads = autograd(lambda wte: F.embedding(to_torch(ids), wte), {"wte": np.zeros((1, 1), low)}, dout)
+    assert dwte.dtype == low and dwte[0, 0] == exact[()], f"embedding.dwte = {dwte[0, 0]}, not {exact}"
+    assert np.array_equal(twin_grads["wte"], torch_grads["wte"]), "the twin's dwte differs from F.embedding's"
+    assert abs(float(torch_grads["wte"][0, 0]) - (1 + 255 * quarter)) >= abs(float(exact) - (1 + 255 * quarter))
+
+
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
+def test_low_precision_dout_mix_is_refused(dtype):
+    """A float32 dout for a float16/bfloat16 table (and the reverse) is refused, naming both."""
+    low = helpers.LOW_DTYPES[dtype][0]
+    _, cache = embedding_forward(np.array([0, 1]), np.zeros((2, 3), low))
+    with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
+        embedding_backward(np.zeros((2, 3), np.float32), cache)
+    _, cache = embedding_forward(np.array([0, 1]), np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, float32, got {dtype}"):
+        embedding_backward(np.zeros((2, 3), low), cache)
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d.type for d, _ in helpers.LOW_DTYPES.values()))
 @pytest.mark.parametrize("id_dtype", [np.int32, np.int64, np.uint8])
 def test_dtype_is_preserved(dtype, id_dtype):
     wte = np.arange(8, dtype=dtype).reshape(4, 2)

@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
+from numpy_attn._tree import flatten, tree_map
 from numpy_attn.feed_forward import (
     feed_forward_backward,
     feed_forward_forward,
@@ -15,14 +17,17 @@ from numpy_attn.feed_forward import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     linear_grads,
     load_linears,
     numerical_grads,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -121,6 +126,57 @@ def test_twin_matches_builtin(approximate, case):
     tol = _terms_tol(x, params, dout)
     assert_close(f"{label}.dx vs nn.Sequential", twin_grads["x"], to_numpy(xt.grad), **tol)
     assert_tree_close(f"{label} vs nn.Sequential", twin_grads["params"], builtin_grads, **tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def assert_tree_error_budget(op, dtype, ours, theirs, truth):
+    """assert_error_budget over every leaf of matching trees {name: array or {name: ...}}."""
+    ours, theirs, truth = flatten(ours), flatten(theirs), flatten(truth)
+    assert ours.keys() == theirs.keys() == truth.keys(), f"{op}: {sorted(ours)} vs {sorted(truth)}"
+    assert_error_budget(op, dtype, {k: (ours[k], theirs[k], truth[k]) for k in ours})
+
+
+def rounded_case(case, dtype):
+    """(x, params, dout) rounded to the low ``dtype``, and the same rounded values in float64."""
+    low = tuple(tree_map(lambda a: round_to(a, dtype), part) for part in case)
+    return low, tuple(tree_map(lambda a: a.astype(np.float64), part) for part in low)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(approximate=approximations, case=networks(dtype=np.float64))
+def test_low_precision_meets_the_error_budget(dtype, approximate, case):
+    """Ours and the twin against float64 truth, within twice the error of F.linear, F.gelu,
+    F.linear in the low dtype (each rounding, as nn.Sequential does): out, dx and every weight's
+    and bias's gradient."""
+    (x, params, dout), (x64, params64, dout64) = rounded_case(case, dtype)
+
+    def builtin(x, params):
+        fc, proj = params["fc"], params["proj"]
+        return F.linear(F.gelu(F.linear(x, fc["w"].T, fc.get("b")), approximate=approximate),
+                        proj["w"].T, proj.get("b"))
+
+    out, cache = feed_forward_forward(x, params, approximate)
+    dx, dparams = feed_forward_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda **kw: feed_forward(**kw, approximate=approximate),
+                                    {"x": x, "params": params}, dout)
+    torch_out, torch_grads = autograd(builtin, {"x": x, "params": params}, dout)
+    truth_out, truth_grads = autograd(builtin, {"x": x64, "params": params64}, dout64)
+    for who, (o, g) in {"numpy": (out, {"x": dx, "params": dparams}), "twin": (twin_out, twin_grads)}.items():
+        assert_tree_error_budget(f"feed_forward[{approximate}][{who}]", dtype, {"out": o, "d": g},
+                                 {"out": torch_out, "d": torch_grads}, {"out": truth_out, "d": truth_grads})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_dtypes_are_refused(dtype):
+    """A low-precision x with a float32 bias (or a float32 x with low weights) is a mix, refused
+    before anything is cast up, with linear's message."""
+    params = tree_map(lambda p: round_to(p, dtype), init_feed_forward_params(3, np.random.default_rng(0)))
+    x = round_to(S.ramp(2, 3), dtype)
+    with pytest.raises(TypeError, match=f"share one dtype: x is {dtype}, w is {dtype}, b is float32"):
+        feed_forward_forward(x, {**params, "proj": {**params["proj"], "b": params["proj"]["b"].astype(np.float32)}})
+    with pytest.raises(TypeError, match=f"share one dtype: x is float32, w is {dtype}"):
+        feed_forward_forward(x.astype(np.float32), params)
 
 
 # -- properties ---------------------------------------------------------------------------------

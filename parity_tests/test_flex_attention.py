@@ -26,14 +26,17 @@ import torch_attn.flex_attention as tf
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
+    assert_error_budget,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
-from parity_tests.test_flash_attention import assert_fa4_rule
+from parity_tests.test_flash_attention import assert_fa4_rule, float32_allowance
 
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "prefix_lm", "document",
          "document_causal", "drawn")
@@ -537,20 +540,26 @@ def test_sinks_match_twin_and_autograd(case, dense):
         assert_close(f"flex[sinks].d{name}", d, grads_t[name], **tols[name])
 
 
-def direct_sinks(case, q, k, v, sinks):
+def direct_sinks(case, q, k, v, sinks=None, param=None):
     """The sink as defined, in plain torch: the twin's scores without a sink (its lse gives them
-    back only masked; recomputed here), the sink column concatenated, softmax, dropped, times v."""
+    back only masked; recomputed here), the sink column concatenated, softmax, dropped, times v.
+    Without ``sinks``, plain flex attention, a fully masked row giving 0 (its softmax is NaN).
+    ``param``: the score_mod's table or slopes as a tensor (the case's, without gradient, if None)."""
     B, Hq, L, E = q.shape
     k, v = (x.repeat_interleave(Hq // x.shape[1], dim=1) for x in (k, v))
     b, h, q_idx, kv_idx = (torch.arange(n).reshape(shape) for n, shape in
                            ((B, (B, 1, 1, 1)), (Hq, (1, Hq, 1, 1)), (L, (1, 1, L, 1)), (k.shape[2], (1, 1, 1, -1))))
     score = (q @ k.transpose(-2, -1)) * _scale(case)
-    param = to_torch(case["param"]) if case["score"] in PARAMS else case["param"]
+    if param is None:
+        param = to_torch(case["param"]) if case["score"] in PARAMS else case["param"]
     score_mod, mask_mod = build_score(tf, case, param), build_mask(tf, case)
     if score_mod is not None:
         score = score_mod(score, b, h, q_idx, kv_idx).to(q.dtype)
     if mask_mod is not None:
         score = torch.where(mask_mod(b, h, q_idx, kv_idx), score, -torch.inf)
+    if sinks is None:
+        weights = torch.softmax(score, dim=-1)
+        return torch.where(torch.isnan(weights), 0, weights) @ v           # fully masked rows: 0
     column = sinks[:, None, None].expand(score.shape[:-1] + (1,))        # (Hq,) -> (B, Hq, L, 1)
     return torch.softmax(torch.cat([score, column], dim=-1), dim=-1)[..., :-1] @ v
 
@@ -1038,3 +1047,65 @@ def test_document_shorter_than_the_sequence_is_refused(run):
 def test_bad_document_lengths_are_refused(lengths):
     with pytest.raises(ValueError, match="document: seq_lengths must be a list of non-negative integers"):
         nf.document(lengths)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule ---------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=flex_inputs(dtype=np.float64) | sink_inputs(dtype=np.float64))
+@example(case=EDGE_CASES[0])
+@example(case=EDGE_CASES[3])
+@example(case=SINK_EDGES[1])
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """The tiled and dense paths and the twin in float16 and bfloat16 against the float64 truth
+    on the same rounded inputs (direct_sinks, autograd): within twice PyTorch's own low-precision
+    error, out and every gradient (the table's and slopes' too). PyTorch's out is
+    torch.nn.attention.flex_attention run eagerly in the low dtype (CPU, forward only; its scores
+    float32, its output rounded once) where there is no sink; its gradients, and out with sinks,
+    are direct_sinks' plain torch ops in the low dtype, each rounding as a user's code would."""
+    case = {"sinks": None, **case, "dlse": None}
+    pname = PARAMS.get(case["score"])
+    names = ("q", "k", "v") + ((pname,) if pname else ()) + (("sinks",) if case["sinks"] is not None else ())
+    arrays = {n: case["param"] if n == pname else case[n] for n in names}
+    low = {n: round_to(a, dtype) for n, a in arrays.items()}          # the inputs every side shares
+    lcase = {**case, **{n: a for n, a in low.items() if n != pname}, "dout": round_to(case["dout"], dtype),
+             "param": low[pname] if pname else case["param"]}
+
+    def formula(q, k, v, sinks=None, **param):
+        return direct_sinks(lcase, q, k, v, sinks, param.get(pname))
+    truth_out, truth_grads = autograd(formula, {n: a.astype(np.float64) for n, a in low.items()},
+                                      lcase["dout"].astype(np.float64))
+    torch_out, torch_grads = autograd(formula, low, lcase["dout"])
+    if case["sinks"] is None:
+        torch_out = builtin_forward(lcase)[0]
+    ours = {"twin": twin_grads(lcase)}
+    for dense in (False, True):
+        (out, lse), cache = numpy_forward(lcase, dense=dense)
+        assert lse.dtype == np.float32, f"flex lse ({dtype}) came back {lse.dtype}, not float32"
+        ours["dense" if dense else "numpy"] = ((out, lse), numpy_grads(lcase, cache))
+    # The float32 analysis of test_flash_attention.py, with the bias in the largest score and
+    # grad_tols' analysis for a table or slopes (8 float32 ulps of what they sum).
+    eps = float(np.finfo(np.float32).eps)
+    extra = float32_allowance({**lcase, "sinks": None if case["sinks"] is None else low["sinks"],
+                               "q": low["q"].astype(np.float64), "k": low["k"].astype(np.float64)})
+    if pname:
+        B, Hq, L, _ = case["q"].shape
+        G = float(np.abs(lcase["dout"]).max()) * float(np.abs(low["v"]).max()) * case["v"].shape[3]
+        extra[f"d{pname}"] = 8 * eps * B * Hq * L * G * (max(L, case["k"].shape[2]) if pname == "slopes" else 1)
+    for who, ((out, _), grads) in ours.items():
+        tensors = {"out": (out, torch_out, truth_out)}
+        tensors.update({f"d{n}": (grads[n], torch_grads[n], truth_grads[n]) for n in names})
+        assert_error_budget(f"flex_attention[{who}]", dtype, tensors, extra=extra)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_mixed_dtypes_are_refused(dtype):
+    """A low-precision q with float32 k and v, or a float32 dout, is refused, as a float32/float64 mix."""
+    low = LOW_DTYPES[dtype][0]
+    q, k, v = (ramp(1, 2, 3, 4).astype(low), ramp(1, 2, 5, 4).astype(np.float32), ramp(1, 2, 5, 4).astype(np.float32))
+    for forward in (nf.flex_attention_forward, nf.dense_flex_attention_forward):
+        with pytest.raises(TypeError, match=f"must share one dtype: q is {dtype}, k is float32"):
+            forward(q, k, v)
+        _, cache = forward(q, k.astype(low), v.astype(low))
+        with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
+            nf.flex_attention_backward(np.zeros((1, 2, 3, 4), np.float32), cache)

@@ -13,7 +13,7 @@ from numpy_attn.flash_attention import flash_attention_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.masks import causal_mask
 from parity_tests import strategies as S
-from parity_tests.helpers import assert_close, to_numpy, to_torch
+from parity_tests.helpers import LOW_DTYPES, assert_close, round_to, to_numpy, to_torch, ulp
 
 
 @st.composite
@@ -117,6 +117,42 @@ def test_bytes_per_token(L, B, nkv, g, hs, max_len, dtype):
         assert cache.bytes_per_token == 73728, "GPT-2 small: 2 * 12 * 12 * 64 * 4"
 
 
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(steps=splits(6), data=st.data())
+def test_low_precision_cache_halves_the_bytes_and_keeps_the_bits(dtype, steps, data):
+    """A float16 or bfloat16 cache takes half the bytes of a float32 one, per token and in all
+    (twin too); it keeps the keys and values bit for bit; attention over it decodes what the full
+    causal attention computes in that dtype, to one rounding: both compute in float32 and round
+    once, and only the order of BLAS's float32 sums differs (2^-24 relative, against the 2^-11 or
+    2^-8 of rounding to the low dtype), so an output may land on the neighbouring low-precision
+    number; and a float32 k or v is refused, as float64 into a float32 cache is."""
+    low, torch_low = LOW_DTYPES[dtype]
+    B, nkv, g, T, hs = 2, 2, 2, 6, 4
+    q, k, v = (round_to(data.draw(S.arrays(np.float64, (B, nh, T, hs)), label=name), dtype)
+               for name, nh in (("q", g * nkv), ("k", nkv), ("v", nkv)))
+    cache, wide = init_kv_cache(3, B, nkv, T, hs, low), init_kv_cache(3, B, nkv, T, hs, np.float32)
+    assert 2 * cache.nbytes == wide.nbytes and 2 * cache.bytes_per_token == wide.bytes_per_token, \
+        f"{dtype} cache: {cache.nbytes} bytes, float32 {wide.nbytes}"
+    twin = tw.init_kv_cache(3, B, nkv, T, hs, torch_low)
+    assert twin.bytes_per_token == cache.bytes_per_token, f"kv_cache twin bytes_per_token ({dtype})"
+    full, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True)
+    start = 0
+    for i, n in enumerate(steps):
+        k_all, v_all = kv_cache_update(cache.layer(1), k[:, :, start:start + n], v[:, :, start:start + n])
+        assert k_all.dtype == low and np.array_equal(k_all.view(np.uint16), k[:, :, :start + n].view(np.uint16)), \
+            f"{dtype} cache: keys changed in step {i}"
+        assert np.array_equal(v_all.view(np.uint16), v[:, :, :start + n].view(np.uint16)), \
+            f"{dtype} cache: values changed in step {i}"
+        out, _ = scaled_dot_product_attention_forward(q[:, :, start:start + n], k_all, v_all, is_causal="bottom_right")
+        expected = full[:, :, start:start + n].astype(np.float64)
+        step = np.abs(out.astype(np.float64) - expected)
+        assert np.all(step <= np.vectorize(lambda x: ulp(x, dtype))(expected)), \
+            f"{dtype} cached attention step {i}: off by {step.max()}"
+        start += n
+    with pytest.raises(TypeError, match=f"k has dtype float32, the cache holds {dtype}"):
+        kv_cache_update(cache.layer(0), k[:, :, :1].astype(np.float32), v[:, :, :1])
+
+
 # -- overflow and bad input -----------------------------------------------------------------------
 
 @given(max_len=S.dim(1, 5), first=S.dim(0, 5), extra=S.dim(1, 3), dtype=S.dtypes)
@@ -156,7 +192,7 @@ def test_bad_input_is_refused():
         init_kv_cache(1, 1, 1, 0, 1)
     with pytest.raises(TypeError, match="head_size must be an integer"):
         init_kv_cache(1, 1, 1, 4, 2.0)
-    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+    with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64, got int64"):
         init_kv_cache(1, 1, 1, 4, 2, np.int64)
     assert isinstance(cache, KVCache)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.positional import sinusoidal_encoding
 from parity_tests import strategies as S
-from parity_tests.helpers import assert_close, to_numpy
+from parity_tests.helpers import LOW_DTYPES, assert_close, assert_error_budget, round_to, to_numpy
 from torch_attn.positional import sinusoidal_encoding as twin_encoding
 
 sizes = st.tuples(st.integers(0, 40), st.integers(0, 17))
@@ -98,9 +98,45 @@ def test_empty_sizes_give_empty_tables(T, C):
     assert pe.shape == (T, C), f"positional.pe shape {pe.shape}"
 
 
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def _low_precision_formula(T, C, base, dtype):
+    """The table as a user's PyTorch code would write it for a low dtype: every step in it."""
+    t = torch.arange(T, dtype=dtype)[:, None]                    # (T, 1); bfloat16 rounds t > 256
+    inv_freq = base ** (-torch.arange(0, C, 2, dtype=dtype) / C)
+    angle = t * inv_freq
+    pe = torch.zeros((T, C), dtype=dtype)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : C // 2])
+    return pe
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(size=sizes, base=bases)
+@example(size=(40, 17), base=10000.0)
+def test_low_precision_meets_the_error_budget(size, base, dtype):
+    """Ours and the twin against the float64 closed form, within twice the error of the same
+    formula run in the low dtype with plain torch ops; each is its own float64 table rounded once,
+    exactly, by its own library's cast (the two float64 tables may differ in the last bit, torch's
+    pow not being NumPy's, and torch's float64 -> float16 cast need not round as NumPy's does near
+    a tie)."""
+    T, C = size
+    low, torch_dtype = LOW_DTYPES[dtype]
+    truth = closed_form(T, C, base)
+    pe = sinusoidal_encoding(T, C, base=base, dtype=low)
+    twin = to_numpy(twin_encoding(T, C, base=base, dtype=torch_dtype))
+    theirs = to_numpy(_low_precision_formula(T, C, base, torch_dtype))
+    once = {"numpy": round_to(sinusoidal_encoding(T, C, base=base, dtype=np.float64), dtype),
+            "twin": to_numpy(twin_encoding(T, C, base=base, dtype=torch.float64).to(torch_dtype))}
+    for who, ours in {"numpy": pe, "twin": twin}.items():
+        assert_error_budget(f"positional[{who}]", dtype, {"pe": (ours, theirs, truth)})
+        assert np.array_equal(ours.astype(np.float64), once[who].astype(np.float64)), \
+            f"positional[{who}] ({dtype}) is not its float64 table rounded once"
+
+
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d.type for d, _ in LOW_DTYPES.values()))
 def test_dtype_is_preserved(dtype):
     assert sinusoidal_encoding(4, 6, dtype=dtype).dtype == dtype
 
@@ -119,5 +155,7 @@ def test_bad_input():
     for base in (float("nan"), True, "10000", None):   # a comparison error or a silent base before
         with pytest.raises(ValueError, match=f"^base must be > 1, got {base!r}$"):
             sinusoidal_encoding(4, 4, base=base)
-    with pytest.raises(TypeError, match="dtype must be float32 or float64, got int32"):
+    with pytest.raises(TypeError, match="^dtype must be float16, bfloat16, float32 or float64, got int32$"):
         sinusoidal_encoding(4, 4, dtype=np.int32)
+    with pytest.raises(TypeError, match=r"^dtype must be float16, bfloat16, float32 or float64, got torch.float16$"):
+        sinusoidal_encoding(4, 4, dtype=torch.float16)

@@ -24,10 +24,13 @@ from numpy_attn.rope import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
+    assert_error_budget,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -157,6 +160,52 @@ def test_twin_matches_hugging_face_apply_rotary_pos_emb(case):
     out, _ = rope_forward(x, positions, theta, "half", scaling)
     assert_close("rope.out vs apply_rotary_pos_emb(q)", out, to_numpy(hf_q))
     assert_close("rope.out vs apply_rotary_pos_emb(k)", -out, to_numpy(hf_k))
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def _hf_rope(positions, theta, layout, scaling, dtype):
+    """transformers' apply_rotary_pos_emb as a Llama in ``dtype`` runs it: the float64 angles'
+    cos and sin rounded to that dtype, then its four products and two sums, each rounding. The
+    interleaved layout is the half one on permuted channels (half_to_interleaved)."""
+    def f(x):
+        hs = x.shape[-1]
+        perm = half_to_interleaved(hs) if layout == "interleaved" else np.arange(hs)
+        angles = np.asarray(positions)[..., None] * rope_frequencies(hs, theta, scaling)
+        cos, sin = (to_torch(np.concatenate([t, t], -1)).to(dtype) for t in (np.cos(angles), np.sin(angles)))
+        out, _ = apply_rotary_pos_emb(x[..., perm], x[..., perm], cos, sin, unsqueeze_dim=0)
+        return out.reshape(x.shape)[..., np.argsort(perm)]          # drops the axis cos gained
+    return f
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=cases(dtype=np.float64))
+@example(case=PINNED)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of transformers' rotation
+    in the low dtype (its tables rounded to that dtype, as a bfloat16 Llama's are): out and dx."""
+    x, positions, dout, theta, layout, scaling = case
+    x, dout = round_to(x, dtype), round_to(dout, dtype)
+    out, cache = rope_forward(x, positions, theta, layout, scaling)
+    dx = rope_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x: rope(x, to_torch(positions), theta, layout, scaling),
+                                    {"x": x}, dout)
+    torch_out, torch_grads = autograd(_hf_rope(positions, theta, layout, scaling, LOW_DTYPES[dtype][1]),
+                                      {"x": x}, dout)
+    truth_out, truth_grads = autograd(_hf_rope(positions, theta, layout, scaling, torch.float64),
+                                      {"x": x.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
+        assert_error_budget(f"rope[{layout}][{who}]", dtype, {"out": (o, torch_out, truth_out),
+                                                              "dx": (g, torch_grads["x"], truth_grads["x"])})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_dout_of_another_dtype_is_refused(dtype):
+    """rope has one float input: the mix to refuse is a float32 dout for a low-precision x (the
+    cache holds float32 tables, so the check must use x's dtype, not theirs)."""
+    _, cache = rope_forward(round_to(S.ramp(3, 4), dtype), np.arange(3))
+    with pytest.raises(TypeError, match=f"rope: dout must have the dtype .* {dtype}, got float32"):
+        rope_backward(S.ramp(3, 4, dtype=np.float32), cache)
 
 
 def _hf_inv_freq(hs, theta, scaling):

@@ -18,17 +18,7 @@ from numpy_attn.softmax import (
 )
 from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import (
-    FD_TOL,
-    LOW_DTYPES,
-    assert_close,
-    assert_error_budget,
-    autograd,
-    numerical_grad,
-    round_to,
-    to_numpy,
-    to_torch,
-)
+from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
 
 PAIRS = {
     "softmax": (softmax_forward, softmax_backward, tw.softmax, torch.softmax),
@@ -109,7 +99,7 @@ def test_builtin_gives_nan_on_all_masked_row_where_we_give_zeros():
 
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-                **dict(LOW_DTYPES.values())}
+                **dict(helpers.LOW_DTYPES.values())}
 
 
 @given(op=ops, case=logits(), dtype=S.dtypes)
@@ -190,10 +180,10 @@ def _low_case(case, dtype):
     zeroed where x is -inf (y = -inf there, whose product with dout is not finite)."""
     x, dout, axis = case
     x = np.where(np.isfinite(x).any(axis=axis, keepdims=True), x, 0.0)
-    return round_to(x, dtype), round_to(np.where(np.isfinite(x), dout, 0.0), dtype)
+    return helpers.round_to(x, dtype), helpers.round_to(np.where(np.isfinite(x), dout, 0.0), dtype)
 
 
-@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(op=ops, case=logits(dtype=np.float64))
 @example(op="softmax", case=(np.array([[9.5, -3.25, 0.125, 7.0, -np.inf]]), np.array([[0.5, -1.0, 2.0, 3.0, 1.5]]),
                              -1))
@@ -210,11 +200,11 @@ def test_low_precision_meets_the_error_budget(dtype, op, case):
     truth_y, truth_grads = autograd(lambda x: builtin(x, dim=axis), {"x": x.astype(np.float64)},
                                     dout.astype(np.float64))
     for who, (o, g) in {"numpy": (y, dx), "twin": (twin_y, twin_grads["x"])}.items():
-        assert_error_budget(f"{op}[{who}]", dtype, {"y": (o, torch_y, truth_y),
-                                                     "dx": (g, torch_grads["x"], truth_grads["x"])})
+        helpers.assert_error_budget(f"{op}[{who}]", dtype, {
+            "y": (o, torch_y, truth_y), "dx": (g, torch_grads["x"], truth_grads["x"])})
 
 
-@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(op=ops, case=logits(dtype=np.float32))
 def test_dtype_casts_to_a_low_dtype_as_builtin(dtype, op, case):
     """dtype=float16/bfloat16 on a float32 x: y in that dtype within the budget of
@@ -222,30 +212,30 @@ def test_dtype_casts_to_a_low_dtype_as_builtin(dtype, op, case):
     gradient of the cast x, as autograd's), within the budget too; the twin the same."""
     x32, dout, axis = case
     x32 = np.where(np.isfinite(x32).any(axis=axis, keepdims=True), x32, 0).astype(np.float32)
-    low, torch_dtype = LOW_DTYPES[dtype]
+    low, torch_dtype = helpers.LOW_DTYPES[dtype]
     forward, backward, twin, builtin = PAIRS[op]
     y, cache = forward(x32, axis=axis, dtype=low)
-    dout = round_to(np.where(np.isfinite(y.astype(np.float64)), dout, 0), dtype)
+    dout = helpers.round_to(np.where(np.isfinite(y.astype(np.float64)), dout, 0), dtype)
     dx = backward(dout, cache)
     assert y.dtype == low and dx.dtype == np.float32, f"{op} with dtype={dtype}: y {y.dtype}, dx {dx.dtype}"
     assert np.array_equal(dx, dx.astype(low).astype(np.float32)), f"{op}.dx with dtype={dtype} is not rounded"
     twin_y, twin_grads = autograd(lambda x: twin(x, dim=axis, dtype=torch_dtype), {"x": x32}, dout)
     torch_y, torch_grads = autograd(lambda x: builtin(x, dim=axis, dtype=torch_dtype), {"x": x32}, dout)
     # The truth computes on x rounded to the low dtype, as every side does after the cast.
-    truth_y, truth_grads = autograd(lambda x: builtin(x, dim=axis), {"x": round_to(x32, dtype).astype(np.float64)},
-                                    dout.astype(np.float64))
+    x64 = helpers.round_to(x32, dtype).astype(np.float64)
+    truth_y, truth_grads = autograd(lambda x: builtin(x, dim=axis), {"x": x64}, dout.astype(np.float64))
     for who, (o, g) in {"numpy": (y, dx), "twin": (twin_y, twin_grads["x"])}.items():
         assert g.dtype == np.float32, f"{op}[{who}].dx with dtype={dtype} is {g.dtype}"
-        assert_error_budget(f"{op}[{who}] dtype=", dtype, {
+        helpers.assert_error_budget(f"{op}[{who}] dtype=", dtype, {
             "y": (o, torch_y, truth_y), "dx": (g.astype(low), torch_grads["x"].astype(low), truth_grads["x"])})
 
 
-@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @pytest.mark.parametrize("op", sorted(PAIRS))
 def test_low_precision_mix_is_refused(op, dtype):
     """A float32 dy for a float16/bfloat16 y (and the reverse) is refused, naming both dtypes."""
     forward, backward, _, _ = PAIRS[op]
-    low = LOW_DTYPES[dtype][0]
+    low = helpers.LOW_DTYPES[dtype][0]
     _, cache = forward(np.zeros((2, 3), low))
     with pytest.raises(TypeError, match=f"dy must have the dtype of the forward's output, {dtype}, got float32"):
         backward(np.zeros((2, 3), np.float32), cache)
@@ -356,7 +346,7 @@ def test_backward_matches_finite_differences(op, case):
 
 # -- dtype preservation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d.type for d, _ in LOW_DTYPES.values()))
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES + tuple(d.type for d, _ in helpers.LOW_DTYPES.values()))
 @pytest.mark.parametrize("op", sorted(PAIRS))
 def test_dtype_is_preserved(op, dtype):
     forward, backward, _, _ = PAIRS[op]

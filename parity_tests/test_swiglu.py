@@ -12,7 +12,7 @@ from transformers import Gemma2Config, LlamaConfig
 from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from numpy_attn._tree import flatten, tree_map
+from numpy_attn._tree import tree_map
 from numpy_attn.swiglu import (
     init_swiglu_params,
     silu_backward,
@@ -38,7 +38,7 @@ from parity_tests.helpers import (
     to_torch,
     tree_leaves,
 )
-from parity_tests.test_feed_forward import assert_drawn_like_nn_linear
+from parity_tests.test_feed_forward import assert_drawn_like_nn_linear, assert_tree_error_budget, rounded_case
 from torch_attn.swiglu import silu, swiglu
 
 # The gate's activation: SiLU (SwiGLU, Llama) or the tanh GELU (GeGLU, Gemma).
@@ -167,30 +167,21 @@ def _plain_mlp(act):
     return mlp
 
 
-def _budget(op, dtype, ours, theirs, truth):
-    """assert_error_budget over every leaf of matching trees {name: array or {name: ...}}."""
-    ours, theirs, truth = flatten(ours), flatten(theirs), flatten(truth)
-    assert ours.keys() == theirs.keys() == truth.keys(), f"{op}: {sorted(ours)} vs {sorted(truth)}"
-    assert_error_budget(op, dtype, {k: (ours[k], theirs[k], truth[k]) for k in ours})
-
-
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=networks(dtype=np.float64), act=acts)
 def test_low_precision_meets_the_error_budget(dtype, case, act):
     """Ours and the twin against float64 truth, within twice the error of the MLP written with
     PyTorch's built-ins in the low dtype: out, dx and every weight's and bias's gradient (x, the
     parameters and dout rounded first: every side sees them)."""
-    x, params, dout = case
-    x, dout, params = round_to(x, dtype), round_to(dout, dtype), tree_map(lambda p: round_to(p, dtype), params)
+    (x, params, dout), (x64, params64, dout64) = rounded_case(case, dtype)
     out, cache = swiglu_forward(x, params, act)
     dx, dparams = swiglu_backward(dout, cache)
     twin_out, twin_grads = autograd(partial(swiglu, act=act), {"x": x, "params": params}, dout)
     torch_out, torch_grads = autograd(_plain_mlp(act), {"x": x, "params": params}, dout)
-    truth_out, truth_grads = autograd(_plain_mlp(act), {"x": x.astype(np.float64), "params": tree_map(
-        lambda p: p.astype(np.float64), params)}, dout.astype(np.float64))
+    truth_out, truth_grads = autograd(_plain_mlp(act), {"x": x64, "params": params64}, dout64)
     for who, (o, g) in {"numpy": (out, {"x": dx, "params": dparams}), "twin": (twin_out, twin_grads)}.items():
-        _budget(f"swiglu[{act}][{who}]", dtype, {"out": o, "d": g}, {"out": torch_out, "d": torch_grads},
-                {"out": truth_out, "d": truth_grads})
+        assert_tree_error_budget(f"swiglu[{act}][{who}]", dtype, {"out": o, "d": g},
+                                 {"out": torch_out, "d": torch_grads}, {"out": truth_out, "d": truth_grads})
 
 
 @pytest.mark.parametrize("dtype", LOW_DTYPES)

@@ -9,12 +9,16 @@ more softmax column per query head, dropped after the softmax.
 Instead of ``rng`` it takes ``keep``, the NumPy twin's ``cache.keep``, so that both drop exactly
 the same weights. Returns ``(out, weights)``, the weights after softmax and before dropout, as
 ``cache.weights``.
+float16 and bfloat16 are cast up to float32 at the top and out and the weights rounded once at the
+end, as the NumPy twin does; autograd then computes the backward in float32 and rounds each
+gradient once at the cast.
 """
 
 import math
 
 import torch
 
+from torch_attn._opmath import upcast
 from torch_attn.dropout import dropout
 from torch_attn.masks import causal_mask, sliding_window_mask
 from torch_attn.softcap import logit_softcap
@@ -26,6 +30,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     """Attention of q (..., T, hs) over k (..., S, hs), v (..., S, hv) -> (out (..., T, hv), weights (..., T, S))."""
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
+    dtype = q.dtype                                               # out's: float16 and bfloat16 compute in float32
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 copies for float16 and bfloat16
     scale = 1 / math.sqrt(hs) if scale is None else scale
     # g query heads per key/value head: more than one with grouped-query heads
     g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
@@ -38,6 +44,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
                      else sliding_window_mask(T, S, window, align, device=q.device))
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask, 0, -torch.inf).to(q.dtype)   # False -> a score of -inf
+    attn_mask = upcast(attn_mask)                                 # a float16/bfloat16 mask in float32: -inf stays -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.transpose(-1, -2)                       # (..., nh, T, S)
     if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
@@ -52,7 +59,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         weights = weights[..., :-1]                               # (..., nh, T, S + 1) -> (..., nh, T, S)
     dropped = dropout(weights, dropout_p, mask=keep)              # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
-    return out, weights
+    return out.to(dtype), weights.to(dtype)                       # rounded once to q's dtype
 
 
 # Equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,

@@ -3,6 +3,8 @@
 Twin of numpy_attn/embedding.py. Indexing ``wte[ids]`` is differentiable; autograd's backward is
 the same scatter-add (repeated ids accumulate) that the NumPy twin writes with ``np.add.at``.
 The padding row's lookups are detached, so it receives no gradient (the NumPy backward zeroes it).
+float16 and bfloat16: the lookup is exact in the table's dtype, so no cast; autograd's scatter-add
+then adds the rows in that dtype, as F.embedding does, where the NumPy backward adds in float32.
 """
 
 import torch

@@ -10,12 +10,16 @@ torch.nn.attention.flex_attention.flex_attention unchanged; a learned table or A
 require grad receive their gradient through autograd. ``block_mask`` is any object with a
 ``mask_mod`` (torch's BlockMask or numpy_attn's); its mask is applied everywhere. Fully masked
 rows give output 0 and lse -inf, with zero gradients. ``sinks`` (Hq,) adds each query head's sink
-logit to the row's maximum and sum, as one more column of value zero.
+logit to the row's maximum and sum, as one more column of value zero. float16 and bfloat16 are
+cast up to float32 at the top and the output rounded once at the end, as in the NumPy twin; lse
+stays float32.
 """
 
 import math
 
 import torch
+
+from torch_attn._opmath import upcast
 
 # ---------------------------------------------------------------------------------------------
 # Mask modifiers: mask_mod(b, h, q_idx, kv_idx) -> bool tensor, True where a query may attend.
@@ -132,6 +136,8 @@ def _index_grids(B, H, L, S):
 def flex_attention(q, k, v, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, sinks=None):
     """q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) -> out (B, Hq, L, Ev) [, lse (B, Hq, L)]."""
+    dtype = q.dtype
+    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 for float16 and bfloat16
     B, Hq, L, E = q.shape
     S = k.shape[2]
     scale = 1 / math.sqrt(E) if scale is None else scale
@@ -155,6 +161,7 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, scale=None,
     empty = row_sum == 0                                        # fully masked rows
     out = (e / torch.where(empty, 1, row_sum)) @ v              # (B, Hq, L, Ev), zeros where empty
     lse = torch.where(empty, -torch.inf, m + torch.log(torch.where(empty, 1, row_sum)))[..., 0]  # (B, Hq, L)
+    out = out.to(dtype)                                         # rounded once; lse stays float32
     return (out, lse) if return_lse else out
 
 

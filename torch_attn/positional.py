@@ -1,7 +1,7 @@
 """Sinusoidal position encoding in plain PyTorch.
 
 Twin of numpy_attn/positional.py: sin on even channels, cos on odd channels, computed in float64
-and rounded once to ``dtype``. Learned positions are ``embedding(torch.arange(T), wpe)``.
+and rounded once to ``dtype`` (float16 and bfloat16 too). Learned positions are ``embedding(torch.arange(T), wpe)``.
 """
 
 import torch

@@ -4,12 +4,15 @@ Twin of numpy_attn/rope.py: channel pair j turned by the angle p * f_j at positi
 chosen by ``layout`` ("half": j and j + hs/2, as Hugging Face's ``rotate_half``; "interleaved":
 2j and 2j + 1, as Meta's original code), the frequencies scaled by ``scaling`` (None, linear,
 llama3, yarn or dynamic, in the form of Hugging Face's ``rope_parameters``), cos and sin
-multiplied by YaRN's attention factor. Angles in float64, cos and sin rounded once to x's dtype.
+multiplied by YaRN's attention factor. Angles in float64, cos and sin rounded once to x's dtype;
+for float16 and bfloat16 to float32, the rotation computed there and rounded once, as there.
 """
 
 import math
 
 import torch
+
+from torch_attn._opmath import opmath, upcast
 
 
 def rope_frequencies(hs, theta=10000.0, scaling=None, seq_len=None):
@@ -83,13 +86,13 @@ def rope(x, positions, theta=10000.0, layout="half", scaling=None, seq_len=None)
     inv_freq = rope_frequencies(hs, theta, scaling, seq_len).to(x.device)   # (hs/2,)
     attention_factor = rope_attention_factor(scaling)
     angles = positions[..., None] * inv_freq                        # (..., T) -> (..., T, hs/2), float64
-    cos = (torch.cos(angles) * attention_factor).to(x.dtype)        # (..., T, hs/2)
-    sin = (torch.sin(angles) * attention_factor).to(x.dtype)        # (..., T, hs/2)
-    x_a, x_b = _pairs(x, layout)                                    # (..., T, hs) -> 2 x (..., T, hs/2)
+    cos = (torch.cos(angles) * attention_factor).to(opmath(x.dtype))   # (..., T, hs/2), float32 for low x
+    sin = (torch.sin(angles) * attention_factor).to(opmath(x.dtype))   # (..., T, hs/2)
+    x_a, x_b = _pairs(upcast(x), layout)                                   # (..., T, hs) -> 2 x (..., T, hs/2)
     out_a = x_a * cos - x_b * sin
     out_b = x_b * cos + x_a * sin
     out = _join(out_a, out_b, layout)                               # 2 x (..., T, hs/2) -> (..., T, hs)
-    return out
+    return out.to(x.dtype)                                          # rounded once to x's dtype
 
 
 # No PyTorch built-in. With layout="half" it equals Hugging Face's
