@@ -55,6 +55,22 @@ def reading_order():
 
 WHO = ("numpy", "twin")
 _WHO_LABEL = re.compile(r"\[(numpy|twin)\]")
+# In an op name read from the source, the part no literal fixes (an f-string field drawn by
+# Hypothesis, say): any text there. Alone in brackets it may also be the implementation's
+# [numpy] or [twin], which a name leaves out, so the brackets may be absent too.
+ANY, _ANY_BRACKETED = "\x00", "\x01"
+
+
+def matches(pattern, op):
+    """Whether the op name ``op`` of a run fits ``pattern``, an op name read from the source."""
+    parts = re.split(f"({ANY}|{_ANY_BRACKETED})", pattern.replace(f"[{ANY}]", _ANY_BRACKETED))
+    regex = "".join({ANY: ".*", _ANY_BRACKETED: r"(\[[^\]]*\])?"}.get(part, re.escape(part)) for part in parts)
+    return re.fullmatch(regex, op) is not None
+
+
+def shown(pattern):
+    """An op name read from the source, for a message: "rope[*]"."""
+    return pattern.replace(ANY, "*")
 
 
 def split_label(label):
@@ -159,10 +175,9 @@ def _values(expr, function, functions, module, depth=2):
                 continue
             spec = "".join(v.value for v in part.format_spec.values) if part.format_spec else ""
             found = _values(part.value, function, functions, module, depth)
-            if found is None:
-                return None
-            texts = {t + format(value, spec) for t in texts for value in found}
-        return texts
+            texts = {t + (ANY if found is None else format(value, spec)) for t in texts for value in found or [0]}
+        # Only wildcards and punctuation left: nothing to match a table row by.
+        return texts if all(re.search(r"\w", t.replace(ANY, "")) for t in texts) else None
     if not isinstance(expr, ast.Name) or function is None:
         return None
     found = _parametrized(expr.id, function, module)
@@ -185,22 +200,53 @@ def _values(expr, function, functions, module, depth=2):
     return names or None
 
 
+def budget_functions(folder=TESTS):
+    """assert_error_budget and the helpers of ``folder``'s modules that pass their first parameter
+    on to it as the op's name (a test file may import one from another), by name."""
+    names = {"assert_error_budget"}
+    for path in sorted(folder.glob("*.py")):
+        names |= {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _passes_op_on(node)}
+    return names
+
+
+def _passes_op_on(function, names=("assert_error_budget",)):
+    """Whether ``function`` calls one of ``names`` with its own first parameter as the op."""
+    if not isinstance(function, ast.FunctionDef) or not function.args.args or function.name.startswith("test_"):
+        return False
+    first = function.args.args[0].arg
+    return any(_calls(call, set(names)) and isinstance(_op_argument(call), ast.Name) and _op_argument(call).id == first
+               for call in ast.walk(function))
+
+
+def _calls(node, names):
+    """Whether ``node`` is a call of a function called one of ``names`` that passes an op."""
+    return isinstance(node, ast.Call) and _op_argument(node) is not None and getattr(
+        node.func, "id", getattr(node.func, "attr", None)) in names
+
+
+def _op_argument(call):
+    """The op name a budget call passes: its first argument, or its keyword ``op``."""
+    return call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "op"), None)
+
+
 def budget_calls(folder=TESTS):
-    """Every assert_error_budget call in ``folder``'s test files: [(op name or None, "file:line",
-    node ids of the tests that make it)], in the reading order of the files and then by line. An
-    op name is None where the call's first argument cannot be read from the source."""
+    """Every call of assert_error_budget (or of a shared helper that passes its op on to it) in
+    ``folder``'s test files: [(op name or None, "file:line", node ids of the tests that make it)],
+    in the reading order of the files and then by line. An op name is None where the call's first
+    argument cannot be read from the source; ANY stands for a part of it the source leaves open."""
     order = {stem: i for i, stem in enumerate(reading_order())}
     files = sorted(folder.glob("test_*.py"), key=lambda p: (order.get(p.stem[5:], len(order)), p.name))
-    found = []
+    wrappers, found = budget_functions(folder), []
     for path in files:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
         for function in functions:
             for call in ast.walk(function):
-                if not (isinstance(call, ast.Call) and call.args and getattr(call.func, "id", getattr(
-                        call.func, "attr", None)) == "assert_error_budget"):
+                # A helper's own call with its parameter: counted at the helper's calls instead.
+                if not _calls(call, wrappers) or function.name in wrappers and _passes_op_on(function, wrappers) \
+                        and getattr(_op_argument(call), "id", None) == function.args.args[0].arg:
                     continue
-                labels = _values(call.args[0], function, functions, tree)
+                labels = _values(_op_argument(call), function, functions, tree)
                 names = None if labels is None or not all(isinstance(label, str) for label in labels) else {
                     split_label(label)[0] for label in labels}
                 where = f"{path.relative_to(folder.parent)}:{call.lineno}"
@@ -255,15 +301,19 @@ def _cell(found, gradients):
 
 
 def render(records, ops):
-    """The section's table: a row per op of ``ops`` (in that order, then any other op the
-    records name) and dtype. TableError names the ops with no record in a dtype."""
+    """The section's table: a row per op and dtype, the ops the records name in the order of the
+    patterns ``ops`` they match (budget_ops), then the others. TableError names the patterns no
+    record matches and the ops with no record in a dtype."""
     multiples = {}                                 # (op, dtype, who) -> {tensor: multiple}
     for r in records:
         op, who = split_label(r["op"])
         multiples.setdefault((op, r["dtype"], who), {})[r["tensor"]] = r["multiple"]
-    named = list(dict.fromkeys([*ops, *sorted({op for op, _, _ in multiples})]))
-    missing = [f"{op} ({dtype})" for op in named for dtype in DTYPES
-               if not any((op, dtype, who) in multiples for who in WHO)]
+    recorded = sorted({op for op, _, _ in multiples})
+    unmatched = [f"{shown(pattern)} ({dtype})" for pattern in ops for dtype in DTYPES
+                 if not any(matches(pattern, op) and d == dtype for op, d, _ in multiples)]
+    named = list(dict.fromkeys([op for pattern in ops for op in recorded if matches(pattern, op)] + recorded))
+    missing = unmatched + [f"{op} ({dtype})" for op in named for dtype in DTYPES
+                           if not any((op, dtype, who) in multiples for who in WHO)]
     if missing:
         raise TableError(f"no records for: {', '.join(missing)} (did every budget test run?)")
     lines = [HEADER]
