@@ -374,15 +374,6 @@ def test_parity_failure_exits_1_before_timing(monkeypatch, capsys):
     assert "parity failed for broken" in captured.err and "median ms" not in captured.out
 
 
-def _computes_low_precision_in_float32(op):
-    """Whether the op's NumPy module casts float16 and bfloat16 up (it uses upcast or opmath):
-    the operations are converted one by one, and a module not converted yet computes in the low
-    dtype itself, which no tolerance here is meant for."""
-    module = op.numpy_module or f"numpy_attn.{op.stem}"
-    source = (ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8")
-    return "upcast(" in source or "opmath(" in source
-
-
 @pytest.mark.parametrize("name", list(registry.OPS))
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16])
 def test_every_registered_op_passes_parity_at_a_tiny_size(name, dtype):
@@ -390,8 +381,6 @@ def test_every_registered_op_passes_parity_at_a_tiny_size(name, dtype):
     op = registry.OPS[name]
     if op.missing("numpy"):
         pytest.skip(op.missing("numpy"))                 # its module has not landed yet
-    if np.dtype(dtype).name in calls.LOW_PRECISION and not _computes_low_precision_in_float32(op):
-        pytest.skip(f"{op.stem} does not compute float16 and bfloat16 in float32 yet")
     targets = [(impl, "cpu") for impl in ("twin", "builtin") if not op.missing(impl)]
     results = parity.check(op, Size(B=2, nh=2, T=8, hs=4), dtype, 0, targets)
     assert set(results) == {("numpy", "cpu"), *targets}
