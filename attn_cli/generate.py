@@ -7,6 +7,10 @@ runs each new token only, reading the past ones' keys and values from a key/valu
 the prompt and the new tokens, until the context is full; ``--no-cache`` runs the whole context
 for every token instead (the same tokens). ``continue_ids`` is the sampling loop of both this
 command and ``generate --hf`` (attn_cli/hf_generate.py).
+
+``--dtype`` runs the model in float32, bfloat16 or float16 (default: the dtype the checkpoint was
+saved in): its parameters are rounded once to it, and the key/value cache takes it (half the bytes a
+token of float32 in either low dtype).
 """
 
 import dataclasses
@@ -16,7 +20,8 @@ import numpy as np
 
 from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
-from attn_cli.hf import bytes_text
+from attn_cli.hf import bytes_text, load_dtype
+from numpy_attn._tree import leaves, unflatten
 from numpy_attn.gpt import gpt_forward, gpt_kv_cache
 from numpy_attn.softmax import softmax_forward
 
@@ -34,11 +39,16 @@ EXAMPLES = f"""examples:
   numpy-attn generate --checkpoint my-run --prompt "A list" --top-k 40 --temperature 0.8
   numpy-attn generate --hf gpt2 --prompt "The meaning of life is" --temperature 0       greedy
   numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --max-new-tokens 8
+  numpy-attn generate --hf TinyLlama --ids 1,450,6593,310 --dtype bfloat16      as stored, half the cache
 
 The checkpoint defaults to {DEFAULT_OUT}, the folder numpy-attn train writes by default. Greedy
 decoding (--temperature 0) suits a real model such as GPT-2; the small default model, greedy, ends
 the line and then repeats the token it saw most after one (indentation spaces), so sample it.
 """
+
+
+# The dtypes --dtype takes: the model runs in it and its key/value cache holds it.
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, rng=None, cache=True):
@@ -113,6 +123,21 @@ def decoding_cache(new_cache, tokens, block_size):
     return new_cache(max_len)
 
 
+def params_in(params, dtype, source):
+    """``params`` (a tree of float arrays) rounded once to ``dtype`` (a NumPy dtype): a ValueError
+    names the first parameter of ``source`` whose values lie beyond the range of ``dtype`` (a
+    float32 weight above float16's 65504), rather than running the model with an infinity."""
+    out = {}
+    for path, a in leaves(params):
+        with np.errstate(over="ignore"):                 # an overflow is refused below, by name
+            out[path] = a.astype(dtype, copy=False)
+        if not np.isfinite(out[path]).all():
+            raise ValueError(f"{source}: parameter {path} holds values beyond the range of {dtype} "
+                             f"(largest |value| {float(np.abs(a).max()):.6g}); leave out --dtype to generate "
+                             f"in {a.dtype}, as saved")
+    return unflatten(out)
+
+
 def physical_memory():
     """The machine's memory in bytes, or None where the system does not say."""
     try:
@@ -143,6 +168,10 @@ def add_arguments(p):
     p.add_argument("--no-cache", action="store_false", dest="cache",
                    help="run the whole context for every new token instead of decoding with a "
                         "key/value cache (slower; the same tokens)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the dtype the model runs in and its key/value cache holds (bfloat16 and float16: half "
+                        "the cache's bytes a token); default float32 for --hf (a bfloat16 folder is widened), "
+                        "the dtype it was saved in for a train checkpoint")
     p.add_argument("--no-absorb", action="store_false", dest="absorb",
                    help="with --hf DIR of a DeepSeek-V3 model: decode with the naive cache of every head's "
                         "keys and values, not the absorbed latent cache (the same tokens)")
@@ -179,6 +208,8 @@ def run(args):
             raise ValueError(f"no checkpoint in {path}: run numpy-attn train first (it writes "
                              f"{path}), or name a run folder with --checkpoint")
     params, config, vocab = load_checkpoint(path)
+    if args.dtype is not None:
+        params = params_in(params, load_dtype(args.dtype), path)
     if not args.prompt:
         raise ValueError("the prompt is empty: give some text to continue")
     ids = to_model_ids(tokenizer.encode(args.prompt), vocab)

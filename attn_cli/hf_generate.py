@@ -13,6 +13,11 @@ same tokens, more slowly). DeepSeek-V3 folders decode with absorbed multi-head l
 (each layer's cache holds the latent and the shared rotary key only, numpy_attn/deepseek_v3.py);
 ``--no-absorb`` decodes with the naive cache of every head's keys and values instead (the same
 tokens), and is refused for a model without MLA.
+
+``--dtype bfloat16`` (or float16) loads the parameters in that dtype (a bfloat16 folder's values as
+stored, attn_cli/hf.py) instead of float32, and the model runs in it as PyTorch runs such a model:
+each operation computes in float32 and rounds its output once (docs/precision.md); the key/value
+cache holds that dtype, half the bytes a token of float32.
 """
 
 import numpy as np
@@ -56,7 +61,7 @@ def run(args):
               "gpt_oss": (gpt_oss_forward, gpt_oss_kv_cache), "deepseek_v3": (deepseek_v3_forward, deepseek_cache)}
     family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3",
               "gpt_oss": "gpt-oss", "deepseek_v3": "DeepSeek-V3"}
-    kind, config, params = load_checkpoint(args.hf, np.float32)
+    kind, config, params = load_checkpoint(args.hf, args.dtype or "float32")
     if not absorb and kind != "deepseek_v3":
         raise ValueError(f"--no-absorb: {args.hf} is a {family.get(kind, 'GPT-2')} checkpoint, without multi-head "
                          "latent attention; only DeepSeek-V3 decodes absorbed or not")

@@ -5,6 +5,8 @@ embedding or not, and the backward loop over the blocks.
 
 With tied weights (Press and Wolf, 2017) wte is used twice, as the embedding and (transposed) as
 the output layer, so its gradient is the sum of the two uses: ``dwte = dwte_embedding + dwte_head``.
+In float16 and bfloat16 each use's gradient comes rounded to wte's dtype and their sum is rounded
+once more, as PyTorch's autograd accumulates the gradients of a tensor used twice.
 """
 
 from typing import NamedTuple

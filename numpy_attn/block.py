@@ -10,6 +10,10 @@ explicit ``rng``) acts on the two residual branches, not on the attention weight
 a numbered list of steps; the backward undoes them in reverse, one step per forward step, and
 writes each residual sum out: ``dx = dx_attn + dx_skip``. Layer norms always have a bias; ``bias``
 applies to the linear layers, as ``torch.nn.TransformerEncoderLayer``'s.
+
+float16 and bfloat16 (``init_block_params(..., dtype=)``): each sub-operation computes in float32
+and rounds once to x's dtype (docs/precision.md); the two residual adds, and their gradients'
+sums in the backward, add two arrays of that dtype, each float32 sum rounded once, as PyTorch's add.
 """
 
 from typing import NamedTuple

@@ -20,6 +20,13 @@ caller's to compose with numpy_attn/masks.py: ``positions=padded_position_ids(ke
 and ``attn_mask=padding_attn_mask(key_padding_mask)``, or varlen_position_ids and
 varlen_attn_mask. Causality always applies, aligned bottom-right so that new tokens follow the
 cached ones. ``n_kv_head`` < ``n_head`` gives grouped-query attention.
+
+float16 and bfloat16 (params from ``init_gpt_params(..., dtype=)``): every operation computes in
+float32 and rounds its output once to the params' dtype (docs/precision.md), so the residual
+stream x is held in that dtype between steps, as in transformers' GPT-2 run in bfloat16. The
+model's own steps are elementwise adds (tok + pos and the blocks' residuals): NumPy adds two
+float16 or bfloat16 arrays by rounding each float32 sum once, as PyTorch's add kernel does. The
+one sum of many terms, wpe's gradient over the batch, is accumulated in float32 and rounded once.
 """
 
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ from numpy_attn._checks import (
     check_positions,
     check_rng,
     check_token_ids,
+    upcast,
 )
 from numpy_attn._model import blocks_backward, head_backward, head_forward, with_head
 from numpy_attn._tree import leaves
@@ -162,7 +170,8 @@ def gpt_backward(dlogits, cache):
     # 2: undoes x = dropout(x).
     dx = dropout_backward(dx, cache.drop)                                 # (B, T, C)
     # 1: undoes x = tok + pos; pos (T, C) was broadcast over the batch, so its gradient sums over B.
-    dpos = dx if cache.positions.ndim == 2 else dx.sum(axis=0)            # (B, T, C) or (T, C)
+    # In float32 for float16 and bfloat16, rounded once (PyTorch's sum accumulates in float32 too).
+    dpos = dx if cache.positions.ndim == 2 else upcast(dx).sum(axis=0).astype(dx.dtype, copy=False)   # or (T, C)
     dparams = {"wte": embedding_backward(dx, cache.wte)}                  # (V, C)
     if cache.pos is not None:
         dparams["wpe"] = embedding_backward(dpos, cache.pos)              # (T_max, C)

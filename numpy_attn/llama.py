@@ -33,6 +33,14 @@ blocks, the final norm and the head around another block (OLMo 2's norms after).
 ``embed_scale``, ``score_scale``, ``score_softcap``, ``logit_softcap``, ``norm_offset`` and
 ``block_options(i)`` (all off for Llama) are the points where Gemma 2 and 3 (numpy_attn/gemma2.py,
 gemma3.py) differ.
+
+float16 and bfloat16 (params from ``init_llama_params(..., dtype=)``, a cache from
+``llama_kv_cache(..., dtype=)``): every operation computes in float32 and rounds its output once
+to the params' dtype (docs/precision.md), so the residual stream, the keys and values a cache
+holds and the logits are in that dtype, as in transformers' models run in bfloat16. The model's
+own steps round as transformers' do: each residual add rounds its float32 sum once (NumPy's add
+of two float16 or bfloat16 arrays, as PyTorch's add kernel), and Gemma's embedding scale is
+sqrt(C) rounded to the params' dtype first, then multiplied and rounded once.
 """
 
 from dataclasses import dataclass
@@ -363,6 +371,8 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
     embed_scale = None
     if config.embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
+        # In the model's dtype even for float16 and bfloat16, as transformers' Gemma normalizer; the
+        # product of two such numbers is exact in float32, so the multiply rounds once.
         embed_scale = x.dtype.type(config.embed_scale)
         x = x * embed_scale                                                   # (B, T, C)
     # 2: the blocks, in order; each reads and appends to its own layer of the cache

@@ -20,6 +20,11 @@ combine them with ``&``. Each also has a meaning a reader can check by hand:
   ``cu_seqlens`` = [0, n1, n1+n2, ...] as FlashAttention's varlen functions take them; a query
   sees only keys of its own sequence (a block-diagonal mask), and with ``causal`` only the earlier
   ones, and positions restart at 0 for each sequence.
+
+The masks are booleans, the same for every dtype. Written as a float mask of float16 or bfloat16
+(0 where a query may attend, -inf elsewhere) they stay exact: both values exist in those dtypes;
+any other float mask value (a position bias) is rounded when cast to the low dtype, and attention
+adds it to the scores in float32 (numpy_attn/attention.py).
 """
 
 import numpy as np

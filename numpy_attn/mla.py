@@ -30,6 +30,13 @@ Naive cached decoding (``mla_forward(..., kv_cache=layer)``) caches what Hugging
 attends over: each head's full key (dn + dr) and value (dv), in numpy_attn/kv_cache.py's cache
 with values of their own width (``init_mla_kv_cache``). It is the reference the absorbed path is
 checked against, and the cache it keeps is the one absorption saves.
+
+float16 and bfloat16: MLA is a composition, so each operation (linear, rms_norm, rope,
+attention) computes in float32 and rounds its own output once, as PyTorch's modules do
+(docs/precision.md). The few steps written here follow the same rule: the absorbed path's two
+matmuls with W_uk and W_uv, and the backward's sum of k_r's gradient over the heads, run in
+float32 and round once; the caches (naive and latent) take the model's dtype, half the bytes per
+token of float32.
 """
 
 import math
@@ -38,7 +45,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_config, check_dout, check_float, check_no_past, check_positions, check_rng
+from numpy_attn._checks import (
+    FLOAT_DTYPES,
+    check_config,
+    check_dout,
+    check_float,
+    check_no_past,
+    check_positions,
+    check_rng,
+    upcast,
+)
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -218,8 +234,10 @@ def mla_backward(dout, cache):
     # Undoes attention.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)       # (B, nh, T, .)
     check_no_past("mla_backward", dk.shape[2], cache.past)   # cached past: inference only
-    # Undoes k = [k_n, k_r broadcast to every head]: the shared k_r sums the gradients of all heads.
-    dk_n, dk_r = dk[..., :dn], dk[..., dn:].sum(axis=1, keepdims=True)        # (B, nh, T, dn), (B, 1, T, dr)
+    # Undoes k = [k_n, k_r broadcast to every head]: the shared k_r sums the gradients of all heads
+    # (in float32 for float16 and bfloat16, rounded once).
+    dk_r = upcast(dk[..., dn:]).sum(axis=1, keepdims=True).astype(dk.dtype, copy=False)   # (B, 1, T, dr)
+    dk_n = dk[..., :dn]                                                       # (B, nh, T, dn)
     # Undoes q = [q_n, q_r].
     dq_n, dq_r = dq[..., :dn], dq[..., dn:]                                   # (B, nh, T, dn), (B, nh, T, dr)
     # Undoes k_n, v = kv[..., :dn], kv[..., dn:] and the reshape into heads.
@@ -326,14 +344,15 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
     w_kv = params["kv_b"]["w"].reshape(rkv, nh, -1).swapaxes(0, 1)            # (rkv, nh*(dn+dv)) -> (nh, rkv, dn+dv)
     w_uk, w_uv = w_kv[..., :dn], w_kv[..., dn:]                               # (nh, rkv, dn), (nh, rkv, dv)
     # q_n . (c_kv W_uk) = (q_n W_uk^T) . c_kv: the key up-projection folded into the query.
-    q_c = q_n @ w_uk.swapaxes(-1, -2)                                         # (B, nh, T, dn) -> (B, nh, T, rkv)
+    # In float32 for float16 and bfloat16, rounded once, as a matmul in PyTorch.
+    q_c = (upcast(q_n) @ upcast(w_uk).swapaxes(-1, -2)).astype(x.dtype, copy=False)   # (B, nh, T, dn) -> (.., rkv)
     q = np.concatenate([q_c, q_r], axis=-1)                                   # (B, nh, T, rkv+dr)
     k = np.concatenate([c_kv, k_r], axis=-1)[:, None]                         # (B, 1, S, rkv+dr): one head for all
     # Multi-query attention over the latents: the one key/value head broadcasts to the nh queries.
     y_c, _ = scaled_dot_product_attention_forward(q, k, c_kv[:, None], is_causal="bottom_right",
                                                   scale=config.softmax_scale)   # (B, nh, T, rkv)
     # sum_s a_s (c_s W_uv) = (sum_s a_s c_s) W_uv: the value up-projection after the weighted sum.
-    y = y_c @ w_uv                                                            # (B, nh, T, rkv) -> (B, nh, T, dv)
+    y = (upcast(y_c) @ upcast(w_uv)).astype(x.dtype, copy=False)              # (B, nh, T, rkv) -> (B, nh, T, dv)
     y = y.swapaxes(1, 2).reshape(B, T, -1)                                    # (B, nh, T, dv) -> (B, T, nh*dv)
     out, _ = linear_forward(y, **params["o"])                                 # (B, T, nh*dv) -> (B, T, C)
     return out
@@ -469,8 +488,13 @@ def _check_latent_cache_sizes(B, max_len, dtype):
             raise TypeError(f"{name} must be an integer, got {n!r}")
         if n < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    _check_cache_dtype(dtype)
+
+
+def _check_cache_dtype(dtype):
+    """Raise TypeError unless ``dtype`` is one of the float dtypes every operation takes."""
+    if np.dtype(dtype).name not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {np.dtype(dtype)}")
 
 
 def _check_bytes_per_token(config, dtype, n_kv_head, head_size):
@@ -481,5 +505,4 @@ def _check_bytes_per_token(config, dtype, n_kv_head, head_size):
             raise ValueError(f"{name} must be a positive integer, got {n!r}")
     if config.n_head % n_kv_head:
         raise ValueError(f"n_kv_head = {n_kv_head} must divide n_head = {config.n_head}")
-    if np.dtype(dtype) not in (np.float32, np.float64, np.float16):
-        raise TypeError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype)}")
+    _check_cache_dtype(dtype)

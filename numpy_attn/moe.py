@@ -30,6 +30,13 @@ expert in or out of the top k. So the gradient flows through the chosen experts 
 routing weights only, and the selection bias (moved by DeepSeek's load balancing, not by gradient
 descent) gets a zero gradient. At a tie the layer is not differentiable; ties go to the lower
 expert index. The experts run in a plain loop; an expert that no token chose gets gradient zero.
+
+float16 and bfloat16: x and every parameter are cast up to float32 at the top, so the router's
+logits, its softmax or sigmoid, the top-k choice and the experts all run in float32 as for float32
+input, and out and each gradient are rounded once to x's dtype. The choice is then made on float32
+logits: where PyTorch in bfloat16 rounds the logits first (transformers' GptOssTopKRouter), two
+logits within a bfloat16 ulp of each other tie there, while ours keeps their float32 order, that of
+the exact logits unless they are within float32's rounding (docs/precision.md).
 """
 
 import functools
@@ -37,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
 from numpy_attn._tree import flatten, tree_map, unflatten
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
@@ -241,6 +248,7 @@ class GptOssMoECache(NamedTuple):
     x_shape: tuple
     router: GptOssRouterCache
     experts: ExpertsCache
+    x_dtype: np.dtype      # what out and the gradients are rounded to (the rest is in float32 for the low ones)
 
 
 def gpt_oss_moe_forward(x, params, k, alpha=1.702, limit=7.0):
@@ -248,27 +256,30 @@ def gpt_oss_moe_forward(x, params, k, alpha=1.702, limit=7.0):
     per token -> (..., C). Returns ``(out, cache)``."""
     _check_gpt_oss_moe(x, params, k, alpha, limit)
     alpha, limit = float(alpha), float(limit)                         # a np.float64 would promote float32
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices, router_cache = gpt_oss_router_forward(tokens, params["router"], k)   # (N, k)
     expert = functools.partial(gpt_oss_expert_forward, alpha=alpha, limit=limit)
     out, experts_cache = experts_forward(tokens, weights, indices, params["experts"], expert)  # (N, C)
     out = out.reshape(x.shape)                                        # (N, C) -> (..., C)
-    cache = GptOssMoECache(x.shape, router_cache, experts_cache)
-    return out, cache
+    cache = GptOssMoECache(x.shape, router_cache, experts_cache, x_dtype)
+    return out.astype(x_dtype, copy=False), cache                     # rounded once to x's dtype
 
 
 def gpt_oss_moe_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"router", "experts"} like the params)."""
-    x_shape, router_cache, experts_cache = cache
-    check_dout("gpt_oss_moe", dout, x_shape, experts_cache.weights.dtype)
+    x_shape, router_cache, experts_cache, x_dtype = cache
+    check_dout("gpt_oss_moe", dout, x_shape, x_dtype)
+    dout = upcast(dout)                                               # float32 for float16 and bfloat16
     # Undoes out = sum of weights * expert(tokens): the gradient reaches the tokens twice,
     # through the experts and through the router's weights.
     dtokens_experts, dweights, dexperts = experts_backward(
         dout.reshape(-1, x_shape[-1]), experts_cache, gpt_oss_expert_backward)   # (N, C), (N, k)
     dtokens_router, drouter = gpt_oss_router_backward(dweights, router_cache)   # (N, C)
     dx = (dtokens_experts + dtokens_router).reshape(x_shape)         # (N, C) -> (..., C)
-    return dx, {"router": drouter, "experts": dexperts}
+    return _rounded(x_dtype, dx, {"router": drouter, "experts": dexperts})
 
 
 # -- DeepSeek-V3 ---------------------------------------------------------------------------------------
@@ -332,6 +343,7 @@ class DeepSeekMoECache(NamedTuple):
     router: DeepSeekRouterCache
     experts: ExpertsCache
     shared: tuple          # the shared expert's SwiGLU cache
+    x_dtype: np.dtype      # what out and the gradients are rounded to (the rest is in float32 for the low ones)
 
 
 def deepseek_moe_forward(x, params, k, n_group=1, topk_group=1, norm_topk_prob=True,
@@ -340,6 +352,8 @@ def deepseek_moe_forward(x, params, k, n_group=1, topk_group=1, norm_topk_prob=T
     routed experts per token out of topk_group of n_group groups -> (..., C). Returns ``(out, cache)``."""
     _check_deepseek_moe(x, params, k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
     routed_scaling_factor = float(routed_scaling_factor)             # a np.float64 would promote float32
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices, router_cache = deepseek_router_forward(
@@ -348,24 +362,29 @@ def deepseek_moe_forward(x, params, k, n_group=1, topk_group=1, norm_topk_prob=T
     routed, experts_cache = experts_forward(tokens, weights, indices, params["experts"], swiglu_forward)
     shared, shared_cache = swiglu_forward(tokens, params["shared"])   # (N, C)
     out = (routed + shared).reshape(x.shape)                          # (N, C) -> (..., C)
-    cache = DeepSeekMoECache(x.shape, router_cache, experts_cache, shared_cache)
-    return out, cache
+    cache = DeepSeekMoECache(x.shape, router_cache, experts_cache, shared_cache, x_dtype)
+    return out.astype(x_dtype, copy=False), cache                     # rounded once to x's dtype
 
 
 def deepseek_moe_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"router", "selection_bias" (zeros), "experts",
     "shared"} like the params)."""
-    x_shape, router_cache, experts_cache, shared_cache = cache
-    check_dout("deepseek_moe", dout, x_shape, experts_cache.weights.dtype)
-    dout = dout.reshape(-1, x_shape[-1])                              # (..., C) -> (N, C)
+    x_shape, router_cache, experts_cache, shared_cache, x_dtype = cache
+    check_dout("deepseek_moe", dout, x_shape, x_dtype)
+    dout = upcast(dout).reshape(-1, x_shape[-1])                      # (..., C) -> (N, C), float32 for the low dtypes
     # Undoes out = routed + shared.
     dtokens_shared, dshared = swiglu_backward(dout, shared_cache)     # (N, C)
     dtokens_experts, dweights, dexperts = experts_backward(dout, experts_cache, swiglu_backward)
     dtokens_router, drouter = deepseek_router_backward(dweights, router_cache)   # (N, C)
     dx = (dtokens_shared + dtokens_experts + dtokens_router).reshape(x_shape)   # (N, C) -> (..., C)
     dselection_bias = np.zeros_like(router_cache.s[0])               # (E,) it chooses, never weights
-    return dx, {"router": drouter, "selection_bias": dselection_bias, "experts": dexperts,
-                "shared": dshared}
+    return _rounded(x_dtype, dx, {"router": drouter, "selection_bias": dselection_bias, "experts": dexperts,
+                                  "shared": dshared})
+
+
+def _rounded(x_dtype, dx, grads):
+    """dx and every gradient rounded once to the inputs' dtype (no copy for float32 and float64)."""
+    return dx.astype(x_dtype, copy=False), tree_map(lambda g: g.astype(x_dtype, copy=False), grads)
 
 
 # -- input checks --------------------------------------------------------------------------------------

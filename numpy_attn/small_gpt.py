@@ -8,6 +8,10 @@ No blocks, no layer norm, no dropout: token embedding, position encoding and att
 there is (Vaswani et al., 2017, sections 3.2 to 3.5). Its config is a ``GPTConfig``
 (numpy_attn/gpt.py), of which it uses vocab_size, block_size, n_head, n_embd and bias; the full
 model with blocks is numpy_attn/gpt.py.
+
+float16 and bfloat16 (``init_small_gpt_params(..., dtype=)``): embedding, attention and the head
+compute in float32 and round once to the params' dtype (docs/precision.md); the encoding table is
+rounded to that dtype, and tok + encoding rounds each float32 sum once, as PyTorch's add.
 """
 
 from typing import NamedTuple

@@ -1113,14 +1113,18 @@ def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
         assert_error_budget(f"{op}[{who}]", dtype, budget)
 
 
+def four_axes(mask):
+    """A torch mask of three axes given a fourth in front (None stays None): the flash kernel takes
+    masks of two or four axes only."""
+    return mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask is not None and mask.ndim == 3 else mask
+
+
 def sdpa_on(case, backend):
     """F.scaled_dot_product_attention as a function of (q, k, v) on the case's mask, on ``backend``
     alone (an SDPBackend), the inputs viewed as (B, nh, L, E)."""
     from torch.nn.attention import sdpa_kernel
 
-    mask = torch_or_none(case["attn_mask"])
-    if mask is not None:   # the flash kernel takes masks of two or four axes only
-        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask.ndim > 2 else mask
+    mask = four_axes(torch_or_none(case["attn_mask"]))
     gqa = case["q"].shape[:-2] != case["k"].shape[:-2]
 
     def fn(q, k, v):

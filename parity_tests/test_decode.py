@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import torch_attn.gpt as tw
@@ -15,7 +15,9 @@ from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, i
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     assert_twin_cache_equal,
     decode_with_cache,
@@ -23,11 +25,13 @@ from parity_tests.helpers import (
     layer_norm_tol,
     moved_off_init,
     reorder_tol,
+    round_to,
     to_numpy,
     to_torch,
     tree_map,
     twin_decode_with_cache,
 )
+from parity_tests.test_gpt import _builtin_gpt, _with_zero_biases, budget_models
 from parity_tests.test_kv_cache import splits
 
 
@@ -133,6 +137,29 @@ def test_any_two_splits_agree(case, data):
     b, full_cache = decode_numpy(config, params, ids, other)
     _, full_cache = gpt_forward(ids, params, config)
     assert_close("decode.logits split vs other split", a, b, **decode_tol(full_cache, a.dtype))
+
+
+# -- float16 and bfloat16: a cache in the model's dtype -------------------------------------------
+
+# Two programs and a model in three steps or more: a handful of examples (test_gpt.py's budget test
+# covers the full forward and backward).
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=6)
+@given(case=budget_models(), data=st.data())
+def test_low_precision_cache_stays_within_the_full_forwards_budget(dtype, case, data):
+    """A float16 or bfloat16 model decodes with a cache of its own dtype (half float32's bytes a
+    token), and its logits at every position stay within the full forward's budget: against
+    test_gpt.py's built-ins in float64 on the same rounded weights, twice the error of those built-ins
+    run in the low dtype over the whole prompt at once."""
+    config, params, ids, dout = case
+    params = tree_map(lambda p: round_to(p, dtype), _with_zero_biases(params, config))
+    sizes = data.draw(splits(ids.shape[1]), label="sizes")
+    cached, kv_cache = decode_numpy(config, params, ids, sizes)
+    assert kv_cache.k.dtype == kv_cache.v.dtype == params["wte"].dtype, kv_cache.k.dtype
+    assert kv_cache.bytes_per_token == 2 * config.n_layer * config.n_embd * params["wte"].dtype.itemsize
+    lowp, _ = _builtin_gpt(config, params, ids, np.zeros(dout.shape, params["wte"].dtype))
+    truth, _ = _builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids, np.zeros(dout.shape))
+    assert_error_budget("gpt decode", dtype, {"logits": (cached, lowp, truth)})
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ context slides past block_size."""
 import argparse
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_cli import generate
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from parity_tests import strategies as S
-from parity_tests.helpers import tree_map
+from parity_tests.helpers import LOW_DTYPES, needs_vocab, tree_leaves, tree_map
 
 
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(0, 2), n_kv_head=st.sampled_from([None, 1]),
@@ -38,3 +39,81 @@ def test_no_cache_option():
     generate.add_arguments(p)
     assert p.parse_args(["--prompt", "x"]).cache is True, "the cache is the default"
     assert p.parse_args(["--prompt", "x", "--no-cache"]).cache is False, "--no-cache"
+
+
+# -- --dtype: a train checkpoint generating in bfloat16 or float16 -----------------------------------
+
+def _saved_run(folder, params=None, vocab=None):
+    """A train run folder of a tiny float32 GPT (its vocabulary GPT-2 ids ``vocab``)."""
+    from attn_cli import checkpoint
+
+    vocab = np.arange(9) * 7 if vocab is None else np.asarray(vocab)
+    config = GPTConfig(vocab_size=len(vocab), block_size=8, n_layer=1, n_head=2, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0)) if params is None else params
+    checkpoint.save_checkpoint(str(folder), params, config, vocab, np.float32, {"steps": 1})
+    return config, params
+
+
+@needs_vocab
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_checkpoint_generates_in_a_low_dtype(tmp_path, capsys, monkeypatch, dtype):
+    """``generate --checkpoint --dtype``: the model runs on the float32 params rounded once to the
+    dtype, and its key/value cache holds that dtype, half the bytes a token of float32. The text
+    is what generate() gives for the rounded params."""
+    from attn_cli import cli, tokenizer
+
+    ids = sorted(set(tokenizer.encode("The cat sat on the mat")))
+    config, params = _saved_run(tmp_path / "run", vocab=ids)
+    seen = {"caches": [], "params": set()}
+    real_cache, real_forward = generate.gpt_kv_cache, generate.gpt_forward
+
+    def spy_cache(config, B, dtype, max_len):
+        seen["caches"].append(real_cache(config, B, dtype, max_len))
+        return seen["caches"][-1]
+
+    def spy_forward(x, params, config, **kw):
+        seen["params"] |= {a.dtype for _, a in tree_leaves(params)}
+        return real_forward(x, params, config, **kw)
+
+    monkeypatch.setattr(generate, "gpt_kv_cache", spy_cache)
+    monkeypatch.setattr(generate, "gpt_forward", spy_forward)
+    argv = ["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "The cat", "--temperature", "0",
+            "--max-new-tokens", "4", "--dtype", dtype]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    low = LOW_DTYPES[dtype][0]
+    assert seen["params"] == {low}, f"the model ran on {seen['params']}, not {low}"
+    assert {c.k.dtype for c in seen["caches"]} == {low}, [c.k.dtype for c in seen["caches"]]
+    wide = real_cache(config, 1, np.float32, 1).bytes_per_token
+    assert seen["caches"][0].bytes_per_token * 2 == wide, (seen["caches"][0].bytes_per_token, wide)
+    rounded = tree_map(lambda a: a.astype(low), params)
+    prompt = list(np.searchsorted(ids, tokenizer.encode("The cat")))
+    expected = generate.generate(rounded, config, prompt, 4, 0.0, None, np.random.default_rng(0))
+    assert text == tokenizer.decode(np.asarray(ids)[expected]) + "\n", (text, expected)
+
+
+def test_a_checkpoint_beyond_float16s_range_is_refused_by_parameter(tmp_path, capsys):
+    """A float32 weight of 1e5 (float16 holds up to 65504) is refused naming the parameter, not run
+    with an infinity; bfloat16, with float32's range, takes it."""
+    from attn_cli import cli
+
+    config = GPTConfig(vocab_size=9, block_size=8, n_layer=1, n_head=2, n_embd=4)
+    params = init_gpt_params(config, np.random.default_rng(0))
+    params["blocks"]["0"]["ffn"]["fc"]["w"][1, 2] = 1e5
+    _saved_run(tmp_path / "run", params)
+    argv = ["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "x", "--dtype"]
+    assert cli.main([*argv, "float16"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{tmp_path / 'run'}: parameter blocks.0.ffn.fc.w holds values beyond the range of float16 "
+            "(largest |value| 100000); leave out --dtype to generate in float32, as saved") in err, err
+    rounded = generate.params_in(params, LOW_DTYPES["bfloat16"][0], "run")
+    assert float(rounded["blocks"]["0"]["ffn"]["fc"]["w"][1, 2]) == 99840.0, "1e5 rounded to bfloat16"
+
+
+def test_dtype_option():
+    p = argparse.ArgumentParser()
+    generate.add_arguments(p)
+    assert p.parse_args(["--prompt", "x"]).dtype is None, "no --dtype: float32 for --hf, as saved for a checkpoint"
+    assert p.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--dtype", "float64x"])

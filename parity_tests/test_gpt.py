@@ -6,23 +6,28 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from numpy_attn import optim
+from numpy_attn._model import head_backward
+from numpy_attn._tree import flatten
 from numpy_attn.gpt import (
     GPTConfig,
     gpt_backward,
     gpt_forward,
     init_gpt_params,
 )
+from numpy_attn.layer_norm import layer_norm_backward
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_backward_matches_finite_differences,
     assert_bad_ids_refused,
     assert_close,
+    assert_error_budget,
     assert_grads_match_autograd,
     assert_logits_match_twin,
     assert_tree_close,
@@ -30,6 +35,7 @@ from parity_tests.helpers import (
     layer_norm_rstds,
     layer_norm_tol,
     moved_off_init,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -37,6 +43,7 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.test_block import _encoder_layer, _encoder_layer_grads
+from parity_tests.test_llama import GRAD_MULTIPLE
 from torch_attn import optim as torch_optim
 from torch_attn.gpt import gpt
 from torch_attn.loss import cross_entropy
@@ -117,19 +124,22 @@ def test_dropout_parity_through_masks(case, seed):
 
 # -- the twin matches PyTorch's built-ins ---------------------------------------------------------
 
-@given(case=models(tie_weights=True))
-def test_twin_matches_builtin(case):
-    """F.embedding, nn.TransformerEncoderLayer (pre-LN, causal) per block, F.layer_norm and
-    F.linear(x, wte) (tied) holding the same weights."""
-    config, params, ids, dout = case
-    if not config.bias:
-        params = tree_map(lambda p: p, params)          # the built-in layer needs biases: add zeros
-        for b in params["blocks"].values():
-            for p in [b["attn"][n] for n in "qkvo"] + [b["ffn"]["fc"], b["ffn"]["proj"]]:
-                p["b"] = np.zeros(p["w"].shape[1], p["w"].dtype)
+def _with_zero_biases(params, config):
+    """``params`` with zero biases added where config.bias is False: the built-in layer needs them."""
+    if config.bias:
+        return params
+    params = tree_map(lambda p: p, params)
+    for b in params["blocks"].values():
+        for p in [b["attn"][n] for n in "qkvo"] + [b["ffn"]["fc"], b["ffn"]["proj"]]:
+            p["b"] = np.zeros(p["w"].shape[1], p["w"].dtype)
+    return params
+
+
+def _builtin_gpt(config, params, ids, dout):
+    """Logits and every parameter's gradient of sum(logits * dout) from PyTorch's built-ins holding
+    ``params`` (tied weights, biases) in their dtype: F.embedding, nn.TransformerEncoderLayer (pre-LN,
+    causal) per block, F.layer_norm and F.linear(x, wte)."""
     B, T = ids.shape
-    _, cache = gpt_forward(ids, params, config)
-    twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
     wte = to_torch(params["wte"], requires_grad=True)
     x = F.embedding(to_torch(ids), wte)
     if config.positions == "learned":
@@ -149,9 +159,59 @@ def test_twin_matches_builtin(case):
         builtin_grads["wpe"] = to_numpy(wpe.grad)
     builtin_grads["blocks"] = {str(i): _encoder_layer_grads(layer) for i, layer in enumerate(layers)}
     builtin_grads["ln_f"] = {"w": to_numpy(ln_w.grad), "b": to_numpy(ln_b.grad)}
+    return to_numpy(logits), builtin_grads
+
+
+@given(case=models(tie_weights=True))
+def test_twin_matches_builtin(case):
+    """F.embedding, nn.TransformerEncoderLayer (pre-LN, causal) per block, F.layer_norm and
+    F.linear(x, wte) (tied) holding the same weights."""
+    config, params, ids, dout = case
+    params = _with_zero_biases(params, config)
+    _, cache = gpt_forward(ids, params, config)
+    twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
+    logits, builtin_grads = _builtin_gpt(config, params, ids, dout)
     tol = _ln_tol(cache, dout.dtype)
-    assert_close("gpt.logits vs built-ins", twin_logits, to_numpy(logits), **tol)
+    assert_close("gpt.logits vs built-ins", twin_logits, logits, **tol)
     assert_tree_close("gpt vs built-ins", twin_grads["params"], builtin_grads, **tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against PyTorch's built-ins ----------------
+
+@st.composite
+def budget_models(draw, n_layer=2):
+    """models()'s (config, params, ids, dout) in float64 at one small size rather than the tiniest
+    (C = 12 on 3 heads, V = 19, tied weights and biases, B = 2, 2 <= T <= 7), as test_llama's."""
+    config = GPTConfig(vocab_size=19, block_size=8, n_layer=n_layer, n_head=3, n_embd=12,
+                       positions=draw(st.sampled_from(["learned", "sinusoidal"])))
+    T = draw(st.integers(2, 7))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
+    return config, params, rng.integers(0, config.vocab_size, (2, T)), rng.normal(size=(2, T, config.vocab_size))
+
+
+# Two layers in three programs and the twin: a handful of examples (the ops' own budget tests draw many more).
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=6)
+@given(case=budget_models())
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against test_twin_matches_builtin's built-ins in
+    float64 on the same rounded weights, within twice the error of those built-ins run in the low dtype
+    (PyTorch's own program: each built-in rounding its output, nn.TransformerEncoderLayer's attention sdpa)."""
+    config, params, ids, dout = case
+    params, dout = tree_map(lambda p: round_to(p, dtype), _with_zero_biases(params, config)), round_to(dout, dtype)
+    logits, cache = gpt_forward(ids, params, config)
+    grads = flatten(gpt_backward(dout, cache))
+    twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
+    lowp_logits, lowp_grads = _builtin_gpt(config, params, ids, dout)
+    truth_logits, truth_grads = _builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids,
+                                             dout.astype(np.float64))
+    lowp_grads, truth_grads = flatten(lowp_grads), flatten(truth_grads)
+    for who, (out, g) in {"numpy": (logits, grads), "twin": (twin_logits, flatten(twin_grads["params"]))}.items():
+        assert_error_budget(f"gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
+        assert_error_budget(f"gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
+                                                   for path in truth_grads if not path.endswith("attn.k.b")},
+                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE says why; k.b: see test_block
 
 
 def _sinusoid_closed_form(T, wte):
@@ -161,6 +221,25 @@ def _sinusoid_closed_form(T, wte):
     c = np.arange(C)[None, :]
     angle = t / 10000.0 ** ((c - c % 2) / C)
     return to_torch(np.where(c % 2 == 0, np.sin(angle), np.cos(angle)).astype(wte.dtype))
+
+
+def test_low_precision_wpe_gradient_sums_the_batch_in_float32():
+    """wpe's gradient sums the gradient reaching x = tok + pos over the batch: in float32, rounded
+    once to bfloat16, each entry lies within half an ulp of the exact sum plus float32's error (a
+    sum of 256 terms rounded at every step in bfloat16 strays by several ulps)."""
+    config = GPTConfig(vocab_size=7, block_size=3, n_layer=0, n_embd=8, n_head=2)
+    rng = np.random.default_rng(0)
+    params = tree_map(lambda p: round_to(p, "bfloat16"), moved_off_init(init_gpt_params(config, rng, np.float64), rng))
+    ids = rng.integers(0, config.vocab_size, (256, 3))
+    dout = round_to(rng.normal(size=(256, 3, config.vocab_size)), "bfloat16")
+    _, cache = gpt_forward(ids, params, config)
+    dx, _ = head_backward("gpt", dout, cache.head)                        # the steps before wpe's sum
+    dx, _ = layer_norm_backward(dx, cache.ln_f)                           # (B, T, C) in bfloat16
+    exact = dx.astype(np.float64).sum(axis=0)                             # (T, C)
+    err = np.abs(gpt_backward(dout, cache)["wpe"].astype(np.float64) - exact)
+    half_ulp = np.spacing(np.abs(exact).astype(np.float32)) * 2.0**15     # bfloat16 keeps 8 of float32's 24 bits
+    bound = half_ulp + 256 * 2.0**-24 * np.abs(dx.astype(np.float64)).sum(axis=0)
+    assert (err <= bound).all(), f"gpt dwpe (bfloat16): error {err.max():.3g} past half an ulp"
 
 
 # -- properties ---------------------------------------------------------------------------------
@@ -307,6 +386,18 @@ def test_dtype_is_preserved(config, dtype):
 
 
 # -- bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_params_are_refused(dtype):
+    """A float16 or bfloat16 model with one float32 parameter is refused, naming it, as a
+    float32/float64 mix is (nothing is upcast silently)."""
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1)
+    params = init_gpt_params(config, np.random.default_rng(0), LOW_DTYPES[dtype][0])
+    params["blocks"]["0"]["ln2"]["b"] = params["blocks"]["0"]["ln2"]["b"].astype(np.float32)
+    with pytest.raises(TypeError, match=rf"^params\['blocks'\]\['0'\]\['ln2'\]\['b'\] is float32 but "
+                                        rf"params\['wte'\] is {dtype}: every parameter must share one dtype$"):
+        gpt_forward(np.array([[1, 2]]), params, config)
+
 
 def test_bad_input():
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_embd=4)

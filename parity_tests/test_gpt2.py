@@ -6,12 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import assume, example, given
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_backward_matches_finite_differences,
     assert_bad_config_rng_and_dlogits_refused,
     assert_close,
@@ -26,6 +27,8 @@ from parity_tests.helpers import (
     to_torch,
     twin_decode_with_cache,
 )
+from parity_tests.test_hf import _gpt2_model
+from parity_tests.test_qwen3 import assert_checkpoint_meets_error_budget
 from torch_attn.gpt import gpt
 from torch_attn.gpt import gpt_kv_cache as twin_gpt_kv_cache
 
@@ -128,6 +131,40 @@ def test_cached_decoding_equals_full_forward(case, data):
     assert_close("gpt2 decode.logits vs full forward", cached, full,
                  **reorder_tol(layer_norm_rstds(full_cache), full.dtype))
     assert_close("gpt2 decode twin.logits", twin, cached, **_tol(full_cache, full.dtype))
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers ----------------------
+
+def to_hf_names(grads, config):
+    """Our gradient tree under GPT2LMHeadModel's names: q, k and v side by side in c_attn (its
+    Conv1D layers hold weights (C_in, C_out), as ours)."""
+    out = {"transformer.wte.weight": grads["wte"], "transformer.wpe.weight": grads["wpe"],
+           "transformer.ln_f.weight": grads["ln_f"]["w"], "transformer.ln_f.bias": grads["ln_f"]["b"]}
+    if not config.tie_weights:
+        out["lm_head.weight"] = grads["head"]["w"].T
+    for i, block in grads["blocks"].items():
+        h = f"transformer.h.{i}."
+        out[h + "attn.c_attn.weight"] = np.concatenate([block["attn"][n]["w"] for n in "qkv"], axis=1)
+        out[h + "attn.c_attn.bias"] = np.concatenate([block["attn"][n]["b"] for n in "qkv"])
+        layers = {"attn.c_proj": block["attn"]["o"], "mlp.c_fc": block["ffn"]["fc"],
+                  "mlp.c_proj": block["ffn"]["proj"], "ln_1": block["ln1"], "ln_2": block["ln2"]}
+        for theirs, layer in layers.items():
+            out[f"{h}{theirs}.weight"], out[f"{h}{theirs}.bias"] = layer["w"], layer["b"]
+    return out
+
+
+# Two layers in four models: a handful of examples, each drawing the weights, ids and dout anew (the
+# ops' own budget tests draw many more).
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=4)
+@given(tie=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_low_precision_meets_the_error_budget(tmp_path_factory, dtype, tie, seed):
+    """Ours and the twin in float16 and bfloat16 against GPT2LMHeadModel in float64 on the same
+    rounded weights (test_hf.py's model: its float64 computes in float64 throughout), within twice
+    the error of GPT2LMHeadModel run in the low dtype (its sdpa attention)."""
+    assert_checkpoint_meets_error_budget(
+        "gpt2", dtype, _gpt2_model(tie, np.float64, seed), tmp_path_factory.mktemp("gpt2"), seed,
+        gpt_forward, gpt_backward, gpt, to_hf_names, lambda model, config, _: model)
 
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)

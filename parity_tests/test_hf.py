@@ -34,7 +34,10 @@ from numpy_attn.gpt import gpt_backward, gpt_forward
 from numpy_attn.llama import llama_backward, llama_forward
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from parity_tests.helpers import (
+    BFLOAT16,
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     layer_norm_tol,
     to_numpy,
     to_torch,
@@ -230,6 +233,62 @@ def test_bfloat16_checkpoint_is_widened_exactly(tmp_path):
     assert_close("bfloat16 k_proj widened", params["blocks"]["0"]["attn"]["k"]["w"], expected, rtol=0, atol=0)
 
 
+def _bits(a):
+    """The 16 bits of each value of a bfloat16 or float16 array, to compare values exactly."""
+    return np.asarray(a).view(np.uint16)
+
+
+def test_bfloat16_checkpoint_loads_as_bfloat16_bit_for_bit(tmp_path):
+    """dtype="bfloat16" keeps every stored bfloat16 as it is (no widening and rounding back): each
+    parameter equals transformers' bfloat16 one bit for bit (k_proj, transposed to (C_in, C_out))."""
+    model = _llama_model(DEFAULT, False, True, np.float32).to(torch.bfloat16)
+    _, config, params = load_checkpoint(_save(model, tmp_path), "bfloat16")
+    assert {a.dtype for a in _flat(params).values()} == {BFLOAT16}, {a.dtype for a in _flat(params).values()}
+    theirs = {k: to_numpy(p) for k, p in model.named_parameters()}
+    ours = to_hf_names(params, config)
+    assert ours.keys() == theirs.keys(), (sorted(ours), sorted(theirs))
+    for name, expected in theirs.items():
+        np.testing.assert_array_equal(_bits(ours[name]), _bits(expected), err_msg=f"{name} changed on loading")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_checkpoint_is_rounded_once_to_a_low_dtype(tmp_path, dtype):
+    """A float32 file loaded as bfloat16 or float16: each value rounded once, to nearest, from the
+    stored float32 (what ml_dtypes' and NumPy's casts do); every parameter, bit for bit."""
+    folder = _save(_llama_model(LLAMA3, False, True, np.float32), tmp_path)
+    _, _, wide = load_checkpoint(folder, np.float32)
+    low = _flat(load_checkpoint(folder, dtype)[2])
+    for name, a in _flat(wide).items():
+        expected = a.astype(LOW_DTYPES[dtype][0])
+        assert low[name].dtype == expected.dtype, (name, low[name].dtype)
+        np.testing.assert_array_equal(_bits(low[name]), _bits(expected), err_msg=f"{name} ({dtype})")
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_a_value_beyond_float16s_range_is_refused_by_name(tmp_path, stored):
+    """70000 (beyond float16's largest, 65504) in one weight: loading as float16 names the tensor and
+    the dtype to load it in instead; it does not come back as inf. bfloat16 holds it (its range is
+    float32's), so loading as bfloat16 works."""
+    model = _llama_model(DEFAULT, False, False, np.float32)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 2] = 70000.0
+    folder = _save(model.to(stored), tmp_path)
+    name = "model.layers.1.mlp.up_proj.weight"
+    keep = "bfloat16" if stored == torch.bfloat16 else "float32"
+    with pytest.raises(CheckpointError, match=rf"{tmp_path}: tensor '{name}' holds values beyond the range of "
+                                              rf"float16; load it as {keep}"):
+        load_checkpoint(folder, "float16")
+    _, _, params = load_checkpoint(folder, "bfloat16")
+    assert float(params["blocks"]["1"]["mlp"]["up"]["w"][2, 3]) == 70144.0, "70000 rounded to bfloat16"
+
+
+@pytest.mark.parametrize("dtype", [np.int32, "float8", None, "complex64", [np.float32]])
+def test_a_dtype_that_cannot_be_loaded_is_refused(tmp_path, dtype):
+    folder = _save(_gpt2_model(True, np.float32), tmp_path)
+    with pytest.raises(TypeError, match=r"dtype must be one of float32, float64, bfloat16, float16, got "):
+        load_checkpoint(folder, dtype)
+
+
 def test_sharded_checkpoint(tmp_path):
     model = _llama_model(LINEAR, False, False, np.float64)
     model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
@@ -239,6 +298,54 @@ def test_sharded_checkpoint(tmp_path):
     _compare("sharded llama logits", llama_forward(ids, params, config)[0],
              hf_logits_and_grads(exact_hf_llama(model, config), ids, None,
                                  np.zeros((2, 7, config.vocab_size)))[0], np.float64)
+
+
+# -- bfloat16 and float16 checkpoints: their logits' error against float64, ours beside transformers' --
+
+def _low_folder(family, dtype, folder):
+    """A small random model saved by save_pretrained in ``dtype`` (bfloat16, float16): GPT-2 with
+    the released model's config but its sizes (gelu_new, a tied head, eps 1e-5: transformers'
+    GPT2Config defaults), or a Llama with grouped-query heads and llama3 rope; weights as _randomise
+    draws them (every layer matters to the logits)."""
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=32, rope_parameters=dict(LLAMA3), rms_norm_eps=1e-5)
+        model = transformers.LlamaForCausalLM(config)
+    return _save(_randomise(model, 0).to(LOW_DTYPES[dtype][1]), folder)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_checkpoint_logits_meet_the_error_budget(tmp_path, family, dtype):
+    """The folder's bfloat16 (float16) weights run three ways on the same ids: ours as ``generate
+    --hf DIR --dtype bfloat16`` runs them (loaded as stored, every operation in float32 rounded
+    once to the dtype; and the twin on the same params), transformers in that dtype
+    (from_pretrained with its dtype), and the truth, transformers in float64 on the same weights
+    (for Llama with its norm and rotary angles in float64 too, exact_hf_llama). Ours must be within
+    FlashAttention's budget: max |ours - truth| <= 2 max |transformers' - truth| + one ulp."""
+    folder = _low_folder(family, dtype, tmp_path)
+    kind, config, params = load_checkpoint(folder, dtype)
+    ids = _ids(config.vocab_size, B=2, T=16)
+    forward, twin = (gpt_forward, gpt) if kind == "gpt2" else (llama_forward, llama)
+    ours = forward(ids, params, config)[0]
+    with torch.no_grad():
+        twin_logits = to_numpy(twin(to_torch(ids), tree_to_torch(params), config))
+        lowp = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=LOW_DTYPES[dtype][1]).eval()
+        theirs = to_numpy(lowp(input_ids=to_torch(ids)).logits)
+        truth_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+        if kind == "llama":
+            truth_model = exact_hf_llama(truth_model, config)
+        truth = to_numpy(truth_model(input_ids=to_torch(ids)).logits)
+    errors = {who: float(np.abs(x.astype(np.float64) - truth).max()) for who, x in
+              {"ours": ours, "twin": twin_logits, "transformers": theirs}.items()}
+    print(f"{kind} {dtype} checkpoint, max |logit - float64 truth| (largest |logit| "
+          f"{float(np.abs(truth).max()):.3g}): " + ", ".join(f"{k} {v:.3g}" for k, v in errors.items()))
+    for who, logits in {"numpy": ours, "twin": twin_logits}.items():
+        assert_error_budget(f"hf_checkpoint[{who}]", dtype, {f"{kind}.logits": (logits, theirs, truth)})
 
 
 # -- bad checkpoints --------------------------------------------------------------------------------
@@ -332,20 +439,23 @@ def _data_bytes(path):
         return path.stat().st_size - 8 - int.from_bytes(f.read(8), "little")
 
 
-def test_gpt2_checkpoint_is_held_once(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpt2_checkpoint_is_held_once(tmp_path, dtype):
     """Loading holds the weights once: each tensor is read straight into its array (no bytes
     object and then a converted copy, no array of booleans for the finiteness check), and the tied
     head is wte. So the peak allocation while load_checkpoint runs is the file's data bytes and
     one layer's c_attn (split into q, k, v before it is dropped), and the arrays of the params
-    add up to exactly the data bytes."""
+    add up to exactly the data bytes. A bfloat16 file loaded as bfloat16 is held as stored: no
+    float32 copy of it is ever made (which would be twice its data)."""
     import tracemalloc
 
     config = transformers.GPT2Config(vocab_size=1024, n_positions=64, n_embd=128, n_layer=1, n_head=4)
-    folder = _save(transformers.GPT2LMHeadModel(config).eval(), tmp_path)
-    data = _data_bytes(folder / "model.safetensors")                    # 1.3 MiB of float32
+    model = transformers.GPT2LMHeadModel(config).eval().to(getattr(torch, dtype))
+    folder = _save(model, tmp_path)
+    data = _data_bytes(folder / "model.safetensors")                    # 1.3 MiB of float32, 0.65 of bfloat16
     tracemalloc.start()
     try:
-        _, _, params = load_checkpoint(folder, np.float32)
+        _, _, params = load_checkpoint(folder, dtype)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -353,12 +463,14 @@ def test_gpt2_checkpoint_is_held_once(tmp_path):
             for a in _flat(params).values()}
     assert sum(a.nbytes for a in held.values()) == data, "the params' arrays are not the file's data, once"
     # Beyond the data, the reader allocates one c_attn's weight and bias again while it splits
-    # them (C * 3C * 4 + 3C * 4 bytes), the parsed header (16 entries: a few KiB), the file
-    # object's 8 KiB buffer and the Python objects of the dicts: those last well under 64 KiB.
-    # A second copy of any other weight matrix is at least C * C * 4 = 64 KiB (c_proj), of the
-    # whole data 1.3 MiB (wte's copy alone 0.5 MiB).
-    C = config.n_embd
-    extra = peak - data - (3 * C * C + 3 * C) * 4
+    # them (C * 3C * 4 + 3C * 4 bytes in float32, half in bfloat16), the parsed header (16
+    # entries: a few KiB), the file object's 8 KiB buffer and the Python objects of the dicts:
+    # those last well under 64 KiB (bfloat16's finiteness check widens one chunk of 8192 values
+    # at a time: 32 KiB of float32, freed before the next). A second copy of any other weight
+    # matrix is at least C * C * 2 = 32 KiB (c_proj in bfloat16), of the whole data 0.65 MiB, and
+    # a float32 copy of wte alone 0.5 MiB.
+    C, size = config.n_embd, np.dtype(BFLOAT16 if dtype == "bfloat16" else dtype).itemsize
+    extra = peak - data - (3 * C * C + 3 * C) * size
     assert extra < 64 * 1024, f"loading {data:,} bytes of weights allocated {peak:,} at its peak ({extra:,} more " \
                               "than the data and one c_attn)"
 

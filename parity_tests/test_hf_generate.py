@@ -10,9 +10,11 @@ import transformers
 
 from attn_cli import cli
 from attn_cli.generate import continue_ids, next_token, physical_memory
+from attn_cli.hf import load_checkpoint
 from attn_cli.hf_generate import parse_ids
-from parity_tests.helpers import needs_vocab
-from parity_tests.test_hf import LLAMA3, _llama_model
+from parity_tests.helpers import LOW_DTYPES, needs_vocab, ulp
+from parity_tests.test_hf import LLAMA3, _gpt2_model, _llama_model
+from parity_tests.test_llama import exact_hf_llama
 
 
 def _hf_greedy(model, ids, n):
@@ -32,6 +34,58 @@ def test_llama_ids_in_ids_out(tmp_path, capsys, cache):
                      "--temperature", "0", *cache]) == 0
     ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
     assert ours == _hf_greedy(model, prompt, 6), "greedy ids differ from transformers' generate"
+
+
+def _greedy_margin(model, truth_model, ids, n_prompt, dtype):
+    """(margin, bound) along the greedy path ``ids`` (the prompt's n_prompt ids, then the new ones):
+    margin, the smallest gap between the float64 truth's two largest logits at a step; bound,
+    2 (2 e + u), e the largest error of ``model``'s logits (in the low ``dtype``) against the truth's
+    on the path, u one ulp of the largest |logit|. A model whose logits are within the error budget
+    (2 e + u) moves a gap by at most the bound, so with margin > bound its greedy ids are decided
+    by the model, not by a near-tie that rounding may flip either way."""
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        truth = truth_model(input_ids=x).logits[0, n_prompt - 1:-1].double()
+        lowp = model(input_ids=x).logits[0, n_prompt - 1:-1].double()
+    top2 = truth.topk(2, dim=-1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    return margin, 2 * (2 * float((lowp - truth).abs().max()) + ulp(float(truth.abs().max()), dtype))
+
+
+def _low_models(family, dtype, folder):
+    """(transformers' model in ``dtype``, the same weights in float64 as the truth), saved to ``folder``.
+    The Llama's weights are _randomise's seed 8: of seeds 0 to 11, seven make a step of the greedy
+    path nearly tied in bfloat16 (gap below _greedy_margin's bound); GPT-2's seed 0 has none."""
+    if family == "llama":
+        model = _llama_model(LLAMA3, False, False, np.float32, seed=8).to(LOW_DTYPES[dtype][1])
+        model.save_pretrained(folder, safe_serialization=True)
+        config = load_checkpoint(folder, np.float64)[1]
+        truth = exact_hf_llama(transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64), config)
+    else:
+        model = _gpt2_model(True, np.float32).to(LOW_DTYPES[dtype][1])
+        model.save_pretrained(folder, safe_serialization=True)
+        truth = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float64)
+    return model.eval(), truth.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_ids_in_a_low_dtype_match_transformers(tmp_path, capsys, family, dtype, cache):
+    """``--dtype bfloat16`` / ``float16`` on a folder saved in that dtype: the ids transformers'
+    greedy generate gives with the model in that dtype, with the cache and without. Greedy decoding
+    in low precision flips where two logits are nearly tied, whoever computes; the weights (seeds
+    chosen in _low_models) are checked first to decide every step with room to spare
+    (_greedy_margin), so that this test is about the dtype handling and not a coin toss."""
+    model, truth = _low_models(family, dtype, tmp_path)
+    prompt, n = [3, 1, 4, 1, 5], 4
+    expected = _hf_greedy(model, prompt, n)
+    margin, bound = _greedy_margin(model, truth, expected, len(prompt), dtype)
+    assert margin > bound, f"{family} {dtype}: a near-tie on the greedy path (gap {margin:.3g} <= {bound:.3g})"
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", ",".join(map(str, prompt)), "--max-new-tokens",
+                     str(n), "--temperature", "0", "--dtype", dtype, *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == expected, f"{family} {dtype}: greedy ids {ours} differ from transformers' {expected}"
 
 
 @needs_vocab
@@ -165,13 +219,17 @@ def test_the_cache_is_sized_by_the_prompt_and_new_tokens(tmp_path, capsys):
 
 
 @pytest.mark.skipif(physical_memory() is None, reason="the system does not say how much memory it has")
-def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys):
+@pytest.mark.parametrize("dtype, needs", [([], "25,600,000,000,256"), (["--dtype", "float32"], "25,600,000,000,256"),
+                                          (["--dtype", "bfloat16"], "12,800,000,000,128"),
+                                          (["--dtype", "float16"], "12,800,000,000,128")])
+def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys, dtype, needs):
+    """The cache takes the model's dtype: in bfloat16 and float16 half the bytes a token."""
     _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
     _edit_config(tmp_path, max_position_embeddings=10**12)
-    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11)]) == 2
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11), *dtype]) == 2
     err = capsys.readouterr().err
-    # 2 (k, v) x 2 layers x 2 key/value heads x head size 8 x 4 bytes = 256 bytes a token.
-    assert "the key/value cache for 100,000,000,001 tokens" in err and "needs 25,600,000,000,256 bytes" in err, err
+    # 2 (k, v) x 2 layers x 2 key/value heads x head size 8 x 4 bytes = 256 bytes a token (2 bytes: 128).
+    assert "the key/value cache for 100,000,000,001 tokens" in err and f"needs {needs} bytes" in err, err
     assert "lower --max-new-tokens" in err, err
 
 

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from attn_cli import checkpoint, cli, hf
 from attn_cli.hf import CheckpointError, load_checkpoint
+from numpy_attn._tree import leaves
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +125,8 @@ def test_the_valid_folders_load(tmp_path):
     bf16 = _folder(tmp_path / "bf16")
     (bf16 / "model.safetensors").write_bytes(_pack(*_layout(_gpt2_tensors(), "BF16")))
     assert load_checkpoint(bf16)[2]["ln_f"]["w"].tolist() == [1.0] * 4, "bfloat16 ones widen to ones"
+    kept = load_checkpoint(bf16, "bfloat16")[2]["ln_f"]["w"]
+    assert kept.dtype.name == "bfloat16" and kept.tolist() == [1.0] * 4, "bfloat16 ones stay bfloat16 ones"
 
 
 # -- boundary 1: a safetensors file, header and data (attn_cli.hf._header, _read_safetensors) ----
@@ -519,21 +522,26 @@ def assert_cli_refuses(argv, message):
     assert status == 2 and message in err.getvalue() and "Traceback" not in err.getvalue(), (status, err.getvalue())
 
 
-def assert_hf_case_refused(folder, monkeypatch, make, pattern, named):
-    """Damage the valid folder with ``make``; load_checkpoint and generate --hf refuse it."""
+def assert_hf_case_refused(folder, monkeypatch, make, pattern, named, dtype="float32"):
+    """Damage the valid folder with ``make``; load_checkpoint and generate --hf refuse it, loading
+    the params in ``dtype``."""
     make(folder, monkeypatch) if getattr(make, "needs_monkeypatch", False) else make(folder)
-    message = assert_refused(load_checkpoint, folder, named(folder), pattern)
-    assert_cli_refuses(["generate", "--hf", str(folder), "--ids", "1"], message)
+    message = assert_refused(lambda f: load_checkpoint(f, dtype), folder, named(folder), pattern)
+    assert_cli_refuses(["generate", "--hf", str(folder), "--ids", "1", "--dtype", dtype], message)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("make, pattern", _cases(HEADER_CASES))
-def test_safetensors_header(tmp_path, monkeypatch, make, pattern):
+def test_safetensors_header(tmp_path, monkeypatch, make, pattern, dtype):
+    """Loaded in float32 or in bfloat16 (the BF16 files' bits kept as read), each damage is refused
+    alike, before its allocation: float64's 1e300 lies beyond either dtype's range."""
     def damage(folder):
         (folder / "model.safetensors").write_bytes(make(*_layout(_gpt2_tensors())))
 
-    # The conversion to float32 comes after the files are read, so its refusal names the folder.
-    assert_hf_case_refused(_folder(tmp_path / "model"), monkeypatch, damage, pattern,
-             lambda f: f if "beyond the range" in pattern else f / "model.safetensors")
+    # The conversion to dtype comes after the files are read, so its refusal names the folder.
+    assert_hf_case_refused(_folder(tmp_path / "model"), monkeypatch, damage,
+                           pattern.replace("range of float32", f"range of {dtype}"),
+                           lambda f: f if "beyond the range" in pattern else f / "model.safetensors", dtype)
 
 
 @pytest.mark.parametrize("make, pattern", _cases(INDEX_CASES))
@@ -570,12 +578,14 @@ def test_train_out_folder(tmp_path, make, pattern):
 # -- beyond the tables: any damage -----------------------------------------------------------
 
 @given(edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=6),
-       cut=st.none() | st.integers(0, 2**16), bfloat16=st.booleans())
-@example(edits=[(0, 255)], cut=None, bfloat16=False)           # a header length of 255 + the real one
-@example(edits=[], cut=300, bfloat16=True)                     # cut inside the data
-def test_any_damage_to_a_safetensors_file_loads_or_is_refused(edits, cut, bfloat16):
-    """Bytes overwritten anywhere (the header holds most of the file) and the file cut short:
-    the folder loads, or a CheckpointError names the file or folder; no other exception."""
+       cut=st.none() | st.integers(0, 2**16), bfloat16=st.booleans(), dtype=st.sampled_from(hf.LOAD_DTYPES))
+@example(edits=[(0, 255)], cut=None, bfloat16=False, dtype="float32")   # a header length of 255 + the real one
+@example(edits=[], cut=300, bfloat16=True, dtype="bfloat16")           # cut inside the data
+@example(edits=[(354, 0x48)], cut=None, bfloat16=True, dtype="float16")  # wte[0, 0] >= 2^17, beyond float16
+def test_any_damage_to_a_safetensors_file_loads_or_is_refused(edits, cut, bfloat16, dtype):
+    """Bytes overwritten anywhere (the header holds most of the file) and the file cut short,
+    loaded in any dtype: the folder loads, or a CheckpointError names the file or folder; no other
+    exception, and no infinity loaded."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = _folder(Path(tmp))
         data = bytearray(_pack(*_layout(_gpt2_tensors(), "BF16" if bfloat16 else "F32")))
@@ -583,9 +593,11 @@ def test_any_damage_to_a_safetensors_file_loads_or_is_refused(edits, cut, bfloat
             data[position % len(data)] = value
         (folder / "model.safetensors").write_bytes(bytes(data[:cut]))
         try:
-            load_checkpoint(folder)
+            params = load_checkpoint(folder, dtype)[2]
         except CheckpointError as err:
             assert str(folder) in str(err), err
+        else:
+            assert all(np.isfinite(a.astype(np.float32)).all() for _, a in leaves(params)), "an infinity loaded"
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),

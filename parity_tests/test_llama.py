@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from numpy_attn.llama import (
@@ -23,9 +23,11 @@ from numpy_attn.masks import padded_position_ids, padding_attn_mask
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_backward_matches_finite_differences,
     assert_bad_config_rng_and_dlogits_refused,
     assert_close,
+    assert_error_budget,
     assert_grads_match_autograd,
     assert_logits_match_twin,
     assert_model_keeps_dtype,
@@ -35,6 +37,7 @@ from parity_tests.helpers import (
     directional_tol,
     layer_norm_tol,
     moved_off_init,
+    round_to,
     to_numpy,
     to_torch,
     tree_dot,
@@ -110,8 +113,13 @@ def _tol(cache, dtype):
 
 def _twin(config, ids, positions):
     """The torch twin as a function of its parameters only, for autograd()."""
+    return _twin_of(llama, config, ids, positions)
+
+
+def _twin_of(twin, config, ids, positions):
+    """``twin`` (llama or a family's) as a function of its parameters only, for autograd()."""
     pos = None if positions is None else to_torch(positions)
-    return lambda params: llama(to_torch(ids), params, config, positions=pos)
+    return lambda params: twin(to_torch(ids), params, config, positions=pos)
 
 
 # -- forward matches the twin -----------------------------------------------------------------
@@ -266,6 +274,84 @@ def test_twin_matches_hugging_face(case):
     label = "llama vs LlamaForCausalLM"
     assert_close(f"{label}.logits", twin_logits, hf_logits, **tol)
     assert_tree_close(label, to_hf_names(twin_grads["params"], config), hf_grads, **tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers ----------------------
+
+def round_tree(params, dtype):
+    """``params`` (float64) rounded to the low-precision ``dtype``: the weights every side shares."""
+    return tree_map(lambda p: round_to(p, dtype), params)
+
+
+# A whole model's gradients are held to a wider multiple than its logits. Each gradient leaf's error
+# is the sum of every later op's rounding, amplified by the layers in between; ours rounds once per op
+# and PyTorch after each of its smaller steps, so the two errors are two draws of the same size (the
+# ratio ours / PyTorch's per leaf has a median of 0.8-1.3 over these tests' leaves, measured), but a
+# leaf takes the largest of few such amplified sums, and that ratio is heavy-tailed: over 10 drawn
+# Llama-family models (500 leaves) its 99th percentile was 2.1 and its largest 3.5, and the CI
+# profile's draws reach 4.7 (OLMo 2's k_proj.weight, bfloat16); 6 holds that tail. The logits, where
+# every rounding meets in one (B, T, V) tensor, keep FlashAttention's 2.
+GRAD_MULTIPLE = 6.0
+
+
+def assert_model_meets_error_budget(name, dtype, forward, backward, twin, to_hf, params, dout, hf_lowp, hf_truth):
+    """FlashAttention's error rule for a whole model, on the low-precision ``params`` and ``dout``:
+    the logits and every parameter's gradient (under transformers' names, ``to_hf``) of ours
+    (``forward(params)`` -> (logits, cache), then ``backward``) and of the twin (``twin(params)``,
+    autograd), against transformers' model in float64 on the same rounded weights (``hf_truth(dout)``),
+    within twice the error of transformers' model in the low dtype (``hf_lowp(dout)``); both return
+    (logits, gradients) as hf_logits_and_grads. Returns max |logits - truth| of ours and of transformers'."""
+    logits, cache = forward(params)
+    grads = to_hf(backward(dout, cache))
+    twin_logits, twin_grads = autograd(twin, {"params": params}, dout)
+    lowp_logits, lowp_grads = hf_lowp(dout)
+    truth_logits, truth_grads = hf_truth(dout.astype(np.float64))
+    for who, (out, g) in {"numpy": (logits, grads), "twin": (twin_logits, to_hf(twin_grads["params"]))}.items():
+        assert g.keys() == truth_grads.keys(), (who, sorted(g), sorted(truth_grads))
+        assert_error_budget(f"{name}[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
+        grads_budget = {f"d{k}": (g[k], lowp_grads[k], truth_grads[k]) for k in truth_grads}
+        assert_error_budget(f"{name}[{who}]", dtype, grads_budget, multiple=GRAD_MULTIPLE)   # its comment says why
+    return tuple(float(np.abs(x.astype(np.float64) - truth_logits).max()) for x in (logits, lowp_logits))
+
+
+@st.composite
+def budget_models(draw, config_class=LlamaConfig):
+    """models()'s (config, params, ids, positions, dout) in float64 at one small size rather than the
+    tiniest (C = 16, 4 query heads on 2, hs 8, H = 20, V = 19, two layers, B = 2, 4 <= T <= 7): leaves of
+    tens to hundreds of entries, whose largest error is a steadier statistic than that of one or two."""
+    config = config_class(vocab_size=19, block_size=8, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, head_dim=8,
+                          hidden=20, rope_scaling=draw(st.sampled_from(SCALINGS)), attn_bias=draw(st.booleans()),
+                          tie_weights=draw(st.booleans()))
+    T = draw(st.integers(4, 7))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = moved_off_init(init_llama_params(config, rng, np.float64), rng)
+    return config, params, rng.integers(0, config.vocab_size, (2, T)), None, rng.normal(size=(2, T, config.vocab_size))
+
+
+def assert_family_meets_error_budget(name, dtype, case, forward, backward, twin):
+    """assert_model_meets_error_budget for Llama or a family built on it (``forward``, ``backward``,
+    ``twin`` its functions) on a drawn float64 ``case`` (models()), rounded to ``dtype``: transformers'
+    model holds the rounded weights in ``dtype`` as it is, and in float64 as exact_hf_llama."""
+    config, params, ids, positions, dout = case
+    params, dout = round_tree(params, dtype), round_to(dout, dtype)
+    wide = tree_map(lambda p: p.astype(np.float64), params)                   # the same values, in float64
+    return assert_model_meets_error_budget(
+        name, dtype, lambda p: forward(ids, p, config, positions=positions), backward,
+        _twin_of(twin, config, ids, positions), lambda g: to_hf_names(g, config), params, dout,
+        lambda d: hf_logits_and_grads(hf_llama(config, params), ids, positions, d),
+        lambda d: hf_logits_and_grads(exact_hf_llama(hf_llama(config, wide), config), ids, positions, d))
+
+
+# A model in the low dtype, the twin, and transformers' model twice: a handful of examples each (about
+# 0.2 s an example for one or two layers); the ops' own budget tests draw many more.
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=4)
+@given(case=budget_models())
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against LlamaForCausalLM in float64 on the same
+    rounded weights, within twice the error of LlamaForCausalLM run in the low dtype (its sdpa
+    attention; its RMS norms and rotary angles in float32, as transformers writes them)."""
+    assert_family_meets_error_budget("llama", dtype, case, llama_forward, llama_backward, llama)
 
 
 # -- properties ---------------------------------------------------------------------------------
@@ -522,6 +608,17 @@ def test_init_llama_params(bias):
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
         LlamaConfig(**kw)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_mixed_low_precision_params_are_refused(dtype):
+    """A float16 or bfloat16 model with a float32 norm weight is refused by the norm, naming both
+    dtypes, as a float32/float64 mix is (nothing is upcast silently)."""
+    config = LlamaConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
+    params = init_llama_params(config, np.random.default_rng(0), LOW_DTYPES[dtype][0])
+    params["blocks"]["0"]["attn_norm"]["w"] = params["blocks"]["0"]["attn_norm"]["w"].astype(np.float32)
+    with pytest.raises(TypeError, match=f"x is {dtype}, w is float32"):
+        llama_forward(np.array([[1, 2]]), params, config)
 
 
 def test_bad_input():

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import torch_attn.llama as tw
@@ -22,15 +22,20 @@ from numpy_attn.llama import (
 from numpy_attn.rope import rope_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     assert_twin_cache_equal,
     decode_with_cache,
     layer_norm_tol,
     moved_off_init,
     reorder_tol,
+    to_numpy,
+    to_torch,
+    tree_map,
     twin_decode_with_cache,
 )
-from parity_tests.test_llama import _rstds, configs
+from parity_tests.test_llama import _rstds, configs, exact_hf_llama, hf_llama, round_tree
 
 
 @st.composite
@@ -120,6 +125,32 @@ def test_twin_decoding_equals_numpy(case):
 
 
 # -- the bound catches a real bug ---------------------------------------------------------------
+
+# -- float16 and bfloat16: a cache in the model's dtype -------------------------------------------
+
+# A model decoding in steps and transformers' model twice: a handful of examples (test_llama.py's
+# budget test covers the full forward and backward).
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@settings(max_examples=6)
+@given(case=decodes(dtype=np.float64))
+def test_low_precision_cache_stays_within_the_full_forwards_budget(dtype, case):
+    """A float16 or bfloat16 model decodes with a cache of its own dtype (nkv heads, half float32's
+    bytes a token), and its logits at every position, ours and the twin's, stay within the full
+    forward's budget: against LlamaForCausalLM in float64 on the same rounded weights, twice the error
+    of LlamaForCausalLM run in the low dtype over the whole prompt at once."""
+    config, params, ids, sizes = case
+    config = dataclasses.replace(config, rope_layout="half")   # transformers' layout; the params fit either
+    params = round_tree(params, dtype)
+    cached, kv_cache = decode_with_cache(llama_forward, llama_kv_cache, config, params, ids, sizes)
+    twin, _ = twin_decode_with_cache(tw.llama, tw.llama_kv_cache, config, params, ids, sizes)
+    assert kv_cache.k.dtype == kv_cache.v.dtype == params["wte"].dtype, kv_cache.k.dtype
+    assert kv_cache.bytes_per_token == 2 * config.n_layer * config.n_kv_head * config.hs * kv_cache.k.itemsize
+    lowp = hf_llama(config, params)(input_ids=to_torch(ids)).logits
+    wide = tree_map(lambda p: p.astype(np.float64), params)
+    truth = exact_hf_llama(hf_llama(config, wide), config)(input_ids=to_torch(ids)).logits
+    for who, logits in {"numpy": cached, "twin": twin}.items():
+        assert_error_budget(f"llama decode[{who}]", dtype, {"logits": (logits, to_numpy(lowp), to_numpy(truth))})
+
 
 @pytest.mark.parametrize("n_kv_head", [2, 4])
 def test_tolerance_catches_positions_restarting_at_each_step(n_kv_head):

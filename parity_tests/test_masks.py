@@ -24,7 +24,7 @@ from numpy_attn.masks import (
     varlen_sequence_ids,
 )
 from parity_tests import strategies as S
-from parity_tests.helpers import TOLERANCES, assert_close, autograd, to_numpy, to_torch
+from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, autograd, round_to, to_numpy, to_torch
 
 BOUND = 4.0   # |q|, |k|, |v|, |dout| <= BOUND
 
@@ -330,6 +330,39 @@ def test_varlen_position_ids_restart_at_each_sequence(cu_seqlens):
 
 
 # -- bad input ------------------------------------------------------------------------------------
+
+# -- float16 and bfloat16 ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(data=st.data(), T=S.dim(1, 5), past=S.dim(0, 4), window=S.dim(1, 6), align=ALIGNS,
+       padding=padding_masks(), cu_seqlens=cu_seqlens_of())
+def test_low_precision_float_masks_equal_the_bool_masks(dtype, data, T, past, window, align, padding, cu_seqlens):
+    """Each mask here written as the float mask a model adds to its scores, 0 where a query may
+    attend and -inf elsewhere, cast to float16 or bfloat16: both values survive the cast exactly
+    (-inf stays -inf, not the dtype's most negative number), so attention in that dtype gives the
+    bool mask's output and gradients bit for bit, fully masked rows (all padding) included."""
+    low = LOW_DTYPES[dtype][0]
+    S_ = past + T
+    B, P = padding[0].shape
+    N = int(cu_seqlens[-1])
+    masks = {"causal": (causal_mask(T, S_, align), (T, S_), None),
+             "sliding window": (sliding_window_mask(T, S_, window, align), (T, S_), None),
+             "padding": (padding_attn_mask(padding[0]), (T, P), (B, 2)),
+             "varlen": (varlen_attn_mask(cu_seqlens, causal=True), (N, N), None)}
+    for name, (mask, (rows, cols), lead) in masks.items():
+        if rows == 0:
+            continue                                              # no tokens packed: nothing to attend
+        additive = np.where(mask, 0.0, -np.inf).astype(low)       # float64 0 and -inf, cast
+        assert np.array_equal(np.isneginf(additive), ~mask) and np.all(additive[mask] == 0), \
+            f"{name} mask in {dtype}: {additive}"
+        drawn = data.draw(qkv(rows, cols, lead, dtype=np.float64), label=name)
+        case = {n: round_to(a, dtype) for n, a in drawn.items()}
+        out, grads = numpy_attention(case, mask)
+        out_f, grads_f = numpy_attention(case, additive)
+        for label, a, b in [("out", out, out_f), *((f"d{n}", grads[n], grads_f[n]) for n in "qkv")]:
+            assert a.dtype == b.dtype == low and np.array_equal(a.view(np.uint16), b.view(np.uint16)), \
+                f"{name} mask in {dtype}: {label} differs between the bool and the float mask"
+
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="align must be one of"):

@@ -26,6 +26,7 @@ from numpy_attn.mla import (
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
     autograd,
@@ -231,20 +232,26 @@ def test_twin_matches_hugging_face(case):
     """The twin's output and gradients (x and every parameter) against DeepseekV3Attention holding
     the same weights: float64 with its RMS norms in float64 (exact_hf), float32 unchanged."""
     config, params, x, positions, dout = case
+    twin_out, twin_grads = autograd(_twin(config, positions), {"x": x, "params": params}, dout)
+    hf_out, hf_dx, hf_params = hf_forward_backward(config, params, x, positions, dout)
+    _, cache = mla_forward(x, params, config, positions=positions)
+    label = "mla vs DeepseekV3Attention"
+    assert_close(f"{label}.out", twin_out, hf_out, **_tol(cache, hf_out))
+    _assert_grads_close(label, twin_grads["x"], twin_grads["params"], hf_dx, hf_params, cache)
+
+
+def hf_forward_backward(config, params, x, positions, dout):
+    """DeepseekV3Attention holding ``params`` in x's dtype (float64: its norms in float64, exact_hf):
+    (out, dx, the parameters' gradients in our layout), as NumPy arrays."""
     module = hf_attention(config, params)
     if x.dtype == np.float64:
         module = exact_hf(module)
-    twin_out, twin_grads = autograd(_twin(config, positions), {"x": x, "params": params}, dout)
     hx = to_torch(x, requires_grad=True)
     hf_out, _ = module(hx, position_embeddings=hf_rotary(config, x, positions), attention_mask=None)
     (hf_out * to_torch(dout)).sum().backward()
     hf_params = {name: {key: _hf_grad(getattr(module, HF_NAMES[name]), key) for key in layer}
                  for name, layer in params.items()}
-    _, cache = mla_forward(x, params, config, positions=positions)
-    label = "mla vs DeepseekV3Attention"
-    assert_close(f"{label}.out", twin_out, to_numpy(hf_out),
-                 **_tol(cache, to_numpy(hf_out)))
-    _assert_grads_close(label, twin_grads["x"], twin_grads["params"], to_numpy(hx.grad), hf_params, cache)
+    return to_numpy(hf_out), to_numpy(hx.grad), hf_params
 
 
 @pytest.mark.parametrize("rope_parameters", [
@@ -404,6 +411,23 @@ def test_cache_bytes_per_token_match_the_allocations(dtype):
     assert figures["mha"] == init_kv_cache(1, 1, config.n_head, 1, 5, dtype).bytes_per_token, "mha"
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_caches_take_half_the_bytes(dtype):
+    """The latent cache and the byte figures take float16 and bfloat16 alike
+    (the model's dtype, half the bytes of float32 per token); another dtype is refused by name."""
+    config, low = _pinned_case()[0], LOW_DTYPES[dtype][0]
+    latent, latent32 = init_latent_cache(config, 2, 3, low), init_latent_cache(config, 2, 3, np.float32)
+    assert latent.c_kv.dtype == latent.k_r.dtype == low, f"latent cache {latent.c_kv.dtype}, {latent.k_r.dtype}"
+    assert 2 * latent.bytes_per_token == latent32.bytes_per_token, "latent cache bytes per token"
+    figures, figures32 = mla_cache_bytes_per_token(config, low), mla_cache_bytes_per_token(config, np.float32)
+    assert {name: 2 * n for name, n in figures.items()} == figures32, f"{figures} against float32's {figures32}"
+    assert figures["mla_absorbed"] == latent.bytes_per_token, "mla_absorbed"
+    for call in (lambda: init_latent_cache(config, 2, 3, np.int32),
+                 lambda: mla_cache_bytes_per_token(config, np.int32)):
+        with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64, got int32"):
+            call()
+
+
 def test_cache_bytes_per_token_of_deepseek_v3():
     """DeepSeek-V3's sizes: the latent cache is (dc + dR) = 4.5 d_h numbers a token and layer, as
     the DeepSeek-V2 paper's Table 1 says (d_c = 4 d_h, d_R = d_h / 2), against 2 nh d_h for MHA."""
@@ -547,3 +571,4 @@ def test_bad_naive_kv_cache():
     _, cache = mla_forward(x[:, :1], params, config, kv_cache=kv.layer(0))
     with pytest.raises(ValueError, match=r"mla_backward: the forward attended over 5 keys of which only 1"):
         mla_backward(dout[:, :1], cache)
+

@@ -24,6 +24,7 @@ from numpy_attn.moe import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
     assert_tree_close,
@@ -31,11 +32,14 @@ from parity_tests.helpers import (
     directional_derivative,
     directional_tol,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
     tree_dot,
     tree_leaves,
+    ulp,
 )
+from parity_tests.test_feed_forward import assert_tree_error_budget
 from torch_attn import moe as twin
 
 
@@ -339,6 +343,66 @@ def test_twin_matches_transformers(case):
     assert_close(f"{kind}_moe.out vs {name}", twin_out, out, **tol["out"])
     assert_close(f"{kind}_moe.dx vs {name}", twin_grads["x"], dx, **tol["x"])
     _assert_grads(f"{kind}_moe vs {name}", twin_grads["params"], grads, tol)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def _choice_scale(kind, x, params):
+    """The largest |value| the choice ranks, in float64: the router's logits (gpt-oss), or 2 for
+    DeepSeek's group scores (two sigmoid scores plus a selection bias in [0, 1))."""
+    if kind == "deepseek":
+        return 2.0
+    xs = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    return float(np.max(np.abs(xs @ params["router"]["w"].astype(np.float64) + params["router"]["b"]), initial=1.0))
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=gpt_oss_cases(dtype=np.float64) | deepseek_cases(dtype=np.float64))
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth (the twin in float64 on the rounded inputs), within
+    twice the error of transformers' GptOssMLP or DeepseekV3MoE in the low dtype: out, dx and every
+    parameter's gradient. The top-k choice must be the same on all sides for the errors to compare:
+    the drawn cases keep their choice unambiguous, a gap of 8 low-precision ulps of the largest
+    value ranked between what is chosen and what is not (PyTorch's logits in bfloat16 are off by up
+    to an ulp each; inside that gap a different choice would be rounding, not a defect)."""
+    kind = _kind(case)
+    x, params, hyper, dout = case
+    x, dout, params = round_to(x, dtype), round_to(dout, dtype), tree_map(lambda p: round_to(p, dtype), params)
+    assume(_margin(kind, x, params, hyper) > 8 * ulp(_choice_scale(kind, x, params), dtype))
+    # One normalised weight is s / (s + 1e-20) = 1, its router gradient 1e-20 / s^2, nothing: the
+    # twin's autograd of the quotient leaves float32's cancellation of two terms (3.1e-7 against a
+    # truth of 1e-38 on x = [3], router.w = [0.25, 0]) where PyTorch's and NumPy's give 0. That is
+    # float32's, not the low dtype's, rounding: left to the float32 tests.
+    assume(not (kind == "deepseek" and hyper["norm_topk_prob"] and hyper["k"] == 1))
+    out, _, dx, grads = _run(kind, x, params, hyper, dout)
+    twin_out, twin_grads = _twin(kind, x, params, hyper, dout)
+    truth_out, truth_grads = _twin(kind, x.astype(np.float64), tree_map(lambda p: p.astype(np.float64), params),
+                                   hyper, dout.astype(np.float64))
+    if kind == "gpt_oss":
+        mlp = _gpt_oss_module(params, hyper, LOW_DTYPES[dtype][1])
+        torch_out, torch_dx = _module_run(lambda xt: mlp(xt)[0], x, dout)
+        torch_grads = _gpt_oss_module_grads(mlp)
+    else:
+        moe = _deepseek_module(params, hyper, LOW_DTYPES[dtype][1])
+        torch_out, torch_dx = _module_run(moe, x, dout)
+        torch_grads = _deepseek_module_grads(moe, params["experts"]["gate"]["w"].shape[-1])
+        for g in (grads, twin_grads["params"], truth_grads["params"]):
+            del g["selection_bias"]                                   # a buffer there, no gradient
+    for who, (o, g) in {"numpy": (out, {"x": dx, "params": grads}), "twin": (twin_out, twin_grads)}.items():
+        assert_tree_error_budget(f"{kind}_moe[{who}]", dtype, {"out": o, "d": g},
+                                 {"out": torch_out, "d": {"x": torch_dx, "params": torch_grads}},
+                                 {"out": truth_out, "d": truth_grads})
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("kind", ["gpt_oss", "deepseek"])
+def test_mixed_low_precision_dtypes_are_refused(kind, dtype):
+    """A low-precision x with one float32 parameter is a mix, refused before anything is cast up."""
+    x, params, hyper, _ = {"gpt_oss": ONE_TOKEN_GPT_OSS, "deepseek": ONE_TOKEN_DEEPSEEK}[kind]
+    x, params = round_to(x, dtype), tree_map(lambda p: round_to(p, dtype), params)
+    params["router"]["w"] = params["router"]["w"].astype(np.float32)
+    with pytest.raises(TypeError, match=f"x is {dtype}, router.w is float32"):
+        LAYERS[kind][0](x, params, **hyper)
 
 
 @given(values=hnp.arrays(np.float64, (3, 5), elements=S.floats(np.float64), unique=True), k=st.integers(1, 5))

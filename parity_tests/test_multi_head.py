@@ -5,6 +5,7 @@ import re
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -21,18 +22,28 @@ from numpy_attn.multi_head import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_close,
     assert_tree_close,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
     tree_map,
     tree_to_torch,
+    ulp,
 )
-from parity_tests.test_attention import assert_dout_refused
+from parity_tests.test_attention import (
+    assert_attention_budget,
+    assert_dout_refused,
+    four_axes,
+    rounded,
+    torch_or_none,
+    widened,
+)
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -114,14 +125,19 @@ def gradient_tol(x, params, kv, dout, cache):
     after the output projection; the projections' backward multiplies them by |x|, |kv| or |w|.
     Hypothesis found float32 dWq entries of 0.011 off by 2.2e-5 against nn.MultiheadAttention.
     """
+    tol = TOLERANCES[np.dtype(x.dtype)]
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * cancelled_size(x, params, kv, dout, cache))
+
+
+def cancelled_size(x, params, kv, dout, cache):
+    """The size (at least 1) of the terms the backward cancels, as gradient_tol derives it."""
     att = cache.attention
     dy = dout @ params["o"]["w"].T                                # (B, T, C)
     D = att.v.shape[-1] * np.abs(dy).max() * np.abs(att.v).max() * att.keep_scale
     heads = D * max(np.abs(att.q_scaled).max(), np.abs(att.k).max() * att.scale)
     inputs = max(float(np.abs(a).max()) for a in [x, *([] if kv is None else [kv])]
                  + [leaf for _, leaf in tree_leaves(params)])
-    tol = TOLERANCES[np.dtype(x.dtype)]
-    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(heads) * max(1.0, inputs)))
+    return max(1.0, float(heads) * max(1.0, inputs))
 
 
 def differentiable(case):
@@ -343,6 +359,98 @@ def test_backward_matches_finite_differences(case):
     for name, array, grad in grads:
         expected = numerical_grad(lambda _: numpy_forward(case)[0], array, case["dout"])
         assert_close(f"mha.d{name} vs finite differences", grad, expected, **FD_TOL)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def torch_program(case, backend):
+    """Multi-head attention as PyTorch code writes it, no twin: F.linear for each projection (our
+    (C_in, C_out) weights transposed), heads by view and transpose, F.scaled_dot_product_attention
+    on ``backend`` alone (an SDPBackend), heads merged, F.linear; a function of (x, params, kv)."""
+    from torch.nn.attention import sdpa_kernel
+
+    mask, nh = four_axes(torch_or_none(case["attn_mask"])), case["num_heads"]
+
+    def fn(x, params, kv=None):
+        B, T, C = x.shape
+        src = x if kv is None else kv
+
+        def project(name, a):                                     # (B, L, C) -> (B, nh, L, hs)
+            return F.linear(a, params[name]["w"].T, params[name].get("b")).view(B, -1, nh, C // nh).transpose(1, 2)
+        with sdpa_kernel([backend]):
+            y = F.scaled_dot_product_attention(project("q", x), project("k", src), project("v", src),
+                                               attn_mask=mask, is_causal=case["is_causal"])
+        y = y.transpose(1, 2).reshape(B, T, C)                    # (B, nh, T, hs) -> (B, T, C)
+        return F.linear(y, params["o"]["w"].T, params["o"].get("b"))
+    return fn
+
+
+def mha_budget_tensors(out, dx, dparams, dkv):
+    """{"out", "dx", "dq.w", ..., "dkv"} from the forward's output and the backward's gradients."""
+    return {"out": out, "dx": dx, **{f"d{path}": g for path, g in tree_leaves(dparams)},
+            **({} if dkv is None else {"dkv": dkv})}
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=mha_inputs(dtype=np.float64, dropout=False))
+@example(case=EDGE_CASES[0])
+@example(case={**EDGE_CASES[1], "dropout_p": 0.0})
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against float64 truth (the PyTorch program below
+    on the same rounded inputs, sdpa's math backend), within twice the error of that program run
+    in the low dtype, its attention on sdpa's CPU flash kernel (PyTorch's default there): out, dx,
+    every parameter's gradient and dkv, self- and cross-attention, masks as drawn."""
+    from torch.nn.attention import SDPBackend
+
+    case = rounded({**case, "params": tree_map(lambda a: round_to(a, dtype), case["params"])}, dtype)
+    out, cache = numpy_forward(case)
+    ours = mha_budget_tensors(out, *numpy_backward(case, cache))
+    sides = {}
+    for name, fn, inputs, dout in (
+            ("twin", lambda **t: twin_fn(case, None)(**t)[0], differentiable(case), case["dout"]),
+            ("torch", torch_program(case, SDPBackend.FLASH_ATTENTION), differentiable(case), case["dout"]),
+            ("truth", torch_program(widened(case), SDPBackend.MATH),
+             {**widened(differentiable(case)), "params": tree_map(lambda a: a.astype(np.float64), case["params"])},
+             case["dout"].astype(np.float64))):
+        o, grads = autograd(fn, inputs, dout)
+        sides[name] = mha_budget_tensors(o, grads["x"], grads["params"], grads.get("kv"))
+    wide = widened({n: case[n] for n in ("x", "kv", "dout")})
+    size = cancelled_size(wide["x"], tree_map(lambda a: a.astype(np.float64), case["params"]), wide["kv"],
+                          wide["dout"], cache)
+    terms = {name: size for name in ours if name != "out"}        # every gradient cancels terms that large
+    if "dk.b" in ours:
+        # dk.b is 0 for every input: the key bias adds q_t . b_k to every score of row t, which softmax
+        # ignores; its truth is float64 noise and the rule has nothing to measure. Each side sums the
+        # B * S entries of dk rounded to the low dtype (PyTorch's program too: sdpa rounds dk before
+        # F.linear's backward sums it), each entry off by at most u |dk| <= u * 2 T size (|dscores| <= 2 D,
+        # unit roundoff u), so that |dk.b| <= B S * 2 T u size.
+        B, T, C = case["x"].shape
+        S_ = T if case["kv"] is None else case["kv"].shape[1]
+        bound = B * S_ * 2 * T * ulp(1.0, dtype) / 2 * size
+        for who, got in {"numpy": ours, "twin": sides["twin"]}.items():
+            assert_close(f"multi_head[{who}] dk.b ({dtype}), 0 for every input", got.pop("dk.b").astype(np.float64),
+                         sides["truth"]["dk.b"], rtol=0, atol=bound)
+        del sides["torch"]["dk.b"], sides["truth"]["dk.b"]
+    assert_attention_budget("multi_head", dtype, ours, sides["twin"], sides["torch"], sides["truth"], terms)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_dtype_is_preserved_and_mixes_are_refused(dtype):
+    """float16 and bfloat16 stay themselves through every step, gradients included; a float32
+    kv or weight beside a low-precision x is refused, naming both."""
+    low = LOW_DTYPES[dtype][0]
+    x, params = S.ramp(2, 3, 4, dtype=low), hand_params(4, dtype=low)
+    case = dict(x=x, params=params, num_heads=2, attn_mask=S.ramp(3, 2, dtype=low), is_causal=False,
+                dropout_p=0.25, seed=0, kv=S.ramp(2, 2, 4, dtype=low), dout=S.ramp(2, 3, 4, dtype=low))
+    out, cache = numpy_forward(case)
+    dx, dparams, dkv = numpy_backward(case, cache)
+    for name, a in [("out", out), ("weights", cache.weights), ("dx", dx), ("dkv", dkv), *tree_leaves(dparams)]:
+        assert a.dtype == low, f"mha.{name} dtype {a.dtype}"
+    with pytest.raises(TypeError, match=f"x is {dtype}, kv is float32"):
+        multi_head_attention_forward(x, params, 2, kv=case["kv"].astype(np.float32))
+    wide_q = {**params, "q": {**params["q"], "w": params["q"]["w"].astype(np.float32)}}
+    with pytest.raises(TypeError, match=re.escape(f'x is {dtype}, params["q"]["w"] is float32')):
+        multi_head_attention_forward(x, wide_q, 2)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

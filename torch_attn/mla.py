@@ -5,13 +5,16 @@ the joint key/value compression kv_a to the latent c_kv (RMS norm) and the share
 kv_b up to per-head k_n and v, causal attention with ``MLAConfig.softmax_scale``, o (with a naive
 key/value cache of full per-head keys and values, as numpy_attn/mla.py's); and absorbed
 decoding from a latent cache (W_uk folded into the query, W_uv after the weighted sum), on the
-same nested parameter dict and the same ``MLAConfig``.
+same nested parameter dict and the same ``MLAConfig``. float16 and bfloat16: each operation
+rounds its own output, and the absorbed path's two matmuls are cast up and rounded once, as in
+the NumPy twin (the same numbers as torch's own low-precision matmul, float32 inside).
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from torch_attn._opmath import upcast
 from torch_attn.attention import scaled_dot_product_attention
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
@@ -119,12 +122,12 @@ def mla_absorbed(x, params, config, latent_cache, positions=None):
     c_kv, k_r = latent_cache_update(latent_cache, c_kv, k_r[:, 0])            # (B, S, rkv), (B, S, dr)
     w_kv = params["kv_b"]["w"].reshape(rkv, nh, -1).transpose(0, 1)           # (rkv, nh*(dn+dv)) -> (nh, rkv, dn+dv)
     w_uk, w_uv = w_kv[..., :dn], w_kv[..., dn:]                               # (nh, rkv, dn), (nh, rkv, dv)
-    q_c = q_n @ w_uk.transpose(-1, -2)                                        # (B, nh, T, dn) -> (B, nh, T, rkv)
+    q_c = (upcast(q_n) @ upcast(w_uk).transpose(-1, -2)).to(x.dtype)          # (B, nh, T, dn) -> (.., rkv)
     q = torch.cat([q_c, q_r], dim=-1)                                         # (B, nh, T, rkv+dr)
     k = torch.cat([c_kv, k_r], dim=-1)[:, None]                               # (B, 1, S, rkv+dr): one head for all
     y_c, _ = scaled_dot_product_attention(q, k, c_kv[:, None], is_causal="bottom_right",
                                           scale=config.softmax_scale)         # (B, nh, T, rkv)
-    y = y_c @ w_uv                                                            # (B, nh, T, rkv) -> (B, nh, T, dv)
+    y = (upcast(y_c) @ upcast(w_uv)).to(x.dtype)                              # (B, nh, T, rkv) -> (B, nh, T, dv)
     y = y.transpose(1, 2).reshape(B, T, -1)                                   # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
     return out

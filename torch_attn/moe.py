@@ -4,6 +4,7 @@ Twin of numpy_attn/moe.py: a router picks k of E experts per token (gpt-oss: sof
 largest logits; DeepSeek-V3: sigmoid scores, a selection bias, group-limited top-k, normalised
 and scaled weights, plus a shared expert), and a loop over the experts adds up their weighted
 outputs. The choice is piecewise constant: autograd sees only the chosen experts and the weights.
+float16 and bfloat16 computed in float32 (the choice included) and rounded once, as there.
 """
 
 import functools
@@ -11,6 +12,7 @@ import functools
 import torch
 
 from numpy_attn._tree import tree_map  # plain Python: walks the nested dicts
+from torch_attn._opmath import upcast
 from torch_attn.linear import linear
 from torch_attn.softmax import softmax
 from torch_attn.swiglu import swiglu
@@ -78,13 +80,15 @@ def gpt_oss_router(x, router, k):
 def gpt_oss_moe(x, params, k, alpha=1.702, limit=7.0):
     """gpt-oss's mixture of experts on x (..., C), params {"router", "experts"}, k experts per token
     -> (..., C)."""
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices = gpt_oss_router(tokens, params["router"], k)    # (N, k)
     expert = functools.partial(gpt_oss_expert, alpha=alpha, limit=limit)
     out = experts(tokens, weights, indices, params["experts"], expert)   # (N, C)
     out = out.reshape(x.shape)                                        # (N, C) -> (..., C)
-    return out
+    return out.to(x_dtype)                                            # rounded once to x's dtype
 
 
 # -- DeepSeek-V3 ---------------------------------------------------------------------------------------
@@ -118,6 +122,8 @@ def deepseek_router(x, router, selection_bias, k, n_group=1, topk_group=1, norm_
 def deepseek_moe(x, params, k, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0):
     """DeepSeek-V3's mixture of experts on x (..., C), params {"router", "selection_bias", "experts",
     "shared"}, k routed experts per token out of topk_group of n_group groups -> (..., C)."""
+    x_dtype = x.dtype
+    x, params = upcast(x), tree_map(upcast, params)                   # float32 for float16 and bfloat16
     C = x.shape[-1]
     tokens = x.reshape(-1, C)                                         # (..., C) -> (N, C)
     weights, indices = deepseek_router(
@@ -126,7 +132,7 @@ def deepseek_moe(x, params, k, n_group=1, topk_group=1, norm_topk_prob=True, rou
     routed = experts(tokens, weights, indices, params["experts"], swiglu)
     shared = swiglu(tokens, params["shared"])                         # (N, C)
     out = (routed + shared).reshape(x.shape)                          # (N, C) -> (..., C)
-    return out
+    return out.to(x_dtype)                                            # rounded once to x's dtype
 
 
 # gpt_oss_moe equals transformers' GptOssMLP (its output, not its router scores) holding
