@@ -189,7 +189,7 @@ def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch
 
 TABLE_SCRIPT = ROOT / "docs" / "precision_table.py"
 table = SimpleNamespace(**runpy.run_path(str(TABLE_SCRIPT), run_name="precision_table"))
-OUT_CELL = re.compile(r"\d+\.\d\d( \([a-ce-z]\w*\))?|—")        # "out" unnamed, another output by its name
+OUT_CELL = re.compile(r"\d+\.\d\d( \([a-ce-z][\w.]*\))?|—")        # "out" unnamed, another output by its name
 GRAD_CELL = re.compile(r"\d+\.\d\d \(d[\w.]+\)|—")
 
 
