@@ -5,11 +5,31 @@ The torch implementations (twin, built-in) run on tensors that require grad; the
 ``torch.autograd.grad(out, leaves, dout)``, which returns fresh gradients (as the NumPy backward
 does) instead of accumulating into ``.grad`` across repeats. torch is imported only inside the
 torch functions, so the NumPy worker never loads it.
+
+float16 and bfloat16 (``--dtype``): bfloat16 arrays are ml_dtypes', which NumPy knows by name
+once ml_dtypes is imported (it imports NumPy only); torch does not read them, so their bits
+travel as uint16 (``to_tensor``).
 """
 
+import ml_dtypes
 import numpy as np
 
 from numpy_attn._tree import leaves, rebuild
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def dtype_of(name):
+    """The NumPy dtype called ``name`` (bfloat16: ml_dtypes')."""
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def opmath(dtype):
+    """The dtype numpy_attn computes ``dtype`` in: float32 for float16 and bfloat16 (it casts up,
+    computes and rounds once, docs/precision.md), ``dtype`` itself otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.name in LOW_PRECISION else dtype
 
 
 def make_inputs(op, size, dtype, seed):
@@ -50,9 +70,13 @@ def to_device(diff, device):
 
 
 def to_tensor(a, device, requires_grad=False):
-    """A fresh torch copy of array ``a`` on ``device``."""
+    """A fresh torch copy of array ``a`` on ``device`` (bfloat16 as torch.bfloat16: the same bits)."""
     import torch
 
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        t = torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16).to(device)
+        return t.requires_grad_(requires_grad)
     return torch.tensor(a, device=device, requires_grad=requires_grad)
 
 

@@ -28,8 +28,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from benchmarks import calls, parity, registry, report
 from benchmarks import measure as sampling
-from benchmarks import parity, registry, report
 from benchmarks._worker import ROOT, Worker
 from benchmarks.registry import IMPLS, MODES, Size
 
@@ -127,8 +127,10 @@ def build_parser():
     p.add_argument("--heads", type=_number(int, 1, 1024), metavar="NH", help=f"attention heads; default {f['heads']}")
     p.add_argument("--head-size", type=_number(int, 1, 4096), metavar="HS",
                    help=f"head size (model width C = heads * head size); default {f['head_size']}")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="floating-point type of every array and tensor; default float32")
+    p.add_argument("--dtype", choices=calls.DTYPES, default="float32",
+                   help="floating-point type of every array and tensor (bfloat16: ml_dtypes' for NumPy); "
+                   "numpy_attn computes float16 and bfloat16 in float32 after a cast, as NumPy has no "
+                   "BLAS for them; default float32")
     p.add_argument("--threads", type=_number(int, 1, 1024),
                    help=f"threads for NumPy's BLAS and torch's intra-op pool in each timed process; "
                    f"default: the CPUs this process may use ({USABLE_CPUS}), 1 with --quick")
@@ -145,7 +147,8 @@ def build_parser():
                    f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
     p.add_argument("--tolerance", type=_number(float, 0, 1), metavar="REL",
                    help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
-                   "default 1e-4 for float32, 1e-9 for float64")
+                   "default 1e-4 for float32, 1e-9 for float64, 8 ulps at 1 for float16 (7.8e-3) "
+                   "and bfloat16 (6.25e-2)")
     p.add_argument("--seed", type=_number(int, 0), default=0, help="seed of the random inputs; default 0")
     p.add_argument("--interleave", type=_number(int, 1, 10000), metavar="ROUNDS",
                    help="take turns instead of timing each library's cases one after the other: "
@@ -552,6 +555,8 @@ def _run(parser, args, argv):
             return _fail(err)
     if generation and (args.interleave or args.against):
         return _fail(f"--interleave and --against time ops; --ops {args.ops[0]} takes neither")
+    if generation and args.dtype in calls.LOW_PRECISION:
+        return _fail(f"--ops {args.ops[0]} times float32 and float64 only, not --dtype {args.dtype}")
     if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
         return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:

@@ -19,6 +19,8 @@ import tracemalloc
 
 import numpy as np
 
+from benchmarks import calls
+
 BLOCK_S = 0.01      # shortest block of calls per sample: perf_counter's ~0.1 us overhead vanishes
 
 
@@ -123,15 +125,18 @@ def cuda_peak_bytes(fn):
 
 
 def matmul_peak(library, n, dtype, device, repeats, min_time, threads):
-    """GFLOP/s of an (n, n) @ (n, n) matmul: the ceiling the op rows are compared against."""
+    """GFLOP/s of an (n, n) @ (n, n) matmul: the ceiling the op rows are compared against.
+
+    NumPy's is the matmul numpy_attn computes in: float32 for float16 and bfloat16 (NumPy has no
+    BLAS for them; a float16 ``a @ b`` is a generic loop that no operation here runs). torch's is
+    in ``dtype``, as its kernels are called with it."""
     rng = np.random.default_rng(0)
+    dtype = calls.opmath(dtype) if library == "numpy" else np.dtype(dtype)
     a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
     if library == "numpy":
         stats = time_numpy(lambda: a @ b, repeats, min_time, warmup=1)
     else:
-        import torch
-
-        ta, tb = torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
+        ta, tb = calls.to_tensor(a, device), calls.to_tensor(b, device)
         stats = time_torch(lambda: ta @ tb, repeats, min_time, 1, threads, device)
     return dict(library=library, device=device, n=n, dtype=str(np.dtype(dtype)),
                 gflops=2 * n**3 / stats["median"] / 1e9, time_s=stats)

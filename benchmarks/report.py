@@ -116,12 +116,24 @@ def header_lines(results):
          f"after {cfg['warmup']} warm-up call(s)" if cfg.get("interleave") else
          f"at least {cfg['repeats']} samples and {cfg['min_time']} s per row after {cfg['warmup']} warm-up call(s)"),
         "time: median per call, IQR = quartiles of the samples; FLOPs: " + results["flops_convention"],
+        *_low_precision_lines(cfg["dtype"]),
         "np/this: NumPy's median time / this row's, the one ratio used here (above 1: this row "
         "is faster than NumPy; below 1: NumPy is faster); "
         "parity: max relative error against NumPy at this size; mem: peak extra bytes "
         "(NumPy: tracemalloc, CUDA: max_memory_allocated, torch CPU: not measured)",
     ]
     return lines
+
+
+def _low_precision_lines(dtype):
+    """What a float16 or bfloat16 row times, for each library (nothing for float32, float64)."""
+    if dtype not in ("float16", "bfloat16"):
+        return []
+    return [f"{dtype}: numpy_attn casts its inputs to float32, computes in float32 and rounds the "
+            f"result once to {dtype} (NumPy has no BLAS for {dtype}: a float16 matmul is a generic "
+            "loop, ml_dtypes' bfloat16 one returns float32), so its rows time float32 arithmetic "
+            "plus the casts, and its peak is the float32 matmul's; torch runs its CPU kernels on "
+            f"{dtype} tensors (float32 inside most of them, docs/precision.md), its peak is its {dtype} matmul's"]
 
 
 def _num(x, digits=3):

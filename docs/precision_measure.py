@@ -11,12 +11,15 @@ The share of elements equal to each says which one the kernel does (and the back
 autograd, the same way). Then the baseline of FlashAttention's error rule: for attention and
 softmax, the largest |torch_lowp - truth| beside |float32-then-round - truth|, truth being
 float64 on the same rounded inputs, against the sequence length; drawn to
-docs/images/precision_error.png. Runs on one thread, so that the results do not depend on how a
-reduction is split between threads.
+docs/images/precision_error.png. Last, attention's output error against the sequence length in
+float32, float16 and bfloat16, numpy_attn's beside PyTorch's, drawn to
+docs/images/precision_attention.png. Runs on one thread, so that the results do not depend on how
+a reduction is split between threads.
 
-    python docs/precision_measure.py [--small] [--out PATH]
+    python docs/precision_measure.py [--small] [--out PATH] [--attention-out PATH]
 
-``--small`` measures small sizes (the test's run); ``--out`` names the PNG to write.
+``--small`` measures small sizes (the test's run); ``--out`` and ``--attention-out`` name the
+two PNGs to write.
 """
 
 import argparse
@@ -33,7 +36,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 IMAGE = Path(__file__).resolve().parent / "images" / "precision_error.png"
+ATTENTION_IMAGE = IMAGE.with_name("precision_attention.png")
 LOWP = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# Machine epsilon (the ulp at 1) of each dtype the attention plot compares.
+EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_LENGTHS = (64, 128)
 EXACT = 0.999      # share of equal elements above which a candidate is what the kernel computes
@@ -459,8 +465,12 @@ def draw(found, path):
         ax.set_xlabel("sequence length T")
         ax.set_title(f"{op}: max |error| against float64")
         ax.legend(fontsize=8)
-    # Through a temporary file in the same folder, renamed over the old one: an interruption
-    # leaves the old picture whole and no temporary behind.
+    save_png(fig, path)
+
+
+def save_png(fig, path):
+    """Write ``fig`` to ``path`` through a temporary file in the same folder, renamed over the old
+    one: an interruption leaves the old picture whole and no temporary behind."""
     handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     os.close(handle)
     try:
@@ -470,25 +480,108 @@ def draw(found, path):
         Path(partial).unlink(missing_ok=True)
 
 
+# ---- attention in float32, float16 and bfloat16: ours beside PyTorch's ---------------------------
+
+def ulp(value, dtype):
+    """The spacing of ``dtype`` (a name of EPS) at ``|value|`` (a normal number)."""
+    return EPS[dtype] * 2.0 ** math.floor(math.log2(abs(value)))
+
+
+def to_numpy(t):
+    """A torch tensor as a NumPy array of its dtype (bfloat16: ml_dtypes', through the same bits)."""
+    import ml_dtypes
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def attention_errors(lengths):
+    """[(dtype name, T, max |truth|, one ulp there, max |ours - truth|, max |torch - truth|)] for
+    one head of size 64, T queries and keys, inputs N(0, 1) rounded to the dtype: ours is
+    numpy_attn's attention in that dtype, torch's F.scaled_dot_product_attention in it (its
+    default CPU backend), truth the float64 math backend on the same rounded inputs."""
+    from numpy_attn.attention import scaled_dot_product_attention_forward
+
+    found = []
+    for T in lengths:
+        g = torch.Generator().manual_seed(T)
+        qkv = [normal(g, 1, 1, T, 64) for _ in range(3)]
+        for name, dtype in {"float32": torch.float32, **LOWP}.items():
+            low = [t.to(dtype) for t in qkv]
+            truth = sdpa(SDPBackend.MATH)(*[t.double() for t in low])
+            theirs = F.scaled_dot_product_attention(*low)
+            ours, _ = scaled_dot_product_attention_forward(*map(to_numpy, low))
+            if ours.dtype.name != name:
+                raise TypeError(f"numpy_attn's attention returned {ours.dtype} for {name} inputs")
+            top = truth.abs().max().item()
+            found.append((name, T, top, ulp(top, name), float(abs(ours.astype("float64") - truth.numpy()).max()),
+                          (theirs.double() - truth).abs().max().item()))
+    return found
+
+
+def format_attention(found):
+    lines = ["| dtype | T | max \\|truth\\| | one ulp there | max \\|ours - truth\\| | max \\|torch - truth\\| "
+             "| ours / torch |", "|---|---|---|---|---|---|---|"]
+    for dtype, T, top, one_ulp, ours, theirs in found:
+        ratio = ours / theirs if theirs else math.inf
+        lines.append(f"| {dtype} | {T} | {top:.3g} | {one_ulp:.3g} | {ours:.3g} | {theirs:.3g} | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def draw_attention(found, path):
+    """Attention's error against T: left the max |error|, right the same in ulps of max |truth|;
+    one colour per dtype, PyTorch's line solid, ours dashed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=90, layout="constrained")
+    FigureCanvasAgg(fig)
+    absolute, in_ulps = fig.subplots(1, 2)
+    for dtype, colour in zip(EPS, ("tab:green", "tab:blue", "tab:orange"), strict=True):
+        mine = [row for row in found if row[0] == dtype]
+        lengths = [row[1] for row in mine]
+        for ax, scale in ((absolute, [1.0] * len(mine)), (in_ulps, [row[3] for row in mine])):
+            ax.plot(lengths, [row[5] / s for row, s in zip(mine, scale, strict=True)], "o-", color=colour,
+                    label=f"{dtype}: torch F.sdpa")
+            ax.plot(lengths, [row[4] / s for row, s in zip(mine, scale, strict=True)], "s--", color=colour,
+                    label=f"{dtype}: numpy_attn")
+    for ax, title in ((absolute, "attention output: max |error| against float64"),
+                      (in_ulps, "the same, in ulps of max |truth| (of each dtype)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_title(title)
+    absolute.legend(fontsize=8)
+    save_png(fig, path)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Measure what torch's CPU kernels compute in float32 "
                                      "inside float16 and bfloat16 ops, and draw the error baseline.")
     parser.add_argument("--small", action="store_true", help="small sizes (a quick check, as the test runs)")
     parser.add_argument("--out", type=Path, default=IMAGE, help=f"the PNG to write (default {IMAGE})")
+    parser.add_argument("--attention-out", type=Path, default=ATTENTION_IMAGE,
+                        help=f"the PNG of attention's error in three dtypes (default {ATTENTION_IMAGE})")
     args = parser.parse_args(argv)
-    if not args.out.parent.is_dir():
-        parser.error(f"--out {str(args.out)!r}: no folder {str(args.out.parent)!r}")
+    for option, path in (("--out", args.out), ("--attention-out", args.attention_out)):
+        if not path.parent.is_dir():
+            parser.error(f"{option} {str(path)!r}: no folder {str(path.parent)!r}")
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, one thread\n")
     print(format_table(measure(args.small)))
     found = baseline(SMALL_LENGTHS if args.small else LENGTHS)
     print(f"\n{default_backend()}\n")
     print(format_baseline(found))
-    try:
-        draw(found, args.out)
-    except OSError as err:
-        sys.exit(f"--out {str(args.out)!r}: cannot write it: {err.strerror or err}")
-    print(f"\nwrote {args.out}")
+    attention = attention_errors(SMALL_LENGTHS if args.small else LENGTHS)
+    print("\n" + format_attention(attention))
+    for option, path, write, rows in (("--out", args.out, draw, found),
+                                      ("--attention-out", args.attention_out, draw_attention, attention)):
+        try:
+            write(rows, path)
+        except OSError as err:
+            sys.exit(f"{option} {str(path)!r}: cannot write it: {err.strerror or err}")
+        print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
-from benchmarks import calls, cli, parity, registry, report
+from benchmarks import _worker, calls, cli, measure, parity, registry, report
 from benchmarks.registry import Size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +262,7 @@ def test_from_json_rerenders_without_measuring(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--dtype", "int8"], "invalid choice: 'int8'"),
     (["--seq-lens", "0"], "'0' must be at least 1"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
@@ -293,6 +294,7 @@ def test_unknown_op_is_one_line_naming_every_valid_op():
     (["--ops", "decode", "softmax"], "--ops decode runs alone"),
     (["--ops", "decode", "--interleave", "2"], "--interleave and --against time ops"),
     (["--ops", "softmax", "--against", "no-such-revision"], "--against no-such-revision: not a commit"),
+    (["--ops", "decode_mla", "--dtype", "bfloat16"], "--ops decode_mla times float32 and float64 only, not --dtype"),
 ])
 def test_options_that_cannot_go_together_are_one_line(args, message):
     assert message in _one_line_error(_benchmarks(*args))
@@ -373,7 +375,7 @@ def test_parity_failure_exits_1_before_timing(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("name", list(registry.OPS))
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16])
 def test_every_registered_op_passes_parity_at_a_tiny_size(name, dtype):
     """The registry's inputs, grads order and built-in wiring agree with the NumPy pair."""
     op = registry.OPS[name]
@@ -459,3 +461,81 @@ def test_install_hints_fit_where_the_code_runs(monkeypatch, tmp_path):
     with pytest.raises(SystemExit), contextlib.redirect_stderr(result):
         cli.main(["--quick", "--ops", "softmax", "--no-progress"])
     assert "measuring needs torch: pip install 'numpy-attn[benchmarks]'" in result.getvalue()
+
+
+# -- float16 and bfloat16 ----------------------------------------------------------------------------
+
+LOW = ["float16", "bfloat16"]
+
+# An op outside the registry whose NumPy module computes the low dtypes in float32: the wiring
+# (conversions, tolerance, dtype checks) is tested on it whichever registered ops are converted.
+SOFTCAP = registry.Op(
+    "softcap", stem="softcap", forward="logit_softcap_forward", backward="logit_softcap_backward",
+    twin="logit_softcap", builtin="c * torch.tanh(x / c)",
+    inputs=lambda z, dtype, rng: ({"x": (3 * rng.standard_normal((z.B, z.T))).astype(dtype)}, {"softcap": 2.0}),
+    flops=lambda z: 3 * z.B * z.T, call_builtin=lambda t, s: s["softcap"] * torch.tanh(t["x"] / s["softcap"]))
+
+
+def test_the_low_precision_tolerance_is_eight_ulps_at_one():
+    assert parity.TOLERANCE[np.dtype(np.float16)] == 8 * np.finfo(np.float16).eps
+    assert parity.TOLERANCE[calls.dtype_of("bfloat16")] == 8 * float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_parity_keeps_the_dtype_on_every_side(dtype):
+    results = parity.check(SOFTCAP, Size(B=4, nh=1, T=64, hs=1), calls.dtype_of(dtype), 0,
+                           [("twin", "cpu"), ("builtin", "cpu")])
+    assert set(results) == {("numpy", "cpu"), ("twin", "cpu"), ("builtin", "cpu")}
+    assert all(r["ok"] and r["tol"] == parity.TOLERANCE[calls.dtype_of(dtype)] for r in results.values())
+    # torch's three low-precision steps round twice more than ours: not bit for bit, within a few ulps
+    assert 0 < results["builtin", "cpu"]["max_rel_err"] <= 4 * results["builtin", "cpu"]["tol"] / 8
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("change, message", [
+    (lambda y: y * 1.1, r"builtin cpu out: relative error .* > "),
+    (lambda y: y.float(), "builtin cpu out is torch.float32, not {dtype}"),    # a silent upcast
+])
+def test_low_precision_parity_rejects_a_wrong_implementation(dtype, change, message):
+    op = dataclasses.replace(SOFTCAP, call_builtin=lambda t, s: change(SOFTCAP.call_builtin(t, s)))
+    with pytest.raises(parity.ParityError, match=message.format(dtype=dtype)):
+        parity.check(op, Size(B=4, nh=1, T=64, hs=1), calls.dtype_of(dtype), 0, [("builtin", "cpu")])
+
+
+def test_a_numpy_op_that_refuses_the_dtype_is_a_parity_failure_not_a_traceback():
+    def refuse(x, softcap):
+        raise TypeError("x must be float32 or float64, got dtype bfloat16")
+    op = dataclasses.replace(SOFTCAP, forward=refuse)
+    message = "softcap B=1 nh=1 T=8 hs=1 bfloat16:\n  numpy raised TypeError: x must"
+    with pytest.raises(parity.ParityError, match=message):
+        parity.check(op, Size(B=1, nh=1, T=8, hs=1), calls.dtype_of("bfloat16"), 0, [("twin", "cpu")])
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_the_timing_worker_runs_each_library_in_the_dtype(monkeypatch, dtype):
+    """The calls a worker times take and return the low dtype: bfloat16 crosses to torch as its bits."""
+    monkeypatch.setitem(registry.OPS, "softcap", SOFTCAP)
+    job = dict(device="cpu", dtype=dtype, seed=0, modes=["fwd", "fwd+bwd"], size=dict(B=2, nh=1, hs=1))
+    numpy_fns = _worker._prepare(dict(job, library="numpy"), SOFTCAP, 8, ["numpy"])
+    out, dx = numpy_fns["numpy", "fwd+bwd"]()
+    assert out.dtype.name == dx.dtype.name == dtype
+    torch_fns = _worker._prepare(dict(job, library="torch"), SOFTCAP, 8, ["twin", "builtin"])
+    for impl in ("twin", "builtin"):
+        out, (dx,) = torch_fns[impl, "fwd+bwd"]()
+        assert out.dtype == dx.dtype == getattr(torch, dtype), impl
+        assert np.array_equal(out.detach().double().numpy(), torch_fns[impl, "fwd"]().detach().double().numpy())
+    numpy_peak = measure.matmul_peak("numpy", 16, calls.dtype_of(dtype), "cpu", 1, 0.0, 1)
+    torch_peak = measure.matmul_peak("torch", 16, calls.dtype_of(dtype), "cpu", 1, 0.0, 1)
+    assert (numpy_peak["dtype"], torch_peak["dtype"]) == ("float32", dtype)   # what each computes in
+
+
+def test_a_float16_run_says_what_each_library_computes_in(tmp_path):
+    path = tmp_path / "run.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(TINY + ["--seq-lens", "8", "--dtype", "float16", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    assert ok and all(r["dtype"] == "float16" and r["parity"]["ok"] for r in ok)
+    assert {(p["library"], p["dtype"]) for p in results["peaks"]} == {("numpy", "float32"), ("torch", "float16")}
+    assert "float16: numpy_attn casts its inputs to float32" in stdout.getvalue()

@@ -3,6 +3,7 @@ picture, the page's table says for every op what the script finds, the baseline 
 run shares with the page are the page's, and an interrupted write leaves the old picture whole."""
 
 import hashlib
+import math
 import re
 import runpy
 import subprocess
@@ -29,7 +30,7 @@ def table_rows(text, columns):
     found = []
     for line in text.splitlines():
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-        if len(cells) == columns and not set(cells[0]) <= set("-") and cells[0] != "op":
+        if len(cells) == columns and not set(cells[0]) <= set("-") and cells[0] not in ("op", "dtype"):
             found.append(tuple(cells))
     return found
 
@@ -39,26 +40,28 @@ def small_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("precision")
     mine = folder / "notes.txt"
     mine.write_text("the user's own file\n")
-    out = folder / "picture.png"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(out)], capture_output=True,
-                          text=True, cwd=folder, timeout=600)
+    out, attention = folder / "picture.png", folder / "attention.png"
+    command = [sys.executable, str(SCRIPT), "--small", "--out", str(out), "--attention-out", str(attention)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=600)
     assert done.returncode == 0, done.stderr
     return folder, done.stdout
 
 
 def test_the_script_writes_only_its_out(small_run):
     folder, _ = small_run
-    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "picture.png"]
+    assert sorted(p.name for p in folder.iterdir()) == ["attention.png", "notes.txt", "picture.png"]
     assert (folder / "notes.txt").read_text() == "the user's own file\n"
     assert (folder / "picture.png").read_bytes().startswith(PNG_SIGNATURE), "--out holds no PNG"
+    assert (folder / "attention.png").read_bytes().startswith(PNG_SIGNATURE), "--attention-out holds no PNG"
 
 
-def test_an_out_in_no_folder_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("option", ["--out", "--attention-out"])
+def test_an_out_in_no_folder_is_refused_naming_it(tmp_path, option):
     out = tmp_path / "missing" / "picture.png"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(out)], capture_output=True,
+    done = subprocess.run([sys.executable, str(SCRIPT), "--small", option, str(out)], capture_output=True,
                           text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "--out" in done.stderr and str(out) in done.stderr, done.stderr
+    assert option in done.stderr and str(out) in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -99,10 +102,31 @@ def test_the_pages_baseline_rows_are_the_scripts(small_run):
     assert not missing, f"baseline rows the small run prints and the page lacks: {missing}"
 
 
-def test_the_page_links_the_picture_and_the_readme_links_the_page():
+def test_the_pages_attention_rows_are_the_scripts(small_run):
+    """Every row of the small run's attention table is on the page: dtype, T, max |truth|, its ulp
+    and torch's error as printed; ours to within what another BLAS kernel can move it. Ours
+    computes in float32 for all three dtypes, and a kernel that sums a dot product in another
+    order changes a float32 result by a few float32 ulps: rounded to float16 or bfloat16 that
+    flips at most one rounding by one ulp of the dtype (at most one ulp at max |truth| on the
+    maximum); unrounded, in float32, the P @ V sum over T keys moves by up to about log2(T) ulps."""
+    _, printed = small_run
+    found = table_rows(printed, 7)
+    shown = {row[:2]: row for row in table_rows(PAGE.read_text(encoding="utf-8"), 7)}
+    assert len(found) == len(measure.EPS) * len(measure.SMALL_LENGTHS), f"the small run's attention rows: {found}"
+    for row in found:
+        page = shown.get(row[:2])
+        assert page is not None, f"the page lacks the attention row {row}"
+        assert page[2:4] == row[2:4] and page[5] == row[5], f"page {page} vs the script's {row}"
+        dtype, T, one_ulp = row[0], int(row[1]), float(row[3])
+        allowed = one_ulp * (math.log2(T) if dtype == "float32" else 1)
+        assert abs(float(page[4]) - float(row[4])) <= allowed, f"ours: page {page[4]} vs the script's {row[4]}"
+
+
+def test_the_page_links_the_pictures_and_the_readme_links_the_page():
     linked = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", PAGE.read_text(encoding="utf-8"))
-    assert "images/precision_error.png" in linked, f"the page's images: {linked}"
-    assert (PAGE.parent / "images" / "precision_error.png").read_bytes().startswith(PNG_SIGNATURE)
+    for name in ("precision_error.png", "precision_attention.png"):
+        assert f"images/{name}" in linked, f"the page's images: {linked}"
+        assert (PAGE.parent / "images" / name).read_bytes().startswith(PNG_SIGNATURE)
     assert "(docs/precision.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
@@ -129,8 +153,9 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("picture", ["error", "attention"])
 @pytest.mark.parametrize("step", ["savefig", "replace"])
-def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch, step):
+def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch, step, picture):
     old = tmp_path / "precision_error.png"
     old.write_bytes(PNG_SIGNATURE + b"the old picture")
     mine = tmp_path / "notes.txt"
@@ -150,9 +175,189 @@ def test_an_interrupted_write_leaves_the_old_picture_whole(tmp_path, monkeypatch
         monkeypatch.setattr(Figure, "savefig", interrupt_half_written)
     else:
         monkeypatch.setattr(measure.os, "replace", interrupt)
-    found = [("attention", "float16", 64, 1e-4, 1e-4), ("softmax", "float16", 64, 1e-4, 1e-4)]
     with pytest.raises(KeyboardInterrupt):
-        measure.draw(found, old)
+        if picture == "error":
+            measure.draw([("attention", "float16", 64, 1e-4, 1e-4), ("softmax", "float16", 64, 1e-4, 1e-4)], old)
+        else:
+            measure.draw_attention([(dtype, 64, 1.0, eps, eps, eps) for dtype, eps in measure.EPS.items()], old)
     assert digest(old) == before, "the old picture changed"
     assert mine.read_text() == "the user's own file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "precision_error.png"], "a temporary remains"
+
+
+# -- the table of multiples (docs/precision_table.py) ---------------------------------------------
+
+TABLE_SCRIPT = ROOT / "docs" / "precision_table.py"
+table = SimpleNamespace(**runpy.run_path(str(TABLE_SCRIPT), run_name="precision_table"))
+OUT_CELL = re.compile(r"\d+\.\d\d( \([a-ce-z][\w.]*\))?|—")        # "out" unnamed, another output by its name
+GRAD_CELL = re.compile(r"\d+\.\d\d \(d[\w.]+\)|—")
+
+
+def committed_table():
+    """The rows of the page's section between the markers, header and rule checked."""
+    text = PAGE.read_text(encoding="utf-8")
+    assert text.count(table.BEGIN) == 1 and text.count(table.END) == 1, "the page's table markers"
+    lines = text.split(table.BEGIN)[1].split(table.END)[0].strip().splitlines()
+    assert "\n".join(lines[:2]) == table.HEADER, f"the table's header: {lines[:2]}"
+    return [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines[2:]]
+
+
+def test_the_committed_table_is_well_formed():
+    rows = committed_table()
+    assert rows, "the table has no rows"
+    seen = set()
+    for row in rows:
+        assert len(row) == 6, f"a row of {len(row)} cells: {row}"
+        op, dtype, *cells = row
+        assert dtype in table.DTYPES, f"{op}: dtype {dtype!r}"
+        assert (op, dtype) not in seen, f"{op} {dtype} twice"
+        seen.add((op, dtype))
+        for cell, pattern in zip(cells, (OUT_CELL, GRAD_CELL) * 2, strict=True):
+            assert pattern.fullmatch(cell), f"{op} {dtype}: cell {cell!r}"
+        assert any(cell != table.NONE for cell in cells), f"{op} {dtype}: no multiple at all"
+
+
+def test_every_op_of_a_budget_test_has_its_rows():
+    """A new assert_error_budget call (a new op, or an op's name changed) needs the table
+    regenerated: `python docs/precision_table.py --run`."""
+    calls = table.budget_calls()
+    unread = [where for name, where, _ in calls if name is None]
+    assert not unread, f"assert_error_budget calls whose op name the table cannot read: {unread}"
+    assert all(tests for _, _, tests in calls), f"budget calls no test reaches: {calls}"
+    shown = {(row[0], row[1]) for row in committed_table()}
+    patterns = table.budget_ops()
+    missing = [f"{table.shown(pattern)} ({dtype})" for pattern in patterns for dtype in table.DTYPES
+               if not any(table.matches(pattern, op) and d == dtype for op, d in shown)]
+    assert not missing, f"ops of the budget tests without their table rows: {missing}"
+    stale = sorted({op for op, _ in shown if not any(table.matches(pattern, op) for pattern in patterns)})
+    assert not stale, f"table rows of ops no budget test names: {stale}"
+
+
+def test_the_op_names_are_read_from_the_sources(tmp_path):
+    """Strings, f-strings whose parts a loop, parametrize, given(sampled_from) or a helper's callers
+    bind, and the implementation's bracket ([numpy], [twin]) left out of the op's name."""
+    (tmp_path / "test_softmax.py").write_text(
+        "PAIRS = {'softmax': 1, 'log_softmax': 2}\n"
+        "ops = st.sampled_from(sorted(PAIRS))\n"
+        "def check(op, dtype):\n"
+        "    assert_error_budget(op, dtype, {})\n"
+        "def test_a(dtype):\n"
+        "    for who in ('numpy', 'twin'):\n"
+        "        assert_error_budget(f'softmax[{who}]', dtype, {})\n"
+        "def test_b(dtype):\n"
+        "    check('log_softmax[numpy]', dtype)\n"
+        "    check(op='masked softmax[twin]', dtype=dtype)\n"
+        "def test_c(name, dtype):\n"
+        "    helpers.assert_error_budget(name, dtype, {})\n"
+        "@pytest.mark.parametrize('offset, cls', [(0.0, A), (1.0, B)])\n"
+        "@given(op=ops)\n"
+        "def test_d(offset, cls, op, dtype):\n"
+        "    ours = {'numpy': 1, 'twin': 2}\n"
+        "    ours['kernel'] = 3\n"
+        "    for who, value in ours.items():\n"
+        "        assert_error_budget(f'{op}(offset={offset:g})[{who}] x', dtype, {})\n"
+        "def test_e(dtype, case):\n"
+        "    layout, ours = case[0], {}\n"
+        "    for who in ours:\n"
+        "        assert_error_budget(f'rope[{layout}][{who}]', dtype, {})\n"
+        "        assert_error_budget(f'{layout}[{who}]', dtype, {})\n")
+    (tmp_path / "test_gelu.py").write_text(
+        "from parity_tests.test_softmax import check\n"
+        "def test_f(dtype):\n"
+        "    check('gelu[numpy]', dtype)\n")
+    assert table.budget_functions(tmp_path) == {"assert_error_budget", "check"}
+    found = table.budget_calls(tmp_path)
+    assert [(name and table.shown(name), where.split(":")[1]) for name, where, _ in found] == [
+        ("softmax", "7"), ("log_softmax", "9"), ("masked softmax", "10"), (None, "12"),
+        ("log_softmax(offset=0) x", "19"), ("log_softmax(offset=0)[kernel] x", "19"),
+        ("log_softmax(offset=1) x", "19"), ("log_softmax(offset=1)[kernel] x", "19"),
+        ("softmax(offset=0) x", "19"), ("softmax(offset=0)[kernel] x", "19"),
+        ("softmax(offset=1) x", "19"), ("softmax(offset=1)[kernel] x", "19"),
+        ("rope[*][*]", "23"), (None, "24"),
+        ("gelu", "3")]                     # test_gelu.py after test_softmax.py: the reading order
+    prefix = f"{tmp_path.name}/test_softmax.py::"
+    assert found[0][2] == [prefix + "test_a"] and found[1][2] == [prefix + "test_b"], found
+    # The open parts match any text; a bracketed one may also be the [numpy] or [twin] left out.
+    rope = found[-3][0]
+    assert [table.matches(rope, op) for op in ("rope[half]", "rope[half][x]", "rope", "ropes[half]")] == [
+        True, True, True, False]
+    assert table.split_label("gelu[tanh][twin]") == ("gelu[tanh]", "twin")
+    assert table.split_label("softmax[numpy] dtype=") == ("softmax dtype=", "numpy")
+    assert table.split_label("flash_attention[kernel]") == ("flash_attention[kernel]", "numpy")
+
+
+def records(*rows):
+    return [dict(op=op, tensor=tensor, dtype=dtype, multiple=multiple) for op, tensor, dtype, multiple in rows]
+
+
+def test_the_table_takes_the_forward_and_the_largest_gradient():
+    found = records(("softmax[numpy]", "out", "float16", 0.5), ("softmax[numpy]", "dx", "float16", 1.25),
+                    ("softmax[numpy]", "dw", "float16", 1.5), ("softmax[twin]", "out", "float16", 1.0),
+                    ("softmax[twin]", "lse", "float16", 1.5),
+                    ("softmax[numpy]", "dx", "bfloat16", 0.75), ("softmax[twin]", "dx", "bfloat16", 2.5))
+    lines = table.render(found, ["softmax"]).splitlines()
+    assert lines[:2] == table.HEADER.splitlines()
+    assert lines[2:] == ["| softmax | float16 | 0.50 | 1.50 (dw) | 1.50 (lse) | — |",
+                         "| softmax | bfloat16 | — | 0.75 (dx) | — | 2.50 (dx) |"]
+    with pytest.raises(table.TableError, match=r"no records for: gelu \(float16\), gelu \(bfloat16\)"):
+        table.render(found, ["softmax", "gelu"])
+    with pytest.raises(table.TableError, match=r"no records for: linear \(bfloat16\)"):
+        table.render(found + records(("linear[numpy]", "out", "float16", 1.0)), ["softmax"])
+
+
+def test_only_the_section_between_the_markers_changes():
+    page = f"# title\n\nbefore\n{table.BEGIN}\nold rows\n{table.END}\nafter\n"
+    assert table.replace_section(page, "NEW") == f"# title\n\nbefore\n{table.BEGIN}\nNEW\n{table.END}\nafter\n"
+    for broken in (page.replace(table.END, ""), page + table.BEGIN, f"{table.END}\n{table.BEGIN}\n"):
+        with pytest.raises(table.TableError, match="must hold"):
+            table.replace_section(broken, "NEW")
+
+
+def test_a_missing_or_bad_record_file_leaves_the_page_as_it_was(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"mine\n{table.BEGIN}\nold\n{table.END}\n")
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"op": "softcap[numpy]"}]')
+    for json_file, message in ((tmp_path / "none.json", "cannot read"), (bad, "is not a list of")):
+        done = subprocess.run([sys.executable, str(TABLE_SCRIPT), "--json", str(json_file), "--page", str(page)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and message in done.stderr and str(json_file) in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert page.read_text() == f"mine\n{table.BEGIN}\nold\n{table.END}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "page.md"]
+
+
+@pytest.mark.parametrize("step", ["write", "replace"])
+def test_an_interrupted_table_write_leaves_the_old_page_whole(tmp_path, monkeypatch, step):
+    page = tmp_path / "precision.md"
+    page.write_text("the old page\n")
+    mine = tmp_path / "notes.txt"
+    mine.write_text("the user's own file\n")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if step == "write":
+        real_fdopen = table.os.fdopen
+
+        class HalfWritten:
+            def __init__(self, *args, **kwargs):
+                self.file = real_fdopen(*args, **kwargs)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.file.close()
+
+            def write(self, text):
+                self.file.write(text[:5])
+                raise KeyboardInterrupt
+        monkeypatch.setattr(table.os, "fdopen", HalfWritten)
+    else:
+        monkeypatch.setattr(table.os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        table.write_page(page, "the new page\n")
+    assert page.read_text() == "the old page\n", "the old page changed"
+    assert mine.read_text() == "the user's own file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "precision.md"], "a temporary remains"
