@@ -91,7 +91,7 @@ def attend(q, k, v, softcap=None, window=None):
     _, cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True, softcap=softcap, window=window)
     scores = cache.q_scaled @ cache.k.T                                         # (T, hs) @ (hs, S) -> (T, S)
     if cache.softcap_cache is not None:   # the capped scores: c * tanh(scores / c), from the forward's tanh
-        t, c = cache.softcap_cache
+        t, c, _ = cache.softcap_cache                                           # tanh, the cap, x's dtype
         scores = c * t                                                          # (T, S)
     visible = causal_mask(T, T) if window is None else sliding_window_mask(T, T, window)   # (T, S)
     return Panel(scores, cache.weights, visible)
