@@ -1135,6 +1135,7 @@ def sdpa_on(case, backend):
     return fn
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=attention_inputs(dtype=np.float64, dropout=False))
 @example(case=EDGE_CASES[0])
@@ -1194,6 +1195,7 @@ def eager_attention(q, k, v, attn_mask, sinks, scale, softcap, keep, dropout_p):
     return dropped @ v, weights
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=attention_inputs(dtype=np.float64, softcap=True, sinks=True), cap=st.booleans(), sink=st.booleans())
 @example(case=SINK_EDGE_CASES[0], cap=False, sink=True)

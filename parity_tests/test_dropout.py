@@ -250,6 +250,7 @@ def test_backward_matches_finite_differences(case):
 LOW_TYPES = tuple(d.type for d, _ in helpers.LOW_DTYPES.values())
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(case=dropped(dtype=np.float64))
 @example(case=ONE_DROPPED[:2] + (0.1, ONE_DROPPED[3]))

@@ -152,6 +152,7 @@ def crowded_lookups(draw):
     return ids, wte, dout, draw(st.none() | st.integers(-V, V - 1))
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(case=crowded_lookups() | lookups(dtype=np.float64))
 @example(case=PADDED)

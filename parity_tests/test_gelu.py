@@ -100,6 +100,7 @@ def test_backward_matches_finite_differences(approximate, case):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(approximate=approximations, case=activations(dtype=np.float64))
 @example(approximate="none", case=EDGE_CASE)

@@ -132,6 +132,7 @@ def test_backward_matches_finite_differences(case):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=capped(dtype=np.float64))
 @example(case=EDGE_CASE)
