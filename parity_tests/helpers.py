@@ -181,7 +181,7 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
         err_ours = float(np.max(np.abs(o64[finite] - truth[finite])))
         err_torch = float(np.max(np.abs(theirs.astype(np.float64)[finite] - truth[finite])))
         one_ulp = ulp(np.max(np.abs(truth[finite])), dtype)
-        allowance = (extra or {}).get(name, 0.0)
+        allowance = float((extra or {}).get(name, 0.0))
         bound = multiple * err_torch + one_ulp + allowance
         key = (op, name, dtype)
         if err_torch > 0:   # the multiple recorded counts only what the allowance does not cover
@@ -192,6 +192,24 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
         assert err_ours <= bound, (
             f"{label}: max |ours - truth| = {err_ours:.3g} exceeds {multiple:g} x PyTorch's "
             f"{err_torch:.3g} + one ulp {one_ulp:.3g} = {bound:.3g}")
+
+
+def assert_one_input_budget(op, dtype, ours, twin, builtin, inputs, dout, extra=None):
+    """assert_error_budget for an op of one differentiable input, for numpy_attn (``op[numpy]``)
+    and for the twin (``op[twin]``): ``inputs`` is that input {name: array} and ``dout`` the
+    upstream gradient, both already rounded to the low ``dtype`` (every side shares them); ``ours``
+    is numpy_attn's (out, d<name>) from them; ``twin`` and ``builtin`` are functions of the input
+    by its name (for autograd), the latter PyTorch's own in the low dtype and, run in float64 on
+    the same rounded values, the truth. Each side is held to it for out and d<name>, with
+    ``extra`` passed on."""
+    (name, x), = inputs.items()
+    twin_out, twin_grads = autograd(twin, inputs, dout)
+    torch_out, torch_grads = autograd(builtin, inputs, dout)
+    truth_out, truth_grads = autograd(builtin, {name: x.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": ours, "twin": (twin_out, twin_grads[name])}.items():
+        assert_error_budget(f"{op}[{who}]", dtype, {"out": (o, torch_out, truth_out),
+                                                     f"d{name}": (g, torch_grads[name], truth_grads[name])},
+                            extra=extra)
 
 
 def budget_rows():
