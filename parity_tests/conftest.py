@@ -1,5 +1,5 @@
-"""Hypothesis profiles, BLAS/OpenMP threads (one unless OMP_NUM_THREADS says), and a report of
-the largest errors seen.
+"""Hypothesis profiles, BLAS/OpenMP threads (one unless OMP_NUM_THREADS says), a report of the
+largest errors seen, and the error_budget marker held to the tests that call assert_error_budget.
 
 Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
     default   a quick local run
@@ -9,6 +9,8 @@ Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
 
 import json
 import os
+import runpy
+from pathlib import Path
 
 # Before NumPy or torch is imported: on small arrays extra threads only cost time, so one thread
 # unless the environment asks for more. The suite must pass either way: run it once with
@@ -54,12 +56,92 @@ ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
 ERROR_JSON = "test-errors.json"     # the same per test file, read by numpy-attn site; git-ignored
 BUDGET_JSON = "test-precision.json"  # the multiples of PyTorch's low-precision error; git-ignored
 
+# -- the error_budget marker: `python docs/precision_table.py --run` runs `pytest -m error_budget` ------
+# A test that calls assert_error_budget (directly or through any helper) and lacks the marker would
+# be left out of that run and its op out of docs/precision.md: it fails here instead, as does a
+# marked test that passes without calling it. A run of every budget test writes BUDGET_JSON and
+# checks that the page has a row for each op the run recorded and none for another.
+BUDGET = "error_budget"
+TESTS = Path(__file__).resolve().parent
+TABLE_SCRIPT = TESTS.parent / "docs" / "precision_table.py"
+# Of this run: the test files collected, the budget tests selected and not yet run, those deselected
+# or failed, and what differs between its records and the page.
+_budget_run = {"files": set(), "pending": set(), "left_out": [], "failed": [], "problems": None}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{BUDGET}: the test calls assert_error_budget (the conftest holds every "
+                                       "such test to the marker); docs/precision_table.py --run runs -m error_budget")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--precision-table-run", action="store_true",
+                     help="the run of docs/precision_table.py --run, which rewrites docs/precision.md: "
+                          "skip the check that the page has a row for every op the run records")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A passing test fails if it calls assert_error_budget without the marker, or has the marker
+    and never calls it."""
+    report = (yield).get_result()
+    if report.when != "call" or not report.passed:
+        return
+    called, marked = item.nodeid in helpers.budget_tests(), item.get_closest_marker(BUDGET) is not None
+    if called != marked:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} calls assert_error_budget but lacks @pytest.mark.{BUDGET}: "
+                           "docs/precision_table.py --run (pytest -m error_budget) would leave its rows out"
+                           if called else
+                           f"{item.nodeid} has @pytest.mark.{BUDGET} but never called assert_error_budget")
+
+
+def pytest_deselected(items):
+    _budget_run["files"].update(Path(item.path) for item in items)
+    _budget_run["left_out"] += [item.nodeid for item in items if item.get_closest_marker(BUDGET)]
+
+
+def pytest_collection_finish(session):
+    _budget_run["files"].update(Path(item.path) for item in session.items)
+    _budget_run["pending"] = {item.nodeid for item in session.items if item.get_closest_marker(BUDGET)}
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid not in _budget_run["pending"]:
+        return
+    if report.failed:
+        _budget_run["failed"].append(report.nodeid)
+    elif report.when == "call" or report.skipped:
+        _budget_run["pending"].discard(report.nodeid)
+
+
+def every_budget_test_passed(run):
+    """Whether ``run`` (_budget_run) collected every test file, deselected no budget test, and ran
+    each to a pass or a skip: then its records are the whole table's."""
+    return set(TESTS.glob("test_*.py")) <= run["files"] and not (run["left_out"] or run["failed"] or run["pending"])
+
+
+def pytest_sessionfinish(session):
+    """BUDGET_JSON from a run of every budget test; unless this is the table script's own run, the
+    ops it recorded checked against docs/precision.md's rows, the run failed where they differ."""
+    rows = helpers.budget_rows()
+    if not rows or not every_budget_test_passed(_budget_run):
+        return
+    (session.config.rootpath / BUDGET_JSON).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if session.config.getoption("--precision-table-run"):
+        return
+    table = runpy.run_path(str(TABLE_SCRIPT), run_name="precision_table")
+    _budget_run["problems"] = table["page_problems"](rows, table["PAGE"].read_text(encoding="utf-8"))
+    if _budget_run["problems"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 def pytest_terminal_summary(terminalreporter, config):
     """The ten comparisons closest to their tolerance on the terminal; every one in ERROR_FILE."""
-    if helpers.budget_rows():
-        (config.rootpath / BUDGET_JSON).write_text(json.dumps(helpers.budget_rows(), indent=1) + "\n",
-                                                   encoding="utf-8")
+    if _budget_run["problems"]:
+        terminalreporter.write_sep("=", "docs/precision.md is not the budget tests' table", red=True)
+        terminalreporter.write_line(f"{_budget_run['problems']}: regenerate it with "
+                                    "`python docs/precision_table.py --run`")
     lines = helpers.error_report()
     if not lines:
         return

@@ -134,7 +134,12 @@ def _record(name, actual, expected, rtol, atol):
 
 
 # (op, tensor, dtype) -> the largest multiple of PyTorch's error ours reached, for docs/precision.md
-_BUDGET = defaultdict(float)
+# (None while PyTorch's error has been 0 in every case), and op -> the test file that first checked
+# it (the table's order). The node ids of the tests that called assert_error_budget: the conftest
+# holds each to the error_budget marker, which `docs/precision_table.py --run` selects by.
+_BUDGET = {}
+_BUDGET_FILES = {}
+_BUDGET_TESTS = set()
 
 
 def round_to(x, dtype):
@@ -160,6 +165,9 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
     A ``multiple`` other than 2 must be explained by a comment at the call.
     """
     low = LOW_DTYPES[dtype][0]
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]     # "file::test[id] (call)"
+    _BUDGET_TESTS.add(test)
+    _BUDGET_FILES.setdefault(op, test.split("::")[0])
     for name, (ours, theirs, truth) in tensors.items():
         label = f"{op} {name} ({dtype})"
         ours, theirs, truth = np.asarray(ours), np.asarray(theirs), np.asarray(truth, dtype=np.float64)
@@ -173,20 +181,47 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
         err_ours = float(np.max(np.abs(o64[finite] - truth[finite])))
         err_torch = float(np.max(np.abs(theirs.astype(np.float64)[finite] - truth[finite])))
         one_ulp = ulp(np.max(np.abs(truth[finite])), dtype)
-        allowance = (extra or {}).get(name, 0.0)
+        allowance = float((extra or {}).get(name, 0.0))
         bound = multiple * err_torch + one_ulp + allowance
+        key = (op, name, dtype)
         if err_torch > 0:   # the multiple recorded counts only what the allowance does not cover
-            _BUDGET[(op, name, dtype)] = max(_BUDGET[(op, name, dtype)], max(err_ours - allowance, 0) / err_torch)
+            _BUDGET[key] = max(_BUDGET.get(key) or 0.0, max(err_ours - allowance, 0) / err_torch)
+        else:
+            _BUDGET.setdefault(key, None)
         _target(err_ours / bound, f"{label} share of budget")
         assert err_ours <= bound, (
             f"{label}: max |ours - truth| = {err_ours:.3g} exceeds {multiple:g} x PyTorch's "
             f"{err_torch:.3g} + one ulp {one_ulp:.3g} = {bound:.3g}")
 
 
+def assert_one_input_budget(op, dtype, ours, twin, builtin, inputs, dout, extra=None):
+    """assert_error_budget for an op of one differentiable input, for numpy_attn (``op[numpy]``)
+    and for the twin (``op[twin]``): ``inputs`` is that input {name: array} and ``dout`` the
+    upstream gradient, both already rounded to the low ``dtype`` (every side shares them); ``ours``
+    is numpy_attn's (out, d<name>) from them; ``twin`` and ``builtin`` are functions of the input
+    by its name (for autograd), the latter PyTorch's own in the low dtype and, run in float64 on
+    the same rounded values, the truth. Each side is held to it for out and d<name>, with
+    ``extra`` passed on."""
+    (name, x), = inputs.items()
+    twin_out, twin_grads = autograd(twin, inputs, dout)
+    torch_out, torch_grads = autograd(builtin, inputs, dout)
+    truth_out, truth_grads = autograd(builtin, {name: x.astype(np.float64)}, dout.astype(np.float64))
+    for who, (o, g) in {"numpy": ours, "twin": (twin_out, twin_grads[name])}.items():
+        assert_error_budget(f"{op}[{who}]", dtype, {"out": (o, torch_out, truth_out),
+                                                     f"d{name}": (g, torch_grads[name], truth_grads[name])},
+                            extra=extra)
+
+
 def budget_rows():
-    """The multiples recorded by assert_error_budget, as rows for the conftest's JSON."""
-    return [dict(op=op, tensor=name, dtype=dtype, multiple=value)
+    """The multiples recorded by assert_error_budget, as rows for the conftest's JSON: the multiple
+    None where PyTorch's error was 0 in every case, test_file the file that first checked the op."""
+    return [dict(op=op, tensor=name, dtype=dtype, multiple=value, test_file=_BUDGET_FILES[op])
             for (op, name, dtype), value in sorted(_BUDGET.items())]
+
+
+def budget_tests():
+    """The node ids of the tests that have called assert_error_budget in this run."""
+    return set(_BUDGET_TESTS)
 
 
 def _target(value, label):

@@ -223,6 +223,7 @@ def budget_blocks(draw):
     return rng.normal(size=(2, T, 12)), params, 3, rng.normal(size=(2, T, 12))
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=budget_blocks())
 def test_low_precision_meets_the_error_budget(dtype, case):

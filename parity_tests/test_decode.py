@@ -143,6 +143,7 @@ def test_any_two_splits_agree(case, data):
 
 # Two programs and a model in three steps or more: a handful of examples (test_gpt.py's budget test
 # covers the full forward and backward).
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
 @given(case=budget_models(), data=st.data())

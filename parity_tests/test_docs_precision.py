@@ -4,6 +4,7 @@ run shares with the page are the page's, and an interrupted write leaves the old
 
 import hashlib
 import math
+import os
 import re
 import runpy
 import subprocess
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import numpy_attn
+from parity_tests import conftest
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "precision_measure.py"
@@ -217,92 +219,129 @@ def test_the_committed_table_is_well_formed():
         assert any(cell != table.NONE for cell in cells), f"{op} {dtype}: no multiple at all"
 
 
-def test_every_op_of_a_budget_test_has_its_rows():
-    """A new assert_error_budget call (a new op, or an op's name changed) needs the table
-    regenerated: `python docs/precision_table.py --run`."""
-    calls = table.budget_calls()
-    unread = [where for name, where, _ in calls if name is None]
-    assert not unread, f"assert_error_budget calls whose op name the table cannot read: {unread}"
-    assert all(tests for _, _, tests in calls), f"budget calls no test reaches: {calls}"
-    shown = {(row[0], row[1]) for row in committed_table()}
-    patterns = table.budget_ops()
-    missing = [f"{table.shown(pattern)} ({dtype})" for pattern in patterns for dtype in table.DTYPES
-               if not any(table.matches(pattern, op) and d == dtype for op, d in shown)]
-    assert not missing, f"ops of the budget tests without their table rows: {missing}"
-    stale = sorted({op for op, _ in shown if not any(table.matches(pattern, op) for pattern in patterns)})
-    assert not stale, f"table rows of ops no budget test names: {stale}"
+# A run of every budget test (CI's, and the script's --run) checks the committed page against its
+# records through page_problems; here the check itself, the marker's enforcement and when a run
+# counts as one of every budget test.
+
+def records(*rows, test_file="parity_tests/test_softmax.py"):
+    return [dict(op=op, tensor=tensor, dtype=dtype, multiple=multiple, test_file=test_file)
+            for op, tensor, dtype, multiple in rows]
 
 
-def test_the_op_names_are_read_from_the_sources(tmp_path):
-    """Strings, f-strings whose parts a loop, parametrize, given(sampled_from) or a helper's callers
-    bind, and the implementation's bracket ([numpy], [twin]) left out of the op's name."""
-    (tmp_path / "test_softmax.py").write_text(
-        "PAIRS = {'softmax': 1, 'log_softmax': 2}\n"
-        "ops = st.sampled_from(sorted(PAIRS))\n"
-        "def check(op, dtype):\n"
-        "    assert_error_budget(op, dtype, {})\n"
-        "def test_a(dtype):\n"
-        "    for who in ('numpy', 'twin'):\n"
-        "        assert_error_budget(f'softmax[{who}]', dtype, {})\n"
-        "def test_b(dtype):\n"
-        "    check('log_softmax[numpy]', dtype)\n"
-        "    check(op='masked softmax[twin]', dtype=dtype)\n"
-        "def test_c(name, dtype):\n"
-        "    helpers.assert_error_budget(name, dtype, {})\n"
-        "@pytest.mark.parametrize('offset, cls', [(0.0, A), (1.0, B)])\n"
-        "@given(op=ops)\n"
-        "def test_d(offset, cls, op, dtype):\n"
-        "    ours = {'numpy': 1, 'twin': 2}\n"
-        "    ours['kernel'] = 3\n"
-        "    for who, value in ours.items():\n"
-        "        assert_error_budget(f'{op}(offset={offset:g})[{who}] x', dtype, {})\n"
-        "def test_e(dtype, case):\n"
-        "    layout, ours = case[0], {}\n"
-        "    for who in ours:\n"
-        "        assert_error_budget(f'rope[{layout}][{who}]', dtype, {})\n"
-        "        assert_error_budget(f'{layout}[{who}]', dtype, {})\n")
-    (tmp_path / "test_gelu.py").write_text(
-        "from parity_tests.test_softmax import check\n"
-        "def test_f(dtype):\n"
-        "    check('gelu[numpy]', dtype)\n")
-    assert table.budget_functions(tmp_path) == {"assert_error_budget", "check"}
-    found = table.budget_calls(tmp_path)
-    assert [(name and table.shown(name), where.split(":")[1]) for name, where, _ in found] == [
-        ("softmax", "7"), ("log_softmax", "9"), ("masked softmax", "10"), (None, "12"),
-        ("log_softmax(offset=0) x", "19"), ("log_softmax(offset=0)[kernel] x", "19"),
-        ("log_softmax(offset=1) x", "19"), ("log_softmax(offset=1)[kernel] x", "19"),
-        ("softmax(offset=0) x", "19"), ("softmax(offset=0)[kernel] x", "19"),
-        ("softmax(offset=1) x", "19"), ("softmax(offset=1)[kernel] x", "19"),
-        ("rope[*][*]", "23"), (None, "24"),
-        ("gelu", "3")]                     # test_gelu.py after test_softmax.py: the reading order
-    prefix = f"{tmp_path.name}/test_softmax.py::"
-    assert found[0][2] == [prefix + "test_a"] and found[1][2] == [prefix + "test_b"], found
-    # The open parts match any text; a bracketed one may also be the [numpy] or [twin] left out.
-    rope = found[-3][0]
-    assert [table.matches(rope, op) for op in ("rope[half]", "rope[half][x]", "rope", "ropes[half]")] == [
-        True, True, True, False]
-    assert table.split_label("gelu[tanh][twin]") == ("gelu[tanh]", "twin")
-    assert table.split_label("softmax[numpy] dtype=") == ("softmax dtype=", "numpy")
-    assert table.split_label("flash_attention[kernel]") == ("flash_attention[kernel]", "numpy")
+def test_the_page_must_have_a_row_for_every_recorded_op_and_no_other():
+    page = f"mine\n{table.BEGIN}\n{table.HEADER}\n| softmax | float16 | 1.00 | — | — | — |\n" \
+           f"| linear | float16 | 1.00 | — | — | — |\n{table.END}\n"
+    found = records(("softmax[numpy]", "out", "float16", 1.0), ("softmax[twin]", "dx", "float16", None))
+    assert table.page_rows(page) == [("softmax", "float16"), ("linear", "float16")]
+    assert table.page_problems(found + records(("linear[twin]", "out", "float16", 0.5)), page) == ""
+    assert table.page_problems(found + records(("gelu[tanh][numpy]", "out", "bfloat16", 1.0)), page) == (
+        "no row for: gelu[tanh] (bfloat16); rows that no budget test records: linear (float16)")
 
 
-def records(*rows):
-    return [dict(op=op, tensor=tensor, dtype=dtype, multiple=multiple) for op, tensor, dtype, multiple in rows]
+BUDGET_TESTS = """
+import numpy as np
+import pytest
+
+from parity_tests.helpers import assert_error_budget
+
+THIRD = np.array([1 / 3])          # float16 rounds it: PyTorch's error, and ours, are one rounding
+
+
+def check(op):
+    assert_error_budget(op, "float16", {"out": (THIRD.astype(np.float16), THIRD.astype(np.float16), THIRD)})
+
+
+def test_unmarked_calls():
+    check("demo[numpy]")
+
+
+@pytest.mark.error_budget
+def test_marked_never_calls():
+    pass
+
+
+@pytest.mark.error_budget
+def test_marked_calls_through_a_helper():
+    check("demo[twin]")
+
+
+def test_unmarked_never_calls():
+    pass
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("n", [1, 2])
+def test_marked_calls_then_fails(n):
+    check("demo[numpy]")
+    assert n == 1, "its own failure"
+"""
+
+
+def test_a_budget_test_without_the_marker_fails_and_a_marker_without_one_too(tmp_path):
+    (tmp_path / "test_budget_demo.py").write_text(BUDGET_TESTS)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                           "-p", "parity_tests.conftest", "test_budget_demo.py"], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    outcomes = {name: outcome for outcome, name in re.findall(r"^(PASSED|FAILED) test_budget_demo\.py::(\S+)",
+                                                              done.stdout, re.M)}
+    assert outcomes == {"test_unmarked_calls": "FAILED", "test_marked_never_calls": "FAILED",
+                        "test_marked_calls_through_a_helper": "PASSED", "test_unmarked_never_calls": "PASSED",
+                        "test_marked_calls_then_fails[1]": "PASSED", "test_marked_calls_then_fails[2]": "FAILED"}, \
+        done.stdout + done.stderr
+    assert "test_unmarked_calls calls assert_error_budget but lacks @pytest.mark.error_budget" in done.stdout
+    assert "test_marked_never_calls has @pytest.mark.error_budget but never called assert_error_budget" \
+        in done.stdout
+    assert "its own failure" in done.stdout, "a budget test's own failure is reported as it was"
+    # Not a run of every budget test (one file of its own): no records written, the page not checked.
+    assert not (tmp_path / "test-precision.json").exists()
+    assert "docs/precision.md is not" not in done.stdout
+
+
+def test_only_a_run_of_every_budget_test_counts_as_complete():
+    every = set(conftest.TESTS.glob("test_*.py"))
+    run = dict(files=every, pending=set(), left_out=[], failed=[])
+    assert conftest.every_budget_test_passed(run)
+    for change in (dict(files=every - {conftest.TESTS / "test_softmax.py"}), dict(pending={"a budget test not run"}),
+                   dict(left_out=["a budget test deselected"]), dict(failed=["a budget test that failed"])):
+        assert not conftest.every_budget_test_passed({**run, **change}), change
 
 
 def test_the_table_takes_the_forward_and_the_largest_gradient():
     found = records(("softmax[numpy]", "out", "float16", 0.5), ("softmax[numpy]", "dx", "float16", 1.25),
                     ("softmax[numpy]", "dw", "float16", 1.5), ("softmax[twin]", "out", "float16", 1.0),
-                    ("softmax[twin]", "lse", "float16", 1.5),
+                    ("softmax[twin]", "lse", "float16", 1.5), ("softmax[twin]", "dx", "float16", None),
                     ("softmax[numpy]", "dx", "bfloat16", 0.75), ("softmax[twin]", "dx", "bfloat16", 2.5))
-    lines = table.render(found, ["softmax"]).splitlines()
+    lines = table.render(found).splitlines()
     assert lines[:2] == table.HEADER.splitlines()
     assert lines[2:] == ["| softmax | float16 | 0.50 | 1.50 (dw) | 1.50 (lse) | — |",
                          "| softmax | bfloat16 | — | 0.75 (dx) | — | 2.50 (dx) |"]
-    with pytest.raises(table.TableError, match=r"no records for: gelu \(float16\), gelu \(bfloat16\)"):
-        table.render(found, ["softmax", "gelu"])
     with pytest.raises(table.TableError, match=r"no records for: linear \(bfloat16\)"):
-        table.render(found + records(("linear[numpy]", "out", "float16", 1.0)), ["softmax"])
+        table.render(found + records(("linear[numpy]", "out", "float16", 1.0)))
+    with pytest.raises(table.TableError, match=r"PyTorch's error was 0 in every case of: erf \(bfloat16\)"):
+        table.render(found + records(("erf[numpy]", "out", "float16", 1.0), ("erf[twin]", "out", "bfloat16", None)))
+
+
+def test_a_label_names_the_op_and_the_implementation():
+    assert table.split_label("gelu[tanh][twin]") == ("gelu[tanh]", "twin")
+    assert table.split_label("softmax[numpy] dtype=") == ("softmax dtype=", "numpy")
+    assert table.split_label("flash_attention[kernel]") == ("flash_attention[kernel]", "numpy")
+
+
+def test_the_rows_follow_the_reading_order_of_the_test_files():
+    """numpy_attn/__init__.py's order of the files that checked the ops (test_decode.py, of no
+    op's stem, after them), then the names; an op checked in two files goes where it comes first."""
+    both = [("out", "float16", 1.0), ("out", "bfloat16", 1.0)]
+
+    def checked(op, test_file):
+        return records(*[(op, *row) for row in both], test_file=f"parity_tests/{test_file}")
+    found = (checked("gpt decode", "test_decode.py") + checked("multi_head[numpy]", "test_multi_head.py")
+             + checked("softmax", "test_softmax.py") + checked("log_softmax[twin]", "test_softmax.py")
+             + checked("gelu[tanh]", "test_gelu.py") + checked("softmax", "test_decode.py")
+             + checked("embedding", "test_embedding.py"))
+    assert table.ops_in_order(found) == ["embedding", "log_softmax", "softmax", "multi_head", "gelu[tanh]",
+                                         "gpt decode"]
+    assert [line.split(" | ")[0] for line in table.render(found).splitlines()[2::2]] == [
+        "| embedding", "| log_softmax", "| softmax", "| multi_head", "| gelu[tanh]", "| gpt decode"]
 
 
 def test_only_the_section_between_the_markers_changes():

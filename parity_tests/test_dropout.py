@@ -250,6 +250,7 @@ def test_backward_matches_finite_differences(case):
 LOW_TYPES = tuple(d.type for d, _ in helpers.LOW_DTYPES.values())
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(case=dropped(dtype=np.float64))
 @example(case=ONE_DROPPED[:2] + (0.1, ONE_DROPPED[3]))
@@ -261,14 +262,9 @@ def test_low_precision_meets_the_error_budget(dtype, case):
     x, dout = helpers.round_to(x, dtype), helpers.round_to(dout, dtype)         # the inputs every side shares
     out, cache = dropout_forward(x, p, mask=mask)
     dx = dropout_backward(dout, cache)
-    twin_out, twin_grads = autograd(lambda x: dropout(x, p, mask=to_torch(mask)), {"x": x}, dout)
     scale = 0.0 if p == 1 else 1 / (1 - p)
-    formula = lambda x: x * to_torch(mask) * scale              # noqa: E731
-    torch_out, torch_grads = autograd(formula, {"x": x}, dout)
-    truth_out, truth_grads = autograd(formula, {"x": x.astype(np.float64)}, dout.astype(np.float64))
-    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
-        helpers.assert_error_budget(f"dropout[{who}]", dtype, {
-            "out": (o, torch_out, truth_out), "dx": (g, torch_grads["x"], truth_grads["x"])})
+    helpers.assert_one_input_budget("dropout", dtype, (out, dx), lambda x: dropout(x, p, mask=to_torch(mask)),
+                                    lambda x: x * to_torch(mask) * scale, {"x": x}, dout)
 
 
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)

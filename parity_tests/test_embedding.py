@@ -152,6 +152,7 @@ def crowded_lookups(draw):
     return ids, wte, dout, draw(st.none() | st.integers(-V, V - 1))
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(case=crowded_lookups() | lookups(dtype=np.float64))
 @example(case=PADDED)
@@ -162,13 +163,8 @@ def test_low_precision_meets_the_error_budget(dtype, case):
     wte, dout = helpers.round_to(wte, dtype), helpers.round_to(dout, dtype)   # what every side shares
     out, cache = embedding_forward(ids, wte, padding_idx)
     dwte = embedding_backward(dout, cache)
-    twin_out, twin_grads = autograd(_twin(ids, padding_idx), {"wte": wte}, dout)
-    builtin = lambda wte: F.embedding(to_torch(ids), wte, padding_idx)   # noqa: E731
-    torch_out, torch_grads = autograd(builtin, {"wte": wte}, dout)
-    truth_out, truth_grads = autograd(builtin, {"wte": wte.astype(np.float64)}, dout.astype(np.float64))
-    for who, (o, g) in {"numpy": (out, dwte), "twin": (twin_out, twin_grads["wte"])}.items():
-        helpers.assert_error_budget(f"embedding[{who}]", dtype, {
-            "out": (o, torch_out, truth_out), "dwte": (g, torch_grads["wte"], truth_grads["wte"])})
+    helpers.assert_one_input_budget("embedding", dtype, (out, dwte), _twin(ids, padding_idx),
+                                    lambda wte: F.embedding(to_torch(ids), wte, padding_idx), {"wte": wte}, dout)
 
 
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)

@@ -100,6 +100,7 @@ def test_dtype_and_shape_are_preserved(dtype):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(x=arguments(dtype=np.float64))
 @example(x=EDGES)

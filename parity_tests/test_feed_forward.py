@@ -143,6 +143,7 @@ def rounded_case(case, dtype):
     return low, tuple(tree_map(lambda a: a.astype(np.float64), part) for part in low)
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(approximate=approximations, case=networks(dtype=np.float64))
 def test_low_precision_meets_the_error_budget(dtype, approximate, case):

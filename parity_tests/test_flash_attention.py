@@ -1128,6 +1128,7 @@ def float32_allowance(case):
     return extra
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=flash_inputs(dtype=np.float64) | window_inputs(dtype=np.float64) | sink_inputs(dtype=np.float64))
 @example(case=EDGE_CASES[1])

@@ -1051,6 +1051,7 @@ def test_bad_document_lengths_are_refused(lengths):
 
 # -- float16 and bfloat16: FlashAttention's error rule ---------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=flex_inputs(dtype=np.float64) | sink_inputs(dtype=np.float64))
 @example(case=EDGE_CASES[0])

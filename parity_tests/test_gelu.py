@@ -15,7 +15,7 @@ from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
     assert_close,
-    assert_error_budget,
+    assert_one_input_budget,
     autograd,
     numerical_grad,
     round_to,
@@ -100,6 +100,7 @@ def test_backward_matches_finite_differences(approximate, case):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(approximate=approximations, case=activations(dtype=np.float64))
 @example(approximate="none", case=EDGE_CASE)
@@ -110,13 +111,16 @@ def test_low_precision_meets_the_error_budget(dtype, approximate, case):
     x, dout = round_to(case[0], dtype), round_to(case[1], dtype)
     out, cache = gelu_forward(x, approximate)
     dx = gelu_backward(dout, cache)
-    twin_out, twin_grads = autograd(lambda x: tw.gelu(x, approximate), {"x": x}, dout)
-    torch_out, torch_grads = autograd(lambda x: F.gelu(x, approximate=approximate), {"x": x}, dout)
-    truth_out, truth_grads = autograd(lambda x: F.gelu(x, approximate=approximate), {"x": x.astype(np.float64)},
-                                      dout.astype(np.float64))
-    for who, (o, g) in {"numpy": (out, dx), "twin": (twin_out, twin_grads["x"])}.items():
-        assert_error_budget(f"gelu[{approximate}][{who}]", dtype, {
-            "out": (o, torch_out, truth_out), "dx": (g, torch_grads["x"], truth_grads["x"])})
+    # tanh's form where x is very negative: t = tanh(inner) lies within float32's spacing of -1 and
+    # cdf = (1 + t) / 2 keeps t's error whole (1 + t is exact there), so out = x cdf is off by
+    # |x| |dt| / 2, with |dt| <= eps (two float32 ulps of t below 1; NumPy's float32 tanh measured
+    # 0.51 eps at most over 2e6 points of [-12, -1]; eps float32's). Far below one low-dtype ulp of
+    # out unless every out is tiny (x = -5.25: ours 1.2e-7 off a truth of -4.0e-8 before rounding,
+    # PyTorch's float16 0 by luck). The rest of the forward adds a few eps relative, inside the ulp.
+    extra = {"out": float(np.finfo(np.float32).eps) / 2 * float(np.abs(x.astype(np.float64)).max())} \
+        if approximate == "tanh" else None
+    assert_one_input_budget(f"gelu[{approximate}]", dtype, (out, dx), lambda x: tw.gelu(x, approximate),
+                            lambda x: F.gelu(x, approximate=approximate), {"x": x}, dout, extra=extra)
 
 
 @pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)

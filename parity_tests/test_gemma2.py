@@ -273,6 +273,7 @@ def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
 
 # Three (Gemma 2) or seven (Gemma 3) layers in four models: a handful of examples, each drawing the
 # weights, ids and dout anew (the ops' own budget tests draw many more).
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=3)
 @given(seed=st.integers(0, 2**32 - 1))

@@ -191,6 +191,7 @@ def budget_models(draw, n_layer=2):
 
 
 # Two layers in three programs and the twin: a handful of examples (the ops' own budget tests draw many more).
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
 @given(case=budget_models())

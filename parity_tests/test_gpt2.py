@@ -155,6 +155,7 @@ def to_hf_names(grads, config):
 
 # Two layers in four models: a handful of examples, each drawing the weights, ids and dout anew (the
 # ops' own budget tests draw many more).
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=4)
 @given(tie=st.booleans(), seed=st.integers(0, 2**31 - 1))

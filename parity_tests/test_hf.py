@@ -318,6 +318,7 @@ def _low_folder(family, dtype, folder):
     return _save(_randomise(model, 0).to(LOW_DTYPES[dtype][1]), folder)
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 def test_low_precision_checkpoint_logits_meet_the_error_budget(tmp_path, family, dtype):

@@ -279,6 +279,7 @@ def test_backward_matches_finite_differences(case):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=rows(dtype=np.float64))
 @example(case=CONSTANT_ROW)

@@ -128,6 +128,7 @@ def test_backward_matches_finite_differences(case):
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=affine(dtype=np.float64, bias=True))
 @example(case=(ONE_ROW[0], ONE_ROW[1], np.array([0.1, -0.3, 2.7]), ONE_ROW[3]))

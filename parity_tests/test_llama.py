@@ -344,6 +344,7 @@ def assert_family_meets_error_budget(name, dtype, case, forward, backward, twin)
 
 # A model in the low dtype, the twin, and transformers' model twice: a handful of examples each (about
 # 0.2 s an example for one or two layers); the ops' own budget tests draw many more.
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=4)
 @given(case=budget_models())

@@ -130,6 +130,7 @@ def test_twin_decoding_equals_numpy(case):
 
 # A model decoding in steps and transformers' model twice: a handful of examples (test_llama.py's
 # budget test covers the full forward and backward).
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
 @given(case=decodes(dtype=np.float64))

@@ -312,6 +312,7 @@ def test_backward_matches_finite_differences(case):
 LOW_TYPES = tuple(d.type for d, _ in LOW_DTYPES.values())
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=batches(dtype=np.float64))
 @example(case=REPEATED)

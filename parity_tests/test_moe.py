@@ -356,6 +356,7 @@ def _choice_scale(kind, x, params):
     return float(np.max(np.abs(xs @ params["router"]["w"].astype(np.float64) + params["router"]["b"]), initial=1.0))
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=gpt_oss_cases(dtype=np.float64) | deepseek_cases(dtype=np.float64))
 def test_low_precision_meets_the_error_budget(dtype, case):

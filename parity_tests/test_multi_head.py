@@ -391,6 +391,7 @@ def mha_budget_tensors(out, dx, dparams, dkv):
             **({} if dkv is None else {"dkv": dkv})}
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=mha_inputs(dtype=np.float64, dropout=False))
 @example(case=EDGE_CASES[0])

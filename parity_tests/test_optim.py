@@ -179,6 +179,7 @@ low_precision_adamw_hyper = st.fixed_dictionaries({**ADAMW_FIELDS, "eps": st.sam
                                                    "betas": st.tuples(st.floats(0, 0.9), st.floats(0.9, 0.999))})
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("name, hyper", [("adamw", low_precision_adamw_hyper), ("sgd", sgd_hyper)])
 @settings(max_examples=20)       # four steps of three optimisers per example: the file stays fast

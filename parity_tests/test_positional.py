@@ -111,6 +111,7 @@ def _low_precision_formula(T, C, base, dtype):
     return pe
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(size=sizes, base=bases)
 @example(size=(40, 17), base=10000.0)

@@ -180,6 +180,7 @@ def model_tests(family):
 
         # A model in the low dtype, the twin and transformers' model twice: a handful of examples
         # (test_llama.py's budget test says why).
+        @pytest.mark.error_budget
         @pytest.mark.parametrize("dtype", LOW_DTYPES)
         @settings(max_examples=4)
         @given(case=budget_models(family.config_class))

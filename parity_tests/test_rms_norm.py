@@ -280,6 +280,7 @@ def _hf_norm(module_class, x, w, eps):
     return f
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("offset, module_class", [(0.0, LlamaRMSNorm), (1.0, Gemma2RMSNorm)])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=rows(dtype=np.float64))

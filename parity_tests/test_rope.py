@@ -178,6 +178,7 @@ def _hf_rope(positions, theta, layout, scaling, dtype):
     return f
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=cases(dtype=np.float64))
 @example(case=PINNED)

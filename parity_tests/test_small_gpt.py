@@ -86,6 +86,7 @@ def _builtin_small_gpt(config, params, ids, dout):
 
 
 # The model, its twin and two built-in programs: a handful of examples.
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=10)
 @given(case=budget_models(n_layer=0), seed=st.integers(0, 2**32 - 1))

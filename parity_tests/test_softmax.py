@@ -183,6 +183,7 @@ def _low_case(case, dtype):
     return helpers.round_to(x, dtype), helpers.round_to(np.where(np.isfinite(x), dout, 0.0), dtype)
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(op=ops, case=logits(dtype=np.float64))
 @example(op="softmax", case=(np.array([[9.5, -3.25, 0.125, 7.0, -np.inf]]), np.array([[0.5, -1.0, 2.0, 3.0, 1.5]]),
@@ -204,6 +205,7 @@ def test_low_precision_meets_the_error_budget(dtype, op, case):
             "y": (o, torch_y, truth_y), "dx": (g, torch_grads["x"], truth_grads["x"])})
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", helpers.LOW_DTYPES)
 @given(op=ops, case=logits(dtype=np.float32))
 def test_dtype_casts_to_a_low_dtype_as_builtin(dtype, op, case):

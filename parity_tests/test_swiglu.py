@@ -167,6 +167,7 @@ def _plain_mlp(act):
     return mlp
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=networks(dtype=np.float64), act=acts)
 def test_low_precision_meets_the_error_budget(dtype, case, act):
@@ -184,6 +185,7 @@ def test_low_precision_meets_the_error_budget(dtype, case, act):
                                  {"out": torch_out, "d": torch_grads}, {"out": truth_out, "d": truth_grads})
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(x=S.arrays(np.float64, (7,), bound=40.0), dout=S.arrays(np.float64, (7,)))
 def test_silu_low_precision_meets_the_error_budget(dtype, x, dout):
