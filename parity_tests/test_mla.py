@@ -321,6 +321,7 @@ def _grads(dx, dparams):
     return {"dx": dx, **{f"d{path}": g for path, g in tree_leaves(dparams)}}
 
 
+@pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @given(case=cases(dtype=np.float64))
 @example(case=_pinned_case())
