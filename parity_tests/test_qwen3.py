@@ -187,9 +187,6 @@ def model_tests(family):
             """Ours and the twin in float16 and bfloat16 against transformers' model in float64 on the
             same rounded weights, within twice the error of transformers' model in the low dtype."""
             f = family
-            if f.name == "olmo2":   # measured, not yet explained: reported, not widened
-                pytest.skip("OLMo 2's gradients (q_norm.weight, k_proj.weight) reached 4.7-7.4x transformers' "
-                            "bfloat16 error in the CI profile's draws, past GRAD_MULTIPLE")
             assert_family_meets_error_budget(f.name, dtype, case, f.forward, f.backward, f.twin)
 
         # -- finite differences (no torch) --------------------------------------------------------------
