@@ -118,6 +118,7 @@ class LlamaConfig:
     score_softcap = None     # c of c * tanh(scores / c) inside attention
     logit_softcap = None     # c of c * tanh(logits / c) on the output
     norm_offset = 0.0        # the final norm scales by offset + w (Gemma: 1)
+    norm_round_xhat = True   # low dtypes: every norm rounds xhat before * w (OLMo 2, gpt-oss: the product once)
 
     def block_options(self, i):
         """Keywords for block i's forward beyond llama_block_forward's (Gemma 2: its window)."""
@@ -168,17 +169,17 @@ class QKNormCache(NamedTuple):
     kind: str                # "head" or "projection"
 
 
-def qk_norm_forward(q, k, params, eps, kind, offset=0.0):
+def qk_norm_forward(q, k, params, eps, kind, offset=0.0, round_xhat=True):
     """RMS norm of q and of k over their last axis, each with its own weight: per head, q
     (B, nh, T, hs) and k (B, nkv, T, hs) with weights (hs,); over the projection, q (B, T, nh*hs)
-    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,); ``offset`` as rms_norm_forward's
-    (Gemma 3's 1 + w). Returns ``(q, k, cache)``.
+    and k (B, T, nkv*hs) with weights (nh*hs,) and (nkv*hs,); ``offset`` and ``round_xhat`` as
+    rms_norm_forward's (Gemma 3's 1 + w; OLMo 2's product rounded once). Returns ``(q, k, cache)``.
 
     Bounding each query and key bounds the scores q . k / sqrt(hs): no logit grows without limit
     while training (Dehghani et al., "Scaling Vision Transformers to 22 Billion Parameters", 2023).
     """
-    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps, offset)
-    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps, offset)
+    q, q_cache = rms_norm_forward(q, params["q_norm"]["w"], eps, offset, round_xhat)
+    k, k_cache = rms_norm_forward(k, params["k_norm"]["w"], eps, offset, round_xhat)
     return q, k, QKNormCache(q_cache, k_cache, kind)
 
 
@@ -228,7 +229,8 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
     qk_norm_cache = None
     if config.qk_norm == "projection":   # OLMo 2: q and k normed across all their heads at once
-        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "projection")   # widths nh*hs, nkv*hs
+        q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, "projection",
+                                              round_xhat=config.norm_round_xhat)   # widths nh*hs, nkv*hs
     q = q.reshape(B, T, nh, hs).swapaxes(1, 2)                                # (B, T, nh*hs) -> (B, nh, T, hs)
     k = k.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).swapaxes(1, 2)                               # (B, T, nkv*hs) -> (B, nkv, T, hs)
@@ -383,7 +385,8 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
                                        attn_mask=attn_mask, kv_cache=layer_cache, **config.block_options(i))
         block_caches.append(block_cache)                                      # x: (B, T, C)
     # 3: final RMS norm
-    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, config.norm_offset)   # (B, T, C)
+    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, config.norm_offset,
+                                   config.norm_round_xhat)                   # (B, T, C)
     # 4: the output layer
     logits, head_cache = head_forward(x, params, config.tie_weights)         # (B, T, C) -> (B, T, V)
     softcap_cache = None

@@ -34,6 +34,7 @@ class Olmo2Config(LlamaConfig):
     """LlamaConfig's fields and checks; q and k are RMS-normed over the whole projection."""
 
     qk_norm: ClassVar[str] = "projection"
+    norm_round_xhat = False   # Olmo2RMSNorm rounds (w * xhat) once, not xhat first as LlamaRMSNorm
 
 
 # -- the block: norms after attention and after the MLP ---------------------------------------------
@@ -52,11 +53,11 @@ def olmo2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cach
     # 1-3: x + rms_norm(attn(x))
     a, attn_cache = llama_attention_forward(x, params["attn"], config, positions, attn_mask=attn_mask,
                                             kv_cache=kv_cache)                 # (B, T, C)
-    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
+    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
     x = x + a
     # 4-6: x + rms_norm(swiglu(x))
     f, mlp_cache = swiglu_forward(x, params["mlp"])                                    # (B, T, C) via (B, T, H)
-    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
+    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)     # (B, T, C)
     out = x + f
     cache = Olmo2BlockCache(attn_cache, attn_norm_cache, mlp_cache, mlp_norm_cache)
     return out, cache

@@ -10,7 +10,9 @@ Gemma's norm (``offset=1.0``) scales by (1 + w) instead, its weights stored minu
 at 0). We form 1 + w first and multiply xhat by it, in x's dtype, as Hugging Face's
 ``Gemma2RMSNorm`` and ``Gemma3RMSNorm`` do in float32 before casting back: for bfloat16 that
 order matters (Llama rounds xhat to bfloat16 and then multiplies by w, Gemma rounds the product
-once), and 1 + w rounds w to the ulp of 1 where xhat * w + xhat would not. The backward only
+once), and 1 + w rounds w to the ulp of 1 where xhat * w + xhat would not. ``Olmo2RMSNorm`` and
+``GptOssRMSNorm`` scale by w itself but in Gemma's order, the product rounded once
+(``round_xhat=False``). The backward only
 swaps w for 1 + w in dxhat; dw is unchanged.
 
 Precision. float32 stays float32 and float64 stays float64. Hugging Face's ``LlamaRMSNorm`` casts
@@ -21,8 +23,9 @@ do not.
 float16 and bfloat16: x and w are cast up to float32 and the mean square, rstd and xhat are
 computed there (PyTorch's opmath, as ``F.rms_norm`` and both Hugging Face norms do,
 docs/precision.md). Then the two orders above: without an offset xhat is rounded to x's dtype
-and multiplied by w, the product rounded again (``LlamaRMSNorm`` and ``F.rms_norm``); with one,
-xhat * (offset + w) is formed in float32 and rounded once (``Gemma2RMSNorm``). The backward runs
+and multiplied by w, the product rounded again (``LlamaRMSNorm`` and ``F.rms_norm``); with one, or
+with ``round_xhat=False``, xhat * (offset + w) is formed in float32 and rounded once
+(``Gemma2RMSNorm``, ``Olmo2RMSNorm``, ``GptOssRMSNorm``). The backward runs
 in float32 from the float32 xhat and rounds dx and dw once each.
 """
 
@@ -31,10 +34,12 @@ import numpy as np
 from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
 
 
-def rms_norm_forward(x, w, eps=1e-6, offset=0.0):
+def rms_norm_forward(x, w, eps=1e-6, offset=0.0, round_xhat=True):
     """Normalise each row of ``x`` (..., C) by its root mean square, then scale by w (C,) -> (..., C).
 
-    ``offset=1.0`` scales by 1 + w instead (Gemma). Returns ``(out, cache)``; the cache is
+    ``offset=1.0`` scales by 1 + w instead (Gemma). ``round_xhat=False`` rounds only the product
+    xhat * w, as OLMo 2's and gpt-oss's norms do (it changes nothing for float32 and float64).
+    Returns ``(out, cache)``; the cache is
     ``(xhat, rstd, scale, x's dtype)``: the normalised rows, their reciprocal root mean squares and
     the scale (w, or offset + w), in the dtype computed in (float32 for float16 and bfloat16); the
     backward recomputes nothing.
@@ -45,8 +50,8 @@ def rms_norm_forward(x, w, eps=1e-6, offset=0.0):
     rstd = 1 / np.sqrt(ms + xf.dtype.type(eps))            # (..., 1)
     xhat = xf * rstd                                       # (..., C), unit root mean square
     scale = wf + wf.dtype.type(offset) if offset else wf   # (C,), Gemma's 1 + w formed first
-    # Llama rounds xhat to x's dtype before * w, Gemma does not (a no-op for float32 and float64).
-    xhat_scaled = xhat if offset else upcast(xhat.astype(x.dtype, copy=False))
+    # Llama rounds xhat to x's dtype before * w; Gemma, OLMo 2 and gpt-oss do not (a no-op for float32 and float64).
+    xhat_scaled = upcast(xhat.astype(x.dtype, copy=False)) if round_xhat and not offset else xhat
     out = xhat_scaled * scale                              # (..., C)
     cache = (xhat, rstd, scale, x.dtype)
     return out.astype(x.dtype, copy=False), cache          # rounded once to x's dtype

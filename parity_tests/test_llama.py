@@ -289,7 +289,7 @@ def round_tree(params, dtype):
 # ratio ours / PyTorch's per leaf has a median of 0.8-1.3 over these tests' leaves, measured), but a
 # leaf takes the largest of few such amplified sums, and that ratio is heavy-tailed: over 10 drawn
 # Llama-family models (500 leaves) its 99th percentile was 2.1 and its largest 3.5, and the CI
-# profile's draws reach 4.7 (OLMo 2's k_proj.weight, bfloat16); 6 holds that tail. The logits, where
+# profile's draws reach 3.8 (OLMo 2's q_proj.bias, bfloat16); 6 holds that tail. The logits, where
 # every rounding meets in one (B, T, V) tensor, keep FlashAttention's 2.
 GRAD_MULTIPLE = 6.0
 

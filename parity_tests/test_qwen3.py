@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import torch_attn.llama as tw_llama
@@ -98,13 +98,17 @@ def assert_changed_config_refused(folder, capsys, changes, message):
     assert message.replace("\\", "") in capsys.readouterr().err
 
 
-def assert_checkpoint_meets_error_budget(name, dtype, model, folder, seed, forward, backward, twin, to_hf, exact):
+def assert_checkpoint_meets_error_budget(name, dtype, model, folder, seed, forward, backward, twin, to_hf, exact,
+                                         compared=None):
     """test_llama.assert_model_meets_error_budget for a model read from a checkpoint: transformers'
     float64 ``model`` gets its weights rounded to the low ``dtype`` (in place), is saved to ``folder``
     and loaded by attn_cli.hf, and ours (``forward``, ``backward``) and the twin run those weights in
     ``dtype``; transformers runs a copy cast to ``dtype``, and for the truth the float64 model made
     exact by ``exact(model, config, monkeypatch)`` (undone after). ids (2, 7) and dout drawn from
-    ``seed``; ``to_hf(grads, config)`` names our gradients as transformers does. Returns what
+    ``seed``; ``to_hf(grads, config)`` names our gradients as transformers does. ``compared(ids,
+    config, cache, lowp_model, truth_model)`` (``cache`` ours), if given, returns the (2, 7) tokens
+    compared: the others' logits are set to 0 on every side and their dout to 0 (a routed model's
+    tokens whose experts rounding chooses, decided_tokens). Returns what
     assert_model_meets_error_budget returns."""
     low = LOW_DTYPES[dtype][1]
     with torch.no_grad():   # what the checkpoint holds: the parameters and the saved buffers (a selection bias)
@@ -116,15 +120,78 @@ def assert_checkpoint_meets_error_budget(name, dtype, model, folder, seed, forwa
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, config.vocab_size, (2, 7))
     dout = round_to(rng.normal(size=(2, 7, config.vocab_size)), dtype)
+    keep = np.ones(ids.shape, bool)[..., None]                                 # (2, 7, 1) the tokens compared
+    if compared is not None:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            keep = compared(ids, config, forward(ids, params, config)[1], lowp_model,
+                            exact(model, config, monkeypatch))[..., None]
+    dout = np.where(keep, dout, 0).astype(dout.dtype)
+
+    def hide(logits):
+        """The logits of the tokens left out set to 0 (a torch tensor or an array)."""
+        if isinstance(logits, torch.Tensor):
+            return torch.where(torch.from_numpy(keep), logits, torch.zeros((), dtype=logits.dtype))
+        return np.where(keep, logits, 0).astype(logits.dtype)
+
+    def hidden(run):
+        """``run`` (returning (logits, cache or gradients)) with hide()'s logits."""
+        def run_hidden(arg):
+            logits, rest = run(arg)
+            return hide(logits), rest
+        return run_hidden
 
     def truth(d):
         with pytest.MonkeyPatch.context() as monkeypatch:
             return hf_logits_and_grads(exact(model, config, monkeypatch), ids, None, d)
 
     return assert_model_meets_error_budget(
-        name, dtype, lambda p: forward(ids, p, config), backward,
-        lambda params: twin(to_torch(ids), params, config), lambda g: to_hf(g, config), params, dout,
-        lambda d: hf_logits_and_grads(lowp_model, ids, None, d), truth)
+        name, dtype, hidden(lambda p: forward(ids, p, config)), backward,
+        lambda params: hide(twin(to_torch(ids), params, config)), lambda g: to_hf(g, config), params, dout,
+        hidden(lambda d: hf_logits_and_grads(lowp_model, ids, None, d)), hidden(truth))
+
+
+def router_calls(model, router_class, ids):
+    """{layer index: (module, input (N, C), output)} of every ``router_class`` module of ``model``
+    (transformers names its layers model.layers.i...) in one call on ``ids``, in order."""
+    calls, hooks = {}, []
+    for name, module in model.named_modules():
+        if type(module).__name__ == router_class:
+            layer = int(name.split(".")[2])
+            hooks.append(module.register_forward_hook(lambda m, inputs, output, layer=layer: calls.__setitem__(
+                layer, (m, inputs[0].reshape(-1, inputs[0].shape[-1]), output))))
+    with torch.no_grad():
+        model(input_ids=to_torch(ids))
+    for hook in hooks:
+        hook.remove()
+    return [calls[layer] for layer in sorted(calls)]
+
+
+def decided_tokens(name, shape, truth, lowp, margins, experts):
+    """The tokens (B, T) whose experts the model decides, not rounding. ``truth`` and ``lowp`` list
+    per MoE layer, in order, the (N, E) values the router ranks (the truth's in float64,
+    transformers' in the low dtype as it ranks them); ``margins(values)`` -> (N,) each token's
+    smallest gap at its top-k boundaries in units of one value's error (a gap between sums of two
+    values counts half). With e transformers' largest error of those values, a program within the
+    error budget 2e of the truth's moves a gap by at most 2 (2e) (test_hf_generate._greedy_margin's
+    rule without its ulp: no side rounds these values to the low dtype, bar gpt-oss's logits, whose
+    rounding e holds): where the truth's margin is larger, it picks the truth's experts. Elsewhere
+    rounding picks, and the program that follows is another one, not a rounding of it. A token
+    counts when it is decided at the last MoE layer and it and every earlier token of its row at
+    the others (causal attention carries an earlier layer's choice to every later token).
+    ``experts`` {who: per MoE layer the (N, k) experts chosen}, "truth" among them: at the tokens
+    decided every side chose the truth's (asserted). A draw where fewer than half the tokens are
+    decided is discarded (hypothesis.assume)."""
+    e = max(float(np.abs(low - true).max()) for true, low in zip(truth, lowp, strict=True))
+    clear = [(margins(true) > 2 * (2 * e)).reshape(shape) for true in truth]
+    keep = clear[-1]
+    for before in clear[:-1]:
+        keep = keep & np.cumprod(before, axis=1).astype(bool)                 # (B, T)
+    assume(keep.mean() >= 0.5)
+    chosen = {who: [np.sort(indices, axis=-1)[keep.ravel()] for indices in layers] for who, layers in experts.items()}
+    for who, layers in chosen.items():
+        for layer, (got, expected) in enumerate(zip(layers, chosen["truth"], strict=True)):
+            assert np.array_equal(got, expected), f"{name} MoE layer {layer}: {who}'s experts are not the truth's"
+    return keep
 
 
 def model_tests(family):
@@ -188,9 +255,6 @@ def model_tests(family):
             """Ours and the twin in float16 and bfloat16 against transformers' model in float64 on the
             same rounded weights, within twice the error of transformers' model in the low dtype."""
             f = family
-            if f.name == "olmo2":   # measured, not yet explained: reported, not widened
-                pytest.skip("OLMo 2's gradients (q_norm.weight, k_proj.weight) reached 4.7-7.4x transformers' "
-                            "bfloat16 error in the CI profile's draws, past GRAD_MULTIPLE")
             assert_family_meets_error_budget(f.name, dtype, case, f.forward, f.backward, f.twin)
 
         # -- finite differences (no torch) --------------------------------------------------------------

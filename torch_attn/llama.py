@@ -22,10 +22,10 @@ from torch_attn.softcap import logit_softcap
 from torch_attn.swiglu import swiglu
 
 
-def qk_norm(q, k, params, eps, offset=0.0):
+def qk_norm(q, k, params, eps, offset=0.0, round_xhat=True):
     """RMS norm of q and of k over their last axis, each with its own weight -> (q, k)."""
-    q = rms_norm(q, params["q_norm"]["w"], eps, offset)
-    k = rms_norm(k, params["k_norm"]["w"], eps, offset)
+    q = rms_norm(q, params["q_norm"]["w"], eps, offset, round_xhat)
+    k = rms_norm(k, params["k_norm"]["w"], eps, offset, round_xhat)
     return q, k
 
 
@@ -39,7 +39,8 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
     v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
     if config.qk_norm == "projection":   # OLMo 2: q and k normed across all their heads at once
-        q, k = qk_norm(q, k, params, config.rms_eps)                          # widths nh*hs, nkv*hs
+        q, k = qk_norm(q, k, params, config.rms_eps,
+                       round_xhat=config.norm_round_xhat)                     # widths nh*hs, nkv*hs
     q = q.reshape(B, T, nh, hs).transpose(1, 2)                               # (B, T, nh*hs) -> (B, nh, T, hs)
     k = k.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
     v = v.reshape(B, T, nkv, hs).transpose(1, 2)                              # (B, T, nkv*hs) -> (B, nkv, T, hs)
@@ -100,7 +101,8 @@ def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache):
         x = block(x, params["blocks"][str(i)], config, positions,
                   attn_mask=attn_mask, kv_cache=layer_cache, **config.block_options(i))
     # 3: final RMS norm
-    x = rms_norm(x, params["norm"]["w"], config.rms_eps, config.norm_offset)  # (B, T, C)
+    x = rms_norm(x, params["norm"]["w"], config.rms_eps, config.norm_offset,
+                 config.norm_round_xhat)                                  # (B, T, C)
     # 4: the output layer
     logits = head(x, params, config.tie_weights)                         # (B, T, C) -> (B, T, V)
     if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c)
