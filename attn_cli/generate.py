@@ -64,8 +64,10 @@ def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, r
 
 def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=None, rng=None,
                  new_cache=None):
-    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T)) -> logits (1, T, V)``: the one
-    sampling loop, for train checkpoints and Hugging Face folders alike (see next_token).
+    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T), logits_to_keep=1) -> logits
+    (1, 1, V)``, the last position's: the one sampling loop, for train checkpoints and Hugging Face
+    folders alike (see next_token). Each step reads the last logits only, so the model's head runs
+    on one position, not on all T of a long prompt (as transformers' generate asks for).
 
     ``new_cache(max_len)``, when given, makes the model's key/value cache, sized by what this call
     decodes (the prompt and the new tokens, at most block_size), never by the context alone: a
@@ -84,9 +86,9 @@ def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_
     kv_cache = None if new_cache is None else decoding_cache(new_cache, len(ids) + max_new_tokens, block_size)
     for _ in range(max_new_tokens):
         if kv_cache is None or len(ids) > block_size:
-            logits = forward(np.array([ids[-block_size:]]))                  # (1, T) -> (1, T, V)
+            logits = forward(np.array([ids[-block_size:]]), logits_to_keep=1)            # (1, T) -> (1, 1, V)
         else:
-            logits = forward(np.array([ids[kv_cache.length:]]), kv_cache=kv_cache)   # (1, T_new) -> (1, T_new, V)
+            logits = forward(np.array([ids[kv_cache.length:]]), kv_cache=kv_cache, logits_to_keep=1)   # (1, 1, V)
         ids.append(next_token(logits[0, -1], temperature, top_k, rng))
     return ids
 

@@ -339,6 +339,11 @@ def read_tensors(folder):
     return tensors
 
 
+def checkpoint_bytes(folder):
+    """The bytes of the folder's safetensors weights on disk (every shard), or a CheckpointError."""
+    return sum(path.stat().st_size for path in _safetensors_files(folder))
+
+
 def _safetensors_files(folder):
     """model.safetensors, or the shards model.safetensors.index.json names: each checked to be a
     plain file name of the folder (no other folder, no "..") and a regular file (not a FIFO,

@@ -36,9 +36,9 @@ def parse_ids(text):
     return ids
 
 
-def run(args):
-    """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (the others)."""
-    from attn_cli.hf import load_checkpoint
+def family_functions(kind, absorb=True):
+    """(forward, new cache(config, B, dtype, max_len)) of a family of attn_cli.hf (``kind``); DeepSeek-V3
+    decodes with absorbed MLA unless ``absorb`` is False. benchmarks/decode_hf.py times the same."""
     from numpy_attn.deepseek_v3 import deepseek_v3_forward, deepseek_v3_kv_cache
     from numpy_attn.gemma2 import gemma2_forward, gemma2_kv_cache
     from numpy_attn.gemma3 import gemma3_forward
@@ -47,8 +47,6 @@ def run(args):
     from numpy_attn.llama import llama_forward, llama_kv_cache
     from numpy_attn.olmo2 import olmo2_forward
     from numpy_attn.qwen3 import qwen3_forward
-
-    absorb = args.absorb
 
     def deepseek_cache(config, B, dtype, max_len):
         """Absorbed MLA decoding by default, the naive cache of every head's keys and values on request."""
@@ -59,6 +57,14 @@ def run(args):
               "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
               "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache),
               "gpt_oss": (gpt_oss_forward, gpt_oss_kv_cache), "deepseek_v3": (deepseek_v3_forward, deepseek_cache)}
+    return models[kind]
+
+
+def run(args):
+    """Load ``args.hf``, continue the prompt or the ids, print text (GPT-2) or ids (the others)."""
+    from attn_cli.hf import load_checkpoint
+
+    absorb = args.absorb
     family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3",
               "gpt_oss": "gpt-oss", "deepseek_v3": "DeepSeek-V3"}
     kind, config, params = load_checkpoint(args.hf, args.dtype or "float32")
@@ -81,7 +87,7 @@ def run(args):
     if bad:
         raise ValueError(f"{option}: token id {bad[0]} is outside the vocabulary of {args.hf}, ids 0 to "
                          f"{config.vocab_size - 1}")
-    forward, new_cache = models[kind]
+    forward, new_cache = family_functions(kind, absorb)
     dtype = params["wte"].dtype
     out = continue_ids(lambda ids, **kw: forward(ids, params, config, **kw)[0], prompt, config.block_size,
                        args.max_new_tokens, args.temperature, args.top_k, np.random.default_rng(args.seed),

@@ -12,7 +12,9 @@ results on stdout, one JSON object per line after the ``PREFIX``: ``env``, then
 - a sweep: ``peak``, then one ``row`` per timed (case, impl, mode);
 - ``"serve": true`` (interleaved): ``peak``, then one ``sample`` per request line on stdin,
   ``{"case": index into the job's cases, "impl", "mode"}``, until stdin closes;
-- ``"decode": {...}``: one ``row`` per prompt length and cache setting (benchmarks/decode.py).
+- ``"decode": {...}``: one ``row`` per prompt length and cache setting (benchmarks/decode.py);
+- ``"decode_hf": {...}`` (serving): ``model``, then one ``sample`` per request line, a generation
+  from a Hugging Face folder (benchmarks/decode_hf.py).
 
 Anything else a library prints goes to stderr. A failure exits non-zero with a traceback.
 """
@@ -184,6 +186,11 @@ def main():
     library, device = job["library"], job["device"]
     _pin_threads(library, job["threads"])
     _emit(out, "env", library=library, device=device, **_env(library, device))
+    if "decode_hf" in job:
+        from benchmarks import decode_hf
+
+        decode_hf.serve(job, lambda kind, **record: _emit(out, kind, **record), sys.stdin)
+        return 0
     if "decode" in job:
         from benchmarks import decode
 

@@ -41,6 +41,8 @@ DECODE_RUNS = {
                       "a full one (--seq-lens: windows)",
     "decode_mla": "tokens/s and cache bytes per token of one decode step over S cached tokens: MLA absorbed, "
                   "MLA naive, GQA, MHA (--seq-lens: S)",
+    "decode_hf": "a Hugging Face folder (--hf DIR) in numpy-attn and in transformers: ms per new token, prefill "
+                 "time and peak RSS (--seq-lens: prompt lengths, default 512; --against REV adds a revision)",
 }
 
 FLOPS_CONVENTION = (
@@ -96,6 +98,9 @@ def build_parser():
         "                                               a full one (--seq-lens: windows)\n"
         "  python -m benchmarks --ops decode_mla        MLA absorbed and naive, GQA and MHA: one\n"
         "                                               decode step, cache bytes (--seq-lens: S)\n"
+        "  python -m benchmarks --ops decode_hf --hf gpt2 --threads 2 --seq-lens 19 512\n"
+        "                                               a Hugging Face folder, numpy-attn against\n"
+        "                                               transformers: ms/token, prefill, peak RSS\n"
         "  python -m benchmarks --ops flash_attention --seq-lens 2048 --impls numpy builtin \\\n"
         "      --device cpu --threads 2 --interleave 7 --against HEAD~1\n"
         "                                               turns, paired ratios, before/after a change\n"
@@ -161,6 +166,9 @@ def build_parser():
                    help="also time numpy_attn as it was at git revision REV (checked out in a "
                    "temporary git worktree, timed by this revision's worker): rows numpy@REV, "
                    "whose np/this is the current NumPy time over REV's; best with --interleave")
+    p.add_argument("--hf", metavar="DIR",
+                   help="--ops decode_hf only: the Hugging Face model folder (config.json and safetensors, "
+                   "as save_pretrained writes) to decode in both libraries")
     p.add_argument("--force", action="store_true",
                    help="overwrite output files (--json, --csv, --markdown, --plot) that exist")
     p.add_argument("--quick", action="store_true",
@@ -553,8 +561,16 @@ def _run(parser, args, argv):
             results = _read_results(args.from_json)
         except (OSError, ValueError) as err:
             return _fail(err)
-    if generation and (args.interleave or args.against):
+    hf_run = generation and args.ops[0] == "decode_hf"
+    if generation and (args.interleave or args.against and not hf_run):
         return _fail(f"--interleave and --against time ops; --ops {args.ops[0]} takes neither")
+    if bool(args.hf) != hf_run and not args.from_json:
+        return _fail("--hf DIR goes with --ops decode_hf" if args.hf else "--ops decode_hf needs --hf DIR, "
+                     "a Hugging Face model folder (config.json and safetensors)")
+    if hf_run and args.dtype != "float32":
+        return _fail(f"--ops decode_hf loads the folder in float32 in both libraries, not --dtype {args.dtype}")
+    if hf_run and importlib.util.find_spec("transformers") is None:
+        return _fail("--ops decode_hf times transformers too, which is not installed: pip install 'transformers>=5.0'")
     if generation and args.dtype in calls.LOW_PRECISION:
         return _fail(f"--ops {args.ops[0]} times float32 and float64 only, not --dtype {args.dtype}")
     if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
@@ -565,7 +581,7 @@ def _run(parser, args, argv):
         if not commit:
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
     _check_outputs(parser, args)
-    if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py)
+    if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py, decode_hf.py)
         from benchmarks import decode
         return decode.main(args, argv, args.ops[0])
     if not args.from_json:

@@ -167,9 +167,7 @@ def tree_map(tree, fn):
 def table_lines(results):
     """The report: one line per library and prompt length (another run's: its own table)."""
     if results.get("run", "decode") != "decode":
-        from benchmarks import decode_cache
-
-        return decode_cache.RUNS[results["run"]][1](results)
+        return other_runs()[results["run"]][1](results)
     c = results["config"]
     m = c["model"]
     lines = [f"decode: greedy generation, GPT V={m['vocab_size']} block_size={m['block_size']} "
@@ -184,15 +182,17 @@ def table_lines(results):
     return lines
 
 
-def main(args, argv, name="decode"):
-    """Run the decode benchmark ``name`` (decode, or one of benchmarks/decode_cache.py's) for the
-    command line's ``args``; returns the exit status."""
-    if name == "decode":
-        measure_run = run
-    else:
-        from benchmarks import decode_cache
+def other_runs():
+    """{name: (run, table_lines)} of the decode runs beside this one (decode_cache.py, decode_hf.py)."""
+    from benchmarks import decode_cache, decode_hf
 
-        measure_run = decode_cache.RUNS[name][0]
+    return {**decode_cache.RUNS, **decode_hf.RUNS}
+
+
+def main(args, argv, name="decode"):
+    """Run the decode benchmark ``name`` (decode, or one of benchmarks/decode_cache.py's and
+    decode_hf.py's) for the command line's ``args``; returns the exit status."""
+    measure_run = run if name == "decode" else other_runs()[name][0]
     try:
         results = measure_run(args, argv)
     except ValueError as err:

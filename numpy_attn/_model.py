@@ -2,6 +2,13 @@
 embedding or not, and the backward loop over the blocks.
 
     logits = x @ head.w                        head.w = wte^T with tied weights
+    logits = x[:, -N:] @ head.w                with logits_to_keep = N: the last N positions only
+
+``logits_to_keep`` is transformers' keyword and means what it does there: an int N > 0 keeps the
+last N positions' logits (all T when N >= T), 0 or None keeps all. Generation reads the last
+position's logits only, and the head is the widest matmul of a small model (C x V, 768 x 50257 in
+GPT-2): a 512-token prompt then costs one row of it instead of 512. The backward hands the dropped
+positions a zero gradient, as the full forward's backward with zero dlogits there.
 
 With tied weights (Press and Wolf, 2017) wte is used twice, as the embedding and (transposed) as
 the output layer, so its gradient is the sum of the two uses: ``dwte = dwte_embedding + dwte_head``.
@@ -22,22 +29,30 @@ class HeadCache(NamedTuple):
 
     linear: tuple
     tied: bool
-    shape: tuple             # (B, T, V)
+    shape: tuple             # (B, N, V), N the positions kept (T without logits_to_keep)
     dtype: np.dtype
+    T: int                   # the positions of x, N of them kept
 
 
-def head_forward(x, params, tie_weights):
-    """The output layer: x (B, T, C) -> logits (B, T, V). Returns ``(logits, cache)``."""
+def head_forward(x, params, tie_weights, logits_to_keep=None):
+    """The output layer: x (B, T, C) -> logits (B, N, V), N = min(logits_to_keep, T), or T when
+    logits_to_keep is None or 0. Returns ``(logits, cache)``."""
+    T = x.shape[1]
+    # The last N positions only (generation reads the last): the head's V-wide rows skip the rest.
+    x = x[:, -logits_to_keep:] if logits_to_keep else x                  # (B, T, C) -> (B, N, C)
     head_w = params["wte"].T if tie_weights else params["head"]["w"]      # (C, V)
-    logits, linear_cache = linear_forward(x, head_w)                      # (B, T, C) -> (B, T, V)
-    return logits, HeadCache(linear_cache, tie_weights, logits.shape, logits.dtype)
+    logits, linear_cache = linear_forward(x, head_w)                      # (B, N, C) -> (B, N, V)
+    return logits, HeadCache(linear_cache, tie_weights, logits.shape, logits.dtype, T)
 
 
 def head_backward(op, dlogits, cache):
-    """Undoes logits = x @ head_w: dlogits (B, T, V) -> (dx (B, T, C), dhead {"w": (C, V)});
+    """Undoes logits = x[:, -N:] @ head_w: dlogits (B, N, V) -> (dx (B, T, C), dhead {"w": (C, V)});
     ``op`` names the model in the message about a wrong dlogits."""
     check_dout(op, dlogits, cache.shape, cache.dtype, name="dlogits")
-    return linear_backward(dlogits, cache.linear)                         # (B, T, V) -> (B, T, C)
+    dx, dhead = linear_backward(dlogits, cache.linear)                    # (B, N, V) -> (B, N, C)
+    # Undoes x = x[:, -N:]: the T - N positions without logits get no gradient from the head.
+    dx = np.pad(dx, ((0, 0), (cache.T - dx.shape[1], 0), (0, 0))) if dx.shape[1] < cache.T else dx   # (B, T, C)
+    return dx, dhead
 
 
 def blocks_backward(dx, caches, block_backward):
@@ -59,3 +74,15 @@ def with_head(dparams, dhead, cache):
     else:
         dparams["head"] = dhead
     return dparams
+
+
+def check_logits_to_keep(logits_to_keep):
+    """Raise unless ``logits_to_keep`` is None or an integer >= 0 (not a bool), naming it."""
+    if logits_to_keep is None:
+        return
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int | np.integer):
+        raise TypeError(f"logits_to_keep must be None or an int >= 0 (how many of the last positions get "
+                        f"logits; 0 keeps all), got {logits_to_keep!r} of type {type(logits_to_keep).__name__}")
+    if logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep must be None or an int >= 0 (how many of the last positions get "
+                         f"logits; 0 keeps all), got {logits_to_keep!r}")

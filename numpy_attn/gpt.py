@@ -45,7 +45,7 @@ from numpy_attn._checks import (
     check_token_ids,
     upcast,
 )
-from numpy_attn._model import blocks_backward, head_backward, head_forward, with_head
+from numpy_attn._model import blocks_backward, check_logits_to_keep, head_backward, head_forward, with_head
 from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
@@ -116,7 +116,8 @@ class GPTCache(NamedTuple):
         return {"emb": self.drop[0], "blocks": [c.masks for c in self.blocks]}
 
 
-def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None):
+def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None,
+                logits_to_keep=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     ``positions`` (T,) or (B, T) default to past..past+T-1; ``attn_mask`` (bool, broadcasting to
@@ -124,8 +125,10 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
     padding_attn_mask or varlen_attn_mask; ``kv_cache`` (gpt_kv_cache) holds the past tokens, ids
     only the new ones. With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken
     from ``masks`` (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
+    ``logits_to_keep`` N > 0 computes the last N positions' logits only, (B, N, V) (transformers'
+    keyword; numpy_attn/_model.py); None or 0 all T.
     """
-    ids = _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks)
+    ids = _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, logits_to_keep)
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
@@ -154,14 +157,14 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
     # 4: final layer norm
     x, ln_f_cache = layer_norm_forward(x, **params["ln_f"], eps=config.ln_eps)   # (B, T, C)
     # 5: the output layer
-    logits, head_cache = head_forward(x, params, config.tie_weights)     # (B, T, C) -> (B, T, V)
+    logits, head_cache = head_forward(x, params, config.tie_weights, logits_to_keep)   # (B, T, C) -> (B, N, V)
     cache = GPTCache(wte_cache, positions, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache)
     return logits, cache
 
 
 def gpt_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    # 5: undoes logits = x @ head_w.
+    """Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the nesting of the params."""
+    # 5: undoes logits = x[:, -N:] @ head_w.
     dx, dhead = head_backward("gpt_backward", dlogits, cache.head)        # (B, T, V) -> (B, T, C)
     # 4: undoes x = ln_f(x).
     dx, dln_f = layer_norm_backward(dx, cache.ln_f)                       # (B, T, C)
@@ -209,11 +212,12 @@ def _check_gpt_config(config):
     return values
 
 
-def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks):
+def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, logits_to_keep):
     """Return ids as an array; raise unless ids is an
     integer (B, T) array, past + T <= block_size, positions and attn_mask fit, wte is
     (vocab_size, n_embd) and every parameter shares its float dtype (named by its path, not by the
-    name an inner operation gives it), and, with dropout, an rng or masks are given."""
+    name an inner operation gives it), with dropout an rng or masks are given, and logits_to_keep
+    is None or an int >= 0."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
@@ -221,6 +225,7 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks):
     past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "gpt_kv_cache")
     check_positions(positions, B, T, config.block_size)
     check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
+    check_logits_to_keep(logits_to_keep)
     wte = params["wte"]
     check_float("params['wte']", wte)
     if wte.shape != (config.vocab_size, config.n_embd):

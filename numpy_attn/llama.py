@@ -58,7 +58,7 @@ from numpy_attn._checks import (
     check_rng,
     check_token_ids,
 )
-from numpy_attn._model import blocks_backward, head_backward, head_forward, with_head
+from numpy_attn._model import blocks_backward, check_logits_to_keep, head_backward, head_forward, with_head
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -347,22 +347,25 @@ class LlamaCache(NamedTuple):
     logit_softcap: tuple | None = None        # the cap on the logits' cache (Gemma 2)
 
 
-def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+                  logits_to_keep=None):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     ``positions`` (T,) or (B, T), integers, default past..past+T-1: where each token sits (RoPE).
     ``attn_mask`` (bool, broadcasting to (B, nh, T, S), S = past + T) restricts attention beyond
     causality; ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; ``rng``
-    is accepted for gpt_forward's vocabulary and unused (no dropout).
+    is accepted for gpt_forward's vocabulary and unused (no dropout); ``logits_to_keep`` N > 0
+    computes the last N positions' logits only, (B, N, V), as gpt_forward's.
     """
     return decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep)
 
 
-def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng):
+def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,
+                    logits_to_keep=None):
     """llama_forward for the families built on it: ``config`` must be a ``config_class``, and
     ``block_forward`` (llama_block_forward's arguments) makes each block."""
-    ids = _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng)
+    ids = _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep)
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
@@ -388,16 +391,16 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, config.norm_offset,
                                    config.norm_round_xhat)                   # (B, T, C)
     # 4: the output layer
-    logits, head_cache = head_forward(x, params, config.tie_weights)         # (B, T, C) -> (B, T, V)
+    logits, head_cache = head_forward(x, params, config.tie_weights, logits_to_keep)   # (B, T, C) -> (B, N, V)
     softcap_cache = None
-    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c)
-        logits, softcap_cache = logit_softcap_forward(logits, config.logit_softcap)   # (B, T, V)
+    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c), on the kept logits
+        logits, softcap_cache = logit_softcap_forward(logits, config.logit_softcap)   # (B, N, V)
     cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache)
     return logits, cache
 
 
 def llama_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    """Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the nesting of the params."""
     return decoder_backward("llama", dlogits, cache, llama_block_backward)
 
 
@@ -406,9 +409,9 @@ def decoder_backward(op, dlogits, cache, block_backward):
     names the model in the message about a wrong dlogits."""
     if cache.logit_softcap is not None:   # undoes logits = c * tanh(logits / c)
         check_dout(op, dlogits, cache.head.shape, cache.head.dtype, name="dlogits")
-        dlogits = logit_softcap_backward(dlogits, cache.logit_softcap)       # (B, T, V)
-    # 4: undoes logits = x @ head_w.
-    dx, dhead = head_backward(op, dlogits, cache.head)                        # (B, T, V) -> (B, T, C)
+        dlogits = logit_softcap_backward(dlogits, cache.logit_softcap)       # (B, N, V)
+    # 4: undoes logits = x[:, -N:] @ head_w.
+    dx, dhead = head_backward(op, dlogits, cache.head)                        # (B, N, V) -> (B, T, C)
     # 3: undoes x = rms_norm(x).
     dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
     # 2: undoes the blocks, the last one first.
@@ -444,7 +447,7 @@ def _check_llama_config(config):
     return values
 
 
-def _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng):
+def _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep):
     """Return ids as an integer (B, T) array, or raise naming the argument at fault."""
     if type(config) is not config_class:    # each family's params differ: a Qwen3Config is no LlamaConfig here
         raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
@@ -453,6 +456,7 @@ def _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng)
     past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "llama_kv_cache")
     check_positions(positions, B, T)                  # no table: RoPE rotates to any position
     check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
+    check_logits_to_keep(logits_to_keep)
     if rng is not None:
         check_rng(rng, "llama_forward")
     return ids

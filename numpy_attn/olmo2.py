@@ -79,11 +79,12 @@ def olmo2_block_backward(dout, cache):
 
 # -- the model ------------------------------------------------------------------------------------
 
-def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+                  logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with
     OLMo 2's blocks. Returns ``(logits, cache)``."""
     return decoder_forward(ids, params, config, Olmo2Config, olmo2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep)
 
 
 def olmo2_backward(dlogits, cache):

@@ -2,7 +2,8 @@
 tokens in both libraries, and ``python -m benchmarks --ops decode`` runs (benchmarks/decode.py);
 ``--ops decode_sliding`` and ``--ops decode_mla`` (benchmarks/decode_cache.py) run, their tokens
 and outputs agree before anything is timed, their bytes are the caches' own, and their report
-names the machine."""
+names the machine; ``--ops decode_hf`` (benchmarks/decode_hf.py) runs a Hugging Face folder in
+numpy-attn and transformers, whose ids must agree before anything is timed."""
 
 import contextlib
 import io
@@ -14,7 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks import cli, decode, decode_cache, report
+from benchmarks import cli, decode, decode_cache, decode_hf, report
 from benchmarks.decode import greedy_numpy, greedy_twin
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.mla import MLAConfig, mla_cache_bytes_per_token
@@ -154,6 +155,10 @@ def test_decode_mla_twin_off_by_one_percent_stops_before_timing(tmp_path, monkey
     (["--ops", "decode_sliding", "softmax"], "--ops decode_sliding runs alone"),
     (["--ops", "decode_mla", "decode"], "--ops decode runs alone"),
     (["--ops", "decode_mla", "--interleave", "3"], "--ops decode_mla takes neither"),
+    (["--ops", "decode_hf"], "--ops decode_hf needs --hf DIR"),
+    (["--ops", "decode", "--hf", "gpt2"], "--hf DIR goes with --ops decode_hf"),
+    (["--ops", "decode_hf", "--hf", "gpt2", "--dtype", "float64"], "in float32 in both libraries, not --dtype float64"),
+    (["--ops", "decode_hf", "--hf", "/nonexistent-folder"], "/nonexistent-folder has no model.safetensors"),
 ])
 def test_decode_runs_refuse_company_in_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -164,4 +169,73 @@ def test_decode_runs_refuse_company_in_one_line(argv, message, capsys):
 def test_list_names_the_decode_runs(capsys):
     assert cli.main(["--list"]) == 0
     listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed[-3:] == ["decode", "decode_sliding", "decode_mla"], listed
+    assert listed[-4:] == ["decode", "decode_sliding", "decode_mla", "decode_hf"], listed
+
+
+# -- decode_hf (benchmarks/decode_hf.py) -------------------------------------------------------------
+
+def _tiny_gpt2_folder(folder):
+    """A random GPT-2 of width 16, two layers, context 32, saved as save_pretrained writes it (offline)."""
+    transformers = pytest.importorskip("transformers", reason="--ops decode_hf times transformers' generate")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def test_decode_hf_quick_rows_of_a_tiny_gpt2_folder(tmp_path):
+    """Both libraries at two prompt lengths (40 clipped to the context 32 less 6 new tokens): the
+    same ids, positive times, per token and tokens/s one the inverse of the other, each process's
+    peak RSS beside the checkpoint's bytes, and the machine named."""
+    folder = _tiny_gpt2_folder(tmp_path / "gpt2")
+    status, stdout, results = _run_decode(tmp_path, "decode_hf", "--hf", str(folder), "--seq-lens", "5", "40")
+    assert status == 0, stdout
+    rows = results["rows"]
+    assert [(r["impl"], r["P"]) for r in rows] == [("numpy-attn", 5), ("transformers", 5),
+                                                   ("numpy-attn", 26), ("transformers", 26)], rows
+    n1, n2 = decode_hf.QUICK["new_tokens"]
+    size = (folder / "model.safetensors").stat().st_size
+    for r in rows:
+        assert r["same_ids"] and r["new_tokens"] == [n1, n2], r
+        assert r["ms_per_token"] > 0 and r["prefill_s"] > 0 and r["peak_rss_bytes"] > size, r
+        assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"]), r
+        assert r["checkpoint_bytes"] == size and r["peak_rss_over_checkpoint"] == r["peak_rss_bytes"] / size, r
+        assert [len(r["time_s"][str(new)]) for new in (1, n1, n2)] == [1, 1, 1], r   # --repeats 1: one round
+    assert all(r["per_token_over_transformers"]["median"] == 1.0 for r in rows if r["impl"] == "transformers"), rows
+    model = results["config"]["model"]
+    assert (model["family"], model["vocab_size"], model["block_size"]) == ("gpt2", 97, 32), model
+    _assert_names_the_machine(stdout.replace("numpy-attn", "numpy cpu", 0), results)
+    assert "numpy-attn" in stdout and "transformers" in stdout and "ms/token" in stdout, stdout
+
+
+class _FakeWorker:
+    """A timing worker in this process for decode_hf's parent: transformers generates other ids
+    than numpy-attn; a request to time anything fails the test."""
+
+    def __init__(self, job, pythonpath=None, label=None):
+        self.label, self.records = label, [dict(kind="env", library=job["library"], device="cpu"),
+                                           dict(kind="model", family="gpt2", vocab_size=9, block_size=16)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def read(self):
+        return self.records.pop(0)
+
+    def ask(self, request):
+        assert request.get("check"), f"{self.label} was asked to time {request}"
+        token = 1 if self.label == "numpy-attn" else 2
+        return dict(kind="sample", seconds=0.0, ids=request["ids"] + [token] * request["new"], peak_rss_bytes=1)
+
+
+def test_decode_hf_different_ids_stop_before_timing(tmp_path, monkeypatch, capsys):
+    """Ids that differ: exit status 1, nothing timed, no file written."""
+    folder = _tiny_gpt2_folder(tmp_path / "gpt2")
+    monkeypatch.setattr(decode_hf, "Worker", _FakeWorker)
+    status, _, results = _run_decode(tmp_path, "decode_hf", "--hf", str(folder))
+    assert status == 1 and results is None
+    assert "decode_hf: the generated ids differ, nothing was timed" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from parity_tests.helpers import (
     layer_norm_rstds,
     layer_norm_tol,
     moved_off_init,
+    reorder_tol,
     round_to,
     to_numpy,
     to_torch,
@@ -538,3 +539,73 @@ def test_init_statistics_match_pytorch():
                      ("blocks.0.ln2", params["blocks"]["0"]["ln2"])):
         assert np.array_equal(ln["w"], to_numpy(layer_norm.weight)), f"{path}.w is not all ones"
         assert np.array_equal(ln["b"], to_numpy(layer_norm.bias)), f"{path}.b is not all zeros"
+
+
+# -- logits_to_keep: the head on the last positions only -------------------------------------------
+
+def assert_keeps_the_last_logits(name, forward, backward, twin, params, ids, N, dout, rstds):
+    """``forward(ids, params, logits_to_keep=N)`` (B, n, V), n = min(N, T) (T for N = 0): the full
+    forward's last n positions and the twin's; its backward of dlogits (B, n, V) equals autograd's
+    through the twin and the full forward's backward of the same dlogits at the last n positions,
+    zero elsewhere. ``dout`` (B, T, V) gives the dlogits; ``rstds(cache)`` the model's norms'.
+
+    Kept and full differ only in the head's matmul, over n rows instead of T, which BLAS may block
+    and so sum in another order (reorder_tol); the twin, as every twin test (layer_norm_tol)."""
+    T = ids.shape[1]
+    n = min(N, T) if N else T
+    full, full_cache = forward(ids, params)
+    kept, cache = forward(ids, params, logits_to_keep=N)
+    dlogits = dout[:, T - n:]                                                   # (B, n, V)
+    dparams = backward(dlogits, cache)
+    reorder = reorder_tol(rstds(full_cache), full.dtype)
+    label = f"{name} logits_to_keep={N}"
+    assert_close(f"{label}: logits vs the full forward's last {n}", kept, full[:, T - n:], **reorder)
+    dfull = np.zeros_like(full)
+    dfull[:, T - n:] = dlogits                                                  # (B, T, V), zero before T - n
+    assert_tree_close(f"{label}: backward vs the full forward's, zero dlogits elsewhere", dparams,
+                      backward(dfull, full_cache), **reorder)
+    twin_logits, grads = autograd(lambda params: twin(params, logits_to_keep=N), {"params": params}, dlogits)
+    tol = layer_norm_tol(rstds(cache), full.dtype)
+    assert_close(f"{label}: logits vs twin", kept, twin_logits, **tol)
+    assert_tree_close(f"{label}: backward vs autograd", dparams, grads["params"], **tol)
+
+
+@given(case=models(), N=st.integers(0, 6))
+@example(case=_pinned_case(), N=1)
+def test_logits_to_keep_gives_the_last_positions_and_their_gradient(case, N):
+    """N from 0 (all) through T (all) to past T (all, as transformers' slice)."""
+    config, params, ids, dout = case
+    assert_keeps_the_last_logits("gpt", lambda ids, p, **kw: gpt_forward(ids, p, config, **kw), gpt_backward,
+                                 lambda p, **kw: gpt(to_torch(ids), p, config, **kw), params, ids, N, dout,
+                                 layer_norm_rstds)
+
+
+def test_logits_to_keep_with_a_cache_gives_the_last_new_position():
+    """Generation's call: a prefill keeping 1, then one token keeping 1, equal to the full
+    forward's logits at those positions (tolerance as test_generate_cache.py's decoding)."""
+    from numpy_attn.gpt import gpt_kv_cache
+
+    config = GPTConfig(vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=4)
+    rng = np.random.default_rng(3)
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
+    ids = np.array([[1, 3, 1, 6, 0]])
+    full, full_cache = gpt_forward(ids, params, config)
+    kv_cache = gpt_kv_cache(config, 1, np.float64)
+    prefill, _ = gpt_forward(ids[:, :4], params, config, kv_cache=kv_cache, logits_to_keep=1)   # (1, 1, V)
+    step, _ = gpt_forward(ids[:, 4:], params, config, kv_cache=kv_cache, logits_to_keep=1)      # (1, 1, V)
+    tol = reorder_tol(layer_norm_rstds(full_cache), np.float64)
+    assert_close("gpt prefill logits_to_keep=1 vs full[:, 3]", prefill, full[:, 3:4], **tol)
+    assert_close("gpt cached step logits_to_keep=1 vs full[:, 4]", step, full[:, 4:5], **tol)
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (-1, ValueError, "logits_to_keep must be None or an int >= 0 .*, got -1$"),
+    (True, TypeError, "logits_to_keep must be None or an int >= 0 .*, got True of type bool"),
+    (1.0, TypeError, "logits_to_keep must be None or an int >= 0 .*, got 1.0 of type float"),
+    (np.array([1]), TypeError, "logits_to_keep must be None or an int >= 0 .*, got array"),
+])
+def test_bad_logits_to_keep_is_refused(bad, error, message):
+    config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=2)
+    params = init_gpt_params(config, np.random.default_rng(0), np.float64)
+    with pytest.raises(error, match=message):
+        gpt_forward(np.zeros((1, 3), np.int64), params, config, logits_to_keep=bad)

@@ -112,9 +112,9 @@ def test_sampling_is_seeded_and_uses_top_k():
     logits = np.array([0.0, 5.0, 4.9, -1.0])
     draws = {next_token(logits, 1.0, 2, np.random.default_rng(s)) for s in range(50)}
     assert draws == {1, 2}, f"top-2 sampling drew {draws}"
-    a = continue_ids(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
+    a = continue_ids(lambda ids, logits_to_keep: np.tile(logits, (1, logits_to_keep, 1)), [0], 4, 5, 1.0, None,
                  np.random.default_rng(7))
-    b = continue_ids(lambda ids: np.tile(logits, (1, ids.shape[1], 1)), [0], 4, 5, 1.0, None,
+    b = continue_ids(lambda ids, logits_to_keep: np.tile(logits, (1, logits_to_keep, 1)), [0], 4, 5, 1.0, None,
                  np.random.default_rng(7))
     assert a == b and len(a) == 6, (a, b)
 
@@ -137,15 +137,16 @@ def test_cache_feeds_only_new_tokens_until_the_context_slides():
 
     seen = []
 
-    def forward(ids, kv_cache=None):
-        seen.append((ids.shape[1], kv_cache is not None))
+    def forward(ids, kv_cache=None, logits_to_keep=None):
+        seen.append((ids.shape[1], kv_cache is not None, logits_to_keep))
         if kv_cache is not None:
             kv_cache.lengths += ids.shape[1]                          # what a model's layers would append
         return np.tile(np.array([0.0, 5.0, 4.9]), (1, ids.shape[1], 1))
 
     out = continue_ids(forward, [0, 2], 4, 4, 0.0, None, None, lambda max_len: init_kv_cache(1, 1, 1, max_len, 2))
     assert out == [0, 2, 1, 1, 1, 1], out
-    assert seen == [(2, True), (1, True), (1, True), (4, False)], seen
+    # Every step reads the last logits only: the head runs on one position (logits_to_keep=1).
+    assert seen == [(2, True, 1), (1, True, 1), (1, True, 1), (4, False, 1)], seen
 
 
 def test_bad_arguments(tmp_path, capsys):
@@ -242,10 +243,10 @@ def test_the_loop_asks_for_a_cache_of_prompt_plus_new_tokens():
         asked.append(max_len)
         return init_kv_cache(1, 1, 1, max_len, 2)
 
-    def forward(ids, kv_cache=None):
+    def forward(ids, kv_cache=None, logits_to_keep=None):
         if kv_cache is not None:
             kv_cache.lengths += ids.shape[1]
-        return np.zeros((1, ids.shape[1], 3))
+        return np.zeros((1, logits_to_keep, 3))
 
     continue_ids(forward, [0, 1, 2], 10**9, 4, 0.0, None, None, new_cache)
     continue_ids(forward, [0, 1, 2], 5, 4, 0.0, None, None, new_cache)

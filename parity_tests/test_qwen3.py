@@ -40,6 +40,7 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
+from parity_tests.test_gpt import assert_keeps_the_last_logits
 from parity_tests.test_hf import _compare, _ids, _randomise, _save
 from parity_tests.test_hf_generate import _hf_greedy
 from parity_tests.test_llama import (
@@ -418,3 +419,77 @@ class TestQwen3(model_tests(QWEN3)):
         scaled["blocks"]["0"]["attn"]["q"]["w"][:, :4] *= 7.0                  # head 0's query only
         assert_close("qwen3.logits with head 0's query scaled", qwen3_forward(ids, scaled, config)[0], logits,
                      **_tol(cache, np.float64))
+
+
+# -- logits_to_keep in every family built on numpy_attn/llama.py ------------------------------------
+
+@pytest.fixture(scope="module")
+def family_model():
+    """``make(name, seed)`` -> (forward, backward, twin, config, params, rstds) of a small float64
+    model of family ``name``, its parameters moved off their init by U(-0.5, 0.5): Gemma 2 with a
+    final cap of 0.5, so that the cap after the head bends the logits, gpt-oss with sinks and
+    experts, DeepSeek-V3 with MLA and a MoE block. A fixture: test_gemma2.py and test_deepseek_v3.py
+    import this file (their rstds cannot be imported at its top), and Hypothesis refuses a test
+    that imports a module defining tests (a nested @given)."""
+    import numpy_attn.deepseek_v3 as deepseek_v3
+    import numpy_attn.gemma2 as gemma2
+    import numpy_attn.gemma3 as gemma3
+    import numpy_attn.gpt_oss as gpt_oss
+    import numpy_attn.llama as llama
+    import numpy_attn.olmo2 as olmo2
+    import torch_attn.deepseek_v3 as tw_deepseek_v3
+    import torch_attn.gemma2 as tw_gemma2
+    import torch_attn.gemma3 as tw_gemma3
+    import torch_attn.gpt_oss as tw_gpt_oss
+    import torch_attn.olmo2 as tw_olmo2
+    from parity_tests import test_deepseek_v3, test_gemma2
+
+    small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
+    families = {   # name: (forward, backward, twin, config, init, rstds)
+        "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
+                  init_llama_params, _rstds),
+        "qwen3": (qwen3_forward, qwen3_backward, tw.qwen3, Qwen3Config(**small), init_llama_params, _rstds),
+        "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
+                  init_llama_params, _rstds),
+        "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,
+                   gemma2.Gemma2Config(**small, sliding_window=2, final_logit_softcap=0.5),
+                   gemma2.init_gemma2_params, test_gemma2._rstds),
+        "gemma3": (gemma3.gemma3_forward, gemma3.gemma3_backward, tw_gemma3.gemma3,
+                   gemma3.Gemma3Config(**small, sliding_window=2), gemma2.init_gemma2_params, test_gemma2._rstds),
+        "gpt_oss": (gpt_oss.gpt_oss_forward, gpt_oss.gpt_oss_backward, tw_gpt_oss.gpt_oss,
+                    gpt_oss.GptOssConfig(**small, head_dim=4, n_experts=3, experts_per_token=2, sliding_window=2),
+                    gpt_oss.init_gpt_oss_params, _rstds),
+        "deepseek_v3": (deepseek_v3.deepseek_v3_forward, deepseek_v3.deepseek_v3_backward, tw_deepseek_v3.deepseek_v3,
+                        deepseek_v3.DeepseekV3Config(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                     topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                     first_k_dense_replace=1),
+                        deepseek_v3.init_deepseek_v3_params, test_deepseek_v3._rstds),
+    }
+
+    def make(name, seed):
+        forward, backward, twin, config, init, rstds = families[name]
+        rng = np.random.default_rng(seed)
+        params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init(config, rng, np.float64))
+        return forward, backward, twin, config, params, rstds
+
+    return make
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "olmo2", "gemma2", "gemma3", "gpt_oss", "deepseek_v3"])
+@settings(max_examples=8)
+@given(seed=st.integers(0, 2**32 - 1), B=st.integers(1, 2), T=st.integers(1, 6), N=st.integers(0, 7))
+@example(seed=0, B=1, T=5, N=1)
+def test_logits_to_keep_in_every_family(family_model, name, seed, B, T, N):
+    """Each family's forward keeps the last N positions' logits (Gemma's cap applied to those),
+    equal to its full forward's and its twin's, with the backward of test_gpt.py's
+    assert_keeps_the_last_logits; and it refuses a bad logits_to_keep, naming it."""
+    forward, backward, twin, config, params, rstds = family_model(name, seed)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    dout = rng.normal(size=(B, T, config.vocab_size))
+    assert_keeps_the_last_logits(name, lambda ids, p, **kw: forward(ids, p, config, **kw), backward,
+                                 lambda p, **kw: twin(to_torch(ids), p, config, **kw), params, ids, N, dout, rstds)
+    with pytest.raises(ValueError, match="logits_to_keep must be None or an int >= 0 .*, got -1$"):
+        forward(ids, params, config, logits_to_keep=-1)
+    with pytest.raises(TypeError, match="logits_to_keep must be None or an int >= 0 .*, got False of type bool"):
+        forward(ids, params, config, logits_to_keep=False)

@@ -48,10 +48,11 @@ def _absorbed_attention(h, params, mla_config, positions, layer_cache):
 
 # -- the model ------------------------------------------------------------------------------------
 
-def deepseek_v3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def deepseek_v3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+                logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from deepseek_v3_kv_cache."""
     return decoder(ids, params, config, deepseek_v3_block, positions=positions, attn_mask=attn_mask,
-                   kv_cache=kv_cache)
+                   kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 @dataclass

@@ -33,10 +33,11 @@ def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
 
 # -- the model ------------------------------------------------------------------------------------
 
-def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+           logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gemma2_kv_cache."""
     return decoder(ids, params, config, gemma2_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache)
+                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 def gemma2_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):

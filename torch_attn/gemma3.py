@@ -9,10 +9,11 @@ from torch_attn.gemma2 import gemma2_block
 from torch_attn.llama import decoder
 
 
-def gemma3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def gemma3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+           logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as gemma2's."""
     return decoder(ids, params, config, gemma2_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache)
+                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers.Gemma3ForCausalLM(...).logits holding the same weights;

@@ -20,9 +20,10 @@ from torch_attn.masks import causal_mask
 from torch_attn.positional import sinusoidal_encoding
 
 
-def gpt(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None):
-    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V); ``positions``, ``attn_mask``
-    and ``kv_cache`` (gpt_kv_cache) as in the NumPy twin."""
+def gpt(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None,
+        logits_to_keep=None):
+    """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V); ``positions``, ``attn_mask``,
+    ``kv_cache`` (gpt_kv_cache) and ``logits_to_keep`` (-> (B, N, V)) as in the NumPy twin."""
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
     positions = torch.arange(past, past + T, device=ids.device) if positions is None else positions
@@ -49,7 +50,7 @@ def gpt(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, r
     # 4: final layer norm
     x = layer_norm(x, **params["ln_f"], eps=config.ln_eps)               # (B, T, C)
     # 5: the output layer
-    logits = head(x, params, config.tie_weights)                         # (B, T, C) -> (B, T, V)
+    logits = head(x, params, config.tie_weights, logits_to_keep)         # (B, T, C) -> (B, N, V)
     return logits
 
 

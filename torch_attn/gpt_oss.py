@@ -31,10 +31,11 @@ def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None
 
 # -- the model ------------------------------------------------------------------------------------
 
-def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gpt_oss_kv_cache."""
     return decoder(ids, params, config, gpt_oss_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache)
+                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 def gpt_oss_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):

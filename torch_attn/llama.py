@@ -77,13 +77,15 @@ def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     return out
 
 
-def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
-    """Logits for integer ``ids`` (B, T) -> (B, T, V); ``positions``, ``attn_mask`` and
-    ``kv_cache`` (llama_kv_cache) as in the NumPy twin."""
-    return decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache)
+def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+          logits_to_keep=None):
+    """Logits for integer ``ids`` (B, T) -> (B, T, V); ``positions``, ``attn_mask``, ``kv_cache``
+    (llama_kv_cache) and ``logits_to_keep`` (-> (B, N, V)) as in the NumPy twin."""
+    return decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                   logits_to_keep=logits_to_keep)
 
 
-def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache):
+def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache, logits_to_keep=None):
     """llama for the families built on it: ``block`` (llama_block's arguments) makes each block."""
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
@@ -104,9 +106,9 @@ def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache):
     x = rms_norm(x, params["norm"]["w"], config.rms_eps, config.norm_offset,
                  config.norm_round_xhat)                                  # (B, T, C)
     # 4: the output layer
-    logits = head(x, params, config.tie_weights)                         # (B, T, C) -> (B, T, V)
-    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c)
-        logits = logit_softcap(logits, config.logit_softcap)                  # (B, T, V)
+    logits = head(x, params, config.tie_weights, logits_to_keep)         # (B, T, C) -> (B, N, V)
+    if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c), on the kept logits
+        logits = logit_softcap(logits, config.logit_softcap)                  # (B, N, V)
     return logits
 
 

@@ -27,10 +27,11 @@ def olmo2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
 
 # -- the model ------------------------------------------------------------------------------------
 
-def olmo2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def olmo2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+          logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's."""
     return decoder(ids, params, config, olmo2_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache)
+                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers.Olmo2ForCausalLM(...).logits holding the same weights;

@@ -7,9 +7,11 @@ head (the config's qk_norm, "head") before the rotation; its cache is llama_kv_c
 from torch_attn.llama import decoder, llama_block
 
 
-def qwen3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None):
+def qwen3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+          logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's."""
-    return decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache)
+    return decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                   logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers.Qwen3ForCausalLM(...).logits holding the same weights;
