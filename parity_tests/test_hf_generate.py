@@ -18,9 +18,10 @@ from parity_tests.test_llama import exact_hf_llama
 
 
 def _hf_greedy(model, ids, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
-                             pad_token_id=0, eos_token_id=None)
+    ids = torch.tensor([ids])                                                 # (1, P)
+    with torch.no_grad():   # every id attended: without the mask, generate masks the prompt's ids equal to pad_token_id
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0, eos_token_id=None)
     return out[0].tolist()
 
 
@@ -251,3 +252,59 @@ def test_the_loop_asks_for_a_cache_of_prompt_plus_new_tokens():
     continue_ids(forward, [0, 1, 2], 10**9, 4, 0.0, None, None, new_cache)
     continue_ids(forward, [0, 1, 2], 5, 4, 0.0, None, None, new_cache)
     assert asked == [1, 7, 1, 5], f"cache sizes asked for (a probe of 1 slot, then the cache): {asked}"
+
+
+def _chunk_models():
+    """{family: (forward, new cache, config, params)}, float64, small: GPT-2's layout, Gemma 2's
+    sliding layers (a window of 2, shorter than a chunk) and DeepSeek-V3's absorbed latent cache."""
+    from numpy_attn.deepseek_v3 import (
+        DeepseekV3Config,
+        deepseek_v3_forward,
+        deepseek_v3_kv_cache,
+        init_deepseek_v3_params,
+    )
+    from numpy_attn.gemma2 import Gemma2Config, gemma2_forward, gemma2_kv_cache, init_gemma2_params
+    from numpy_attn.gpt import GPTConfig, gpt_forward, gpt_kv_cache, init_gpt_params
+    from parity_tests.helpers import tree_map
+
+    rng = np.random.default_rng(0)
+    made = {"gpt2": (gpt_forward, gpt_kv_cache, GPTConfig(vocab_size=11, block_size=12, n_layer=2, n_head=2, n_embd=8),
+                     init_gpt_params),
+            "gemma2": (gemma2_forward, gemma2_kv_cache, Gemma2Config(vocab_size=11, block_size=12, n_layer=2, n_head=2,
+                                                                     n_kv_head=1, n_embd=8, sliding_window=2),
+                       init_gemma2_params),
+            "deepseek_v3": (deepseek_v3_forward, deepseek_v3_kv_cache,
+                            DeepseekV3Config(vocab_size=11, block_size=12, n_layer=2, n_head=2, n_kv_head=2, n_embd=6,
+                                             n_routed_experts=4, n_group=2, topk_group=1, num_experts_per_tok=2,
+                                             moe_hidden=3, hidden=5), init_deepseek_v3_params)}
+    return {family: (forward, cache, config, tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape),
+                                                      init(config, rng, np.float64)))
+            for family, (forward, cache, config, init) in made.items()}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma2", "deepseek_v3"])
+def test_a_prompt_enters_the_cache_in_chunks_with_the_logits_of_one_forward(monkeypatch, family):
+    """A 7-id prompt with PREFILL_CHUNK = 3 runs as forwards of 3, 3 and 1 ids through the cache,
+    then one id a step; the logits after it are the one whole forward's, and each step's those of
+    a whole forward over the ids so far (float64: the chunks reorder no sum of one position but
+    the attention's, whose terms they only split among calls)."""
+    from attn_cli import generate
+
+    forward, new_cache, config, params = _chunk_models()[family]
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", 3)
+    calls = []
+
+    def recorded(ids, **kw):
+        logits = forward(ids, params, config, **kw)[0]
+        calls.append((ids.shape[1], logits))
+        return logits
+
+    prompt = [1, 4, 1, 5, 9, 2, 6]
+    out = continue_ids(recorded, prompt, config.block_size, 3, 0.0, None, None,
+                       lambda max_len: new_cache(config, 1, np.float64, max_len))
+    assert [n for n, _ in calls] == [3, 3, 1, 1, 1], [n for n, _ in calls]
+    for step, (_, logits) in enumerate(calls[2:]):                           # after the prompt, then each new id
+        ids = np.array([out[:len(prompt) + step]])
+        whole = forward(ids, params, config, logits_to_keep=1)[0]           # (1, 1, V)
+        np.testing.assert_allclose(logits, whole, rtol=1e-10, atol=1e-12,
+                                   err_msg=f"{family}: logits after {ids.shape[1]} ids, chunked vs one forward")
