@@ -516,6 +516,15 @@ def test_bad_input_names_the_callers_argument():
     bad["k"]["w"][0, 0] = np.inf
     with pytest.raises(ValueError, match=r'params\["k"\]\["w"\] of shape \(6, 6\) holds NaN or inf'):
         multi_head_attention_forward(x, bad, 2)
+    # Every weight's NaN or -inf is named, decoding one token (its projection is read, not the
+    # weight) or three (the projection is larger, and the weight is read).
+    for name in ("q", "k", "v", "o"):
+        for key, where in (("w", (5, 1)), ("b", (4,))):
+            for T in (1, 3):
+                bad = hand_params(6)
+                bad[name][key][where] = np.nan if T == 1 else -np.inf
+                with pytest.raises(ValueError, match=rf'params\["{name}"\]\["{key}"\] of shape \({6}'):
+                    multi_head_attention_forward(np.ones((2, T, 6)), bad, 2, is_causal=True)
 
 
 @pytest.mark.parametrize("q", [np.zeros((6, 6)), {"b": np.zeros(6)}, {"w": np.zeros((6, 6)), "bias": np.zeros(6)}])
