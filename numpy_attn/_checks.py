@@ -1,5 +1,6 @@
 """Input checks shared by the NumPy operations: each raises an error that names what is wrong."""
 
+import functools
 import math
 import numbers
 import types
@@ -12,11 +13,18 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LOW_PRECISION = ("float16", "bfloat16")
 
 
+@functools.cache
+def _name(dtype):
+    """``dtype.name``, remembered: NumPy builds the name anew on each read (a few microseconds),
+    and the checks and casts read it hundreds of times for each token a model decodes."""
+    return dtype.name
+
+
 def check_float(name, x):
     """Raise TypeError unless ``x`` is a float16, bfloat16, float32 or float64 NumPy array."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
-    if x.dtype.name not in FLOAT_DTYPES:
+    if _name(x.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
 
 
@@ -25,7 +33,7 @@ def opmath(dtype):
     PyTorch's CPU kernels call the "opmath" type: they load the low-precision inputs, compute in
     float32 and round once at the end, docs/precision.md), ``dtype`` itself for float32 and float64."""
     dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.name in LOW_PRECISION else dtype
+    return np.dtype(np.float32) if _name(dtype) in LOW_PRECISION else dtype
 
 
 def upcast(x):
