@@ -28,6 +28,12 @@ def check_float(name, x):
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
 
 
+def check_finite(name, a):
+    """Raise ValueError unless the array ``a`` holds no NaN or inf."""
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+
+
 def opmath(dtype):
     """The dtype an operation on ``dtype`` computes in: float32 for float16 and bfloat16 (what
     PyTorch's CPU kernels call the "opmath" type: they load the low-precision inputs, compute in
@@ -257,8 +263,7 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
                          f"be a multiple of the key/value head count {k.shape[-3]}: "
                          f"q {q.shape}, k {k.shape}")
     for name, a in (("q", q), ("k", k), ("v", v)):
-        if not np.isfinite(a).all():
-            raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+        check_finite(name, a)
     if attn_mask is not None:
         if not isinstance(attn_mask, np.ndarray):
             raise TypeError(f"attn_mask must be a NumPy array, got {type(attn_mask).__name__}")
