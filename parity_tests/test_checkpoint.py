@@ -38,6 +38,17 @@ RUN_FILES = ("model.npz", "config.json", "loss.png")
 CALLS = ("open", "write", "fsync", "close", "replace", "rename", "link", "unlink", "remove", "mkdir", "rmdir")
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT handled as an interactive Python handles it (KeyboardInterrupt) for one test, whatever
+    this process inherited: a shell starts a background job (`pytest &`, a CI step) with SIGINT
+    ignored, Python then leaves it ignored, and so would a `numpy-attn train` started from here, as
+    ignored dispositions survive exec (a handler does not: the child gets its own default)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _run(seed, plot=b"plot", steps=1):
     """(arguments of save_checkpoint, plot function, {name: bytes} they write) of a tiny model
     drawn from ``seed``; ``plot`` the bytes of loss.png (None: no plot)."""
@@ -245,7 +256,7 @@ def test_ctrl_c_just_after_the_new_run_is_moved_in(tmp_path, monkeypatch):
     assert {n: (out / n).read_bytes() for n in RUN_FILES} == old, "the old run is back whole"
 
 
-def test_a_signal_during_the_save_is_held_until_it_ends(tmp_path, monkeypatch):
+def test_a_signal_during_the_save_is_held_until_it_ends(tmp_path, monkeypatch, ctrl_c_raises):
     """A real SIGINT, and SIGTERM with train's handler, sent before the k-th file-system call of a
     save, for every k: once the save has begun it ends whole, and the signal then acts (Ctrl-C
     raises KeyboardInterrupt, SIGTERM SystemExit); before, the old run stays."""
@@ -380,7 +391,7 @@ def test_a_dangling_symlink_out_is_refused(tmp_path):
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, -signal.SIGINT),     # KeyboardInterrupt
                                             (signal.SIGTERM, 128 + signal.SIGTERM)])  # SystemExit
-def test_a_signal_to_train_keeps_the_old_run_and_leaves_nothing(tmp_path, signum, status):
+def test_a_signal_to_train_keeps_the_old_run_and_leaves_nothing(tmp_path, signum, status, ctrl_c_raises):
     out = tmp_path / "run"
     out.mkdir()
     old = _save(out, seed=1)
