@@ -3,9 +3,13 @@
 transformers' Gemma3ForCausalLM. Gemma 3's config refusals stay beside Gemma 2's in test_gemma2.py."""
 
 from parity_tests.test_gemma2 import (  # noqa: F401  (pytest collects what the module holds)
+    budget_test,
     name,
     test_cached_decoding_past_the_window_equals_full_forward,
     test_checkpoint_matches_transformers,
     test_forward_and_backward_match_twin,
     test_generate_hf_ids_equal_transformers_generate,
 )
+
+# Gemma 3's budget draws are fixed (test_gemma2.py's comment above budget_test says why).
+test_low_precision_meets_the_error_budget = budget_test(derandomize=True)
