@@ -103,12 +103,14 @@ def gpt_oss_block_forward(x, params, config, positions, *, attn_mask=None, kv_ca
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
     (this block's layer) and ``window`` (None for a full layer) go to attention."""
     # 1-3: x + attn(rms_norm(x)), the sinks read from params["attn"]["sinks"]
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps,
+                                          round_xhat=config.norm_round_xhat)   # (B, T, C)
     a, attn_cache = llama.llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
                                                   kv_cache=kv_cache, window=window)    # (B, T, C)
     x = x + a
     # 4-6: x + moe(rms_norm(x))
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)     # (B, T, C)
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps,
+                                         round_xhat=config.norm_round_xhat)   # (B, T, C)
     f, mlp_cache = gpt_oss_moe_forward(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
                                        config.swiglu_limit)                            # (B, T, C) via k experts
     out = x + f

@@ -53,11 +53,13 @@ def olmo2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cach
     # 1-3: x + rms_norm(attn(x))
     a, attn_cache = llama_attention_forward(x, params["attn"], config, positions, attn_mask=attn_mask,
                                             kv_cache=kv_cache)                 # (B, T, C)
-    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps,
+                                          round_xhat=config.norm_round_xhat)   # (B, T, C)
     x = x + a
     # 4-6: x + rms_norm(swiglu(x))
     f, mlp_cache = swiglu_forward(x, params["mlp"])                                    # (B, T, C) via (B, T, H)
-    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)     # (B, T, C)
+    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps,
+                                         round_xhat=config.norm_round_xhat)   # (B, T, C)
     out = x + f
     cache = Olmo2BlockCache(attn_cache, attn_norm_cache, mlp_cache, mlp_norm_cache)
     return out, cache

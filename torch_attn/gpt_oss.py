@@ -17,12 +17,12 @@ from torch_attn.rms_norm import rms_norm
 def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``window`` go to attention."""
     # 1-3: x + attn(rms_norm(x)), the sinks read from params["attn"]["sinks"]
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
     a = llama_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
                         kv_cache=kv_cache, window=window)                     # (B, T, C)
     x = x + a
     # 4-6: x + moe(rms_norm(x))
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
     f = gpt_oss_moe(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
                     config.swiglu_limit)                                      # (B, T, C) via k experts
     out = x + f

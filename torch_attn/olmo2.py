@@ -16,11 +16,11 @@ def olmo2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     # 1-3: x + rms_norm(attn(x))
     a = llama_attention(x, params["attn"], config, positions, attn_mask=attn_mask,
                         kv_cache=kv_cache)                                    # (B, T, C)
-    a = rms_norm(a, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    a = rms_norm(a, params["attn_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
     x = x + a
     # 4-6: x + rms_norm(swiglu(x))
     f = swiglu(x, params["mlp"])                                              # (B, T, C) via (B, T, H)
-    f = rms_norm(f, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    f = rms_norm(f, params["mlp_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
     out = x + f
     return out
 
