@@ -49,6 +49,7 @@ from numpy_attn._checks import (
     FLOAT_DTYPES,
     check_config,
     check_dout,
+    check_finite,
     check_float,
     check_no_past,
     check_positions,
@@ -417,8 +418,7 @@ def _check_mla(x, params, config, positions, latent_cache=None, kv_cache=None):
     check_float("x", x)
     if x.ndim != 3 or x.shape[-1] != config.n_embd:
         raise ValueError(f"x must have shape (B, T, C) with C = n_embd = {config.n_embd}, got {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"x of shape {x.shape} holds NaN or inf")
+    check_finite("x", x)
     B, T, C = x.shape
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict (init_mla_params), got {type(params).__name__}")

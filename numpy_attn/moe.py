@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
+from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, upcast
 from numpy_attn._tree import flatten, tree_map, unflatten
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
@@ -439,8 +439,7 @@ def _check_tokens_and_router(x, params):
     check_float("x", x)
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., C), got {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"x of shape {x.shape} holds NaN or inf")
+    check_finite("x", x)
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict, got {type(params).__name__}")
     flat = flatten(params)
