@@ -62,21 +62,23 @@ def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, r
                         max_new_tokens, temperature, top_k, rng, new_cache)
 
 
-# A prompt enters the cache this many ids at a time. A forward holds every block's activations for
-# a backward until it returns, so one forward over a whole prompt holds them for every prompt token:
-# for GPT-2 124M (a 475 MiB file) `generate --hf` with a 512-token prompt peaked at 1151 MiB in one
-# forward, 635 MiB in chunks of 64 (541 MiB with a 19-token prompt). The prefill got faster too (one
-# thread: 1.56 s against 2.05-2.30 s; 2.04 s in chunks of 32, 1.55 s of 128): a chunk's scores and
-# activations stay in the CPU's caches, and its matrices are still tall enough for BLAS's speed.
-PREFILL_CHUNK = 64
+# A prompt enters the cache this many ids at a time, each chunk's forward with for_backward=False,
+# which holds one block's activations at a time (numpy_attn/_model.py). A forward that kept them
+# for a backward held them for every block and prompt token: GPT-2 124M (a 475 MiB file) with a
+# 512-token prompt peaked at 1158 MiB in one such forward and 632 MiB in chunks of 64. Without them
+# chunks can be larger, and a linear's BLAS call runs faster on more rows (84 GFLOP/s on 64 rows of
+# (768, 2304), 94 on 256, one thread). Prefill of 512 tokens, one thread (two), median of 4: chunks
+# of 64 1.61 s (0.99), 128 1.29 s (0.81), 256 1.24 s (0.78), 512 1.34-1.39 s (0.93), peak 566-630 MiB.
+PREFILL_CHUNK = 256
 
 
 def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=None, rng=None,
                  new_cache=None):
-    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T), logits_to_keep=1) -> logits
-    (1, 1, V)``, the last position's: the one sampling loop, for train checkpoints and Hugging Face
-    folders alike (see next_token). Each step reads the last logits only, so the model's head runs
-    on one position, not on all T of a long prompt (as transformers' generate asks for).
+    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T), logits_to_keep=1,
+    for_backward=False) -> logits (1, 1, V)``, the last position's, with nothing kept for a backward:
+    the one sampling loop, for train checkpoints and Hugging Face folders alike (see next_token).
+    Each step reads the last logits only, so the model's head runs on one position, not on all T
+    of a long prompt (as transformers' generate asks for).
 
     ``new_cache(max_len)``, when given, makes the model's key/value cache, sized by what this call
     decodes (the prompt and the new tokens, at most block_size), never by the context alone: a
@@ -96,11 +98,11 @@ def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_
     kv_cache = None if new_cache is None else decoding_cache(new_cache, len(ids) + max_new_tokens, block_size)
     for _ in range(max_new_tokens):
         if kv_cache is None or len(ids) > block_size:
-            logits = forward(np.array([ids[-block_size:]]), logits_to_keep=1)            # (1, T) -> (1, 1, V)
+            logits = forward(np.array([ids[-block_size:]]), logits_to_keep=1, for_backward=False)   # (1, 1, V)
         else:   # the ids the cache has not seen: the prompt in chunks, then the last new id
             for start in range(kv_cache.length, len(ids), PREFILL_CHUNK):
                 chunk = np.array([ids[start:start + PREFILL_CHUNK]])                         # (1, <= PREFILL_CHUNK)
-                logits = forward(chunk, kv_cache=kv_cache, logits_to_keep=1)                 # (1, 1, V)
+                logits = forward(chunk, kv_cache=kv_cache, logits_to_keep=1, for_backward=False)   # (1, 1, V)
         ids.append(next_token(logits[0, -1], temperature, top_k, rng))
     return ids
 

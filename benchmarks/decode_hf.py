@@ -46,12 +46,12 @@ def numpy_generator(folder):
 
     kind, config, params = load_checkpoint(folder, "float32")
     forward, new_cache = family_functions(kind)
-    if "logits_to_keep" in inspect.signature(forward).parameters:
-        def logits(ids, **kw):
-            return forward(ids, params, config, **kw)[0]
-    else:   # --against a revision before logits_to_keep: its forward computes every position's logits
-        def logits(ids, logits_to_keep=None, **kw):
-            return forward(ids, params, config, **kw)[0]
+    # --against a revision before logits_to_keep (its forward computes every position's logits) or
+    # before for_backward (it keeps every block's activations): the keywords it lacks are not passed.
+    known = inspect.signature(forward).parameters
+
+    def logits(ids, **kw):
+        return forward(ids, params, config, **{k: v for k, v in kw.items() if k in known})[0]
 
     def generate(prompt, new):
         return continue_ids(logits, prompt, config.block_size, new, 0.0, None, None,

@@ -167,7 +167,7 @@ def gemma2_block_backward(dout, cache):
 # -- the model ------------------------------------------------------------------------------------
 
 def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
-                   logits_to_keep=None):
+                   logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Gemma
     2's blocks, scaled embedding and capped logits; ``kv_cache`` from gemma2_kv_cache. Returns
     ``(logits, cache)``."""
@@ -175,7 +175,8 @@ def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
         raise ValueError("gemma2_forward: an attn_mask together with a kv_cache whose sliding layers hold only "
                          "their window is not supported (the mask spans all past + T keys); decode without attn_mask")
     return decoder_forward(ids, params, config, Gemma2Config, gemma2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                           for_backward=for_backward)
 
 
 def gemma2_backward(dlogits, cache):

@@ -45,7 +45,14 @@ from numpy_attn._checks import (
     check_token_ids,
     upcast,
 )
-from numpy_attn._model import blocks_backward, check_logits_to_keep, head_backward, head_forward, with_head
+from numpy_attn._model import (
+    blocks_backward,
+    check_for_backward,
+    check_logits_to_keep,
+    head_backward,
+    head_forward,
+    with_head,
+)
 from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
@@ -117,7 +124,7 @@ class GPTCache(NamedTuple):
 
 
 def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None, masks=None,
-                logits_to_keep=None):
+                logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     ``positions`` (T,) or (B, T) default to past..past+T-1; ``attn_mask`` (bool, broadcasting to
@@ -126,9 +133,11 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
     only the new ones. With ``config.dropout`` > 0 the keep-masks are drawn from ``rng`` or taken
     from ``masks`` (the shape of ``cache.masks``); pass a config with dropout 0 to evaluate.
     ``logits_to_keep`` N > 0 computes the last N positions' logits only, (B, N, V) (transformers'
-    keyword; numpy_attn/_model.py); None or 0 all T.
+    keyword; numpy_attn/_model.py); None or 0 all T. ``for_backward=False`` keeps no activations and
+    returns ``(logits, None)`` (numpy_attn/_model.py).
     """
     ids = _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, logits_to_keep)
+    check_for_backward(for_backward)
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                     # tokens already cached
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
@@ -153,11 +162,15 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
         x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head, dropout_p=config.dropout,
                                        rng=rng, masks=masks["blocks"][i], attn_mask=attn_mask,
                                        kv_cache=layer_cache, ln_eps=config.ln_eps, gelu=config.gelu)
-        block_caches.append(block_cache)                                  # x: (B, T, C)
+        if for_backward:
+            block_caches.append(block_cache)                              # x: (B, T, C)
+        del block_cache   # without for_backward its activations are freed now, not after the next block
     # 4: final layer norm
     x, ln_f_cache = layer_norm_forward(x, **params["ln_f"], eps=config.ln_eps)   # (B, T, C)
     # 5: the output layer
     logits, head_cache = head_forward(x, params, config.tie_weights, logits_to_keep)   # (B, T, C) -> (B, N, V)
+    if not for_backward:
+        return logits, None
     cache = GPTCache(wte_cache, positions, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache)
     return logits, cache
 

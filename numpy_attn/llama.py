@@ -58,7 +58,14 @@ from numpy_attn._checks import (
     check_rng,
     check_token_ids,
 )
-from numpy_attn._model import blocks_backward, check_logits_to_keep, head_backward, head_forward, with_head
+from numpy_attn._model import (
+    blocks_backward,
+    check_for_backward,
+    check_logits_to_keep,
+    head_backward,
+    head_forward,
+    with_head,
+)
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
@@ -348,24 +355,27 @@ class LlamaCache(NamedTuple):
 
 
 def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
-                  logits_to_keep=None):
+                  logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T), T <= block_size -> (B, T, V). Returns ``(logits, cache)``.
 
     ``positions`` (T,) or (B, T), integers, default past..past+T-1: where each token sits (RoPE).
     ``attn_mask`` (bool, broadcasting to (B, nh, T, S), S = past + T) restricts attention beyond
     causality; ``kv_cache`` (llama_kv_cache) holds the past tokens, ids only the new ones; ``rng``
     is accepted for gpt_forward's vocabulary and unused (no dropout); ``logits_to_keep`` N > 0
-    computes the last N positions' logits only, (B, N, V), as gpt_forward's.
+    computes the last N positions' logits only, (B, N, V), as gpt_forward's; ``for_backward=False``
+    keeps no activations and returns ``(logits, None)``, as gpt_forward's.
     """
     return decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                           for_backward=for_backward)
 
 
 def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,
-                    logits_to_keep=None):
+                    logits_to_keep=None, for_backward=True):
     """llama_forward for the families built on it: ``config`` must be a ``config_class``, and
     ``block_forward`` (llama_block_forward's arguments) makes each block."""
     ids = _check_llama(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep)
+    check_for_backward(for_backward)
     B, T = ids.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
@@ -386,7 +396,9 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
         x, block_cache = block_forward(x, params["blocks"][str(i)], config, positions,
                                        attn_mask=attn_mask, kv_cache=layer_cache, **config.block_options(i))
-        block_caches.append(block_cache)                                      # x: (B, T, C)
+        if for_backward:
+            block_caches.append(block_cache)                                  # x: (B, T, C)
+        del block_cache   # without for_backward its activations are freed now, not after the next block
     # 3: final RMS norm
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, config.norm_offset,
                                    config.norm_round_xhat)                   # (B, T, C)
@@ -395,6 +407,8 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     softcap_cache = None
     if config.logit_softcap is not None:   # Gemma 2: c * tanh(logits / c), on the kept logits
         logits, softcap_cache = logit_softcap_forward(logits, config.logit_softcap)   # (B, N, V)
+    if not for_backward:
+        return logits, None
     cache = LlamaCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache)
     return logits, cache
 
