@@ -211,8 +211,8 @@ def deepseek_v3_forward(ids, params, config, *, positions=None, attn_mask=None, 
         raise ValueError("deepseek_v3_forward: attn_mask is not supported (MLA here is causal only)")
     _check_deepseek_v3_kv_cache(kv_cache, config)
     return decoder_forward(ids, params, config, DeepseekV3Config, deepseek_v3_block_forward, positions=positions,
-                           attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward)
+                           attn_mask=None, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def deepseek_v3_backward(dlogits, cache):

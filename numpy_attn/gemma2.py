@@ -175,8 +175,8 @@ def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
         raise ValueError("gemma2_forward: an attn_mask together with a kv_cache whose sliding layers hold only "
                          "their window is not supported (the mask spans all past + T keys); decode without attn_mask")
     return decoder_forward(ids, params, config, Gemma2Config, gemma2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def gemma2_backward(dlogits, cache):

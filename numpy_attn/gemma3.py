@@ -47,8 +47,8 @@ def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as gemma2_forward (same keywords, the cache
     from gemma2_kv_cache). Returns ``(logits, cache)``."""
     return decoder_forward(ids, params, config, Gemma3Config, gemma2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def gemma3_backward(dlogits, cache):

@@ -142,8 +142,8 @@ def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
         raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
                          "window is not supported (the mask spans all past + T keys); decode without attn_mask")
     return llama.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
-                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                 for_backward=for_backward)
+                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def gpt_oss_backward(dlogits, cache):

@@ -366,8 +366,8 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     keeps no activations and returns ``(logits, None)``, as gpt_forward's.
     """
     return decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,

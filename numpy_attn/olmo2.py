@@ -86,8 +86,8 @@ def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with
     OLMo 2's blocks. Returns ``(logits, cache)``."""
     return decoder_forward(ids, params, config, Olmo2Config, olmo2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def olmo2_backward(dlogits, cache):

@@ -30,8 +30,8 @@ def qwen3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords). Returns
     ``(logits, cache)``."""
     return llama.decoder_forward(ids, params, config, Qwen3Config, llama.llama_block_forward, positions=positions,
-                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                 for_backward=for_backward)
+                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def qwen3_backward(dlogits, cache):
