@@ -16,7 +16,10 @@ core, so a core's throughput is what bounds it; two cores halve the totals):
    as it stands. The forward runs once more forced onto its shifted path (the running maximum),
    where it falls back when exponentials could overflow. The untraced kernel is timed beside
    each, so the tracer's own cost (about a microsecond a line) shows as the difference.
-3. The thread pool: the kernel's pool on a no-op slice function, and the kernel at 1 and 2 threads.
+3. The thread pool: the kernel's pool on a no-op slice function, the kernel at 1 and 2 threads,
+   causal and not, and how far two threads overlap the kernel's own calls (its exponential and
+   its scores' matmul at a diagonal piece's size and at a tile's): NumPy releases the GIL inside
+   each, but a short call costs a GIL hand-over between the threads.
 4. With ``--torch``, NumPy's floor: in one process, one thread for each library, taking turns
    round after round, F.scaled_dot_product_attention against the bare tile loops the kernel is
    built on (the forward's two matmuls per tile, then with the kernel's EXP added; the backward's five
@@ -37,6 +40,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from functools import partial
@@ -267,10 +271,61 @@ def thread_pool(repeats):
         if cpus and threads < len(cpus):
             os.sched_setaffinity(0, cpus[:threads])
         with threadpool_limits(threads, user_api="blas"):
-            res[f"kernel forward, {threads} thread(s)"] = _median_time(
-                lambda: fa.flash_attention_forward(q, k, v), max(3, repeats // 10))
+            for causal in (False, True):
+                res[f"kernel forward{', causal' if causal else ''}, {threads} thread(s)"] = _median_time(
+                    partial(fa.flash_attention_forward, q, k, v, is_causal=causal), max(3, repeats // 10))
     if cpus:
         os.sched_setaffinity(0, cpus)
+    return res
+
+
+def two_thread_scaling(fn, calls, rounds):
+    """How far two threads overlap ``fn(calls)``: twice its time on one thread over its time run
+    on two threads at once, median over rounds. 2 if they overlap fully, 1 if they take turns
+    (a call that holds the GIL throughout, or one so short that handing the GIL over costs as
+    much as the call)."""
+    ratios, per_call = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn(calls)
+        one = time.perf_counter() - start
+        pair = [threading.Thread(target=fn, args=(calls,)) for _ in range(2)]
+        start = time.perf_counter()
+        for thread in pair:
+            thread.start()
+        for thread in pair:
+            thread.join()
+        two = time.perf_counter() - start
+        ratios.append(2 * one / two)
+        per_call.append(one / calls)
+    return dict(call_s=statistics.median(per_call), scaling=statistics.median(ratios))
+
+
+def call_scaling(repeats, block):
+    """two_thread_scaling of the kernel's own calls, BLAS on one thread as in its pool: the
+    exponential and the scores' matmul at a diagonal piece's size (DIAG_ROWS rows against
+    block_q keys) and at a whole tile's (block_q x block_k)."""
+    rng = np.random.default_rng(0)
+    res = {}
+    for rows, cols in ((fa.DIAG_ROWS, block[0]), tuple(block)):
+        s_in = -20 * rng.random((rows, cols), dtype=np.float32)    # exponentials that neither overflow nor underflow
+        q_1 = rng.standard_normal((rows, HS + 1), dtype=np.float32)
+        k_t = rng.standard_normal((HS + 1, cols), dtype=np.float32)
+        calls = max(50, int(repeats * 2e6 / (rows * cols)))         # 6e7 scores at 30 repeats: 20 ms of np.exp2
+
+        def exp(n, s_in=s_in):
+            s = np.empty_like(s_in)
+            for _ in range(n):
+                fa.EXP(s_in, out=s)
+
+        def matmul(n, q_1=q_1, k_t=k_t):
+            s = np.empty((q_1.shape[0], k_t.shape[1]), np.float32)
+            for _ in range(n):
+                np.matmul(q_1, k_t, out=s)
+
+        with threadpool_limits(1, user_api="blas"):
+            res[f"np.{fa.EXP.__name__} on ({rows}, {cols})"] = two_thread_scaling(exp, calls, 5)
+            res[f"matmul ({rows}, {HS + 1}) @ ({HS + 1}, {cols})"] = two_thread_scaling(matmul, calls, 5)
     return res
 
 
@@ -422,6 +477,10 @@ def report_lines(res):
         lines.append(f"  shifted path, {name:40} {1e6 * t:7.1f} us per tile")
     for name, t in res["thread_pool"].items():
         lines.append(f"{name:42} {1e3 * t:8.2f} ms")
+    if res.get("call_scaling"):
+        lines.append("two threads at once, each making the same calls (scaling 2: they overlap; 1: they take turns):")
+        for name, r in res["call_scaling"].items():
+            lines.append(f"  {name:40} {1e6 * r['call_s']:8.1f} us a call on one thread, scaling {r['scaling']:.2f}")
     for name, rate in res.get("torch", {}).items():
         lines.append(f"  {name:50} {rate:7.2f}")
     if "floor" in res:
@@ -459,6 +518,7 @@ def main(argv=None):
     res["instrumented"] = instrumented(args.causal, *args.block)
     res["load"].append(os.getloadavg()[0])
     res["thread_pool"] = thread_pool(args.repeats)
+    res["call_scaling"] = call_scaling(args.repeats, args.block) if fa._cpu_count() > 1 else {}
     res["load"].append(os.getloadavg()[0])
     res["lower_bound"] = lower_bound(res["roofline"], res["instrumented"], args.block)
     if args.torch:

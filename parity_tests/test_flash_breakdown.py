@@ -81,3 +81,29 @@ def test_a_saved_breakdown_prints_again(tiny, tmp_path, capsys):
     assert json.loads(path.read_text())["instrumented"]["forward"]["tiles"] == 12
     assert cli.main(["--from-json", str(path)]) == 0
     assert capsys.readouterr().out == printed
+
+
+def test_two_thread_scaling_tells_overlapping_calls_from_ones_that_take_turns():
+    """A sleep releases the GIL: two threads overlap it (2). A Python loop holds it: they take turns (1)."""
+    import time
+
+    def sleeps(n):
+        for _ in range(n):
+            time.sleep(0.002)
+
+    def spins(n):
+        for _ in range(n):
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:
+                pass
+
+    assert flash_breakdown.two_thread_scaling(sleeps, 10, 3)["scaling"] > 1.6
+    assert flash_breakdown.two_thread_scaling(spins, 10, 3)["scaling"] < 1.3
+
+
+def test_call_scaling_times_the_kernels_own_calls(tiny):
+    res = flash_breakdown.call_scaling(1, (32, 64))
+    assert set(res) == {f"np.{fa.EXP.__name__} on ({fa.DIAG_ROWS}, 32)", f"matmul ({fa.DIAG_ROWS}, 65) @ (65, 32)",
+                        f"np.{fa.EXP.__name__} on (32, 64)", "matmul (32, 65) @ (65, 64)"}
+    for r in res.values():
+        assert r["call_s"] > 0 and 0 < r["scaling"] < 3
