@@ -91,11 +91,11 @@ def test_two_thread_scaling_tells_overlapping_calls_from_ones_that_take_turns():
         for _ in range(n):
             time.sleep(0.002)
 
-    def spins(n):
+    def spins(n):   # a fixed amount of Python work (a loop to a deadline would overlap in wall time)
         for _ in range(n):
-            end = time.perf_counter() + 0.002
-            while time.perf_counter() < end:
-                pass
+            total = 0
+            for i in range(20000):
+                total += i
 
     assert flash_breakdown.two_thread_scaling(sleeps, 10, 3)["scaling"] > 1.6
     assert flash_breakdown.two_thread_scaling(spins, 10, 3)["scaling"] < 1.3
