@@ -118,7 +118,7 @@ def assert_all_close(label, got, expected, tol):
 
 def _always_shifted(monkeypatch):
     """Make the unshifted path refuse every block: the forward takes the fallback everywhere."""
-    monkeypatch.setattr(fa, "_rows_unshifted", lambda *args: False)
+    monkeypatch.setattr(fa, "_rows_unshifted", lambda q_blk, *args: np.zeros(len(q_blk), bool))   # no slice safe
 
 
 # -- both paths give the reference ---------------------------------------------------------------
@@ -197,6 +197,65 @@ def test_scores_far_from_zero_stay_on_the_fast_path(monkeypatch, dtype, big, sig
     case = _one_row_of_scores(dtype, sign * big, first=1.0)
     assert_all_close("kernel", kernel(case), reference(case), tolerances(case))
     assert calls == [], f"blocks starting at rows {calls} fell back to the running maximum"
+
+
+# -- the causal forward's stacks of slices ------------------------------------------------------
+
+def _three_slices(dtype):
+    """q, k, v, dout (3, 12, 4), causal: slices 0 and 2 of unit size, slice 1 the row of
+    _one_row_of_scores whose scores rise past exp's overflow above its score against key 0."""
+    one = _one_row_of_scores(dtype, 100.0 if dtype == np.float32 else 800.0, first=-1.0)
+    rng = np.random.default_rng(2)
+    case = {name: rng.standard_normal((3, 12, 4)).astype(dtype) for name in ("q", "k", "v", "dout")}
+    for name in case:
+        case[name][1] = one[name][0]
+    return {**one, **case, "is_causal": True}
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_stacked_slice_gives_what_it_gives_alone(monkeypatch, dtype, threads):
+    """The causal forward stacks slices in its calls; one that falls back is computed again
+    alone, so every slice's output, lse and gradients equal, to the last bit, those of the slice
+    run by itself, with one stack of three (one thread) or stacks of two and one (two), and only
+    the overflowing slice's block falls back."""
+    case = _three_slices(dtype)
+    monkeypatch.setattr(fa, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(fa, "_cpu_count", lambda: threads)
+    assert fa._stack_size(3, case["block_q"], case["block_k"], True) == (3 if threads == 1 else 2)
+    calls = _count_fallbacks(monkeypatch)
+    out, lse, grads = kernel(case)
+    assert calls == [4], f"fallbacks of blocks at rows {calls}, expected slice 1's block at row 4 only"
+    for n in range(3):
+        alone = kernel({**case, **{name: case[name][n:n + 1] for name in ("q", "k", "v", "dout")}})
+        for name, got, expected in [("out", out, alone[0]), ("lse", lse, alone[1]),
+                                    *zip(("dq", "dk", "dv"), grads, alone[2], strict=True)]:
+            assert np.array_equal(got[n:n + 1], expected), f"slice {n}'s {name} changed by the slices stacked with it"
+    assert_all_close("kernel, stacked", (out, lse, grads), reference(case), tolerances(case))
+
+
+def test_the_causal_forward_stacks_its_calls(monkeypatch):
+    """Four causal slices on one thread take one stack: as many exponential calls as one slice
+    alone, each over four slices' scores. The non-causal forward stays one slice per call."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((4, 64, 8)).astype(np.float32) for _ in range(3))
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 1)
+    sizes, exp = [], fa.EXP
+
+    def counting_exp(x, *args, **kwargs):
+        if kwargs.get("out") is x:                           # in place: a tile of scores
+            sizes.append(x.size)
+        return exp(x, *args, **kwargs)
+
+    monkeypatch.setattr(fa, "EXP", counting_exp)
+    counts = {}
+    for is_causal in (True, False):
+        for slices in (1, 4):
+            sizes.clear()
+            fa.flash_attention_forward(q[:slices], k[:slices], v[:slices], is_causal=is_causal, block_q=16, block_k=32)
+            counts[is_causal, slices] = list(sizes)
+    assert counts[True, 4] == [4 * x for x in counts[True, 1]], "the causal forward did not stack its four slices"
+    assert counts[False, 4] == counts[False, 1] * 4, "the non-causal forward stacked its slices"
 
 
 # -- as accurate as the readable version on extreme inputs ---------------------------------------
@@ -434,6 +493,7 @@ def test_diagonal_pieces_match_the_reference(case, diag_rows, data):
     for label, shifted in (("kernel", False), ("kernel shifted", True)):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(fa, "DIAG_ROWS", diag_rows)
+            mp.setattr(fa, "DIAG_ROWS_BACKWARD", diag_rows)
             if shifted:
                 _always_shifted(mp)
             got = kernel(case)
@@ -448,8 +508,9 @@ def test_diagonal_pieces_match_the_reference(case, diag_rows, data):
 def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     """The causal forward and backward exponentiate no more scores than the diagonal pieces hold:
     T (T + 1) / 2 visible ones plus, per row block, half a DIAG_ROWS-wide strip of its square
-    (T DIAG_ROWS / 2 in all). A diagonal tile computed whole would take T^2 / 2 + T block_q / 2;
-    its masked part above the diagonal is the causal forward's lost speed-up. Nor do the fast path
+    (T DIAG_ROWS / 2 in all; DIAG_ROWS_BACKWARD in the backward). A diagonal tile computed whole
+    would take T^2 / 2 + T block_q / 2; its masked part above the diagonal is the causal forward's
+    lost speed-up. Nor do the fast path
     and the backward exponentiate -inf: NumPy's AVX-512 float32 np.exp2 is several times slower
     on scores whose result underflows (_exp_visible)."""
     T, block_q, block_k = 512, 256, 512
@@ -459,7 +520,7 @@ def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     exp = fa.EXP
 
     def counting_exp(x, *args, **kwargs):
-        if np.ndim(x) == 2:                                  # a tile of scores (not a row's rescaling)
+        if kwargs.get("out") is x:                           # in place: a tile of scores (not a row's rescaling)
             counted.append(x.size)
             minus_inf.append(int(np.isneginf(x).sum()))
         return exp(x, *args, **kwargs)
@@ -475,10 +536,10 @@ def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     # The running maximum's path masks with -inf (it is taken only where the fast path overflowed).
     assert (0 if shifted else forward_inf, sum(minus_inf)) == (0, 0), (
         f"-inf scores exponentiated: {forward_inf} in the forward, {sum(minus_inf)} in the backward")
-    bound = T * (T + 1) // 2 + T * fa.DIAG_ROWS // 2
-    assert forward <= bound and sum(counted) <= bound, (
-        f"causal T={T}, tiles {block_q} x {block_k}: forward exponentiated {forward} scores, "
-        f"backward {sum(counted)}, at most {bound} needed (whole diagonal tiles: {T * T // 2 + T * block_q // 2})")
+    bound, bound_b = (T * (T + 1) // 2 + T * rows // 2 for rows in (fa.DIAG_ROWS, fa.DIAG_ROWS_BACKWARD))
+    assert forward <= bound and sum(counted) <= bound_b, (
+        f"causal T={T}, tiles {block_q} x {block_k}: forward exponentiated {forward} scores, at most {bound} "
+        f"needed; backward {sum(counted)}, at most {bound_b} (whole diagonal tiles: {T * T // 2 + T * block_q // 2})")
 
 
 # -- float16 and bfloat16 ----------------------------------------------------------------------------

@@ -3,8 +3,10 @@ and results (out, ``cache.lse``), faster. Read that file for the algorithm (Dao,
 "FlashAttention-2", 2023: tiles, the online softmax, the backward from the log-sum-exp); this one
 lists only what it does differently (docs/flash_attention_breakdown.md measures each):
 
-- one (batch, head) slice per thread (``_map_slices``), BLAS held to one thread meanwhile;
-  grouped-query heads read their key/value slice in place instead of repeating it;
+- (batch, head) slices spread over threads (``_map_slices``), BLAS held to one thread meanwhile;
+  the forward stacks several slices in each call (``STACK_SCORES``), the backward takes a key/value
+  head and its query heads; grouped-query heads read their key/value slice in place instead of
+  repeating it;
 - tile buffers allocated once per slice and reused, k transposed once to contiguous rows;
 - no running maximum on the first try: each row is shifted once by its score against key 0,
   folded into the tile matmul, and redone with the running maximum only where that overflowed
@@ -13,8 +15,8 @@ lists only what it does differently (docs/flash_attention_breakdown.md measures 
   with an extra column, saving a pass over each tile;
 - exponentials in base 2 where NumPy vectorizes np.exp2 (AVX-512), base e elsewhere (see EXP);
 - causal: a tile the diagonal crosses is split (``_causal_pieces``) into blocks of DIAG_ROWS
-  rows, each against the keys up to its last row's only, masked by adding a precomputed -inf
-  triangle;
+  rows (DIAG_ROWS_BACKWARD in the backward), each against the keys up to its last row's only,
+  masked by a precomputed triangle (``_exp_visible``);
 - ``sinks``: the sink's exp(s_h - c) starts the row sum (the column of ones' total), so the
   tiles are untouched; the forward keeps each row's sink probability p, and the backward's
   dsinks = -sum p D needs only it and D, O(T).
@@ -133,21 +135,22 @@ def _map_slices(fn, count, work):
 
 
 def _mask_future(s, i0, j0, future):
-    """Set to -inf, in place, the scores in tile s (queries i0.., keys j0..) of keys after their query.
+    """Set to -inf, in place, the scores in tile s (..., queries i0.., keys j0..) of keys after
+    their query.
 
     ``future`` is a (block_q, block_q) square, -inf above its diagonal and 0 elsewhere. Keys before
     the block's first query are seen by all its rows: only the square on the diagonal needs a
     mask, the same for every block, and adding it is faster than a boolean ``np.copyto(where=)``.
     """
-    bq, bk = s.shape
+    bq, bk = s.shape[-2:]
     c0, c1 = max(j0, i0), min(j0 + bk, i0 + bq)            # keys inside the block's diagonal square
     if c0 < c1:
-        s[:, c0 - j0:c1 - j0] += future[:bq, c0 - i0:c1 - i0]
-    s[:, max(c1, j0) - j0:] = -np.inf                       # keys after the block's last query
+        s[..., c0 - j0:c1 - j0] += future[:bq, c0 - i0:c1 - i0]
+    s[..., max(c1, j0) - j0:] = -np.inf                     # keys after the block's last query
 
 
 def _exp_visible(s, i0, j0, keep):
-    """p = EXP(s) in place, 0 where the key is after its query (tile s: queries i0.., keys j0..).
+    """p = EXP(s) in place, 0 where the key is after its query (tile s: ..., queries i0.., keys j0..).
 
     ``keep`` (block_q, block_q) is 1 on and below its diagonal, 0 above. The masked scores are
     zeroed before EXP and its results there after: exponentiating -inf (or any score whose result
@@ -155,21 +158,24 @@ def _exp_visible(s, i0, j0, keep):
     AVX-512 (200 against 30 us for a 256 x 512 tile half masked), where np.exp does not slow down.
     A masked score of +inf (q k^T past the dtype's range) gives nan, as adding -inf did.
     """
-    bq, bk = s.shape
+    bq, bk = s.shape[-2:]
     c0, c1 = max(j0, i0), min(j0 + bk, i0 + bq)            # keys inside the block's diagonal square
     square = slice(c0 - j0, max(c1 - j0, 0))
-    s[:, square] *= keep[:bq, c0 - i0:c1 - i0]
-    s[:, max(c1, j0) - j0:] = 0                             # keys after the block's last query
+    s[..., square] *= keep[:bq, c0 - i0:c1 - i0]
+    s[..., max(c1, j0) - j0:] = 0                           # keys after the block's last query
     p = EXP(s, out=s)
-    p[:, square] *= keep[:bq, c0 - i0:c1 - i0]
-    p[:, max(c1, j0) - j0:] = 0
+    p[..., square] *= keep[:bq, c0 - i0:c1 - i0]
+    p[..., max(c1, j0) - j0:] = 0
     return p
 
 
 # Rows per piece of a diagonal square: the square of a row block of block_q rows then costs
 # block_q * (block_q + DIAG_ROWS) / 2 scores instead of block_q^2, for block_q / DIAG_ROWS
 # matmul pairs and exp calls instead of one (docs/flash_attention_breakdown.md measures it).
-DIAG_ROWS = 64
+# The forward, whose calls take a stack of slices, is fastest with 32 rows; the backward, one
+# slice per call, with 64 (32 made it 10% slower: twice the short calls).
+DIAG_ROWS = 32
+DIAG_ROWS_BACKWARD = 64
 
 
 def _causal_pieces(i0, i1, j0, j1, is_causal, diag_rows):
@@ -227,85 +233,115 @@ def _pieces(i0, bq, S_seen, is_causal, block_k):
             yield r0 - i0, r1 - i0, k0, k1, masked
 
 
-def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv):
-    """acc += sum over key tiles of exp(s - c) @ v_1, no running maximum; whether that was safe.
+def _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv_buf):
+    """acc += sum over key tiles of exp(s - c) @ v_1, no running maximum; for each slice, whether
+    that was safe ((G,) bool).
 
-    q_blk (bq, hs+1) is [q * scale | -c] and k_t (hs+1, S) is [k^T ; 1], so the matmul yields s - c.
+    q_blk (G, bq, hs+1) is [q * scale | -c] and k_t (G, hs+1, S) is [k^T ; 1], so the matmul
+    yields s - c; acc (G, bq, hv+1). s_buf and pv_buf are flat buffers the tiles are views of.
     """
+    G = len(q_blk)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below
-        for a, b, j0, j1, masked in _pieces(i0, len(q_blk), S_seen, is_causal, block_k):
-            s = np.matmul(q_blk[a:b], k_t[:, j0:j1], out=s_buf[:(b - a) * (j1 - j0)].reshape(b - a, j1 - j0))
-            # (rows, keys) in place, exp(s - c); masked only in pieces crossing the diagonal
+        for a, b, j0, j1, masked in _pieces(i0, q_blk.shape[1], S_seen, is_causal, block_k):
+            rows, keys = b - a, j1 - j0
+            s = np.matmul(q_blk[:, a:b], k_t[:, :, j0:j1], out=s_buf[:G * rows * keys].reshape(G, rows, keys))
+            # (G, rows, keys) in place, exp(s - c); masked only in pieces crossing the diagonal
             p = _exp_visible(s, i0 + a, j0, masks[1]) if masked else EXP(s, out=s)
-            acc[a:b] += np.matmul(p, v_1[j0:j1], out=pv[:b - a])
-    return bool(np.isfinite(acc).all() and acc[:, -1].min() >= UNSHIFTED_MIN_SUM)
+            acc[:, a:b] += np.matmul(p, v_1[:, j0:j1], out=pv_buf[:G * rows * acc.shape[2]].reshape(G, rows, -1))
+    return np.isfinite(acc).all(axis=(1, 2)) & (acc[..., -1].min(axis=1) >= UNSHIFTED_MIN_SUM)
 
 
-def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv, m):
+def _rows_shifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv_buf, m):
     """acc = sum over key tiles of exp(s - m) @ v_1 with the running row maximum m; returns m.
 
     Its scores are s - c too (q_blk as in _rows_unshifted): m is the maximum of s - c. ``m``
-    (bq,) and acc come in holding what the tiles start from: -inf and 0, or the sink's; m is
+    (G, bq) and acc come in holding what the tiles start from: -inf and 0, or the sink's; m is
     updated in place, a block of rows at a time on the diagonal.
     """
-    for a, b, j0, j1, masked in _pieces(i0, len(q_blk), S_seen, is_causal, block_k):
-        s = np.matmul(q_blk[a:b], k_t[:, j0:j1], out=s_buf[:(b - a) * (j1 - j0)].reshape(b - a, j1 - j0))
+    G = len(q_blk)
+    for a, b, j0, j1, masked in _pieces(i0, q_blk.shape[1], S_seen, is_causal, block_k):
+        rows, keys = b - a, j1 - j0
+        s = np.matmul(q_blk[:, a:b], k_t[:, :, j0:j1], out=s_buf[:G * rows * keys].reshape(G, rows, keys))
         if masked:
             _mask_future(s, i0 + a, j0, masks[0])
-        m_new = np.maximum(m[a:b], s.max(axis=1))            # (rows,), finite: key 0 is always seen first
-        acc[a:b] *= EXP(m[a:b] - m_new)[:, None]             # rescale the old sums to the new maximum
-        m[a:b] = m_new
-        s -= m_new[:, None]
-        p = EXP(s, out=s)                                    # (rows, keys) in [0, 1], in place
-        acc[a:b] += np.matmul(p, v_1[j0:j1], out=pv[:b - a])
+        m_new = np.maximum(m[:, a:b], s.max(axis=2))        # (G, rows), finite: key 0 is always seen first
+        acc[:, a:b] *= EXP(m[:, a:b] - m_new)[..., None]     # rescale the old sums to the new maximum
+        m[:, a:b] = m_new
+        s -= m_new[..., None]
+        p = EXP(s, out=s)                                    # (G, rows, keys) in [0, 1], in place
+        acc[:, a:b] += np.matmul(p, v_1[:, j0:j1], out=pv_buf[:G * rows * acc.shape[2]].reshape(G, rows, -1))
     return m
 
 
-def _forward_slice(q, k, v, out, lse_b, is_causal, scale, block_q, block_k, sink_b, sink_p):
-    """One (batch, head): q (T, hs), k (S, hs), v (S, hv) -> writes out (T, hv) and lse_b (T,);
-    sink_b is the head's sink logit in the kernel's base, or None, and then sink_p (T,) its
-    probability in each row."""
-    T, hs = q.shape
-    S, hv = v.shape
+# The causal forward takes several (batch, head) slices in each call, stacked along a first axis:
+# a thread then makes one matmul or exp call per piece where it made one per slice's piece, and
+# the Python between two calls, which runs holding the GIL while the other thread waits for it,
+# is shared by more work. With two threads the diagonal's short pieces had lost most of their
+# gain to it (docs/flash_attention_breakdown.md). A stack holds at most this many scores per
+# tile: 4 MiB of float32, 8 slices of a 256 x 512 tile. The non-causal forward makes few, long
+# calls and gains nothing: stacked, it measured 3% slower, its slices' keys and values no longer
+# staying in a core's L2 cache from one row block to the next.
+STACK_SCORES = 1 << 20
+
+
+def _stack_size(N, block_q, block_k, is_causal):
+    """Slices per stack: causal, as many as STACK_SCORES allows and no more than a worker's share
+    of the N slices; else 1."""
+    if not is_causal:
+        return 1
+    share = -(-N // max(1, min(N, _cpu_count())))            # ceil(N / workers)
+    return max(1, min(share, STACK_SCORES // (block_q * block_k)))
+
+
+def _forward_slices(q, ks, vs, out, lse_b, is_causal, scale, block_q, block_k, sink_b, sink_p):
+    """A stack of G (batch, head) slices: q (G, T, hs), and ks, vs the G slices' k (S, hs) and
+    v (S, hv) -> writes out (G, T, hv) and lse_b (G, T); sink_b (G,) is each slice's sink logit
+    in the kernel's base, or None, and then sink_p (G, T) its probability in each row."""
+    G, T, hs = q.shape
+    S, hv = vs[0].shape
     dtype = q.dtype
     # Once per slice, O(S hs): k transposed to contiguous rows (the tile matmul reads it faster
     # than a transposed view) over a row of ones, so that [q | -c] @ k_t yields s - c; and v with
     # a column of ones, so that p @ v_1 yields in its last column the row sums of p. Each saves
-    # a pass over every tile.
-    k_t = np.ones((hs + 1, S), dtype)                        # (hs+1, S): k^T over a row of ones
-    k_t[:hs] = k.T
-    v_1 = np.ones((S, hv + 1), dtype)                        # (S, hv+1)
-    v_1[:, :hv] = v
+    # a pass over every tile. Grouped-query heads copy their key/value slice here, not before.
+    k_t = np.ones((G, hs + 1, S), dtype)                     # (G, hs+1, S): k^T over a row of ones
+    v_1 = np.ones((G, S, hv + 1), dtype)                     # (G, S, hv+1)
+    for n, (k_n, v_n) in enumerate(zip(ks, vs, strict=True)):
+        k_t[n, :hs] = k_n.T
+        v_1[n, :, :hv] = v_n
     # Tile buffers, reused: a fresh array this size per tile would come from the OS each time and
-    # be page-faulted in. Views of their first rows*cols elements are contiguous for every shape.
-    s_buf = np.empty(block_q * block_k, dtype)
-    pv_buf = np.empty(block_q * (hv + 1), dtype)
+    # be page-faulted in. Views of their first G*rows*cols elements are contiguous for every shape.
+    s_buf = np.empty(G * block_q * block_k, dtype)
+    pv_buf = np.empty(G * block_q * (hv + 1), dtype)
     masks = _future_mask(block_q, T, dtype) if is_causal else None   # (bq, bq) causal masks
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
-        q_blk = np.empty((i1 - i0, hs + 1), dtype)           # (bq, hs+1): [q * scale | -c]
-        np.multiply(q[i0:i1], scale * LOG_FACTOR, out=q_blk[:, :hs])   # scores in the kernel's base
-        c = q_blk[:, :hs] @ k[0]                             # (bq,) score against key 0, <= the row maximum
-        q_blk[:, hs] = -c
-        acc = np.zeros((i1 - i0, hv + 1), dtype)             # (bq, hv+1) running p @ v_1: numerator, l
+        q_blk = np.empty((G, i1 - i0, hs + 1), dtype)        # (G, bq, hs+1): [q * scale | -c]
+        np.multiply(q[:, i0:i1], scale * LOG_FACTOR, out=q_blk[..., :hs])   # scores in the kernel's base
+        c = np.matmul(q_blk[..., :hs], k_t[:, :hs, :1])[..., 0]   # (G, bq) score against key 0, <= the row maximum
+        q_blk[..., hs] = -c
+        acc = np.zeros((G, i1 - i0, hv + 1), dtype)          # (G, bq, hv+1) running p @ v_1: numerator, l
         if sink_b is not None:   # the sink: value 0, score s_h, so it adds exp(s_h - c) to l alone
-            with np.errstate(over="ignore"):                 # overflow sends the block to the fallback
-                acc[:, hv] = EXP(sink_b - c)
+            with np.errstate(over="ignore"):                 # overflow sends the slice to the fallback
+                acc[..., hv] = EXP(sink_b[:, None] - c)
         S_seen = min(S, i1) if is_causal else S              # causal: keys after row i1-1 are never seen
-        pv = pv_buf[:(i1 - i0) * (hv + 1)].reshape(i1 - i0, hv + 1)
-        args = (q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv)
-        top = 0                                              # the shift the sums were taken against, above c
-        if not _rows_unshifted(*args):
-            acc[:] = 0
-            m0 = np.full(i1 - i0, -np.inf, dtype)            # (bq,) the running maximum's start
+        top = np.zeros((G, i1 - i0), dtype)                  # the shift the sums were taken against, above c
+        safe = _rows_unshifted(q_blk, k_t, v_1, acc, i0, S_seen, is_causal, masks, block_k, s_buf, pv_buf)
+        # A slice that overflowed is computed again alone: no slice's result depends on the
+        # slices stacked with it (or on how many threads there are).
+        for n in np.flatnonzero(~safe):
+            one = slice(n, n + 1)
+            acc[n] = 0
+            m0 = np.full((1, i1 - i0), -np.inf, dtype)       # (1, bq) the running maximum's start
             if sink_b is not None:   # the sink seen first: m = s_h - c, l = exp(s_h - c - m) = 1
-                m0, acc[:, hv] = sink_b - c, 1
-            top = _rows_shifted(*args, m0)
-        row_sum = acc[:, hv]                                 # (bq,) >= 1: the row maximum's term
-        out[i0:i1] = acc[:, :hv] / row_sum[:, None]
-        lse_b[i0:i1] = c + top + LOG(row_sum)                # log-sum-exp in the kernel's base
+                m0[0], acc[n, :, hv] = sink_b[n] - c[n], 1
+            top[one] = _rows_shifted(q_blk[one], k_t[one], v_1[one], acc[one], i0, S_seen, is_causal, masks,
+                                     block_k, s_buf, pv_buf, m0)
+        row_sum = acc[..., hv]                               # (G, bq) >= 1: the row maximum's term
+        out[:, i0:i1] = acc[..., :hv] / row_sum[..., None]
+        lse_b[:, i0:i1] = c + top + LOG(row_sum)             # log-sum-exp in the kernel's base
         if sink_b is not None:   # kept for dsinks, as in the readable version: exp(s_h - m) / l
-            sink_p[i0:i1] = EXP(sink_b - c - top) / row_sum
+            sink_p[:, i0:i1] = EXP(sink_b[:, None] - c - top) / row_sum
 
 
 def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, block_k=512, sinks=None):
@@ -338,14 +374,17 @@ def flash_attention_forward(q, k, v, is_causal=False, scale=None, block_q=256, b
     sink_p = None if sinks is None else np.ones((N, T), q.dtype)   # (N, T); S = 0: the sink alone, p = 1
     if sinks is not None:   # S = 0: lse = s_h
         lse_b[:] = sinks_b[:, None]
+    G = _stack_size(N, block_q, block_k, is_causal)
 
-    def one(n):   # query slice n reads key/value slice n // g
+    def one(i):   # the stack of query slices n0:n1; slice n reads key/value slice n // g
+        n = slice(i * G, min(i * G + G, N))
+        kv = [m // g for m in range(n.start, n.stop)]
         sink_b, sink_p_n = (None, None) if sinks is None else (sinks_b[n], sink_p[n])
-        _forward_slice(q3[n], k3[n // g], v3[n // g], out[n], lse_b[n], is_causal, scale, block_q, block_k,
-                       sink_b, sink_p_n)
+        _forward_slices(q3[n], [k3[m] for m in kv], [v3[m] for m in kv], out[n], lse_b[n], is_causal, scale,
+                        block_q, block_k, sink_b, sink_p_n)
 
     if S > 0:
-        _map_slices(one, N, N * T * S * hs)
+        _map_slices(one, -(-N // G), N * T * S * hs)
     out = out.reshape(q.shape[:-1] + (hv,))                  # (N, T, hv) -> (..., nh, T, hv)
     lse_b = lse_b.reshape(q.shape[:-1])                      # (N, T) -> (..., nh, T)
     sink_p = None if sinks is None else sink_p.reshape(q.shape[:-1])   # (N, T) -> (..., nh, T)
@@ -384,7 +423,7 @@ def _backward_slice(q, k, v, out, dout, lse_b, dq, dk, dv, is_causal, scale, blo
             i_first = j0 // block_q * block_q if is_causal else 0   # causal: rows before j0 see none of these keys
             for i0 in range(i_first, T, block_q):
                 for r0, r1, k0, k1, masked in _causal_pieces(i0, min(i0 + block_q, T), j0, j1, is_causal,
-                                                             DIAG_ROWS):
+                                                             DIAG_ROWS_BACKWARD):
                     rows, keys = r1 - r0, k1 - k0
                     # Undoes p = EXP(s - m) and the running sums: recomputed from lse directly.
                     s = np.matmul(q_lse[r0:r1], k_1[:, k0:k1], out=s_buf[:rows * keys].reshape(rows, keys))
