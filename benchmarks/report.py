@@ -204,7 +204,29 @@ def table_lines(results, markdown=False):
         lines += ["", "np/this (as above) by T" + (", paired: the median over rounds of the ratio "
                                                    "within a round (quartiles)" if paired else "") + ":", ""]
         lines += _layout(titles, ratios, markdown, left=3)
+    speedups = causal_speedup_lines(results)
+    lines += [""] * bool(speedups) + speedups
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
+
+
+def causal_speedup_lines(results):
+    """'causal speed-up: ...' lines, one per implementation, mode and T that ran an op both plain
+    and causal (OP and OP_causal): its time without the mask over its time with it, of the
+    medians and, interleaved, paired within rounds."""
+    rows = {(r["op"], r["mode"], r["T"], impl_label(r), r["device"]): r for r in timed_rows(results)}
+    lines = []
+    for (op, mode, T, impl, device), plain in rows.items():
+        causal = rows.get((f"{op}_causal", mode, T, impl, device))
+        if causal is None:
+            continue
+        a, b = plain["time_s"], causal["time_s"]
+        text = f"causal speed-up: {op} {mode} T={T} {impl} {device}: {a['median'] / b['median']:.2f}x"
+        if "rounds" in a and "rounds" in b:
+            from benchmarks.cli import _paired
+
+            text += f" (paired {_paired_text(_paired(a['rounds'], b['rounds']))})"
+        lines.append(text)
+    return lines
 
 
 def ratio_rows(results):

@@ -130,6 +130,9 @@ def test_every_committed_result_renders_again(path, capsys, tmp_path):
         groups = json.loads(path.read_text())["instrumented"]["forward"]["groups"]
         assert all(any(line.strip().startswith(name) for line in printed) for name in groups)
     else:
+        if not any(line.startswith("causal speed-up:") for line in saved):   # printed since 2026-12
+            block = [i for i, line in enumerate(printed) if line.startswith("causal speed-up:")]
+            printed = [line for i, line in enumerate(printed) if not block or not block[0] - 1 <= i <= block[-1]]
         start = saved.index(printed[0])
         assert saved[start:start + len(printed)] == printed
 
@@ -170,6 +173,23 @@ def test_interleaved_run_against_a_revision_pairs_every_row(tmp_path, capsys):
     assert not Path(revision_env["numpy_attn_path"]).exists(), "the worktree was not removed"
     assert _worktrees() == before
     assert "numpy@HEAD" in capsys.readouterr().out
+
+
+def test_causal_speed_up_is_reported_per_implementation():
+    """An op timed plain and causal gets a line per implementation and mode: the plain time over
+    the causal one, of the medians and paired within rounds; an op without its causal twin none."""
+    def row(op, impl, rounds, revision=None):
+        return dict(op=op, mode="fwd", T=64, impl=impl, device="cpu", revision=revision, status="ok",
+                    time_s=dict(median=sorted(rounds)[1], rounds=rounds))
+    results = {"rows": [row("flash_attention", "numpy", [3.0, 6.0, 4.0]),
+                        row("flash_attention_causal", "numpy", [2.0, 2.0, 1.0]),
+                        row("flash_attention", "numpy", [4.0, 4.0, 4.0], revision="abc"),
+                        row("flash_attention_causal", "numpy", [2.0, 2.0, 2.0], revision="abc"),
+                        row("softmax", "numpy", [1.0, 1.0, 1.0])]}
+    lines = report.causal_speedup_lines(results)
+    # medians 4 / 2; paired ratios 1.5, 3, 4: median 3, quartiles 2.25 and 3.5
+    assert lines == ["causal speed-up: flash_attention fwd T=64 numpy cpu: 2.00x (paired 3.000, IQR 2.250-3.500)",
+                     "causal speed-up: flash_attention fwd T=64 numpy@abc cpu: 2.00x (paired 2.000, IQR 2.000-2.000)"]
 
 
 @pytest.mark.parametrize("step", ["worktree add", "after worktree add", "helper", "symlink", "body"])
