@@ -377,10 +377,14 @@ def test_forward_never_holds_a_T_by_S_array(impl, blocks):
     assert peak < scores / 4, f"flash {impl} forward peak {peak / 2**20:.2f} MiB for T = S = {T}"
 
 
-def test_threads_give_the_same_result(monkeypatch):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_threads_give_the_same_result(monkeypatch, is_causal):
     """The kernel's thread pool (forced here, even for small inputs) computes each slice exactly as
-    the serial loop does: the same code on the same numbers, so equal to the last bit."""
-    case = make_case(ramp(2, 4, 9, 3), ramp(2, 2, 11, 3), ramp(2, 2, 11, 2), block_q=4, block_k=3)
+    the serial loop does: the same code on the same numbers, so equal to the last bit. Causal, the
+    serial loop takes the 8 slices in one stack, the two threads in stacks of 4."""
+    case = make_case(ramp(2, 4, 9, 3), ramp(2, 2, 11, 3), ramp(2, 2, 11, 2), is_causal=is_causal, block_q=4,
+                     block_k=3)
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 1)
     out, cache = numpy_forward(case, "kernel")
     grads = fa.flash_attention_backward(case["dout"], cache)
     monkeypatch.setattr(fa, "PARALLEL_MIN_WORK", 0)
