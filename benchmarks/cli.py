@@ -20,7 +20,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -365,15 +364,6 @@ def _revision_tree(rev):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _paired(a, b):
-    """Median and quartiles of a[r] / b[r] over rounds r: the two were timed back to back, so a
-    change in the machine's speed between rounds cancels in each ratio."""
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    q25, median, q75 = (statistics.quantiles(ratios, n=4, method="inclusive")
-                        if len(ratios) > 1 else ratios * 3)
-    return dict(median=median, q25=q25, q75=q75)
-
-
 def _finish_rows(timed, sizes, peaks, checks, dtype):
     """Add sizes, FLOPs, GFLOP/s, share of peak, parity and the ratio to NumPy to each row
     (paired too, when the run was interleaved). Rows of another revision are not parity-checked:
@@ -394,7 +384,7 @@ def _finish_rows(timed, sizes, peaks, checks, dtype):
         ref = numpy_time.get((r["op"], r["mode"], r["T"]))
         r["numpy_over_this"] = ref["median"] / r["time_s"]["median"] if ref else None
         if ref and "rounds" in ref:
-            r["numpy_over_this_paired"] = _paired(ref["rounds"], r["time_s"]["rounds"])
+            r["numpy_over_this_paired"] = report.paired_ratios(ref["rounds"], r["time_s"]["rounds"])
     return rows
 
 

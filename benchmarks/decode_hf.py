@@ -102,7 +102,7 @@ def run(args, argv):
 
     from attn_cli.hf import checkpoint_bytes
     from benchmarks import decode_cache
-    from benchmarks.cli import _paired, _revision_tree
+    from benchmarks.cli import _revision_tree
 
     started, load_before = time.monotonic(), decode_cache._load_before()
     if not args.hf:
@@ -163,8 +163,8 @@ def run(args, argv):
                 ms_per_token=1e3 * statistics.median(per_token[impl]),
                 tokens_per_s=1 / statistics.median(per_token[impl]),
                 prefill_s=statistics.median(prefill),
-                per_token_over_transformers=_paired(per_token[impl], per_token["transformers"]),
-                prefill_over_transformers=_paired(prefill, seconds["transformers", P, 1]),
+                per_token_over_transformers=report.paired_ratios(per_token[impl], per_token["transformers"]),
+                prefill_over_transformers=report.paired_ratios(prefill, seconds["transformers", P, 1]),
                 peak_rss_bytes=peak[impl], checkpoint_bytes=folder_bytes,
                 peak_rss_over_checkpoint=peak[impl] / folder_bytes,
                 time_s={str(new): seconds[impl, P, new] for new in (1, n1, n2)}))

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -222,9 +223,7 @@ def causal_speedup_lines(results):
         a, b = plain["time_s"], causal["time_s"]
         text = f"causal speed-up: {op} {mode} T={T} {impl} {device}: {a['median'] / b['median']:.2f}x"
         if "rounds" in a and "rounds" in b:
-            from benchmarks.cli import _paired
-
-            text += f" (paired {_paired_text(_paired(a['rounds'], b['rounds']))})"
+            text += f" (paired {_paired_text(paired_ratios(a['rounds'], b['rounds']))})"
         lines.append(text)
     return lines
 
@@ -283,8 +282,17 @@ def is_former_flash_kernel(results):
     return "derived" in results and "environment" in results
 
 
-def _paired_text(paired):
-    return f"{paired['median']:.3f}, IQR {paired['q25']:.3f}-{paired['q75']:.3f}"
+def paired_ratios(a, b):
+    """Median and quartiles of a[r] / b[r] over rounds r: the two were timed back to back, so a
+    change in the machine's speed between rounds cancels in each ratio."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    q25, median, q75 = (statistics.quantiles(ratios, n=4, method="inclusive")
+                        if len(ratios) > 1 else ratios * 3)
+    return dict(median=median, q25=q25, q75=q75)
+
+
+def _paired_text(ratios):
+    return f"{ratios['median']:.3f}, IQR {ratios['q25']:.3f}-{ratios['q75']:.3f}"
 
 
 def former_flash_kernel_lines(res):

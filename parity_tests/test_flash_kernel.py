@@ -510,9 +510,8 @@ def test_causal_skips_the_scores_above_the_diagonal(monkeypatch, shifted):
     T (T + 1) / 2 visible ones plus, per row block, half a DIAG_ROWS-wide strip of its square
     (T DIAG_ROWS / 2 in all; DIAG_ROWS_BACKWARD in the backward). A diagonal tile computed whole
     would take T^2 / 2 + T block_q / 2; its masked part above the diagonal is the causal forward's
-    lost speed-up. Nor do the fast path
-    and the backward exponentiate -inf: NumPy's AVX-512 float32 np.exp2 is several times slower
-    on scores whose result underflows (_exp_visible)."""
+    lost speed-up. Nor do the fast path and the backward exponentiate -inf: NumPy's AVX-512
+    float32 np.exp2 is several times slower on scores whose result underflows (_exp_visible)."""
     T, block_q, block_k = 512, 256, 512
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, T, 16)).astype(np.float32) for _ in range(3))

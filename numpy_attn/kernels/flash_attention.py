@@ -7,7 +7,8 @@ lists only what it does differently (docs/flash_attention_breakdown.md measures 
   the forward stacks several slices in each call (``STACK_SCORES``), the backward takes a key/value
   head and its query heads; grouped-query heads read their key/value slice in place instead of
   repeating it;
-- tile buffers allocated once per slice and reused, k transposed once to contiguous rows;
+- tile buffers allocated once per slice (forward: per stack) and reused, k transposed once to
+  contiguous rows;
 - no running maximum on the first try: each row is shifted once by its score against key 0,
   folded into the tile matmul, and redone with the running maximum only where that overflowed
   (see UNSHIFTED_MIN_SUM for why this is as accurate);
