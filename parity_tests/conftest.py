@@ -37,6 +37,14 @@ settings.load_profile(
 )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """-n auto (pyproject.toml's addopts): as many workers as fit this process's cores at THREADS
+    threads each, and at most 8, as each worker holds torch and transformers (about 0.5 GB)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores // THREADS, 8))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     """Pin NumPy's BLAS and torch's intra-op pool to THREADS threads for the whole session."""
@@ -64,9 +72,15 @@ BUDGET_JSON = "test-precision.json"  # the multiples of PyTorch's low-precision 
 BUDGET = "error_budget"
 TESTS = Path(__file__).resolve().parent
 TABLE_SCRIPT = TESTS.parent / "docs" / "precision_table.py"
-# Of this run: the test files collected, the budget tests selected and not yet run, those deselected
-# or failed, and what differs between its records and the page.
-_budget_run = {"files": set(), "pending": set(), "left_out": [], "failed": [], "problems": None}
+# Of this run: the test files collected, the budget tests selected, those that passed or skipped, those
+# deselected or failed, and what differs between its records and the page.
+_budget_run = {"files": set(), "marked": set(), "done": set(), "left_out": [], "failed": [], "problems": None}
+
+
+def _worker(config):
+    """Whether this process is a pytest-xdist worker: it collects and runs tests, and sends what it
+    recorded to the controller (pytest_testnodedown), which writes the reports."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config):
@@ -103,29 +117,51 @@ def pytest_deselected(items):
 
 def pytest_collection_finish(session):
     _budget_run["files"].update(Path(item.path) for item in session.items)
-    _budget_run["pending"] = {item.nodeid for item in session.items if item.get_closest_marker(BUDGET)}
+    _budget_run["marked"] |= {item.nodeid for item in session.items if item.get_closest_marker(BUDGET)}
 
 
 def pytest_runtest_logreport(report):
-    if report.nodeid not in _budget_run["pending"]:
-        return
+    """Every test's outcome (under pytest-xdist the controller sees each worker's reports)."""
     if report.failed:
         _budget_run["failed"].append(report.nodeid)
     elif report.when == "call" or report.skipped:
-        _budget_run["pending"].discard(report.nodeid)
+        _budget_run["done"].add(report.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: fold in what a worker collected and recorded."""
+    found = getattr(node, "workeroutput", {}).get("numpy_attn")
+    if found is None:
+        return
+    found = json.loads(found)
+    helpers.merge_records(found["records"])
+    _budget_run["files"].update(Path(f) for f in found["files"])
+    _budget_run["marked"].update(found["marked"])
+    _budget_run["left_out"] += [nodeid for nodeid in found["left_out"] if nodeid not in _budget_run["left_out"]]
 
 
 def every_budget_test_passed(run):
-    """Whether ``run`` (_budget_run) collected every test file, deselected no budget test, and ran
-    each to a pass or a skip: then its records are the whole table's."""
+    """Whether ``run`` (its files collected, budget tests deselected, failed, and neither passed nor
+    skipped: pending) collected every test file, deselected no budget test, and ran each to a pass
+    or a skip: then its records are the whole table's."""
     return set(TESTS.glob("test_*.py")) <= run["files"] and not (run["left_out"] or run["failed"] or run["pending"])
 
 
 def pytest_sessionfinish(session):
     """BUDGET_JSON from a run of every budget test; unless this is the table script's own run, the
-    ops it recorded checked against docs/precision.md's rows, the run failed where they differ."""
+    ops it recorded checked against docs/precision.md's rows, the run failed where they differ.
+    A pytest-xdist worker only hands its records to the controller."""
+    if _worker(session.config):
+        session.config.workeroutput["numpy_attn"] = json.dumps({
+            "records": helpers.records(), "files": sorted(map(str, _budget_run["files"])),
+            "marked": sorted(_budget_run["marked"]), "left_out": _budget_run["left_out"]})
+        return
     rows = helpers.budget_rows()
-    if not rows or not every_budget_test_passed(_budget_run):
+    failed = {nodeid for nodeid in _budget_run["failed"] if nodeid in _budget_run["marked"]}
+    run = dict(files=_budget_run["files"], pending=_budget_run["marked"] - _budget_run["done"] - failed,
+               left_out=_budget_run["left_out"], failed=sorted(failed))
+    if not rows or not every_budget_test_passed(run):
         return
     (session.config.rootpath / BUDGET_JSON).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     if session.config.getoption("--precision-table-run"):
@@ -138,6 +174,8 @@ def pytest_sessionfinish(session):
 
 def pytest_terminal_summary(terminalreporter, config):
     """The ten comparisons closest to their tolerance on the terminal; every one in ERROR_FILE."""
+    if _worker(config):
+        return
     if _budget_run["problems"]:
         terminalreporter.write_sep("=", "docs/precision.md is not the budget tests' table", red=True)
         terminalreporter.write_line(f"{_budget_run['problems']}: regenerate it with "

@@ -112,6 +112,11 @@ def assert_tree_close(name, actual, expected, **tol):
         assert_close(f"{name}.{path}", a_leaves[path], leaf, **tol)
 
 
+def _keep_worst(table, key, err, used):
+    old_err, old_used = table[key]
+    table[key] = (max(old_err, err), max(old_used, used))
+
+
 def _record(name, actual, expected, rtol, atol):
     """Keep the largest error, and the largest share of the tolerance it used (1 = failing)."""
     finite = np.isfinite(expected) & np.isfinite(actual)
@@ -124,18 +129,17 @@ def _record(name, actual, expected, rtol, atol):
     bound = atol + rtol * np.abs(e)
     used = float(np.max(diff / np.where(bound > 0, bound, np.inf))) if err > 0 else 0.0
     key = (name, str(expected.dtype))
-    old_err, old_used = _WORST[key]
-    _WORST[key] = (max(old_err, err), max(old_used, used))
+    _keep_worst(_WORST, key, err, used)
     # The same, per test file, for the site's pages (numpy-attn site): which operation measured it.
     test_file = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
-    old_err, old_used = _WORST_BY_FILE[(test_file, *key)]
-    _WORST_BY_FILE[(test_file, *key)] = (max(old_err, err), max(old_used, used))
+    _keep_worst(_WORST_BY_FILE, (test_file, *key), err, used)
     _target(used, f"{name} {expected.dtype} share of tolerance")
 
 
 # (op, tensor, dtype) -> the largest multiple of PyTorch's error ours reached, for docs/precision.md
-# (None while PyTorch's error has been 0 in every case), and op -> the test file that first checked
-# it (the table's order). The node ids of the tests that called assert_error_budget: the conftest
+# (None while PyTorch's error has been 0 in every case), and op -> the first test file, by name, that
+# checked it (the table's order; by name, so that it is the same however pytest-xdist shares out
+# the tests). The node ids of the tests that called assert_error_budget: the conftest
 # holds each to the error_budget marker, which `docs/precision_table.py --run` selects by.
 _BUDGET = {}
 _BUDGET_FILES = {}
@@ -167,7 +171,7 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
     low = LOW_DTYPES[dtype][0]
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]     # "file::test[id] (call)"
     _BUDGET_TESTS.add(test)
-    _BUDGET_FILES.setdefault(op, test.split("::")[0])
+    _BUDGET_FILES[op] = min(_BUDGET_FILES.get(op, test.split("::")[0]), test.split("::")[0])
     for name, (ours, theirs, truth) in tensors.items():
         label = f"{op} {name} ({dtype})"
         ours, theirs, truth = np.asarray(ours), np.asarray(theirs), np.asarray(truth, dtype=np.float64)
@@ -184,10 +188,8 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
         allowance = float((extra or {}).get(name, 0.0))
         bound = multiple * err_torch + one_ulp + allowance
         key = (op, name, dtype)
-        if err_torch > 0:   # the multiple recorded counts only what the allowance does not cover
-            _BUDGET[key] = max(_BUDGET.get(key) or 0.0, max(err_ours - allowance, 0) / err_torch)
-        else:
-            _BUDGET.setdefault(key, None)
+        # The multiple recorded counts only what the allowance does not cover.
+        _keep_multiple(key, max(err_ours - allowance, 0) / err_torch if err_torch > 0 else None)
         _target(err_ours / bound, f"{label} share of budget")
         assert err_ours <= bound, (
             f"{label}: max |ours - truth| = {err_ours:.3g} exceeds {multiple:g} x PyTorch's "
@@ -210,6 +212,12 @@ def assert_one_input_budget(op, dtype, ours, twin, builtin, inputs, dout, extra=
         assert_error_budget(f"{op}[{who}]", dtype, {"out": (o, torch_out, truth_out),
                                                      f"d{name}": (g, torch_grads[name], truth_grads[name])},
                             extra=extra)
+
+
+def _keep_multiple(key, multiple):
+    """The largest multiple recorded for ``key``; None (PyTorch's error 0) only while every one was."""
+    old = _BUDGET.get(key)
+    _BUDGET[key] = old if multiple is None else max(old or 0.0, multiple)
 
 
 def budget_rows():
@@ -250,6 +258,30 @@ def error_rows():
     """The largest errors per test file, compared tensor and dtype, as rows for ERROR_JSON."""
     return [dict(test_file=test_file, name=name, dtype=dtype, max_abs_error=err, tolerance_used=used)
             for (test_file, name, dtype), (err, used) in sorted(_WORST_BY_FILE.items())]
+
+
+def records():
+    """Everything this process recorded (largest errors, budget multiples, budget tests), as lists
+    that pytest-xdist can send: a worker sends its records to the controller, which merges them
+    (merge_records) and writes the reports from the whole run."""
+    return {"worst": [[*key, *value] for key, value in _WORST.items()],
+            "worst_by_file": [[*key, *value] for key, value in _WORST_BY_FILE.items()],
+            "budget": [[*key, value] for key, value in _BUDGET.items()],
+            "budget_files": sorted(_BUDGET_FILES.items()),
+            "budget_tests": sorted(_BUDGET_TESTS)}
+
+
+def merge_records(found):
+    """Fold another process's ``records()`` into this one's, as if its comparisons had run here."""
+    for *key, err, used in found["worst"]:
+        _keep_worst(_WORST, tuple(key), err, used)
+    for *key, err, used in found["worst_by_file"]:
+        _keep_worst(_WORST_BY_FILE, tuple(key), err, used)
+    for *key, multiple in found["budget"]:
+        _keep_multiple(tuple(key), multiple)
+    for op, test_file in found["budget_files"]:
+        _BUDGET_FILES[op] = min(_BUDGET_FILES.get(op, test_file), test_file)
+    _BUDGET_TESTS.update(found["budget_tests"])
 
 
 def numerical_grad(f, x, dout, h=1e-3):

@@ -154,6 +154,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd --------------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=attention_inputs())
 @example(case=EDGE_CASES[0])
 @example(case=EDGE_CASES[1])

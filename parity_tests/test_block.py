@@ -75,6 +75,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=blocks())
 @example(case=_example(T=4, nh=2))
 def test_backward_matches_autograd(case):

@@ -181,6 +181,7 @@ def _twin(config, ids):
     return lambda params: tw.deepseek_v3(to_torch(ids), params, config)
 
 
+@pytest.mark.twin_parity
 @given(case=models())
 @example(case=_pinned())
 def test_forward_and_backward_match_twin(case):

@@ -55,6 +55,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=dropped())
 @example(case=ONE_DROPPED)
 def test_backward_matches_autograd(case):

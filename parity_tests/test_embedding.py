@@ -51,6 +51,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=lookups())
 @example(case=REPEATED)
 @example(case=PADDED)

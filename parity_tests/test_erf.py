@@ -42,6 +42,7 @@ def arguments(draw, dtype=None):
 
 # -- forward matches the twin -----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(x=arguments())
 @example(x=EDGES)
 def test_forward_matches_twin(x):

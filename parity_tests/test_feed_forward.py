@@ -86,6 +86,7 @@ STEEP_TANH = (np.array([2.0, 4.0, 0.0, 0.0], np.float32),
               np.array([0.5, -1.0, 2.0, 1.5], np.float32))
 
 
+@pytest.mark.twin_parity
 @given(approximate=approximations, case=networks())
 @example(approximate="tanh", case=STEEP_TANH)
 def test_backward_matches_autograd(approximate, case):

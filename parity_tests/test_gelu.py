@@ -52,6 +52,7 @@ def test_forward_matches_twin(approximate, case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(approximate=approximations, case=activations())
 @example(approximate="tanh", case=EDGE_CASE)
 def test_backward_matches_autograd(approximate, case):

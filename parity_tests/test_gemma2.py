@@ -182,6 +182,7 @@ def to_hf_names(grads, config):
 
 # -- the NumPy model against its twin -----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(1, 3), T=st.integers(1, 8),
        dtype=st.sampled_from([np.float64, np.float32]), caps=st.booleans())
 def test_forward_and_backward_match_twin(name, seed, n_layer, T, dtype, caps):

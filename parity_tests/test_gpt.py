@@ -99,6 +99,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=models())
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):

@@ -140,6 +140,7 @@ def clamped_share(cache):
 
 # -- the NumPy model against its twin -----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(1, 3), T=st.integers(1, 8),
        dtype=st.sampled_from([np.float64, np.float32]), k=st.integers(1, 3))
 def test_forward_and_backward_match_twin(seed, n_layer, T, dtype, k):

@@ -59,6 +59,7 @@ def test_update_equals_concatenation(case):
 
 # -- the twin matches the NumPy cache -------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=cache_cases())
 def test_twin_matches_numpy(case):
     (L, B, nkv, max_len, hs), steps = case

@@ -96,6 +96,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=rows())
 @example(case=CONSTANT_ROW)
 @example(case=TWO_AXES)

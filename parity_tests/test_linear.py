@@ -56,6 +56,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=affine())
 @example(case=ONE_ROW)
 def test_backward_matches_autograd(case):

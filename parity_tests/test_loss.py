@@ -134,6 +134,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=batches())
 @example(case=REPEATED)
 @example(case=CLASS_AXIS_1)

@@ -87,6 +87,7 @@ def padding_masks(draw, B=None, T=None):
 
 # -- the twins agree ------------------------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(T=S.dim(0, 6), S_=S.dim(0, 6), align=st.sampled_from(["top_left", "bottom_right"]),
        padding=padding_masks(), cu_seqlens=cu_seqlens_of(), causal=st.booleans())
 def test_twins_agree(T, S_, align, padding, cu_seqlens, causal):

@@ -154,6 +154,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=cases())
 @example(case=_pinned_case())
 @example(case=_pinned_case(q_lora_rank=None, rope_interleave=False))

@@ -230,6 +230,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=gpt_oss_cases() | deepseek_cases())
 @_with_examples
 def test_backward_matches_autograd(case):

@@ -166,6 +166,7 @@ def test_split_and_merge_heads_match_twin(x, num_heads):
 
 # -- backward matches autograd --------------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=mha_inputs())
 @example(case=EDGE_CASES[0])
 @example(case=EDGE_CASES[1])

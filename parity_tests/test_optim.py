@@ -126,6 +126,7 @@ def _split(history):
 
 # -- NumPy matches the twin, step after step -----------------------------------------------------
 
+@pytest.mark.twin_parity
 @pytest.mark.parametrize("name, hyper", CASES)
 @given(data=st.data())
 def test_matches_twin(name, hyper, data):

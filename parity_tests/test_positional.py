@@ -35,6 +35,7 @@ def closed_form(T, C, base):
 
 # -- forward matches the twin -----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(size=sizes, base=bases, dtype=S.dtypes)
 @example(size=(1, 1), base=10000.0, dtype=np.float64)
 @example(size=(7, 5), base=10000.0, dtype=np.float32)

@@ -212,6 +212,7 @@ def model_tests(family):
 
         # -- forward matches the twin; backward matches autograd -------------------------------------------
 
+        @pytest.mark.twin_parity
         @given(case=models(config_class=family.config_class))
         @example(case=_pinned(family.config_class))
         def test_forward_and_backward_match_twin(self, case):

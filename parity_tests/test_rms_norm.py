@@ -67,6 +67,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=rows())
 @example(case=ZERO_ROW)
 def test_backward_matches_autograd(case):

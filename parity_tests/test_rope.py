@@ -132,6 +132,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=st.one_of(cases(), long_cases()))
 @example(case=PINNED)
 @example(case=LONG_PINNED)

@@ -45,6 +45,7 @@ def small_models(draw, dtype=None):
     return config, params, ids, dout
 
 
+@pytest.mark.twin_parity
 @given(case=small_models())
 def test_small_model_matches_twin_and_autograd(case):
     config, params, ids, dout = case

@@ -54,6 +54,7 @@ def test_forward_matches_twin(case):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=capped())
 @example(case=EDGE_CASE)
 def test_backward_matches_autograd(case):

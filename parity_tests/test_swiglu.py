@@ -87,6 +87,7 @@ def test_forward_matches_twin(case, act):
 
 # -- backward matches autograd ----------------------------------------------------------------
 
+@pytest.mark.twin_parity
 @given(case=networks(), act=acts)
 def test_backward_matches_autograd(case, act):
     x, params, dout = case
