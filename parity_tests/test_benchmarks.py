@@ -144,6 +144,7 @@ def _worktrees():
     return {line for line in listing.splitlines() if line.startswith("worktree ")}
 
 
+@pytest.mark.slow
 def test_interleaved_run_against_a_revision_pairs_every_row(tmp_path, capsys):
     """--interleave: every row gets one sample per round and, against NumPy, a paired ratio;
     --against HEAD times the numpy_attn of a git worktree at HEAD, removed afterwards."""
@@ -549,6 +550,7 @@ def test_the_timing_worker_runs_each_library_in_the_dtype(monkeypatch, dtype):
     assert (numpy_peak["dtype"], torch_peak["dtype"]) == ("float32", dtype)   # what each computes in
 
 
+@pytest.mark.slow
 def test_a_float16_run_says_what_each_library_computes_in(tmp_path):
     path = tmp_path / "run.json"
     stdout = io.StringIO()

@@ -38,6 +38,7 @@ def test_greedy_generation_with_cache_equals_without(seed, P, new, n_kv_head):
     np.testing.assert_array_equal(twin.numpy(), cached, err_msg="greedy ids, twin vs numpy")
 
 
+@pytest.mark.slow
 def test_decode_benchmark_runs(tmp_path):
     out = tmp_path / "decode.json"
     stdout = io.StringIO()
@@ -72,6 +73,7 @@ def _assert_names_the_machine(stdout, results):
     assert "threads: 1 per timed process" in stdout, stdout
 
 
+@pytest.mark.slow
 def test_decode_sliding_quick_rows_agree_and_count_the_caches_bytes(tmp_path, monkeypatch):
     """Both libraries, both caches: the same tokens, and each cache's bytes as its layers hold
     them: a global layer every token, a sliding layer (layers 0, 2, ...) its last W only. The
@@ -102,6 +104,7 @@ def test_decode_sliding_quick_rows_agree_and_count_the_caches_bytes(tmp_path, mo
     _assert_names_the_machine(stdout, results)
 
 
+@pytest.mark.slow
 def test_decode_mla_quick_rows_count_each_caches_bytes(tmp_path):
     """Every variant at both contexts in both libraries; bytes per token as the caches hold them
     (and as mla_cache_bytes_per_token says), absorbed below naive."""
@@ -184,6 +187,7 @@ def _tiny_gpt2_folder(folder):
     return folder
 
 
+@pytest.mark.slow
 def test_decode_hf_quick_rows_of_a_tiny_gpt2_folder(tmp_path):
     """Both libraries at two prompt lengths (40 clipped to the context 32 less 6 new tokens): the
     same ids, positive times, per token and tokens/s one the inverse of the other, each process's

@@ -89,6 +89,7 @@ def _dependency_farm(folder):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.wheel
 def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     """pip wheel of a copy of the checkout, installed in a fresh venv whose other packages are this

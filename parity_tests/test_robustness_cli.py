@@ -112,6 +112,7 @@ def test_generate_names_a_checkpoint_that_does_not_exist(tmp_path):
     assert f"--checkpoint {tmp_path / 'nowhere'}: no such folder" in err, err
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_the_help_examples_of_generate_print_words(tmp_path, monkeypatch):
     """Each train-checkpoint example of ``generate --help``, run on a default ``numpy-attn train``
@@ -312,6 +313,7 @@ def test_threads_are_refused_not_ignored_without_threadpoolctl(tmp_path):
     assert "needs threadpoolctl" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_the_same_seed_gives_the_same_losses_whatever_the_thread_variables(tmp_path):
     corpus = tmp_path / "corpus.txt"

@@ -109,6 +109,7 @@ def html_text_lines(page):
     return {html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page.splitlines()}
 
 
+@pytest.mark.slow
 def test_html_page_holds_every_operation(tmp_path):
     page_path = tmp_path / "ops.html"
     status, out, _ = run("--html", str(page_path))
@@ -311,6 +312,7 @@ def torch_docstring_order():
     return [name.strip() for name in listed.replace("\n", " ").split(",")]
 
 
+@pytest.mark.slow
 def test_one_reading_order_everywhere(tmp_path):
     order = docstring_order()
     assert set(order) == expected_operations(), "the docstring lists every operation once"

@@ -143,6 +143,7 @@ def test_errors_come_from_the_report(tmp_path):
     assert "warning: rope: test-errors.json holds nothing from parity_tests/test_rope.py" in err
 
 
+@pytest.mark.slow
 def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "DEFAULT_ERRORS", tmp_path / "none.json")    # a checkout never tested
     status, _, err = run(str(tmp_path / "s"), "--strict")
@@ -270,6 +271,7 @@ def test_an_interruption_at_any_step_leaves_the_old_site_or_the_new(tmp_path, mo
             site.shutil.rmtree(leftovers[0])
 
 
+@pytest.mark.slow
 def test_the_suite_writes_the_report_the_site_reads():
     """A run of the suite (here one test of test_softmax.py) writes test-errors.json, whose rows
     name their test file: the softmax page shows them. The checkout's own reports are put back

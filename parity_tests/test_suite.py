@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from attn_cli import show
 from parity_tests import helpers
@@ -17,6 +18,7 @@ from parity_tests import helpers
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_every_operation_has_one_twin_parity_test():
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
                            "-m", "twin_parity"], capture_output=True, text=True, cwd=ROOT, timeout=600,
