@@ -6,11 +6,14 @@ comparison times every case. (The before/after comparison against a git revision
 import json
 import math
 import threading
+from pathlib import Path
 
 import pytest
 
 import numpy_attn.kernels.flash_attention as fa
 from benchmarks import cli, flash_breakdown
+
+ROOT = Path(flash_breakdown.__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -101,22 +104,68 @@ def test_a_saved_breakdown_prints_again(tiny, tmp_path, capsys):
     assert capsys.readouterr().out == printed
 
 
-def test_two_thread_scaling_tells_overlapping_calls_from_ones_that_take_turns():
-    """A sleep releases the GIL: two threads overlap it (2). A Python loop holds it: they take turns (1)."""
-    import time
+def test_two_thread_scaling_runs_the_calls_alone_then_on_two_threads_at_once(monkeypatch):
+    """Each round runs fn(calls) on this thread, then on two threads that are both inside it at
+    once (each waits at a barrier for the other: run one after the other, they would never meet);
+    scaling is twice the first time over the second, call_s the first over calls, both medians over
+    the rounds. The times come from a clock the calls move themselves, each of the pair by what it
+    adds to the pair's time: 2 where the pair takes as long as the call alone (they overlap), 1
+    where it takes twice as long (they take turns)."""
+    clock = StepClock()
+    monkeypatch.setattr(flash_breakdown, "time", clock)
+    alone = iter([4.0, 1.0, 2.0])                  # the call on this thread, each round
+    # What each of the pair adds, each round: together as long as the call alone (overlapping),
+    # twice as long (taking turns), a quarter as long.
+    each_of_pair = iter([2.0, 2.0, 1.0, 1.0, 0.25, 0.25])
+    both_inside, take = threading.Barrier(2), threading.Lock()
+    seen = []
 
-    def sleeps(n):
-        for _ in range(n):
-            time.sleep(0.002)
+    def fn(n):
+        if threading.current_thread() is threading.main_thread():
+            seen.append(("alone", n))
+            clock.sleep(next(alone))
+            return
+        try:
+            both_inside.wait(timeout=30)   # a pair run one after the other: fails in 30 s
+            seen.append(("both inside", n))
+        except threading.BrokenBarrierError:
+            seen.append(("alone on a thread of the pair", n))
+        with take:
+            clock.sleep(next(each_of_pair))
 
-    def spins(n):   # a fixed amount of Python work (a loop to a deadline would overlap in wall time)
-        for _ in range(n):
-            total = 0
-            for i in range(20000):
-                total += i
+    res = flash_breakdown.two_thread_scaling(fn, 10, 3)
+    assert seen == [("alone", 10), ("both inside", 10), ("both inside", 10)] * 3, seen
+    # Scalings 2 * 4 / (2 + 2) = 2, 2 * 1 / (1 + 1) = 1 and 2 * 2 / 0.5 = 8; calls 0.4, 0.1, 0.2 s.
+    assert res == {"call_s": 0.2, "scaling": 2.0}, res
 
-    assert flash_breakdown.two_thread_scaling(sleeps, 10, 3)["scaling"] > 1.6
-    assert flash_breakdown.two_thread_scaling(spins, 10, 3)["scaling"] < 1.3
+
+def test_the_tool_checks_its_scalings_against_calls_whose_answer_is_known(monkeypatch):
+    """Its own run of a sleep (overlaps) and a Python loop (takes turns) through two_thread_scaling,
+    which the report judges: the wall-clock check lives in the tool, where a busy machine makes it
+    say so, not in this suite, where it would fail the run."""
+    calls = []
+
+    def scaling(fn, n, rounds):
+        calls.append((fn, n, rounds))
+        return {"call_s": 1.0, "scaling": 1.5}
+
+    monkeypatch.setattr(flash_breakdown, "two_thread_scaling", scaling)
+    check = flash_breakdown.scaling_check()
+    assert [fn for fn, _, _ in calls] == [flash_breakdown._sleeps, flash_breakdown._spins]
+    assert set(check) == {"sleep", "python loop"}
+
+    def judged(sleep, loop):
+        return flash_breakdown.scaling_check_line({"sleep": {"scaling": sleep}, "python loop": {"scaling": loop}})
+
+    assert judged(1.95, 1.02).endswith("the scalings above tell the two apart"), judged(1.95, 1.02)
+    for sleep, loop in ((1.56, 1.02), (1.95, 1.48)):           # measured on a loaded machine
+        assert "NOT MET, the machine was too busy" in judged(sleep, loop), judged(sleep, loop)
+    # The report prints the judgement under the scalings it judges; a run saved before has none.
+    saved = json.loads((ROOT / "benchmarks" / "results" / "cpu-avx512-flash-breakdown-threads.json").read_text())
+    before = flash_breakdown.report_lines(saved)
+    last = max(i for i, line in enumerate(before) if ", scaling " in line)
+    saved["scaling_check"] = {"sleep": {"scaling": 1.95}, "python loop": {"scaling": 1.02}}
+    assert flash_breakdown.report_lines(saved) == before[:last + 1] + [judged(1.95, 1.02)] + before[last + 1:]
 
 
 def test_call_scaling_times_the_kernels_own_calls(tiny):
