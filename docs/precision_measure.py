@@ -16,6 +16,11 @@ float32, float16 and bfloat16, numpy_attn's beside PyTorch's, drawn to
 docs/images/precision_attention.png. Runs on one thread, so that the results do not depend on how
 a reduction is split between threads.
 
+Its first line names the machine: the CPU, the vector extensions a kernel may choose by, torch's
+CPU capability and whether its oneDNN computes in float16 and bfloat16 there, and NumPy's BLAS
+kernel. Some kernels take another path on another CPU (``Op.native``), so a verdict measured on
+one machine is that machine's; the page quotes the line above its table.
+
     python docs/precision_measure.py [--small] [--out PATH] [--attention-out PATH]
 
 ``--small`` measures small sizes (the test's run); ``--out`` and ``--attention-out`` name the
@@ -25,6 +30,7 @@ two PNGs to write.
 import argparse
 import math
 import os
+import platform
 import sys
 import tempfile
 from collections.abc import Callable
@@ -238,6 +244,11 @@ class Op(NamedTuple):
     # each taking the low-precision inputs (the backward also the low-precision output and dout)
     # and computing in float32; its result is rounded once.
     alt: tuple = None
+    # The low dtypes in which torch hands the op to oneDNN where the CPU has that dtype's
+    # arithmetic (avx512_fp16, avx512_bf16, AMX; the line machine() prints says where it does):
+    # still float32 inside and rounded once, but summed or evaluated in another order, so the
+    # share of elements equal to "once" moves across EXACT with the machine, and the verdict with it.
+    native: tuple = ()
 
 
 def normal(g, *shape, scale=1.0):
@@ -290,7 +301,8 @@ OPS = (
     Op("log_softmax", "F.log_softmax", lambda x: F.log_softmax(x, -1), log_softmax_steps,
        lambda g, s: rows(g, s, 3.0), ("x",), log_softmax_steps_grad,
        (SAVED, None, log_softmax_from_saved)),
-    Op("linear (matmul)", "x @ w", torch.matmul, seq_matmul, matmul_inputs, ("x", "w"), matmul_steps_grad),
+    Op("linear (matmul)", "x @ w", torch.matmul, seq_matmul, matmul_inputs, ("x", "w"), matmul_steps_grad,
+       native=tuple(LOWP)),
     Op("softcap (tanh)", "torch.tanh", torch.tanh, torch.tanh, unary, ("x",), tanh_steps_grad,
        (SAVED, None, tanh_from_saved)),
     Op("attention (flash)", "F.scaled_dot_product_attention, flash CPU kernel", sdpa(SDPBackend.FLASH_ATTENTION),
@@ -305,7 +317,7 @@ OPS = (
        rms_norm_inputs, ("x", "weight")),
     Op("erf", "torch.erf", torch.erf, torch.erf, unary, ("x",), erf_steps_grad),
     Op("gelu (exact)", "F.gelu", F.gelu, lambda x: 0.5 * x * (1 + torch.erf(x * (1 / math.sqrt(2)))), unary,
-       ("x",)),
+       ("x",), native=tuple(LOWP)),
     Op("gelu (tanh)", "F.gelu(approximate='tanh')", lambda x: F.gelu(x, approximate="tanh"), gelu_tanh_steps,
        unary, ("x",)),
     Op("sigmoid", "torch.sigmoid", torch.sigmoid, lambda x: 1 / (1 + torch.exp(-x)), unary, ("x",), None,
@@ -315,6 +327,47 @@ OPS = (
        cross_entropy_inputs, ("logits", ""), None, (PER_NODE, per_batch(cross_entropy_per_node),
                                                     cross_entropy_from_saved)),
 )
+
+
+# ---- the machine ------------------------------------------------------------------------------
+
+# The CPU flags a kernel of torch or of NumPy's BLAS may choose its path by, as /proc/cpuinfo names them.
+VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+MACHINE = "Measured on: "
+
+
+def machine():
+    """One line naming what the verdicts depend on: the CPU and its vector extensions, torch and
+    its CPU capability, whether its oneDNN computes in float16 and bfloat16 here, NumPy's BLAS."""
+    cpu, flags = platform.processor() or platform.machine(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                cpu = value
+            elif key == "flags" and flags is None:
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = "flags unknown" if flags is None else " ".join(f for f in VECTOR_FLAGS if f in flags) or "no AVX2"
+    onednn = []
+    for name, check in (("float16", "_is_mkldnn_fp16_supported"), ("bfloat16", "_is_mkldnn_bf16_supported")):
+        try:                                  # private, as the check torch itself makes before handing over
+            onednn.append(f"{name} {'yes' if getattr(torch.ops.mkldnn, check)() else 'no'}")
+        except (AttributeError, RuntimeError):
+            onednn.append(f"{name} unknown")
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = "; ".join(f"{pool['internal_api']} {pool.get('version') or ''} {pool.get('architecture') or ''}".strip()
+                         for pool in threadpool_info() if pool["user_api"] == "blas") or "none found"
+    except ImportError:
+        blas = "unknown (no threadpoolctl)"
+    import numpy
+
+    return (f"{MACHINE}{cpu} ({vector}); torch {torch.__version__}, CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN arithmetic in {', '.join(onednn)}; "
+            f"NumPy {numpy.__version__}, BLAS {blas}; one thread")
 
 
 # ---- measuring -------------------------------------------------------------------------------
@@ -410,16 +463,16 @@ def max_errors(fn, inputs, dtype):
 
 
 def baseline(lengths):
-    """[(op, dtype name, T, torch error, once error)] for attention (T queries and keys, hs 64) and
-    softmax (16 rows of T logits)."""
+    """[(op, dtype name, T, torch error, once error, max |truth|)] for attention (T queries and keys,
+    hs 64) and softmax (16 rows of T logits)."""
     found = []
     for T in lengths:
         g = torch.Generator().manual_seed(T)
         qkv = [normal(g, 1, 1, T, 64) for _ in range(3)]
         logits = [normal(g, 16, T, scale=3.0)]
         for name, dtype in LOWP.items():
-            found.append(("attention", name, T, *max_errors(F.scaled_dot_product_attention, qkv, dtype)[:2]))
-            found.append(("softmax", name, T, *max_errors(lambda x: F.softmax(x, -1), logits, dtype)[:2]))
+            found.append(("attention", name, T, *max_errors(F.scaled_dot_product_attention, qkv, dtype)))
+            found.append(("softmax", name, T, *max_errors(lambda x: F.softmax(x, -1), logits, dtype)))
     return found
 
 
@@ -441,7 +494,7 @@ def default_backend(T=256):
 def format_baseline(found):
     lines = ["| op | dtype | T | max \\|torch - truth\\| | max \\|float32 once - truth\\| | ratio |",
              "|---|---|---|---|---|---|"]
-    for op, dtype, T, torch_err, once_err in found:
+    for op, dtype, T, torch_err, once_err, _ in found:
         ratio = torch_err / once_err if once_err else math.inf
         lines.append(f"| {op} | {dtype} | {T} | {torch_err:.3g} | {once_err:.3g} | {ratio:.2f} |")
     return "\n".join(lines)
@@ -568,7 +621,7 @@ def main(argv=None):
         if not path.parent.is_dir():
             parser.error(f"{option} {str(path)!r}: no folder {str(path.parent)!r}")
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, one thread\n")
+    print(machine() + "\n")
     print(format_table(measure(args.small)))
     found = baseline(SMALL_LENGTHS if args.small else LENGTHS)
     print(f"\n{default_backend()}\n")
