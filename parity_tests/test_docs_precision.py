@@ -1,6 +1,6 @@
 """docs/precision.md and its script: the script runs on small sizes without touching the committed
 picture, the page names the machine it measured on, its table says for every op what the script
-finds (the verdicts a native low-precision path makes the machine's own, on the page's machine
+finds (the verdicts of kernels that take another path on another CPU, on the page's machine
 only), the baseline and attention rows the small run shares with the page are the page's up to
 what another machine's summation order moves, and an interrupted write leaves the old picture whole."""
 
@@ -83,15 +83,10 @@ def verdicts(text):
     return {row[:4]: row[7] for row in table_rows(text, 8)}
 
 
-# The two verdicts of an op that computes in float32 and rounds once, told apart by the share of
-# ties that round the same way: the ops with a native low-precision path (Op.native) may print
-# either on another machine. Any other change is a change in what a kernel computes.
-ROUNDED_ONCE = {"float32, rounded once", "float32, rounded once (nearly)"}
-
-
-def native_path(key):
-    """Whether torch hands this row's op to oneDNN in its dtype where the CPU has the arithmetic."""
-    return any(op.name == key[0] and key[3] in op.native for op in measure.OPS)
+def machine_verdicts(key):
+    """The verdicts this row's op may show from one machine to another, its kernel taking another
+    path by the CPU (Op.machine_verdicts, which says why); () where every machine shows one."""
+    return next(op.machine_verdicts for op in measure.OPS if op.name == key[0])
 
 
 def test_the_page_names_the_machine_it_measured_on(small_run):
@@ -108,31 +103,31 @@ def test_the_page_names_the_machine_it_measured_on(small_run):
 
 
 def test_the_pages_verdicts_are_what_the_script_finds(small_run):
-    """Every verdict that no machine changes is the script's, on any machine. A verdict of an op
-    with a native low-precision path must be one of the two "rounded once" on both sides; whether
-    it is the page's, the next test checks on the page's machine."""
+    """Every verdict that no machine changes is the script's, on any machine. One of an op whose
+    kernel takes another path on another CPU must be among the verdicts that op may show, on both
+    sides; whether it is the page's, the next test checks on the page's machine."""
     _, printed = small_run
     found, shown = verdicts(printed), verdicts(PAGE.read_text(encoding="utf-8"))
     assert found, "the script printed no table"
     assert sorted(shown) == sorted(found), "the page's rows are not the ops and tensors the script measures"
-    native = {key for key in found if native_path(key)}
-    assert native, "no op of the table has a native path: Op.native and native_path disagree"
-    differ = {key: (shown[key], found[key]) for key in found if key not in native and shown[key] != found[key]}
+    assert any(machine_verdicts(key) for key in found), "no op's verdicts follow the machine: Op.machine_verdicts"
+    differ = {key: (shown[key], found[key]) for key in found if not machine_verdicts(key) and shown[key] != found[key]}
     assert not differ, f"page verdict vs the script's at small sizes: {differ}"
-    outside = {key: (shown[key], found[key]) for key in native if not {shown[key], found[key]} <= ROUNDED_ONCE}
-    assert not outside, f"ops with a native path that no longer compute in float32 and round once: {outside}"
+    outside = {key: (shown[key], found[key]) for key in found
+               if machine_verdicts(key) and not {shown[key], found[key]} <= set(machine_verdicts(key))}
+    assert not outside, f"verdicts outside those their op may show on any machine: {outside}"
 
 
-def test_the_native_paths_verdicts_are_the_pages_on_the_pages_machine(small_run):
-    """The verdicts of the ops with a native low-precision path (see Op.native) are the page's
-    where the machine is the page's; on another they may differ, and the skip says how."""
+def test_the_machine_s_verdicts_are_the_pages_on_the_pages_machine(small_run):
+    """The verdicts of the ops whose kernels take another path on another CPU (Op.machine_verdicts)
+    are the page's where the machine is the page's; on another they may differ, and the skip says how."""
     _, printed = small_run
     found, shown = verdicts(printed), verdicts(PAGE.read_text(encoding="utf-8"))
-    differ = {key: (shown[key], found[key]) for key in found if native_path(key) and shown[key] != found[key]}
+    differ = {key: (shown[key], found[key]) for key in found if machine_verdicts(key) and shown[key] != found[key]}
     here, there = machine_line(printed), machine_line(PAGE.read_text(encoding="utf-8"))
     if differ and here != there:
         pytest.skip(f"another machine: the page's verdicts were measured on {there!r}, this run on {here!r}; "
-                    f"verdicts of ops with a native path that differ (page, here): {differ}")
+                    f"the verdicts that follow the machine and differ (page, here): {differ}")
     assert not differ, f"on the page's own machine ({here}), page verdict vs the script's: {differ}"
 
 
