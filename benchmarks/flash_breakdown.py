@@ -19,7 +19,9 @@ core, so a core's throughput is what bounds it; two cores halve the totals):
 3. The thread pool: the kernel's pool on a no-op slice function, the kernel at 1 and 2 threads,
    causal and not, and how far two threads overlap the kernel's own calls (its exponential and
    its scores' matmul at a diagonal piece's size and at a tile's): NumPy releases the GIL inside
-   each, but a short call costs a GIL hand-over between the threads.
+   each, but a short call costs a GIL hand-over between the threads. The same is measured of a
+   sleep (which overlaps) and of a Python loop (which takes turns), and the report says whether
+   the run told those two apart: on a busy machine it may not.
 4. With ``--torch``, NumPy's floor: in one process, one thread for each library, taking turns
    round after round, F.scaled_dot_product_attention against the bare tile loops the kernel is
    built on (the forward's two matmuls per tile, then with the kernel's EXP added; the backward's five
@@ -301,6 +303,41 @@ def two_thread_scaling(fn, calls, rounds):
     return dict(call_s=statistics.median(per_call), scaling=statistics.median(ratios))
 
 
+# The tool's own check of two_thread_scaling, run beside the kernel's calls: a sleep lets go of the
+# GIL, so two threads overlap it (near 2); a Python loop holds it, so they take turns (near 1). On
+# a busy machine the other processes' threads take the cores too and both drift; beyond these
+# limits the scalings of that run cannot tell overlapping calls from ones that take turns.
+OVERLAP_AT_LEAST, TAKE_TURNS_AT_MOST = 1.6, 1.3
+
+
+def _sleeps(n):
+    for _ in range(n):
+        time.sleep(0.002)
+
+
+def _spins(n):
+    """A fixed amount of Python work (a loop to a deadline would overlap in wall time)."""
+    for _ in range(n):
+        total = 0
+        for i in range(20000):
+            total += i
+
+
+def scaling_check():
+    """two_thread_scaling of calls whose answer is known: {"sleep": ..., "python loop": ...}."""
+    return {"sleep": two_thread_scaling(_sleeps, 10, 3), "python loop": two_thread_scaling(_spins, 10, 3)}
+
+
+def scaling_check_line(check):
+    """What the check says of the run's scalings: that they tell the two apart, or that they do not."""
+    sleep, loop = check["sleep"]["scaling"], check["python loop"]["scaling"]
+    told = sleep >= OVERLAP_AT_LEAST and loop <= TAKE_TURNS_AT_MOST
+    return (f"  check: a sleep scales {sleep:.2f} (overlaps: {OVERLAP_AT_LEAST} or more), a Python loop {loop:.2f} "
+            f"(takes turns: {TAKE_TURNS_AT_MOST} or less): "
+            + ("the scalings above tell the two apart" if told else
+               "NOT MET, the machine was too busy for the scalings above to tell overlap from taking turns"))
+
+
 def call_scaling(repeats, block):
     """two_thread_scaling of the kernel's own calls, BLAS on one thread as in its pool: the
     exponential and the scores' matmul at a diagonal piece's size (DIAG_ROWS rows against
@@ -481,6 +518,8 @@ def report_lines(res):
         lines.append("two threads at once, each making the same calls (scaling 2: they overlap; 1: they take turns):")
         for name, r in res["call_scaling"].items():
             lines.append(f"  {name:40} {1e6 * r['call_s']:8.1f} us a call on one thread, scaling {r['scaling']:.2f}")
+        if res.get("scaling_check"):               # runs before the check was made have none
+            lines.append(scaling_check_line(res["scaling_check"]))
     for name, rate in res.get("torch", {}).items():
         lines.append(f"  {name:50} {rate:7.2f}")
     if "floor" in res:
@@ -519,6 +558,7 @@ def main(argv=None):
     res["load"].append(os.getloadavg()[0])
     res["thread_pool"] = thread_pool(args.repeats)
     res["call_scaling"] = call_scaling(args.repeats, args.block) if fa._cpu_count() > 1 else {}
+    res["scaling_check"] = scaling_check() if res["call_scaling"] else {}
     res["load"].append(os.getloadavg()[0])
     res["lower_bound"] = lower_bound(res["roofline"], res["instrumented"], args.block)
     if args.torch:

@@ -16,6 +16,11 @@ float32, float16 and bfloat16, numpy_attn's beside PyTorch's, drawn to
 docs/images/precision_attention.png. Runs on one thread, so that the results do not depend on how
 a reduction is split between threads.
 
+Its first line names the machine: the CPU, the vector extensions a kernel may choose by, torch's
+CPU capability and whether its oneDNN computes in float16 and bfloat16 there, and NumPy's BLAS
+kernel. A few kernels take another path on another CPU (``Op.machine_verdicts``), so their
+verdicts are that machine's; the page quotes the line above its table.
+
     python docs/precision_measure.py [--small] [--out PATH] [--attention-out PATH]
 
 ``--small`` measures small sizes (the test's run); ``--out`` and ``--attention-out`` name the
@@ -25,6 +30,7 @@ two PNGs to write.
 import argparse
 import math
 import os
+import platform
 import sys
 import tempfile
 from collections.abc import Callable
@@ -226,6 +232,12 @@ PER_NODE = "per autograd node: log_softmax float32 rounded once, nll_loss summed
 
 # ---- the operations measured -----------------------------------------------------------------
 
+# An op torch hands to oneDNN in a low dtype where the CPU has that dtype's arithmetic
+# (avx512_fp16, avx512_bf16, AMX; machine() says where oneDNN does) still computes in float32 and
+# rounds once, but sums or evaluates in another order: the share equal to "once" moves across
+# EXACT with the machine.
+ONCE_ON_SOME_MACHINES = ("float32, rounded once", "float32, rounded once (nearly)")
+
 class Op(NamedTuple):
     name: str                  # as the page's table names it
     torch_call: str            # the torch function measured
@@ -238,6 +250,9 @@ class Op(NamedTuple):
     # each taking the low-precision inputs (the backward also the low-precision output and dout)
     # and computing in float32; its result is rounded once.
     alt: tuple = None
+    # The verdicts the op's may move between from one machine to another, where its kernel takes
+    # another path by the CPU (why: beside each op that has some); empty: the same on every machine.
+    machine_verdicts: tuple = ()
 
 
 def normal(g, *shape, scale=1.0):
@@ -290,12 +305,19 @@ OPS = (
     Op("log_softmax", "F.log_softmax", lambda x: F.log_softmax(x, -1), log_softmax_steps,
        lambda g, s: rows(g, s, 3.0), ("x",), log_softmax_steps_grad,
        (SAVED, None, log_softmax_from_saved)),
-    Op("linear (matmul)", "x @ w", torch.matmul, seq_matmul, matmul_inputs, ("x", "w"), matmul_steps_grad),
+    Op("linear (matmul)", "x @ w", torch.matmul, seq_matmul, matmul_inputs, ("x", "w"), matmul_steps_grad,
+       machine_verdicts=ONCE_ON_SOME_MACHINES),
     Op("softcap (tanh)", "torch.tanh", torch.tanh, torch.tanh, unary, ("x",), tanh_steps_grad,
        (SAVED, None, tanh_from_saved)),
+    # Where torch's CPU capability has vectors (AVX2, AVX-512) the flash kernel exponentiates with a
+    # vectorized approximation of its own, not torch.exp's, so the third candidate (torch ops) misses
+    # some of its roundings; without (ATEN_CPU_CAPABILITY=default) both take the C library's exp and
+    # the candidate meets it.
     Op("attention (flash)", "F.scaled_dot_product_attention, flash CPU kernel", sdpa(SDPBackend.FLASH_ATTENTION),
        attention_steps, attention_inputs, ("q", "k", "v"), None,
-       ("float32, P rounded before P @ V", attention_p_rounded, None)),
+       ("float32, P rounded before P @ V", attention_p_rounded, None),
+       machine_verdicts=("float32, P rounded before P @ V", "float32, P rounded before P @ V (nearly)",
+                         "none of these")),
     Op("attention (math)", "F.scaled_dot_product_attention, math backend", sdpa(SDPBackend.MATH),
        attention_steps, attention_inputs, ("q", "k", "v")),
     Op("layer_norm", "F.layer_norm", lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5), layer_norm_steps,
@@ -305,7 +327,7 @@ OPS = (
        rms_norm_inputs, ("x", "weight")),
     Op("erf", "torch.erf", torch.erf, torch.erf, unary, ("x",), erf_steps_grad),
     Op("gelu (exact)", "F.gelu", F.gelu, lambda x: 0.5 * x * (1 + torch.erf(x * (1 / math.sqrt(2)))), unary,
-       ("x",)),
+       ("x",), machine_verdicts=ONCE_ON_SOME_MACHINES),
     Op("gelu (tanh)", "F.gelu(approximate='tanh')", lambda x: F.gelu(x, approximate="tanh"), gelu_tanh_steps,
        unary, ("x",)),
     Op("sigmoid", "torch.sigmoid", torch.sigmoid, lambda x: 1 / (1 + torch.exp(-x)), unary, ("x",), None,
@@ -315,6 +337,47 @@ OPS = (
        cross_entropy_inputs, ("logits", ""), None, (PER_NODE, per_batch(cross_entropy_per_node),
                                                     cross_entropy_from_saved)),
 )
+
+
+# ---- the machine ------------------------------------------------------------------------------
+
+# The CPU flags a kernel of torch or of NumPy's BLAS may choose its path by, as /proc/cpuinfo names them.
+VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+MACHINE = "Measured on: "
+
+
+def machine():
+    """One line naming what the verdicts depend on: the CPU and its vector extensions, torch and
+    its CPU capability, whether its oneDNN computes in float16 and bfloat16 here, NumPy's BLAS."""
+    cpu, flags = platform.processor() or platform.machine(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                cpu = value
+            elif key == "flags" and flags is None:
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = "flags unknown" if flags is None else " ".join(f for f in VECTOR_FLAGS if f in flags) or "no AVX2"
+    onednn = []
+    for name, check in (("float16", "_is_mkldnn_fp16_supported"), ("bfloat16", "_is_mkldnn_bf16_supported")):
+        try:                                  # private, as the check torch itself makes before handing over
+            onednn.append(f"{name} {'yes' if getattr(torch.ops.mkldnn, check)() else 'no'}")
+        except (AttributeError, RuntimeError):
+            onednn.append(f"{name} unknown")
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = "; ".join(f"{pool['internal_api']} {pool.get('version') or ''} {pool.get('architecture') or ''}".strip()
+                         for pool in threadpool_info() if pool["user_api"] == "blas") or "none found"
+    except ImportError:
+        blas = "unknown (no threadpoolctl)"
+    import numpy
+
+    return (f"{MACHINE}{cpu} ({vector}); torch {torch.__version__}, CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN arithmetic in {', '.join(onednn)}; "
+            f"NumPy {numpy.__version__}, BLAS {blas}; one thread")
 
 
 # ---- measuring -------------------------------------------------------------------------------
@@ -410,16 +473,16 @@ def max_errors(fn, inputs, dtype):
 
 
 def baseline(lengths):
-    """[(op, dtype name, T, torch error, once error)] for attention (T queries and keys, hs 64) and
-    softmax (16 rows of T logits)."""
+    """[(op, dtype name, T, torch error, once error, max |truth|)] for attention (T queries and keys,
+    hs 64) and softmax (16 rows of T logits)."""
     found = []
     for T in lengths:
         g = torch.Generator().manual_seed(T)
         qkv = [normal(g, 1, 1, T, 64) for _ in range(3)]
         logits = [normal(g, 16, T, scale=3.0)]
         for name, dtype in LOWP.items():
-            found.append(("attention", name, T, *max_errors(F.scaled_dot_product_attention, qkv, dtype)[:2]))
-            found.append(("softmax", name, T, *max_errors(lambda x: F.softmax(x, -1), logits, dtype)[:2]))
+            found.append(("attention", name, T, *max_errors(F.scaled_dot_product_attention, qkv, dtype)))
+            found.append(("softmax", name, T, *max_errors(lambda x: F.softmax(x, -1), logits, dtype)))
     return found
 
 
@@ -441,7 +504,7 @@ def default_backend(T=256):
 def format_baseline(found):
     lines = ["| op | dtype | T | max \\|torch - truth\\| | max \\|float32 once - truth\\| | ratio |",
              "|---|---|---|---|---|---|"]
-    for op, dtype, T, torch_err, once_err in found:
+    for op, dtype, T, torch_err, once_err, _ in found:
         ratio = torch_err / once_err if once_err else math.inf
         lines.append(f"| {op} | {dtype} | {T} | {torch_err:.3g} | {once_err:.3g} | {ratio:.2f} |")
     return "\n".join(lines)
@@ -568,7 +631,7 @@ def main(argv=None):
         if not path.parent.is_dir():
             parser.error(f"{option} {str(path)!r}: no folder {str(path.parent)!r}")
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, one thread\n")
+    print(machine() + "\n")
     print(format_table(measure(args.small)))
     found = baseline(SMALL_LENGTHS if args.small else LENGTHS)
     print(f"\n{default_backend()}\n")

@@ -83,6 +83,29 @@ def test_the_script_writes_only_its_out_and_prints_the_pages_table(tmp_path):
         f"the page's table differs from the script's:\n{table}"
 
 
+# The page's table is compared with the script's as text. Its numbers are float64 results of fixed
+# inputs printed to 2 or 3 decimals; another BLAS kernel or vector width sums them in another order,
+# which moves a value of at most about 25 (the scores) by a few hundred float64 roundings: under
+# 1e-12. A value at least 1e-9 from the point where its last printed digit changes prints the same
+# on every machine.
+PRINTED_MARGIN = 1e-9
+
+
+@needs_vocab
+def test_the_pages_table_prints_the_same_on_every_machine(result):
+    """Every number table() prints lies PRINTED_MARGIN or more from a rounding boundary of its
+    decimals, so the text comparison above holds on any machine (the closest: 14.786, 1.9e-5)."""
+    ids, panels = result
+    printed = [(panel.weights[i].max(), 2) for panel in panels.values() for i in range(len(ids))]
+    printed += [(panel.weights.max(axis=-1).mean(), 2) for panel in panels.values()]
+    printed += [(np.abs(panel.scores[panel.visible]).max(), 3) for panel in panels.values()]
+    assert len(printed) == 4 * (len(ids) + 2)
+    for value, decimals in printed:
+        scaled = value * 10**decimals
+        margin = abs(scaled - np.floor(scaled) - 0.5) / 10**decimals
+        assert margin >= PRINTED_MARGIN, f"{value!r} lies {margin:.1e} from where its {decimals} decimals change"
+
+
 def test_an_out_in_no_folder_is_refused_by_name(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "none" / "p.png")],
                           capture_output=True, text=True, timeout=120)

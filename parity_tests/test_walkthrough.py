@@ -3,6 +3,7 @@ agree, the source's worked example prints the numbers an independent computation
 heatmaps are real PNGs, ``--no-torch`` leaves torch out, and bad input gets a message, not a traceback.
 """
 
+import bisect
 import contextlib
 import io
 import re
@@ -613,20 +614,112 @@ def test_backward_heatmap_is_signed(tmp_path):
     assert red.sum() > 500 and blue.sum() > 500, "positive gradients red, negative blue"
 
 
-def test_the_documented_excerpt_is_what_the_command_prints():
-    """docs/walkthrough_excerpt.txt (written by docs/regenerate_walkthrough.sh) is not stale:
-    its pieces, between "[...]", stand in the output of the command it quotes, in order."""
+# What the excerpt's numbers may be on another machine. A figure ("max |NumPy - PyTorch| =
+# 2.98e-08", "max |difference| = ...") measures rounding: another BLAS kernel, vector width or
+# thread count sums in another order and prints another one, so a figure is held to the bound
+# under which the walkthrough marks it good (walk_render.tolerance), on both sides, not to its
+# digits. A table value or a worked number is a float32 result printed to fixed decimals: the
+# other machine's result lies within that bound of this one's, and where it lies that close to a
+# rounding boundary (a 5 in the next decimal) it prints the neighbouring last digit. float32's
+# bound, 1e-4, is one unit of the fourth decimal, so the two print at most one unit apart: a fixed
+# number is held to its decimals and to one unit of its last digit. Everything else is text and
+# must be equal.
+FIGURE = re.compile(r"\d\.\d\de[+-]\d\d")
+NUMBER = re.compile(rf"{FIGURE.pattern}|-?\d+\.\d+")
+
+
+def _masked(text):
+    """``text`` with each figure and fixed-decimal number replaced by NUL, and those numbers in order."""
+    numbers = []
+
+    def keep(match):
+        numbers.append(match[0])
+        return "\0"
+    return NUMBER.sub(keep, text), numbers
+
+
+def _number_problem(shown, printed, bound):
+    """Why the excerpt's ``shown`` is not what the command's ``printed`` may be (see above), or None."""
+    if FIGURE.fullmatch(shown) or FIGURE.fullmatch(printed):
+        if not (FIGURE.fullmatch(shown) and FIGURE.fullmatch(printed)):
+            return f"{shown} where the command prints {printed}"
+        over = [f"{who} {text}" for who, text in (("the excerpt's", shown), ("the command's", printed))
+                if float(text) > bound]
+        return f"figure above its bound {bound:.0e}: {', '.join(over)}" if over else None
+    decimals = [len(text.split(".")[1]) for text in (shown, printed)]
+    units = abs(int(shown.replace(".", "")) - int(printed.replace(".", "")))
+    if decimals[0] != decimals[1] or units > 1:
+        return f"{shown} where the command prints {printed}"
+    return None
+
+
+def excerpt_problems(excerpt, out, bound):
+    """What keeps ``excerpt``'s pieces (between "[...]" lines) from standing in ``out`` in order,
+    their text equal and their numbers as another machine may print them (see above): [] if nothing."""
+    masked_out, printed = _masked(out)
+    holes = [i for i, c in enumerate(masked_out) if c == "\0"]
+    at = 0
+    for piece in excerpt.rstrip("\n").split("\n[...]\n"):
+        masked, shown = _masked(piece)
+        found, problems = masked_out.find(masked + "\n", at), None
+        while found >= 0:                  # the first place whose numbers agree too
+            first = bisect.bisect_left(holes, found)
+            differ = [problem for s, p in zip(shown, printed[first:first + len(shown)], strict=True)
+                      if (problem := _number_problem(s, p, bound))]
+            if not differ:
+                break
+            problems = problems or [f"{problem}, in: {piece[:200]}" for problem in differ]
+            found = masked_out.find(masked + "\n", found + 1)
+        if found < 0:
+            return problems or [f"not in the output (numbers aside): {piece[:300]}"]
+        at = found + len(masked)
+    return []
+
+
+@pytest.fixture(scope="module")
+def source_run():
+    """The excerpt, the output of the command it quotes, and the bound of that run's figures."""
     from pathlib import Path
+
+    from attn_cli import walk_render
 
     excerpt = (Path(__file__).parent.parent / "docs" / "walkthrough_excerpt.txt").read_text()
     status, out, err = run("--example", "source", "--color", "never")
     assert status == 0, err
-    at = 0
-    for piece in excerpt.rstrip("\n").split("\n[...]\n"):
-        found = out.find(piece + "\n", at)
-        assert found >= 0, f"not in the output (after offset {at}): {piece[:300]}"
-        at = found + len(piece)
-    assert "Follow 'cat' back" in excerpt, "the excerpt shows the backward worked by hand"
+    inputs, results = walk_results("--example", "source", torch_side=False)
+    return excerpt, out, walk_render.tolerance(inputs.dtype, results["NumPy"])
+
+
+def test_the_documented_excerpt_is_what_the_command_prints(source_run):
+    """docs/walkthrough_excerpt.txt (written by docs/regenerate_walkthrough.sh) is not stale: its
+    pieces, between "[...]", stand in the output of the command it quotes, in order, as this or
+    any other machine prints them (the figures within their bound, table values within one unit
+    of their last digit: see excerpt_problems)."""
+    excerpt, out, bound = source_run
+    assert excerpt.count("\n[...]\n") == 3 and "Follow 'cat' back" in excerpt, \
+        "the excerpt shows the header, step 5's context, step 9's loss and the backward worked by hand"
+    problems = excerpt_problems(excerpt, out, bound)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_stale_excerpt_is_told_from_another_machine_s_rounding(source_run):
+    """The comparison still fails on a changed word, a table value two units off and a figure above
+    its bound; it lets through a figure within its bound and a last digit one unit off."""
+    excerpt, out, bound = source_run
+    assert excerpt_problems(excerpt, out, bound) == []
+    figure = FIGURE.search(excerpt.split("\n[...]\n")[1])[0]          # step 5's context, e.g. 1.19e-07
+    assert bound == 1e-4, "the float32 bound the cases below are written for"
+    stale = {"a word": excerpt.replace("sum_k w_k dw_k", "sum_j w_j dw_j", 1),
+             "a table value": excerpt.replace("0.2283", "0.2285", 1),
+             "a figure above its bound": excerpt.replace(f"= {figure}", "= 1.10e-04", 1)}
+    for what, text in stale.items():
+        assert text != excerpt, what
+        assert excerpt_problems(text, out, bound), f"{what} changed and the excerpt still passes"
+    rounding = {"a figure within its bound": excerpt.replace(f"= {figure}", "= 9.90e-05", 1),
+                "a last digit one unit off": excerpt.replace("0.2283", "0.2284", 1)}
+    for what, text in rounding.items():
+        assert text != excerpt, what
+        assert excerpt_problems(text, out, bound) == [], f"{what} is another machine's rounding"
 
 
 def test_help_says_how_to_keep_colour_through_a_pager():
