@@ -45,6 +45,36 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores // THREADS, 8))
 
 
+# The project's modules: every one is imported before the first test (_same_draws_everywhere).
+PACKAGES = ("numpy_attn", "torch_attn", "attn_cli", "benchmarks")
+
+
+def project_modules():
+    """The names of every module of the project's packages and of every test file (not __main__,
+    which would run the benchmark)."""
+    import pkgutil
+
+    names = []
+    for package in PACKAGES:
+        path = [str(TESTS.parent / package)]
+        names += [package] + [m.name for m in pkgutil.walk_packages(path, prefix=f"{package}.")
+                              if not m.name.endswith(".__main__")]
+    return names + [f"parity_tests.{p.stem}" for p in sorted(TESTS.glob("test_*.py"))]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _same_draws_everywhere():
+    """Hypothesis mixes into its draws the constants of the project's modules loaded at that
+    moment (a number in the code under test makes a good input). Which are loaded depends on the
+    tests run before, so a derandomized test drew differently alone, in the whole suite, and in a
+    pytest-xdist worker that happened to run other tests first. With every module of the project
+    imported before the first test, a test draws the same examples in any run, order or worker."""
+    import importlib
+
+    for name in project_modules():
+        importlib.import_module(name)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     """Pin NumPy's BLAS and torch's intra-op pool to THREADS threads for the whole session."""

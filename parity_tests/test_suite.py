@@ -1,6 +1,7 @@
 """The suite itself: every operation has the one test that -m twin_parity runs for it, and the records
 a pytest-xdist worker sends (parity_tests/conftest.py) merge into what one process would have
-recorded, so that test-errors.json and the precision table do not depend on how the tests were shared."""
+recorded, so that test-errors.json and the precision table do not depend on how the tests were shared;
+and every module of the project is loaded before any test draws, so that its draws do not either."""
 
 import os
 import re
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from attn_cli import show
-from parity_tests import helpers
+from parity_tests import conftest, helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,3 +79,15 @@ def test_workers_records_merge_into_one_process_records(monkeypatch):
     assert budget_rows["demo[numpy]", "out"]["multiple"] == 1.0
     assert budget_rows["demo[twin]", "out"]["multiple"] is None
     assert budget_rows["demo[numpy]", "out"]["test_file"] == "parity_tests/test_a.py"
+
+
+def test_every_module_of_the_project_is_loaded_before_the_first_draw():
+    """Hypothesis draws some values from the constants of the loaded modules of the project: the
+    conftest imports every one before the first test, so this test, run alone or after any other,
+    finds them all loaded."""
+    names = conftest.project_modules()
+    assert {"numpy_attn.softmax", "torch_attn.softmax", "attn_cli.site", "benchmarks.report",
+            "numpy_attn.kernels.flash_attention", "parity_tests.test_suite"} <= set(names), names
+    assert "benchmarks.__main__" not in names, "importing it would run the benchmark"
+    missing = [name for name in names if name not in sys.modules]
+    assert not missing, f"not imported before the tests: {missing}"
