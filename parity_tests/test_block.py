@@ -62,6 +62,21 @@ def _ln_tol(cache, dtype):
     return layer_norm_tol([cache.ln1[1], cache.ln2[1]], dtype)
 
 
+def _grad_tol(cache, dtype, grads):
+    """_ln_tol for the block's gradients, its atol in units of the largest of them (at least 1).
+
+    An entry's rounding error follows the size of the terms that made it, not its own size. Every
+    gradient of the block sums products of unit-scale activations with the gradients flowing back
+    through it, which the largest gradient bounds; where they cancel, the entry is small and keeps
+    their rounding. So when every key a query sees is equal (k.w all ones, each row of x with the
+    same sum), the softmax's gradient and dq are 0 exactly, yet a float32 program leaves the
+    rounding of terms as large as the block's other gradients: a drawn case had dq.w off by 7.5e-5
+    in ours (autograd's -4.5e-12), 2.3 times the unscaled atol."""
+    tol = _ln_tol(cache, dtype)
+    largest = max([1.0] + [float(np.abs(g).max(initial=0.0)) for _, g in tree_leaves(grads)])
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * largest)
+
+
 # -- forward matches the twin -----------------------------------------------------------------
 
 @given(case=blocks())
@@ -84,7 +99,7 @@ def test_backward_matches_autograd(case):
     _, cache = block_forward(x, params, nh)
     dx, dparams = block_backward(dout, cache)
     _, grads = autograd(lambda **kw: block(**kw, num_heads=nh), {"x": x, "params": params}, dout)
-    tol = _ln_tol(cache, x.dtype)
+    tol = _grad_tol(cache, x.dtype, grads)
     assert_close("block.dx", dx, grads["x"], **tol)
     assert_tree_close("block", dparams, grads["params"], **tol)
 
@@ -98,8 +113,8 @@ def test_dropout_parity_through_masks(case, p, seed):
     masks = {k: to_torch(m) for k, m in cache.masks.items()}
     twin_out, grads = autograd(lambda **kw: block(**kw, num_heads=nh, dropout_p=p, masks=masks),
                                {"x": x, "params": params}, dout)
-    tol = _ln_tol(cache, x.dtype)
-    assert_close("block[dropout].out", out, twin_out, **tol)
+    assert_close("block[dropout].out", out, twin_out, **_ln_tol(cache, x.dtype))
+    tol = _grad_tol(cache, x.dtype, grads)
     assert_close("block[dropout].dx", dx, grads["x"], **tol)
     assert_tree_close("block[dropout]", dparams, grads["params"], **tol)
 
