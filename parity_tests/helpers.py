@@ -171,7 +171,8 @@ def assert_error_budget(op, dtype, tensors, multiple=2.0, extra=None):
     low = LOW_DTYPES[dtype][0]
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]     # "file::test[id] (call)"
     _BUDGET_TESTS.add(test)
-    _BUDGET_FILES[op] = min(_BUDGET_FILES.get(op, test.split("::")[0]), test.split("::")[0])
+    test_file = test.split("::")[0]
+    _BUDGET_FILES[op] = min(_BUDGET_FILES.get(op, test_file), test_file)
     for name, (ours, theirs, truth) in tensors.items():
         label = f"{op} {name} ({dtype})"
         ours, theirs, truth = np.asarray(ours), np.asarray(theirs), np.asarray(truth, dtype=np.float64)
@@ -222,7 +223,7 @@ def _keep_multiple(key, multiple):
 
 def budget_rows():
     """The multiples recorded by assert_error_budget, as rows for the conftest's JSON: the multiple
-    None where PyTorch's error was 0 in every case, test_file the file that first checked the op."""
+    None where PyTorch's error was 0 in every case, test_file the first by name that checked the op."""
     return [dict(op=op, tensor=name, dtype=dtype, multiple=value, test_file=_BUDGET_FILES[op])
             for (op, name, dtype), value in sorted(_BUDGET.items())]
 
