@@ -51,8 +51,9 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
+from numpy_attn._model import LAYER_TYPES
 from numpy_attn.deepseek_v3 import DeepseekV3Config
-from numpy_attn.gemma2 import LAYER_TYPES, Gemma2Config
+from numpy_attn.gemma2 import Gemma2Config
 from numpy_attn.gemma3 import Gemma3Config
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.gpt_oss import GptOssConfig
@@ -618,7 +619,7 @@ def _rope_settings(hf, family, keys, optional=()):
 
 
 def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_layernorm"), mlp=None):
-    """The params of a Llama (or Qwen3, OLMo 2: config.qk_norm adds q_norm and k_norm) from its
+    """The params of a Llama (or Qwen3, OLMo 2, Gemma 3: with q_norm and k_norm) from its
     tensors; ``norms`` names the block's two norms, our attn_norm and mlp_norm; ``mlp(tensors,
     prefix, config)``, if given, reads the block's "mlp" in place of Llama's SwiGLU."""
     V, C, H, hs = config.vocab_size, config.n_embd, config.hidden, config.hs
@@ -638,8 +639,9 @@ def _llama_params(tensors, config, norms=("input_layernorm", "post_attention_lay
                 "k": linear(p + "self_attn.k_proj", C, nkv * hs, bias),
                 "v": linear(p + "self_attn.v_proj", C, nkv * hs, bias),
                 "o": linear(p + "self_attn.o_proj", nh * hs, C, bias)}
-        if config.qk_norm is not None:     # Qwen3, OLMo 2: weights (hs,) per head, or the projections' widths
-            q_width, k_width = config.qk_norm_widths
+        if isinstance(config, Qwen3Config | Olmo2Config | Gemma3Config):   # QK-norm
+            # weights (hs,) per head (Qwen3, Gemma 3), or the projections' widths (OLMo 2)
+            q_width, k_width = (nh * hs, nkv * hs) if isinstance(config, Olmo2Config) else (hs, hs)
             attn["q_norm"] = {"w": tensors.take(p + "self_attn.q_norm.weight", (q_width,))}
             attn["k_norm"] = {"w": tensors.take(p + "self_attn.k_norm.weight", (k_width,))}
         mlp_params = mlp(tensors, p + "mlp.", config) if mlp else {
@@ -825,7 +827,7 @@ def _deepseek_v3_params(tensors, config):
             name, key = path.split(".")
             hf_name = f"{p}self_attn.{MLA_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"
             attn.setdefault(name, {})[key] = tensors.take(hf_name, shape[::-1]).T.copy()
-        if config.block_options(i)["moe"]:
+        if config.is_moe(i):
             experts = [swiglu(f"{p}mlp.experts.{e}", Hm) for e in range(E)]
             mlp = {"router": linear(p + "mlp.gate", C, E),
                    "selection_bias": tensors.take(p + "mlp.gate.e_score_correction_bias", (E,)),

@@ -33,9 +33,9 @@ from attn_cli import tokenizer
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
 from numpy_attn.linear import linear_forward
-from numpy_attn.llama import init_llama_params, qk_norm_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
-from numpy_attn.qwen3 import Qwen3Config
+from numpy_attn.qk_norm import qk_norm_forward
+from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params
 from numpy_attn.rms_norm import rms_norm_forward
 from numpy_attn.rope import rope_forward
 
@@ -45,7 +45,7 @@ SENTENCE = "The cat sat on the mat because it was tired, so the cat slept on the
 CONFIG = Qwen3Config(vocab_size=50257, n_layer=1, n_head=4, n_kv_head=2, n_embd=64, head_dim=16, hidden=128,
                      tie_weights=True)
 SEED = 0
-# With init_llama_params' std of 0.02 the scores stay below 0.1 and every row is near uniform:
+# With init_qwen3_params' std of 0.02 the scores stay below 0.1 and every row is near uniform:
 # neither a cap nor QK-norm would have anything to bound. 16 x 0.02 = 0.32 makes them reach ~20.
 GROWTH = 16.0
 # Gemma 2's c = 50 would leave scores of at most ~20 as they are; c = 5, below their standard
@@ -69,7 +69,7 @@ class Panel(NamedTuple):
 def head_inputs(ids, growth=GROWTH):
     """q, k, v (T, hs) of head 0 of the first layer for token ids (T,), before the rotation, and
     that layer's attention parameters."""
-    params = init_llama_params(CONFIG, np.random.default_rng(SEED), dtype=np.float64)
+    params = init_qwen3_params(CONFIG, np.random.default_rng(SEED), dtype=np.float64)
     block = params["blocks"]["0"]
     attn = block["attn"]
     hs = CONFIG.hs
@@ -100,7 +100,7 @@ def attend(q, k, v, softcap=None, window=None):
 def panels(ids, growth=GROWTH):
     """The four panels for token ids (T,): {"plain", "softcap", "window", "qk_norm"} -> Panel."""
     q, k, v, attn = head_inputs(ids, growth)
-    q_normed, k_normed, _ = qk_norm_forward(q, k, attn, CONFIG.rms_eps, "head")   # (T, hs) each, width hs
+    q_normed, k_normed, _ = qk_norm_forward(q, k, attn, CONFIG.rms_eps)   # (T, hs) each, width hs
     return {"plain": attend(q, k, v),
             "softcap": attend(q, k, v, softcap=SOFTCAP),
             "window": attend(q, k, v, window=WINDOW),

@@ -33,6 +33,7 @@ Reading order, leaf to root:
     flex_attention   score and mask modifiers, block masks that skip empty tiles
     rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
     rms_norm         root-mean-square norm (no centring, no bias), as in Llama
+    qk_norm          RMS norm on the queries and keys, per head or over the projection
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
@@ -83,22 +84,23 @@ from numpy_attn.flex_attention import (
 )
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
-    Gemma2Config, gemma2_backward, gemma2_block_backward, gemma2_block_forward, gemma2_forward,
-    gemma2_kv_cache, init_gemma2_params,
+    Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
+    gemma2_forward, gemma2_kv_cache, gemma_decoder_forward, init_gemma2_params,
 )
-from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward
+from numpy_attn.gemma3 import (
+    Gemma3Config, gemma3_attention_forward, gemma3_backward, gemma3_forward, init_gemma3_params,
+)
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.gpt_oss import (
-    GptOssConfig, gpt_oss_backward, gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward,
-    gpt_oss_kv_cache, init_gpt_oss_params,
+    GptOssConfig, gpt_oss_attention_backward, gpt_oss_attention_forward, gpt_oss_backward,
+    gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward, gpt_oss_kv_cache, init_gpt_oss_params,
 )
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
-    LlamaConfig, decoder_backward, decoder_forward, init_llama_params, llama_attention_backward,
-    llama_attention_forward, llama_backward, llama_block_backward, llama_block_forward, llama_forward,
-    llama_kv_cache, qk_norm_backward, qk_norm_forward,
+    LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward, llama_backward,
+    llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
@@ -121,7 +123,8 @@ from numpy_attn.multi_head import (
     multi_head_attention_forward, split_heads,
 )
 from numpy_attn.olmo2 import (
-    Olmo2Config, olmo2_backward, olmo2_block_backward, olmo2_block_forward, olmo2_forward,
+    Olmo2Config, init_olmo2_params, olmo2_attention_backward, olmo2_attention_forward, olmo2_backward,
+    olmo2_block_backward, olmo2_block_forward, olmo2_forward,
 )
 from numpy_attn.optim import (
     adamw_init,
@@ -133,7 +136,11 @@ from numpy_attn.optim import (
     unscale_grads,
 )
 from numpy_attn.positional import sinusoidal_encoding
-from numpy_attn.qwen3 import Qwen3Config, qwen3_backward, qwen3_forward
+from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
+from numpy_attn.qwen3 import (
+    Qwen3Config, init_qwen3_params, qwen3_attention_backward, qwen3_attention_forward, qwen3_backward,
+    qwen3_forward,
+)
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (
     half_to_interleaved, rope_attention_factor, rope_backward, rope_forward, rope_frequencies,

@@ -1,8 +1,17 @@
-"""What the language models here share after their blocks: the output layer, tied to the token
-embedding or not, and the backward loop over the blocks.
+"""The decoder shell every language model here shares, and the steps of its attention.
 
+    x      = wte[ids]                          (times embed_scale: Gemma)
+    x      = block_i(x)                        each family's block, i = 0 .. n_layer - 1
+    x      = rms_norm(x)                       (scaling by 1 + w: Gemma)
     logits = x @ head.w                        head.w = wte^T with tied weights
-    logits = x[:, -N:] @ head.w                with logits_to_keep = N: the last N positions only
+    logits = c * tanh(logits / c)              (logit_softcap c: Gemma 2)
+
+``decoder_forward`` runs that loop around a family's block and takes what differs as arguments;
+each family's file (numpy_attn/llama.py, qwen3.py, ...) calls it with its own block and says
+which of the bracketed steps it takes. The attention of those blocks is a short composition of
+the steps below (``qkv_forward``, split into heads, ``rotate_forward``, ``cached_attention_forward``,
+merge, the output projection), each with its backward, and a family inserts its own steps
+between them (Qwen3's QK-norm, Gemma 2's softcap, gpt-oss's sinks).
 
 ``logits_to_keep`` is transformers' keyword and means what it does there: an int N > 0 keeps the
 last N positions' logits (all T when N >= T), 0 or None keeps all. Generation reads the last
@@ -19,14 +28,206 @@ once more, as PyTorch's autograd accumulates the gradients of a tensor used twic
 cache, which holds that block's activations, is dropped as soon as the block returns, and the forward
 returns ``(logits, None)``; what ``torch.no_grad()`` does for the twin. Generation runs so: a forward
 over 256 prompt tokens of GPT-2 124M then holds one block's activations at a time, not twelve.
+
+float16 and bfloat16: every operation computes in float32 and rounds its output once to the
+params' dtype (docs/precision.md), so the residual stream, the keys and values a cache holds and
+the logits are in that dtype, as in transformers' models run in bfloat16. Each residual add rounds
+its float32 sum once (NumPy's add of two float16 or bfloat16 arrays, as PyTorch's add kernel), and
+an embedding scale is rounded to the params' dtype first, then multiplied and rounded once.
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout
+from numpy_attn._checks import (
+    check_dout,
+    check_model_attn_mask,
+    check_model_kv_cache,
+    check_no_past,
+    check_positions,
+    check_rng,
+    check_token_ids,
+)
+from numpy_attn.attention import (
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+from numpy_attn.rope import rope_backward, rope_forward
+from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
+
+# -- the decoder shell ----------------------------------------------------------------------------
+
+class DecoderCache(NamedTuple):
+    """The sub-caches in forward order."""
+
+    wte: tuple
+    blocks: list
+    norm: tuple
+    head: tuple                               # HeadCache
+    embed_scale: np.floating | None = None    # the embedding's multiplier (Gemma), in its dtype
+    logit_softcap: tuple | None = None        # the cap on the logits' cache (Gemma 2)
+
+
+def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,
+                    logits_to_keep=None, for_backward=True, embed_scale=None, norm_offset=0.0,
+                    norm_round_xhat=True, logit_softcap=None, layer_options=None):
+    """Logits for integer ``ids`` (B, T) -> (B, N, V), N = T unless logits_to_keep. Returns
+    ``(logits, cache)``, or ``(logits, None)`` with ``for_backward=False``.
+
+    ``config`` must be a ``config_class`` (each family's params differ); ``block_forward(x, params,
+    config, positions, *, attn_mask, kv_cache, **layer_options(i))`` makes block i. What the
+    families change around the blocks: ``embed_scale`` multiplies the embedding, ``norm_offset``
+    and ``norm_round_xhat`` go to the final norm (rms_norm_forward's offset and round_xhat),
+    ``logit_softcap`` caps the logits. The keywords are llama_forward's.
+    """
+    ids = check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep)
+    check_for_backward(for_backward)
+    B, T = ids.shape
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    positions = np.arange(past, past + T) if positions is None else np.asarray(positions)
+    wte = params["wte"]
+    # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
+    attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right")
+    # 1: token embedding (positions enter through RoPE inside attention)
+    x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
+    if embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
+        # In the model's dtype even for float16 and bfloat16, as transformers' Gemma normalizer; the
+        # product of two such numbers is exact in float32, so the multiply rounds once.
+        embed_scale = x.dtype.type(embed_scale)
+        x = x * embed_scale                                                   # (B, T, C)
+    # 2: the blocks, in order; each reads and appends to its own layer of the cache
+    block_caches = []
+    for i in range(config.n_layer):
+        layer_cache = None if kv_cache is None else kv_cache.layer(i)
+        options = {} if layer_options is None else layer_options(i)
+        x, block_cache = block_forward(x, params["blocks"][str(i)], config, positions,
+                                       attn_mask=attn_mask, kv_cache=layer_cache, **options)
+        if for_backward:
+            block_caches.append(block_cache)                                  # x: (B, T, C)
+        del block_cache   # without for_backward its activations are freed now, not after the next block
+    # 3: final RMS norm
+    x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, norm_offset,
+                                     norm_round_xhat)                         # (B, T, C)
+    # 4: the output layer
+    logits, head_cache = head_forward(x, params, config.tie_weights, logits_to_keep)   # (B, T, C) -> (B, N, V)
+    softcap_cache = None
+    if logit_softcap is not None:   # Gemma 2: c * tanh(logits / c), on the kept logits
+        logits, softcap_cache = logit_softcap_forward(logits, logit_softcap)   # (B, N, V)
+    if not for_backward:
+        return logits, None
+    cache = DecoderCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache)
+    return logits, cache
+
+
+def decoder_backward(op, dlogits, cache, block_backward):
+    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params; ``block_backward``
+    undoes each block, ``op`` names the model in the message about a wrong dlogits."""
+    if cache.logit_softcap is not None:   # undoes logits = c * tanh(logits / c)
+        check_dout(op, dlogits, cache.head.shape, cache.head.dtype, name="dlogits")
+        dlogits = logit_softcap_backward(dlogits, cache.logit_softcap)       # (B, N, V)
+    # 4: undoes logits = x[:, -N:] @ head_w.
+    dx, dhead = head_backward(op, dlogits, cache.head)                        # (B, N, V) -> (B, T, C)
+    # 3: undoes x = rms_norm(x).
+    dx, dnorm = rms_norm_backward(dx, cache.norm)                             # (B, T, C)
+    # 2: undoes the blocks, the last one first.
+    dx, dblocks = blocks_backward(dx, cache.blocks, block_backward)           # (B, T, C)
+    if cache.embed_scale is not None:   # undoes x = x * embed_scale
+        dx = dx * cache.embed_scale
+    # 1: undoes x = wte[ids].
+    dparams = {"wte": embedding_backward(dx, cache.wte), "blocks": dblocks, "norm": dnorm}
+    return with_head(dparams, dhead, cache.head)
+
+
+class Sublayer(NamedTuple):
+    """A sublayer's forward and backward, for a block that takes its attention as an argument."""
+
+    forward: object
+    backward: object
+
+
+# -- the steps of a decoder's attention -----------------------------------------------------------
+
+class AttentionCache(NamedTuple):
+    """The steps' caches, in forward order; a step the family does not take holds None."""
+
+    qkv: tuple
+    qk_norm: tuple | None    # numpy_attn/qk_norm.py's QKNormCache (Qwen3, OLMo 2, Gemma 3)
+    rope: tuple
+    attn: tuple
+    o: tuple
+    num_heads: int           # nh, to split dout into heads again
+
+
+def qkv_forward(x, params):
+    """The three projections: x (B, T, C) -> ((q (B, T, nh*hs), k, v (B, T, nkv*hs)), cache)."""
+    q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
+    k, k_cache = linear_forward(x, **params["k"])                             # (B, T, C) -> (B, T, nkv*hs)
+    v, v_cache = linear_forward(x, **params["v"])                             # (B, T, C) -> (B, T, nkv*hs)
+    return (q, k, v), (q_cache, k_cache, v_cache)
+
+
+def qkv_backward(dq, dk, dv, cache):
+    """Undoes the three projections: x fed all of them, so their gradients add -> (dx, {"q", "k", "v"})."""
+    q_cache, k_cache, v_cache = cache
+    dx_v, dv_params = linear_backward(dv, v_cache)                            # (B, T, C)
+    dx_k, dk_params = linear_backward(dk, k_cache)                            # (B, T, C)
+    dx_q, dq_params = linear_backward(dq, q_cache)                            # (B, T, C)
+    return dx_q + dx_k + dx_v, {"q": dq_params, "k": dk_params, "v": dv_params}
+
+
+def rotate_forward(q, k, positions, theta, scaling, layout):
+    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k, cache)."""
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
+    q, q_cache = rope_forward(q, pos, theta, layout, scaling)                 # (B, nh, T, hs)
+    k, k_cache = rope_forward(k, pos, theta, layout, scaling)                 # (B, nkv, T, hs)
+    return q, k, (q_cache, k_cache)
+
+
+def rotate_backward(dq, dk, cache):
+    """Undoes the two rotations -> (dq, dk)."""
+    q_cache, k_cache = cache
+    return rope_backward(dq, q_cache), rope_backward(dk, k_cache)
+
+
+class CachedAttentionCache(NamedTuple):
+    """Attention's cache, and how many of its keys came from a key/value cache."""
+
+    sdpa: tuple
+    past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
+
+
+def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, **attention):
+    """Causal attention of the T new queries q (B, nh, T, hs) over the past keys and values of
+    ``kv_cache`` (this layer's, or None) and the new ones k, v (B, nkv, T, hs) -> (B, nh, T, hs).
+
+    Query t sees keys 0..past+t (aligned bottom-right), only its last ``window`` of them on a
+    sliding layer; ``attn_mask`` (bool, the caller's, causality included) restricts it further.
+    ``attention`` goes to scaled_dot_product_attention_forward (scale, softcap, sinks). Returns
+    ``(y, cache)``.
+    """
+    T = q.shape[2]
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
+    S = k.shape[2]
+    causal = causal_mask(T, S, "bottom_right") if window is None else sliding_window_mask(T, S, window,
+                                                                                            "bottom_right")
+    mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
+    return y, CachedAttentionCache(sdpa_cache, past)
+
+
+def cached_attention_backward(dy, cache):
+    """Undoes attention -> (dq, dk, dv[, dsinks]); refuses a forward that read from a key/value cache."""
+    dq, dk, dv, *dsinks = scaled_dot_product_attention_backward(dy, cache.sdpa)
+    check_no_past("the model's backward", dk.shape[2], cache.past)   # cached past: inference only
+    return (dq, dk, dv, *dsinks)
 
 
 class HeadCache(NamedTuple):
@@ -86,6 +287,53 @@ def check_for_backward(for_backward):
     if not isinstance(for_backward, bool | np.bool_):
         raise TypeError(f"for_backward must be True or False (whether the forward keeps its activations for a "
                         f"backward), got {for_backward!r} of type {type(for_backward).__name__}")
+
+
+# -- sliding and full layers (Gemma 2 and 3, gpt-oss) ------------------------------------------------
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def layer_types(config, pattern):
+    """``config.layer_types`` as a tuple, or by default every ``pattern``-th layer full and the
+    others sliding (Hugging Face's default); raise naming the config's field."""
+    name = f"{type(config).__name__}.layer_types"
+    types = config.layer_types
+    if types is None:
+        types = tuple(LAYER_TYPES[(i + 1) % pattern == 0] for i in range(config.n_layer))
+    if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != config.n_layer:
+        raise ValueError(f"{name} must list n_layer = {config.n_layer} entries, got {types!r}")
+    for t in types:
+        if t not in LAYER_TYPES:
+            raise ValueError(f"{name}: each entry must be 'sliding_attention' or 'full_attention', got {t!r} "
+                             f"({name} must list n_layer = {config.n_layer} entries, each 'sliding_attention' or "
+                             "'full_attention')")
+    return tuple(types)
+
+
+def sliding_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
+    tokens: a full layer holds them all, a sliding layer (``config.window(i)`` not None) only its
+    last window."""
+    max_len = config.block_size if max_len is None else max_len
+    windows = [config.window(i) for i in range(config.n_layer)]
+    return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, windows=windows)
+
+
+def check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep):
+    """Return ids as an integer (B, T) array, or raise naming the argument at fault."""
+    if type(config) is not config_class:    # each family's params differ: a Qwen3Config is no LlamaConfig here
+        raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
+    ids = check_token_ids(ids, config.block_size)
+    B, T = ids.shape
+    past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T,
+                                "from the family's cache function, e.g. llama_kv_cache")
+    check_positions(positions, B, T)                  # no table: RoPE rotates to any position
+    check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
+    check_logits_to_keep(logits_to_keep)
+    if rng is not None:
+        check_rng(rng, "the model's forward")
+    return ids
 
 
 def check_logits_to_keep(logits_to_keep):

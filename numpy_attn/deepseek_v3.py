@@ -14,7 +14,7 @@ scale; the first ``first_k_dense_replace`` blocks have a SwiGLU network of width
 ``topk_group`` of ``n_group`` groups by sigmoid scores plus the selection bias (Hugging Face's
 ``e_score_correction_bias``), and a shared expert of width n_shared_experts x moe_hidden
 (``blocks.i.mlp`` holds moe.py's router, selection_bias, experts and shared). The embedding, the
-final norm and the untied head are llama.py's, and so is the loop (``decoder_forward``); what
+final norm and the untied head are llama.py's, and the loop is numpy_attn/_model.py's (``decoder_forward``); what
 stands here is what DeepSeek-V3 changes.
 
 Decoding. ``deepseek_v3_kv_cache(..., absorb=True)`` (the default) keeps per layer and token only
@@ -32,8 +32,9 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._model import decoder_backward, decoder_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache
-from numpy_attn.llama import LlamaConfig, decoder_backward, decoder_forward
+from numpy_attn.llama import LlamaConfig
 from numpy_attn.mla import (
     LatentCache,
     MLAConfig,
@@ -112,9 +113,9 @@ class DeepseekV3Config(LlamaConfig):
         return {"k": self.num_experts_per_tok, "n_group": self.n_group, "topk_group": self.topk_group,
                 "norm_topk_prob": self.norm_topk_prob, "routed_scaling_factor": self.routed_scaling_factor}
 
-    def block_options(self, i):
-        """Block i's network: dense in the first first_k_dense_replace blocks, experts after."""
-        return {"moe": i >= self.first_k_dense_replace}
+    def is_moe(self, i):
+        """Whether block i's network is the mixture of experts (dense in the first first_k_dense_replace)."""
+        return i >= self.first_k_dense_replace
 
 
 def init_deepseek_v3_params(config, rng, dtype=np.float32):
@@ -125,7 +126,7 @@ def init_deepseek_v3_params(config, rng, dtype=np.float32):
     V, C, H = config.vocab_size, config.n_embd, config.hidden
     params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype), "blocks": {}}          # (V, C)
     for i in range(config.n_layer):
-        if config.block_options(i)["moe"]:
+        if config.is_moe(i):
             mlp = init_deepseek_moe_params(C, config.moe_hidden, config.n_routed_experts, rng,
                                            config.n_shared_experts, dtype)
         else:
@@ -211,8 +212,8 @@ def deepseek_v3_forward(ids, params, config, *, positions=None, attn_mask=None, 
         raise ValueError("deepseek_v3_forward: attn_mask is not supported (MLA here is causal only)")
     _check_deepseek_v3_kv_cache(kv_cache, config)
     return decoder_forward(ids, params, config, DeepseekV3Config, deepseek_v3_block_forward, positions=positions,
-                           attn_mask=None, kv_cache=kv_cache, rng=rng,
-                           logits_to_keep=logits_to_keep, for_backward=for_backward)
+                           attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                           for_backward=for_backward, layer_options=lambda i: {"moe": config.is_moe(i)})
 
 
 def deepseek_v3_backward(dlogits, cache):

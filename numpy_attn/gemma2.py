@@ -16,7 +16,8 @@ weights stored minus one, so they start at 0); the MLP is GeGLU with the tanh GE
 (``attn_logit_softcap``, numpy_attn/softcap.py) and so are the logits (``final_logit_softcap``);
 the layers whose ``layer_types`` entry is "sliding_attention" (every other one, from the first)
 see only their last ``sliding_window`` keys, and ``gemma2_kv_cache`` keeps only that many for
-them. The head is the embedding, transposed. The rest (attention, RoPE, the keywords) is llama.py's.
+them. The head is the embedding, transposed. The rest (attention's steps, the keywords) is
+llama.py's and numpy_attn/_model.py's.
 """
 
 from dataclasses import dataclass
@@ -25,20 +26,22 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
-from numpy_attn.kv_cache import init_kv_cache
-from numpy_attn.llama import (
-    LlamaAttentionCache,
-    LlamaConfig,
+from numpy_attn._model import (
+    AttentionCache,
+    Sublayer,
+    cached_attention_forward,
     decoder_backward,
     decoder_forward,
-    init_llama_params,
-    llama_attention_backward,
-    llama_attention_forward,
+    layer_types,
+    qkv_forward,
+    rotate_forward,
+    sliding_kv_cache,
 )
+from numpy_attn.linear import linear_forward
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_attention_backward
+from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
-
-LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,6 @@ class Gemma2Config(LlamaConfig):
     sliding_window: int = 4                   # w of the sliding layers: query i sees keys i - w < j <= i
     layer_types: tuple | None = None          # per layer, "sliding_attention" or "full_attention";
     #                                           None alternates, the first sliding (as Hugging Face)
-    norm_offset = 1.0                         # every norm scales by 1 + w
     sliding_pattern = 2                       # by default every 2nd layer is global (Gemma 3: every 6th)
 
     def __post_init__(self):
@@ -61,45 +63,16 @@ class Gemma2Config(LlamaConfig):
                 "query_pre_attn_scalar": (float, POSITIVE), "attn_logit_softcap": (float | None, POSITIVE),
                 "final_logit_softcap": (float | None, POSITIVE), "sliding_window": (int, 1)}).items():
             object.__setattr__(self, name, value)
-        types = self.layer_types
-        if types is None:
-            types = tuple(LAYER_TYPES[(i + 1) % self.sliding_pattern == 0] for i in range(self.n_layer))
-        if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != self.n_layer:
-            raise ValueError(f"Gemma2Config.layer_types must list n_layer = {self.n_layer} entries, got {types!r}")
-        for t in types:
-            if t not in LAYER_TYPES:
-                raise ValueError(f"Gemma2Config.layer_types: each entry must be 'sliding_attention' or "
-                                 f"'full_attention', got {t!r}")
-        object.__setattr__(self, "layer_types", tuple(types))
-
-    @property
-    def embed_scale(self):
-        return self.n_embd ** 0.5
-
-    @property
-    def score_scale(self):
-        return self.query_pre_attn_scalar ** -0.5
-
-    @property
-    def score_softcap(self):
-        return self.attn_logit_softcap
-
-    @property
-    def logit_softcap(self):
-        return self.final_logit_softcap
+        object.__setattr__(self, "layer_types", layer_types(self, self.sliding_pattern))
 
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a global one."""
         return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
 
-    def block_options(self, i):
-        return {"window": self.window(i)}
-
 
 def init_gemma2_params(config, rng, dtype=np.float32):
     """init_llama_params' tree with each block's two norms after the sublayers ("attn_post_norm",
-    "mlp_post_norm"); every norm's weight (Gemma 3's q and k norms too) starts at 0, as the norms
-    scale by 1 + w."""
+    "mlp_post_norm"); every norm's weight starts at 0, as the norms scale by 1 + w."""
     check_rng(rng, "init_gemma2_params")
     params = init_llama_params(config, rng, dtype)
     params["norm"]["w"][:] = 0
@@ -107,44 +80,64 @@ def init_gemma2_params(config, rng, dtype=np.float32):
         C = block["attn_norm"]["w"].shape[0]
         block["attn_norm"]["w"][:] = 0
         block["mlp_norm"]["w"][:] = 0
-        for norm in ("q_norm", "k_norm"):
-            if norm in block["attn"]:
-                block["attn"][norm]["w"][:] = 0
         block["attn_post_norm"] = {"w": np.zeros(C, dtype)}
         block["mlp_post_norm"] = {"w": np.zeros(C, dtype)}
     return params
 
 
+# -- attention: Llama's, with its own score scale, capped scores and sliding layers -----------------
+
+def gemma2_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """llama_attention_forward with the scores scaled by query_pre_attn_scalar^-0.5 and capped at
+    c * tanh(s / c) before the mask, each query seeing its last ``window`` keys on a sliding layer
+    (None on a global one): x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Llama's."""
+    nh, nkv = config.n_head, config.n_kv_head
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                             scale=config.query_pre_attn_scalar ** -0.5,
+                                             softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+
+
+GEMMA2_ATTENTION = Sublayer(gemma2_attention_forward, llama_attention_backward)
+
+
 # -- the block: a norm before and after each sublayer -----------------------------------------------
 
 class Gemma2BlockCache(NamedTuple):
-    """The six sub-caches, in forward order."""
+    """The six sub-caches, in forward order, and what undoes the attention."""
 
     attn_norm: tuple
-    attn: LlamaAttentionCache
+    attn: AttentionCache
     attn_post_norm: tuple
     mlp_norm: tuple
     mlp: tuple
     mlp_post_norm: tuple
+    attn_backward: object = llama_attention_backward
 
 
-def gemma2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
+def gemma2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
+                         attention=GEMMA2_ATTENTION):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
-    (this block's layer), ``window`` (None for a global layer) and ``rope`` go to attention."""
-    eps, one = config.rms_eps, config.norm_offset
+    (this block's layer) and ``window`` (None for a global layer) go to ``attention`` (a Sublayer:
+    Gemma 2's, or Gemma 3's). Every norm scales by 1 + w."""
+    eps = config.rms_eps
     # 1-4: x + rms_norm(attn(rms_norm(x)))
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], eps, one)          # (B, T, C)
-    a, attn_cache = llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
-                                            kv_cache=kv_cache, window=window, rope=rope)   # (B, T, C)
-    a, attn_post_norm_cache = rms_norm_forward(a, params["attn_post_norm"]["w"], eps, one)  # (B, T, C)
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], eps, 1.0)          # (B, T, C)
+    a, attn_cache = attention.forward(h, params["attn"], config, positions, attn_mask=attn_mask,
+                                      kv_cache=kv_cache, window=window)                    # (B, T, C)
+    a, attn_post_norm_cache = rms_norm_forward(a, params["attn_post_norm"]["w"], eps, 1.0)  # (B, T, C)
     x = x + a
     # 5-8: x + rms_norm(geglu(rms_norm(x)))
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], eps, one)            # (B, T, C)
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], eps, 1.0)            # (B, T, C)
     f, mlp_cache = swiglu_forward(h, params["mlp"], act="gelu_tanh")                   # (B, T, C) via (B, T, H)
-    f, mlp_post_norm_cache = rms_norm_forward(f, params["mlp_post_norm"]["w"], eps, one)  # (B, T, C)
+    f, mlp_post_norm_cache = rms_norm_forward(f, params["mlp_post_norm"]["w"], eps, 1.0)  # (B, T, C)
     out = x + f
     cache = Gemma2BlockCache(attn_norm_cache, attn_cache, attn_post_norm_cache, mlp_norm_cache, mlp_cache,
-                             mlp_post_norm_cache)
+                             mlp_post_norm_cache, attention.backward)
     return out, cache
 
 
@@ -157,7 +150,7 @@ def gemma2_block_backward(dout, cache):
     dx = dx_mlp + dout                                                       # branch + skip
     # 4-1: undoes x = x + rms_norm(attn(rms_norm(x))) in the same way.
     da, dattn_post_norm = rms_norm_backward(dx, cache.attn_post_norm)        # (B, T, C)
-    dh, dattn = llama_attention_backward(da, cache.attn)                     # (B, T, C)
+    dh, dattn = cache.attn_backward(da, cache.attn)                          # (B, T, C)
     dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)             # (B, T, C)
     dparams = {"attn_norm": dattn_norm, "attn": dattn, "attn_post_norm": dattn_post_norm,
                "mlp_norm": dmlp_norm, "mlp": dmlp, "mlp_post_norm": dmlp_post_norm}
@@ -171,12 +164,24 @@ def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Gemma
     2's blocks, scaled embedding and capped logits; ``kv_cache`` from gemma2_kv_cache. Returns
     ``(logits, cache)``."""
-    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
-        raise ValueError("gemma2_forward: an attn_mask together with a kv_cache whose sliding layers hold only "
-                         "their window is not supported (the mask spans all past + T keys); decode without attn_mask")
-    return decoder_forward(ids, params, config, Gemma2Config, gemma2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                           logits_to_keep=logits_to_keep, for_backward=for_backward)
+    return gemma_decoder_forward("gemma2", ids, params, config, Gemma2Config, gemma2_block_forward,
+                                 positions=positions, attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
+
+
+def gemma_decoder_forward(op, ids, params, config, config_class, block_forward, **keywords):
+    """decoder_forward with what the Gemmas change around the blocks: the embedding times sqrt(C),
+    the final norm's 1 + w, the logits capped at final_logit_softcap (None: no cap), and each
+    layer's window; ``op`` names the model in the message about a mask with a sliding cache."""
+    if (keywords["attn_mask"] is not None and keywords["kv_cache"] is not None
+            and any(w is not None for w in keywords["kv_cache"].windows)):
+        raise ValueError(f"{op}_forward: an attn_mask together with a kv_cache "
+                         "whose sliding layers hold only their window is not supported (the mask spans all "
+                         "past + T keys); decode without attn_mask")
+    return decoder_forward(ids, params, config, config_class, block_forward, **keywords,
+                           embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
+                           logit_softcap=config.final_logit_softcap,
+                           layer_options=lambda i: {"window": config.window(i)})
 
 
 def gemma2_backward(dlogits, cache):
@@ -187,6 +192,4 @@ def gemma2_backward(dlogits, cache):
 def gemma2_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    max_len = config.block_size if max_len is None else max_len
-    windows = [config.window(i) for i in range(config.n_layer)]
-    return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, windows=windows)
+    return sliding_kv_cache(config, B, dtype, max_len)

@@ -6,18 +6,37 @@ layers in six, and a rotary base of their own for the local layers.
 
 Gemma Team, "Gemma 3 Technical Report" (2025), section 2: Gemma 2's four norms per block, GeGLU,
 scaled embedding, score scale and sliding window, with the soft caps replaced by QK-norm
-(``blocks.i.attn.q_norm.w`` and ``k_norm.w``, (hs,), llama.py's per-head kind with Gemma's 1 + w),
+(numpy_attn/qk_norm.py; ``blocks.i.attn.q_norm.w`` and ``k_norm.w``, (hs,), with Gemma's 1 + w),
 and five sliding layers for each global one (``layer_types``; the global layers' longer
 rotary wavelengths, a base of 1e6, serve the long context, the local ones keep 1e4). Everything
-else, the cache included (``gemma2_kv_cache``), is gemma2.py's and llama.py's.
+else, the block and the cache included (``gemma2_kv_cache``), is gemma2.py's.
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import partial
 
-from numpy_attn._checks import POSITIVE, check_config
-from numpy_attn.gemma2 import Gemma2Config, gemma2_block_backward, gemma2_block_forward
-from numpy_attn.llama import decoder_backward, decoder_forward
+import numpy as np
+
+from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._model import (
+    AttentionCache,
+    Sublayer,
+    cached_attention_forward,
+    decoder_backward,
+    qkv_forward,
+    rotate_forward,
+)
+from numpy_attn.gemma2 import (
+    Gemma2Config,
+    gemma2_block_backward,
+    gemma2_block_forward,
+    gemma_decoder_forward,
+    init_gemma2_params,
+)
+from numpy_attn.linear import linear_forward
+from numpy_attn.multi_head import merge_heads, split_heads
+from numpy_attn.qk_norm import qk_norm_forward
+from numpy_attn.qwen3 import qwen3_attention_backward
 
 
 @dataclass(frozen=True)
@@ -29,26 +48,56 @@ class Gemma3Config(Gemma2Config):
     final_logit_softcap: float | None = None
     rope_local_theta: float = 10000.0     # the sliding layers' base (Hugging Face's sliding_attention rope_theta)
     sliding_pattern = 6                   # by default five sliding layers, then a global one
-    qk_norm: ClassVar[str] = "head"
 
     def __post_init__(self):
         super().__post_init__()
         for name, value in check_config(self, {"rope_local_theta": (float, POSITIVE)}).items():
             object.__setattr__(self, name, value)
 
-    def block_options(self, i):
-        """The window, and on a sliding layer its own rotary base (no scaling)."""
-        rope = None if self.window(i) is None else {"theta": self.rope_local_theta, "scaling": None}
-        return {"window": self.window(i), "rope": rope}
 
+def init_gemma3_params(config, rng, dtype=np.float32):
+    """init_gemma2_params' tree with each attention's "q_norm" and "k_norm" {"w": (hs,)}, at 0 as
+    every norm here (they scale by 1 + w)."""
+    check_rng(rng, "init_gemma3_params")
+    params = init_gemma2_params(config, rng, dtype)
+    for block in params["blocks"].values():
+        block["attn"]["q_norm"] = {"w": np.zeros(config.hs, dtype)}                    # (hs,)
+        block["attn"]["k_norm"] = {"w": np.zeros(config.hs, dtype)}                    # (hs,)
+    return params
+
+
+# -- attention: Gemma 2's, with QK-norm per head and the local layers' own rotary base ---------------
+
+def gemma3_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """gemma2_attention_forward with each head's q and k RMS-normed (1 + w) before the rotation,
+    and a sliding layer (``window`` not None) rotating with rope_local_theta, unscaled:
+    x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Qwen3's."""
+    nh, nkv = config.n_head, config.n_kv_head
+    theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, offset=1.0)   # each head alone, 1 + w
+    q, k, rope_cache = rotate_forward(q, k, positions, theta, scaling, config.rope_layout)
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                             scale=config.query_pre_attn_scalar ** -0.5,
+                                             softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+
+
+GEMMA3_ATTENTION = Sublayer(gemma3_attention_forward, qwen3_attention_backward)
+
+
+# -- the model: Gemma 2's blocks with Gemma 3's attention -----------------------------------------
 
 def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                    logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as gemma2_forward (same keywords, the cache
     from gemma2_kv_cache). Returns ``(logits, cache)``."""
-    return decoder_forward(ids, params, config, Gemma3Config, gemma2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                           logits_to_keep=logits_to_keep, for_backward=for_backward)
+    block_forward = partial(gemma2_block_forward, attention=GEMMA3_ATTENTION)
+    return gemma_decoder_forward("gemma3", ids, params, config, Gemma3Config, block_forward,
+                                 positions=positions, attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def gemma3_backward(dlogits, cache):

@@ -10,7 +10,7 @@ layers, YaRN and a mixture of experts in place of the MLP.
 OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (2025), section 2.1, and transformers'
 ``GptOssForCausalLM``. Attention is llama.py's (grouped-query heads, RoPE in the "half" layout)
 with biases on the four projections and ``blocks.i.attn.sinks`` (nh,): each head's sink logit joins
-the softmax of every query row and takes a share of its weight (numpy_attn/attention.py). The
+the softmax of every query row and takes a share of its weight. The
 layers whose ``layer_types`` entry is "sliding_attention" (every other one, from the first) see
 only their last ``sliding_window`` keys, and ``gpt_oss_kv_cache`` keeps only that many for them.
 The rotary frequencies are YaRN's (``rope_scaling`` {"rope_type": "yarn", ...},
@@ -19,7 +19,9 @@ picks ``experts_per_token`` of ``n_experts`` experts per token and softmaxes the
 expert is (up + 1) * gate * sigmoid(alpha * gate) with gate and up clamped at ``swiglu_limit``,
 with biases (``blocks.i.mlp``: {"router", "experts"}). The choice of experts is piecewise constant:
 the backward flows through the chosen experts and the routing weights (moe.py). The rest (the
-keywords, the embedding, the final norm, the untied head) is llama.py's.
+keywords, the embedding, the untied head) is llama.py's and numpy_attn/_model.py's. In float16
+and bfloat16 every norm rounds the product w * xhat once (``round_xhat=False``), where Llama's
+rounds xhat first.
 """
 
 import math
@@ -28,15 +30,29 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn import llama
 from numpy_attn._checks import POSITIVE, check_config, check_rng
-from numpy_attn.gemma2 import LAYER_TYPES, gemma2_kv_cache
+from numpy_attn._model import (
+    AttentionCache,
+    cached_attention_backward,
+    cached_attention_forward,
+    decoder_backward,
+    decoder_forward,
+    layer_types,
+    qkv_backward,
+    qkv_forward,
+    rotate_backward,
+    rotate_forward,
+    sliding_kv_cache,
+)
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.llama import LlamaConfig, init_llama_params
 from numpy_attn.moe import gpt_oss_moe_backward, gpt_oss_moe_forward, init_gpt_oss_moe_params
+from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 
 
 @dataclass(frozen=True)
-class GptOssConfig(llama.LlamaConfig):
+class GptOssConfig(LlamaConfig):
     """LlamaConfig's fields and checks (``hidden`` is each expert's width), biases on attention,
     and gpt-oss's own fields (Hugging Face's names in the comments)."""
 
@@ -48,7 +64,6 @@ class GptOssConfig(llama.LlamaConfig):
     sliding_window: int = 4            # w of the sliding layers: query i sees keys i - w < j <= i
     layer_types: tuple | None = None   # per layer, "sliding_attention" or "full_attention";
     #                                    None alternates, the first sliding (as Hugging Face)
-    norm_round_xhat = False            # GptOssRMSNorm rounds (w * xhat) once, not xhat first as LlamaRMSNorm
 
     def __post_init__(self):
         super().__post_init__()
@@ -61,19 +76,11 @@ class GptOssConfig(llama.LlamaConfig):
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"GptOssConfig.experts_per_token = {self.experts_per_token} must be at most "
                              f"n_experts = {self.n_experts}")
-        types = self.layer_types or tuple(LAYER_TYPES[i % 2] for i in range(self.n_layer))
-        if (not isinstance(types, tuple | list) or len(types) != self.n_layer
-                or any(t not in LAYER_TYPES for t in types)):
-            raise ValueError(f"GptOssConfig.layer_types must list n_layer = {self.n_layer} entries, each "
-                             f"'sliding_attention' or 'full_attention', got {types!r}")
-        object.__setattr__(self, "layer_types", tuple(types))
+        object.__setattr__(self, "layer_types", layer_types(self, 2))   # None: the first sliding, then full
 
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a full one."""
         return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
-
-    def block_options(self, i):
-        return {"window": self.window(i)}
 
 
 def init_gpt_oss_params(config, rng, dtype=np.float32):
@@ -81,11 +88,36 @@ def init_gpt_oss_params(config, rng, dtype=np.float32):
     experts (moe.py's init_gpt_oss_moe_params: {"router", "experts"}) and "attn.sinks" (nh,) drawn
     from N(0, 0.02^2), as Hugging Face initialises them."""
     check_rng(rng, "init_gpt_oss_params")
-    params = llama.init_llama_params(config, rng, dtype)
+    params = init_llama_params(config, rng, dtype)
     for block in params["blocks"].values():
         block["attn"]["sinks"] = rng.normal(0, 0.02, config.n_head).astype(dtype)          # (nh,)
         block["mlp"] = init_gpt_oss_moe_params(config.n_embd, config.hidden, config.n_experts, rng, dtype)
     return params
+
+
+# -- attention: Llama's, with a sink per head and sliding layers -----------------------------------
+
+def gpt_oss_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """llama_attention_forward with each query head's sink logit ``params["sinks"]`` (nh,) in its
+    softmax, each query seeing its last ``window`` keys on a sliding layer (None on a full one):
+    x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
+    nh, nkv = config.n_head, config.n_kv_head
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                             sinks=params["sinks"])           # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+
+
+def gpt_oss_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "sinks"} like the params)."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    dq, dk, dv, dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # dsinks (nh,)
+    dq, dk = rotate_backward(dq, dk, cache.rope)                              # (B, nh, T, hs), (B, nkv, T, hs)
+    dx, dqkv = qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)   # (B, T, C)
+    return dx, {**dqkv, "o": do, "sinks": dsinks}
 
 
 # -- the block: attention with sinks, then the mixture of experts -----------------------------------
@@ -94,7 +126,7 @@ class GptOssBlockCache(NamedTuple):
     """The four sub-caches, in forward order."""
 
     attn_norm: tuple
-    attn: llama.LlamaAttentionCache
+    attn: AttentionCache
     mlp_norm: tuple
     mlp: tuple               # moe.py's GptOssMoECache
 
@@ -102,15 +134,13 @@ class GptOssBlockCache(NamedTuple):
 def gpt_oss_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
     (this block's layer) and ``window`` (None for a full layer) go to attention."""
-    # 1-3: x + attn(rms_norm(x)), the sinks read from params["attn"]["sinks"]
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps,
-                                          round_xhat=config.norm_round_xhat)   # (B, T, C)
-    a, attn_cache = llama.llama_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
-                                                  kv_cache=kv_cache, window=window)    # (B, T, C)
+    # 1-3: x + attn(rms_norm(x)), the norm's product w * xhat rounded once in float16 and bfloat16
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    a, attn_cache = gpt_oss_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
+                                              kv_cache=kv_cache, window=window)  # (B, T, C)
     x = x + a
     # 4-6: x + moe(rms_norm(x))
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps,
-                                         round_xhat=config.norm_round_xhat)   # (B, T, C)
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)    # (B, T, C)
     f, mlp_cache = gpt_oss_moe_forward(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
                                        config.swiglu_limit)                            # (B, T, C) via k experts
     out = x + f
@@ -125,7 +155,7 @@ def gpt_oss_block_backward(dout, cache):
     dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
     dx = dx_mlp + dout                                                        # branch + skip
     # 3-1: undoes x = x + attn(rms_norm(x)) in the same way; dattn holds dsinks.
-    dh, dattn = llama.llama_attention_backward(dx, cache.attn)                # (B, T, C)
+    dh, dattn = gpt_oss_attention_backward(dx, cache.attn)                    # (B, T, C)
     dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
     dparams = {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
     return dx_attn + dx, dparams                                              # branch + skip
@@ -141,18 +171,18 @@ def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
     if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
         raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
                          "window is not supported (the mask spans all past + T keys); decode without attn_mask")
-    return llama.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
-                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
+    return decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                           for_backward=for_backward, norm_round_xhat=False,
+                           layer_options=lambda i: {"window": config.window(i)})
 
 
 def gpt_oss_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return llama.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
+    return decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
 
 
 def gpt_oss_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: numpy_attn/gemma2.py's, whose full layers hold them all and sliding layers only their
-    last sliding_window (it reads only the config's layers, key/value heads and windows)."""
-    return gemma2_kv_cache(config, B, dtype, max_len)
+    tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
+    return sliding_kv_cache(config, B, dtype, max_len)

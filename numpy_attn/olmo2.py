@@ -8,23 +8,33 @@ Team OLMo, "2 OLMo 2 Furious" (2024): the block's input reaches attention and th
 MLP unnormed, and their outputs are normed before joining the residual stream (weights
 ``blocks.i.attn_norm.w`` and ``mlp_norm.w`` (C,), Hugging Face's post_attention_layernorm and
 post_feedforward_layernorm); q and k are RMS-normed across all their heads at once, widths
-nh * hs and nkv * hs, before they are split into heads and rotated. The embedding, the final norm,
-the head, the cache and the keywords are llama.py's, and so are the parameters'
-initialisation (``init_llama_params``, which gives an Olmo2Config's q and k norms their widths)
-and the key/value cache (``llama_kv_cache``).
+nh * hs and nkv * hs, before they are split into heads and rotated (numpy_attn/qk_norm.py). In
+float16 and bfloat16 every norm rounds the product w * xhat once (``round_xhat=False``), where
+Llama's rounds xhat first. The embedding, the head, the keywords and the key/value cache
+(``llama_kv_cache``) are llama.py's.
 """
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
-from numpy_attn.llama import (
-    LlamaAttentionCache,
-    LlamaConfig,
+import numpy as np
+
+from numpy_attn._checks import check_rng
+from numpy_attn._model import (
+    AttentionCache,
+    cached_attention_backward,
+    cached_attention_forward,
     decoder_backward,
     decoder_forward,
-    llama_attention_backward,
-    llama_attention_forward,
+    qkv_backward,
+    qkv_forward,
+    rotate_backward,
+    rotate_forward,
 )
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.llama import LlamaConfig, init_llama_params
+from numpy_attn.multi_head import merge_heads, split_heads
+from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
@@ -33,8 +43,42 @@ from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 class Olmo2Config(LlamaConfig):
     """LlamaConfig's fields and checks; q and k are RMS-normed over the whole projection."""
 
-    qk_norm: ClassVar[str] = "projection"
-    norm_round_xhat = False   # Olmo2RMSNorm rounds (w * xhat) once, not xhat first as LlamaRMSNorm
+
+def init_olmo2_params(config, rng, dtype=np.float32):
+    """init_llama_params' tree with each attention's "q_norm" {"w": (nh*hs,)} and "k_norm"
+    {"w": (nkv*hs,)}, at 1."""
+    check_rng(rng, "init_olmo2_params")
+    params = init_llama_params(config, rng, dtype)
+    for block in params["blocks"].values():   # the norms start at 1, as the others
+        block["attn"]["q_norm"] = {"w": np.ones(config.n_head * config.hs, dtype)}      # (nh*hs,)
+        block["attn"]["k_norm"] = {"w": np.ones(config.n_kv_head * config.hs, dtype)}   # (nkv*hs,)
+    return params
+
+
+# -- attention: q and k normed across all their heads, before the split ------------------------------
+
+def olmo2_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+    """llama_attention_forward with QK-norm over the projection: x (B, T, C) -> (B, T, C).
+    Returns ``(out, cache)``."""
+    nh, nkv = config.n_head, config.n_kv_head
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, round_xhat=False)   # widths nh*hs, nkv*hs
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask)    # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+
+
+def olmo2_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    dq, dk, dv = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # nkv heads for dk, dv
+    dq, dk = rotate_backward(dq, dk, cache.rope)                              # (B, nh, T, hs), (B, nkv, T, hs)
+    dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)            # -> (B, T, nh*hs | nkv*hs)
+    dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)                # undoes the QK-norm
+    dx, dqkv = qkv_backward(dq, dk, dv, cache.qkv)                            # (B, T, C)
+    return dx, {**dqkv, "o": do, **dqk_norm}
 
 
 # -- the block: norms after attention and after the MLP ---------------------------------------------
@@ -42,7 +86,7 @@ class Olmo2Config(LlamaConfig):
 class Olmo2BlockCache(NamedTuple):
     """The four sub-caches, in forward order: each norm's after its sublayer's."""
 
-    attn: LlamaAttentionCache
+    attn: AttentionCache
     attn_norm: tuple         # the norm of attention's output
     mlp: tuple
     mlp_norm: tuple          # the norm of the MLP's output
@@ -50,16 +94,14 @@ class Olmo2BlockCache(NamedTuple):
 
 def olmo2_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """One block, as llama_block_forward's with the norms after: x (B, T, C) -> (B, T, C)."""
-    # 1-3: x + rms_norm(attn(x))
-    a, attn_cache = llama_attention_forward(x, params["attn"], config, positions, attn_mask=attn_mask,
+    # 1-3: x + rms_norm(attn(x)), the product w * xhat rounded once in float16 and bfloat16
+    a, attn_cache = olmo2_attention_forward(x, params["attn"], config, positions, attn_mask=attn_mask,
                                             kv_cache=kv_cache)                 # (B, T, C)
-    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps,
-                                          round_xhat=config.norm_round_xhat)   # (B, T, C)
+    a, attn_norm_cache = rms_norm_forward(a, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
     x = x + a
     # 4-6: x + rms_norm(swiglu(x))
     f, mlp_cache = swiglu_forward(x, params["mlp"])                                    # (B, T, C) via (B, T, H)
-    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps,
-                                         round_xhat=config.norm_round_xhat)   # (B, T, C)
+    f, mlp_norm_cache = rms_norm_forward(f, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)    # (B, T, C)
     out = x + f
     cache = Olmo2BlockCache(attn_cache, attn_norm_cache, mlp_cache, mlp_norm_cache)
     return out, cache
@@ -74,7 +116,7 @@ def olmo2_block_backward(dout, cache):
     dx = dx_mlp + dout                                                        # branch + skip
     # 3-1: undoes x = x + rms_norm(attn(x)) in the same way.
     da, dattn_norm = rms_norm_backward(dx, cache.attn_norm)                   # (B, T, C)
-    dx_attn, dattn = llama_attention_backward(da, cache.attn)                 # (B, T, C)
+    dx_attn, dattn = olmo2_attention_backward(da, cache.attn)                 # (B, T, C)
     dparams = {"attn": dattn, "attn_norm": dattn_norm, "mlp": dmlp, "mlp_norm": dmlp_norm}
     return dx_attn + dx, dparams                                              # branch + skip
 
@@ -86,8 +128,8 @@ def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with
     OLMo 2's blocks. Returns ``(logits, cache)``."""
     return decoder_forward(ids, params, config, Olmo2Config, olmo2_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                           logits_to_keep=logits_to_keep, for_backward=for_backward)
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                           for_backward=for_backward, norm_round_xhat=False)
 
 
 def olmo2_backward(dlogits, cache):

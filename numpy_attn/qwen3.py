@@ -4,36 +4,91 @@
 
 Qwen Team, "Qwen3 Technical Report" (2025), section 2: Qwen2's grouped-query attention without
 the bias on q, k and v, with an RMS norm of width hs on each head's query and key instead
-(weights ``blocks.i.attn.q_norm.w`` and ``k_norm.w``, (hs,), shared by the heads). Everything
-else is llama.py's: the blocks, the keywords, the parameters' initialisation (``init_llama_params``,
-which gives a Qwen3Config's q and k norms their width) and the key/value cache
+(numpy_attn/qk_norm.py; weights ``blocks.i.attn.q_norm.w`` and ``k_norm.w``, (hs,), shared by the
+heads). Everything else is llama.py's: the block, the keywords and the key/value cache
 (``llama_kv_cache``); what stands here is what Qwen3 changes. The head size is its own setting
 (Hugging Face's ``head_dim``, 128 in the released models whatever the width). Qwen3's optional
 sliding window is not implemented.
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import partial
 
-from numpy_attn import llama
+import numpy as np
+
+from numpy_attn._checks import check_rng
+from numpy_attn._model import (
+    AttentionCache,
+    Sublayer,
+    cached_attention_backward,
+    cached_attention_forward,
+    decoder_backward,
+    decoder_forward,
+    qkv_backward,
+    qkv_forward,
+    rotate_backward,
+    rotate_forward,
+)
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
+from numpy_attn.multi_head import merge_heads, split_heads
+from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 
 
 @dataclass(frozen=True)
-class Qwen3Config(llama.LlamaConfig):
+class Qwen3Config(LlamaConfig):
     """LlamaConfig's fields and checks; q and k are RMS-normed per head."""
 
-    qk_norm: ClassVar[str] = "head"
 
+def init_qwen3_params(config, rng, dtype=np.float32):
+    """init_llama_params' tree with each attention's "q_norm" and "k_norm" {"w": (hs,)}, at 1."""
+    check_rng(rng, "init_qwen3_params")
+    params = init_llama_params(config, rng, dtype)
+    for block in params["blocks"].values():   # the norms start at 1, as the others
+        block["attn"]["q_norm"] = {"w": np.ones(config.hs, dtype)}                     # (hs,)
+        block["attn"]["k_norm"] = {"w": np.ones(config.hs, dtype)}                     # (hs,)
+    return params
+
+
+# -- attention: Llama's, with each head's q and k normed before the rotation -------------------------
+
+def qwen3_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+    """llama_attention_forward with QK-norm per head: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
+    nh, nkv = config.n_head, config.n_kv_head
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps)       # each head alone, width hs
+    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask)    # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+
+
+def qwen3_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    dq, dk, dv = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # nkv heads for dk, dv
+    dq, dk = rotate_backward(dq, dk, cache.rope)                              # (B, nh, T, hs), (B, nkv, T, hs)
+    dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)                # undoes the per-head QK-norm
+    dx, dqkv = qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)   # (B, T, C)
+    return dx, {**dqkv, "o": do, **dqk_norm}
+
+
+QWEN3_ATTENTION = Sublayer(qwen3_attention_forward, qwen3_attention_backward)
+
+
+# -- the model: Llama's blocks with Qwen3's attention ---------------------------------------------
 
 def qwen3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                   logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords). Returns
     ``(logits, cache)``."""
-    return llama.decoder_forward(ids, params, config, Qwen3Config, llama.llama_block_forward, positions=positions,
-                                 attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                                 logits_to_keep=logits_to_keep, for_backward=for_backward)
+    block_forward = partial(llama_block_forward, attention=QWEN3_ATTENTION)
+    return decoder_forward(ids, params, config, Qwen3Config, block_forward, positions=positions,
+                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                           logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def qwen3_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return llama.decoder_backward("qwen3", dlogits, cache, llama.llama_block_backward)
+    return decoder_backward("qwen3", dlogits, cache, llama_block_backward)

@@ -16,10 +16,10 @@ from numpy_attn.llama import (
     init_llama_params,
     llama_backward,
     llama_forward,
-    qk_norm_backward,
-    qk_norm_forward,
 )
 from numpy_attn.masks import padded_position_ids, padding_attn_mask
+from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params
+from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params
 from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -33,18 +33,15 @@ from parity_tests.helpers import (
     assert_model_keeps_dtype,
     assert_tree_close,
     autograd,
-    directional_derivative,
-    directional_tol,
     layer_norm_tol,
     moved_off_init,
     round_to,
     to_numpy,
     to_torch,
-    tree_dot,
     tree_leaves,
     tree_map,
 )
-from torch_attn.llama import llama, qk_norm
+from torch_attn.llama import llama
 
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
@@ -72,6 +69,12 @@ def configs(draw, n_layer=None, tie_weights=None, rope_layout=None, config_class
         tie_weights=draw(st.booleans()) if tie_weights is None else tie_weights)
 
 
+def init_params(config, rng, dtype):
+    """The params of the family whose config this is: Llama's, or with Qwen3's or OLMo 2's q and k norms."""
+    inits = {LlamaConfig: init_llama_params, Qwen3Config: init_qwen3_params, Olmo2Config: init_olmo2_params}
+    return inits[type(config)](config, rng, dtype)
+
+
 @st.composite
 def models(draw, dtype=None, **config_kw):
     """(config, params, ids, positions, dout): params from init_llama_params moved by U(-0.5, 0.5)
@@ -81,7 +84,7 @@ def models(draw, dtype=None, **config_kw):
     config = draw(configs(**config_kw))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = moved_off_init(init_llama_params(config, rng, dtype), rng)
+    params = moved_off_init(init_params(config, rng, dtype), rng)
     ids = draw(S.token_ids(config.vocab_size, (B, T)))
     positions = draw(st.sampled_from([None, (T,), (B, T)]))
     if positions is not None:
@@ -325,7 +328,7 @@ def budget_models(draw, config_class=LlamaConfig):
                           tie_weights=draw(st.booleans()))
     T = draw(st.integers(4, 7))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = moved_off_init(init_llama_params(config, rng, np.float64), rng)
+    params = moved_off_init(init_params(config, rng, np.float64), rng)
     return config, params, rng.integers(0, config.vocab_size, (2, T)), None, rng.normal(size=(2, T, config.vocab_size))
 
 
@@ -476,72 +479,6 @@ def test_init_shapes_and_dtype(dtype, tie_weights, bias):
     assert all(v.dtype == dtype for _, v in tree_leaves(params)), "init_llama_params dtype"
     again = init_llama_params(config, np.random.default_rng(0), dtype)
     assert_tree_close("init_llama_params with the same seed", again, params, rtol=0, atol=0)
-
-
-# -- QK-norm (Qwen3 per head, OLMo 2 over the projection) ----------------------------------------------
-
-@st.composite
-def qk_norms(draw, dtype=None):
-    """(q, k, params, eps, dq, dk, kind): per head, q (B, nh, T, hs) and k (B, nkv, T, hs) with weights
-    (hs,); over the projection, q (B, T, nh*hs) and k (B, T, nkv*hs) with their own widths."""
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    B, T, nkv, hs = draw(S.dim(1, 2)), draw(S.dim(1, 4)), draw(S.dim(1, 2)), draw(S.dim(1, 4))
-    nh = nkv * draw(S.dim(1, 2))
-    kind = draw(st.sampled_from(["head", "projection"]))
-    if kind == "head":
-        q_shape, k_shape = (B, nh, T, hs), (B, nkv, T, hs)
-    else:
-        q_shape, k_shape = (B, T, nh * hs), (B, T, nkv * hs)
-    q, k, dq, dk = (draw(S.arrays(dtype, shape)) for shape in (q_shape, k_shape, q_shape, k_shape))
-    params = {"q_norm": {"w": draw(S.arrays(dtype, q_shape[-1:], 2.0))},
-              "k_norm": {"w": draw(S.arrays(dtype, k_shape[-1:], 2.0))}}
-    return q, k, params, draw(st.sampled_from([1e-6, 1e-5])), dq, dk, kind
-
-
-def _qk_tol(cache, dtype):
-    """Each RMS norm multiplies its input's rounding by its rstd (see layer_norm_tol)."""
-    return layer_norm_tol([cache.q[1], cache.k[1]], dtype)
-
-
-@given(case=qk_norms())
-def test_qk_norm_matches_twin_and_autograd(case):
-    """qk_norm_forward against the twin's qk_norm, and qk_norm_backward (dq, dk and both
-    weights' gradients) against autograd through (q_out * dq).sum() + (k_out * dk).sum()."""
-    q, k, params, eps, dq, dk, kind = case
-    q_out, k_out, cache = qk_norm_forward(q, k, params, eps, kind)
-    dq_in, dk_in, dparams = qk_norm_backward(dq, dk, cache)
-    tq, tk, tparams = to_torch(q).requires_grad_(), to_torch(k).requires_grad_(), tree_map(to_torch, params)
-    for leaf in (tparams["q_norm"]["w"], tparams["k_norm"]["w"]):
-        leaf.requires_grad_()
-    twin_q, twin_k = qk_norm(tq, tk, tparams, eps)
-    ((twin_q * to_torch(dq)).sum() + (twin_k * to_torch(dk)).sum()).backward()
-    tol = _qk_tol(cache, q.dtype)
-    assert_close("qk_norm.q", q_out, to_numpy(twin_q), **tol)
-    assert_close("qk_norm.k", k_out, to_numpy(twin_k), **tol)
-    assert_close("qk_norm.dq", dq_in, to_numpy(tq.grad), **tol)
-    assert_close("qk_norm.dk", dk_in, to_numpy(tk.grad), **tol)
-    assert_tree_close("qk_norm.dparams", dparams, tree_map(lambda t: to_numpy(t.grad), tparams), **tol)
-
-
-@given(case=qk_norms(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
-def test_qk_norm_backward_matches_finite_differences(case, seed):
-    """One directional derivative of sum(q_out * dq) + sum(k_out * dk) along a random direction
-    in q, k and both weights."""
-    q, k, params, eps, dq, dk, kind = case
-    rng = np.random.default_rng(seed)
-    tree = {"q": q, "k": k, "params": params}
-    direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), tree)
-    q_out, k_out, cache = qk_norm_forward(q, k, params, eps, kind)
-    dq_in, dk_in, dparams = qk_norm_backward(dq, dk, cache)
-    grads = {"q": dq_in, "k": dk_in, "params": dparams}
-
-    def f(t):
-        q_out, k_out, _ = qk_norm_forward(t["q"], t["k"], t["params"], eps, kind)
-        return np.sum(q_out * dq) + np.sum(k_out * dk)
-
-    h = 1e-4 / max(1.0, float(cache.q[1].max()), float(cache.k[1].max()))   # narrower rows, smaller step
-    assert_close("qk_norm directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
-                 np.float64(directional_derivative(f, tree, direction, h=h)), **directional_tol(grads, direction))
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_cache_holds_the_full_forwards_rotated_keys_and_values(case):
     assert kv_cache.lengths.tolist() == [P] * config.n_layer, f"cache lengths {kv_cache.lengths}"
     rope = dict(theta=config.rope_theta, layout=config.rope_layout, scaling=config.rope_scaling)
     for i, block_cache in enumerate(full_cache.blocks):
-        h = block_cache.attn.k[0]                                       # (B, P, C): the projections' input
+        h = block_cache.attn.qkv[1][0]                                  # (B, P, C): the projections' input
         p = params["blocks"][str(i)]["attn"]
         k = linear_forward(h, **p["k"])[0].reshape(B, P, nkv, hs).swapaxes(1, 2)   # (B, nkv, P, hs)
         v = linear_forward(h, **p["v"])[0].reshape(B, P, nkv, hs).swapaxes(1, 2)   # (B, nkv, P, hs)

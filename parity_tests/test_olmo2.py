@@ -8,8 +8,7 @@ its own: the norms after the sublayers, and QK-norm across the heads.
 import numpy as np
 
 import torch_attn.olmo2 as tw
-from numpy_attn.llama import init_llama_params
-from numpy_attn.olmo2 import Olmo2Config, olmo2_backward, olmo2_forward
+from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params, olmo2_backward, olmo2_forward
 from parity_tests.helpers import assert_close, tree_map
 from parity_tests.test_qwen3 import Family, _tol, model_tests
 
@@ -21,7 +20,7 @@ def _model():
     config = Olmo2Config(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, head_dim=4,
                          rms_eps=0.0)
     rng = np.random.default_rng(0)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_llama_params(config, rng, np.float64))
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_olmo2_params(config, rng, np.float64))
     return config, params, np.array([[1, 2, 3, 4]])
 
 

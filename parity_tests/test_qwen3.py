@@ -22,7 +22,7 @@ from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
-from numpy_attn.qwen3 import Qwen3Config, qwen3_backward, qwen3_forward
+from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwen3_forward
 from parity_tests.helpers import (
     LOW_DTYPES,
     assert_close,
@@ -51,6 +51,7 @@ from parity_tests.test_llama import (
     exact_hf_llama,
     hf_llama,
     hf_logits_and_grads,
+    init_params,
     models,
     round_tree,
     to_hf_names,
@@ -83,7 +84,7 @@ def _pinned(config_class):
     config = config_class(vocab_size=5, block_size=3, n_layer=1, n_head=1, n_kv_head=1, n_embd=4, head_dim=2,
                           hidden=3)
     rng = np.random.default_rng(2)
-    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_llama_params(config, rng, np.float64))
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_params(config, rng, np.float64))
     ids = np.array([[3]])
     return config, params, ids, None, rng.normal(size=ids.shape + (config.vocab_size,))
 
@@ -307,7 +308,7 @@ def model_tests(family):
             config = family.config_class(vocab_size=19, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
                                               n_embd=16, head_dim=8, hidden=20, rms_eps=1e-5, attn_bias=bias,
                                               tie_weights=tie)
-            params = init_llama_params(config, np.random.default_rng(0), dtype)
+            params = init_params(config, np.random.default_rng(0), dtype)
             model = hf_llama(config, params)
             return _randomise(model, 0).to({np.float64: torch.float64, np.float32: torch.float32}[dtype]).eval()
 
@@ -366,7 +367,7 @@ def model_tests(family):
             takes its own config class only, and Llama's takes no other."""
             f = family
             config = f.config_class(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
-            params = init_llama_params(config, np.random.default_rng(0), np.float64)
+            params = init_params(config, np.random.default_rng(0), np.float64)
             ids = np.zeros((1, 3), np.int64)
             with pytest.raises(TypeError, match=f"config must be a LlamaConfig, got {f.config_class.__name__}"):
                 llama_forward(ids, params, config)
@@ -412,7 +413,7 @@ class TestQwen3(model_tests(QWEN3)):
         config = Qwen3Config(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, head_dim=4,
                              rms_eps=0.0)
         rng = np.random.default_rng(0)
-        params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_llama_params(config, rng, np.float64))
+        params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_params(config, rng, np.float64))
         assert params["blocks"]["0"]["attn"]["q_norm"]["w"].shape == (4,), "Qwen3's q norm is per head"
         ids = np.array([[1, 2, 3, 4]])
         logits, cache = qwen3_forward(ids, params, config)
@@ -449,14 +450,15 @@ def family_model():
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
                   init_llama_params, _rstds),
-        "qwen3": (qwen3_forward, qwen3_backward, tw.qwen3, Qwen3Config(**small), init_llama_params, _rstds),
+        "qwen3": (qwen3_forward, qwen3_backward, tw.qwen3, Qwen3Config(**small), init_qwen3_params, _rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
-                  init_llama_params, _rstds),
+                  olmo2.init_olmo2_params, _rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,
                    gemma2.Gemma2Config(**small, sliding_window=2, final_logit_softcap=0.5),
                    gemma2.init_gemma2_params, test_gemma2._rstds),
         "gemma3": (gemma3.gemma3_forward, gemma3.gemma3_backward, tw_gemma3.gemma3,
-                   gemma3.Gemma3Config(**small, sliding_window=2), gemma2.init_gemma2_params, test_gemma2._rstds),
+                   gemma3.Gemma3Config(**small, sliding_window=2), gemma3.init_gemma3_params,
+                   test_gemma2._rstds),
         "gpt_oss": (gpt_oss.gpt_oss_forward, gpt_oss.gpt_oss_backward, tw_gpt_oss.gpt_oss,
                     gpt_oss.GptOssConfig(**small, head_dim=4, n_experts=3, experts_per_token=2, sliding_window=2),
                     gpt_oss.init_gpt_oss_params, _rstds),

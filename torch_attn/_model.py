@@ -1,8 +1,86 @@
-"""What the language models here share after their blocks, in plain PyTorch: the output layer,
-tied to the token embedding or not (numpy_attn/_model.py; autograd adds wte's two uses itself)."""
+"""The decoder shell every language model here shares, and the steps of its attention, in plain
+PyTorch; autograd supplies the backward (numpy_attn/_model.py; autograd adds wte's two uses itself).
 
+``decoder`` runs embedding, blocks, final norm and head around a family's block and takes what
+differs as arguments, as the NumPy twin's ``decoder_forward``.
+"""
+
+import torch
+
+from torch_attn import softcap
+from torch_attn.attention import scaled_dot_product_attention
+from torch_attn.embedding import embedding
+from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
+from torch_attn.masks import causal_mask, sliding_window_mask
+from torch_attn.rms_norm import rms_norm
+from torch_attn.rope import rope
 
+# -- the decoder shell ----------------------------------------------------------------------------
+
+def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache, logits_to_keep=None,
+            embed_scale=None, norm_offset=0.0, norm_round_xhat=True, logit_softcap=None, layer_options=None):
+    """Logits for integer ``ids`` (B, T) -> (B, N, V); ``block(x, params, config, positions, *,
+    attn_mask, kv_cache, **layer_options(i))`` makes block i; the rest as decoder_forward's."""
+    B, T = ids.shape
+    past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
+    positions = torch.arange(past, past + T, device=ids.device) if positions is None else positions
+    wte = params["wte"]
+    # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
+    attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right", device=ids.device)
+    # 1: token embedding (positions enter through RoPE inside attention)
+    x = embedding(ids, wte)                                                   # (B, T) -> (B, T, C)
+    if embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
+        x = x * torch.tensor(embed_scale, dtype=x.dtype)                      # (B, T, C)
+    # 2: the blocks, in order; each reads and appends to its own layer of the cache
+    for i in range(config.n_layer):
+        layer_cache = None if kv_cache is None else kv_cache.layer(i)
+        options = {} if layer_options is None else layer_options(i)
+        x = block(x, params["blocks"][str(i)], config, positions,
+                  attn_mask=attn_mask, kv_cache=layer_cache, **options)
+    # 3: final RMS norm
+    x = rms_norm(x, params["norm"]["w"], config.rms_eps, norm_offset,
+                 norm_round_xhat)                                             # (B, T, C)
+    # 4: the output layer
+    logits = head(x, params, config.tie_weights, logits_to_keep)             # (B, T, C) -> (B, N, V)
+    if logit_softcap is not None:   # Gemma 2: c * tanh(logits / c), on the kept logits
+        logits = softcap.logit_softcap(logits, logit_softcap)                 # (B, N, V)
+    return logits
+
+
+# -- the steps of a decoder's attention -----------------------------------------------------------
+
+def qkv(x, params):
+    """The three projections: x (B, T, C) -> (q (B, T, nh*hs), k, v (B, T, nkv*hs))."""
+    q = linear(x, **params["q"])                                              # (B, T, C) -> (B, T, nh*hs)
+    k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
+    v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
+    return q, k, v
+
+
+def rotate(q, k, positions, theta, scaling, layout):
+    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k)."""
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
+    q = rope(q, pos, theta, layout, scaling)                                  # (B, nh, T, hs)
+    k = rope(k, pos, theta, layout, scaling)                                  # (B, nkv, T, hs)
+    return q, k
+
+
+def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, **attention):
+    """Causal attention of the T new queries over the cached and the new keys and values
+    -> (B, nh, T, hs); ``window``, ``attn_mask`` and ``attention`` as cached_attention_forward's."""
+    T = q.shape[2]
+    if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
+        k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
+    S = k.shape[2]
+    causal = (causal_mask(T, S, "bottom_right", device=q.device) if window is None
+              else sliding_window_mask(T, S, window, "bottom_right", device=q.device))
+    mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
+    y, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
+    return y
+
+
+# -- the output layer -----------------------------------------------------------------------------
 
 def head(x, params, tie_weights, logits_to_keep=None):
     """The output layer: x (B, T, C) -> logits (B, N, V), N = min(logits_to_keep, T), or T when
@@ -12,3 +90,12 @@ def head(x, params, tie_weights, logits_to_keep=None):
     head_w = params["wte"].T if tie_weights else params["head"]["w"]      # (C, V)
     logits = linear(x, head_w)                                            # (B, N, C) -> (B, N, V)
     return logits
+
+
+# -- sliding and full layers (Gemma 2 and 3, gpt-oss) ------------------------------------------------
+
+def sliding_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
+    """An empty key/value cache: a full layer holds every token, a sliding layer only its last window."""
+    max_len = config.block_size if max_len is None else max_len
+    windows = [config.window(i) for i in range(config.n_layer)]
+    return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, device, windows=windows)

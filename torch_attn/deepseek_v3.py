@@ -1,6 +1,6 @@
 """DeepSeek-V3 in plain PyTorch; autograd supplies the backward.
 
-Twin of numpy_attn/deepseek_v3.py: torch_attn/llama.py's ``decoder`` with blocks x + mla(rms_norm(x))
+Twin of numpy_attn/deepseek_v3.py: torch_attn/_model.py's ``decoder`` with blocks x + mla(rms_norm(x))
 (torch_attn/mla.py) and x + swiglu(rms_norm(x)) in the first first_k_dense_replace blocks, x +
 moe(rms_norm(x)) (torch_attn/moe.py's DeepSeek-V3 routing) after; its cache is deepseek_v3_kv_cache,
 absorbed (latents and shared rotary keys) by default, naive (every head's keys and values) without.
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_attn._model import decoder
 from torch_attn.kv_cache import KVCache, init_kv_cache
-from torch_attn.llama import decoder
 from torch_attn.mla import LatentCache, init_mla_kv_cache, mla, mla_absorbed
 from torch_attn.moe import deepseek_moe
 from torch_attn.rms_norm import rms_norm
@@ -52,7 +52,8 @@ def deepseek_v3(ids, params, config, *, positions=None, attn_mask=None, kv_cache
                 logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from deepseek_v3_kv_cache."""
     return decoder(ids, params, config, deepseek_v3_block, positions=positions, attn_mask=attn_mask,
-                   kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+                   kv_cache=kv_cache, logits_to_keep=logits_to_keep,
+                   layer_options=lambda i: {"moe": config.is_moe(i)})
 
 
 @dataclass

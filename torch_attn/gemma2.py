@@ -1,32 +1,51 @@
 """Gemma 2 in plain PyTorch; autograd supplies the backward.
 
-Twin of numpy_attn/gemma2.py: torch_attn/llama.py's model (its ``decoder`` reads the config's
-scaled embedding, score scale, caps and windows) with blocks x + rms_norm(attn(rms_norm(x))) and
-x + rms_norm(geglu(rms_norm(x))), every norm scaling by 1 + w; its cache is gemma2_kv_cache.
+Twin of numpy_attn/gemma2.py: blocks x + rms_norm(attn(rms_norm(x))) and
+x + rms_norm(geglu(rms_norm(x))), every norm scaling by 1 + w, attention with its own score scale,
+capped scores and sliding layers, inside torch_attn/_model.py's ``decoder`` with the embedding
+times sqrt(C) and capped logits; its cache is gemma2_kv_cache.
 """
 
 import torch
 
-from torch_attn.kv_cache import init_kv_cache
-from torch_attn.llama import decoder, llama_attention
+from torch_attn._model import cached_attention, decoder, qkv, rotate, sliding_kv_cache
+from torch_attn.linear import linear
+from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
 
+# -- attention: Llama's, with its own score scale, capped scores and sliding layers -----------------
+
+def gemma2_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """llama_attention with the scores scaled by query_pre_attn_scalar^-0.5 and capped, on a
+    sliding layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
+    nh, nkv = config.n_head, config.n_kv_head
+    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                         scale=config.query_pre_attn_scalar ** -0.5,
+                         softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
+    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    return out
+
+
 # -- the block: a norm before and after each sublayer -----------------------------------------------
 
-def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, rope=None):
-    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache``, ``window`` and ``rope`` go to attention."""
-    eps, one = config.rms_eps, config.norm_offset
+def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
+                 attention=gemma2_attention):
+    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``window`` go to ``attention``."""
+    eps = config.rms_eps
     # 1-4: x + rms_norm(attn(rms_norm(x)))
-    h = rms_norm(x, params["attn_norm"]["w"], eps, one)                       # (B, T, C)
-    a = llama_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
-                        kv_cache=kv_cache, window=window, rope=rope)          # (B, T, C)
-    a = rms_norm(a, params["attn_post_norm"]["w"], eps, one)                  # (B, T, C)
+    h = rms_norm(x, params["attn_norm"]["w"], eps, 1.0)                       # (B, T, C)
+    a = attention(h, params["attn"], config, positions, attn_mask=attn_mask,
+                  kv_cache=kv_cache, window=window)                           # (B, T, C)
+    a = rms_norm(a, params["attn_post_norm"]["w"], eps, 1.0)                  # (B, T, C)
     x = x + a
     # 5-8: x + rms_norm(geglu(rms_norm(x)))
-    h = rms_norm(x, params["mlp_norm"]["w"], eps, one)                        # (B, T, C)
+    h = rms_norm(x, params["mlp_norm"]["w"], eps, 1.0)                        # (B, T, C)
     f = swiglu(h, params["mlp"], act="gelu_tanh")                             # (B, T, C) via (B, T, H)
-    f = rms_norm(f, params["mlp_post_norm"]["w"], eps, one)                   # (B, T, C)
+    f = rms_norm(f, params["mlp_post_norm"]["w"], eps, 1.0)                   # (B, T, C)
     out = x + f
     return out
 
@@ -36,16 +55,22 @@ def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
 def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gemma2_kv_cache."""
-    return decoder(ids, params, config, gemma2_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+    return gemma_decoder(ids, params, config, gemma2_block, positions=positions,
+                         attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+
+
+def gemma_decoder(ids, params, config, block, **keywords):
+    """decoder with the Gemmas' embedding times sqrt(C), final norm's 1 + w, capped logits and windows."""
+    return decoder(ids, params, config, block, **keywords,
+                   embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
+                   logit_softcap=config.final_logit_softcap,
+                   layer_options=lambda i: {"window": config.window(i)})
 
 
 def gemma2_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    max_len = config.block_size if max_len is None else max_len
-    windows = [config.window(i) for i in range(config.n_layer)]
-    return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, device, windows=windows)
+    return sliding_kv_cache(config, B, dtype, max_len, device)
 
 
 # Equals Hugging Face's transformers.Gemma2ForCausalLM(...).logits holding the same weights;

@@ -1,19 +1,44 @@
 """Gemma 3 (text) in plain PyTorch; autograd supplies the backward.
 
-Twin of numpy_attn/gemma3.py: torch_attn/gemma2.py's blocks on a Gemma3Config, whose q and k are
-RMS-normed per head (1 + w) and whose sliding layers rotate with their own base; its cache is
+Twin of numpy_attn/gemma3.py: torch_attn/gemma2.py's blocks with Gemma 3's attention, whose q and k
+are RMS-normed per head (1 + w) and whose sliding layers rotate with their own base; its cache is
 gemma2_kv_cache.
 """
 
-from torch_attn.gemma2 import gemma2_block
-from torch_attn.llama import decoder
+from functools import partial
 
+from torch_attn._model import cached_attention, qkv, rotate
+from torch_attn.gemma2 import gemma2_block, gemma_decoder
+from torch_attn.linear import linear
+from torch_attn.multi_head import merge_heads, split_heads
+from torch_attn.qk_norm import qk_norm
+
+# -- attention: Gemma 2's, with QK-norm per head and the local layers' own rotary base ---------------
+
+def gemma3_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """gemma2_attention with QK-norm per head (1 + w), a sliding layer rotating with
+    rope_local_theta: x (B, T, C) -> (B, T, C)."""
+    nh, nkv = config.n_head, config.n_kv_head
+    theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
+    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k = qk_norm(q, k, params, config.rms_eps, offset=1.0)                  # each head alone, 1 + w
+    q, k = rotate(q, k, positions, theta, scaling, config.rope_layout)
+    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                         scale=config.query_pre_attn_scalar ** -0.5,
+                         softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
+    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    return out
+
+
+# -- the model: Gemma 2's blocks with Gemma 3's attention -----------------------------------------
 
 def gemma3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as gemma2's."""
-    return decoder(ids, params, config, gemma2_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+    block = partial(gemma2_block, attention=gemma3_attention)
+    return gemma_decoder(ids, params, config, block, positions=positions,
+                         attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers.Gemma3ForCausalLM(...).logits holding the same weights;

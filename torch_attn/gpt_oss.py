@@ -1,28 +1,44 @@
 """gpt-oss in plain PyTorch; autograd supplies the backward.
 
-Twin of numpy_attn/gpt_oss.py: torch_attn/llama.py's model (its attention reads each block's
-``attn.sinks`` and the layer's window) with blocks x + attn(rms_norm(x)) and x + moe(rms_norm(x)),
-the mixture of experts torch_attn/moe.py's gpt_oss_moe; its cache is gpt_oss_kv_cache.
+Twin of numpy_attn/gpt_oss.py: blocks x + attn(rms_norm(x)) (attention with a sink per head and
+sliding layers) and x + moe(rms_norm(x)) (torch_attn/moe.py's gpt_oss_moe), every norm rounding
+w * xhat once; its cache is gpt_oss_kv_cache.
 """
 
 import torch
 
-from torch_attn.gemma2 import gemma2_kv_cache
-from torch_attn.llama import decoder, llama_attention
+from torch_attn._model import cached_attention, decoder, qkv, rotate, sliding_kv_cache
+from torch_attn.linear import linear
 from torch_attn.moe import gpt_oss_moe
+from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
+
+# -- attention: Llama's, with a sink per head and sliding layers -----------------------------------
+
+def gpt_oss_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
+    """llama_attention with each query head's sink logit ``params["sinks"]`` (nh,), on a sliding
+    layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
+    nh, nkv = config.n_head, config.n_kv_head
+    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                         sinks=params["sinks"])                               # (B, nh, T, hs)
+    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    return out
+
 
 # -- the block: attention with sinks, then the mixture of experts -----------------------------------
 
 def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``window`` go to attention."""
-    # 1-3: x + attn(rms_norm(x)), the sinks read from params["attn"]["sinks"]
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
-    a = llama_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
-                        kv_cache=kv_cache, window=window)                     # (B, T, C)
+    # 1-3: x + attn(rms_norm(x)), the norm's product w * xhat rounded once in float16 and bfloat16
+    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
+    a = gpt_oss_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, window=window)                   # (B, T, C)
     x = x + a
     # 4-6: x + moe(rms_norm(x))
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=config.norm_round_xhat)   # (B, T, C)
+    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)    # (B, T, C)
     f = gpt_oss_moe(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
                     config.swiglu_limit)                                      # (B, T, C) via k experts
     out = x + f
@@ -34,14 +50,15 @@ def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None
 def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gpt_oss_kv_cache."""
-    return decoder(ids, params, config, gpt_oss_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+    return decoder(ids, params, config, gpt_oss_block, positions=positions, attn_mask=attn_mask,
+                   kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False,
+                   layer_options=lambda i: {"window": config.window(i)})
 
 
 def gpt_oss_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: torch_attn/gemma2.py's, full layers holding them all, sliding layers their window."""
-    return gemma2_kv_cache(config, B, dtype, max_len, device)
+    tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
+    return sliding_kv_cache(config, B, dtype, max_len, device)
 
 
 # Equals Hugging Face's transformers.GptOssForCausalLM(...).logits holding the same weights (gate_up_proj
