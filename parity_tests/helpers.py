@@ -410,6 +410,25 @@ def directional_tol(grads, direction):
     return dict(rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] + FD_TOL["rtol"] * scale)
 
 
+def elementwise_fd_tol(f, x, dout, h=1e-3):
+    """FD_TOL for ``numerical_grad(f, x, dout, h)`` of an elementwise ``f`` whose outputs may be
+    huge (dropout's 1 / (1 - p) reaches 9e15 as p nears 1), its atol widened by the stencil's
+    rounding error.
+
+    Each of the stencil's four sums of n terms f(x)_i * dout_i is computed with at most
+    (rounds + log2 n) roundings per term (``rounds`` = 4 covers an elementwise f of up to three
+    roundings and the product; NumPy's pairwise sum adds log2 n), so each is off by at most
+    (rounds + log2 n) * eps * sum |f(x) * dout|; the stencil's weights (1 + 8 + 8 + 1) / 12h
+    carry that into the gradient. For every entry, even one whose exact gradient is 0: a dropped
+    element's finite difference is noise of that size, however exact the backward.
+    """
+    rounds = 4
+    n = max(x.size, 1)
+    terms = float(np.sum(np.abs(f(x) * dout)))
+    rounding = 1.5 / h * (rounds + np.log2(n)) * np.finfo(np.float64).eps * terms
+    return dict(rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] + rounding)
+
+
 def assert_bad_dout_refused(backward_name, out, backward, cache, dout_name="dout"):
     """``backward(dout, cache)`` refuses an upstream gradient unlike the forward's output ``out``:
     one more entry along the last axis, the last two axes swapped (where that changes the shape)

@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import FD_TOL, assert_close, autograd, numerical_grad, to_numpy, to_torch
+from parity_tests.helpers import assert_close, autograd, numerical_grad, to_numpy, to_torch
 from torch_attn.dropout import dropout
 
 probabilities = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]) | st.floats(0.0, 1.0)
@@ -238,12 +238,15 @@ def test_same_seed_same_mask():
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=dropped(dtype=np.float64))
+@example(case=ONE_DROPPED[:2] + (0.9999999999999999, ONE_DROPPED[3]))   # scale 9e15
 def test_backward_matches_finite_differences(case):
     x, dout, p, mask = case
     _, cache = dropout_forward(x, p, mask=mask)
     dx = dropout_backward(dout, cache)
-    expected = numerical_grad(lambda x: dropout_forward(x, p, mask=mask)[0], x.copy(), dout)
-    assert_close("dropout.dx vs finite differences", dx, expected, **FD_TOL)
+    f = lambda x: dropout_forward(x, p, mask=mask)[0]   # noqa: E731
+    expected = numerical_grad(f, x.copy(), dout)
+    # The outputs reach 9e15 for p near 1, and the stencil's rounding with them (its bound).
+    assert_close("dropout.dx vs finite differences", dx, expected, **helpers.elementwise_fd_tol(f, x, dout))
 
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
