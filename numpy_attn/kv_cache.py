@@ -125,6 +125,22 @@ class KVCache:
         _check_layer(self, i)
         return LayerKVCache(self, int(i))
 
+    @staticmethod
+    def check(kv_cache, n_layer, block_size, T, made_by):
+        """Return how many tokens ``kv_cache`` already holds (0 without one); raise unless it is a
+        KVCache (from ``made_by``) with a layer per block and room for T more tokens in block_size."""
+        if kv_cache is None:
+            return 0
+        if not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be a KVCache ({made_by}), got {type(kv_cache).__name__}")
+        if kv_cache.n_layer != n_layer:
+            raise ValueError(f"kv_cache has {kv_cache.n_layer} layers (windows {list(kv_cache.windows)}), "
+                             f"the model n_layer = {n_layer}")
+        past = kv_cache.length                                                # tokens already cached
+        if past + T > block_size:
+            raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {block_size}")
+        return past
+
 
 @dataclass(frozen=True)
 class LayerKVCache:
