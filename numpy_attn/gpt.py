@@ -45,6 +45,7 @@ from numpy_attn._checks import (
     check_token_ids,
     upcast,
 )
+from numpy_attn._family import Family
 from numpy_attn._model import (
     blocks_backward,
     check_for_backward,
@@ -254,3 +255,9 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, 
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
     return ids
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gpt2", title="GPT-2", architectures=("GPT2LMHeadModel",), config=GPTConfig,
+                forward=gpt_forward, backward=gpt_backward, kv_cache=gpt_kv_cache,
+                init_params=init_gpt_params)

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from attn_cli import cli
-from attn_cli.generate import continue_ids, next_token, physical_memory
+from attn_cli.decoding import continue_ids, next_token, physical_memory
 from attn_cli.hf import load_checkpoint
 from attn_cli.hf_generate import parse_ids
 from parity_tests.helpers import LOW_DTYPES, needs_vocab, ulp
@@ -290,10 +290,10 @@ def test_a_prompt_enters_the_cache_in_chunks_with_the_logits_of_one_forward(monk
     then one id a step; the logits after it are the one whole forward's, and each step's those of
     a whole forward over the ids so far (float64: the chunks reorder no sum of one position but
     the attention's, whose terms they only split among calls)."""
-    from attn_cli import generate
+    from attn_cli import decoding
 
     forward, new_cache, config, params = _chunk_models()[family]
-    monkeypatch.setattr(generate, "PREFILL_CHUNK", 3)
+    monkeypatch.setattr(decoding, "PREFILL_CHUNK", 3)
     calls = []
 
     def recorded(ids, **kw):
