@@ -8,7 +8,7 @@
 
 Radford et al. (2019) as written in nanoGPT's model.py. GPT-2's released checkpoints were trained
 with the tanh approximation of GELU (``activation_function="gelu_new"``) and carry their own
-``layer_norm_epsilon``: ``gelu`` and ``ln_eps`` in the config say which (attn_cli/hf.py sets
+``layer_norm_epsilon``: ``gelu`` and ``ln_eps`` in the config say which (attn_cli/hf/gpt2.py sets
 them), and the feed-forward width comes from the weights (4C unless a checkpoint says otherwise).
 Parameters are nested dicts all the way down; the blocks are keyed "0", "1", ... so that a path
 reads ``blocks.0.attn.q.w``.

@@ -3,12 +3,11 @@
     kind, config, params = load_checkpoint("gpt2")       # a folder with config.json + *.safetensors
 
 Every family of numpy_attn (its ``FAMILY`` row, numpy_attn/_family.py) whose reader is a module
-here, ``attn_cli/hf/<family>.py``, is read: the architectures its row names (``GPT2LMHeadModel``,
-``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Olmo2ForCausalLM``, ``Gemma2ForCausalLM``,
-``Gemma3ForCausalLM``, ``GptOssForCausalLM``, ``DeepseekV3ForCausalLM``) into its config class and
-params. Each reader module holds the family's config.json keys, its config from config.json and its
-params from the tensors (its ``READER``); the tables below are built from the rows and the readers,
-so that a new family adds files and edits none here.
+here, ``attn_cli/hf/<family>.py``, is read: the architectures its row names (``LlamaForCausalLM``,
+...; ARCHITECTURES lists them) into its config class and params. Each reader module holds the
+family's config.json keys, its config from config.json and its params from the tensors (its
+``READER``); the tables below are built from the rows and the readers, so that a new family adds
+files and edits none here.
 
 - files.py reads the files: config.json, the shard index, the safetensors headers and tensors,
   each checked before it is trusted (the hostile-file rules are in its docstring);
@@ -75,9 +74,9 @@ MODELS = {architecture: (family.name, reader.config, reader.params)
           for architecture, (family, reader) in READERS.items()}
 
 def load_checkpoint(folder, dtype=np.float32):
-    """(kind, config, params) from a Hugging Face folder: kind the family's name ("gpt2", "llama",
-    "qwen3", "olmo2", "gemma2", "gemma3", "gpt_oss", "deepseek_v3"); the params in ``dtype``
-    (float32, float64, bfloat16 or float16: a NumPy dtype, or its name)."""
+    """(kind, config, params) from a Hugging Face folder: kind the name of the family's row ("gpt2",
+    "llama", ...); the params in ``dtype`` (float32, float64, bfloat16 or float16: a NumPy dtype, or
+    its name)."""
     dtype = load_dtype(dtype)
     folder = Path(folder)
     hf_config = read_config(folder)
