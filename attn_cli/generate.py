@@ -5,8 +5,8 @@ most likely tokens, with ``--seed``; a prompt longer than the context (``block_s
 and once prompt and new tokens pass it the context is the last ``block_size`` tokens. The model
 runs each new token only, reading the past ones' keys and values from a key/value cache sized for
 the prompt and the new tokens, until the context is full; ``--no-cache`` runs the whole context
-for every token instead (the same tokens). ``continue_ids`` is the sampling loop of both this
-command and ``generate --hf`` (attn_cli/hf_generate.py).
+for every token instead (the same tokens). ``continue_ids`` (attn_cli/decoding.py) is the sampling
+loop of both this command and ``generate --hf`` (attn_cli/hf_generate.py).
 
 ``--dtype`` runs the model in float32, bfloat16 or float16 (default: the dtype the checkpoint was
 saved in): its parameters are rounded once to it, and the key/value cache takes it (half the bytes a
@@ -20,10 +20,10 @@ import numpy as np
 
 from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
-from attn_cli.hf import bytes_text, load_dtype
+from attn_cli.decoding import continue_ids
+from attn_cli.hf import load_dtype
 from numpy_attn._tree import leaves, unflatten
 from numpy_attn.gpt import gpt_forward, gpt_kv_cache
-from numpy_attn.softmax import softmax_forward
 
 HELP = "continue a prompt with a checkpoint of numpy-attn train"
 
@@ -62,83 +62,6 @@ def generate(params, config, ids, max_new_tokens, temperature=1.0, top_k=None, r
                         max_new_tokens, temperature, top_k, rng, new_cache)
 
 
-# A prompt enters the cache this many ids at a time, each chunk's forward with for_backward=False,
-# which holds one block's activations at a time (numpy_attn/_model.py). A forward that kept them
-# for a backward held them for every block and prompt token: GPT-2 124M (a 475 MiB file) with a
-# 512-token prompt peaked at 1158 MiB in one such forward and 632 MiB in chunks of 64. Without them
-# chunks can be larger, and a linear's BLAS call runs faster on more rows (84 GFLOP/s on 64 rows of
-# (768, 2304), 94 on 256, one thread). Prefill of 512 tokens, one thread (two), median of 4: chunks
-# of 64 1.61 s (0.99), 128 1.29 s (0.81), 256 1.24 s (0.78), 512 1.34-1.39 s (0.93), peak 566-630 MiB.
-PREFILL_CHUNK = 256
-
-
-def continue_ids(forward, ids, block_size, max_new_tokens, temperature=1.0, top_k=None, rng=None,
-                 new_cache=None):
-    """Extend ``ids`` by ``max_new_tokens`` ids; ``forward(ids (1, T), logits_to_keep=1,
-    for_backward=False) -> logits (1, 1, V)``, the last position's, with nothing kept for a backward:
-    the one sampling loop, for train checkpoints and Hugging Face folders alike (see next_token).
-    Each step reads the last logits only, so the model's head runs on one position, not on all T
-    of a long prompt (as transformers' generate asks for).
-
-    ``new_cache(max_len)``, when given, makes the model's key/value cache, sized by what this call
-    decodes (the prompt and the new tokens, at most block_size), never by the context alone: a
-    config may claim a context of billions. While all ids fit in block_size,
-    ``forward(ids, kv_cache=kv_cache)`` is given only the ids the cache has not seen (the prompt,
-    PREFILL_CHUNK ids at a time, then one token); once the context slides every position moves, so
-    it runs the last block_size ids afresh, without the cache. A prompt longer than block_size is
-    refused, not cut.
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if len(ids) > block_size:
-        raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of block_size = {block_size}")
-    ids = list(ids)
-    kv_cache = None if new_cache is None else decoding_cache(new_cache, len(ids) + max_new_tokens, block_size)
-    for _ in range(max_new_tokens):
-        if kv_cache is None or len(ids) > block_size:
-            logits = forward(np.array([ids[-block_size:]]), logits_to_keep=1, for_backward=False)   # (1, 1, V)
-        else:   # the ids the cache has not seen: the prompt in chunks, then the last new id
-            for start in range(kv_cache.length, len(ids), PREFILL_CHUNK):
-                chunk = np.array([ids[start:start + PREFILL_CHUNK]])                         # (1, <= PREFILL_CHUNK)
-                logits = forward(chunk, kv_cache=kv_cache, logits_to_keep=1, for_backward=False)   # (1, 1, V)
-        ids.append(next_token(logits[0, -1], temperature, top_k, rng))
-    return ids
-
-
-def next_token(logits, temperature, top_k, rng):
-    """Greedy at temperature 0, else a draw from softmax(logits / temperature) over the top_k."""
-    logits = logits.astype(np.float64)
-    if not np.isfinite(logits).all():          # argmax would pick a NaN's position without a word
-        raise ValueError("the model's logits hold NaN or infinite values: its weights or inputs are broken")
-    if temperature == 0:
-        return int(np.argmax(logits))
-    # The largest logit moved to 0 first: the softmax is the same, and a temperature as small as
-    # 1e-300 then sends the others to -inf (a greedy draw) instead of every logit to +-inf (NaN).
-    with np.errstate(over="ignore"):
-        logits = (logits - logits.max()) / temperature
-    if top_k is not None and top_k < len(logits):
-        kth = np.sort(logits)[-top_k]
-        logits = np.where(logits < kth, -np.inf, logits)                    # keep the top k
-    probs, _ = softmax_forward(logits)
-    return int(rng.choice(len(probs), p=probs))
-
-
-def decoding_cache(new_cache, tokens, block_size):
-    """``new_cache(max_len)`` for ``tokens`` tokens, at most block_size, once its size in bytes
-    (one token's keys and values, from a cache of one slot, times max_len) is known to fit in the
-    machine's memory: else a ValueError giving the bytes, before the allocation."""
-    max_len = min(tokens, block_size)
-    need = new_cache(1).bytes_per_token * max_len
-    memory = physical_memory()
-    if memory is not None and need > memory:
-        raise ValueError(f"the key/value cache for {max_len:,} tokens (the prompt and --max-new-tokens, "
-                         f"within the context of {block_size:,}) needs {need:,} bytes ({bytes_text(need)}), "
-                         f"more than this machine's {bytes_text(memory)} of memory: lower --max-new-tokens")
-    return new_cache(max_len)
-
-
 def params_in(params, dtype, source):
     """``params`` (a tree of float arrays) rounded once to ``dtype`` (a NumPy dtype): a ValueError
     names the first parameter of ``source`` whose values lie beyond the range of ``dtype`` (a
@@ -152,14 +75,6 @@ def params_in(params, dtype, source):
                              f"(largest |value| {float(np.abs(a).max()):.6g}); leave out --dtype to generate "
                              f"in {a.dtype}, as saved")
     return unflatten(out)
-
-
-def physical_memory():
-    """The machine's memory in bytes, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def add_arguments(p):

@@ -5,7 +5,7 @@ writes: config.json and model.safetensors, read by attn_cli.hf. GPT-2 folders ta
 text, encoded with GPT-2's tokenizer (attn_cli.tokenizer), and print text. Llama, Qwen3 and OLMo 2
 folders come with tokenizers this project does not implement, so they take ``--ids 1,2,3`` and
 print ids (gpt-oss folders too). Both go
-through the sampling loop of train checkpoints (attn_cli.generate.continue_ids): a prompt longer
+through the sampling loop of train checkpoints (attn_cli.decoding.continue_ids): a prompt longer
 than the context is refused, and they decode with a key/value cache (numpy_attn/kv_cache.py)
 sized for the prompt and the new tokens: the prompt runs once, then each new token alone, while
 the context fits in block_size; ``--no-cache`` runs the whole context for every token instead (the
@@ -15,14 +15,15 @@ same tokens, more slowly). DeepSeek-V3 folders decode with absorbed multi-head l
 tokens), and is refused for a model without MLA.
 
 ``--dtype bfloat16`` (or float16) loads the parameters in that dtype (a bfloat16 folder's values as
-stored, attn_cli/hf.py) instead of float32, and the model runs in it as PyTorch runs such a model:
+stored, attn_cli/hf/files.py) instead of float32, and the model runs in it as PyTorch runs such a model:
 each operation computes in float32 and rounds its output once (docs/precision.md); the key/value
 cache holds that dtype, half the bytes a token of float32.
 """
 
 import numpy as np
 
-from attn_cli.generate import continue_ids
+from attn_cli.decoding import continue_ids
+from numpy_attn._family import families
 
 
 def parse_ids(text):
@@ -37,27 +38,18 @@ def parse_ids(text):
 
 
 def family_functions(kind, absorb=True):
-    """(forward, new cache(config, B, dtype, max_len)) of a family of attn_cli.hf (``kind``); DeepSeek-V3
-    decodes with absorbed MLA unless ``absorb`` is False. benchmarks/decode_hf.py times the same."""
-    from numpy_attn.deepseek_v3 import deepseek_v3_forward, deepseek_v3_kv_cache
-    from numpy_attn.gemma2 import gemma2_forward, gemma2_kv_cache
-    from numpy_attn.gemma3 import gemma3_forward
-    from numpy_attn.gpt import gpt_forward, gpt_kv_cache
-    from numpy_attn.gpt_oss import gpt_oss_forward, gpt_oss_kv_cache
-    from numpy_attn.llama import llama_forward, llama_kv_cache
-    from numpy_attn.olmo2 import olmo2_forward
-    from numpy_attn.qwen3 import qwen3_forward
+    """(forward, new cache(config, B, dtype, max_len)) of a family of attn_cli.hf (``kind``, its row's
+    name in numpy_attn._family); DeepSeek-V3 decodes with absorbed MLA unless ``absorb`` is False.
+    gpt-oss's and the Gemmas' sliding layers keep only their window. benchmarks/decode_hf.py times the same."""
+    family = families()[kind]
+    if not family.absorb:
+        return family.forward, family.kv_cache
 
-    def deepseek_cache(config, B, dtype, max_len):
+    def new_cache(config, B, dtype, max_len):
         """Absorbed MLA decoding by default, the naive cache of every head's keys and values on request."""
-        return deepseek_v3_kv_cache(config, B, dtype, max_len, absorb)
+        return family.kv_cache(config, B, dtype, max_len, absorb)
 
-    # family -> (forward, cache maker); gpt-oss's and the Gemmas' sliding layers keep only their window.
-    models = {"gpt2": (gpt_forward, gpt_kv_cache), "llama": (llama_forward, llama_kv_cache),
-              "qwen3": (qwen3_forward, llama_kv_cache), "olmo2": (olmo2_forward, llama_kv_cache),
-              "gemma2": (gemma2_forward, gemma2_kv_cache), "gemma3": (gemma3_forward, gemma2_kv_cache),
-              "gpt_oss": (gpt_oss_forward, gpt_oss_kv_cache), "deepseek_v3": (deepseek_v3_forward, deepseek_cache)}
-    return models[kind]
+    return family.forward, new_cache
 
 
 def run(args):
@@ -65,12 +57,12 @@ def run(args):
     from attn_cli.hf import load_checkpoint
 
     absorb = args.absorb
-    family = {"llama": "Llama", "qwen3": "Qwen3", "olmo2": "OLMo 2", "gemma2": "Gemma 2", "gemma3": "Gemma 3",
-              "gpt_oss": "gpt-oss", "deepseek_v3": "DeepSeek-V3"}
     kind, config, params = load_checkpoint(args.hf, args.dtype or "float32")
-    if not absorb and kind != "deepseek_v3":
-        raise ValueError(f"--no-absorb: {args.hf} is a {family.get(kind, 'GPT-2')} checkpoint, without multi-head "
-                         "latent attention; only DeepSeek-V3 decodes absorbed or not")
+    family = families()[kind]
+    if not absorb and not family.absorb:
+        absorbing = " and ".join(f.title for f in families().values() if f.absorb)
+        raise ValueError(f"--no-absorb: {args.hf} is a {family.title} checkpoint, without multi-head "
+                         f"latent attention; only {absorbing} decodes absorbed or not")
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer
 
@@ -78,7 +70,7 @@ def run(args):
             raise ValueError("give --prompt TEXT (or --ids 1,2,3) to continue")
         prompt, option = tokenizer.encode(args.prompt), "--prompt"
     elif args.ids is None:
-        raise ValueError(f"{args.hf} is a {family[kind]} checkpoint, whose tokenizer numpy-attn does not "
+        raise ValueError(f"{args.hf} is a {family.title} checkpoint, whose tokenizer numpy-attn does not "
                          "implement: give the prompt as token ids, --ids 1,2,3 (its tokenizer "
                          "gives them), and read the continuation as ids")
     else:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import decoder_backward, decoder_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache
 from numpy_attn.llama import LlamaConfig
@@ -247,3 +248,9 @@ def _check_deepseek_v3_kv_cache(kv_cache, config):
     if type(kv_cache) is LatentKVCache and kv_cache.dims[1:] != (1, kv_cache.max_len, config.kv_lora_rank):
         raise ValueError(f"kv_cache holds latents of width {kv_cache.dims[3]}, the config's kv_lora_rank is "
                          f"{config.kv_lora_rank}")
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="deepseek_v3", title="DeepSeek-V3", architectures=("DeepseekV3ForCausalLM",),
+                config=DeepseekV3Config, forward=deepseek_v3_forward, backward=deepseek_v3_backward,
+                kv_cache=deepseek_v3_kv_cache, init_params=init_deepseek_v3_params, absorb=True)

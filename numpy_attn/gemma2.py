@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     Sublayer,
@@ -193,3 +194,9 @@ def gemma2_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
     return sliding_kv_cache(config, B, dtype, max_len)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gemma2", title="Gemma 2", architectures=("Gemma2ForCausalLM",), config=Gemma2Config,
+                forward=gemma2_forward, backward=gemma2_backward, kv_cache=gemma2_kv_cache,
+                init_params=init_gemma2_params)

@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     Sublayer,
@@ -30,6 +31,7 @@ from numpy_attn.gemma2 import (
     Gemma2Config,
     gemma2_block_backward,
     gemma2_block_forward,
+    gemma2_kv_cache,
     gemma_decoder_forward,
     init_gemma2_params,
 )
@@ -103,3 +105,9 @@ def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
 def gemma3_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
     return decoder_backward("gemma3", dlogits, cache, gemma2_block_backward)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gemma3", title="Gemma 3", architectures=("Gemma3ForCausalLM",), config=Gemma3Config,
+                forward=gemma3_forward, backward=gemma3_backward, kv_cache=gemma2_kv_cache,
+                init_params=init_gemma3_params)

@@ -8,7 +8,7 @@
 
 Radford et al. (2019) as written in nanoGPT's model.py. GPT-2's released checkpoints were trained
 with the tanh approximation of GELU (``activation_function="gelu_new"``) and carry their own
-``layer_norm_epsilon``: ``gelu`` and ``ln_eps`` in the config say which (attn_cli/hf.py sets
+``layer_norm_epsilon``: ``gelu`` and ``ln_eps`` in the config say which (attn_cli/hf/gpt2.py sets
 them), and the feed-forward width comes from the weights (4C unless a checkpoint says otherwise).
 Parameters are nested dicts all the way down; the blocks are keyed "0", "1", ... so that a path
 reads ``blocks.0.attn.q.w``.
@@ -44,6 +44,7 @@ from numpy_attn._checks import (
     check_token_ids,
     upcast,
 )
+from numpy_attn._family import Family
 from numpy_attn._model import (
     blocks_backward,
     check_for_backward,
@@ -253,3 +254,9 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, 
     if config.dropout > 0 and masks is None:
         check_rng(rng, f"gpt_forward with config.dropout = {config.dropout} (and no masks)")
     return ids
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gpt2", title="GPT-2", architectures=("GPT2LMHeadModel",), config=GPTConfig,
+                forward=gpt_forward, backward=gpt_backward, kv_cache=gpt_kv_cache,
+                init_params=init_gpt_params)

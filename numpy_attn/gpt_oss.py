@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     cached_attention_backward,
@@ -186,3 +187,9 @@ def gpt_oss_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
     return sliding_kv_cache(config, B, dtype, max_len)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gpt_oss", title="gpt-oss", architectures=("GptOssForCausalLM",), config=GptOssConfig,
+                forward=gpt_oss_forward, backward=gpt_oss_backward, kv_cache=gpt_oss_kv_cache,
+                init_params=init_gpt_oss_params)

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import check_config, check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     Sublayer,
@@ -244,3 +245,9 @@ def _check_llama_config(config):
         raise ValueError(f"n_head = {config.n_head} must be a multiple of n_kv_head = {config.n_kv_head}")
     rope_frequencies(hs, config.rope_theta, config.rope_scaling)   # raises on bad theta, scaling
     return values
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="llama", title="Llama", architectures=("LlamaForCausalLM",), config=LlamaConfig,
+                forward=llama_forward, backward=llama_backward, kv_cache=llama_kv_cache,
+                init_params=init_llama_params)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn._checks import check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     cached_attention_backward,
@@ -32,7 +33,7 @@ from numpy_attn._model import (
     rotate_forward,
 )
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.llama import LlamaConfig, init_llama_params
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_kv_cache
 from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
@@ -135,3 +136,9 @@ def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
 def olmo2_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
     return decoder_backward("olmo2", dlogits, cache, olmo2_block_backward)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="olmo2", title="OLMo 2", architectures=("Olmo2ForCausalLM",), config=Olmo2Config,
+                forward=olmo2_forward, backward=olmo2_backward, kv_cache=llama_kv_cache,
+                init_params=init_olmo2_params)

@@ -17,6 +17,7 @@ from functools import partial
 import numpy as np
 
 from numpy_attn._checks import check_rng
+from numpy_attn._family import Family
 from numpy_attn._model import (
     AttentionCache,
     Sublayer,
@@ -30,7 +31,7 @@ from numpy_attn._model import (
     rotate_forward,
 )
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward, llama_kv_cache
 from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 
@@ -92,3 +93,9 @@ def qwen3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
 def qwen3_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
     return decoder_backward("qwen3", dlogits, cache, llama_block_backward)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="qwen3", title="Qwen3", architectures=("Qwen3ForCausalLM",), config=Qwen3Config,
+                forward=qwen3_forward, backward=qwen3_backward, kv_cache=llama_kv_cache,
+                init_params=init_qwen3_params)

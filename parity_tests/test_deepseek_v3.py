@@ -475,8 +475,8 @@ def test_no_absorb_is_refused_without_mla(tmp_path, capsys):
     ({"routed_scaling_factor": 0}, r"DeepseekV3Config.routed_scaling_factor must be a number > 0, got 0.0"),
     ({"num_key_value_heads": 1}, r"num_key_value_heads = 1 must be num_attention_heads = 2"),
     ({"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 2.0}},
-     r"rope_type 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+     r"rope_type 'longrope' is not supported"),
     ({"moe_intermediate_size": None}, r"moe_intermediate_size must be an int >= 1, got None"),
 ])
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):

@@ -400,8 +400,8 @@ def test_bad_checkpoints(tmp_path):
 def test_bad_llama_config(tmp_path):
     _save(_llama_model(DEFAULT, False, False, np.float32), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    _edit(tmp_path, config={**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}})
-    with pytest.raises(CheckpointError, match="rope_type 'yarn' is not supported"):
+    _edit(tmp_path, config={**config, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}})
+    with pytest.raises(CheckpointError, match="rope_type 'longrope' is not supported"):
         load_checkpoint(tmp_path)
     _edit(tmp_path, config={**config, "hidden_act": "gelu"})
     with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported"):

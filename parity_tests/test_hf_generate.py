@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from attn_cli import cli
-from attn_cli.generate import continue_ids, next_token, physical_memory
+from attn_cli.decoding import continue_ids, next_token, physical_memory
 from attn_cli.hf import load_checkpoint
 from attn_cli.hf_generate import parse_ids
 from parity_tests.helpers import LOW_DTYPES, needs_vocab, ulp
@@ -290,10 +290,10 @@ def test_a_prompt_enters_the_cache_in_chunks_with_the_logits_of_one_forward(monk
     then one id a step; the logits after it are the one whole forward's, and each step's those of
     a whole forward over the ids so far (float64: the chunks reorder no sum of one position but
     the attention's, whose terms they only split among calls)."""
-    from attn_cli import generate
+    from attn_cli import decoding
 
     forward, new_cache, config, params = _chunk_models()[family]
-    monkeypatch.setattr(generate, "PREFILL_CHUNK", 3)
+    monkeypatch.setattr(decoding, "PREFILL_CHUNK", 3)
     calls = []
 
     def recorded(ids, **kw):
@@ -338,3 +338,75 @@ def test_a_forward_for_no_backward_keeps_no_activations(family):
     assert peaks[False] < 0.75 * peaks[True], f"{family}: peak {peaks[False]} B without the cache, {peaks[True]} with"
     with pytest.raises(TypeError, match="for_backward must be True or False.*'no'"):
         forward(ids, params, config, for_backward="no")
+
+
+# -- every rope type rope.py implements, read for the rotary families ---------------------------
+
+# YaRN stretches an original context of 8 to the 32 of max_position_embeddings; dynamic NTK keeps the
+# base up to max_position_embeddings = 4 and grows it past there, each forward's base set by its
+# longest position (transformers' rotary embedding and rope.py alike). 5 prompt ids and 10 new ones
+# run to position 14, so that dynamic's base grows for the prompt and at every step.
+LONG_ROPES = {"yarn": ({"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                        "beta_fast": 8.0}, 32),
+              "dynamic": ({"rope_type": "dynamic", "rope_theta": 100.0, "factor": 4.0}, 4)}
+LONG_PROMPT, LONG_NEW = [3, 1, 4, 1, 5], 10
+
+
+def _rotary_model(family, rope, seed=0):
+    """A small random transformers model of ``family`` with ``rope``'s rope_parameters (float32)."""
+    from parity_tests.test_hf import _randomise
+
+    parameters, context = LONG_ROPES[rope] if isinstance(rope, str) else (rope, 32)
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+               "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM)}
+    config_class, model_class = classes[family]
+    config = config_class(vocab_size=23, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                          max_position_embeddings=context, rope_parameters=dict(parameters),
+                          tie_word_embeddings=False, rms_norm_eps=1e-5, attn_implementation="eager")
+    return _randomise(model_class(config), seed).eval()
+
+
+def _hf_greedy_uncached(model, ids, n):
+    """transformers' greedy ids without its cache: every step runs the whole sequence, as --no-cache does."""
+    ids = torch.tensor([ids])                                                 # (1, P)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0, eos_token_id=None, use_cache=False)
+    return out[0].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
+@pytest.mark.parametrize("rope", ["yarn", "dynamic"])
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_yarn_and_dynamic_rope_generate_transformers_ids(tmp_path, capsys, family, rope, cache):
+    """``generate --hf`` on a Llama, Qwen3 or OLMo 2 folder whose rope_parameters ask for YaRN or
+    dynamic NTK: the greedy ids of transformers' generate, with its cache (each step's keys rotated
+    by the base of their own step, as ours with the key/value cache) and without (every position
+    rotated by the last step's base, as ours with --no-cache). The same weights with the default
+    rope give other ids, so the rope type decides them."""
+    model = _rotary_model(family, rope)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    expected = (_hf_greedy_uncached if cache else _hf_greedy)(model, LONG_PROMPT, LONG_NEW)
+    plain = _rotary_model(family, {"rope_type": "default", "rope_theta": 100.0})
+    assert (_hf_greedy_uncached if cache else _hf_greedy)(plain, LONG_PROMPT, LONG_NEW) != expected, \
+        f"{family} {rope}: the default rope gives the same ids; the test would not see the rope type"
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", ",".join(map(str, LONG_PROMPT)), "--max-new-tokens",
+                     str(LONG_NEW), "--temperature", "0", *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == expected, f"{family} {rope}: greedy ids {ours} differ from transformers' {expected}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
+def test_dynamic_rope_context_is_its_factor_times_the_original(tmp_path, family):
+    """Dynamic NTK serves factor times max_position_embeddings (4 x 4 here), with the original context
+    of 4 as rope.py's original_max_position_embeddings; YaRN's context is max_position_embeddings."""
+    _rotary_model(family, "dynamic").save_pretrained(tmp_path / "dynamic", safe_serialization=True)
+    _rotary_model(family, "yarn").save_pretrained(tmp_path / "yarn", safe_serialization=True)
+    dynamic, yarn = (load_checkpoint(tmp_path / rope)[1] for rope in ("dynamic", "yarn"))
+    assert dynamic.block_size == 16, dynamic
+    assert dynamic.rope_scaling == {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4}, \
+        dynamic.rope_scaling
+    assert yarn.block_size == 32 and yarn.rope_scaling["rope_type"] == "yarn", yarn
+    assert yarn.rope_scaling["beta_fast"] == 8.0, "YaRN's optional keys are read where given"

@@ -129,7 +129,7 @@ def test_the_valid_folders_load(tmp_path):
     assert kept.dtype.name == "bfloat16" and kept.tolist() == [1.0] * 4, "bfloat16 ones stay bfloat16 ones"
 
 
-# -- boundary 1: a safetensors file, header and data (attn_cli.hf._header, _read_safetensors) ----
+# -- boundary 1: a safetensors file, header and data (attn_cli.hf.files._header, _read_safetensors)
 
 def _edit_header(edit):
     """A case: ``edit(header)`` changes the valid GPT-2 header in place; the data stays."""
@@ -220,7 +220,7 @@ HEADER_CASES = {
 }
 
 
-# -- boundary 2: the sharded index (attn_cli.hf._safetensors_files) ----------------------------
+# -- boundary 2: the sharded index (attn_cli.hf.files._safetensors_files) ----------------------
 
 SHARD_1 = "model-00001-of-00002.safetensors"
 
@@ -253,7 +253,7 @@ def _too_long(name):
     def make(folder, monkeypatch):
         path = folder / name
         path.write_text(path.read_text().ljust(2000))
-        monkeypatch.setattr(hf, "JSON_LIMIT", 1000)
+        monkeypatch.setattr(hf.files, "JSON_LIMIT", 1000)
     make.needs_monkeypatch = True
     return make
 
@@ -418,12 +418,14 @@ BOUNDARIES = {
 # Every function of the reading modules that opens or parses a file, and the boundary whose cases
 # reach it. A function added to these modules that reads a file must be named here (and so get
 # cases), or test_every_reading_function_has_cases fails.
-READING_MODULES = ("attn_cli/hf.py", "attn_cli/checkpoint.py")
+# Every module of attn_cli/hf is read: files.py reads the files, and a family's reader must not.
+READING_MODULES = (*sorted(f"attn_cli/hf/{p.name}" for p in (ROOT / "attn_cli" / "hf").glob("*.py")),
+                   "attn_cli/checkpoint.py")
 READERS = {
-    "attn_cli/hf.py:_read_json": ("Hugging Face config.json", "sharded index"),
-    "attn_cli/hf.py:_parse_json": ("Hugging Face config.json", "sharded index", "safetensors file"),
-    "attn_cli/hf.py:_header": ("safetensors file",),
-    "attn_cli/hf.py:_read_safetensors": ("safetensors file",),
+    "attn_cli/hf/files.py:_read_json": ("Hugging Face config.json", "sharded index"),
+    "attn_cli/hf/files.py:_parse_json": ("Hugging Face config.json", "sharded index", "safetensors file"),
+    "attn_cli/hf/files.py:_header": ("safetensors file",),
+    "attn_cli/hf/files.py:_read_safetensors": ("safetensors file",),
     "attn_cli/checkpoint.py:_headers": ("train checkpoint",),
     "attn_cli/checkpoint.py:load_checkpoint": ("train checkpoint",),
     "attn_cli/checkpoint.py:_sha256": ("train checkpoint",),
