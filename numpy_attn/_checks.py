@@ -169,24 +169,6 @@ def check_model_attn_mask(attn_mask, scores_shape):
                          f"(B, nh, T, S) = {tuple(scores_shape)}")
 
 
-def check_model_kv_cache(kv_cache, n_layer, block_size, T, made_by):
-    """Return how many tokens ``kv_cache`` already holds (0 without one); raise unless it is a
-    KVCache (from ``made_by``) with a layer per block and room for T more tokens in block_size."""
-    from numpy_attn.kv_cache import KVCache  # here: kv_cache.py imports this module's check_window
-
-    if kv_cache is None:
-        return 0
-    if not isinstance(kv_cache, KVCache):
-        raise TypeError(f"kv_cache must be a KVCache ({made_by}), got {type(kv_cache).__name__}")
-    if kv_cache.n_layer != n_layer:
-        raise ValueError(f"kv_cache has {kv_cache.n_layer} layers (windows {list(kv_cache.windows)}), the model "
-                         f"n_layer = {n_layer}")
-    past = kv_cache.length                                                # tokens already cached
-    if past + T > block_size:
-        raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {block_size}")
-    return past
-
-
 def check_axis(name, x, axis):
     """Return ``axis`` normalised to be non-negative; raise ValueError if out of range."""
     if not -x.ndim <= axis < x.ndim:

@@ -43,7 +43,6 @@ import numpy as np
 from numpy_attn._checks import (
     check_dout,
     check_model_attn_mask,
-    check_model_kv_cache,
     check_no_past,
     check_positions,
     check_rng,
@@ -54,7 +53,7 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_forward,
 )
 from numpy_attn.embedding import embedding_backward, embedding_forward
-from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
+from numpy_attn.kv_cache import _check_model_kv_cache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
@@ -326,7 +325,7 @@ def check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cac
         raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
-    past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T,
+    past = _check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T,
                                 "from the family's cache function, e.g. llama_kv_cache")
     check_positions(positions, B, T)                  # no table: RoPE rotates to any position
     check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))

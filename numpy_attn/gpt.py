@@ -39,7 +39,6 @@ from numpy_attn._checks import (
     check_config,
     check_float,
     check_model_attn_mask,
-    check_model_kv_cache,
     check_positions,
     check_rng,
     check_token_ids,
@@ -57,7 +56,7 @@ from numpy_attn._tree import leaves
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
-from numpy_attn.kv_cache import init_kv_cache
+from numpy_attn.kv_cache import _check_model_kv_cache, init_kv_cache
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.masks import causal_mask
 from numpy_attn.positional import sinusoidal_encoding
@@ -235,7 +234,7 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, 
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
     ids = check_token_ids(ids, config.block_size)
     B, T = ids.shape
-    past = check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "gpt_kv_cache")
+    past = _check_model_kv_cache(kv_cache, config.n_layer, config.block_size, T, "gpt_kv_cache")
     check_positions(positions, B, T, config.block_size)
     check_model_attn_mask(attn_mask, (B, config.n_head, T, past + T))
     check_logits_to_keep(logits_to_keep)

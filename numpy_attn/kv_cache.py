@@ -304,3 +304,21 @@ def _check_update(layer_cache, k, v):
     if start + k.shape[2] > max_len:
         raise ValueError(f"cache overflow: layer {layer} holds {start} tokens, appending "
                          f"{k.shape[2]} would make {start + k.shape[2]} > max_len = {max_len}")
+
+
+def _check_model_kv_cache(kv_cache, n_layer, block_size, T, made_by):
+    """Return how many tokens ``kv_cache`` already holds (0 without one); raise unless it is a
+    KVCache (from ``made_by``) with a layer per block and room for T more tokens in block_size.
+    Used by the models' forwards (gpt.py, _model.py); here, beside the class, as _checks.py is
+    imported by this file."""
+    if kv_cache is None:
+        return 0
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache ({made_by}), got {type(kv_cache).__name__}")
+    if kv_cache.n_layer != n_layer:
+        raise ValueError(f"kv_cache has {kv_cache.n_layer} layers (windows {list(kv_cache.windows)}), the model "
+                         f"n_layer = {n_layer}")
+    past = kv_cache.length                                                # tokens already cached
+    if past + T > block_size:
+        raise ValueError(f"{past} cached + {T} new tokens = {past + T} exceed block_size = {block_size}")
+    return past
