@@ -268,18 +268,26 @@ def move_into_place(new, out):
         _remove_quietly(kept.values())          # copies of files that are in place again
 
 
-def _new_file(folder, name, suffix, data):
-    """Path of a new hidden file ``.<name>.<random><suffix>`` in ``folder`` holding ``data``,
-    flushed to disk; never an existing name, and removed again if writing it fails."""
+def _new_file(folder, name, suffix, data, mode=None):
+    """Path of a new hidden file ``.<name>.<random><suffix>`` in ``folder`` holding ``data``
+    (``new_file``); never an existing name."""
     while True:
         path = os.path.join(folder, f".{name}.{secrets.token_hex(4)}{suffix}")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
+            return new_file(path, data, mode)
         except FileExistsError:
             continue
+
+
+def new_file(path, data, mode=None):
+    """Create the file ``path`` (FileExistsError if the name exists: nothing is ever written over),
+    write ``data`` (bytes) whole, with permission bits ``mode`` (default: the umask's), and flush it
+    to disk; removed again if any of that fails. Returns ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         try:
+            if mode is not None:
+                os.chmod(path, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -290,6 +298,27 @@ def _new_file(folder, name, suffix, data):
         _remove_quietly([path])
         raise
     return path
+
+
+def replace_file(path, data):
+    """Replace the file ``path`` by one holding ``data`` (bytes), whole or not at all, as a run's
+    files are replaced: ``data`` goes into a new hidden file beside it, flushed to disk, which then
+    takes the name in one os.replace, with SIGINT, SIGTERM and SIGHUP held meanwhile. Interrupted
+    at any step, ``path`` holds its old content or the whole new one and the hidden file is gone.
+    Through a symlink, its target is the file replaced. The new file keeps the old one's permission
+    bits, else gets the umask's. For one file on its own (a report, a results file); a run's files
+    go together through ``save_checkpoint``."""
+    path = os.path.realpath(path)
+    folder, name = os.path.split(path)
+    with signals_held():
+        mode = os.stat(path).st_mode & 0o7777 if os.path.lexists(path) else None
+        new = _new_file(folder, name, ".new", data, mode)
+        try:
+            os.replace(new, path)
+        except BaseException:
+            _remove_quietly([new])
+            raise
+        _sync_folder(folder)
 
 
 def _keep(path):

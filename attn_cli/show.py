@@ -231,9 +231,8 @@ def highlight(source):
 
 
 def _ansi(pieces, color):
-    if not color:
-        return "".join(text for _, text in pieces)
-    return "".join(f"\x1b[{ANSI[kind]}m{text}\x1b[0m" if kind else text for kind, text in pieces)
+    """The pieces' text, each in its syntax colour when ``color``."""
+    return "".join(term.ansi(ANSI[kind] if color and kind else None, text) for kind, text in pieces)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,12 +418,6 @@ def cell_chunks(cell, width):
     return wrap_pieces(cell.pieces, width, gaps=cell.role == "pre")
 
 
-def _ansi(pieces, color):
-    if not color:
-        return "".join(text for _, text in pieces)
-    return "".join(f"\x1b[{ANSI[kind]}m{text}\x1b[0m" if kind else text for kind, text in pieces)
-
-
 # ---------------------------------------------------------------------------------------------
 # Terminal.
 
@@ -465,7 +458,7 @@ def render_terminal(op, color=False, width=None):
         col = max(20, min(col, (width - 2 * nw - 6) // 2))
         rcol = max(20, width - 2 * nw - 6 - col)
     whole = col + rcol + nw + 4           # the text's room when a line runs across both halves
-    dim = (lambda s: f"\x1b[2m{s}\x1b[0m" if s.strip() else s) if color else (lambda s: s)
+    dim = (lambda s: term.ansi("2", s) if s.strip() else s) if color else (lambda s: s)
     out = _title_lines(op, col, rcol, nw, width)
     for a, b, kind in rows:
         if width is not None and a.role == "pre" and not b.role and col < length(a) <= whole:

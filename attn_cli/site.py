@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from attn_cli import mathml, show, term
+from attn_cli.checkpoint import new_file, signals_held
 
 ROOT = show.NUMPY_DIR.parent
 IMAGES = ROOT / "docs" / "images"
@@ -330,9 +331,11 @@ def build(errors_path=None, images=IMAGES):
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing: into a new folder beside the target, then swapped in, so that an interruption leaves
-# the previous site or the new one, never half of each; a folder this command did not write is
-# never replaced.
+# Writing: into a new folder beside the target, each file flushed to disk as the checkpoint's are
+# (attn_cli/checkpoint.py's new_file), then swapped in with the signals held (a Ctrl-C waits until
+# the new site is in place), so that an interruption leaves the previous site or the new one, never
+# half of each; a folder this command did not write is never replaced. A folder cannot take an
+# existing folder's name in one rename as a file can, so the old site is moved aside first.
 
 def write_site(files, out):
     out = Path(out)
@@ -348,19 +351,17 @@ def write_site(files, out):
         for name, content in files.items():
             path = new / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, Path):
-                shutil.copyfile(content, path)
-            else:
-                path.write_bytes(content)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(new, out)
+            new_file(path, content.read_bytes() if isinstance(content, Path) else content)
+        with signals_held():
+            if out.exists():
+                os.replace(out, old)
+            os.replace(new, out)
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         if old.exists() and not out.exists():
             os.replace(old, out)         # the previous site back in place
         shutil.rmtree(new, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

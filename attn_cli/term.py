@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 
 import numpy as np
 
@@ -50,6 +51,12 @@ def width_of(stream):
     return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns if isatty() else PIPE_WIDTH
 
 
+def ansi(code, text):
+    """``text`` in the ANSI style ``code`` (e.g. "1;36"), reset after it; unchanged without a code
+    or a text."""
+    return f"\x1b[{code}m{text}\x1b[0m" if code and text else text
+
+
 class Style:
     """ANSI styles, or nothing when colour is off."""
 
@@ -59,7 +66,7 @@ class Style:
         self.enabled = enabled
 
     def __call__(self, kind, text):
-        return f"\x1b[{self.CODES[kind]}m{text}\x1b[0m" if self.enabled and kind and text else text
+        return ansi(self.CODES[kind], text) if self.enabled and kind else text
 
 
 def wrap(text, width, indent="", more=4):
@@ -173,11 +180,30 @@ def side_by_side(blocks, width, style, indent="    "):
     return out
 
 
-def progress(step, total, text, stream=None, width=30):
-    """A one-line progress bar, redrawn in place (on stderr by default)."""
-    stream = sys.stderr if stream is None else stream
-    done = int(width * step / total)
-    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} {text}")
-    if step == total:
-        stream.write("\n")
-    stream.flush()
+class Progress:
+    """A progress bar on stderr, for every command (train, python -m benchmarks): redrawn in place
+    on a terminal, a line per step otherwise (logs and captured output stay readable), with the
+    time so far and an estimate of the time left."""
+
+    def __init__(self, total, enabled=True, stream=None, width=28):
+        self.total, self.done, self.width = max(total, 1), 0, width
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.start = time.monotonic()
+
+    def step(self, label):
+        """Count one finished step, described by ``label``."""
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        filled = round(self.width * self.done / self.total)
+        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+                f"{elapsed:5.0f}s (eta {eta:.0f}s) {label}")
+        if self.tty:
+            self.stream.write("\r\033[K" + text + ("\n" if self.done >= self.total else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

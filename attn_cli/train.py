@@ -292,6 +292,7 @@ def _train(args, source, vocab, train_data, val_data, config):
         say(_drift_note(args.dtype))
     every = max(1, args.steps // 10)
     losses, twin_losses, held_out, seconds, twin_seconds, skipped = [], [], [], 0.0, 0.0, []
+    progress = term.Progress(args.steps, enabled=sys.stderr.isatty() or args.progress)
     for number in range(1, args.steps + 1):
         ids, targets = get_batch(train_data, args.batch_size, T, rng)
         start = time.perf_counter()
@@ -331,8 +332,7 @@ def _train(args, source, vocab, train_data, val_data, config):
             if twin is not None or args.verbose:
                 print(f"step {number:>5}  held-out loss {held_out[-1][1]:.4f}"
                       + (f"  torch {twin.held_out[-1][1]:.4f}" if twin is not None else ""))
-        if sys.stderr.isatty() or args.progress:
-            term.progress(number, args.steps, line)
+        progress.step(line)
     tokens = args.steps * args.batch_size * T
     val = held_out[-1][1]
     # The training text on the held-out loss's footing: no dropout, as many windows, fixed seed.
@@ -546,4 +546,5 @@ def add_arguments(p):
                         "(default 1: on matrices this small more threads mostly wait for each "
                         "other, and one thread gives the same losses for the same seed everywhere)")
     p.add_argument("--verbose", action="store_true", help="print the loss of every step")
-    p.add_argument("--progress", action="store_true", help="a progress bar even when stderr is not a terminal")
+    p.add_argument("--progress", action="store_true",
+                   help="progress even when stderr is not a terminal (a line per step)")

@@ -17,9 +17,7 @@ import datetime
 import importlib.util
 import json
 import os
-import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,12 +25,15 @@ import textwrap
 import time
 from pathlib import Path
 
-from benchmarks import calls, parity, registry, report
+from attn_cli.term import Progress
+from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
-from benchmarks._worker import ROOT, Worker
+from benchmarks.machine import ROOT, USABLE_CPUS
 from benchmarks.registry import IMPLS, MODES, Size
+from benchmarks.workers import Worker, revision_tree
 
-# Not ops of the registry: decoding, timed by benchmarks/decode.py and decode_cache.py; each runs alone.
+# Not ops of the registry: decoding, timed by benchmarks/decode.py, decode_cache.py and decode_hf.py;
+# each runs alone. {name: what it measures}, and {name: (run(args, argv) -> results, table_lines(results))}.
 DECODE_RUNS = {
     "decode": "tokens/s of greedy generation with the mini GPT, with a key/value cache and without "
               "(--seq-lens: prompt lengths)",
@@ -43,14 +44,13 @@ DECODE_RUNS = {
     "decode_hf": "a Hugging Face folder (--hf DIR) in numpy-attn and in transformers: ms per new token, prefill "
                  "time and peak RSS (--seq-lens: prompt lengths, default 512; --against REV adds a revision)",
 }
+DECODE_FUNCTIONS = {**decode.RUNS, **decode_cache.RUNS, **decode_hf.RUNS}
 
 FLOPS_CONVENTION = (
     "forward counts the dominant terms (attention 4*B*nh*T*S*hs, halved when causal); "
     "forward+backward = (1 + b) x forward with b = 2 (a matmul's backward is two matmuls), "
     "except softmax: 5 FLOPs per element forward, b = 0.8"
 )
-
-USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 # Defaults of the sized options: the full sweep, and the --quick one (about 20 s here). The
 # quick sweep's arrays are tiny: a second thread only adds synchronisation (and, on a busy
@@ -223,23 +223,6 @@ def _plan(ops, args, cuda_reason):
     return runnable, unavailable
 
 
-def _git_state():
-    """The commit measured, and whether the working tree differed from it (None outside git)."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-    try:
-        commit = git("rev-parse", "HEAD")
-        return dict(commit=commit, dirty=bool(git("status", "--porcelain", "--untracked-files=no"))) if commit else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _load_average():
-    """The 1-minute load average (None where the OS has none)."""
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-
-
 def _library(impl):
     return "numpy" if impl == "numpy" else "torch"
 
@@ -336,34 +319,6 @@ def _time_interleaved(workers, job, peak_size, rounds, progress, against=None):
     return envs, peaks, timed
 
 
-# Modules of numpy_attn that the timing worker itself imports (benchmarks/calls.py, _worker.py):
-# standard library only, and nothing in them is timed.
-HARNESS_HELPERS = ("_tree.py", "_threads.py")
-
-
-@contextlib.contextmanager
-def _revision_tree(rev):
-    """A folder whose ``numpy_attn`` is the package at git revision ``rev``: a detached
-    ``git worktree`` in a fresh temporary folder, removed and unregistered afterwards, also when
-    interrupted. Nothing outside that folder is written, moved or deleted but git's own record
-    of the worktree (which ``git worktree remove`` deletes again)."""
-    folder = Path(tempfile.mkdtemp(prefix="numpy-attn-bench-"))
-    tree = folder / "tree"
-    try:
-        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT,
-                       check=True, capture_output=True, text=True, timeout=120)
-        for helper in HARNESS_HELPERS:             # lent to revisions older than them
-            if not (tree / "numpy_attn" / helper).exists():
-                shutil.copyfile(ROOT / "numpy_attn" / helper, tree / "numpy_attn" / helper)
-        (folder / "path").mkdir()
-        (folder / "path" / "numpy_attn").symlink_to(tree / "numpy_attn", target_is_directory=True)
-        yield str(folder / "path")
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                       capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _finish_rows(timed, sizes, peaks, checks, dtype):
     """Add sizes, FLOPs, GFLOP/s, share of peak, parity and the ratio to NumPy to each row
     (paired too, when the run was interleaved). Rows of another revision are not parity-checked:
@@ -390,12 +345,10 @@ def _finish_rows(timed, sizes, peaks, checks, dtype):
 
 def measure(ops, args, argv):
     """Parity for every case, then timing in one worker per library and device: the results dict."""
-    import numpy as np
-    import threadpoolctl
     import torch
 
     started = time.monotonic()
-    load_before = _load_average()
+    load_before = machine.load_average()
     s = _settings(args)
     cuda_reason = None if torch.cuda.is_available() else (
         "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
@@ -410,14 +363,14 @@ def measure(ops, args, argv):
                     workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
     timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
         len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
-    progress = report.Progress(len(runnable) * len(seq_lens) + len(workers) + timed_steps,
+    progress = Progress(len(runnable) * len(seq_lens) + len(workers) + timed_steps,
                                enabled=not args.no_progress)
 
     checks = _check_parity(runnable, sizes, args, s["threads"], progress)
     job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
                min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
                size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
-    with _revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
+    with revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
         against = (args.against, folder) if args.against else None
         if args.interleave:
             envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
@@ -430,12 +383,7 @@ def measure(ops, args, argv):
         command="python -m benchmarks " + shlex.join(argv),
         started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         duration_s=round(time.monotonic() - started, 1),
-        # Other processes' load makes timings noisy (threads wait for descheduled siblings).
-        load_average=dict(before=load_before, after=_load_average()),
-        machine=report.machine(),
-        git=_git_state(),
-        versions=dict(python=platform.python_version(), numpy=np.__version__,
-                      torch=torch.__version__, threadpoolctl=threadpoolctl.__version__),
+        **machine.facts(load_before),
         config=dict(ops=[op.name for op in ops], impls=args.impls, device=args.device,
                     modes=args.modes, seq_lens=seq_lens, batch=s["batch"], heads=s["heads"],
                     head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
@@ -572,8 +520,7 @@ def _run(parser, args, argv):
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
     _check_outputs(parser, args)
     if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py, decode_hf.py)
-        from benchmarks import decode
-        return decode.main(args, argv, args.ops[0])
+        return _run_decode(args, argv, args.ops[0])
     if not args.from_json:
         missing = [name for name in ("torch", "threadpoolctl") if importlib.util.find_spec(name) is None]
         if missing:
@@ -592,7 +539,7 @@ def _run(parser, args, argv):
         report.write_csv(results, args.csv)
         print(f"wrote {args.csv}", file=sys.stderr)
     if args.markdown:
-        report.write_markdown(results, args.markdown)
+        report.write_markdown(results, args.markdown, render(results))
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         try:
@@ -601,5 +548,37 @@ def _run(parser, args, argv):
             print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
             return 1
         print(f"wrote {args.plot}", file=sys.stderr)
-    print("\n".join(report.render(results)))
+    print("\n".join(render(results)))
     return 0
+
+
+def render(results):
+    """The report's lines for a saved run of any kind: an op sweep, a decode run, a flash breakdown."""
+    if report.is_decode(results):
+        return DECODE_FUNCTIONS[results.get("run", "decode")][1](results)
+    if report.is_breakdown(results):   # imported here: it needs threadpoolctl, which --help does not
+        from benchmarks import flash_breakdown
+
+        return flash_breakdown.report_lines(results)
+    if report.is_former_flash_kernel(results):
+        return report.former_flash_kernel_lines(results)
+    return report.header_lines(results) + [""] + report.table_lines(results)
+
+
+def _run_decode(args, argv, name):
+    """Run the decode benchmark ``name`` (one of DECODE_RUNS) for the command line's ``args``;
+    returns the exit status."""
+    try:
+        results = DECODE_FUNCTIONS[name][0](args, argv)
+    except ValueError as err:
+        print(f"python -m benchmarks: error: {err}", file=sys.stderr)
+        return 2
+    except (parity.ParityError, RuntimeError) as err:   # tokens or outputs differ; a failed timing worker
+        print(f"python -m benchmarks: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        report.write_json(results, args.json)
+    if args.markdown:
+        report.write_markdown(results, args.markdown, render(results))
+    print("\n".join(render(results)))
+    return 0 if all(r.get("same_tokens", True) for r in results["rows"]) else 1   # decode_mla: checked before

@@ -13,13 +13,13 @@ the same model and prompts from the seed, and the parent compares the tokens the
 
 import dataclasses
 import datetime
-import sys
 import time
 
 import numpy as np
 
-from benchmarks import measure, parity, report
-from benchmarks._worker import Worker
+from attn_cli.term import Progress
+from benchmarks import machine, measure
+from benchmarks.workers import Worker
 from numpy_attn.gpt import GPTConfig, gpt_forward, gpt_kv_cache, init_gpt_params
 
 # The mini GPT timed: the full sweep's and --quick's (block_size is the longest context).
@@ -77,14 +77,14 @@ def run(args, argv):
     started = time.monotonic()
     base = QUICK if args.quick else FULL
     config = base["config"]
-    threads = args.threads or (1 if args.quick else measure_threads())
+    threads = threads_of(args)
     repeats = args.repeats or 3
     min_time = 0.0 if args.min_time is None else args.min_time
     new = base["new_tokens"]
     prompt_lens = [P for P in (args.seq_lens or base["prompt_lens"]) if P + new <= config.block_size]
     if not prompt_lens:
         raise ValueError(f"no prompt length P with P + {new} new tokens <= block_size = {config.block_size}")
-    progress = report.Progress(len(prompt_lens) * 4, enabled=not args.no_progress)
+    progress = Progress(len(prompt_lens) * 4, enabled=not args.no_progress)
     job = dict(device="cpu", threads=threads, dtype=args.dtype, repeats=repeats, min_time=min_time,
                decode=dict(config=dataclasses.asdict(config), prompt_lens=prompt_lens, new_tokens=new,
                            seed=args.seed))
@@ -107,23 +107,17 @@ def run(args, argv):
                              time_s=dict(cached=times[True], uncached=times[False])))
     return dict(schema=1, command="python -m benchmarks " + " ".join(argv),
                 started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                duration_s=round(time.monotonic() - started, 1), machine=report.machine(),
+                duration_s=round(time.monotonic() - started, 1), machine=machine.machine(),
                 config=dict(model=dataclasses.asdict(config), dtype=args.dtype, threads=threads,
                             repeats=repeats, min_time=min_time, seed=args.seed, quick=args.quick),
                 rows=rows)
 
 
 def time_in_worker(job):
-    """In a timing worker: the rows of one library, {impl, P, cache, tokens, time_s} each (the
-    other runs' rows: benchmarks/decode_cache.py).
+    """In a timing worker: the rows of one library, {impl, P, cache, tokens, time_s} each.
 
     The model and the prompts come from the seed, drawn in the same order in either worker.
     """
-    if job["decode"].get("run", "decode") != "decode":
-        from benchmarks import decode_cache
-
-        yield from decode_cache.WORKERS[job["decode"]["run"]](job)
-        return
     spec, dtype = job["decode"], np.dtype(job["dtype"])
     config = GPTConfig(**spec["config"])
     rng = np.random.default_rng(spec["seed"])
@@ -149,10 +143,19 @@ def time_in_worker(job):
             yield dict(impl=impl, P=P, cache=cache, tokens=np.asarray(fn()).tolist(), time_s=time_s)
 
 
-def measure_threads():
-    from benchmarks.cli import USABLE_CPUS
+def threads_of(args):
+    """The threads of each timed process of a decode run: --threads, else 1 with --quick, else every
+    CPU this process may use."""
+    return args.threads or (1 if args.quick else machine.USABLE_CPUS)
 
-    return USABLE_CPUS
+
+def run_results(run, argv, started, load_before, envs, config, rows):
+    """The results dict of a decode run beside this one (decode_cache.py, decode_hf.py): the run, the
+    machine and every worker's BLAS and threads, the rows."""
+    return dict(schema=1, run=run, command="python -m benchmarks " + " ".join(argv),
+                started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                duration_s=round(time.monotonic() - started, 1), **machine.facts(load_before),
+                workers=envs, config=config, rows=rows)
 
 
 def tree_map(tree, fn):
@@ -165,9 +168,7 @@ def tree_map(tree, fn):
 
 
 def table_lines(results):
-    """The report: one line per library and prompt length (another run's: its own table)."""
-    if results.get("run", "decode") != "decode":
-        return other_runs()[results["run"]][1](results)
+    """The report: one line per library and prompt length."""
     c = results["config"]
     m = c["model"]
     lines = [f"decode: greedy generation, GPT V={m['vocab_size']} block_size={m['block_size']} "
@@ -182,28 +183,5 @@ def table_lines(results):
     return lines
 
 
-def other_runs():
-    """{name: (run, table_lines)} of the decode runs beside this one (decode_cache.py, decode_hf.py)."""
-    from benchmarks import decode_cache, decode_hf
-
-    return {**decode_cache.RUNS, **decode_hf.RUNS}
-
-
-def main(args, argv, name="decode"):
-    """Run the decode benchmark ``name`` (decode, or one of benchmarks/decode_cache.py's and
-    decode_hf.py's) for the command line's ``args``; returns the exit status."""
-    measure_run = run if name == "decode" else other_runs()[name][0]
-    try:
-        results = measure_run(args, argv)
-    except ValueError as err:
-        print(f"python -m benchmarks: error: {err}", file=sys.stderr)
-        return 2
-    except (parity.ParityError, RuntimeError) as err:   # tokens or outputs differ; a failed timing worker
-        print(f"python -m benchmarks: {err}", file=sys.stderr)
-        return 1
-    if args.json:
-        report.write_json(results, args.json)
-    if args.markdown:
-        report.write_markdown(results, args.markdown)
-    print("\n".join(table_lines(results)))
-    return 0 if all(r.get("same_tokens", True) for r in results["rows"]) else 1   # decode_mla: checked before
+RUNS = {"decode": (run, table_lines)}
+WORKERS = {"decode": time_in_worker}

@@ -36,16 +36,15 @@ imports this module and must never load torch.
 
 import contextlib
 import copy
-import datetime
-import platform
 import textwrap
 import time
 
 import numpy as np
 
-from benchmarks import measure, parity, report
-from benchmarks._worker import Worker
-from benchmarks.decode import greedy, greedy_torch, tree_map
+from attn_cli.term import Progress
+from benchmarks import machine, measure, parity, report
+from benchmarks.decode import greedy, greedy_torch, run_results, threads_of, tree_map
+from benchmarks.workers import Worker
 from numpy_attn.gemma2 import Gemma2Config, gemma2_forward, gemma2_kv_cache, init_gemma2_params
 from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_attention_forward
@@ -185,10 +184,10 @@ def _decode_from(generate, forward, params, config, prompt, new_tokens, prefille
 
 def run_sliding(args, argv):
     """Tokens checked in the parent, then both workers' timings: the results dict."""
-    started, load_before = time.monotonic(), _load_before()
+    started, load_before = time.monotonic(), machine.load_average()
     size = SLIDING["quick" if args.quick else "full"]
     windows = args.seq_lens or size["windows"]
-    threads, repeats = _threads(args), args.repeats or SLIDING_REPEATS
+    threads, repeats = threads_of(args), args.repeats or SLIDING_REPEATS
     checked = {}
     with _pools(threads):
         for window in windows:
@@ -208,7 +207,7 @@ def run_sliding(args, argv):
                          same_tokens=same, **checks))
     config = dict(model=size["model"], windows=windows, dtype=args.dtype, threads=threads, repeats=repeats,
                   seed=args.seed, quick=args.quick)
-    return _results("decode_sliding", argv, started, load_before, envs, config, rows)
+    return run_results("decode_sliding", argv, started, load_before, envs, config, rows)
 
 
 def _tok_s_iqr(r):
@@ -376,11 +375,11 @@ def _mla_time(job):
 
 def run_mla(args, argv):
     """Parity in the parent, then both workers' timings: the results dict."""
-    started, load_before = time.monotonic(), _load_before()
+    started, load_before = time.monotonic(), machine.load_average()
     size = MLA["quick" if args.quick else "full"]
     config, dtype = MLAConfig(**size["model"]), np.dtype(args.dtype)
     contexts = args.seq_lens or size["contexts"]
-    threads, repeats = _threads(args), args.repeats or MLA_REPEATS
+    threads, repeats = threads_of(args), args.repeats or MLA_REPEATS
     tol = parity.TOLERANCE[dtype] if args.tolerance is None else args.tolerance
     formula = mla_cache_bytes_per_token(config, dtype, n_kv_head=size["n_kv_head"])
     with _pools(threads):
@@ -399,7 +398,7 @@ def run_mla(args, argv):
     run_config = dict(model=size["model"], n_kv_head=size["n_kv_head"], head_size=config.v_head_dim,
                       contexts=contexts, dtype=args.dtype, threads=threads, repeats=repeats, seed=args.seed,
                       quick=args.quick, tolerance=tol)
-    return _results("decode_mla", argv, started, load_before, envs, run_config, rows)
+    return run_results("decode_mla", argv, started, load_before, envs, run_config, rows)
 
 
 MLA_COLUMNS = [("S", "S"), ("variant", "variant"), ("impl", "impl"), ("tok/s", _tok_s), ("IQR tok/s", _tok_s_iqr),
@@ -428,7 +427,7 @@ def _table(results, caption, columns, left):
     c = results["config"]
     rows = [[text(r) if callable(text) else str(r[text]) for _, text in columns] for r in results["rows"]]
     return [*_header_lines(results), *textwrap.wrap(caption.format(**c, **c["model"]), 100), "",
-            *report._layout([title for title, _ in columns], rows, False, left)]
+            *report.layout([title for title, _ in columns], rows, False, left)]
 
 
 def take_turns(fns, rounds, impl, warmup=1):
@@ -457,18 +456,6 @@ WORKERS = {"decode_sliding": _sliding_time, "decode_mla": _mla_time}
 RUNS = {"decode_sliding": (run_sliding, sliding_table_lines), "decode_mla": (run_mla, mla_table_lines)}
 
 
-def _load_before():
-    from benchmarks.cli import _load_average
-
-    return _load_average()
-
-
-def _threads(args):
-    from benchmarks.cli import USABLE_CPUS
-
-    return args.threads or (1 if args.quick else USABLE_CPUS)
-
-
 @contextlib.contextmanager
 def _pools(threads):
     """Both libraries' thread pools at ``threads`` for the untimed checks in the parent, restored after."""
@@ -487,7 +474,7 @@ def _pools(threads):
 
 def _time_workers(job, steps, no_progress):
     """The NumPy worker, then the torch one: (their env records, their rows)."""
-    progress = report.Progress(steps, enabled=not no_progress)
+    progress = Progress(steps, enabled=not no_progress)
     envs, rows = [], []
     for library in ("numpy", "torch"):
         with Worker(dict(job, library=library)) as worker:
@@ -501,23 +488,6 @@ def _time_workers(job, steps, no_progress):
                                   + " ".join(f"{k}={record[k]}" for k in ("window", "cache", "S", "variant")
                                              if k in record))
     return envs, rows
-
-
-def _results(run, argv, started, load_before, envs, config, rows):
-    """The results dict: the run, the machine and every worker's BLAS and threads, the rows."""
-    import threadpoolctl
-    import torch
-
-    from benchmarks.cli import _git_state, _load_average
-
-    return dict(schema=1, run=run, command="python -m benchmarks " + " ".join(argv),
-                started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                duration_s=round(time.monotonic() - started, 1),
-                load_average=dict(before=load_before, after=_load_average()),
-                machine=report.machine(), git=_git_state(),
-                versions=dict(python=platform.python_version(), numpy=np.__version__, torch=torch.__version__,
-                              threadpoolctl=threadpoolctl.__version__),
-                workers=envs, config=config, rows=rows)
 
 
 def _header_lines(results):

@@ -27,8 +27,10 @@ import time
 
 import numpy as np
 
-from benchmarks import parity, report
-from benchmarks._worker import Worker
+from attn_cli.term import Progress
+from benchmarks import machine, parity, report
+from benchmarks.decode import run_results, threads_of
+from benchmarks.workers import Worker, revision_tree
 
 # N1 and N2, the new tokens of the two timed generations: the full run's and --quick's.
 FULL = dict(new_tokens=(8, 72), rounds=5, prompt_len=512)
@@ -101,24 +103,22 @@ def run(args, argv):
     import contextlib
 
     from attn_cli.hf import checkpoint_bytes
-    from benchmarks import decode_cache
-    from benchmarks.cli import _revision_tree
 
-    started, load_before = time.monotonic(), decode_cache._load_before()
+    started, load_before = time.monotonic(), machine.load_average()
     if not args.hf:
         raise ValueError("--ops decode_hf needs --hf DIR, a Hugging Face model folder (config.json and safetensors)")
     base = QUICK if args.quick else FULL
     n1, n2 = base["new_tokens"]
-    threads = decode_cache._threads(args)
+    threads = threads_of(args)
     rounds = args.repeats or base["rounds"]
     folder_bytes = checkpoint_bytes(args.hf)                   # also refuses a folder without weights, now
     job = dict(device="cpu", threads=threads, dtype="float32", serve=True, decode_hf=dict(folder=str(args.hf)))
     impls = {"numpy-attn": dict(library="numpy"), "transformers": dict(library="torch")}
-    progress = report.Progress(1 + rounds, enabled=not args.no_progress)
+    progress = Progress(1 + rounds, enabled=not args.no_progress)
     with contextlib.ExitStack() as stack:
         if args.against:
             impls[f"numpy-attn@{args.against}"] = dict(library="numpy", pythonpath=stack.enter_context(
-                _revision_tree(args.against)), revision=args.against)
+                revision_tree(args.against)), revision=args.against)
         workers, envs, models = {}, [], {}
         for impl, how in impls.items():
             workers[impl] = stack.enter_context(Worker(dict(job, library=how["library"]), pythonpath=how.get(
@@ -171,7 +171,7 @@ def run(args, argv):
     config = dict(model=dict(folder=str(args.hf), **model), threads=threads, repeats=rounds, new_tokens=[n1, n2],
                   prompt_lens=prompt_lens, seed=args.seed, against=args.against, checkpoint_bytes=folder_bytes,
                   dtype="float32")
-    return decode_cache._results("decode_hf", argv, started, load_before, envs, config, rows)
+    return run_results("decode_hf", argv, started, load_before, envs, config, rows)
 
 
 def _record(worker, kind):
@@ -198,7 +198,7 @@ def table_lines(results):
              _ratio(r["per_token_over_transformers"]), f"{r['prefill_s']:.3f}", _ratio(r["prefill_over_transformers"]),
              f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['peak_rss_over_checkpoint']:.2f}",
              "yes" if r["same_ids"] else "NO"] for r in results["rows"]]
-    return lines + report._layout(header, rows, False, 1)
+    return lines + report.layout(header, rows, False, 1)
 
 
 def _ratio(paired):

@@ -1,57 +1,20 @@
-"""Presenting a run: the machine, the aligned table, JSON, CSV, Markdown, the plot, a progress bar.
+"""Presenting a run: the machine, the aligned table, JSON, CSV, Markdown, the plot.
 
 Everything here works from the results dict that ``cli.py`` assembles (and that ``--json``
-saves), so ``--from-json`` can re-render a saved run without measuring again.
+saves), so ``--from-json`` can re-render a saved run without measuring again. Each file is
+written whole or not at all, by the checkpoint's ``replace_file`` (attn_cli/checkpoint.py): the
+user's old file stays until the new one is complete on disk.
 """
 
-import contextlib
 import csv
+import io
 import json
 import math
-import os
-import platform
 import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
+
+from attn_cli.checkpoint import replace_file
 
 IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
-
-# The vector extensions that decide which kernels NumPy, OpenBLAS and torch run (from the
-# /proc/cpuinfo flags): results from machines with and without AVX-512 are not comparable.
-VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw",
-                "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
-
-
-def machine():
-    """CPU model, core counts and memory of this machine (from /proc where it exists)."""
-    info = dict(cpu=platform.processor() or platform.machine(), logical_cpus=os.cpu_count(),
-                usable_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                physical_cores=None, memory_gib=None, os=platform.platform(),
-                vector_extensions=None)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        cores, core = set(), {}
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name":
-                info["cpu"] = value
-            elif key == "flags" and info["vector_extensions"] is None:
-                flags = set(value.split())
-                info["vector_extensions"] = [f for f in VECTOR_FLAGS if f in flags]
-            elif key in ("physical id", "core id"):
-                core[key] = value
-                if len(core) == 2:
-                    cores.add((core["physical id"], core["core id"]))
-                    core = {}
-        info["physical_cores"] = len(cores) or None
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
-        info["memory_gib"] = round(kib / 2**20, 1)
-    return info
-
 
 def _blas(env):
     """'openblas 0.3.31 SkylakeX, num_threads=2 (pthreads)' for each BLAS pool a worker saw."""
@@ -184,7 +147,7 @@ def timed_rows(results):
                                        IMPL_ORDER[r["impl"]], r.get("revision") or "", r["device"]))
 
 
-def _layout(titles, rows, markdown, left):
+def layout(titles, rows, markdown, left):
     """Rows of text as a Markdown table, or aligned columns (the first ``left`` flush left)."""
     if markdown:
         return ["| " + " | ".join(row) + " |" for row in [titles, ["---"] * len(titles), *rows]]
@@ -197,14 +160,14 @@ def _layout(titles, rows, markdown, left):
 def table_lines(results, markdown=False):
     """The table of rows, the table of ratios, then one line per reason something did not run."""
     rows = [[text(r) for _, text in COLUMNS] for r in timed_rows(results)]
-    lines = _layout([title for title, _ in COLUMNS], rows, markdown, left=5)
+    lines = layout([title for title, _ in COLUMNS], rows, markdown, left=5)
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
         paired = any(r.get("numpy_over_this_paired") for r in results["rows"])
         lines += ["", "np/this (as above) by T" + (", paired: the median over rounds of the ratio "
                                                    "within a round (quartiles)" if paired else "") + ":", ""]
-        lines += _layout(titles, ratios, markdown, left=3)
+        lines += layout(titles, ratios, markdown, left=3)
     speedups = causal_speedup_lines(results)
     lines += [""] * bool(speedups) + speedups
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
@@ -261,21 +224,6 @@ def is_decode(results):
     return "model" in results.get("config", {})
 
 
-def render(results):
-    """The report's lines for a saved run of either kind."""
-    if is_decode(results):
-        from benchmarks import decode
-
-        return decode.table_lines(results)
-    if is_breakdown(results):
-        from benchmarks import flash_breakdown
-
-        return flash_breakdown.report_lines(results)
-    if is_former_flash_kernel(results):
-        return former_flash_kernel_lines(results)
-    return header_lines(results) + [""] + table_lines(results)
-
-
 def is_former_flash_kernel(results):
     """Whether ``results`` was saved by the former ``python -m benchmarks.flash_kernel`` (an
     interleaved kernel-against-F.sdpa run, now ``--interleave``), as in benchmarks/results."""
@@ -328,46 +276,19 @@ def is_breakdown(results):
     return "instrumented" in results and "roofline" in results
 
 
-def write_markdown(results, path):
-    """Header lines as a list, then the tables (a decode run: its table as a code block)."""
+def write_markdown(results, path, report_lines=None):
+    """Header lines as a list, then the tables; a run of another kind (decode, breakdown): its
+    ``report_lines`` (cli.render's) as a code block."""
     if not is_op_run(results):
-        lines = ["```", *render(results), "```"]
+        lines = ["```", *report_lines, "```"]
     else:
         lines = ([f"- {line}" for line in header_lines(results)] + [""]
                  + table_lines(results, markdown=True))
-    with replacing(path) as tmp:
-        Path(tmp).write_text("\n".join(lines) + "\n")
-
-
-@contextlib.contextmanager
-def replacing(path):
-    """A temporary file beside ``path`` to write to, which then replaces ``path`` in one rename.
-
-    Interrupted at any step (Ctrl-C, a full disk, a crash in the writer), ``path`` holds its old
-    content or the whole new one, never a part (``--force`` replaces a user's file), and the
-    temporary file is removed. The new file gets the old one's permissions, else the umask's.
-    """
-    path = Path(os.path.realpath(path))            # through a symlink: its target is the file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.close(fd)
-        if path.exists():
-            mode = path.stat().st_mode & 0o7777
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):   # gone once it has replaced path
-            os.unlink(tmp)
+    replace_file(path, ("\n".join(lines) + "\n").encode())
 
 
 def write_json(results, path):
-    with replacing(path) as tmp:
-        Path(tmp).write_text(json.dumps(results, indent=1) + "\n")
+    replace_file(path, (json.dumps(results, indent=1) + "\n").encode())
 
 
 def write_csv(results, path):
@@ -376,15 +297,16 @@ def write_csv(results, path):
               "reason", "median_s", "q25_s", "q75_s", "min_s", "max_s", "samples", "flops",
               "gflops", "peak_fraction", "peak_mem_bytes", "numpy_over_this", "numpy_over_this_paired",
               "parity_max_rel_err"]
-    with replacing(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in results["rows"]:
-            t = r.get("time_s") or {}
-            writer.writerow({**r, **{f"{k}_s": v for k, v in t.items() if k != "rounds"},
-                             "samples": t.get("samples"),
-                             "numpy_over_this_paired": (r.get("numpy_over_this_paired") or {}).get("median"),
-                             "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fields, extrasaction="ignore")
+    writer.writeheader()
+    for r in results["rows"]:
+        t = r.get("time_s") or {}
+        writer.writerow({**r, **{f"{k}_s": v for k, v in t.items() if k != "rounds"},
+                         "samples": t.get("samples"),
+                         "numpy_over_this_paired": (r.get("numpy_over_this_paired") or {}).get("median"),
+                         "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
+    replace_file(path, text.getvalue().encode())
 
 
 def write_plot(results, path):
@@ -429,34 +351,7 @@ def write_plot(results, path):
     cfg, m = results["config"], results["machine"]
     fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
                  f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-
-
-class Progress:
-    """A hand-written progress bar on stderr: redrawn in place on a terminal, a line per step
-    otherwise (logs and captured output stay readable)."""
-
-    def __init__(self, total, enabled=True, stream=None, width=28):
-        self.total, self.done, self.width = max(total, 1), 0, width
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
-        self.start = time.monotonic()
-
-    def step(self, label):
-        """Count one finished step, described by ``label``."""
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.start
-        eta = elapsed / self.done * (self.total - self.done)
-        filled = round(self.width * self.done / self.total)
-        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:5.0f}s (eta {eta:.0f}s) {label}")
-        if self.tty:
-            self.stream.write("\r\033[K" + text + ("\n" if self.done >= self.total else ""))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+    replace_file(path, png.getvalue())

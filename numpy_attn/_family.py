@@ -7,6 +7,7 @@ rows (attn_cli/hf/, attn_cli/hf_generate.py).
 """
 
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,10 @@ class Family:
 @cache
 def families():
     """{name: Family} of every module of numpy_attn that ends with a FAMILY row, in module order."""
-    import numpy_attn
-
     found = {}
-    for module in pkgutil.iter_modules(numpy_attn.__path__):
+    # This file's folder, not `import numpy_attn`: the package imports every family file, which
+    # imports this one, so naming the package here would close an import loop.
+    for module in pkgutil.iter_modules([os.path.dirname(__file__)]):
         if module.ispkg:
             continue
         row = getattr(importlib.import_module(f"numpy_attn.{module.name}"), "FAMILY", None)

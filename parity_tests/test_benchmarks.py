@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import _worker, calls, cli, measure, parity, registry, report
+from benchmarks import _worker, calls, cli, measure, parity, registry, report, workers
 from benchmarks.registry import Size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,8 +200,8 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
     before, status = _worktrees(), subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
                                                   capture_output=True, text=True).stdout
     made = []
-    real_mkdtemp, real_run = cli.tempfile.mkdtemp, cli.subprocess.run
-    monkeypatch.setattr(cli.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    real_mkdtemp, real_run = workers.tempfile.mkdtemp, workers.subprocess.run
+    monkeypatch.setattr(workers.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
 
     def run(command, **kw):
         if command[:3] == ["git", "worktree", "add"]:
@@ -213,16 +213,16 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
             return result
         return real_run(command, **kw)
 
-    monkeypatch.setattr(cli.subprocess, "run", run)
+    monkeypatch.setattr(workers.subprocess, "run", run)
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     if step == "symlink":
         monkeypatch.setattr(Path, "symlink_to", interrupt)
     if step == "helper":                           # HEAD has every helper: lend one regardless
-        monkeypatch.setattr(cli, "HARNESS_HELPERS", ("not_there_yet.py",))
-        monkeypatch.setattr(cli.shutil, "copyfile", interrupt)
-    with pytest.raises(KeyboardInterrupt), cli._revision_tree("HEAD") as folder:
+        monkeypatch.setattr(workers, "HARNESS_HELPERS", ("not_there_yet.py",))
+        monkeypatch.setattr(workers.shutil, "copyfile", interrupt)
+    with pytest.raises(KeyboardInterrupt), workers.revision_tree("HEAD") as folder:
         assert (Path(folder) / "numpy_attn" / "__init__.py").is_file()
         raise KeyboardInterrupt
     assert made and not Path(made[0]).exists()
@@ -237,9 +237,9 @@ def _interrupt(*args, **kwargs):
 @pytest.mark.parametrize("kind, write_step", [
     ("json", (json, "dumps")),
     ("csv", (csv.DictWriter, "writerow")),         # after the header: a part of the file written
-    ("md", (Path, "write_text")),
+    ("md", (report, "table_lines")),
 ])
-@pytest.mark.parametrize("step", ["mkstemp", "chmod", "write", "replace", None])
+@pytest.mark.parametrize("step", ["open", "chmod", "write", "os.write", "fsync", "close", "replace", None])
 def test_outputs_replace_a_users_file_whole_or_not_at_all(tiny_run, tmp_path, monkeypatch, kind,
                                                           write_step, step):
     """--force over the user's own file, Ctrl-C at every step of the write: the file holds its
@@ -250,8 +250,9 @@ def test_outputs_replace_a_users_file_whole_or_not_at_all(tiny_run, tmp_path, mo
     target.write_text("the user's old results\n")
     target.chmod(0o640)
     other.write_text("the user's notes\n")
-    patches = {"mkstemp": (report.tempfile, "mkstemp"), "chmod": (report.os, "chmod"),
-               "write": write_step, "replace": (report.os, "replace")}
+    # The content, then each system call of the writer (attn_cli/checkpoint.py's replace_file).
+    patches = {"write": write_step, "os.write": (os, "write"),
+               **{name: (os, name) for name in ("open", "chmod", "fsync", "close", "replace")}}
     if step is not None:
         with monkeypatch.context() as m:
             m.setattr(*patches[step], _interrupt)

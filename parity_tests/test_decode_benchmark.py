@@ -15,8 +15,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks import cli, decode, decode_cache, decode_hf, report
+from benchmarks import cli, decode, decode_cache, decode_hf
 from benchmarks.decode import greedy_numpy, greedy_twin
+from benchmarks.machine import machine as this_machine
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.mla import MLAConfig, mla_cache_bytes_per_token
 from parity_tests import strategies as S
@@ -65,7 +66,7 @@ def _run_decode(tmp_path, name, *extra):
 
 def _assert_names_the_machine(stdout, results):
     """The report's header: the CPU, its vector extensions, each worker's BLAS kernel and threads."""
-    machine = report.machine()
+    machine = this_machine()
     assert results["machine"] == machine, results["machine"]
     assert f"machine: {machine['cpu']}" in stdout and "vector extensions: " + " ".join(machine["vector_extensions"]) \
         in stdout, stdout

@@ -1,5 +1,7 @@
-"""The repository stands on its own: its text refers only to files a user of it can open."""
+"""The repository stands on its own: its text refers only to files a user of it can open; its
+packages import one another without a loop."""
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -41,3 +43,81 @@ def test_the_patterns_can_match():
     samples = ["see " + "../" + "shared/x", "DESIGN" + ".md section 6", "(issue" + " 3)"]
     for pattern, sample in zip(OUTSIDE, samples, strict=True):
         assert pattern.search(sample), (pattern.pattern, sample)
+
+
+# -- imports --------------------------------------------------------------------------------------
+
+PACKAGES = ("numpy_attn", "torch_attn", "attn_cli", "benchmarks")
+
+
+def import_graph(root, packages):
+    """{module: the project's modules it imports}, from every import statement of every file,
+    those inside functions included (an import put off into a function still closes a loop).
+    ``from p import m`` counts as importing the module p.m where it is one, else p."""
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def module_of(name):
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:                                   # from . import x, from ..y import z
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                imported.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[name] = {m for m in map(module_of, imported) if m and m != name}
+    return graph
+
+
+def cycles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm), sorted."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_package_imports_in_a_circle():
+    """No module of the shipped packages imports, directly or through others, a module that
+    imports it back: each package reads from its leaves up (benchmarks/cli.py at the top)."""
+    graph = import_graph(ROOT, PACKAGES)
+    found = cycles(graph)
+    assert not found, f"modules that import each other, directly or in a circle: {found}"
+
+
+def test_the_cycle_check_can_fail():
+    """Guard: a loop through three modules and one through two are found, apart from the rest."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert "benchmarks.cli" in import_graph(ROOT, PACKAGES)["benchmarks.__main__"]

@@ -241,9 +241,8 @@ def test_an_interruption_at_any_step_leaves_the_old_site_or_the_new(tmp_path, mo
             return real(*args, **kwargs)
         return call
 
-    for name, owner in (("replace", site.os), ("copyfile", site.shutil), ("rmtree", site.shutil)):
+    for name, owner in (("replace", site.os), ("new_file", site), ("rmtree", site.shutil)):
         monkeypatch.setattr(owner, name, interrupting(getattr(owner, name)))
-    monkeypatch.setattr(Path, "write_bytes", interrupting(Path.write_bytes))
     monkeypatch.setattr(Path, "mkdir", interrupting(Path.mkdir))
     out, mine = tmp_path / "site", tmp_path / "mine.txt"
     new_files = {**files("new"), "images/q.png": ROOT / "docs" / "images" / "rope_rotation.png"}
