@@ -38,7 +38,6 @@ from numpy_attn.gemma2 import (
     init_gemma2_params,
 )
 from numpy_attn.gemma3 import Gemma3Config, gemma3_backward, gemma3_forward, init_gemma3_params
-from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
     LOW_DTYPES,
@@ -54,15 +53,21 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_hf import _compare, _ids, _randomise, _save
-from parity_tests.test_hf_generate import _hf_greedy
-from parity_tests.test_llama import hf_logits_and_grads
-from parity_tests.test_qwen3 import assert_changed_config_refused, assert_checkpoint_meets_error_budget
+from parity_tests.model_kit import (
+    GEMMA_NORMS,
+    assert_changed_config_refused,
+    assert_checkpoint_meets_error_budget,
+    compare,
+    gemma_rstds,
+    hf_greedy,
+    hf_logits_and_grads,
+    next_token_dlogits,
+    random_ids,
+    randomise,
+    save,
+)
 
 WINDOW = 3
-# Ours -> Hugging Face's names of a block's four norms.
-NORMS = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
-         "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
 TORCH_DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
 
 
@@ -91,16 +96,9 @@ def name(request):
     return "gemma3" if request.module.__name__.endswith("test_gemma3") else "gemma2"
 
 
-def _rstds(cache):
-    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, scale)), Gemma 3's
-    QK-norms included."""
-    qk = [r for c in cache.blocks if c.attn.qk_norm for r in (c.attn.qk_norm.q[1], c.attn.qk_norm.k[1])]
-    return [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in NORMS] + qk
-
-
 def _tol(cache, dtype):
     """RMS norms amplify rounding as layer norms do (see layer_norm_tol)."""
-    return layer_norm_tol(_rstds(cache), dtype)
+    return layer_norm_tol(gemma_rstds(cache), dtype)
 
 
 # -- float32: each side against the float64 truth, within a bound on its rounding errors -------------
@@ -201,7 +199,7 @@ def float32_bound(config, ids, truth_cache):
     dembed_tokens).
     """
     forward, total = rounding_steps(config, *ids.shape)
-    R = max([1.0] + [float(r.max()) for r in _rstds(truth_cache)])
+    R = max([1.0] + [float(r.max()) for r in gemma_rstds(truth_cache)])
     return forward * U32 * R, total * U32 * R
 
 
@@ -233,7 +231,7 @@ def hf_gemma2(dtype, name="gemma2", three_layers=False):
                       ) if three_layers else dict(num_hidden_layers=7)
         config = transformers.Gemma3TextConfig(**layers, **sizes)
         model = transformers.Gemma3ForCausalLM(config)
-    return _randomise(model, 0).to(TORCH_DTYPES[dtype]).eval()
+    return randomise(model, 0).to(TORCH_DTYPES[dtype]).eval()
 
 
 def exact_hf_gemma2(model, modeling, monkeypatch):
@@ -284,8 +282,8 @@ def to_hf_names(grads, config):
     for i, block in grads["blocks"].items():
         for path, g in tree_leaves(block):
             group, layer, kind = (path.split(".") + [""])[:3]
-            if group in NORMS:
-                out[f"model.layers.{i}.{NORMS[group]}.weight"] = g
+            if group in GEMMA_NORMS:
+                out[f"model.layers.{i}.{GEMMA_NORMS[group]}.weight"] = g
             elif layer in ("q_norm", "k_norm"):   # Gemma 3
                 out[f"model.layers.{i}.self_attn.{layer}.weight"] = g
             else:
@@ -365,13 +363,6 @@ def test_attn_mask_joins_the_window():
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------
 
-def _next_token_dlogits(logits, ids):
-    """The gradient of the mean next-token cross-entropy (logits at t predict ids at t + 1)."""
-    _, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
-    dlogits = np.zeros_like(logits)
-    dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
-    return dlogits
-
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
@@ -382,15 +373,15 @@ def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
     against the float64 truth (ours in float64 on the same float32 weights), within float32_bound."""
     f = FAMILIES[name]
     model = hf_gemma2(dtype, name)
-    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
     assert kind == name and type(config) is f.config_class, config
     sliding, full = "sliding_attention", "full_attention"
     assert config.layer_types == ((sliding, full, sliding) if name == "gemma2" else (sliding,) * 5 + (full, sliding))
     if dtype == np.float64:
         model = exact_hf_gemma2(model, f.modeling, monkeypatch)
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits, cache = f.forward(ids, params, config)
-    dlogits = _next_token_dlogits(logits, ids)
+    dlogits = next_token_dlogits(logits, ids)
     hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
     tparams = tree_to_torch(params, requires_grad=True)
     twin_logits = f.twin(to_torch(ids), tparams, config)
@@ -411,12 +402,12 @@ def test_checkpoint_matches_transformers(tmp_path, monkeypatch, name, dtype):
                 assert_float32_within(f"{name} checkpoint d{hf_name} ({source})", grads[hf_name], g, grads_bound,
                                       scales[hf_name])
         return
-    rstds = _rstds(cache)
-    _compare(f"{name} checkpoint logits", logits, hf_logits, dtype, rstds)
+    rstds = gemma_rstds(cache)
+    compare(f"{name} checkpoint logits", logits, hf_logits, dtype, rstds)
     scale = max(float(np.abs(g).max()) for g in theirs.values())
     for source, (_, grads) in sides.items():
         for hf_name, g in theirs.items():
-            _compare(f"{f.name} checkpoint d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
+            compare(f"{f.name} checkpoint d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
 
 
 # -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
@@ -456,8 +447,8 @@ test_low_precision_meets_the_error_budget = budget_test()
 def assert_gemma_budget(tmp_path_factory, name, dtype, seed):
     """One draw of the budget test: a three-layer model of family ``name`` from ``seed``."""
     f = FAMILIES[name]
-    model = _randomise(hf_gemma2(np.float64, name, three_layers=True), seed)
-    with torch.no_grad():   # norms scaling by 1 + w in [0.5, 1.5], not _randomise's [1.5, 2.5]: eight norms of
+    model = randomise(hf_gemma2(np.float64, name, three_layers=True), seed)
+    with torch.no_grad():   # norms scaling by 1 + w in [0.5, 1.5], not randomise's [1.5, 2.5]: eight norms of
         for hf_name, p in model.named_parameters():   # gain 2 a layer make the low-dtype errors chaotic, their
             if "norm" in hf_name:                       # ratio heavy-tailed (12x over 6 models, measured)
                 p.sub_(1.0)
@@ -475,8 +466,8 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, name, dty
     the twin decodes the same, and the sliding layers' bytes stop growing once their window is full
     while the global layer's grow by one token a step."""
     f = FAMILIES[name]
-    _, config, params = load_checkpoint(_save(hf_gemma2(dtype, name), tmp_path), dtype)
-    ids = _ids(config.vocab_size, B=2, T=16, seed=1)
+    _, config, params = load_checkpoint(save(hf_gemma2(dtype, name), tmp_path), dtype)
+    ids = random_ids(config.vocab_size, B=2, T=16, seed=1)
     full, full_cache = f.forward(ids, params, config)
     kv_cache = gemma2_kv_cache(config, 2, dtype)
     held = []
@@ -488,7 +479,7 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, name, dty
 
     sizes = [5] + [1] * 11
     cached = decode_in_steps(step, ids, sizes)
-    assert_close(f"{name} decode.logits vs full forward", cached, full, **reorder_tol(_rstds(full_cache), dtype))
+    assert_close(f"{name} decode.logits vs full forward", cached, full, **reorder_tol(gemma_rstds(full_cache), dtype))
     lengths = np.cumsum(sizes)
     assert held == [[n if w is None else WINDOW for w in map(config.window, range(config.n_layer))]
                     for n in lengths], held
@@ -517,7 +508,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, name, cac
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *cache]) == 0
     ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == _hf_greedy(model, [3, 1, 4, 1, 5], 10), f"{name}: greedy ids differ from transformers'"
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), f"{name}: greedy ids differ from transformers'"
 
 
 # -- bad input ------------------------------------------------------------------------------------------
@@ -535,7 +526,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, name, cac
 ])
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
-    assert_changed_config_refused(_save(hf_gemma2(np.float32), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(save(hf_gemma2(np.float32), tmp_path), capsys, changes, message)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -548,7 +539,7 @@ def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, messa
     ({"layer_types": ["sliding_attention"] * 6 + ["global"]}, "layer_types must list num_hidden_layers = 7 entries"),
 ])
 def test_bad_gemma3_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
-    assert_changed_config_refused(_save(hf_gemma2(np.float32, "gemma3"), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(save(hf_gemma2(np.float32, "gemma3"), tmp_path), capsys, changes, message)
 
 
 @pytest.mark.parametrize("changes, error, message", [

@@ -44,7 +44,7 @@ from parity_tests.helpers import (
     tree_map,
     ulp,
 )
-from parity_tests.test_llama import SCALINGS  # None, linear and llama3 scaling
+from parity_tests.model_kit import SCALINGS, mla_rstds
 from torch_attn.mla import init_latent_cache as init_torch_latent_cache
 from torch_attn.mla import init_mla_kv_cache as init_torch_mla_kv_cache
 from torch_attn.mla import mla, mla_absorbed
@@ -104,12 +104,6 @@ def _wide_case():
     return config, params, rng.uniform(-2, 2, (1, 16, 64)), None, rng.uniform(-2, 2, (1, 16, 64))
 
 
-def _rstds(cache):
-    """The rstd of MLA's RMS norms (their caches are (xhat, rstd, w)): the latent's, the query's."""
-    norms = [cache.latent[1]] + ([] if cache.query[1] is None else [cache.query[1]])
-    return [norm[1] for norm in norms]
-
-
 def _tol(cache, expected):
     """Two programs that compute MLA with the same operations rounded in a different order.
 
@@ -122,7 +116,7 @@ def _tol(cache, expected):
     not to a result they cancel to, so atol scales by the largest entry of the tensor compared.
     """
     tol = TOLERANCES[expected.dtype]
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    rstd = max([1.0] + [float(r.max()) for r in mla_rstds(cache)])
     scale = max(1.0, float(np.abs(expected).max())) if expected.dtype == np.float32 else 1.0
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
 
@@ -271,7 +265,6 @@ def hf_forward_backward(config, params, x, positions, dout):
     hf_params = {name: {key: _hf_grad(getattr(module, HF_NAMES[name]), key) for key in layer}
                  for name, layer in params.items()}
     return to_numpy(hf_out), to_numpy(hx.grad), hf_params
-
 
 
 @pytest.mark.parametrize("rope_parameters", [
@@ -585,7 +578,7 @@ def test_backward_matches_finite_differences(case, seed):
     grads = {"x": dx, "params": dparams}
     exact = tree_dot(grads, direction)
     # The step shrinks with the narrowest RMS-norm row, as in test_llama.py.
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in mla_rstds(cache)])
     numeric = directional_derivative(
         lambda t: np.sum(mla_forward(t["x"], t["params"], config, positions=positions)[0] * dout),
         tree, direction, h=h)
