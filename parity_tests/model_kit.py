@@ -513,7 +513,7 @@ def assert_changed_config_refused(folder, capsys, changes, message):
 
 def assert_checkpoint_meets_error_budget(name, dtype, model, folder, seed, forward, backward, twin, to_hf, exact,
                                          compared=None):
-    """test_llama.assert_model_meets_error_budget for a model read from a checkpoint: transformers'
+    """assert_model_meets_error_budget for a model read from a checkpoint: transformers'
     float64 ``model`` gets its weights rounded to the low ``dtype`` (in place), is saved to ``folder``
     and loaded by attn_cli.hf, and ours (``forward``, ``backward``) and the twin run those weights in
     ``dtype``; transformers runs a copy cast to ``dtype``, and for the truth the float64 model made
@@ -585,7 +585,7 @@ def decided_tokens(name, shape, truth, lowp, margins, experts):
     transformers' in the low dtype as it ranks them); ``margins(values)`` -> (N,) each token's
     smallest gap at its top-k boundaries in units of one value's error (a gap between sums of two
     values counts half). With e transformers' largest error of those values, a program within the
-    error budget 2e of the truth's moves a gap by at most 2 (2e) (test_hf_generate._greedy_margin's
+    error budget 2e of the truth's moves a gap by at most 2 (2e) (test_hf_generate.py's _greedy_margin's
     rule without its ulp: no side rounds these values to the low dtype, bar gpt-oss's logits, whose
     rounding e holds): where the truth's margin is larger, it picks the truth's experts. Elsewhere
     rounding picks, and the program that follows is another one, not a rounding of it. A token
@@ -715,7 +715,7 @@ def model_tests(family):
 
         def hf_model(self, dtype, tie=False, bias=False):
             """A random transformers model of this family: grouped-query heads (4 on 2), head size 8
-            for C = 16, two layers; every parameter far from its initialisation (test_hf._randomise)."""
+            for C = 16, two layers; every parameter far from its initialisation (model_kit.randomise)."""
             config = family.config_class(vocab_size=19, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
                                               n_embd=16, head_dim=8, hidden=20, rms_eps=1e-5, attn_bias=bias,
                                               tie_weights=tie)

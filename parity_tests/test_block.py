@@ -243,7 +243,7 @@ def test_low_precision_meets_the_error_budget(dtype, case):
         assert_error_budget(f"block[{who}]", dtype, {"out": (o, lowp_out, truth_out)})
         assert_error_budget(f"block[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
                                                      for path in truth_grads if path != "attn.k.b"},
-                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE's comment says why
+                            multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE's comment says why
 
 
 # attn.k.b's gradient is 0 in exact arithmetic (a key bias adds one q . b to every score of a query's

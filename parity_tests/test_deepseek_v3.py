@@ -236,7 +236,7 @@ CHECKPOINTS = {
 def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
     """A random transformers DeepseekV3ForCausalLM of three blocks: C = 16, two heads, kv_lora_rank 8,
     dn 4, dr 4, dv 6, 8 experts of width 6, 3 per token; every parameter far from its initialisation
-    (test_hf._randomise) and the selection bias (a buffer) U(-0.1, 0.1), so that it moves the choice;
+    (model_kit.randomise) and the selection bias (a buffer) U(-0.1, 0.1), so that it moves the choice;
     ``changes`` to CHECKPOINTS[variant]'s config entries."""
     config = transformers.DeepseekV3Config(
         vocab_size=19, hidden_size=16, intermediate_size=20, moe_intermediate_size=6, num_hidden_layers=3,
@@ -347,7 +347,7 @@ def test_checkpoint_matches_transformers(tmp_path, variant, dtype):
 # -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
 
 def decided_by_the_model(ids, config, cache, lowp_model, truth_model):
-    """test_qwen3.decided_tokens for DeepSeek-V3's router: the values ranked are the choice values
+    """model_kit.decided_tokens for DeepSeek-V3's router: the values ranked are the choice values
     (scores + selection bias; transformers computes them in float32 from its low-dtype input), a
     group score sums two of them."""
     truth, lowp = (router_calls(m, "DeepseekV3TopkRouter", ids) for m in (truth_model, lowp_model))

@@ -68,7 +68,7 @@ def _tol(cache, dtype):
 
 def hf_gpt_oss(dtype):
     """A random transformers GptOssForCausalLM (see the module docstring for its sizes), every
-    parameter far from its initialisation (test_hf._randomise)."""
+    parameter far from its initialisation (model_kit.randomise)."""
     config = transformers.GptOssConfig(
         vocab_size=19, hidden_size=16, intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
@@ -245,7 +245,7 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype, si
     twin_cache = tw.gpt_oss_kv_cache(config, 2, tparams["wte"].dtype)
     twin = helpers.decode_in_steps(
         lambda chunk: to_numpy(tw.gpt_oss(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
-    # Absolute errors grow with the logits' size, as in test_hf._compare: atol scales with the largest |logit|.
+    # Absolute errors grow with the logits' size, as in model_kit.compare: atol scales with the largest |logit|.
     tol = _tol(full_cache, dtype)
     tol["atol"] *= max(1.0, float(np.abs(full).max()))
     assert_close("gpt_oss decode twin.logits", twin, cached, **tol)

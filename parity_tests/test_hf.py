@@ -10,7 +10,7 @@ Tolerances.
 - float64: the logits within 1e-10 of the largest logit (relative), gradients likewise relative to
   the largest gradient of the model (some are zero but for rounding: the key bias's, since adding
   q . b_k to every score of a row leaves its softmax unchanged). Both programs compute in float64 (Llama's RMS norm and
-  rotary angles are moved to float64 by test_llama.exact_hf_llama, as transformers computes them
+  rotary angles are moved to float64 by model_kit.exact_hf_llama, as transformers computes them
   in float32 whatever the model's dtype); what remains is reordered rounding, about 1e-15.
 - float32: transformers runs unchanged. Two float32 programs that round differently differ by a
   few ulps (2^-24 = 6e-8) per operation; each layer norm or RMS norm multiplies its input's error

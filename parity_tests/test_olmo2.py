@@ -1,6 +1,6 @@
 """Parity tests for numpy_attn/olmo2.py and torch_attn/olmo2.py, against Hugging Face's OLMo 2.
 
-The tests of parity_tests/test_qwen3.py's model_tests (twin, autograd, transformers, finite
+The tests of parity_tests/model_kit.py's model_tests (twin, autograd, transformers, finite
 differences, cached decoding, checkpoints, generate --hf, bad configs) run on OLMo 2, plus what is
 its own: the norms after the sublayers, and QK-norm across the heads.
 """

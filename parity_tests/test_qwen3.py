@@ -2,8 +2,8 @@
 
 Qwen3 is test_llama.py's model with QK-norm per head, so these are test_llama.py's kinds of test
 run on it (the QK-norm pieces themselves are tested there, beside qk_norm_forward), plus cached
-decoding and checkpoints saved by transformers. ``model_tests`` makes them for any family built on
-Llama's model; parity_tests/test_olmo2.py runs them on OLMo 2.
+decoding and checkpoints saved by transformers. ``model_tests`` (parity_tests/model_kit.py) makes
+them for any family built on Llama's model; parity_tests/test_olmo2.py runs them on OLMo 2.
 """
 
 
@@ -73,7 +73,7 @@ def family_model():
 @example(seed=0, B=1, T=5, N=1)
 def test_logits_to_keep_in_every_family(family_model, name, seed, B, T, N):
     """Each family's forward keeps the last N positions' logits (Gemma's cap applied to those),
-    equal to its full forward's and its twin's, with the backward of test_gpt.py's
+    equal to its full forward's and its twin's, with the backward of model_kit's
     assert_keeps_the_last_logits; and it refuses a bad logits_to_keep, naming it."""
     forward, backward, twin, config, params, rstds = family_model(name, seed)
     rng = np.random.default_rng(seed)

@@ -109,7 +109,7 @@ def test_low_precision_meets_the_error_budget(dtype, case, seed):
         assert_error_budget(f"small_gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
         assert_error_budget(f"small_gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
                                                          for path in truth_grads if path != "attn.k.b"},
-                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE says why; k.b: see test_block
+                            multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE says why; k.b: see test_block
 
 
 # -- bad input --------------------------------------------------------------------------------------
