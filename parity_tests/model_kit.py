@@ -5,9 +5,12 @@ strategies and oracles that the families built on it reuse, the error budget of 
 built on Llama's model runs (``model_tests``), and a small model of every family
 (``small_family_model``). The test files import from here, never from one another."""
 
+import contextlib
 import copy
 import importlib
 import json
+import signal
+import tracemalloc
 import types
 from typing import NamedTuple
 
@@ -888,3 +891,79 @@ def small_family_model(name, seed):
     rng = np.random.default_rng(seed)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init(config, rng, np.float64))
     return forward, backward, twin, config, params, rstds
+
+
+MLA_HF_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj",
+            "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "o": "o_proj"}
+
+
+def mla_hf_config(config):
+    """A DeepseekV3Config with MLA's sizes: one key/value head per query head (MLA's own heads)."""
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
+    return transformers.DeepseekV3Config(
+        hidden_size=config.n_embd, num_attention_heads=config.n_head, num_key_value_heads=config.n_head,
+        q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
+        v_head_dim=config.v_head_dim, rope_interleave=config.rope_interleave, rope_parameters=rope,
+        attention_bias=config.attn_bias, max_position_embeddings=128, attn_implementation="sdpa")
+
+
+def mla_hf_rotary(config, x, positions):
+    """Hugging Face's (cos, sin) (B, T, dr): DeepseekV3RotaryEmbedding's, which computes its angles
+    in float32, for float32, float16 and bfloat16 (cos and sin then rounded to x's dtype, as a user
+    of the model gets them); for float64 the same angles from rope_frequencies in float64
+    (test_rope.py checks those frequencies against Hugging Face's for every scaling), cos and sin
+    times YaRN's attention factor as DeepseekV3RotaryEmbedding's (1 for the other scalings)."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    B, T, _ = x.shape
+    position_ids = to_torch(np.broadcast_to(np.arange(T) if positions is None else positions, (B, T)).copy())
+    if x.dtype != np.float64:
+        return DeepseekV3RotaryEmbedding(mla_hf_config(config))(to_torch(x), position_ids)
+    inv_freq = torch.from_numpy(rope_frequencies(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling))
+    angles = position_ids[..., None].to(torch.float64) * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    factor = rope_attention_factor(config.rope_scaling)
+    return angles.cos() * factor, angles.sin() * factor
+
+
+# The largest allocation a refusal may make: the valid folders are below 2 KiB, so anything near
+# this means that a damaged size was believed (the smallest case asks for gigabytes).
+PEAK_LIMIT = 8 * 2**20
+
+
+@contextlib.contextmanager
+def watch_allocations():
+    """Fail on a hang (SIGALRM after 20 s where there is one) and record the peak allocation."""
+    alarm = hasattr(signal, "SIGALRM")
+    if alarm:
+        def hang(signum, frame):
+            raise TimeoutError("the read hung for 20 s")
+        old = signal.signal(signal.SIGALRM, hang)
+        signal.alarm(20)
+    tracemalloc.start()
+    peak = []
+    try:
+        yield peak
+    finally:
+        peak.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        if alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+
+def assert_loads_or_names_folder(folder, changes):
+    """``folder`` loads, or a CheckpointError names it; either way loading allocates less than
+    PEAK_LIMIT (``changes``, the config keys changed, name the case in the message)."""
+    with watch_allocations() as peak:
+        try:
+            load_checkpoint(folder)
+        except CheckpointError as err:
+            assert str(folder) in str(err), err
+    assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=6)

@@ -32,7 +32,7 @@ from parity_tests.helpers import (
     twin_decode_with_cache,
 )
 from parity_tests.model_kit import builtin_gpt, gpt_budget_models, with_zero_biases
-from parity_tests.test_kv_cache import splits
+from parity_tests.strategies import splits
 
 
 @st.composite

@@ -61,15 +61,19 @@ from parity_tests.helpers import (
 )
 from parity_tests.model_kit import (
     DTYPES,
+    JSON,
+    MLA_HF_NAMES,
     SCALINGS,
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
+    assert_loads_or_names_folder,
     compare,
     decided_tokens,
     deepseek_v3_rstds,
     hf_greedy,
     hf_llama_model,
     hf_logits_and_grads,
+    mla_hf_rotary,
     next_token_dlogits,
     random_ids,
     randomise,
@@ -77,8 +81,6 @@ from parity_tests.model_kit import (
     save,
 )
 from parity_tests.model_kit import mla_rstds as mla_rstds
-from parity_tests.test_hostile_inputs import JSON, assert_loads_or_names_folder
-from parity_tests.test_mla import HF_NAMES, hf_rotary
 from torch_attn.moe import deepseek_router
 
 # The smallest gap allowed at a top-k boundary of the router: float32 scores (sigmoids below 1)
@@ -266,7 +268,7 @@ def exact_hf_deepseek_v3(model, config):
 
     def rotary(self, x, position_ids):
         B, T = x.shape[:2]
-        return hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
+        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
 
     def router(self, h):
         weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
@@ -294,7 +296,7 @@ def to_hf_names(grads, config):
         out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
         for path, g in tree_leaves(block["attn"]):
             name, key = path.split(".")
-            out[f"{p}self_attn.{HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
+            out[f"{p}self_attn.{MLA_HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
         mlp = block["mlp"]
         networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
         for where, net in networks.items():

@@ -455,7 +455,7 @@ def test_init_statistics_match_pytorch():
     """Embeddings and the head are N(0, 0.02^2), GPT-2's initialiser (torch.nn.init.normal_ with
     std 0.02 on a tensor of the same shape is the reference); every layer norm starts as
     nn.LayerNorm does, weight exactly 1 and bias exactly 0."""
-    from parity_tests.test_feed_forward import assert_same_distribution
+    from parity_tests.helpers import assert_same_distribution
 
     config = GPTConfig(vocab_size=512, block_size=256, n_layer=1, n_head=2, n_embd=64, tie_weights=False)
     params = init_gpt_params(config, np.random.default_rng(0), np.float64)

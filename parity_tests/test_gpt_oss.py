@@ -36,7 +36,9 @@ from numpy_attn.rope import rope_attention_factor, rope_frequencies
 from parity_tests import helpers
 from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
 from parity_tests.model_kit import (
+    JSON,
     assert_changed_config_refused,
+    assert_loads_or_names_folder,
     compare,
     hf_greedy,
     hf_logits_and_grads,
@@ -45,7 +47,6 @@ from parity_tests.model_kit import (
     randomise,
     save,
 )
-from parity_tests.test_hostile_inputs import JSON, assert_loads_or_names_folder
 
 WINDOW = 3
 LIMIT = 1.5

@@ -276,7 +276,7 @@ def test_init_llama_params(bias):
     """As Hugging Face's LlamaForCausalLM initialises: every weight from N(0, 0.02^2)
     (initializer_range; compared with a reference sample of the same size), every bias exactly
     0 and present only when the config asks, every RMS norm weight exactly 1."""
-    from parity_tests.test_feed_forward import assert_same_distribution
+    from parity_tests.helpers import assert_same_distribution
 
     config = LlamaConfig(vocab_size=256, block_size=4, n_layer=1, n_head=4, n_kv_head=2, n_embd=64,
                          hidden=96, attn_bias=bias, mlp_bias=bias, tie_weights=False)

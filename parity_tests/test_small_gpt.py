@@ -138,7 +138,7 @@ def test_init_small_gpt_params(bias):
     """wte and head.w from N(0, 0.02^2), as GPT-2's initialiser (the same check as test_gpt's
     against torch.nn.init.normal_); head.b exactly zero, and present only with config.bias, as
     are the attention's biases; the attention weights are init_multi_head_params'."""
-    from parity_tests.test_feed_forward import assert_same_distribution
+    from parity_tests.helpers import assert_same_distribution
 
     config = GPTConfig(vocab_size=512, block_size=4, n_layer=0, n_head=2, n_embd=64, bias=bias)
     params = init_small_gpt_params(config, np.random.default_rng(0), np.float64)
