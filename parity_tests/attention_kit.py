@@ -33,6 +33,7 @@ def rounded(case, dtype):
 
 
 def torch_or_none(a):
+    """``a`` as a torch tensor, None left alone."""
     return None if a is None else to_torch(a)
 
 

@@ -67,6 +67,8 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 
+# -- transformers' models, saved and compared ----------------------------------------------------------
+
 DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
 
 
@@ -83,16 +85,18 @@ def randomise(model, seed):
 
 
 def save(model, folder):
+    """``model`` saved by transformers (safetensors) into ``folder``; returns the folder."""
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
 
 def random_ids(V, B=2, T=7, seed=0):
+    """Token ids (B, T) below ``V``, drawn from ``seed``."""
     return np.random.default_rng(seed).integers(0, V, (B, T))
 
 
 def compare(label, ours, theirs, dtype, rstds=(), scale=None):
-    """assert_close with this module's tolerance (see the module docstring); ``scale`` is the
+    """assert_close with test_hf.py's tolerance (its docstring gives the analysis); ``scale`` is the
     largest |value| of the kind compared, by default theirs."""
     scale = float(np.abs(theirs).max(initial=0)) if scale is None else scale
     if dtype == np.float64:
@@ -105,6 +109,7 @@ def compare(label, ours, theirs, dtype, rstds=(), scale=None):
 
 
 def hf_gpt2_model(tie, dtype, seed=0):
+    """A small random GPT2LMHeadModel (randomise), head tied or not, in ``dtype``."""
     config = transformers.GPT2Config(vocab_size=23, n_positions=9, n_embd=12, n_layer=2, n_head=3,
                                      tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0,
                                      attn_implementation="sdpa")
@@ -116,6 +121,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 
 
 def hf_llama_model(rope, tie, bias, dtype, seed=0):
+    """A small random LlamaForCausalLM (randomise; 4 query heads on 2) with rope_parameters ``rope``."""
     config = transformers.LlamaConfig(
         vocab_size=19, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
@@ -125,12 +131,15 @@ def hf_llama_model(rope, tie, bias, dtype, seed=0):
 
 
 def hf_greedy(model, ids, n):
+    """The prompt ``ids`` and ``n`` greedy ids after it from transformers' generate (use_cache=True)."""
     ids = torch.tensor([ids])                                                 # (1, P)
     with torch.no_grad():   # every id attended: without the mask, generate masks the prompt's ids equal to pad_token_id
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                              min_new_tokens=n, pad_token_id=0, eos_token_id=None)
     return out[0].tolist()
 
+
+# -- Llama's strategies and oracles, which the families built on it reuse ------------------------------
 
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
@@ -370,6 +379,8 @@ def assert_family_meets_error_budget(name, dtype, case, forward, backward, twin)
         lambda d: hf_logits_and_grads(exact_hf_llama(hf_llama(config, wide), config), ids, positions, d))
 
 
+# -- GPT's strategies and built-in oracle -------------------------------------------------------------
+
 @st.composite
 def gpt_models(draw, dtype=None, n_layer=None, tie_weights=None, dropout=0.0):
     """(config, params, ids, dout): a tiny config, params from init_gpt_params moved by U(-0.5, 0.5)
@@ -474,6 +485,8 @@ def assert_keeps_the_last_logits(name, forward, backward, twin, params, ids, N, 
     assert_close(f"{label}: logits vs twin", kept, twin_logits, **tol)
     assert_tree_close(f"{label}: backward vs autograd", dparams, grads["params"], **tol)
 
+
+# -- the families built on Llama's model: checkpoints, refusals, routers, and their tests ---------------
 
 class Family(NamedTuple):
     """One model family built on numpy_attn/llama.py: its config class, its NumPy forward and
@@ -809,6 +822,8 @@ def model_tests(family):
     return ModelTests
 
 
+# -- other families' norms, the next-token loss's gradient, PyTorch's encoder layer -----------------------
+
 def gemma_rstds(cache):
     """The rstd of every RMS norm of the model (their caches are (xhat, rstd, scale)), Gemma 3's
     QK-norms included."""
@@ -893,6 +908,8 @@ def small_family_model(name, seed):
     return forward, backward, twin, config, params, rstds
 
 
+# -- multi-head latent attention in transformers (DeepSeek-V3) ----------------------------------------
+
 MLA_HF_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj",
             "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "o": "o_proj"}
 
@@ -926,6 +943,8 @@ def mla_hf_rotary(config, x, positions):
     factor = rope_attention_factor(config.rope_scaling)
     return angles.cos() * factor, angles.sin() * factor
 
+
+# -- loading a damaged checkpoint ---------------------------------------------------------------------
 
 # The largest allocation a refusal may make: the valid folders are below 2 KiB, so anything near
 # this means that a damaged size was believed (the smallest case asks for gigabytes).
@@ -964,6 +983,7 @@ def assert_loads_or_names_folder(folder, changes):
     assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
 
 
+# Any JSON value: what a damaged config.json may hold in place of a field.
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                     max_leaves=6)
