@@ -88,3 +88,18 @@ def linear_params(draw, dtype, layers, bias, bound=1.0):
         if bias:
             params[name]["b"] = draw(arrays(dtype, (C_out,), bound))
     return params
+
+
+@st.composite
+def splits(draw, total):
+    """Step sizes >= 1 that add up to ``total``: a prefill, then one or several tokens at a time."""
+    cuts = sorted(draw(st.sets(st.integers(1, total - 1), max_size=total - 1))) if total > 1 else []
+    bounds = [0] + cuts + [total]
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@st.composite
+def cu_seqlens_of(draw, max_seqs=4, max_len=4):
+    """Cumulative lengths [0, n1, n1+n2, ...] of 1..max_seqs sequences (empty ones allowed)."""
+    lengths = draw(st.lists(st.integers(0, max_len), min_size=1, max_size=max_seqs))
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

@@ -20,15 +20,23 @@ from numpy_attn.attention import (
 )
 from numpy_attn.linear import linear_forward
 from parity_tests import strategies as S
+from parity_tests.attention_kit import (
+    BAD_SOFTCAPS,
+    BAD_WINDOWS,
+    assert_attention_budget,
+    assert_dout_refused,
+    four_axes,
+    rounded,
+    torch_or_none,
+    widened,
+)
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
     TOLERANCES,
     assert_close,
-    assert_error_budget,
     autograd,
     numerical_grad,
-    round_to,
     to_numpy,
     to_torch,
     tree_to_torch,
@@ -581,18 +589,6 @@ def test_softcap_backward_matches_finite_differences(case):
     assert_matches_finite_differences("sdpa[softcap]", case)
 
 
-# Caps and windows refused, with the error and message; test_softcap.py and test_flash_attention.py
-# use them too.
-BAD_SOFTCAPS = [(c, error, f"softcap must be a finite number > 0 or None, got {got}")
-                for c, error, got in ((0, ValueError, "0"), (-50.0, ValueError, "-50.0"), (math.inf, ValueError, "inf"),
-                                      (math.nan, ValueError, "nan"), ("50", TypeError, "str '50'"),
-                                      (False, TypeError, "bool False"))]
-BAD_WINDOWS = [(w, True, error, f"window must be a positive integer or None, got {got}")
-               for w, error, got in ((0, ValueError, "0"), (-3, ValueError, "-3"), (2.0, TypeError, "float 2.0"),
-                                     ("4", TypeError, "str '4'"), (True, TypeError, "bool True"))]
-BAD_WINDOWS.append((2, False, ValueError, 'window = 2 needs is_causal (True, "top_left" or "bottom_right")'))
-
-
 @pytest.mark.parametrize("softcap, error, message", BAD_SOFTCAPS)
 def test_bad_softcap_is_refused(softcap, error, message):
     q = np.zeros((3, 4))
@@ -1070,57 +1066,6 @@ def test_causal_alignments_picture():
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
 
-def rounded(case, dtype):
-    """The case with its float64 arrays (q, k, v, a float mask, the sinks, dout) rounded to the
-    low ``dtype``: the inputs every side shares (-inf mask entries stay -inf)."""
-    return {n: round_to(a, dtype) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a
-            for n, a in case.items()}
-
-
-def torch_or_none(a):
-    return None if a is None else to_torch(a)
-
-
-def widened(arrays):
-    """The same rounded arrays in float64, for the truth (bool masks and None left alone)."""
-    return {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype != np.bool_ else a
-            for n, a in arrays.items()}
-
-
-# A sum of the few (at most about 50) terms of size X drawn here, computed in float32, is off by
-# at most about 50 * 2^-24 X < 2^-16 X.
-FLOAT32_NOISE = 2.0**-16
-
-
-def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
-    """assert_error_budget for the NumPy side and the twin, each a dict tensor name -> array,
-    against the same ``torch_lowp`` and ``truth`` dicts.
-
-    A gradient whose every true entry lies below the float32 noise FLOAT32_NOISE * terms[name] of
-    the terms its computation cancels (v equal along the keys, or dout @ v^T so: dscores is then 0
-    exactly) is out of the rule's reach: any float32 program is off by that noise, PyTorch's flash
-    kernel can come out exactly 0 there (its dS = P (dP - rowsum(dO O)) cancels exactly), and one
-    ulp of a truth near 0 is next to nothing. Such a gradient is held to that noise instead. A
-    gradient above it still carries that noise, which a truth not far above it (every entry in
-    float16's subnormals, say) leaves uncovered by one ulp: it is the budget's extra."""
-    for who, got in {"numpy": ours, "twin": twin}.items():
-        budget, extra = {}, {}
-        for name in truth:
-            noise = FLOAT32_NOISE * terms.get(name, 0.0)
-            if np.max(np.abs(truth[name]), initial=0.0) > noise:
-                budget[name], extra[name] = (got[name], torch_lowp[name], truth[name]), noise
-            else:
-                label = f"{op}[{who}] {name} ({dtype}), its truth within float32 noise"
-                assert got[name].dtype == LOW_DTYPES[dtype][0], f"{label}: came back as {got[name].dtype}"
-                assert_close(label, got[name].astype(np.float64), truth[name], rtol=0, atol=noise)
-        assert_error_budget(f"{op}[{who}]", dtype, budget, extra=extra)
-
-
-def four_axes(mask):
-    """A torch mask of three axes given a fourth in front (None stays None): the flash kernel takes
-    masks of two or four axes only."""
-    return mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask is not None and mask.ndim == 3 else mask
-
 
 def sdpa_on(case, backend):
     """F.scaled_dot_product_attention as a function of (q, k, v) on the case's mask, on ``backend``
@@ -1333,40 +1278,6 @@ def test_non_finite_inputs_are_refused_by_name():
         mask[0, 1] = bad
         with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) holds NaN or \+inf"):
             scaled_dot_product_attention_forward(q, k, v, attn_mask=mask)
-
-
-@st.composite
-def bad_dout(draw, shape, dtype):
-    """A dout unlike the forward's output of ``shape`` and ``dtype``, built to differ: another
-    shape (one axis longer, or an extra leading axis), the other float dtype, the last two axes
-    swapped (a transposed layout, only where that changes the shape), or integers of the right
-    shape. Returns (dout, the exception it must raise, the texts its message must hold)."""
-    kind = draw(st.sampled_from(("shape", "dtype", "transposed", "int")))
-    if kind == "shape":
-        axis = draw(st.integers(-1, len(shape) - 1))     # -1: an extra leading axis
-        if axis < 0:
-            bad = (draw(st.integers(1, 3)),) + shape
-        else:
-            bad = shape[:axis] + (shape[axis] + draw(st.integers(1, 3)),) + shape[axis + 1:]
-    elif kind == "transposed":
-        assume(len(shape) >= 2 and shape[-1] != shape[-2])
-        bad = shape[:-2] + (shape[-1], shape[-2])
-    else:
-        bad = shape
-    if kind in ("shape", "transposed"):
-        return draw(S.arrays(dtype, bad)), ValueError, [str(tuple(shape)), str(bad)]
-    bad_dtype = {"dtype": np.float32 if dtype == np.float64 else np.float64, "int": np.int64}[kind]
-    return np.zeros(shape, bad_dtype), TypeError, [str(np.dtype(dtype)), str(np.dtype(bad_dtype))]
-
-
-def assert_dout_refused(op, backward, cache, shape, dtype, data):
-    """The backward refuses a drawn bad dout with the right error, naming the op, the expected
-    and the received shape or dtype."""
-    dout, error, texts = data.draw(bad_dout(tuple(shape), np.dtype(dtype)), label="bad dout")
-    with pytest.raises(error) as info:
-        backward(dout, cache)
-    for text in (op, *texts):
-        assert text in str(info.value), f"{op}: {text!r} missing from {str(info.value)!r}"
 
 
 @given(case=attention_inputs(), data=st.data())

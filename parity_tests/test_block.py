@@ -6,7 +6,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
-from benchmarks import convert
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.feed_forward import feed_forward_backward, feed_forward_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
@@ -26,9 +25,8 @@ from parity_tests.helpers import (
     to_torch,
     tree_leaves,
     tree_map,
-    tree_to_torch,
 )
-from parity_tests.test_llama import GRAD_MULTIPLE
+from parity_tests.model_kit import GRAD_MULTIPLE, encoder_layer, encoder_layer_grads
 from torch_attn.block import block
 
 
@@ -121,21 +119,6 @@ def test_dropout_parity_through_masks(case, p, seed):
 
 # -- the twin matches PyTorch's built-in --------------------------------------------------------
 
-def _encoder_layer(params, nh):
-    """nn.TransformerEncoderLayer (pre-LN, GELU, no dropout) holding our parameters."""
-    C = params["ln1"]["w"].shape[0]
-    dtype = to_torch(params["ln1"]["w"]).dtype
-    layer = nn.TransformerEncoderLayer(C, nh, dim_feedforward=4 * C, dropout=0.0, activation="gelu",
-                                       batch_first=True, norm_first=True, dtype=dtype)
-    layer.load_state_dict(convert.to_encoder_layer(tree_to_torch(params)))
-    return layer
-
-
-def _encoder_layer_grads(layer):
-    """The built-in's parameter gradients in our nesting and orientation."""
-    grads = convert.from_encoder_layer({name: p.grad for name, p in layer.named_parameters()})
-    return tree_map(to_numpy, grads)
-
 
 def _builtin_tol(x, params, nh, dout):
     """Per-tensor tolerances against nn.TransformerEncoderLayer: layer_norm_tol plus the error of
@@ -201,7 +184,7 @@ def test_twin_matches_builtin(case):
     T = x.shape[1]
     twin_out, twin_grads = autograd(lambda **kw: block(**kw, num_heads=nh),
                                     {"x": x, "params": params}, dout)
-    layer = _encoder_layer(params, nh)
+    layer = encoder_layer(params, nh)
     xt = to_torch(x, requires_grad=True)
     mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=xt.dtype)
     out = layer(xt, src_mask=mask, is_causal=True)
@@ -210,7 +193,7 @@ def test_twin_matches_builtin(case):
     assert_close("block.out vs TransformerEncoderLayer", twin_out, to_numpy(out), **tol["out"])
     assert_close("block.dx vs TransformerEncoderLayer", twin_grads["x"], to_numpy(xt.grad),
                  **tol["dx"])
-    builtin = dict(tree_leaves(_encoder_layer_grads(layer)))
+    builtin = dict(tree_leaves(encoder_layer_grads(layer)))
     for path, grad in tree_leaves(twin_grads["params"]):
         group = path if path in tol else path.split(".")[0]
         assert_close(f"block vs TransformerEncoderLayer.{path}", grad, builtin[path], **tol[group])
@@ -221,12 +204,12 @@ def test_twin_matches_builtin(case):
 def _builtin_out_and_grads(x, params, nh, dout):
     """nn.TransformerEncoderLayer (causal) holding ``params`` in their dtype: its output and the
     gradients of sum(out * dout), {"x": dx, "ln1.w": ..., ...} by our dotted paths."""
-    layer = _encoder_layer(params, nh)
+    layer = encoder_layer(params, nh)
     xt = to_torch(x, requires_grad=True)
     mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype=xt.dtype)
     out = layer(xt, src_mask=mask, is_causal=True)
     (out * to_torch(dout)).sum().backward()
-    return to_numpy(out), {"x": to_numpy(xt.grad), **dict(tree_leaves(_encoder_layer_grads(layer)))}
+    return to_numpy(out), {"x": to_numpy(xt.grad), **dict(tree_leaves(encoder_layer_grads(layer)))}
 
 
 @st.composite
@@ -260,7 +243,7 @@ def test_low_precision_meets_the_error_budget(dtype, case):
         assert_error_budget(f"block[{who}]", dtype, {"out": (o, lowp_out, truth_out)})
         assert_error_budget(f"block[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
                                                      for path in truth_grads if path != "attn.k.b"},
-                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE's comment says why
+                            multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE's comment says why
 
 
 # attn.k.b's gradient is 0 in exact arithmetic (a key bias adds one q . b to every score of a query's

@@ -31,8 +31,8 @@ from parity_tests.helpers import (
     tree_map,
     twin_decode_with_cache,
 )
-from parity_tests.test_gpt import _builtin_gpt, _with_zero_biases, budget_models
-from parity_tests.test_kv_cache import splits
+from parity_tests.model_kit import builtin_gpt, gpt_budget_models, with_zero_biases
+from parity_tests.strategies import splits
 
 
 @st.composite
@@ -146,20 +146,20 @@ def test_any_two_splits_agree(case, data):
 @pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
-@given(case=budget_models(), data=st.data())
+@given(case=gpt_budget_models(), data=st.data())
 def test_low_precision_cache_stays_within_the_full_forwards_budget(dtype, case, data):
     """A float16 or bfloat16 model decodes with a cache of its own dtype (half float32's bytes a
     token), and its logits at every position stay within the full forward's budget: against
     test_gpt.py's built-ins in float64 on the same rounded weights, twice the error of those built-ins
     run in the low dtype over the whole prompt at once."""
     config, params, ids, dout = case
-    params = tree_map(lambda p: round_to(p, dtype), _with_zero_biases(params, config))
+    params = tree_map(lambda p: round_to(p, dtype), with_zero_biases(params, config))
     sizes = data.draw(splits(ids.shape[1]), label="sizes")
     cached, kv_cache = decode_numpy(config, params, ids, sizes)
     assert kv_cache.k.dtype == kv_cache.v.dtype == params["wte"].dtype, kv_cache.k.dtype
     assert kv_cache.bytes_per_token == 2 * config.n_layer * config.n_embd * params["wte"].dtype.itemsize
-    lowp, _ = _builtin_gpt(config, params, ids, np.zeros(dout.shape, params["wte"].dtype))
-    truth, _ = _builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids, np.zeros(dout.shape))
+    lowp, _ = builtin_gpt(config, params, ids, np.zeros(dout.shape, params["wte"].dtype))
+    truth, _ = builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids, np.zeros(dout.shape))
     assert_error_budget("gpt decode", dtype, {"logits": (cached, lowp, truth)})
 
 

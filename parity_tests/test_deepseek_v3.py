@@ -59,31 +59,34 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_gemma2 import _next_token_dlogits
-from parity_tests.test_hf import DTYPES, _compare, _ids, _llama_model, _randomise, _save
-from parity_tests.test_hf_generate import _hf_greedy
-from parity_tests.test_hostile_inputs import JSON, assert_loads_or_names_folder
-from parity_tests.test_llama import SCALINGS, hf_logits_and_grads
-from parity_tests.test_mla import HF_NAMES, hf_rotary
-from parity_tests.test_mla import _rstds as mla_rstds
-from parity_tests.test_qwen3 import (
+from parity_tests.model_kit import (
+    DTYPES,
+    JSON,
+    MLA_HF_NAMES,
+    SCALINGS,
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
+    assert_loads_or_names_folder,
+    compare,
     decided_tokens,
+    deepseek_v3_rstds,
+    hf_greedy,
+    hf_llama_model,
+    hf_logits_and_grads,
+    mla_hf_rotary,
+    next_token_dlogits,
+    random_ids,
+    randomise,
     router_calls,
+    save,
 )
+from parity_tests.model_kit import mla_rstds as mla_rstds
 from torch_attn.moe import deepseek_router
 
 # The smallest gap allowed at a top-k boundary of the router: float32 scores (sigmoids below 1)
 # carry rounding errors of a few ulps (6e-8) times the rstd of the norms before them (below 10
 # here), so 1e-4 is a thousand times more than two programs can disagree by.
 CHOICE_GAP = 1e-4
-
-
-def _rstds(cache):
-    """The rstd of every RMS norm of the model: the final one, each block's two, MLA's latent
-    and query norms (their caches are (xhat, rstd, w))."""
-    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1], *mla_rstds(c.attn))]
 
 
 def _tol(cache, expected):
@@ -93,7 +96,7 @@ def _tol(cache, expected):
     not to a result they cancel to, and these values are not of scale 1: the experts' outputs are
     scaled by routed_scaling_factor and summed k at a time)."""
     tol = TOLERANCES[expected.dtype]
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    rstd = max([1.0] + [float(r.max()) for r in deepseek_v3_rstds(cache)])
     scale = max(1.0, float(np.abs(expected).max()))
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
 
@@ -209,7 +212,7 @@ def test_backward_matches_finite_differences(case, seed):
     _, cache = deepseek_v3_forward(ids, params, config)
     assume(choice_gaps(cache, params, config) > 1e-2)
     grads = deepseek_v3_backward(dout, cache)
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])   # as test_llama.py
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in deepseek_v3_rstds(cache)])   # as test_llama.py
     numeric = directional_derivative(lambda p: np.sum(deepseek_v3_forward(ids, p, config)[0] * dout),
                                      params, direction, h=h)
     assert_close("deepseek_v3 directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
@@ -235,7 +238,7 @@ CHECKPOINTS = {
 def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
     """A random transformers DeepseekV3ForCausalLM of three blocks: C = 16, two heads, kv_lora_rank 8,
     dn 4, dr 4, dv 6, 8 experts of width 6, 3 per token; every parameter far from its initialisation
-    (test_hf._randomise) and the selection bias (a buffer) U(-0.1, 0.1), so that it moves the choice;
+    (model_kit.randomise) and the selection bias (a buffer) U(-0.1, 0.1), so that it moves the choice;
     ``changes`` to CHECKPOINTS[variant]'s config entries."""
     config = transformers.DeepseekV3Config(
         vocab_size=19, hidden_size=16, intermediate_size=20, moe_intermediate_size=6, num_hidden_layers=3,
@@ -243,7 +246,7 @@ def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
         kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, routed_scaling_factor=2.5,
         max_position_embeddings=32, rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", experts_implementation="eager", **{**CHECKPOINTS[variant], **changes})
-    model = _randomise(transformers.DeepseekV3ForCausalLM(config), seed)
+    model = randomise(transformers.DeepseekV3ForCausalLM(config), seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for module in model.modules():
@@ -265,7 +268,7 @@ def exact_hf_deepseek_v3(model, config):
 
     def rotary(self, x, position_ids):
         B, T = x.shape[:2]
-        return hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
+        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
 
     def router(self, h):
         weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
@@ -293,7 +296,7 @@ def to_hf_names(grads, config):
         out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
         for path, g in tree_leaves(block["attn"]):
             name, key = path.split(".")
-            out[f"{p}self_attn.{HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
+            out[f"{p}self_attn.{MLA_HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
         mlp = block["mlp"]
         networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
         for where, net in networks.items():
@@ -315,19 +318,19 @@ def test_checkpoint_matches_transformers(tmp_path, variant, dtype):
     next-token loss (our backward and the twin's autograd) against transformers' autograd, with
     test_hf.py's tolerances (its docstring gives the analysis); the router's choice checked first."""
     model = hf_deepseek_v3(dtype, variant)
-    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
     assert kind == "deepseek_v3" and type(config) is DeepseekV3Config, config
     assert_close("deepseek_v3 score scale (YaRN's mscale included)", np.float64(config.mla.softmax_scale),
                  np.float64(model.model.layers[0].self_attn.scaling))
     if dtype == np.float64:
         model = exact_hf_deepseek_v3(model, config)
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits, cache = deepseek_v3_forward(ids, params, config)
     assert_choice_separated(f"deepseek_v3 checkpoint {variant}", cache, params, config)
-    dlogits = _next_token_dlogits(logits, ids)
+    dlogits = next_token_dlogits(logits, ids)
     hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
-    rstds = _rstds(cache)
-    _compare(f"deepseek_v3 checkpoint {variant} logits", logits, hf_logits, dtype, rstds)
+    rstds = deepseek_v3_rstds(cache)
+    compare(f"deepseek_v3 checkpoint {variant} logits", logits, hf_logits, dtype, rstds)
     tparams = tree_to_torch(params, requires_grad=True)
     (tw.deepseek_v3(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
     ours = deepseek_v3_backward(dlogits, cache)
@@ -340,13 +343,13 @@ def test_checkpoint_matches_transformers(tmp_path, variant, dtype):
         grads = to_hf_names(grads, config)
         assert grads.keys() == theirs.keys(), (source, sorted(grads), sorted(theirs))
         for hf_name, g in theirs.items():
-            _compare(f"deepseek_v3 checkpoint {variant} d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
+            compare(f"deepseek_v3 checkpoint {variant} d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
 
 
 # -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
 
 def decided_by_the_model(ids, config, cache, lowp_model, truth_model):
-    """test_qwen3.decided_tokens for DeepSeek-V3's router: the values ranked are the choice values
+    """model_kit.decided_tokens for DeepSeek-V3's router: the values ranked are the choice values
     (scores + selection bias; transformers computes them in float32 from its low-dtype input), a
     group score sums two of them."""
     truth, lowp = (router_calls(m, "DeepseekV3TopkRouter", ids) for m in (truth_model, lowp_model))
@@ -405,8 +408,8 @@ def test_cached_decoding_equals_full_forward(tmp_path, dtype):
     the decoding steps reorder sums (helpers.reorder_tol): both are roundings of the same operations,
     _tol's bound. Each cache holds what it says: rkv + dr numbers a token and layer, or every head's
     key and value."""
-    _, config, params = load_checkpoint(_save(hf_deepseek_v3(dtype), tmp_path), dtype)
-    ids = _ids(config.vocab_size, B=2, T=10, seed=1)
+    _, config, params = load_checkpoint(save(hf_deepseek_v3(dtype), tmp_path), dtype)
+    ids = random_ids(config.vocab_size, B=2, T=10, seed=1)
     full, full_cache = deepseek_v3_forward(ids, params, config)
     assert_choice_separated("deepseek_v3 decode", full_cache, params, config)
     tol = _tol(full_cache, full)
@@ -445,14 +448,14 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, options):
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *options]) == 0
     ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == _hf_greedy(model, [3, 1, 4, 1, 5], 10), f"deepseek_v3 {options}: greedy ids differ from theirs"
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), f"deepseek_v3 {options}: greedy ids differ from theirs"
 
 
 def test_no_absorb_is_refused_without_mla(tmp_path, capsys):
     """--no-absorb chooses how MLA decodes: a model without MLA refuses it in one line."""
-    from parity_tests.test_hf import LLAMA3
+    from parity_tests.model_kit import LLAMA3
 
-    _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
+    hf_llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
     capsys.readouterr()                                                   # save_pretrained's progress bar
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--no-absorb"]) == 2
     err = capsys.readouterr().err
@@ -481,7 +484,7 @@ def test_no_absorb_is_refused_without_mla(tmp_path, capsys):
 ])
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the key."""
-    assert_changed_config_refused(_save(hf_deepseek_v3(np.float32), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(save(hf_deepseek_v3(np.float32), tmp_path), capsys, changes, message)
 
 
 @pytest.mark.parametrize("kw, error, message", [
@@ -530,7 +533,7 @@ def test_checkpoint_without_an_expert_is_refused(tmp_path):
     that the values held still cover the parameter count) names it."""
     from safetensors.numpy import load_file, save_file
 
-    folder = _save(hf_deepseek_v3(np.float32), tmp_path)
+    folder = save(hf_deepseek_v3(np.float32), tmp_path)
     tensors = load_file(folder / "model.safetensors")
     tensors["model.layers.1.mlp.experts.5.upper.weight"] = tensors.pop("model.layers.1.mlp.experts.5.up_proj.weight")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -541,7 +544,7 @@ def test_checkpoint_without_an_expert_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """One saved checkpoint (config.json and model.safetensors) for the tests that change its config."""
-    return _save(hf_deepseek_v3(np.float32), tmp_path_factory.mktemp("deepseek_v3"))
+    return save(hf_deepseek_v3(np.float32), tmp_path_factory.mktemp("deepseek_v3"))
 
 
 ROPE = st.dictionaries(st.sampled_from(["rope_type", "type", *hf.ROPE_KEYS, *hf.YARN_OPTIONAL]),

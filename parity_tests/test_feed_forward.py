@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
-from numpy_attn._tree import flatten, tree_map
+from numpy_attn._tree import tree_map
 from numpy_attn.feed_forward import (
     feed_forward_backward,
     feed_forward_forward,
@@ -21,13 +20,15 @@ from parity_tests.helpers import (
     TOLERANCES,
     assert_bad_dout_refused,
     assert_close,
-    assert_error_budget,
+    assert_drawn_like_nn_linear,
     assert_tree_close,
+    assert_tree_error_budget,
     autograd,
     linear_grads,
     load_linears,
     numerical_grads,
     round_to,
+    rounded_case,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -130,18 +131,6 @@ def test_twin_matches_builtin(approximate, case):
 
 
 # -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
-
-def assert_tree_error_budget(op, dtype, ours, theirs, truth):
-    """assert_error_budget over every leaf of matching trees {name: array or {name: ...}}."""
-    ours, theirs, truth = flatten(ours), flatten(theirs), flatten(truth)
-    assert ours.keys() == theirs.keys() == truth.keys(), f"{op}: {sorted(ours)} vs {sorted(truth)}"
-    assert_error_budget(op, dtype, {k: (ours[k], theirs[k], truth[k]) for k in ours})
-
-
-def rounded_case(case, dtype):
-    """(x, params, dout) rounded to the low ``dtype``, and the same rounded values in float64."""
-    low = tuple(tree_map(lambda a: round_to(a, dtype), part) for part in case)
-    return low, tuple(tree_map(lambda a: a.astype(np.float64), part) for part in low)
 
 
 @pytest.mark.error_budget
@@ -302,51 +291,6 @@ def test_bad_dout_is_refused(approximate, case):
     _, grads = autograd(lambda x, params: feed_forward(x, params, approximate), {"x": x, "params": params}, dout)
     assert_close("feed_forward.dx with a NaN in dout", dx, grads["x"], **tol)
     assert_tree_close("feed_forward with a NaN in dout", dparams, grads["params"], **tol)
-
-
-def assert_same_distribution(name, ours, theirs):
-    """Assert two samples of initial weights agree in mean, spread and sign balance to 5 standard
-    errors (a false alarm about once in 3.5 million per statistic; the seeds are fixed, so the
-    test is deterministic). The standard error of a sample's standard deviation s from n draws is
-    s * sqrt((kurtosis - 1) / (4 n)), with the kurtosis estimated from the sample."""
-    ours, theirs = np.asarray(ours, np.float64).ravel(), np.asarray(theirs, np.float64).ravel()
-    mean_ours, mean_theirs = ours.mean(), theirs.mean()
-    s, t = ours.std(), theirs.std()
-    se_mean = np.sqrt(s**2 / ours.size + t**2 / theirs.size)
-    assert abs(mean_ours - mean_theirs) <= 5 * se_mean, \
-        f"{name}: mean {mean_ours:.3g} vs the built-in's {mean_theirs:.3g} (5 se {5 * se_mean:.2g})"
-
-    def se_std(x, sd):
-        kurtosis = np.mean((x - x.mean()) ** 4) / sd**4
-        return sd * np.sqrt((kurtosis - 1) / (4 * x.size))
-
-    se = np.hypot(se_std(ours, s), se_std(theirs, t))
-    assert abs(s - t) <= 5 * se, f"{name}: spread {s:.4g} vs the built-in's {t:.4g} (5 se {5 * se:.2g})"
-    for label, x in (("ours", ours), ("built-in", theirs)):
-        positive = np.mean(x > 0)
-        assert abs(positive - 0.5) <= 5 * 0.5 / np.sqrt(x.size), \
-            f"{name} ({label}): {positive:.4f} of the entries are positive, not half"
-
-
-def assert_drawn_like_nn_linear(params, layers, bias):
-    """Every layer ``name`` of ``layers`` ((name, C_in, C_out), ...) of ``params`` is drawn like
-    nn.Linear's default (kaiming_uniform with a = sqrt(5), i.e. U(-1/sqrt(C_in), 1/sqrt(C_in)), and
-    the same for the bias): mean, spread, sign balance and range of every leaf against an
-    nn.Linear of the same size; no "b" without ``bias``."""
-    torch.manual_seed(0)
-    for name, C_in, C_out in layers:
-        builtin = nn.Linear(C_in, C_out, bias=bias, dtype=torch.float64)
-        bound = 1 / np.sqrt(C_in)
-        pairs = [("w", params[name]["w"], to_numpy(builtin.weight))]
-        if bias:
-            pairs.append(("b", params[name]["b"], to_numpy(builtin.bias)))
-        else:
-            assert "b" not in params[name], f"{name}.b exists without bias"
-        for key, ours, theirs in pairs:
-            assert_same_distribution(f"{name}.{key}", ours, theirs)
-            assert np.abs(ours).max() <= bound, f"{name}.{key} leaves (-{bound}, {bound})"
-            # The largest |entry| of n uniform draws falls short of the bound by about bound / n.
-            assert np.abs(ours).max() >= bound * (1 - 20 / ours.size), f"{name}.{key} does not reach the bound"
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -22,6 +22,15 @@ from numpy_attn.attention import (
 )
 from numpy_attn.flash_attention import flash_attention_backward, flash_attention_forward
 from parity_tests import strategies as S
+from parity_tests.attention_kit import (
+    BAD_SOFTCAPS,
+    BAD_WINDOWS,
+    assert_dout_refused,
+    assert_fa4_rule,
+    cancelled_size,
+    dsinks_size,
+    float32_allowance,
+)
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
@@ -34,7 +43,6 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
-from parity_tests.test_attention import BAD_SOFTCAPS, BAD_WINDOWS, assert_dout_refused
 
 
 @st.composite
@@ -120,15 +128,6 @@ def grad_tol(case):
         return {}
     default = TOLERANCES[q.dtype]["atol"]
     return dict(atol=max(default, 8 * float(np.finfo(q.dtype).eps) * cancelled_size(case)))
-
-
-def cancelled_size(case):
-    """grad_tol's M = scale max|q, k| max(T, S) max|dout| max|v| hv: the size of what dq and dk cancel."""
-    q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
-    T, S_, hs, hv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
-    return float(scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
-                 * np.abs(v).max() * hv)
 
 
 # -- forward matches the twin -------------------------------------------------------------------
@@ -871,18 +870,6 @@ def dsinks_tol(case):
     return dict(atol=max(TOLERANCES[q.dtype]["atol"], 8 * float(np.finfo(q.dtype).eps) * dsinks_size(case)))
 
 
-def dsinks_size(case):
-    """dsinks_tol's R hv G (1 + the bound on |lse|): the size of dsinks' terms and their rounding."""
-    q, k, v, dout, sinks = (case[n] for n in ("q", "k", "v", "dout", "sinks"))
-    hs, S_, hv = q.shape[-1], k.shape[-2], v.shape[-1]
-    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
-    R = q.size // (hs * q.shape[-3])
-    G = float(np.abs(dout).max(initial=0)) * float(np.abs(v).max(initial=0))
-    largest = scale * hs * float(np.abs(q).max(initial=0)) * float(np.abs(k).max(initial=0))
-    lse_bound = float(np.abs(sinks).max()) + largest + math.log(S_ + 1)
-    return R * hv * G * (1 + lse_bound)
-
-
 def direct_sinks(case, q, k, v, sinks=None):
     """The sink as the issue defines it, in plain torch: the masked, capped scores, the sink
     column concatenated, softmax, the column dropped, times v. A row without a key has only its
@@ -974,19 +961,6 @@ def test_sinks_backward_matches_finite_differences(case):
     if case["softcap"] is not None:
         case = {**case, "softcap": max(case["softcap"], 0.2)}
     assert_matches_finite_differences("flash[sinks]", case, sink_forward)
-
-
-# The FlashAttention-4 rule for a float32 result: its error against the float64 truth (computed on
-# the same float32 inputs, upcast exactly) is at most twice the torch twin's float32 error plus
-# 2 ulps of the largest |truth|. Here the truth is direct_sinks in float64 and autograd.
-def assert_fa4_rule(label, ours, twin, truth, extra=0.0):
-    """The rule, plus ``extra`` for roundings the twin does not share (see its use)."""
-    ulp = float(np.spacing(np.float32(np.abs(truth).max(initial=0))))
-    err, err_t = np.abs(ours.astype(np.float64) - truth), np.abs(twin.astype(np.float64) - truth)
-    allowed = 2 * err_t + 2 * ulp + extra
-    worst = np.unravel_index(np.argmax(err - allowed), err.shape) if err.size else ()
-    assert np.all(err <= allowed), (f"{label}{list(worst)}: error {err[worst]:.3g} against float64 > 2 x the "
-                                    f"twin's {err_t[worst]:.3g} + 2 ulp {ulp:.3g}")
 
 
 @given(case=sink_inputs(dtype=np.float32))
@@ -1102,35 +1076,6 @@ def torch_lowp(case, q, k, v, sinks=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=bool(case["is_causal"]), scale=case["scale"],
                                               enable_gqa=q.shape[:-2] != k.shape[:-2])
     return direct_sinks(case, q, k, v, sinks)
-
-
-def float32_allowance(case):
-    """{result: what its float32 computation may keep beyond the one rounding to the low dtype}.
-
-    The rule's one ulp of max|truth| covers that rounding, but not where a result cancels to
-    (nearly) 0 while its terms do not: equal rows of v make dP - D vanish, so the true dq and dk
-    are 0, and a float32 computation keeps a few float32 ulps of the terms (1.2e-7 in a float16
-    dq of a 1 x 2 case), where PyTorch's low-precision kernel may be exact by luck (its output
-    rounded to the low dtype makes D equal dP). The float32 analyses above bound what remains:
-    each probability is off by 4 eps (1 + |s|) relatively (lse_allowance), times max|v| for out
-    and g T max|dout| for dv; dq and dk keep 8 ulps of grad_tol's M (cancelled_size) more; dsinks
-    8 ulps of dsinks_size. eps is float32's: a real bug is off by ulps of the low dtype, 2^13
-    (float16) or 2^16 (bfloat16) times more."""
-    eps = float(np.finfo(np.float32).eps)
-    q, k = case["q"], case["k"]
-    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
-    largest = scale * q.shape[-1] * float(np.abs(q).max()) * float(np.abs(k).max())
-    if case["sinks"] is not None:
-        largest = max(largest, float(np.abs(case["sinks"]).max()))
-    relative = 4 * eps * (1 + largest)
-    rows = q.size // q.shape[-1] // max(k.size // k.shape[-1] // k.shape[-2], 1)   # g T per key
-    M = cancelled_size(case)
-    extra = {"out": relative * float(np.abs(case["v"]).max()),
-             "dv": relative * rows * float(np.abs(case["dout"]).max()),
-             "dq": (8 * eps + relative) * M, "dk": (8 * eps + relative) * M}
-    if case["sinks"] is not None:
-        extra["dsinks"] = 8 * eps * dsinks_size(case)
-    return extra
 
 
 @pytest.mark.error_budget

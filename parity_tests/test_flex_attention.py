@@ -24,6 +24,7 @@ from hypothesis.extra import numpy as hnp
 import numpy_attn.flex_attention as nf
 import torch_attn.flex_attention as tf
 from parity_tests import strategies as S
+from parity_tests.attention_kit import assert_fa4_rule, float32_allowance
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
@@ -36,7 +37,6 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
-from parity_tests.test_flash_attention import assert_fa4_rule, float32_allowance
 
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "prefix_lm", "document",
          "document_causal", "drawn")

@@ -5,7 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -43,30 +42,17 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_block import _encoder_layer, _encoder_layer_grads
-from parity_tests.test_llama import GRAD_MULTIPLE
+from parity_tests.model_kit import (
+    GRAD_MULTIPLE,
+    assert_keeps_the_last_logits,
+    builtin_gpt,
+    gpt_budget_models,
+    gpt_models,
+    with_zero_biases,
+)
 from torch_attn import optim as torch_optim
 from torch_attn.gpt import gpt
 from torch_attn.loss import cross_entropy
-
-
-@st.composite
-def models(draw, dtype=None, n_layer=None, tie_weights=None, dropout=0.0):
-    """(config, params, ids, dout): a tiny config, params from init_gpt_params moved by U(-0.5, 0.5)
-    (so that layer norms and embeddings are not at their initial values), repeating ids."""
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    nh, hs = draw(S.dim(1, 2)), draw(S.dim(1, 3))
-    config = GPTConfig(
-        vocab_size=draw(S.dim(2, 7)), block_size=draw(S.dim(1, 5)),
-        n_layer=draw(st.integers(0, 2)) if n_layer is None else n_layer, n_head=nh, n_embd=nh * hs,
-        dropout=dropout, bias=draw(st.booleans()),
-        tie_weights=draw(st.booleans()) if tie_weights is None else tie_weights,
-        positions=draw(st.sampled_from(["learned", "sinusoidal"])))
-    B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = moved_off_init(init_gpt_params(config, rng, dtype), rng)
-    ids = draw(S.token_ids(config.vocab_size, (B, T)))
-    return config, params, ids, draw(S.arrays(dtype, (B, T, config.vocab_size), 2.0))
 
 
 def _pinned_case():
@@ -90,7 +76,7 @@ def _twin(config, ids, **kw):
 
 # -- forward matches the twin -----------------------------------------------------------------
 
-@given(case=models())
+@given(case=gpt_models())
 @example(case=_pinned_case())
 def test_forward_matches_twin(case):
     config, params, ids, dout = case
@@ -100,7 +86,7 @@ def test_forward_matches_twin(case):
 # -- backward matches autograd ----------------------------------------------------------------
 
 @pytest.mark.twin_parity
-@given(case=models())
+@given(case=gpt_models())
 @example(case=_pinned_case())
 def test_backward_matches_autograd(case):
     """Every gradient of the nested parameters, labelled by path (gpt.blocks.0.attn.q.w, ...)."""
@@ -109,7 +95,7 @@ def test_backward_matches_autograd(case):
                                 params, dout, _ln_tol)
 
 
-@given(case=models(dropout=0.3), seed=st.integers(0, 2**32 - 1))
+@given(case=gpt_models(dropout=0.3), seed=st.integers(0, 2**32 - 1))
 def test_dropout_parity_through_masks(case, seed):
     """The NumPy model draws every keep-mask from rng; the twin replays them from cache.masks."""
     config, params, ids, dout = case
@@ -126,53 +112,16 @@ def test_dropout_parity_through_masks(case, seed):
 
 # -- the twin matches PyTorch's built-ins ---------------------------------------------------------
 
-def _with_zero_biases(params, config):
-    """``params`` with zero biases added where config.bias is False: the built-in layer needs them."""
-    if config.bias:
-        return params
-    params = tree_map(lambda p: p, params)
-    for b in params["blocks"].values():
-        for p in [b["attn"][n] for n in "qkvo"] + [b["ffn"]["fc"], b["ffn"]["proj"]]:
-            p["b"] = np.zeros(p["w"].shape[1], p["w"].dtype)
-    return params
 
-
-def _builtin_gpt(config, params, ids, dout):
-    """Logits and every parameter's gradient of sum(logits * dout) from PyTorch's built-ins holding
-    ``params`` (tied weights, biases) in their dtype: F.embedding, nn.TransformerEncoderLayer (pre-LN,
-    causal) per block, F.layer_norm and F.linear(x, wte)."""
-    B, T = ids.shape
-    wte = to_torch(params["wte"], requires_grad=True)
-    x = F.embedding(to_torch(ids), wte)
-    if config.positions == "learned":
-        wpe = to_torch(params["wpe"], requires_grad=True)
-        x = x + F.embedding(torch.arange(T), wpe)
-    else:
-        x = x + _sinusoid_closed_form(T, params["wte"])
-    layers = [_encoder_layer(params["blocks"][str(i)], config.n_head) for i in range(config.n_layer)]
-    mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
-    for layer in layers:
-        x = layer(x, src_mask=mask, is_causal=True)
-    ln_w, ln_b = (to_torch(params["ln_f"][k], requires_grad=True) for k in "wb")
-    logits = F.linear(F.layer_norm(x, (config.n_embd,), ln_w, ln_b), wte)
-    (logits * to_torch(dout)).sum().backward()
-    builtin_grads = {"wte": to_numpy(wte.grad)}
-    if config.positions == "learned":
-        builtin_grads["wpe"] = to_numpy(wpe.grad)
-    builtin_grads["blocks"] = {str(i): _encoder_layer_grads(layer) for i, layer in enumerate(layers)}
-    builtin_grads["ln_f"] = {"w": to_numpy(ln_w.grad), "b": to_numpy(ln_b.grad)}
-    return to_numpy(logits), builtin_grads
-
-
-@given(case=models(tie_weights=True))
+@given(case=gpt_models(tie_weights=True))
 def test_twin_matches_builtin(case):
     """F.embedding, nn.TransformerEncoderLayer (pre-LN, causal) per block, F.layer_norm and
     F.linear(x, wte) (tied) holding the same weights."""
     config, params, ids, dout = case
-    params = _with_zero_biases(params, config)
+    params = with_zero_biases(params, config)
     _, cache = gpt_forward(ids, params, config)
     twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
-    logits, builtin_grads = _builtin_gpt(config, params, ids, dout)
+    logits, builtin_grads = builtin_gpt(config, params, ids, dout)
     tol = _ln_tol(cache, dout.dtype)
     assert_close("gpt.logits vs built-ins", twin_logits, logits, **tol)
     assert_tree_close("gpt vs built-ins", twin_grads["params"], builtin_grads, **tol)
@@ -180,50 +129,30 @@ def test_twin_matches_builtin(case):
 
 # -- float16 and bfloat16: FlashAttention's error rule against PyTorch's built-ins ----------------
 
-@st.composite
-def budget_models(draw, n_layer=2):
-    """models()'s (config, params, ids, dout) in float64 at one small size rather than the tiniest
-    (C = 12 on 3 heads, V = 19, tied weights and biases, B = 2, 2 <= T <= 7), as test_llama's."""
-    config = GPTConfig(vocab_size=19, block_size=8, n_layer=n_layer, n_head=3, n_embd=12,
-                       positions=draw(st.sampled_from(["learned", "sinusoidal"])))
-    T = draw(st.integers(2, 7))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
-    return config, params, rng.integers(0, config.vocab_size, (2, T)), rng.normal(size=(2, T, config.vocab_size))
-
 
 # Two layers in three programs and the twin: a handful of examples (the ops' own budget tests draw many more).
 @pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
-@given(case=budget_models())
+@given(case=gpt_budget_models())
 def test_low_precision_meets_the_error_budget(dtype, case):
     """Ours and the twin in float16 and bfloat16 against test_twin_matches_builtin's built-ins in
     float64 on the same rounded weights, within twice the error of those built-ins run in the low dtype
     (PyTorch's own program: each built-in rounding its output, nn.TransformerEncoderLayer's attention sdpa)."""
     config, params, ids, dout = case
-    params, dout = tree_map(lambda p: round_to(p, dtype), _with_zero_biases(params, config)), round_to(dout, dtype)
+    params, dout = tree_map(lambda p: round_to(p, dtype), with_zero_biases(params, config)), round_to(dout, dtype)
     logits, cache = gpt_forward(ids, params, config)
     grads = flatten(gpt_backward(dout, cache))
     twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
-    lowp_logits, lowp_grads = _builtin_gpt(config, params, ids, dout)
-    truth_logits, truth_grads = _builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids,
+    lowp_logits, lowp_grads = builtin_gpt(config, params, ids, dout)
+    truth_logits, truth_grads = builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids,
                                              dout.astype(np.float64))
     lowp_grads, truth_grads = flatten(lowp_grads), flatten(truth_grads)
     for who, (out, g) in {"numpy": (logits, grads), "twin": (twin_logits, flatten(twin_grads["params"]))}.items():
         assert_error_budget(f"gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
         assert_error_budget(f"gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
                                                    for path in truth_grads if not path.endswith("attn.k.b")},
-                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE says why; k.b: see test_block
-
-
-def _sinusoid_closed_form(T, wte):
-    """The sinusoidal table written out element by element (an independent closed form)."""
-    C = wte.shape[1]
-    t = np.arange(T, dtype=np.float64)[:, None]
-    c = np.arange(C)[None, :]
-    angle = t / 10000.0 ** ((c - c % 2) / C)
-    return to_torch(np.where(c % 2 == 0, np.sin(angle), np.cos(angle)).astype(wte.dtype))
+                            multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE says why; k.b: see test_block
 
 
 def test_low_precision_wpe_gradient_sums_the_batch_in_float32():
@@ -257,7 +186,7 @@ def _tied_and_untied(case):
     return dtied, gpt_backward(dout, cache), cache
 
 
-@given(case=models(tie_weights=True))
+@given(case=gpt_models(tie_weights=True))
 @example(case=_pinned_case())
 def test_tied_gradient_is_the_sum_of_both_uses(case):
     """Untie the weights (head.w = wte^T, a separate copy): the tied wte gradient is the untied
@@ -276,7 +205,7 @@ def test_tied_gradient_has_both_shares():
         assert not np.allclose(dtied["wte"], share), f"the tied gradient is the {name} share alone"
 
 
-@given(case=models(), data=st.data())
+@given(case=gpt_models(), data=st.data())
 def test_causal(case, data):
     """The logits at position t ignore the tokens after t."""
     config, params, ids, _ = case
@@ -291,7 +220,7 @@ def test_causal(case, data):
 
 # -- finite differences (no torch) ----------------------------------------------------------------
 
-@given(case=models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
+@given(case=gpt_models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
 @example(case=_pinned_case(), seed=0)
 def test_backward_matches_finite_differences(case, seed):
     """One directional derivative of sum(logits * dout) along a random direction in every
@@ -526,7 +455,7 @@ def test_init_statistics_match_pytorch():
     """Embeddings and the head are N(0, 0.02^2), GPT-2's initialiser (torch.nn.init.normal_ with
     std 0.02 on a tensor of the same shape is the reference); every layer norm starts as
     nn.LayerNorm does, weight exactly 1 and bias exactly 0."""
-    from parity_tests.test_feed_forward import assert_same_distribution
+    from parity_tests.helpers import assert_same_distribution
 
     config = GPTConfig(vocab_size=512, block_size=256, n_layer=1, n_head=2, n_embd=64, tie_weights=False)
     params = init_gpt_params(config, np.random.default_rng(0), np.float64)
@@ -544,34 +473,8 @@ def test_init_statistics_match_pytorch():
 
 # -- logits_to_keep: the head on the last positions only -------------------------------------------
 
-def assert_keeps_the_last_logits(name, forward, backward, twin, params, ids, N, dout, rstds):
-    """``forward(ids, params, logits_to_keep=N)`` (B, n, V), n = min(N, T) (T for N = 0): the full
-    forward's last n positions and the twin's; its backward of dlogits (B, n, V) equals autograd's
-    through the twin and the full forward's backward of the same dlogits at the last n positions,
-    zero elsewhere. ``dout`` (B, T, V) gives the dlogits; ``rstds(cache)`` the model's norms'.
 
-    Kept and full differ only in the head's matmul, over n rows instead of T, which BLAS may block
-    and so sum in another order (reorder_tol); the twin, as every twin test (layer_norm_tol)."""
-    T = ids.shape[1]
-    n = min(N, T) if N else T
-    full, full_cache = forward(ids, params)
-    kept, cache = forward(ids, params, logits_to_keep=N)
-    dlogits = dout[:, T - n:]                                                   # (B, n, V)
-    dparams = backward(dlogits, cache)
-    reorder = reorder_tol(rstds(full_cache), full.dtype)
-    label = f"{name} logits_to_keep={N}"
-    assert_close(f"{label}: logits vs the full forward's last {n}", kept, full[:, T - n:], **reorder)
-    dfull = np.zeros_like(full)
-    dfull[:, T - n:] = dlogits                                                  # (B, T, V), zero before T - n
-    assert_tree_close(f"{label}: backward vs the full forward's, zero dlogits elsewhere", dparams,
-                      backward(dfull, full_cache), **reorder)
-    twin_logits, grads = autograd(lambda params: twin(params, logits_to_keep=N), {"params": params}, dlogits)
-    tol = layer_norm_tol(rstds(cache), full.dtype)
-    assert_close(f"{label}: logits vs twin", kept, twin_logits, **tol)
-    assert_tree_close(f"{label}: backward vs autograd", dparams, grads["params"], **tol)
-
-
-@given(case=models(), N=st.integers(0, 6))
+@given(case=gpt_models(), N=st.integers(0, 6))
 @example(case=_pinned_case(), N=1)
 def test_logits_to_keep_gives_the_last_positions_and_their_gradient(case, N):
     """N from 0 (all) through T (all) to past T (all, as transformers' slice)."""

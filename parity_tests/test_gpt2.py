@@ -27,8 +27,7 @@ from parity_tests.helpers import (
     to_torch,
     twin_decode_with_cache,
 )
-from parity_tests.test_hf import _gpt2_model
-from parity_tests.test_qwen3 import assert_checkpoint_meets_error_budget
+from parity_tests.model_kit import assert_checkpoint_meets_error_budget, hf_gpt2_model
 from torch_attn.gpt import gpt
 from torch_attn.gpt import gpt_kv_cache as twin_gpt_kv_cache
 
@@ -164,7 +163,7 @@ def test_low_precision_meets_the_error_budget(tmp_path_factory, dtype, tie, seed
     rounded weights (test_hf.py's model: its float64 computes in float64 throughout), within twice
     the error of GPT2LMHeadModel run in the low dtype (its sdpa attention)."""
     assert_checkpoint_meets_error_budget(
-        "gpt2", dtype, _gpt2_model(tie, np.float64, seed), tmp_path_factory.mktemp("gpt2"), seed,
+        "gpt2", dtype, hf_gpt2_model(tie, np.float64, seed), tmp_path_factory.mktemp("gpt2"), seed,
         gpt_forward, gpt_backward, gpt, to_hf_names, lambda model, config, _: model)
 
 

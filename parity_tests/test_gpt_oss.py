@@ -35,12 +35,18 @@ from numpy_attn.gpt_oss import GptOssConfig, gpt_oss_backward, gpt_oss_forward, 
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
 from parity_tests import helpers
 from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
-from parity_tests.test_gemma2 import _next_token_dlogits
-from parity_tests.test_hf import _compare, _ids, _randomise, _save
-from parity_tests.test_hf_generate import _hf_greedy
-from parity_tests.test_hostile_inputs import JSON, assert_loads_or_names_folder
-from parity_tests.test_llama import hf_logits_and_grads
-from parity_tests.test_qwen3 import assert_changed_config_refused
+from parity_tests.model_kit import (
+    JSON,
+    assert_changed_config_refused,
+    assert_loads_or_names_folder,
+    compare,
+    hf_greedy,
+    hf_logits_and_grads,
+    next_token_dlogits,
+    random_ids,
+    randomise,
+    save,
+)
 
 WINDOW = 3
 LIMIT = 1.5
@@ -63,14 +69,14 @@ def _tol(cache, dtype):
 
 def hf_gpt_oss(dtype):
     """A random transformers GptOssForCausalLM (see the module docstring for its sizes), every
-    parameter far from its initialisation (test_hf._randomise)."""
+    parameter far from its initialisation (model_kit.randomise)."""
     config = transformers.GptOssConfig(
         vocab_size=19, hidden_size=16, intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
         swiglu_limit=LIMIT, max_position_embeddings=32, rope_parameters=dict(YARN), rms_norm_eps=1e-5,
         attn_implementation="eager", experts_implementation="eager", pad_token_id=None, bos_token_id=None,
         eos_token_id=None)
-    return _randomise(transformers.GptOssForCausalLM(config), 0).to(TORCH_DTYPES[dtype]).eval()
+    return randomise(transformers.GptOssForCausalLM(config), 0).to(TORCH_DTYPES[dtype]).eval()
 
 
 def exact_hf_gpt_oss(model):
@@ -170,19 +176,19 @@ def test_checkpoint_matches_transformers(tmp_path, dtype):
     test_hf.py's tolerances; T = 7 > the window 3, so the sliding layers mask what the full one
     sees; some gates lie above the limit, so the clamps act."""
     model = hf_gpt_oss(dtype)
-    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
     assert kind == "gpt_oss" and type(config) is GptOssConfig, config
     assert config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     assert config.rope_scaling["rope_type"] == "yarn" and config.swiglu_limit == LIMIT, config
     if dtype == np.float64:
         model = exact_hf_gpt_oss(model)
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits, cache = gpt_oss_forward(ids, params, config)
     assert 0 < clamped_share(cache) < 0.5, f"the limit {LIMIT} cuts {clamped_share(cache):.0%} of the gates"
-    dlogits = _next_token_dlogits(logits, ids)
+    dlogits = next_token_dlogits(logits, ids)
     hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
     rstds = _rstds(cache)
-    _compare("gpt_oss checkpoint logits", logits, hf_logits, dtype, rstds)
+    compare("gpt_oss checkpoint logits", logits, hf_logits, dtype, rstds)
     tparams = helpers.tree_to_torch(params, requires_grad=True)
     (tw.gpt_oss(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
     scale = max(float(np.abs(g).max()) for g in theirs.values())
@@ -191,14 +197,14 @@ def test_checkpoint_matches_transformers(tmp_path, dtype):
         grads = to_hf_names(grads)
         assert grads.keys() == theirs.keys(), (source, sorted(set(grads) ^ set(theirs)))
         for hf_name, g in theirs.items():
-            _compare(f"gpt_oss checkpoint d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
+            compare(f"gpt_oss checkpoint d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
 
 
 def test_gate_up_proj_interleaves_gate_and_up(tmp_path):
     """The loader splits gate_up_proj by columns, even ones gate and odd ones up, as transformers'
     GptOssExperts does: one expert of the saved model, run by transformers' own GLU, equals ours."""
     model = hf_gpt_oss(np.float64)
-    _, _, params = load_checkpoint(_save(model, tmp_path), np.float64)
+    _, _, params = load_checkpoint(save(model, tmp_path), np.float64)
     experts = model.model.layers[1].mlp.experts
     x = torch.from_numpy(np.random.default_rng(3).normal(size=(5, 16)))
     with torch.no_grad():
@@ -219,8 +225,8 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype, si
     logits equal the full forward's (only the order of some sums differs: reorder_tol), the twin
     decodes the same, and the sliding layers hold their window only while the full layer holds
     every token."""
-    _, config, params = load_checkpoint(_save(hf_gpt_oss(dtype), tmp_path), dtype)
-    ids = _ids(config.vocab_size, B=2, T=16, seed=1)
+    _, config, params = load_checkpoint(save(hf_gpt_oss(dtype), tmp_path), dtype)
+    ids = random_ids(config.vocab_size, B=2, T=16, seed=1)
     full, full_cache = gpt_oss_forward(ids, params, config)
     kv_cache = gpt_oss_kv_cache(config, 2, dtype)
     held = []
@@ -240,7 +246,7 @@ def test_cached_decoding_past_the_window_equals_full_forward(tmp_path, dtype, si
     twin_cache = tw.gpt_oss_kv_cache(config, 2, tparams["wte"].dtype)
     twin = helpers.decode_in_steps(
         lambda chunk: to_numpy(tw.gpt_oss(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
-    # Absolute errors grow with the logits' size, as in test_hf._compare: atol scales with the largest |logit|.
+    # Absolute errors grow with the logits' size, as in model_kit.compare: atol scales with the largest |logit|.
     tol = _tol(full_cache, dtype)
     tol["atol"] *= max(1.0, float(np.abs(full).max()))
     assert_close("gpt_oss decode twin.logits", twin, cached, **tol)
@@ -256,7 +262,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *cache]) == 0
     ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == _hf_greedy(model, [3, 1, 4, 1, 5], 10), "gpt-oss: greedy ids differ from transformers'"
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), "gpt-oss: greedy ids differ from transformers'"
 
 
 # -- bad input ------------------------------------------------------------------------------------------
@@ -280,13 +286,13 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
 ])
 def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
-    assert_changed_config_refused(_save(hf_gpt_oss(np.float32), tmp_path), capsys, changes, message)
+    assert_changed_config_refused(save(hf_gpt_oss(np.float32), tmp_path), capsys, changes, message)
 
 
 @pytest.fixture(scope="module")
 def saved_gpt_oss(tmp_path_factory):
     """config.json and model.safetensors of the float32 test model, saved once for the module."""
-    folder = _save(hf_gpt_oss(np.float32), tmp_path_factory.mktemp("gpt_oss"))
+    folder = save(hf_gpt_oss(np.float32), tmp_path_factory.mktemp("gpt_oss"))
     return json.loads((folder / "config.json").read_text()), (folder / "model.safetensors").read_bytes()
 
 

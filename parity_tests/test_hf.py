@@ -10,7 +10,7 @@ Tolerances.
 - float64: the logits within 1e-10 of the largest logit (relative), gradients likewise relative to
   the largest gradient of the model (some are zero but for rounding: the key bias's, since adding
   q . b_k to every score of a row leaves its softmax unchanged). Both programs compute in float64 (Llama's RMS norm and
-  rotary angles are moved to float64 by test_llama.exact_hf_llama, as transformers computes them
+  rotary angles are moved to float64 by model_kit.exact_hf_llama, as transformers computes them
   in float32 whatever the model's dtype); what remains is reordered rounding, about 1e-15.
 - float32: transformers runs unchanged. Two float32 programs that round differently differ by a
   few ulps (2^-24 = 6e-8) per operation; each layer norm or RMS norm multiplies its input's error
@@ -38,38 +38,25 @@ from parity_tests.helpers import (
     LOW_DTYPES,
     assert_close,
     assert_error_budget,
-    layer_norm_tol,
     to_numpy,
     to_torch,
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_llama import exact_hf_llama, hf_logits_and_grads, to_hf_names
+from parity_tests.model_kit import (
+    LLAMA3,
+    compare,
+    exact_hf_llama,
+    hf_gpt2_model,
+    hf_llama_model,
+    hf_logits_and_grads,
+    random_ids,
+    randomise,
+    save,
+    to_hf_names,
+)
 from torch_attn.gpt import gpt
 from torch_attn.llama import llama
-
-DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
-
-
-def _randomise(model, seed):
-    """Every parameter U(-0.5, 0.5) + (1 for norm weights): far from the 0.02 initialisation, so
-    that every layer matters to the logits."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) - 0.5)
-            if "norm" in name or ".ln_" in name or name.endswith("ln_f.weight"):
-                p.add_(1.0)
-    return model
-
-
-def _save(model, folder):
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
-
-
-def _ids(V, B=2, T=7, seed=0):
-    return np.random.default_rng(seed).integers(0, V, (B, T))
 
 
 def _loss(logits, ids):
@@ -77,26 +64,7 @@ def _loss(logits, ids):
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def _compare(label, ours, theirs, dtype, rstds=(), scale=None):
-    """assert_close with this module's tolerance (see the module docstring); ``scale`` is the
-    largest |value| of the kind compared, by default theirs."""
-    scale = float(np.abs(theirs).max(initial=0)) if scale is None else scale
-    if dtype == np.float64:
-        tol = dict(rtol=1e-10, atol=1e-10 * scale)
-    else:
-        base = layer_norm_tol(list(rstds), dtype)
-        tol = dict(rtol=base["rtol"], atol=base["atol"] * max(1.0, scale))
-    assert_close(label, ours, theirs, **tol)
-    return float(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)).max(initial=0))
-
-
 # -- GPT-2 ------------------------------------------------------------------------------------------
-
-def _gpt2_model(tie, dtype, seed=0):
-    config = transformers.GPT2Config(vocab_size=23, n_positions=9, n_embd=12, n_layer=2, n_head=3,
-                                     tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0,
-                                     attn_implementation="sdpa")
-    return _randomise(transformers.GPT2LMHeadModel(config), seed).to(DTYPES[dtype]).eval()
 
 
 def _gpt2_hf_grads_as_ours(model, config):
@@ -127,14 +95,14 @@ def _flat(tree):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("tie", [True, False])
 def test_gpt2_checkpoint_matches_transformers(tmp_path, tie, dtype):
-    model = _gpt2_model(tie, dtype)
-    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    model = hf_gpt2_model(tie, dtype)
+    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
     assert kind == "gpt2" and config.gelu == "tanh" and config.tie_weights == tie, config
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits, cache = gpt_forward(ids, params, config)
     hf_logits = model(input_ids=to_torch(ids)).logits
     rstds = [cache.ln_f[1]] + [r for c in cache.blocks for r in (c.ln1[1], c.ln2[1])]
-    err = _compare(f"gpt2 checkpoint logits (tied={tie})", logits, to_numpy(hf_logits), dtype, rstds)
+    err = compare(f"gpt2 checkpoint logits (tied={tie})", logits, to_numpy(hf_logits), dtype, rstds)
     print(f"gpt2 {np.dtype(dtype)} tied={tie}: largest logit difference {err:.2e}")
     # Gradients of the loss: transformers' autograd, the twin's autograd, our backward.
     _loss(hf_logits, to_torch(ids)).backward()
@@ -149,15 +117,15 @@ def test_gpt2_checkpoint_matches_transformers(tmp_path, tie, dtype):
     assert ours.keys() == theirs.keys() == twin.keys(), (sorted(ours), sorted(theirs))
     scale = max(float(np.abs(g).max()) for g in theirs.values())
     for name, g in theirs.items():
-        _compare(f"gpt2 checkpoint d{name} (twin)", twin[name], g, dtype, rstds, scale)
-        _compare(f"gpt2 checkpoint d{name} (backward)", ours[name], g, dtype, rstds, scale)
+        compare(f"gpt2 checkpoint d{name} (twin)", twin[name], g, dtype, rstds, scale)
+        compare(f"gpt2 checkpoint d{name} (backward)", ours[name], g, dtype, rstds, scale)
 
 
 def test_gpt2_original_release_layout(tmp_path):
     """The original GPT-2 files name tensors without "transformer." and store the causal-mask
     buffers h.N.attn.bias: both are read."""
-    model = _gpt2_model(True, np.float64)
-    _save(model, tmp_path)
+    model = hf_gpt2_model(True, np.float64)
+    save(model, tmp_path)
     tensors = load_file(str(tmp_path / "model.safetensors"))
     renamed = {k.removeprefix("transformer."): v for k, v in tensors.items()}
     for i in range(model.config.n_layer):
@@ -165,28 +133,17 @@ def test_gpt2_original_release_layout(tmp_path):
     save_file(renamed, str(tmp_path / "model.safetensors"))
     _, config, params = load_checkpoint(tmp_path, np.float64)
     assert len(params["blocks"]) == model.config.n_layer, sorted(params["blocks"])
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits = gpt_forward(ids, params, config)[0]
     expected = to_numpy(model(input_ids=to_torch(ids)).logits)
     assert logits.shape == expected.shape, (logits.shape, expected.shape)
-    _compare("gpt2 original layout logits", logits, expected, np.float64)
+    compare("gpt2 original layout logits", logits, expected, np.float64)
 
 
 # -- Llama ------------------------------------------------------------------------------------------
 
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 4}
 LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
 DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
-
-
-def _llama_model(rope, tie, bias, dtype, seed=0):
-    config = transformers.LlamaConfig(
-        vocab_size=19, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
-        rope_parameters=dict(rope), tie_word_embeddings=tie, attention_bias=bias, mlp_bias=bias,
-        rms_norm_eps=1e-5, attn_implementation="sdpa")
-    return _randomise(transformers.LlamaForCausalLM(config), seed).to(DTYPES[dtype]).eval()
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -195,12 +152,12 @@ def _llama_model(rope, tie, bias, dtype, seed=0):
 def test_llama_checkpoint_matches_transformers(tmp_path, rope, tie, bias, dtype):
     """Grouped-query heads (4 on 2), head size 8 for C = 16, two layers; llama3 scaling with an
     original context of 4 so that all three bands act on 7 positions."""
-    model = _llama_model(rope, tie, bias, dtype)
-    kind, config, params = load_checkpoint(_save(model, tmp_path), dtype)
+    model = hf_llama_model(rope, tie, bias, dtype)
+    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
     assert kind == "llama" and config.n_kv_head == 2 and config.tie_weights == tie, config
     if dtype == np.float64:
         model = exact_hf_llama(model, config)
-    ids = _ids(config.vocab_size)
+    ids = random_ids(config.vocab_size)
     logits, cache = llama_forward(ids, params, config)
     rstds = [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])]
     loss, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
@@ -208,7 +165,7 @@ def test_llama_checkpoint_matches_transformers(tmp_path, rope, tie, bias, dtype)
     dlogits[:, :-1] = cross_entropy_backward(np.ones((), logits.dtype), loss_cache)
     hf_logits, theirs = hf_logits_and_grads(model, ids, None, dlogits)
     label = f"llama checkpoint ({rope['rope_type']}, tied={tie}, bias={bias})"
-    err = _compare(f"{label} logits", logits, hf_logits, dtype, rstds)
+    err = compare(f"{label} logits", logits, hf_logits, dtype, rstds)
     print(f"llama {np.dtype(dtype)} {rope['rope_type']} tied={tie}: largest logit difference {err:.2e}")
     tparams = tree_to_torch(params, requires_grad=True)
     (llama(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
@@ -217,8 +174,8 @@ def test_llama_checkpoint_matches_transformers(tmp_path, rope, tie, bias, dtype)
     assert ours.keys() == theirs.keys(), (sorted(ours), sorted(theirs))
     scale = max(float(np.abs(g).max()) for g in theirs.values())
     for name, g in theirs.items():
-        _compare(f"{label} d{name} (twin)", twin[name], g, dtype, rstds, scale)
-        _compare(f"{label} d{name} (backward)", ours[name], g, dtype, rstds, scale)
+        compare(f"{label} d{name} (twin)", twin[name], g, dtype, rstds, scale)
+        compare(f"{label} d{name} (backward)", ours[name], g, dtype, rstds, scale)
 
 
 def tree_map_grad(tree):
@@ -227,8 +184,8 @@ def tree_map_grad(tree):
 
 def test_bfloat16_checkpoint_is_widened_exactly(tmp_path):
     """safetensors.numpy cannot hold bfloat16; the loader widens it to float32 bit by bit."""
-    model = _llama_model(DEFAULT, True, False, np.float32).to(torch.bfloat16)
-    _, config, params = load_checkpoint(_save(model, tmp_path), np.float32)
+    model = hf_llama_model(DEFAULT, True, False, np.float32).to(torch.bfloat16)
+    _, config, params = load_checkpoint(save(model, tmp_path), np.float32)
     expected = to_numpy(model.model.layers[0].self_attn.k_proj.weight.float()).T
     assert_close("bfloat16 k_proj widened", params["blocks"]["0"]["attn"]["k"]["w"], expected, rtol=0, atol=0)
 
@@ -241,8 +198,8 @@ def _bits(a):
 def test_bfloat16_checkpoint_loads_as_bfloat16_bit_for_bit(tmp_path):
     """dtype="bfloat16" keeps every stored bfloat16 as it is (no widening and rounding back): each
     parameter equals transformers' bfloat16 one bit for bit (k_proj, transposed to (C_in, C_out))."""
-    model = _llama_model(DEFAULT, False, True, np.float32).to(torch.bfloat16)
-    _, config, params = load_checkpoint(_save(model, tmp_path), "bfloat16")
+    model = hf_llama_model(DEFAULT, False, True, np.float32).to(torch.bfloat16)
+    _, config, params = load_checkpoint(save(model, tmp_path), "bfloat16")
     assert {a.dtype for a in _flat(params).values()} == {BFLOAT16}, {a.dtype for a in _flat(params).values()}
     theirs = {k: to_numpy(p) for k, p in model.named_parameters()}
     ours = to_hf_names(params, config)
@@ -255,7 +212,7 @@ def test_bfloat16_checkpoint_loads_as_bfloat16_bit_for_bit(tmp_path):
 def test_float32_checkpoint_is_rounded_once_to_a_low_dtype(tmp_path, dtype):
     """A float32 file loaded as bfloat16 or float16: each value rounded once, to nearest, from the
     stored float32 (what ml_dtypes' and NumPy's casts do); every parameter, bit for bit."""
-    folder = _save(_llama_model(LLAMA3, False, True, np.float32), tmp_path)
+    folder = save(hf_llama_model(LLAMA3, False, True, np.float32), tmp_path)
     _, _, wide = load_checkpoint(folder, np.float32)
     low = _flat(load_checkpoint(folder, dtype)[2])
     for name, a in _flat(wide).items():
@@ -269,10 +226,10 @@ def test_a_value_beyond_float16s_range_is_refused_by_name(tmp_path, stored):
     """70000 (beyond float16's largest, 65504) in one weight: loading as float16 names the tensor and
     the dtype to load it in instead; it does not come back as inf. bfloat16 holds it (its range is
     float32's), so loading as bfloat16 works."""
-    model = _llama_model(DEFAULT, False, False, np.float32)
+    model = hf_llama_model(DEFAULT, False, False, np.float32)
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight[3, 2] = 70000.0
-    folder = _save(model.to(stored), tmp_path)
+    folder = save(model.to(stored), tmp_path)
     name = "model.layers.1.mlp.up_proj.weight"
     keep = "bfloat16" if stored == torch.bfloat16 else "float32"
     with pytest.raises(CheckpointError, match=rf"{tmp_path}: tensor '{name}' holds values beyond the range of "
@@ -284,18 +241,18 @@ def test_a_value_beyond_float16s_range_is_refused_by_name(tmp_path, stored):
 
 @pytest.mark.parametrize("dtype", [np.int32, "float8", None, "complex64", [np.float32]])
 def test_a_dtype_that_cannot_be_loaded_is_refused(tmp_path, dtype):
-    folder = _save(_gpt2_model(True, np.float32), tmp_path)
+    folder = save(hf_gpt2_model(True, np.float32), tmp_path)
     with pytest.raises(TypeError, match=r"dtype must be one of float32, float64, bfloat16, float16, got "):
         load_checkpoint(folder, dtype)
 
 
 def test_sharded_checkpoint(tmp_path):
-    model = _llama_model(LINEAR, False, False, np.float64)
+    model = hf_llama_model(LINEAR, False, False, np.float64)
     model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
     assert (tmp_path / "model.safetensors.index.json").is_file(), "the model was not sharded"
     _, config, params = load_checkpoint(tmp_path, np.float64)
-    ids = _ids(config.vocab_size)
-    _compare("sharded llama logits", llama_forward(ids, params, config)[0],
+    ids = random_ids(config.vocab_size)
+    compare("sharded llama logits", llama_forward(ids, params, config)[0],
              hf_logits_and_grads(exact_hf_llama(model, config), ids, None,
                                  np.zeros((2, 7, config.vocab_size)))[0], np.float64)
 
@@ -305,7 +262,7 @@ def test_sharded_checkpoint(tmp_path):
 def _low_folder(family, dtype, folder):
     """A small random model saved by save_pretrained in ``dtype`` (bfloat16, float16): GPT-2 with
     the released model's config but its sizes (gelu_new, a tied head, eps 1e-5: transformers'
-    GPT2Config defaults), or a Llama with grouped-query heads and llama3 rope; weights as _randomise
+    GPT2Config defaults), or a Llama with grouped-query heads and llama3 rope; weights as randomise
     draws them (every layer matters to the logits)."""
     if family == "gpt2":
         config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4)
@@ -315,7 +272,7 @@ def _low_folder(family, dtype, folder):
             vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=32, rope_parameters=dict(LLAMA3), rms_norm_eps=1e-5)
         model = transformers.LlamaForCausalLM(config)
-    return _save(_randomise(model, 0).to(LOW_DTYPES[dtype][1]), folder)
+    return save(randomise(model, 0).to(LOW_DTYPES[dtype][1]), folder)
 
 
 @pytest.mark.error_budget
@@ -330,7 +287,7 @@ def test_low_precision_checkpoint_logits_meet_the_error_budget(tmp_path, family,
     FlashAttention's budget: max |ours - truth| <= 2 max |transformers' - truth| + one ulp."""
     folder = _low_folder(family, dtype, tmp_path)
     kind, config, params = load_checkpoint(folder, dtype)
-    ids = _ids(config.vocab_size, B=2, T=16)
+    ids = random_ids(config.vocab_size, B=2, T=16)
     forward, twin = (gpt_forward, gpt) if kind == "gpt2" else (llama_forward, llama)
     ours = forward(ids, params, config)[0]
     with torch.no_grad():
@@ -359,7 +316,7 @@ def _edit(folder, tensors=None, config=None):
 
 
 def test_bad_checkpoints(tmp_path):
-    _save(_gpt2_model(True, np.float32), tmp_path)
+    save(hf_gpt2_model(True, np.float32), tmp_path)
     tensors = load_file(str(tmp_path / "model.safetensors"))
     config = json.loads((tmp_path / "config.json").read_text())
 
@@ -398,7 +355,7 @@ def test_bad_checkpoints(tmp_path):
 
 
 def test_bad_llama_config(tmp_path):
-    _save(_llama_model(DEFAULT, False, False, np.float32), tmp_path)
+    save(hf_llama_model(DEFAULT, False, False, np.float32), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     _edit(tmp_path, config={**config, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}})
     with pytest.raises(CheckpointError, match="rope_type 'longrope' is not supported"):
@@ -452,7 +409,7 @@ def test_gpt2_checkpoint_is_held_once(tmp_path, dtype):
 
     config = transformers.GPT2Config(vocab_size=1024, n_positions=64, n_embd=128, n_layer=1, n_head=4)
     model = transformers.GPT2LMHeadModel(config).eval().to(getattr(torch, dtype))
-    folder = _save(model, tmp_path)
+    folder = save(model, tmp_path)
     data = _data_bytes(folder / "model.safetensors")                    # 1.3 MiB of float32, 0.65 of bfloat16
     tracemalloc.start()
     try:
@@ -479,8 +436,8 @@ def test_gpt2_checkpoint_is_held_once(tmp_path, dtype):
 def test_params_do_not_change_when_the_file_does(tmp_path):
     """The params are the process's own arrays, not a map of the file: a checkpoint overwritten or
     cut short after loading (a save_pretrained into the same folder) changes none of them."""
-    model = _gpt2_model(True, np.float32)
-    folder = _save(model, tmp_path)
+    model = hf_gpt2_model(True, np.float32)
+    folder = save(model, tmp_path)
     _, _, params = load_checkpoint(folder, np.float32)
     before = {name: a.copy() for name, a in _flat(params).items()}
     path = folder / "model.safetensors"

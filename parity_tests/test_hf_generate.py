@@ -13,28 +13,19 @@ from attn_cli.decoding import continue_ids, next_token, physical_memory
 from attn_cli.hf import load_checkpoint
 from attn_cli.hf_generate import parse_ids
 from parity_tests.helpers import LOW_DTYPES, needs_vocab, ulp
-from parity_tests.test_hf import LLAMA3, _gpt2_model, _llama_model
-from parity_tests.test_llama import exact_hf_llama
-
-
-def _hf_greedy(model, ids, n):
-    ids = torch.tensor([ids])                                                 # (1, P)
-    with torch.no_grad():   # every id attended: without the mask, generate masks the prompt's ids equal to pad_token_id
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             min_new_tokens=n, pad_token_id=0, eos_token_id=None)
-    return out[0].tolist()
+from parity_tests.model_kit import LLAMA3, exact_hf_llama, hf_gpt2_model, hf_greedy, hf_llama_model, randomise
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])
 def test_llama_ids_in_ids_out(tmp_path, capsys, cache):
     """With the key/value cache (the default) and without, the ids transformers gives."""
-    model = _llama_model(LLAMA3, False, False, np.float32)
+    model = hf_llama_model(LLAMA3, False, False, np.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     prompt = [3, 1, 4, 1, 5]
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "6",
                      "--temperature", "0", *cache]) == 0
     ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == _hf_greedy(model, prompt, 6), "greedy ids differ from transformers' generate"
+    assert ours == hf_greedy(model, prompt, 6), "greedy ids differ from transformers' generate"
 
 
 def _greedy_margin(model, truth_model, ids, n_prompt, dtype):
@@ -58,12 +49,12 @@ def _low_models(family, dtype, folder):
     The Llama's weights are _randomise's seed 8: of seeds 0 to 11, seven make a step of the greedy
     path nearly tied in bfloat16 (gap below _greedy_margin's bound); GPT-2's seed 0 has none."""
     if family == "llama":
-        model = _llama_model(LLAMA3, False, False, np.float32, seed=8).to(LOW_DTYPES[dtype][1])
+        model = hf_llama_model(LLAMA3, False, False, np.float32, seed=8).to(LOW_DTYPES[dtype][1])
         model.save_pretrained(folder, safe_serialization=True)
         config = load_checkpoint(folder, np.float64)[1]
         truth = exact_hf_llama(transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64), config)
     else:
-        model = _gpt2_model(True, np.float32).to(LOW_DTYPES[dtype][1])
+        model = hf_gpt2_model(True, np.float32).to(LOW_DTYPES[dtype][1])
         model.save_pretrained(folder, safe_serialization=True)
         truth = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float64)
     return model.eval(), truth.eval()
@@ -80,7 +71,7 @@ def test_ids_in_a_low_dtype_match_transformers(tmp_path, capsys, family, dtype, 
     (_greedy_margin), so that this test is about the dtype handling and not a coin toss."""
     model, truth = _low_models(family, dtype, tmp_path)
     prompt, n = [3, 1, 4, 1, 5], 4
-    expected = _hf_greedy(model, prompt, n)
+    expected = hf_greedy(model, prompt, n)
     margin, bound = _greedy_margin(model, truth, expected, len(prompt), dtype)
     assert margin > bound, f"{family} {dtype}: a near-tie on the greedy path (gap {margin:.3g} <= {bound:.3g})"
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", ",".join(map(str, prompt)), "--max-new-tokens",
@@ -105,7 +96,7 @@ def test_gpt2_prompt_in_text_out(tmp_path, capsys, cache):
     prompt = "The cat sat"
     assert cli.main(["generate", "--hf", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "4",
                      "--temperature", "0", *cache]) == 0
-    expected = tokenizer.decode(_hf_greedy(model, tokenizer.encode(prompt), 4))
+    expected = tokenizer.decode(hf_greedy(model, tokenizer.encode(prompt), 4))
     assert capsys.readouterr().out == expected + "\n", "greedy text differs from transformers'"
 
 
@@ -153,7 +144,7 @@ def test_cache_feeds_only_new_tokens_until_the_context_slides():
 
 
 def test_bad_arguments(tmp_path, capsys):
-    _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
+    hf_llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--prompt", "hello"]) == 2
     err = capsys.readouterr().err
     assert "is a Llama checkpoint" in err and "--ids 1,2,3" in err, err
@@ -206,7 +197,7 @@ def test_the_cache_is_sized_by_the_prompt_and_new_tokens(tmp_path, capsys):
     those of the same folder with a context of 16, and the peak allocation stays small."""
     import tracemalloc
 
-    model = _llama_model(LLAMA3, False, False, np.float32)
+    model = hf_llama_model(LLAMA3, False, False, np.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     argv = ["generate", "--hf", str(tmp_path), "--ids", "3,1,4", "--max-new-tokens", "3", "--temperature", "0"]
     assert cli.main(argv) == 0
@@ -228,7 +219,7 @@ def test_the_cache_is_sized_by_the_prompt_and_new_tokens(tmp_path, capsys):
                                           (["--dtype", "float16"], "12,800,000,000,128")])
 def test_a_cache_larger_than_memory_is_refused_with_its_size(tmp_path, capsys, dtype, needs):
     """The cache takes the model's dtype: in bfloat16 and float16 half the bytes a token."""
-    _llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
+    hf_llama_model(LLAMA3, False, False, np.float32).save_pretrained(tmp_path, safe_serialization=True)
     _edit_config(tmp_path, max_position_embeddings=10**12)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1", "--max-new-tokens", str(10**11), *dtype]) == 2
     err = capsys.readouterr().err
@@ -354,8 +345,6 @@ LONG_PROMPT, LONG_NEW = [3, 1, 4, 1, 5], 10
 
 def _rotary_model(family, rope, seed=0):
     """A small random transformers model of ``family`` with ``rope``'s rope_parameters (float32)."""
-    from parity_tests.test_hf import _randomise
-
     parameters, context = LONG_ROPES[rope] if isinstance(rope, str) else (rope, 32)
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
@@ -365,7 +354,7 @@ def _rotary_model(family, rope, seed=0):
                           num_attention_heads=4, num_key_value_heads=2, head_dim=4,
                           max_position_embeddings=context, rope_parameters=dict(parameters),
                           tie_word_embeddings=False, rms_norm_eps=1e-5, attn_implementation="eager")
-    return _randomise(model_class(config), seed).eval()
+    return randomise(model_class(config), seed).eval()
 
 
 def _hf_greedy_uncached(model, ids, n):
@@ -388,9 +377,9 @@ def test_yarn_and_dynamic_rope_generate_transformers_ids(tmp_path, capsys, famil
     rope give other ids, so the rope type decides them."""
     model = _rotary_model(family, rope)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    expected = (_hf_greedy_uncached if cache else _hf_greedy)(model, LONG_PROMPT, LONG_NEW)
+    expected = (_hf_greedy_uncached if cache else hf_greedy)(model, LONG_PROMPT, LONG_NEW)
     plain = _rotary_model(family, {"rope_type": "default", "rope_theta": 100.0})
-    assert (_hf_greedy_uncached if cache else _hf_greedy)(plain, LONG_PROMPT, LONG_NEW) != expected, \
+    assert (_hf_greedy_uncached if cache else hf_greedy)(plain, LONG_PROMPT, LONG_NEW) != expected, \
         f"{family} {rope}: the default rope gives the same ids; the test would not see the rope type"
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", ",".join(map(str, LONG_PROMPT)), "--max-new-tokens",
                      str(LONG_NEW), "--temperature", "0", *cache]) == 0

@@ -24,9 +24,7 @@ import io
 import json
 import os
 import re
-import signal
 import tempfile
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +36,9 @@ from attn_cli import checkpoint, cli, hf
 from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn._tree import leaves
 from numpy_attn.gpt import GPTConfig, init_gpt_params
+from parity_tests.model_kit import JSON, PEAK_LIMIT, assert_loads_or_names_folder, watch_allocations
 
 ROOT = Path(__file__).resolve().parent.parent
-# The largest allocation a refusal may make: the valid folders are below 2 KiB, so anything near
-# this means that a damaged size was believed (the smallest case asks for gigabytes).
-PEAK_LIMIT = 8 * 2**20
 
 
 # -- valid folders ------------------------------------------------------------------------------
@@ -473,42 +469,10 @@ def _cases(table):
     return [pytest.param(make, pattern, id=name) for name, (make, pattern) in table.items()]
 
 
-@contextlib.contextmanager
-def _watch():
-    """Fail on a hang (SIGALRM after 20 s where there is one) and record the peak allocation."""
-    alarm = hasattr(signal, "SIGALRM")
-    if alarm:
-        def hang(signum, frame):
-            raise TimeoutError("the read hung for 20 s")
-        old = signal.signal(signal.SIGALRM, hang)
-        signal.alarm(20)
-    tracemalloc.start()
-    peak = []
-    try:
-        yield peak
-    finally:
-        peak.append(tracemalloc.get_traced_memory()[1])
-        tracemalloc.stop()
-        if alarm:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, old)
-
-
-def assert_loads_or_names_folder(folder, changes):
-    """``folder`` loads, or a CheckpointError names it; either way loading allocates less than
-    PEAK_LIMIT (``changes``, the config keys changed, name the case in the message)."""
-    with _watch() as peak:
-        try:
-            load_checkpoint(folder)
-        except CheckpointError as err:
-            assert str(folder) in str(err), err
-    assert peak[0] < PEAK_LIMIT, f"{peak[0]:,} bytes allocated for config {changes}"
-
-
 def assert_refused(load, folder, named, pattern, error=CheckpointError):
     """``load(folder)`` raises ``error``, naming ``named`` and matching ``pattern``, within
     PEAK_LIMIT bytes; the command line says the same in one line, exit status 2."""
-    with _watch() as peak, pytest.raises(error) as caught:
+    with watch_allocations() as peak, pytest.raises(error) as caught:
         load(folder)
     message = str(caught.value)
     assert str(named) in message, f"the message does not name {named}: {message}"
@@ -602,9 +566,6 @@ def test_any_damage_to_a_safetensors_file_loads_or_is_refused(edits, cut, bfloat
             assert all(np.isfinite(a.astype(np.float32)).all() for _, a in leaves(params)), "an infinity loaded"
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                    max_leaves=6)
 ROPE = st.dictionaries(st.sampled_from(["rope_type", "type", *hf.ROPE_KEYS]),
                        st.sampled_from(["default", "linear", "llama3", "yarn"]) | JSON, max_size=5)
 

@@ -14,14 +14,7 @@ from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.masks import causal_mask
 from parity_tests import strategies as S
 from parity_tests.helpers import LOW_DTYPES, assert_close, round_to, to_numpy, to_torch, ulp
-
-
-@st.composite
-def splits(draw, total):
-    """Step sizes >= 1 that add up to ``total``: a prefill, then one or several tokens at a time."""
-    cuts = sorted(draw(st.sets(st.integers(1, total - 1), max_size=total - 1))) if total > 1 else []
-    bounds = [0] + cuts + [total]
-    return [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+from parity_tests.strategies import splits
 
 
 @st.composite

@@ -35,17 +35,17 @@ from parity_tests.helpers import (
     tree_map,
     twin_decode_with_cache,
 )
-from parity_tests.test_llama import _rstds, configs, exact_hf_llama, hf_llama, round_tree
+from parity_tests.model_kit import exact_hf_llama, hf_llama, llama_configs, llama_rstds, round_tree
 
 
 @st.composite
 def decodes(draw, dtype=None):
     """(config, params, ids, sizes): a tiny Llama (1 or 2 layers; with or without grouped-query
-    heads, both RoPE layouts, every scaling, from test_llama's configs), params moved by
+    heads, both RoPE layouts, every scaling, from test_llama's llama_configs), params moved by
     U(-0.5, 0.5) off their initial values, repeating ids (B, T), and the step sizes: a prefill of
     P tokens, then T - P single tokens."""
     dtype = draw(S.dtypes) if dtype is None else dtype
-    config = draw(configs(n_layer=draw(st.integers(1, 2))))
+    config = draw(llama_configs(n_layer=draw(st.integers(1, 2))))
     B, T = draw(S.dim(1, 2)), draw(S.dim(1, config.block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     params = moved_off_init(init_llama_params(config, rng, dtype), rng)
@@ -66,7 +66,7 @@ def _pinned(n_kv_head=2):
 
 def decode_tol(full_cache, dtype):
     """How far cached decoding may stray from the full forward: reorder_tol over the RMS norms' rstds."""
-    return reorder_tol(_rstds(full_cache), dtype)
+    return reorder_tol(llama_rstds(full_cache), dtype)
 
 
 # -- cached decoding equals the full forward ----------------------------------------------------------
@@ -119,7 +119,7 @@ def test_twin_decoding_equals_numpy(case):
     _, full_cache = llama_forward(ids, params, config)
     cached, kv_cache = decode_with_cache(llama_forward, llama_kv_cache, config, params, ids, sizes)
     twin, twin_cache = twin_decode_with_cache(tw.llama, tw.llama_kv_cache, config, params, ids, sizes)
-    tol = layer_norm_tol(_rstds(full_cache), cached.dtype)    # two programs that round differently
+    tol = layer_norm_tol(llama_rstds(full_cache), cached.dtype)    # two programs that round differently
     assert_close("llama decode twin.logits", twin, cached, **tol)
     assert_twin_cache_equal("llama decode twin", twin_cache, kv_cache, ids.shape[1], tol)
 

@@ -25,6 +25,7 @@ from numpy_attn.masks import (
 )
 from parity_tests import strategies as S
 from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, autograd, round_to, to_numpy, to_torch
+from parity_tests.strategies import cu_seqlens_of
 
 BOUND = 4.0   # |q|, |k|, |v|, |dout| <= BOUND
 
@@ -64,13 +65,6 @@ def assert_matches(label, case, out, grads, out_ref, grads_ref):
     assert_close(f"{label}.out", out, out_ref)
     for name in "qkv":
         assert_close(f"{label}.d{name}", grads[name], grads_ref[name], **tols[name])
-
-
-@st.composite
-def cu_seqlens_of(draw, max_seqs=4, max_len=4):
-    """Cumulative lengths [0, n1, n1+n2, ...] of 1..max_seqs sequences (empty ones allowed)."""
-    lengths = draw(st.lists(st.integers(0, max_len), min_size=1, max_size=max_seqs))
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
 @st.composite

@@ -26,7 +26,7 @@ from numpy_attn.mla import (
     mla_param_shapes,
     mla_softmax_scale,
 )
-from numpy_attn.rope import half_to_interleaved, rope_attention_factor, rope_backward, rope_frequencies
+from numpy_attn.rope import half_to_interleaved, rope_backward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     LOW_DTYPES,
@@ -44,7 +44,7 @@ from parity_tests.helpers import (
     tree_map,
     ulp,
 )
-from parity_tests.test_llama import SCALINGS  # None, linear and llama3 scaling
+from parity_tests.model_kit import MLA_HF_NAMES, SCALINGS, mla_hf_config, mla_hf_rotary, mla_rstds
 from torch_attn.mla import init_latent_cache as init_torch_latent_cache
 from torch_attn.mla import init_mla_kv_cache as init_torch_mla_kv_cache
 from torch_attn.mla import mla, mla_absorbed
@@ -104,12 +104,6 @@ def _wide_case():
     return config, params, rng.uniform(-2, 2, (1, 16, 64)), None, rng.uniform(-2, 2, (1, 16, 64))
 
 
-def _rstds(cache):
-    """The rstd of MLA's RMS norms (their caches are (xhat, rstd, w)): the latent's, the query's."""
-    norms = [cache.latent[1]] + ([] if cache.query[1] is None else [cache.query[1]])
-    return [norm[1] for norm in norms]
-
-
 def _tol(cache, expected):
     """Two programs that compute MLA with the same operations rounded in a different order.
 
@@ -122,7 +116,7 @@ def _tol(cache, expected):
     not to a result they cancel to, so atol scales by the largest entry of the tensor compared.
     """
     tol = TOLERANCES[expected.dtype]
-    rstd = max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    rstd = max([1.0] + [float(r.max()) for r in mla_rstds(cache)])
     scale = max(1.0, float(np.abs(expected).max())) if expected.dtype == np.float32 else 1.0
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
 
@@ -169,32 +163,18 @@ def test_backward_matches_autograd(case):
 
 # -- the twin matches Hugging Face's DeepseekV3Attention ----------------------------------------
 
-HF_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj",
-            "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "o": "o_proj"}
-
-
-def hf_config(config):
-    """A DeepseekV3Config with MLA's sizes: one key/value head per query head (MLA's own heads)."""
-    rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
-    return transformers.DeepseekV3Config(
-        hidden_size=config.n_embd, num_attention_heads=config.n_head, num_key_value_heads=config.n_head,
-        q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
-        qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
-        v_head_dim=config.v_head_dim, rope_interleave=config.rope_interleave, rope_parameters=rope,
-        attention_bias=config.attn_bias, max_position_embeddings=128, attn_implementation="sdpa")
-
 
 def hf_attention(config, params):
     """A DeepseekV3Attention holding our parameters (nn.Linear stores w transposed), in their dtype.
     Hugging Face's two latent norms have eps 1e-6 whatever the config says: set ours."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
-    module = DeepseekV3Attention(hf_config(config), layer_idx=0).to(to_torch(params["o"]["w"]).dtype).eval()
+    module = DeepseekV3Attention(mla_hf_config(config), layer_idx=0).to(to_torch(params["o"]["w"]).dtype).eval()
     state = {}
     for name, layer in params.items():
         for key, p in layer.items():
             theirs = "bias" if key == "b" else "weight"
-            state[f"{HF_NAMES[name]}.{theirs}"] = p.T if p.ndim == 2 else p
+            state[f"{MLA_HF_NAMES[name]}.{theirs}"] = p.T if p.ndim == 2 else p
     module.load_state_dict({k: to_torch(v) for k, v in state.items()}, strict=True)
     for norm in (module.q_a_layernorm, module.kv_a_layernorm):
         if norm is not None:
@@ -215,25 +195,6 @@ def exact_hf(module):
         if norm is not None:
             norm.forward = types.MethodType(rms_norm, norm)
     return module
-
-
-def hf_rotary(config, x, positions):
-    """Hugging Face's (cos, sin) (B, T, dr): DeepseekV3RotaryEmbedding's, which computes its angles
-    in float32, for float32, float16 and bfloat16 (cos and sin then rounded to x's dtype, as a user
-    of the model gets them); for float64 the same angles from rope_frequencies in float64
-    (test_rope.py checks those frequencies against Hugging Face's for every scaling), cos and sin
-    times YaRN's attention factor as DeepseekV3RotaryEmbedding's (1 for the other scalings)."""
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
-
-    B, T, _ = x.shape
-    position_ids = to_torch(np.broadcast_to(np.arange(T) if positions is None else positions, (B, T)).copy())
-    if x.dtype != np.float64:
-        return DeepseekV3RotaryEmbedding(hf_config(config))(to_torch(x), position_ids)
-    inv_freq = torch.from_numpy(rope_frequencies(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling))
-    angles = position_ids[..., None].to(torch.float64) * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    factor = rope_attention_factor(config.rope_scaling)
-    return angles.cos() * factor, angles.sin() * factor
 
 
 def _hf_grad(layer, key):
@@ -266,12 +227,11 @@ def hf_forward_backward(config, params, x, positions, dout):
     if x.dtype == np.float64:
         module = exact_hf(module)
     hx = to_torch(x, requires_grad=True)
-    hf_out, _ = module(hx, position_embeddings=hf_rotary(config, x, positions), attention_mask=None)
+    hf_out, _ = module(hx, position_embeddings=mla_hf_rotary(config, x, positions), attention_mask=None)
     (hf_out * to_torch(dout)).sum().backward()
-    hf_params = {name: {key: _hf_grad(getattr(module, HF_NAMES[name]), key) for key in layer}
+    hf_params = {name: {key: _hf_grad(getattr(module, MLA_HF_NAMES[name]), key) for key in layer}
                  for name, layer in params.items()}
     return to_numpy(hf_out), to_numpy(hx.grad), hf_params
-
 
 
 @pytest.mark.parametrize("rope_parameters", [
@@ -419,9 +379,9 @@ def test_absorbed_decoding_equals_hugging_face_cached_decoding(q_lora_rank, rope
     caches, k_r in Hugging Face's order (its interleaved rotation returns the pairs half-split)."""
     config, params, x, _, _ = _pinned_case(q_lora_rank, rope_interleave)
     module = exact_hf(hf_attention(config, params))
-    hf_cache = transformers.DynamicCache(config=hf_config(config))
+    hf_cache = transformers.DynamicCache(config=mla_hf_config(config))
     latent = init_latent_cache(config, 2, 4, np.float64)
-    cos, sin = hf_rotary(config, x, None)
+    cos, sin = mla_hf_rotary(config, x, None)
     for start, end in ((0, 2), (2, 3), (3, 4)):
         with torch.no_grad():
             hf_out, _ = module(to_torch(x[:, start:end]), position_embeddings=(cos[:, start:end], sin[:, start:end]),
@@ -585,7 +545,7 @@ def test_backward_matches_finite_differences(case, seed):
     grads = {"x": dx, "params": dparams}
     exact = tree_dot(grads, direction)
     # The step shrinks with the narrowest RMS-norm row, as in test_llama.py.
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in _rstds(cache)])
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in mla_rstds(cache)])
     numeric = directional_derivative(
         lambda t: np.sum(mla_forward(t["x"], t["params"], config, positions=positions)[0] * dout),
         tree, direction, h=h)

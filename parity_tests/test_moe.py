@@ -28,6 +28,7 @@ from parity_tests.helpers import (
     TOLERANCES,
     assert_close,
     assert_tree_close,
+    assert_tree_error_budget,
     autograd,
     directional_derivative,
     directional_tol,
@@ -39,7 +40,6 @@ from parity_tests.helpers import (
     tree_leaves,
     ulp,
 )
-from parity_tests.test_feed_forward import assert_tree_error_budget
 from torch_attn import moe as twin
 
 

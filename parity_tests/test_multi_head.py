@@ -20,6 +20,14 @@ from numpy_attn.multi_head import (
     split_heads,
 )
 from parity_tests import strategies as S
+from parity_tests.attention_kit import (
+    assert_attention_budget,
+    assert_dout_refused,
+    four_axes,
+    rounded,
+    torch_or_none,
+    widened,
+)
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
@@ -35,14 +43,6 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
     ulp,
-)
-from parity_tests.test_attention import (
-    assert_attention_budget,
-    assert_dout_refused,
-    four_axes,
-    rounded,
-    torch_or_none,
-    widened,
 )
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}

@@ -1,6 +1,6 @@
 """Parity tests for numpy_attn/olmo2.py and torch_attn/olmo2.py, against Hugging Face's OLMo 2.
 
-The tests of parity_tests/test_qwen3.py's model_tests (twin, autograd, transformers, finite
+The tests of parity_tests/model_kit.py's model_tests (twin, autograd, transformers, finite
 differences, cached decoding, checkpoints, generate --hf, bad configs) run on OLMo 2, plus what is
 its own: the norms after the sublayers, and QK-norm across the heads.
 """
@@ -10,7 +10,7 @@ import numpy as np
 import torch_attn.olmo2 as tw
 from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params, olmo2_backward, olmo2_forward
 from parity_tests.helpers import assert_close, tree_map
-from parity_tests.test_qwen3 import Family, _tol, model_tests
+from parity_tests.model_kit import Family, family_tol, model_tests
 
 OLMO2 = Family("olmo2", "OLMo 2", Olmo2Config, olmo2_forward, olmo2_backward, tw.olmo2, "olmo2")
 
@@ -35,7 +35,7 @@ class TestOlmo2(model_tests(OLMO2)):
         scaled = tree_map(lambda p: p.copy(), params)
         scaled["blocks"]["0"]["mlp"]["down"]["w"] *= 5.0
         assert_close("olmo2.logits with mlp.down scaled", olmo2_forward(ids, scaled, config)[0], logits,
-                     **_tol(cache, np.float64))
+                     **family_tol(cache, np.float64))
 
     def test_qk_norm_is_across_the_heads(self):
         """The q norm's weight has width nh * hs, and one norm spans all heads: scaling one head's
@@ -48,7 +48,7 @@ class TestOlmo2(model_tests(OLMO2)):
         scaled = tree_map(lambda p: p.copy(), params)
         scaled["blocks"]["0"]["attn"]["q"]["w"] *= 7.0
         assert_close("olmo2.logits with every query column scaled", olmo2_forward(ids, scaled, config)[0], logits,
-                     **_tol(cache, np.float64))
+                     **family_tol(cache, np.float64))
         scaled["blocks"]["0"]["attn"]["q"]["w"][:, :4] *= 7.0                 # head 0 now 49x, head 1 7x
         moved = np.abs(olmo2_forward(ids, scaled, config)[0] - logits).max()
         assert moved > 1e-3, f"olmo2.logits moved by only {moved:.1e} when one head's query was scaled"

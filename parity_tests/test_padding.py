@@ -32,7 +32,7 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_masks import cu_seqlens_of
+from parity_tests.strategies import cu_seqlens_of
 
 IGNORE = -100   # the target id of padding, as torch.nn.functional.cross_entropy's default
 

@@ -1,5 +1,6 @@
 """The repository stands on its own: its text refers only to files a user of it can open; its
-packages import one another without a loop."""
+packages import one another without a loop; and its test files share code through modules that are
+not test files, never by importing one another."""
 
 import ast
 import re
@@ -121,3 +122,53 @@ def test_the_cycle_check_can_fail():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
     assert cycles(graph) == [["a", "b", "c"], ["e", "f"]]
     assert "benchmarks.cli" in import_graph(ROOT, PACKAGES)["benchmarks.__main__"]
+
+
+# -- test files share through kits, never through one another ---------------------------------------
+
+def imported_test_files(source):
+    """The test files (parity_tests/test_*.py, by module name) that Python ``source`` imports, at any
+    depth: ``from parity_tests.test_x import ...``, ``from parity_tests import test_x``,
+    ``import parity_tests.test_x`` and their relative forms."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if re.fullmatch(r"parity_tests\.test_\w+", a.name)}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            package = module == "parity_tests" or (node.level == 1 and not module)
+            if package:
+                found |= {a.name for a in node.names if a.name.startswith("test_")}
+            elif module.startswith("parity_tests.test_") or (node.level == 1 and module.startswith("test_")):
+                found.add(module.split(".")[-1])
+    return found
+
+
+def test_no_test_file_imports_another():
+    """What several test files share lives in a module that is not a test file (helpers.py,
+    strategies.py, model_kit.py, attention_kit.py, gemma_kit.py): a test file that imports another
+    runs or re-collects that file's tests and ties the two files' edits together."""
+    tests = Path(__file__).resolve().parent
+    found = [f"{path.name} imports {', '.join(sorted(names))}"
+             for path in sorted(tests.glob("*.py"))
+             if (names := imported_test_files(path.read_text(encoding="utf-8")))]
+    assert not found, "test files imported (move what they share to a kit module):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "from parity_tests.test_hf import save",
+    "from parity_tests import helpers, test_gemma2",
+    "import parity_tests.test_llama as llama_tests",
+    "from .test_gpt import models",
+    "from . import test_qwen3",
+    "def f():\n    from parity_tests.test_mla import hf_rotary\n",
+])
+def test_an_imported_test_file_is_found(source):
+    """Guard against a check that never fires: each form of import names its test file."""
+    assert imported_test_files(source), source
+
+
+def test_imports_of_shared_modules_are_not_test_files():
+    source = ("from parity_tests.model_kit import save\nfrom parity_tests import helpers\n"
+              "import parity_tests.strategies\n")
+    assert not imported_test_files(source), imported_test_files(source)

@@ -31,15 +31,14 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
-from parity_tests.test_gpt import _sinusoid_closed_form, budget_models, models
-from parity_tests.test_llama import GRAD_MULTIPLE
+from parity_tests.model_kit import GRAD_MULTIPLE, gpt_budget_models, gpt_models, sinusoid_closed_form
 from torch_attn.small_gpt import small_gpt
 
 
 @st.composite
 def small_models(draw, dtype=None):
     """(config, params, ids, dout) for the small model, params moved off their initial values."""
-    config, _, ids, dout = draw(models(dtype=dtype, n_layer=0))
+    config, _, ids, dout = draw(gpt_models(dtype=dtype, n_layer=0))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     params = moved_off_init(init_small_gpt_params(config, rng, dout.dtype), rng)
     return config, params, ids, dout
@@ -75,7 +74,7 @@ def _builtin_small_gpt(config, params, ids, dout):
     mha = torch.nn.MultiheadAttention(C, config.n_head, bias=config.bias, batch_first=True,
                                       dtype=tparams["wte"].dtype)
     mha.load_state_dict(convert.to_mha(tparams["attn"]))
-    x = F.embedding(to_torch(ids), tparams["wte"]) + _sinusoid_closed_form(T, params["wte"])
+    x = F.embedding(to_torch(ids), tparams["wte"]) + sinusoid_closed_form(T, params["wte"])
     mask = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
     x, _ = mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)
     logits = F.linear(x, tparams["head"]["w"].T, tparams["head"].get("b"))
@@ -90,7 +89,7 @@ def _builtin_small_gpt(config, params, ids, dout):
 @pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=10)
-@given(case=budget_models(n_layer=0), seed=st.integers(0, 2**32 - 1))
+@given(case=gpt_budget_models(n_layer=0), seed=st.integers(0, 2**32 - 1))
 def test_low_precision_meets_the_error_budget(dtype, case, seed):
     """Ours and the twin in float16 and bfloat16 against the built-ins of _builtin_small_gpt in float64
     on the same rounded weights, within twice the error of those built-ins run in the low dtype."""
@@ -110,7 +109,7 @@ def test_low_precision_meets_the_error_budget(dtype, case, seed):
         assert_error_budget(f"small_gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
         assert_error_budget(f"small_gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
                                                          for path in truth_grads if path != "attn.k.b"},
-                            multiple=GRAD_MULTIPLE)   # test_llama.GRAD_MULTIPLE says why; k.b: see test_block
+                            multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE says why; k.b: see test_block
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -139,7 +138,7 @@ def test_init_small_gpt_params(bias):
     """wte and head.w from N(0, 0.02^2), as GPT-2's initialiser (the same check as test_gpt's
     against torch.nn.init.normal_); head.b exactly zero, and present only with config.bias, as
     are the attention's biases; the attention weights are init_multi_head_params'."""
-    from parity_tests.test_feed_forward import assert_same_distribution
+    from parity_tests.helpers import assert_same_distribution
 
     config = GPTConfig(vocab_size=512, block_size=4, n_layer=0, n_head=2, n_embd=64, bias=bias)
     params = init_small_gpt_params(config, np.random.default_rng(0), np.float64)

@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 import torch_attn.softcap as tw
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from parity_tests import strategies as S
+from parity_tests.attention_kit import BAD_SOFTCAPS
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
@@ -23,7 +24,6 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
 )
-from parity_tests.test_attention import BAD_SOFTCAPS
 
 # Gemma 2's caps (attn_logit_softcapping, final_logit_softcapping), a small one that saturates
 # the inputs below, and drawn ones.

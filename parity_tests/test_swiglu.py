@@ -27,18 +27,20 @@ from parity_tests.helpers import (
     TOLERANCES,
     assert_bad_dout_refused,
     assert_close,
+    assert_drawn_like_nn_linear,
     assert_error_budget,
     assert_tree_close,
+    assert_tree_error_budget,
     autograd,
     linear_grads,
     load_linears,
     numerical_grads,
     round_to,
+    rounded_case,
     to_numpy,
     to_torch,
     tree_leaves,
 )
-from parity_tests.test_feed_forward import assert_drawn_like_nn_linear, assert_tree_error_budget, rounded_case
 from torch_attn.swiglu import silu, swiglu
 
 # The gate's activation: SiLU (SwiGLU, Llama) or the tanh GELU (GeGLU, Gemma).
