@@ -1,5 +1,5 @@
 """``python -m benchmarks --ops decode_hf --hf DIR``: a Hugging Face folder (GPT-2, Llama or another
-family attn_cli/hf.py reads) decoded greedily by numpy-attn's ``generate --hf`` path and by
+family attn_cli/hf/ reads) decoded greedily by numpy-attn's ``generate --hf`` path and by
 transformers' ``generate(use_cache=True)``: time per new token, prefill time and peak memory.
 
 Each library runs in its own timing worker (benchmarks/_worker.py), pinned to ``--threads``
