@@ -14,7 +14,7 @@ rotation (numpy_attn/rope.py) and attention (numpy_attn/attention.py) four times
 
 1. plain: causal softmax of q k^T / sqrt(hs);
 2. softcap: the scores capped at SOFTCAP * tanh(scores / SOFTCAP) first (``softcap=``);
-3. window: each query sees its last WINDOW keys only (``window=``);
+3. window: each query sees its last WINDOW keys only (masks.sliding_window_mask as attn_mask);
 4. QK-norm: q and k RMS-normed per head before the rotation (numpy_attn/llama.py's
    qk_norm_forward, with the norms' initial weights of 1), as Qwen3 and Gemma 3 do.
 
@@ -88,12 +88,12 @@ def attend(q, k, v, softcap=None, window=None):
     positions = np.arange(T)
     q, _ = rope_forward(q, positions, CONFIG.rope_theta)                        # (T, hs)
     k, _ = rope_forward(k, positions, CONFIG.rope_theta)                        # (T, hs)
-    _, cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True, softcap=softcap, window=window)
+    visible = causal_mask(T, T) if window is None else sliding_window_mask(T, T, window)   # (T, S)
+    _, cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=visible, softcap=softcap)
     scores = cache.q_scaled @ cache.k.T                                         # (T, hs) @ (hs, S) -> (T, S)
     if cache.softcap_cache is not None:   # the capped scores: c * tanh(scores / c), from the forward's tanh
         t, c, _ = cache.softcap_cache                                           # tanh, the cap, x's dtype
         scores = c * t                                                          # (T, S)
-    visible = causal_mask(T, T) if window is None else sliding_window_mask(T, T, window)   # (T, S)
     return Panel(scores, cache.weights, visible)
 
 

@@ -17,7 +17,8 @@ Reading order, leaf to root:
     softcap          logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
     dropout          inverted dropout with an explicit random generator
     masks            causal (both alignments), key padding and packed-sequence masks
-    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads, sinks
+    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    attention_sinks  gpt-oss's learned sink per head, on attention's output through its log-sum-exp
     kv_cache         the keys and values of past tokens, for decoding
     multi_head       split/merge heads and multi-head (self- or cross-) attention
     small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
@@ -67,6 +68,7 @@ __version__ = "0.1.0"
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward, scaled_dot_product_attention_forward,
 )
+from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,

@@ -322,12 +322,11 @@ def check_window_is_causal(window, is_causal):
                          "numpy_attn.masks.sliding_window_mask instead")
 
 
-def check_sinks(sinks, q, op="", heads=None):
+def check_sinks(sinks, q, op=""):
     """Raise unless ``sinks`` is None or a finite (nh,) array of q's dtype, nh = q.shape[-3] the
-    query heads (one learned sink logit each, grouped-query heads included), or ``heads`` = (nh,)
-    where the caller works the head count out itself (attention.py, whose batch axes broadcast):
-    TypeError for another type or dtype, ValueError for another shape (or a q without a head
-    axis), NaN or inf. ``op`` prefixes the message."""
+    query heads (one learned sink logit each, grouped-query heads included; attention_sinks.py
+    passes attention's output as q): TypeError for another type or dtype, ValueError for another
+    shape (or a q without a head axis), NaN or inf. ``op`` prefixes the message."""
     prefix = f"{op}: " if op else ""
     if sinks is None:
         return
@@ -335,7 +334,7 @@ def check_sinks(sinks, q, op="", heads=None):
         raise TypeError(f"{prefix}sinks must be a NumPy array (nh,) or None, got {type(sinks).__name__} {sinks!r}")
     if sinks.dtype != q.dtype:
         raise TypeError(f"{prefix}sinks must have q's dtype {q.dtype}, got dtype {sinks.dtype}: {sinks!r}")
-    heads = q.shape[-3:-2] if heads is None and q.ndim >= 3 else heads
+    heads = q.shape[-3:-2] if q.ndim >= 3 else None
     if heads is None or sinks.shape != heads:
         expected = f"(nh,) = {heads}" if heads is not None else "(nh,), but q has no head axis"
         raise ValueError(f"{prefix}sinks must have shape {expected}, one per query head (q {q.shape}), "

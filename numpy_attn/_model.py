@@ -52,6 +52,7 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
@@ -199,16 +200,17 @@ class CachedAttentionCache(NamedTuple):
 
     sdpa: tuple
     past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
+    sinks: tuple | None      # attention_sinks_forward's cache, None without sinks
 
 
-def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, **attention):
+def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, **attention):
     """Causal attention of the T new queries q (B, nh, T, hs) over the past keys and values of
     ``kv_cache`` (this layer's, or None) and the new ones k, v (B, nkv, T, hs) -> (B, nh, T, hs).
 
     Query t sees keys 0..past+t (aligned bottom-right), only its last ``window`` of them on a
     sliding layer; ``attn_mask`` (bool, the caller's, causality included) restricts it further.
-    ``attention`` goes to scaled_dot_product_attention_forward (scale, softcap, sinks). Returns
-    ``(y, cache)``.
+    ``sinks`` (nh,) (gpt-oss) scale each row by its sink's share (numpy_attn/attention_sinks.py);
+    ``attention`` goes to scaled_dot_product_attention_forward (scale, softcap). Returns ``(y, cache)``.
     """
     T = q.shape[2]
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
@@ -219,12 +221,19 @@ def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, **att
                                                                                             "bottom_right")
     mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
     y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
-    return y, CachedAttentionCache(sdpa_cache, past)
+    sinks_cache = None
+    if sinks is not None:   # gpt-oss: y * sigmoid(lse - s_h), the share of each row its sink leaves
+        y, sinks_cache = attention_sinks_forward(y, sdpa_cache.lse, sinks)    # (B, nh, T, hs)
+    return y, CachedAttentionCache(sdpa_cache, past, sinks_cache)
 
 
 def cached_attention_backward(dy, cache):
     """Undoes attention -> (dq, dk, dv[, dsinks]); refuses a forward that read from a key/value cache."""
-    dq, dk, dv, *dsinks = scaled_dot_product_attention_backward(dy, cache.sdpa)
+    dlse, dsinks = None, ()
+    if cache.sinks is not None:   # Undoes the sinks: dlse goes back into attention through its lse
+        dy, dlse, dsink = attention_sinks_backward(dy, cache.sinks)          # (B, nh, T, hs), (B, nh, T), (nh,)
+        dsinks = (dsink,)
+    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa, dlse)
     check_no_past("the model's backward", dk.shape[2], cache.past)   # cached past: inference only
     return (dq, dk, dv, *dsinks)
 

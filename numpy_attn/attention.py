@@ -1,88 +1,39 @@
-"""Scaled dot-product attention with masks, dropout, grouped-query heads and sinks, and its backward.
+"""Scaled dot-product attention and its backward: the twin of torch.nn.functional.scaled_dot_product_attention.
 
-    scores  = (q * scale) @ k^T                   scale = 1 / sqrt(hs) unless given
-    scores  = c * tanh(scores / c) + mask         softcap c: Gemma 2's; without, scores + mask
-    weights = softmax([scores, s_h])[:S]          along the key axis S; the sink s_h only with sinks
+    scores  = (q * scale) @ k^T + attn_mask       scale = 1 / sqrt(hs) unless given
+    weights = softmax(scores)                     along the key axis S
     out     = dropout(weights) @ v
 
-Vaswani et al., "Attention Is All You Need" (2017), eq. 1; the semantics are those of
-``torch.nn.functional.scaled_dot_product_attention``:
+Vaswani et al., "Attention Is All You Need" (2017), eq. 1, with F.scaled_dot_product_attention's
+arguments: a bool ``attn_mask`` is True where a query may attend, a float one is added (and can be
+learned: ``attn_mask_grad=True``); k and v may have fewer heads than q (grouped-query, as
+``enable_gqa=True``), and batch axes broadcast. A fully masked row gives weights, output and
+gradient 0. ``is_causal`` is True (top-left, as PyTorch) or "bottom_right" (decoding with a cache
+of S - T earlier keys); for T = 3 queries and S = 5 keys, 1 where a query may attend:
 
-- ``attn_mask`` has at least two dimensions and broadcasts to the scores (..., T, S): bool is
-  True where a query may attend (False becomes a score of -inf), float is added to the scores
-  and must have q's dtype.
-- ``is_causal=True`` lets query t see keys 0..t (top-left aligned, also when T != S), as in
-  PyTorch; ``is_causal="bottom_right"`` lets it see keys 0..S-T+t, the last query seeing every
-  key (decoding with a cache of S - T earlier keys; ``torch.nn.attention.bias.causal_lower_right``).
-  For T = 3 queries (rows) and S = 5 keys, 1 where a query may attend:
+    top-left (True, "top_left")     bottom-right ("bottom_right")
+        1 0 0 0 0                       1 1 1 0 0
+        1 1 0 0 0                       1 1 1 1 0
+        1 1 1 0 0                       1 1 1 1 1
 
-      top-left (True, "top_left")     bottom-right ("bottom_right")
-          1 0 0 0 0                       1 1 1 0 0
-          1 1 0 0 0                       1 1 1 1 0
-          1 1 1 0 0                       1 1 1 1 1
-
-  With T > S bottom-right leaves the first T - S rows without a key. ``window=w`` (with
-  is_causal) keeps only each query's last w keys, its own included, in either alignment
-  (sliding-window attention, numpy_attn/masks.py's sliding_window_mask); with w = 2, T = 3, S = 5,
-  bottom-right: rows 0 1 1 0 0 / 0 0 1 1 0 / 0 0 0 1 1. A caller with its own attn_mask combines
-  it with sliding_window_mask instead. Giving both ``is_causal``
-  and ``attn_mask`` is a ValueError, as in PyTorch: combine them into one mask.
-- ``softcap=c`` caps the scaled scores smoothly into (-c, c) before the mask is added
-  (numpy_attn/softcap.py; the order of transformers' Gemma 2 attention: scale, cap, mask,
-  softmax); a float mask's gradient is taken after the cap, the scores' through its derivative.
-- A query row with every key masked gets weights 0, output 0 and gradient 0 (never NaN).
-- ``sinks`` (nh,), one learned logit s_h per query head (gpt-oss; OpenAI, "gpt-oss-120b &
-  gpt-oss-20b Model Card", 2025): each row's softmax gets one more column, s_h, after the scale,
-  cap and mask, and that column is dropped again, so the row's weights sum to less than one:
-  weights = exp(scores - m) / (sum exp(scores - m) + exp(s_h - m)), m the row's maximum over the
-  scores and s_h. The sink takes a share of the attention and gives no value: a head can attend
-  to nothing. A fully masked row then has weight 1 on its sink and so weights 0 and output 0.
-  With grouped-query heads there is still one sink per query head. Dropout acts on the weights
-  without the sink column (the order of transformers' gpt-oss eager attention).
-- A float ``attn_mask`` can be learned (a relative-position bias, ALiBi): with
-  ``attn_mask_grad=True`` the backward also returns its gradient, dscores summed over the axes
-  along which the mask was broadcast, in the mask's shape. Bool masks and is_causal have none.
-- Dropout is inverted dropout on the weights (numpy_attn/dropout.py): a keep-mask drawn from
-  ``rng`` with P(keep) = 1 - p, kept entries scaled by 1 / (1 - p); the keep-mask is cached so
-  that the twin can replay it.
-- Grouped-query attention: k and v may have fewer heads (axis -3) than q, the query head count a
-  multiple g of theirs; query head h uses key/value head h // g, as with ``enable_gqa=True``.
-  It is handled at the edges: the forward repeats each key/value head g times, the backward sums
-  each group.
-- The other leading (batch) dimensions of q and of k, v broadcast against each other, as in
-  PyTorch (a size 1 or a missing axis stands for any size); the backward sums the gradient of a
-  broadcast input over the axes it was broadcast along.
+The forward also keeps each row's log-sum-exp, ``cache.lse``: an operation on the output through
+it (numpy_attn/attention_sinks.py) hands its gradient back as ``dlse``. Gemma 2's softcap caps
+the scores before the mask (numpy_attn/softcap.py); a sliding window is a mask
+(numpy_attn/masks.py's sliding_window_mask).
 
 Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
-dscores = softmax_backward(dweights) (times 1 - tanh^2 under a softcap), dq = dscores k * scale,
-dk = dscores^T (q * scale).
-Masked entries have weight 0 and so get no gradient; a float mask's own gradient is dscores.
-With sinks, dweights gets a zero column for the sink (its weight reached no output) before the
-softmax backward, and dsinks is that column of dscores, -w_sink * sum(dweights * weights) per
-row, summed over every axis but the head axis; the backward returns it last.
+dscores = softmax_backward(dweights) + weights * dlse, dq = dscores k * scale, dk = dscores^T (q * scale).
 
-float16 and bfloat16: q, k, v, a float mask and the sinks are cast up to float32 at the top and
-everything, scores, cap, softmax (max, exp, sum) and weights @ v, runs in float32; out is rounded
-once to q's dtype, and so are the weights ``cache.weights`` shows. The backward computes in float32
-from the float32 cache and rounds each gradient once. This is PyTorch's math backend exactly
-(docs/precision.md); its CPU flash kernel, the default, also rounds the weights to the low dtype
-before weights @ v, which adds an error this does not have.
+float16 and bfloat16 compute in float32 and round out and each gradient once (docs/precision.md).
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import (
-    check_attention_inputs,
-    check_dout,
-    check_sinks,
-    check_softcap,
-    check_window_is_causal,
-    upcast,
-)
+from numpy_attn._checks import check_attention_inputs, check_dout, check_softcap, upcast
 from numpy_attn.dropout import dropout_backward, dropout_forward
-from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.masks import causal_mask
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
@@ -100,8 +51,8 @@ class AttentionCache(NamedTuple):
     scale: np.floating          # the score scale, in the dtype computed in
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
+    lse: np.ndarray             # (..., nh, T) each row's log-sum-exp of the scores (-inf if fully masked)
     softcap_cache: tuple | None = None   # logit_softcap_forward's cache (tanh of the scores), None without a cap
-    sinks: bool = False         # whether the softmax had a sink column (softmax_cache then holds S + 1 columns)
 
     @property
     def keep(self):
@@ -115,28 +66,21 @@ class AttentionCache(NamedTuple):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None,
-                                         window=None, sinks=None):
-    """Attention of q (..., T, hs) over k (..., S, hs) and v (..., S, hv) -> out (..., T, hv).
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None):
+    """out = dropout(softmax((q * scale) @ k^T + attn_mask)) @ v: q (..., T, hs), k (..., S, hs),
+    v (..., S, hv) -> out (..., T, hv). Returns ``(out, cache)``.
 
-    With ``attn_mask_grad=True`` and a float ``attn_mask``, the backward returns its gradient too.
-    ``softcap`` (a number > 0, or None) caps the scaled scores at c * tanh(scores / c);
-    ``window`` (an integer >= 1, or None; needs is_causal) lets each query see its last keys only;
-    ``sinks`` (nh,) in q's dtype, or None, adds each query head's sink logit to its softmax (the
-    backward then returns dsinks last).
-
-    Returns ``(out, cache)``. ``cache.weights`` (..., T, S) are the attention weights after
-    softmax and before dropout (for plots); ``cache.keep`` is the dropout keep-mask or None.
-    ``out`` is a fresh array that the cache does not hold: changing it leaves the backward alone.
-    ``cache.weights`` is read-only, changing it in place is an error; for float32 and float64 it is
-    the very array the backward reads, for float16 and bfloat16 that array rounded to q's dtype.
-    The cache holds the rest in float32 for those (the dtype the backward computes in).
+    ``rng`` draws the dropout keep-mask (``cache.keep``, for the twin to replay); with
+    ``attn_mask_grad=True`` the backward also returns a float mask's gradient; ``softcap`` c
+    caps the scaled scores at c * tanh(scores / c) before the mask. ``cache.weights`` (read-only,
+    in q's dtype) are the weights before dropout, ``cache.lse`` each row's log-sum-exp (float32
+    for float16 and bfloat16).
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     dtype = q.dtype                                               # out's: float16 and bfloat16 compute in float32
-    q, k, v, sinks = upcast(q), upcast(k), upcast(v), upcast(sinks)   # float32 copies for float16 and bfloat16
+    q, k, v = upcast(q), upcast(k), upcast(v)                     # float32 copies for float16 and bfloat16
     scale = q.dtype.type(1 / np.sqrt(hs) if scale is None else scale)
     # g query heads per key/value head: more than one with grouped-query heads
     g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
@@ -144,9 +88,8 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         # (..., nkv, S, .) -> (..., nh, S, .)
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask_shape = attn_mask.shape if attn_mask_grad else None     # the backward returns dattn_mask
-    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right; a window keeps the last w
-        align = "bottom_right" if is_causal == "bottom_right" else "top_left"
-        attn_mask = causal_mask(T, S, align) if window is None else sliding_window_mask(T, S, window, align)
+    if is_causal:   # (T, S): query t sees keys 0..t, or 0..S-T+t aligned bottom-right
+        attn_mask = causal_mask(T, S, "bottom_right" if is_causal == "bottom_right" else "top_left")
     if attn_mask is not None and attn_mask.dtype == np.bool_:
         attn_mask = np.where(attn_mask, 0, -np.inf).astype(q.dtype)   # False -> a score of -inf
     attn_mask = upcast(attn_mask)                                 # a float16/bfloat16 mask in float32: -inf stays -inf
@@ -158,28 +101,29 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         scores, softcap_cache = logit_softcap_forward(scores, softcap)   # (..., nh, T, S)
     if attn_mask is not None:
         scores += attn_mask                                       # in place: scores is our own array
-    if sinks is not None:   # gpt-oss: head h's sink logit joins every row of its scores as column S
-        sink_column = np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))   # (nh,) -> (..., nh, T, 1)
-        scores = np.concatenate([scores, sink_column], axis=-1)   # (..., nh, T, S + 1)
-    weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S[ + 1]); all -inf row -> 0
-    if sinks is not None:   # the sink's weight is dropped: it takes a share of the row but has no value
-        # A contiguous copy, not the strided view: matmul sums a strided operand in another order, and
-        # the same weights would then give another last bit of out than without a sink.
-        weights = np.ascontiguousarray(weights[..., :-1])         # (..., nh, T, S + 1) -> (..., nh, T, S)
-        weights.flags.writeable = False                           # read-only, as softmax's own output
+    weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
     dropped, dropout_cache = dropout_forward(weights, dropout_p, rng)   # (..., nh, T, S)
     out = dropped @ v                                             # (..., nh, T, hv)
+    lse = _logsumexp(scores)                                      # (..., nh, T)
     shown = weights.astype(dtype, copy=False)                     # weights itself, or rounded to float16/bfloat16
     shown.flags.writeable = False
     cache = AttentionCache(q_scaled, k, v, shown, softmax_cache, dropped, dropout_cache, scale, g,
-                           mask_shape, softcap_cache, sinks is not None)
+                           mask_shape, lse, softcap_cache)
     return out.astype(dtype, copy=False), cache                   # rounded once to q's dtype
 
 
-def scaled_dot_product_attention_backward(dout, cache):
-    """Gradients of attention: dout (..., T, hv) -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)),
-    then dattn_mask (the mask's shape) if the forward had ``attn_mask_grad=True``, then dsinks (nh,)
-    if it had ``sinks``: (dq, dk, dv[, dattn_mask][, dsinks]).
+@np.errstate(divide="ignore")
+def _logsumexp(scores):
+    """log sum exp of each row of scores (..., S) -> (...): -inf for a fully masked row."""
+    empty = np.isneginf(scores).all(axis=-1)                      # (...)
+    m = np.where(empty[..., None], 0, scores).max(axis=-1, keepdims=True, initial=-np.inf)   # (..., 1)
+    return np.where(empty, -np.inf, (m + np.log(np.exp(scores - m).sum(axis=-1, keepdims=True)))[..., 0])
+
+
+def scaled_dot_product_attention_backward(dout, cache, dlse=None):
+    """Gradients of attention: dout (..., T, hv) [, dlse (..., T), the gradient of ``cache.lse``]
+    -> (dq (..., T, hs), dk (..., S, hs), dv (..., S, hv)[, dattn_mask]), dattn_mask (the mask's
+    shape) if the forward had ``attn_mask_grad=True``.
 
     With grouped-query attention dk and dv have the fewer heads of k and v: each sums its group.
     """
@@ -192,15 +136,12 @@ def scaled_dot_product_attention_backward(dout, cache):
     ddropped = dout @ v.swapaxes(-1, -2)                          # (..., nh, T, S)
     # Undoes dropped = dropout(weights): the same keep-mask and scale.
     dweights = dropout_backward(ddropped, cache.dropout_cache)    # (..., nh, T, S)
-    if cache.sinks:   # Undoes weights = weights[..., :-1]: the dropped sink weight reached no output
-        no_gradient = np.zeros(dweights.shape[:-1] + (1,), dweights.dtype)
-        dweights = np.concatenate([dweights, no_gradient], axis=-1)   # (..., nh, T, S + 1)
     # Undoes weights = softmax(scores). Masked scores have weight 0, so softmax_backward already
     # gives them gradient 0 (and a fully masked row 0 throughout).
-    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S[ + 1])
-    if cache.sinks:   # Undoes the sink column: each head's sink fed every row of that head
-        dsink_column, dscores = dscores[..., -1], dscores[..., :-1]   # (..., nh, T), (..., nh, T, S)
-        dsinks = dsink_column.sum(axis=-1).reshape(-1, dsink_column.shape[-2]).sum(axis=0)   # -> (nh,)
+    dscores = softmax_backward(dweights, cache.softmax_cache)     # (..., nh, T, S)
+    if dlse is not None:   # Undoes lse = log sum exp(scores): d lse / d scores = the weights
+        _check_dlse(dlse, cache.lse.shape)
+        dscores = dscores + cache.softmax_cache.y * upcast(dlse)[..., None]   # (..., nh, T, S)
     dmask = dscores                                               # the mask is added after the cap
     if cache.softcap_cache is not None:   # Undoes scores = c * tanh(scores / c)
         dscores = logit_softcap_backward(dscores, cache.softcap_cache)   # (..., nh, T, S)
@@ -215,8 +156,6 @@ def scaled_dot_product_attention_backward(dout, cache):
     grads = (dq, dk, dv)
     if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
         grads += (_sum_to_shape(dmask, cache.mask_shape),)       # (..., nh, T, S) -> mask's shape
-    if cache.sinks:
-        grads += (dsinks,)                                        # (nh,)
     return tuple(d.astype(dtype, copy=False) for d in grads)      # each rounded once to its input's dtype
 
 
@@ -230,15 +169,19 @@ def _sum_to_shape(x, shape):
     return x.sum(axis=stretched, keepdims=True)
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap, window, sinks):
+def _check_dlse(dlse, shape):
+    """Raise unless ``dlse`` is an array of lse's shape (..., nh, T)."""
+    if not isinstance(dlse, np.ndarray) or dlse.shape != shape:
+        got = f"shape {dlse.shape}" if isinstance(dlse, np.ndarray) else type(dlse).__name__
+        raise ValueError(f"dlse must be an array of lse's shape {shape}, got {got}")
+
+
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
-    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, unless
-    softcap is None or a finite number > 0, unless window is None or an integer >= 1 given
-    with is_causal, and unless sinks is None or fits _check_sinks."""
+    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, and unless
+    softcap is None or a finite number > 0."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
     check_softcap(softcap)
-    check_window_is_causal(window, is_causal)
-    _check_sinks(sinks, q, k)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):
@@ -246,17 +189,3 @@ def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_gr
     if attn_mask_grad and (attn_mask is None or attn_mask.dtype == np.bool_):
         got = "no attn_mask" if attn_mask is None else f"a bool attn_mask of shape {attn_mask.shape}"
         raise ValueError(f"attn_mask_grad=True needs a float attn_mask (its gradient), got {got}")
-
-
-def _check_sinks(sinks, q, k):
-    """Raise unless ``sinks`` is None or fits _checks.check_sinks, nh the query heads of the
-    scores: axis -3 of q, or of the batch axes q and k, v broadcast to."""
-    if sinks is None or not isinstance(sinks, np.ndarray) or sinks.dtype != q.dtype:
-        return check_sinks(sinks, q)                                       # no array, or not q's dtype
-    g = q.shape[-3] // k.shape[-3] if min(q.ndim, k.ndim) >= 3 and q.shape[-3] > k.shape[-3] > 1 else 1
-    kv_lead = k.shape[:-3] + (k.shape[-3] * g,) if g > 1 else k.shape[:-2]   # k's heads repeated g times
-    lead = np.broadcast_shapes(q.shape[:-2], kv_lead)                      # the scores' (..., nh)
-    if not lead:
-        raise ValueError(f"sinks (shape {sinks.shape}) need a head axis, one sink per query head; "
-                         f"q {q.shape} and k {k.shape} have none")
-    check_sinks(sinks, q, heads=lead[-1:])

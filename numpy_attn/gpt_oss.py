@@ -10,9 +10,11 @@ layers, YaRN and a mixture of experts in place of the MLP.
 OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (2025), section 2.1, and transformers'
 ``GptOssForCausalLM``. Attention is llama.py's (grouped-query heads, RoPE in the "half" layout)
 with biases on the four projections and ``blocks.i.attn.sinks`` (nh,): each head's sink logit joins
-the softmax of every query row and takes a share of its weight. The
-layers whose ``layer_types`` entry is "sliding_attention" (every other one, from the first) see
-only their last ``sliding_window`` keys, and ``gpt_oss_kv_cache`` keeps only that many for them.
+the softmax of every query row and takes a share of its weight: attention's output times
+sigmoid(lse - s_h) per row (numpy_attn/attention_sinks.py, through _model.py's
+``cached_attention_forward``). The layers whose ``layer_types`` entry is "sliding_attention" (every
+other one, from the first) see only their last ``sliding_window`` keys, and ``gpt_oss_kv_cache``
+keeps only that many for them.
 The rotary frequencies are YaRN's (``rope_scaling`` {"rope_type": "yarn", ...},
 numpy_attn/rope.py). The MLP is numpy_attn/moe.py's ``gpt_oss_moe_forward``: a router with bias
 picks ``experts_per_token`` of ``n_experts`` experts per token and softmaxes their logits; each

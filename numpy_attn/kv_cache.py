@@ -37,8 +37,9 @@ How a model uses it:
     # in layer i, with k, v (B, nkv, T, hs) of the T new tokens (rotated at those positions):
     layer = cache.layer(i)
     k_all, v_all = kv_cache_update(layer, k, v)  # (B, nkv, S, hs): held keys, then the new ones
-    out, _ = scaled_dot_product_attention_forward(q, k_all, v_all, is_causal="bottom_right",
-                                                  window=layer.window)   # None on a full layer
+    S = k_all.shape[2]                           # on a sliding layer, attn_mask instead of is_causal:
+    out, _ = scaled_dot_product_attention_forward(q, k_all, v_all, is_causal="bottom_right")
+    # attn_mask=sliding_window_mask(T, S, layer.window, "bottom_right")
 
 S is past + T on a full layer and min(past, w) + T on a sliding one; either way the last T keys
 are the new tokens', so bottom-right alignment puts each query at its own position.

@@ -1,17 +1,27 @@
 """What the attention tests share (test_attention.py, test_multi_head.py, test_softcap.py,
 test_flash_attention.py, test_flex_attention.py): bad caps and windows, the bad-dout refusal, the
 low-precision error budget of an attention op and its inputs' rounding, and FlashAttention-4's
-rule for float32 results with what a float32 computation may keep beyond it."""
+rule for float32 results with what a float32 computation may keep beyond it; and attention's
+cases (drawn and written out, with sinks and windows), run through ours and the twin
+(test_attention.py, test_attention_sinks.py)."""
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
+import torch_attn.attention as tw
+import torch_attn.attention_sinks as tw_sinks
+from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
+from numpy_attn.masks import sliding_window_mask
 from parity_tests import strategies as S
-from parity_tests.helpers import LOW_DTYPES, assert_close, assert_error_budget, round_to, to_torch
+from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, assert_error_budget, round_to, to_torch
 
 # Caps and windows refused, with the error and message (test_attention.py, test_softcap.py and
 # test_flash_attention.py).
@@ -175,3 +185,200 @@ def float32_allowance(case):
     if case["sinks"] is not None:
         extra["dsinks"] = 8 * eps * dsinks_size(case)
     return extra
+
+
+# -- attention's cases: drawn, written out, run through ours and the twin ---------------------------
+
+@st.composite
+def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0,
+                     softcap=False, sinks=False):
+    """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
+
+    Leading dimensions are (), (nh,) or (B, nh); with grouped-query attention q has g times the
+    heads of k and v, g drawn from the range ``groups`` (g > 1 needs a head axis). Masks come
+    from S.attention_masks, of ``kinds``. With ``softcap`` a cap c is drawn: small ones saturate
+    scores of up to |q| |k| hs scale = 32, Gemma 2's 50 barely bends them. With ``sinks`` there is
+    always a head axis and each query head gets a sink logit in [-8, 8]: from negligible beside
+    scores of up to 32 to taking nearly all of a row.
+    """
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    min_dims = int(groups[0] > 1 or sinks)                        # a head axis for grouped heads or sinks
+    kv_lead = draw(hnp.array_shapes(min_dims=min_dims, max_dims=2, min_side=1, max_side=3))
+    g = draw(st.integers(*groups)) if kv_lead else 1             # query heads per key/value head
+    q_lead = kv_lead[:-1] + (kv_lead[-1] * g,) if kv_lead else kv_lead
+    T, S_, hs, hv = draw(S.dim(1, 5)), draw(S.dim(1, 5)), draw(S.dim(1, 4)), draw(S.dim(1, 4))
+    case = dict(
+        q=draw(S.arrays(dtype, q_lead + (T, hs), bound)),
+        k=draw(S.arrays(dtype, kv_lead + (S_, hs), bound)),
+        v=draw(S.arrays(dtype, kv_lead + (S_, hv), bound)),
+        scale=draw(st.none() | st.floats(0.1, 2.0)),
+        dropout_p=draw(st.sampled_from((0.0, 0.3, 0.75))) if dropout else 0.0,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+    case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
+    case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
+    if softcap:
+        case["softcap"] = draw(st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0))
+    if sinks:
+        case["sinks"] = draw(S.arrays(dtype, q_lead[-1:], 8.0))
+    return case
+
+
+def make_case(q, k, v, dout, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=0):
+    """A case written out by hand, for @example."""
+    return dict(q=q, k=k, v=v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                dropout_p=dropout_p, seed=seed, dout=dout)
+
+
+# T = 1 and a single head, with that one query row masked entirely; and GQA with a fully masked
+# row in a float mask and dropout.
+EDGE_CASES = [
+    make_case(S.ramp(1, 1, 1, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 1, 2),
+              attn_mask=np.zeros((1, 3), dtype=bool)),
+    make_case(S.ramp(2, 3, 2), S.ramp(1, 4, 2), S.ramp(1, 4, 3), S.ramp(2, 3, 3),
+              attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]),
+              dropout_p=0.5, seed=7),
+]
+
+
+def numpy_forward(case, **changes):
+    """Run the NumPy forward on a case (with ``changes`` to its arrays); returns (out, cache). A
+    ``window`` becomes masks.sliding_window_mask; ``sinks`` compose attention with attention_sinks
+    (the cache then a SinksCache)."""
+    c = {**case, **changes}
+    out, cache = scaled_dot_product_attention_forward(
+        c["q"], c["k"], c["v"], scale=c["scale"], dropout_p=c["dropout_p"],
+        rng=np.random.default_rng(c["seed"]), attn_mask_grad=c.get("attn_mask_grad", False),
+        softcap=c.get("softcap"), **causal_or_window(c["q"].shape[-2], c["k"].shape[-2], c["is_causal"],
+                                                     c.get("window"), c["attn_mask"]))
+    if c.get("sinks") is None:
+        return out, cache
+    out, sinks_cache = attention_sinks_forward(out, cache.lse, c["sinks"])
+    return out, SinksCache(cache, sinks_cache)
+
+
+def causal_or_window(T, S_, is_causal, window, attn_mask=None):
+    """attention's mask arguments for ``is_causal`` with a sliding ``window`` (or None): the window
+    as masks.sliding_window_mask in is_causal's alignment, else is_causal itself."""
+    if window is None:
+        return {"is_causal": is_causal, "attn_mask": attn_mask}
+    align = "bottom_right" if is_causal == "bottom_right" else "top_left"
+    return {"attn_mask": sliding_window_mask(T, S_, window, align)}
+
+
+class SinksCache(NamedTuple):
+    """attention's cache and attention_sinks' after it, read as attention's by the tests: the
+    weights each row times its sink's share."""
+
+    attn: tuple
+    sinks: tuple
+
+    @property
+    def weights(self):
+        return (self.attn.weights * self.sinks.share[..., None]).astype(self.attn.weights.dtype)
+
+    keep = property(lambda self: self.attn.keep)
+    keep_scale = property(lambda self: self.attn.keep_scale)
+    scale = property(lambda self: self.attn.scale)
+
+
+def numpy_backward(dout, cache):
+    """The NumPy backward of numpy_forward's cache: (dq, dk, dv[, dattn_mask][, dsinks])."""
+    if not isinstance(cache, SinksCache):
+        return scaled_dot_product_attention_backward(dout, cache)
+    dout, dlse, dsinks = attention_sinks_backward(dout, cache.sinks)
+    return (*scaled_dot_product_attention_backward(dout, cache.attn, dlse), dsinks)
+
+
+def twin_fn(case, keep):
+    """The torch twin as a function of (q, k, v), and of sinks (default the case's), with the
+    case's masks and ``keep``: attention, then attention_sinks with sinks."""
+    keep = None if keep is None else to_torch(keep)
+    case_sinks = None if case.get("sinks") is None else to_torch(case["sinks"])
+    masks = causal_or_window(case["q"].shape[-2], case["k"].shape[-2], case["is_causal"], case.get("window"),
+                             case["attn_mask"])
+    masks["attn_mask"] = torch_or_none(masks["attn_mask"])
+
+    def fn(q, k, v, sinks=case_sinks):
+        out, weights, lse = tw.scaled_dot_product_attention(
+            q, k, v, scale=case["scale"], dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"),
+            return_lse=True, **masks)
+        if sinks is None:
+            return out, weights
+        share = torch.sigmoid(lse - sinks.to(lse.dtype)[:, None])            # (..., nh, T): as cache.weights
+        return tw_sinks.attention_sinks(out, lse, sinks), (weights * share[..., None]).to(weights.dtype)
+    return fn
+
+
+def gradient_tols(case, cache):
+    """Tolerances for dq, dk, dv: the dtype's, atol scaled by the size of the terms that cancel.
+
+    The weights' gradient dout @ v^T has entries up to D = hv max|dout| max|v| / (1 - p); the
+    softmax backward subtracts terms that large however small the result comes out, and dq, dk
+    multiply what is left by k * scale and q * scale; dv sums terms weight * dout / (1 - p). Two
+    correct programs that round in another order (the built-in's fused kernel, keys permuted)
+    differ by the dtype's atol times those terms, not times the result: Hypothesis found float32
+    dk entries of 1e-5 off by 1.2e-5.
+    """
+    tol = TOLERANCES[np.dtype(case["q"].dtype)]
+    terms = cancelled_terms(case, cache)
+    return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(terms[name]))) for name in "qkv"}
+
+
+def cancelled_terms(case, cache):
+    """The size of the terms the backward cancels, as gradient_tols derives it: D for dscores
+    ("scores"), D max|k| scale for dq, D max|q| scale for dk, max|dout| / (1 - p) for dv."""
+    big = {name: float(np.abs(case[name]).max()) for name in ("q", "k", "v", "dout")}
+    D = case["v"].shape[-1] * big["dout"] * big["v"] * cache.keep_scale
+    return {"scores": D, "q": D * big["k"] * cache.scale, "k": D * big["q"] * cache.scale,
+            "v": big["dout"] * cache.keep_scale}
+
+
+def qkv(case):
+    return {name: case[name] for name in ("q", "k", "v")}
+
+
+def as_heads(a):
+    """(..., L, E) -> (B, nh, L, E) for transformers and flex attention, which want four axes."""
+    return a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape)
+
+
+def sink_tol(case, cache):
+    """dsinks_h sums, over the R rows of head h, -w_sink * sum_j(dweights_j * weights_j): each row
+    cancels terms of dweights as large as D (gradient_tols), so the dtype's atol times D per row,
+    times the R rows that the sum adds up."""
+    tol = TOLERANCES[np.dtype(case["q"].dtype)]
+    D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
+    rows = cache.weights[..., 0].size // case["sinks"].size
+    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(D) * rows))
+
+
+def sink_case(q, k, v, dout, sinks, **options):
+    """A sinks case written out by hand, for @example."""
+    return {**make_case(q, k, v, dout, **options), "sinks": sinks}
+
+
+# Every key of the first query row masked, with a sink (its weights and output must be 0, its
+# gradients too); and GQA (3 query heads on 1 key/value head) with a fully masked row and dropout.
+SINK_EDGE_CASES = [
+    sink_case(S.ramp(2, 3, 2), S.ramp(2, 4, 2), S.ramp(2, 4, 3), S.ramp(2, 3, 3), S.ramp(2) * 3,
+              attn_mask=np.array([[False] * 4, [True, False, True, True], [True] * 4])),
+    sink_case(S.ramp(3, 3, 2), S.ramp(1, 4, 2), S.ramp(1, 4, 3), S.ramp(3, 3, 3), S.ramp(3) * 4 - 1,
+              attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]), dropout_p=0.5, seed=7),
+]
+
+
+def sink_grads(case, cache):
+    """The NumPy backward's (dq, dk, dv, dsinks) of a sinks case, checking it returns four."""
+    grads = numpy_backward(case["dout"], cache)
+    assert len(grads) == 4, f"with sinks the backward returned {len(grads)} gradients, not 4 (dq, dk, dv, dsinks)"
+    return dict(zip(("q", "k", "v", "sinks"), grads, strict=True))
+
+
+def additive_mask(case):
+    """The case's mask (or is_causal) as the float mask that is added to the scores, or None."""
+    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
+    mask = np.tri(T, S_, dtype=bool) if case["is_causal"] else case["attn_mask"]
+    if mask is None or mask.dtype != np.bool_:
+        return mask
+    return np.where(mask, 0, -np.inf).astype(case["q"].dtype)

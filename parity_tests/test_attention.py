@@ -10,24 +10,38 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import torch_attn.attention as tw
+import torch_attn.attention_sinks as tw_sinks
 import torch_attn.linear as tw_linear
 from numpy_attn.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from numpy_attn.attention_sinks import attention_sinks_forward
 from numpy_attn.linear import linear_forward
 from parity_tests import strategies as S
 from parity_tests.attention_kit import (
     BAD_SOFTCAPS,
     BAD_WINDOWS,
+    EDGE_CASES,
+    SINK_EDGE_CASES,
+    additive_mask,
+    as_heads,
     assert_attention_budget,
     assert_dout_refused,
+    attention_inputs,
+    cancelled_terms,
+    causal_or_window,
     four_axes,
+    gradient_tols,
+    make_case,
+    numpy_backward,
+    numpy_forward,
+    qkv,
     rounded,
     torch_or_none,
+    twin_fn,
     widened,
 )
 from parity_tests.helpers import (
@@ -41,112 +55,6 @@ from parity_tests.helpers import (
     to_torch,
     tree_to_torch,
 )
-
-
-@st.composite
-def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropout=True, bound=4.0,
-                     softcap=False, sinks=False):
-    """A case: the forward's keyword arguments (``seed`` standing in for rng) and a drawn ``dout``.
-
-    Leading dimensions are (), (nh,) or (B, nh); with grouped-query attention q has g times the
-    heads of k and v, g drawn from the range ``groups`` (g > 1 needs a head axis). Masks come
-    from S.attention_masks, of ``kinds``. With ``softcap`` a cap c is drawn: small ones saturate
-    scores of up to |q| |k| hs scale = 32, Gemma 2's 50 barely bends them. With ``sinks`` there is
-    always a head axis and each query head gets a sink logit in [-8, 8]: from negligible beside
-    scores of up to 32 to taking nearly all of a row.
-    """
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    min_dims = int(groups[0] > 1 or sinks)                        # a head axis for grouped heads or sinks
-    kv_lead = draw(hnp.array_shapes(min_dims=min_dims, max_dims=2, min_side=1, max_side=3))
-    g = draw(st.integers(*groups)) if kv_lead else 1             # query heads per key/value head
-    q_lead = kv_lead[:-1] + (kv_lead[-1] * g,) if kv_lead else kv_lead
-    T, S_, hs, hv = draw(S.dim(1, 5)), draw(S.dim(1, 5)), draw(S.dim(1, 4)), draw(S.dim(1, 4))
-    case = dict(
-        q=draw(S.arrays(dtype, q_lead + (T, hs), bound)),
-        k=draw(S.arrays(dtype, kv_lead + (S_, hs), bound)),
-        v=draw(S.arrays(dtype, kv_lead + (S_, hv), bound)),
-        scale=draw(st.none() | st.floats(0.1, 2.0)),
-        dropout_p=draw(st.sampled_from((0.0, 0.3, 0.75))) if dropout else 0.0,
-        seed=draw(st.integers(0, 2**32 - 1)),
-    )
-    case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
-    case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
-    if softcap:
-        case["softcap"] = draw(st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0))
-    if sinks:
-        case["sinks"] = draw(S.arrays(dtype, q_lead[-1:], 8.0))
-    return case
-
-
-def make_case(q, k, v, dout, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=0):
-    """A case written out by hand, for @example."""
-    return dict(q=q, k=k, v=v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                dropout_p=dropout_p, seed=seed, dout=dout)
-
-
-# T = 1 and a single head, with that one query row masked entirely; and GQA with a fully masked
-# row in a float mask and dropout.
-EDGE_CASES = [
-    make_case(S.ramp(1, 1, 1, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 3, 2), S.ramp(1, 1, 1, 2),
-              attn_mask=np.zeros((1, 3), dtype=bool)),
-    make_case(S.ramp(2, 3, 2), S.ramp(1, 4, 2), S.ramp(1, 4, 3), S.ramp(2, 3, 3),
-              attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]),
-              dropout_p=0.5, seed=7),
-]
-
-
-def numpy_forward(case, **changes):
-    """Run the NumPy forward on a case (with ``changes`` to its arrays); returns (out, cache)."""
-    c = {**case, **changes}
-    return scaled_dot_product_attention_forward(
-        c["q"], c["k"], c["v"], attn_mask=c["attn_mask"], is_causal=c["is_causal"],
-        scale=c["scale"], dropout_p=c["dropout_p"], rng=np.random.default_rng(c["seed"]),
-        attn_mask_grad=c.get("attn_mask_grad", False), softcap=c.get("softcap"), window=c.get("window"),
-        sinks=c.get("sinks"))
-
-
-def twin_fn(case, keep):
-    """The torch twin as a function of (q, k, v), and of sinks (default the case's), with the
-    case's masks and ``keep``."""
-    mask = None if case["attn_mask"] is None else to_torch(case["attn_mask"])
-    keep = None if keep is None else to_torch(keep)
-    case_sinks = None if case.get("sinks") is None else to_torch(case["sinks"])
-
-    def fn(q, k, v, sinks=case_sinks):
-        return tw.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=case["is_causal"], scale=case["scale"],
-            dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"), window=case.get("window"),
-            sinks=sinks)
-    return fn
-
-
-def gradient_tols(case, cache):
-    """Tolerances for dq, dk, dv: the dtype's, atol scaled by the size of the terms that cancel.
-
-    The weights' gradient dout @ v^T has entries up to D = hv max|dout| max|v| / (1 - p); the
-    softmax backward subtracts terms that large however small the result comes out, and dq, dk
-    multiply what is left by k * scale and q * scale; dv sums terms weight * dout / (1 - p). Two
-    correct programs that round in another order (the built-in's fused kernel, keys permuted)
-    differ by the dtype's atol times those terms, not times the result: Hypothesis found float32
-    dk entries of 1e-5 off by 1.2e-5.
-    """
-    tol = TOLERANCES[np.dtype(case["q"].dtype)]
-    terms = cancelled_terms(case, cache)
-    return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(terms[name]))) for name in "qkv"}
-
-
-def cancelled_terms(case, cache):
-    """The size of the terms the backward cancels, as gradient_tols derives it: D for dscores
-    ("scores"), D max|k| scale for dq, D max|q| scale for dk, max|dout| / (1 - p) for dv."""
-    big = {name: float(np.abs(case[name]).max()) for name in ("q", "k", "v", "dout")}
-    D = case["v"].shape[-1] * big["dout"] * big["v"] * cache.keep_scale
-    return {"scores": D, "q": D * big["k"] * cache.scale, "k": D * big["q"] * cache.scale,
-            "v": big["dout"] * cache.keep_scale}
-
-
-def qkv(case):
-    return {name: case[name] for name in ("q", "k", "v")}
-
 
 # -- forward matches the twin -------------------------------------------------------------------
 
@@ -168,7 +76,7 @@ def test_forward_matches_twin(case):
 @example(case=EDGE_CASES[1])
 def test_backward_matches_autograd(case):
     _, cache = numpy_forward(case)
-    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
+    dq, dk, dv = numpy_backward(case["dout"], cache)
     fn = twin_fn(case, cache.keep)
     _, grads = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
     tols = gradient_tols(case, cache)
@@ -324,8 +232,8 @@ def test_permuting_keys_and_values_leaves_output_unchanged(case, data):
     out, cache = numpy_forward(case)
     out_p, cache_p = numpy_forward(case, **permuted)
     assert_close("sdpa.out after permuting keys", out_p, out)
-    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
-    dq_p, dk_p, dv_p = scaled_dot_product_attention_backward(case["dout"], cache_p)
+    dq, dk, dv = numpy_backward(case["dout"], cache)
+    dq_p, dk_p, dv_p = numpy_backward(case["dout"], cache_p)
     tols = gradient_tols(case, cache)
     assert_close("sdpa.dq after permuting keys", dq_p, dq, **tols["q"])
     assert_close("sdpa.dk after permuting keys", dk_p, dk[..., perm, :], **tols["k"])
@@ -342,8 +250,8 @@ def test_grouped_query_attention_equals_repeated_heads(case):
     out, cache = numpy_forward(case)
     out_r, cache_r = numpy_forward(case, **repeated)
     assert_close("sdpa.out gqa vs repeated heads", out, out_r)
-    dq, dk, dv = scaled_dot_product_attention_backward(case["dout"], cache)
-    dq_r, dk_r, dv_r = scaled_dot_product_attention_backward(case["dout"], cache_r)
+    dq, dk, dv = numpy_backward(case["dout"], cache)
+    dq_r, dk_r, dv_r = numpy_backward(case["dout"], cache_r)
     group_sum = lambda d: d.reshape(k.shape[:-2] + (g,) + d.shape[-2:]).sum(axis=-3)  # noqa: E731
     tols = gradient_tols(case, cache)
     assert_close("sdpa.dq gqa vs repeated heads", dq, dq_r, **tols["q"])
@@ -393,7 +301,7 @@ def test_backward_matches_finite_differences(case):
 def assert_matches_finite_differences(label, case):
     """dq, dk, dv of the NumPy backward against finite differences of its forward (float64)."""
     _, cache = numpy_forward(case)
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    grads = dict(zip("qkv", numpy_backward(case["dout"], cache), strict=True))
     for name in ("q", "k", "v"):
         a = case[name].copy()
         expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
@@ -419,7 +327,7 @@ def test_float_mask_gradient_matches_autograd(case):
     autograd's gradient of the twin with respect to the mask; dq, dk, dv are unchanged."""
     case = {**case, "attn_mask_grad": True}
     _, cache = numpy_forward(case)
-    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    grads = numpy_backward(case["dout"], cache)
     assert len(grads) == 4, f"attn_mask_grad=True returned {len(grads)} gradients, not 4"
     dq, dk, dv, dmask = grads
     keep = None if cache.keep is None else to_torch(cache.keep)
@@ -441,7 +349,7 @@ def test_float_mask_gradient_matches_autograd(case):
 def test_float_mask_gradient_matches_finite_differences(case):
     case = {**case, "attn_mask_grad": True}
     _, cache = numpy_forward(case)
-    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    dmask = numpy_backward(case["dout"], cache)[3]
     mask = case["attn_mask"].copy()
     expected = numerical_grad(lambda m: numpy_forward(case, attn_mask=m)[0], mask, case["dout"])
     assert_close("sdpa.dattn_mask vs finite differences", dmask, expected, **FD_TOL)
@@ -498,7 +406,7 @@ def test_softcap_matches_twin_and_autograd(case):
     weights_t = fn(**{k: to_torch(a) for k, a in qkv(case).items()})[1]
     assert_close("sdpa[softcap].out", out, out_t)
     assert_close("sdpa[softcap].weights", cache.weights, to_numpy(weights_t))
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    grads = dict(zip("qkv", numpy_backward(case["dout"], cache), strict=True))
     tols = gradient_tols(case, cache)
     for name in "qkv":
         assert_close(f"sdpa[softcap].d{name}", grads[name], grads_t[name], **tols[name])
@@ -509,7 +417,7 @@ def test_softcap_float_mask_gradient_matches_autograd(case):
     """The mask is added after the cap, so its gradient is dscores itself, not times 1 - tanh^2."""
     case = {**case, "attn_mask_grad": True}
     _, cache = numpy_forward(case)
-    dmask = scaled_dot_product_attention_backward(case["dout"], cache)[3]
+    dmask = numpy_backward(case["dout"], cache)[3]
     keep = None if cache.keep is None else to_torch(cache.keep)
 
     def fn(q, k, v, attn_mask):
@@ -518,10 +426,6 @@ def test_softcap_float_mask_gradient_matches_autograd(case):
     _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
     assert_close("sdpa[softcap].dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
 
-
-def as_heads(a):
-    """(..., L, E) -> (B, nh, L, E) for transformers and flex attention, which want four axes."""
-    return a.reshape((-1,) + a.shape[-3:]) if a.ndim >= 3 else a.reshape((1, 1) + a.shape)
 
 
 @given(case=attention_inputs(dtype=np.float32, kinds=("none", "causal", "float"), dropout=False, softcap=True))
@@ -633,7 +537,7 @@ def test_window_matches_twin_autograd_and_builtin(case):
     assert_close("sdpa[window].out", out, out_t)
     allowed = np.broadcast_to(window_allowed(case), cache.weights.shape)
     assert np.all(cache.weights[~allowed] == 0), "sdpa[window].weights nonzero outside the window"
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    grads = dict(zip("qkv", numpy_backward(case["dout"], cache), strict=True))
     tols = gradient_tols(case, cache)
     for name in "qkv":
         assert_close(f"sdpa[window].d{name}", grads[name], grads_t[name], **tols[name])
@@ -669,292 +573,14 @@ def test_window_backward_matches_finite_differences(case):
     assert_matches_finite_differences("sdpa[window]", case)
 
 
-@pytest.mark.parametrize("window, is_causal, error, message", BAD_WINDOWS)
+@pytest.mark.parametrize("window, is_causal, error, message", [w for w in BAD_WINDOWS if w[1]])
 def test_bad_window_is_refused(window, is_causal, error, message):
     q = np.zeros((3, 4))
     with pytest.raises(error, match=re.escape(message)):
-        scaled_dot_product_attention_forward(q, q, q, is_causal=is_causal, window=window)
+        scaled_dot_product_attention_forward(q, q, q, **causal_or_window(3, 3, is_causal, window))
 
 
 # -- learned attention sinks (gpt-oss): one more softmax column per query head, then dropped ----------
-
-def sink_tol(case, cache):
-    """dsinks_h sums, over the R rows of head h, -w_sink * sum_j(dweights_j * weights_j): each row
-    cancels terms of dweights as large as D (gradient_tols), so the dtype's atol times D per row,
-    times the R rows that the sum adds up."""
-    tol = TOLERANCES[np.dtype(case["q"].dtype)]
-    D = case["v"].shape[-1] * np.abs(case["dout"]).max() * np.abs(case["v"]).max() * cache.keep_scale
-    rows = cache.weights[..., 0].size // case["sinks"].size
-    return dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(D) * rows))
-
-
-def sink_case(q, k, v, dout, sinks, **options):
-    """A sinks case written out by hand, for @example."""
-    return {**make_case(q, k, v, dout, **options), "sinks": sinks}
-
-
-# Every key of the first query row masked, with a sink (its weights and output must be 0, its
-# gradients too); and GQA (3 query heads on 1 key/value head) with a fully masked row and dropout.
-SINK_EDGE_CASES = [
-    sink_case(S.ramp(2, 3, 2), S.ramp(2, 4, 2), S.ramp(2, 4, 3), S.ramp(2, 3, 3), S.ramp(2) * 3,
-              attn_mask=np.array([[False] * 4, [True, False, True, True], [True] * 4])),
-    sink_case(S.ramp(3, 3, 2), S.ramp(1, 4, 2), S.ramp(1, 4, 3), S.ramp(3, 3, 3), S.ramp(3) * 4 - 1,
-              attn_mask=np.array([[0.5, -np.inf, 0.0, 1.0], [-np.inf] * 4, [0.0] * 4]), dropout_p=0.5, seed=7),
-]
-
-
-def sink_grads(case, cache):
-    """The NumPy backward's (dq, dk, dv, dsinks) of a sinks case, checking it returns four."""
-    grads = scaled_dot_product_attention_backward(case["dout"], cache)
-    assert len(grads) == 4, f"with sinks the backward returned {len(grads)} gradients, not 4 (dq, dk, dv, dsinks)"
-    return dict(zip(("q", "k", "v", "sinks"), grads, strict=True))
-
-
-@given(case=attention_inputs(sinks=True, softcap=True))
-@example(case=SINK_EDGE_CASES[0])
-@example(case=SINK_EDGE_CASES[1])
-def test_sinks_match_twin_and_autograd(case):
-    """With sinks (and a softcap, masks, dropout, grouped-query heads as drawn): output and weights
-    equal the twin's, dq, dk, dv and dsinks equal autograd's."""
-    out, cache = numpy_forward(case)
-    fn = twin_fn(case, cache.keep)
-    out_t, weights_t = fn(**{k: to_torch(a) for k, a in qkv(case).items()})
-    assert_close("sdpa[sinks].out", out, to_numpy(out_t))
-    assert_close("sdpa[sinks].weights", cache.weights, to_numpy(weights_t))
-    _, expected = autograd(lambda **t: fn(**t)[0], {**qkv(case), "sinks": case["sinks"]}, case["dout"])
-    grads = sink_grads(case, cache)
-    tols = {**gradient_tols(case, cache), "sinks": sink_tol(case, cache)}
-    for name in ("q", "k", "v", "sinks"):
-        assert_close(f"sdpa[sinks].d{name}", grads[name], expected[name], **tols[name])
-
-
-def direct_sink_attention(q, k, v, sinks, mask, scale):
-    """Attention with sinks written as the formula, in torch, with no appended column:
-    weights = exp(scores - m) / (sum exp(scores - m) + exp(s_h - m)), m = max(max scores, s_h);
-    ``mask`` additive (-inf where masked) or None; k, v repeated for grouped-query heads."""
-    g = q.shape[-3] // k.shape[-3]
-    k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
-    scores = q @ k.transpose(-1, -2) * scale
-    if mask is not None:
-        scores = scores + mask
-    s = sinks[:, None, None]                                      # (nh, 1, 1): broadcasts over rows
-    m = torch.maximum(scores.amax(dim=-1, keepdim=True), s).detach()
-    e = torch.exp(scores - m)
-    weights = e / (e.sum(dim=-1, keepdim=True) + torch.exp(s - m))
-    return weights @ v, weights
-
-
-def additive_mask(case):
-    """The case's mask (or is_causal) as the float mask that is added to the scores, or None."""
-    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
-    mask = np.tri(T, S_, dtype=bool) if case["is_causal"] else case["attn_mask"]
-    if mask is None or mask.dtype != np.bool_:
-        return mask
-    return np.where(mask, 0, -np.inf).astype(case["q"].dtype)
-
-
-@given(case=attention_inputs(sinks=True, dropout=False))
-@example(case=SINK_EDGE_CASES[0])
-def test_sinks_twin_matches_direct_formula(case):
-    """The twin (a column appended to the scores, softmax, the column dropped) equals the formula
-    written out with the sink in the maximum and the denominator: output, weights, and the
-    gradients of q, k, v and the sinks."""
-    mask = additive_mask(case)
-    scale = 1 / math.sqrt(case["q"].shape[-1]) if case["scale"] is None else case["scale"]
-    inputs = {**qkv(case), "sinks": case["sinks"]}
-    twin = twin_fn(case, None)
-    mask_t = None if mask is None else to_torch(mask)
-    out_d, grads_d = autograd(lambda **t: direct_sink_attention(**t, mask=mask_t, scale=scale)[0], inputs, case["dout"])
-    out_t, grads_t = autograd(lambda **t: twin(**t)[0], inputs, case["dout"])
-    assert_close("sdpa[sinks] twin.out vs formula", out_t, out_d)
-    weights_d = direct_sink_attention(*(to_torch(inputs[n]) for n in ("q", "k", "v", "sinks")), mask_t, scale)[1]
-    weights_t = twin(*(to_torch(inputs[n]) for n in ("q", "k", "v", "sinks")))[1]
-    assert_close("sdpa[sinks] twin.weights vs formula", to_numpy(weights_t), to_numpy(weights_d))
-    _, cache = numpy_forward(case)
-    tols = {**gradient_tols(case, cache), "sinks": sink_tol(case, cache)}
-    for name in ("q", "k", "v", "sinks"):
-        assert_close(f"sdpa[sinks] twin.d{name} vs formula", grads_t[name], grads_d[name], **tols[name])
-
-
-@given(case=attention_inputs(sinks=True, kinds=("none", "causal", "float"), dropout=False))
-@example(case={**SINK_EDGE_CASES[1], "dropout_p": 0.0})
-def test_sinks_twin_matches_gpt_oss_eager_attention(case):
-    """transformers' gpt-oss attention (its eager_attention_forward, reading module.sinks: scores
-    times scaling, the additive mask, the sink column, softmax, the column dropped) gives the
-    twin's output and autograd's gradients of q, k, v and the sinks, in float64 and float32 (its
-    softmax runs in the scores' dtype); fully masked rows included."""
-    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
-    from types import SimpleNamespace
-
-    mask = additive_mask(case)
-    T, S_ = case["q"].shape[-2], case["k"].shape[-2]
-    lead = as_heads(case["q"]).shape[:-2]                           # (B', nh)
-    mask4 = None if mask is None else to_torch(np.broadcast_to(mask, case["q"].shape[:-1] + (S_,)).reshape(
-        lead + (T, S_)))
-    scale = 1 / math.sqrt(case["q"].shape[-1]) if case["scale"] is None else case["scale"]
-    out_shape = case["dout"].shape
-
-    def eager(q, k, v, sinks):
-        module = SimpleNamespace(num_key_value_groups=q.shape[-3] // k.shape[-3], training=False, sinks=sinks)
-        out, _ = gpt_oss.eager_attention_forward(module, as_heads(q), as_heads(k), as_heads(v), mask4, scaling=scale)
-        return out.transpose(1, 2).reshape(out_shape)               # (B', T, nh, hv) -> the case's (..., T, hv)
-    inputs = {**qkv(case), "sinks": case["sinks"]}
-    out_e, grads_e = autograd(eager, inputs, case["dout"])
-    twin = twin_fn(case, None)
-    out_t, grads_t = autograd(lambda **t: twin(**t)[0], inputs, case["dout"])
-    assert_close("sdpa[sinks] twin.out vs gpt-oss eager", out_t, out_e)
-    _, cache = numpy_forward(case)
-    tols = {**gradient_tols(case, cache), "sinks": sink_tol(case, cache)}
-    for name in ("q", "k", "v", "sinks"):
-        assert_close(f"sdpa[sinks] twin.d{name} vs gpt-oss eager", grads_t[name], grads_e[name], **tols[name])
-
-
-@given(case=attention_inputs(dtype=np.float64, sinks=True, bound=1.0))
-@example(case=SINK_EDGE_CASES[0])
-@example(case=SINK_EDGE_CASES[1])
-def test_sinks_backward_matches_finite_differences(case):
-    """dq, dk, dv and dsinks against finite differences of the NumPy forward. A sink's weight is
-    a logistic function of it, whose fifth derivative is below 1: the stencil's truncation error
-    stays near h^4 = 1e-12 whatever sink is drawn."""
-    grads = sink_grads(case, numpy_forward(case)[1])
-    for name in ("q", "k", "v", "sinks"):
-        a = case[name].copy()
-        expected = numerical_grad(lambda a, name=name: numpy_forward(case, **{name: a})[0], a, case["dout"])
-        assert_close(f"sdpa[sinks].d{name} vs finite differences", grads[name], expected, **FD_TOL)
-
-
-# Three equal weights 1/3 on equal values: the sum rounds differently depending on how matmul
-# reads the weights (a strided view of the S + 1 softmax columns, or a contiguous array).
-EQUAL_WEIGHTS_SINK_CASE = sink_case(np.zeros((1, 2, 1), np.float32), np.zeros((1, 3, 1), np.float32),
-                                    np.full((1, 3, 1), 3.6456072, np.float32), np.zeros((1, 2, 1), np.float32),
-                                    np.zeros(1, np.float32))
-
-
-@given(case=attention_inputs(sinks=True, dropout=False))
-@example(case=SINK_EDGE_CASES[0])
-@example(case=EQUAL_WEIGHTS_SINK_CASE)
-def test_sink_rescales_each_row_without_reshaping_it(case):
-    """A sink only takes a share of its row: the weights with sinks are those without, each row
-    times its own total (which is below one); and a sink of -1e4, whose exp is 0 beside any score,
-    gives the output without sinks exactly as computed: the weights are the same bits, and the
-    forward hands them to matmul in the same (contiguous) layout."""
-    _, cache = numpy_forward(case)
-    _, plain = numpy_forward({**case, "sinks": None})
-    total = cache.weights.sum(axis=-1, keepdims=True)
-    assert np.all(total < 1 + 1e-6), "sdpa[sinks]: a row's weights sum to more than one"
-    assert_close("sdpa[sinks].weights vs weights without sinks times the row's total", cache.weights,
-                 plain.weights * total)
-    silent = np.full_like(case["sinks"], -1e4)
-    assert np.array_equal(numpy_forward(case, sinks=silent)[0], numpy_forward({**case, "sinks": None})[0]), \
-        "sdpa: a sink of -1e4 changed the output"
-
-
-@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES)
-def test_fully_masked_row_with_sink_gives_zeros(dtype):
-    """A query row whose keys are all masked: weight 1 on the sink, so weights 0 and output 0, no
-    NaN; its dout reaches no input (dq of the row 0, dk, dv as if the row were absent) and adds 0
-    to dsinks."""
-    case = {**SINK_EDGE_CASES[0]}
-    case = {**case, **{n: case[n].astype(dtype) for n in ("q", "k", "v", "dout", "sinks")}}
-    out, cache = numpy_forward(case)
-    assert np.all(out[:, 0] == 0) and np.all(cache.weights[:, 0] == 0), f"masked row: out {out[:, 0]}"
-    grads = sink_grads(case, cache)
-    assert all(np.isfinite(g).all() for g in grads.values()), "sdpa[sinks]: NaN in the gradients"
-    assert np.all(grads["q"][:, 0] == 0), f"sdpa[sinks].dq of the masked row {grads['q'][:, 0]}"
-    rest = {**case, "q": case["q"][:, 1:], "dout": case["dout"][:, 1:], "attn_mask": case["attn_mask"][1:]}
-    expected = sink_grads(rest, numpy_forward(rest)[1])
-    for name in ("k", "v", "sinks"):
-        assert_close(f"sdpa[sinks].d{name} without the masked row", grads[name], expected[name])
-
-
-@given(case=attention_inputs(groups=(2, 3), sinks=True))
-def test_sinks_with_grouped_query_heads_equal_repeated_heads(case):
-    """One sink per query head under grouped-query attention: the same as ordinary attention with
-    each key/value head repeated g times and the same sinks; dsinks equal."""
-    g = case["q"].shape[-3] // case["k"].shape[-3]
-    repeated = {name: np.repeat(case[name], g, axis=-3) for name in ("k", "v")}
-    out, cache = numpy_forward(case)
-    out_r, cache_r = numpy_forward(case, **repeated)
-    assert_close("sdpa[sinks].out gqa vs repeated heads", out, out_r)
-    dsinks, dsinks_r = sink_grads(case, cache)["sinks"], sink_grads({**case, **repeated}, cache_r)["sinks"]
-    assert_close("sdpa[sinks].dsinks gqa vs repeated heads", dsinks, dsinks_r, **sink_tol(case, cache))
-
-
-# FlashAttention-4's test of its float32 sink gradient (Dao et al., flash-attention's tests/cute):
-# the error against a float64 truth on the same rounded inputs within twice the error of the
-# plain PyTorch computation in float32, plus 2 ulp of the largest |truth|.
-FA4_CASES = [(seed, options) for seed in (0, 1) for options in (
-    {}, {"is_causal": True, "window": 9}, {"attn_mask": "padding"}, {"softcap": 3.0})]
-
-
-@pytest.mark.parametrize("seed, options", FA4_CASES)
-def test_dsinks_float32_meets_flash_attention_4_rule(seed, options):
-    """|dsinks32 - truth64| <= 2 |twin32 - truth64| + 2 ulp (largest errors over the tensor), at
-    B = 2, 8 query heads on 2 key/value heads, T = S = 40, hs = 16, N(0, 1) inputs and sinks: our
-    float32 backward against the twin's float32 autograd, the truth the twin's autograd in float64
-    on the float32 inputs widened. dq, dk and dv meet the same rule."""
-    rng = np.random.default_rng(seed)
-    B, nh, nkv, T, hs = 2, 8, 2, 40, 16
-    case32 = sink_case(*(rng.standard_normal(shape).astype(np.float32) for shape in (
-        (B, nh, T, hs), (B, nkv, T, hs), (B, nkv, T, hs), (B, nh, T, hs), (nh,))), **{
-        k: v for k, v in options.items() if k in ("is_causal",)})
-    case32["window"], case32["softcap"] = options.get("window"), options.get("softcap")
-    if options.get("attn_mask") == "padding":   # sequence 0 ends after 30 keys: its queries see no more
-        mask = np.ones((B, 1, T, T), bool)
-        mask[0, :, :, 30:] = False
-        mask[0, :, 35:] = False                  # and its last 5 queries see nothing at all
-        case32["attn_mask"] = mask
-    case64 = {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a
-              for n, a in case32.items()}
-    ours = sink_grads(case32, numpy_forward(case32)[1])
-    inputs = lambda case: {**qkv(case), "sinks": case["sinks"]}   # noqa: E731
-    _, twin32 = autograd(lambda **t: twin_fn(case32, None)(**t)[0], inputs(case32), case32["dout"])
-    _, truth = autograd(lambda **t: twin_fn(case64, None)(**t)[0], inputs(case64), case64["dout"])
-    for name in ("sinks", "q", "k", "v"):
-        twin_err = float(np.abs(twin32[name].astype(np.float64) - truth[name]).max())
-        bound = 2 * twin_err + 2 * float(np.spacing(np.float32(np.abs(truth[name]).max())))
-        assert_close(f"sdpa[sinks].d{name} float32 vs float64 truth (FlashAttention-4 rule)",
-                     ours[name].astype(np.float64), truth[name], rtol=0, atol=bound)
-
-
-def test_backward_returns_dsinks_last():
-    """No sinks: (dq, dk, dv) as before; sinks: (dq, dk, dv, dsinks); with attn_mask_grad too:
-    (dq, dk, dv, dattn_mask, dsinks), each in its input's shape and dtype."""
-    q, k, v = S.ramp(2, 3, 4), S.ramp(2, 5, 4), S.ramp(2, 5, 3)
-    dout, mask, sinks = S.ramp(2, 3, 3), S.ramp(3, 5), S.ramp(2)
-    sdpa, back = scaled_dot_product_attention_forward, scaled_dot_product_attention_backward
-    assert len(back(dout, sdpa(q, k, v)[1])) == 3
-    shapes = [g.shape for g in back(dout, sdpa(q, k, v, sinks=sinks)[1])]
-    assert shapes == [q.shape, k.shape, v.shape, sinks.shape], shapes
-    shapes = [g.shape for g in back(dout, sdpa(q, k, v, attn_mask=mask, attn_mask_grad=True, sinks=sinks)[1])]
-    assert shapes == [q.shape, k.shape, v.shape, mask.shape, sinks.shape], shapes
-
-
-BAD_SINKS = [
-    (np.zeros(3), ValueError, "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got shape (3,)"),
-    (np.zeros((2, 1)), ValueError,
-     "sinks must have shape (nh,) = (2,), one per query head (q (2, 3, 4)), got shape (2, 1)"),
-    (np.zeros(2, np.float32), TypeError, "sinks must have q's dtype float64, got dtype float32: "),
-    (np.zeros(2, np.int64), TypeError, "sinks must have q's dtype float64, got dtype int64"),
-    ([0.0, 0.0], TypeError, "sinks must be a NumPy array (nh,) or None, got list [0.0, 0.0]"),
-    (np.array([0.0, np.nan]), ValueError, "sinks must be finite, got array([ 0., nan])"),
-    (np.array([np.inf, 1.0]), ValueError, "sinks must be finite, got array([inf,  1.])"),
-]
-
-
-@pytest.mark.parametrize("sinks, error, message", BAD_SINKS)
-def test_bad_sinks_are_refused(sinks, error, message):
-    q, k = np.zeros((2, 3, 4)), np.zeros((2, 5, 4))
-    with pytest.raises(error, match=re.escape(message)):
-        scaled_dot_product_attention_forward(q, k, k, sinks=sinks)
-
-
-def test_sinks_without_a_head_axis_are_refused():
-    q = np.zeros((3, 4))
-    with pytest.raises(ValueError, match=re.escape("sinks (shape (1,)) need a head axis, one sink per query head; "
-                                                   "q (3, 4) and k (3, 4) have none")):
-        scaled_dot_product_attention_forward(q, q, q, sinks=np.zeros(1))
-
 
 # -- batch axes that broadcast between q and k, v ----------------------------------------------------
 
@@ -1005,7 +631,7 @@ def test_broadcast_batch_axes_match_builtin(case):
     assert_close("sdpa.out broadcast vs builtin", out, out_b)
     out_t, _ = twin_fn(case, None)(**{name: to_torch(a) for name, a in qkv(case).items()})
     assert_close("sdpa.out broadcast vs twin", out, to_numpy(out_t))
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    grads = dict(zip("qkv", numpy_backward(case["dout"], cache), strict=True))
     tols = gradient_tols(case, cache)
     for name in "qkv":
         # Each entry sums the gradients of the copies broadcasting made: atol grows with them.
@@ -1038,7 +664,7 @@ def test_bottom_right_causal_matches_builtin(case):
     out, cache = numpy_forward(case)
     fn = twin_fn(case, cache.keep)
     out_t, grads_t = autograd(lambda **t: fn(**t)[0], qkv(case), case["dout"])
-    grads = dict(zip("qkv", scaled_dot_product_attention_backward(case["dout"], cache), strict=True))
+    grads = dict(zip("qkv", numpy_backward(case["dout"], cache), strict=True))
     assert_close("sdpa.out bottom-right vs twin", out, out_t)
     allowed = np.broadcast_to(to_numpy(mask), cache.weights.shape)
     assert np.all(cache.weights[~allowed] == 0), "sdpa.weights nonzero above the bottom-right diagonal"
@@ -1099,7 +725,7 @@ def test_low_precision_meets_the_error_budget(dtype, case):
 
     case = rounded(case, dtype)
     out, cache = numpy_forward(case)
-    ours = {"out": out, **dict(zip(("dq", "dk", "dv"), scaled_dot_product_attention_backward(case["dout"], cache),
+    ours = {"out": out, **dict(zip(("dq", "dk", "dv"), numpy_backward(case["dout"], cache),
                                    strict=True))}
     # The flash kernel takes only equal head sizes of q and v; else sdpa's dispatch picks the math backend.
     flash = case["q"].shape[-1] == case["v"].shape[-1]
@@ -1162,14 +788,18 @@ def test_low_precision_softcap_sinks_dropout_meet_the_error_budget(dtype, case, 
     out, cache = numpy_forward(case)
     names = ["dq", "dk", "dv"] + ["dattn_mask"] * bool(learned) + ["dsinks"] * sink
     ours = {"out": out, "weights": cache.weights,
-            **dict(zip(names, scaled_dot_product_attention_backward(case["dout"], cache), strict=True))}
+            **dict(zip(names, numpy_backward(case["dout"], cache), strict=True))}
     keep = None if cache.keep is None else to_torch(cache.keep)
 
     def twin(**t):
-        return tw.scaled_dot_product_attention(
+        out, weights, lse = tw.scaled_dot_product_attention(
             t["q"], t["k"], t["v"], attn_mask=t.get("attn_mask", torch_or_none(case["attn_mask"])),
             is_causal=case["is_causal"], scale=case["scale"], dropout_p=case["dropout_p"], keep=keep,
-            softcap=case["softcap"], sinks=t.get("sinks"))
+            softcap=case["softcap"], return_lse=True)
+        if t.get("sinks") is None:
+            return out, weights
+        share = torch.sigmoid(lse - t["sinks"].to(lse.dtype)[:, None])        # (..., nh, T): as cache.weights
+        return tw_sinks.attention_sinks(out, lse, t["sinks"]), (weights * share[..., None]).to(weights.dtype)
 
     def eager(arrays):
         fixed = torch_or_none(additive_mask(widened(case) if arrays["q"].dtype == np.float64 else case))
@@ -1199,7 +829,7 @@ def test_dtype_is_preserved(dtype):
                      S.ramp(2, 2, 3, 3, dtype=dtype), attn_mask=S.ramp(3, 4, dtype=dtype),
                      scale=np.float64(0.5), dropout_p=np.float64(0.25))
     out, cache = numpy_forward(case)
-    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    grads = numpy_backward(case["dout"], cache)
     for name, a in [("out", out), ("weights", cache.weights), *zip(("dq", "dk", "dv"), grads, strict=True)]:
         assert a.dtype == dtype, f"sdpa.{name} dtype {a.dtype}"
 
@@ -1214,7 +844,7 @@ def test_low_precision_dtype_is_preserved_and_mixes_are_refused(dtype):
     case = {**make_case(q, k, v, S.ramp(2, 2, 3, 3, dtype=low), attn_mask=S.ramp(3, 4, dtype=low), scale=0.5,
                         dropout_p=0.25), "attn_mask_grad": True, "softcap": 2.0, "sinks": S.ramp(2, dtype=low)}
     out, cache = numpy_forward(case)
-    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    grads = numpy_backward(case["dout"], cache)
     names = ("dq", "dk", "dv", "dattn_mask", "dsinks")
     for name, a in [("out", out), ("weights", cache.weights), *zip(names, grads, strict=True)]:
         assert a.dtype == low, f"sdpa.{name} dtype {a.dtype}"
@@ -1223,9 +853,9 @@ def test_low_precision_dtype_is_preserved_and_mixes_are_refused(dtype):
     with pytest.raises(ValueError, match=f"float of q's dtype {dtype}, got dtype float32"):
         scaled_dot_product_attention_forward(q, k, v, attn_mask=np.zeros((3, 4), np.float32))
     with pytest.raises(TypeError, match=f"sinks must have q's dtype {dtype}, got dtype float32"):
-        scaled_dot_product_attention_forward(q, k, v, sinks=np.zeros(2, np.float32))
+        attention_sinks_forward(out, cache.attn.lse, np.zeros(2, np.float32))
     with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
-        scaled_dot_product_attention_backward(case["dout"].astype(np.float32), cache)
+        numpy_backward(case["dout"].astype(np.float32), cache)
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -1291,9 +921,9 @@ def test_bad_dout_is_refused(case, data):
 def test_changing_out_leaves_gradients_alone(case):
     """The cache does not hold ``out``: writing into it after the forward changes no gradient."""
     out, cache = numpy_forward(case)
-    grads = scaled_dot_product_attention_backward(case["dout"], cache)
+    grads = numpy_backward(case["dout"], cache)
     out[...] = 7.0
-    again = scaled_dot_product_attention_backward(case["dout"], cache)
+    again = numpy_backward(case["dout"], cache)
     for name, a, b in zip(("dq", "dk", "dv"), again, grads, strict=True):
         assert np.array_equal(a, b), f"sdpa.{name} changed after writing into out"
 

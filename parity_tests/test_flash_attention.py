@@ -28,6 +28,7 @@ from parity_tests.attention_kit import (
     assert_dout_refused,
     assert_fa4_rule,
     cancelled_size,
+    causal_or_window,
     dsinks_size,
     float32_allowance,
 )
@@ -653,10 +654,11 @@ def window_forward(case, **changes):
 
 
 def window_reference(case):
-    """The dense op (numpy_attn/attention.py) with the same window and softcap: (out, (dq, dk, dv))."""
+    """The dense op (numpy_attn/attention.py) with the same softcap and the window as its mask
+    (masks.sliding_window_mask): (out, (dq, dk, dv))."""
     out, cache = scaled_dot_product_attention_forward(
-        case["q"], case["k"], case["v"], is_causal=case["is_causal"], scale=case["scale"],
-        softcap=case["softcap"], window=case["window"])
+        case["q"], case["k"], case["v"], scale=case["scale"], softcap=case["softcap"],
+        **causal_or_window(case["q"].shape[-2], case["k"].shape[-2], case["is_causal"], case["window"]))
     return out, scaled_dot_product_attention_backward(case["dout"], cache)
 
 

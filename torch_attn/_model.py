@@ -9,6 +9,7 @@ import torch
 
 from torch_attn import softcap
 from torch_attn.attention import scaled_dot_product_attention
+from torch_attn.attention_sinks import attention_sinks
 from torch_attn.embedding import embedding
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
@@ -66,9 +67,9 @@ def rotate(q, k, positions, theta, scaling, layout):
     return q, k
 
 
-def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, **attention):
+def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, **attention):
     """Causal attention of the T new queries over the cached and the new keys and values
-    -> (B, nh, T, hs); ``window``, ``attn_mask`` and ``attention`` as cached_attention_forward's."""
+    -> (B, nh, T, hs); ``window``, ``attn_mask``, ``sinks`` and ``attention`` as cached_attention_forward's."""
     T = q.shape[2]
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
@@ -76,7 +77,9 @@ def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, **attention):
     causal = (causal_mask(T, S, "bottom_right", device=q.device) if window is None
               else sliding_window_mask(T, S, window, "bottom_right", device=q.device))
     mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
-    y, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
+    y, _, lse = scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **attention)   # (B, nh, T, hs)
+    if sinks is not None:   # gpt-oss: y * sigmoid(lse - s_h), the share of each row its sink leaves
+        y = attention_sinks(y, lse, sinks)                                    # (B, nh, T, hs)
     return y
 
 
