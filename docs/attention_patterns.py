@@ -13,7 +13,7 @@ to make the softmax one-hot. Its q, k and v for the sentence's GPT-2 tokens go t
 rotation (numpy_attn/rope.py) and attention (numpy_attn/attention.py) four times:
 
 1. plain: causal softmax of q k^T / sqrt(hs);
-2. softcap: the scores capped at SOFTCAP * tanh(scores / SOFTCAP) first (``softcap=``);
+2. softcap: the scores capped at SOFTCAP * tanh(scores / SOFTCAP) first (flex attention's ``soft_cap``);
 3. window: each query sees its last WINDOW keys only (masks.sliding_window_mask as attn_mask);
 4. QK-norm: q and k RMS-normed per head before the rotation (numpy_attn/llama.py's
    qk_norm_forward, with the norms' initial weights of 1), as Qwen3 and Gemma 3 do.
@@ -32,6 +32,7 @@ import numpy as np
 from attn_cli import tokenizer
 from numpy_attn.attention import scaled_dot_product_attention_forward
 from numpy_attn.embedding import embedding_forward
+from numpy_attn.flex_attention import create_block_mask, flex_attention_forward, soft_cap
 from numpy_attn.linear import linear_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.qk_norm import qk_norm_forward
@@ -89,12 +90,18 @@ def attend(q, k, v, softcap=None, window=None):
     q, _ = rope_forward(q, positions, CONFIG.rope_theta)                        # (T, hs)
     k, _ = rope_forward(k, positions, CONFIG.rope_theta)                        # (T, hs)
     visible = causal_mask(T, T) if window is None else sliding_window_mask(T, T, window)   # (T, S)
-    _, cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=visible, softcap=softcap)
-    scores = cache.q_scaled @ cache.k.T                                         # (T, hs) @ (hs, S) -> (T, S)
-    if cache.softcap_cache is not None:   # the capped scores: c * tanh(scores / c), from the forward's tanh
-        t, c, _ = cache.softcap_cache                                           # tanh, the cap, x's dtype
-        scores = c * t                                                          # (T, S)
-    return Panel(scores, cache.weights, visible)
+    scores = (q * q.dtype.type(1 / np.sqrt(q.shape[-1]))) @ k.T                 # (T, hs) @ (hs, S) -> (T, S)
+    if softcap is None:
+        _, cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=visible)
+        return Panel(scores, cache.weights, visible)
+    # The cap is a score modifier: flex attention with soft_cap, the mask its block mask; the
+    # weights are exp(capped score - lse) where a query may attend.
+    block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: visible[q_idx, kv_idx], None, None, T, T)
+    (_, lse), _ = flex_attention_forward(q[None, None], k[None, None], v[None, None], score_mod=soft_cap(softcap),
+                                         block_mask=block_mask, return_lse=True)   # lse (1, 1, T)
+    scores = softcap * np.tanh(scores / softcap)                                # (T, S) the capped scores
+    weights = np.where(visible, np.exp(scores - lse[0, 0, :, None]), 0)         # (T, S)
+    return Panel(scores, weights, visible)
 
 
 def panels(ids, growth=GROWTH):

@@ -54,6 +54,13 @@ from numpy_attn.attention import (
 )
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.flex_attention import (
+    FlexCache,
+    create_block_mask,
+    flex_attention_backward,
+    flex_attention_forward,
+    soft_cap,
+)
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
@@ -198,19 +205,22 @@ def rotate_backward(dq, dk, cache):
 class CachedAttentionCache(NamedTuple):
     """Attention's cache, and how many of its keys came from a key/value cache."""
 
-    sdpa: tuple
+    sdpa: tuple              # scaled_dot_product_attention_forward's cache, flex_attention_forward's with a cap
     past: int                # keys read from a key/value cache (0 without one): no gradient reaches them
     sinks: tuple | None      # attention_sinks_forward's cache, None without sinks
 
 
-def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, **attention):
+def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, softcap=None, **attention):
     """Causal attention of the T new queries q (B, nh, T, hs) over the past keys and values of
     ``kv_cache`` (this layer's, or None) and the new ones k, v (B, nkv, T, hs) -> (B, nh, T, hs).
 
     Query t sees keys 0..past+t (aligned bottom-right), only its last ``window`` of them on a
     sliding layer; ``attn_mask`` (bool, the caller's, causality included) restricts it further.
     ``sinks`` (nh,) (gpt-oss) scale each row by its sink's share (numpy_attn/attention_sinks.py);
-    ``attention`` goes to scaled_dot_product_attention_forward (scale, softcap). Returns ``(y, cache)``.
+    ``softcap`` c (Gemma 2) caps the scaled scores at c * tanh(s / c) before the mask: a score
+    modifier, so that attention goes through flex attention with soft_cap(c) and the mask as its
+    block mask. ``attention`` goes to scaled_dot_product_attention_forward (scale), or to flex
+    attention with a cap. Returns ``(y, cache)``.
     """
     T = q.shape[2]
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
@@ -220,11 +230,27 @@ def cached_attention_forward(q, k, v, kv_cache, attn_mask, *, window=None, sinks
     causal = causal_mask(T, S, "bottom_right") if window is None else sliding_window_mask(T, S, window,
                                                                                             "bottom_right")
     mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
+    if softcap is None:
+        y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask, **attention)   # (B, nh, T, hs)
+        lse = sdpa_cache.lse                                                  # (B, nh, T)
+    else:   # Gemma 2: c * tanh(s / c) modifies each score, the mask then drops some
+        block_mask = mask_block_mask(mask, *q.shape[:2])
+        (y, lse), sdpa_cache = flex_attention_forward(q, k, v, score_mod=soft_cap(softcap), block_mask=block_mask,
+                                                      enable_gqa=True, return_lse=True, **attention)
     sinks_cache = None
     if sinks is not None:   # gpt-oss: y * sigmoid(lse - s_h), the share of each row its sink leaves
-        y, sinks_cache = attention_sinks_forward(y, sdpa_cache.lse, sinks)    # (B, nh, T, hs)
+        y, sinks_cache = attention_sinks_forward(y, lse, sinks)               # (B, nh, T, hs)
     return y, CachedAttentionCache(sdpa_cache, past, sinks_cache)
+
+
+def mask_block_mask(mask, B, nh):
+    """flex attention's BlockMask of a bool ``mask`` (T, S) or (B, nh, T, S), True where a query
+    may attend: its mask_mod reads the mask."""
+    T, S = mask.shape[-2:]
+    if mask.ndim == 2:   # the same for every sequence and head: one block mask serves them all
+        return create_block_mask(lambda b, h, q_idx, kv_idx: mask[q_idx, kv_idx], None, None, T, S)
+    mask = np.broadcast_to(mask, (B, nh, T, S))                               # (B, nh, T, S)
+    return create_block_mask(lambda b, h, q_idx, kv_idx: mask[b, h, q_idx, kv_idx], B, nh, T, S)
 
 
 def cached_attention_backward(dy, cache):
@@ -233,7 +259,10 @@ def cached_attention_backward(dy, cache):
     if cache.sinks is not None:   # Undoes the sinks: dlse goes back into attention through its lse
         dy, dlse, dsink = attention_sinks_backward(dy, cache.sinks)          # (B, nh, T, hs), (B, nh, T), (nh,)
         dsinks = (dsink,)
-    dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa, dlse)
+    if isinstance(cache.sdpa, FlexCache):   # capped scores: flex attention's backward, soft_cap has no parameters
+        dq, dk, dv, _ = flex_attention_backward(dy, cache.sdpa, dlse)
+    else:
+        dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa, dlse)
     check_no_past("the model's backward", dk.shape[2], cache.past)   # cached past: inference only
     return (dq, dk, dv, *dsinks)
 

@@ -17,9 +17,9 @@ of S - T earlier keys); for T = 3 queries and S = 5 keys, 1 where a query may at
         1 1 1 0 0                       1 1 1 1 1
 
 The forward also keeps each row's log-sum-exp, ``cache.lse``: an operation on the output through
-it (numpy_attn/attention_sinks.py) hands its gradient back as ``dlse``. Gemma 2's softcap caps
-the scores before the mask (numpy_attn/softcap.py); a sliding window is a mask
-(numpy_attn/masks.py's sliding_window_mask).
+it (numpy_attn/attention_sinks.py) hands its gradient back as ``dlse``. A sliding window is a mask
+(numpy_attn/masks.py's sliding_window_mask); Gemma 2's cap on the scores is a score modifier,
+flex attention's soft_cap (numpy_attn/flex_attention.py).
 
 Backward, in reverse: dv = dropped^T dout, dweights = dropout_backward(dout v^T),
 dscores = softmax_backward(dweights) + weights * dlse, dq = dscores k * scale, dk = dscores^T (q * scale).
@@ -31,10 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout, check_softcap, upcast
+from numpy_attn._checks import check_attention_inputs, check_dout, upcast
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.masks import causal_mask
-from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
 
@@ -52,7 +51,6 @@ class AttentionCache(NamedTuple):
     g: int                      # query heads per key/value head (1 without grouped-query heads)
     mask_shape: tuple | None    # the float attn_mask's shape when its gradient is asked for, else None
     lse: np.ndarray             # (..., nh, T) each row's log-sum-exp of the scores (-inf if fully masked)
-    softcap_cache: tuple | None = None   # logit_softcap_forward's cache (tanh of the scores), None without a cap
 
     @property
     def keep(self):
@@ -66,17 +64,16 @@ class AttentionCache(NamedTuple):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None, attn_mask_grad=False, softcap=None):
+                                         dropout_p=0.0, rng=None, attn_mask_grad=False):
     """out = dropout(softmax((q * scale) @ k^T + attn_mask)) @ v: q (..., T, hs), k (..., S, hs),
     v (..., S, hv) -> out (..., T, hv). Returns ``(out, cache)``.
 
     ``rng`` draws the dropout keep-mask (``cache.keep``, for the twin to replay); with
-    ``attn_mask_grad=True`` the backward also returns a float mask's gradient; ``softcap`` c
-    caps the scaled scores at c * tanh(scores / c) before the mask. ``cache.weights`` (read-only,
+    ``attn_mask_grad=True`` the backward also returns a float mask's gradient. ``cache.weights`` (read-only,
     in q's dtype) are the weights before dropout, ``cache.lse`` each row's log-sum-exp (float32
     for float16 and bfloat16).
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap)
+    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     dtype = q.dtype                                               # out's: float16 and bfloat16 compute in float32
@@ -96,9 +93,6 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     # The scale goes into q (T x hs numbers) rather than the scores (T x S).
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.swapaxes(-1, -2)                        # (..., nh, T, S)
-    softcap_cache = None
-    if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
-        scores, softcap_cache = logit_softcap_forward(scores, softcap)   # (..., nh, T, S)
     if attn_mask is not None:
         scores += attn_mask                                       # in place: scores is our own array
     weights, softmax_cache = softmax_forward(scores)              # (..., nh, T, S); all -inf row -> 0
@@ -108,7 +102,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     shown = weights.astype(dtype, copy=False)                     # weights itself, or rounded to float16/bfloat16
     shown.flags.writeable = False
     cache = AttentionCache(q_scaled, k, v, shown, softmax_cache, dropped, dropout_cache, scale, g,
-                           mask_shape, lse, softcap_cache)
+                           mask_shape, lse)
     return out.astype(dtype, copy=False), cache                   # rounded once to q's dtype
 
 
@@ -142,9 +136,6 @@ def scaled_dot_product_attention_backward(dout, cache, dlse=None):
     if dlse is not None:   # Undoes lse = log sum exp(scores): d lse / d scores = the weights
         _check_dlse(dlse, cache.lse.shape)
         dscores = dscores + cache.softmax_cache.y * upcast(dlse)[..., None]   # (..., nh, T, S)
-    dmask = dscores                                               # the mask is added after the cap
-    if cache.softcap_cache is not None:   # Undoes scores = c * tanh(scores / c)
-        dscores = logit_softcap_backward(dscores, cache.softcap_cache)   # (..., nh, T, S)
     # Undoes scores = q_scaled @ k^T + attn_mask and q_scaled = q * scale.
     dq = (dscores @ k) * cache.scale                              # (..., nh, T, hs)
     dk = dscores.swapaxes(-1, -2) @ q_scaled                      # (..., nh, S, hs)
@@ -155,7 +146,7 @@ def scaled_dot_product_attention_backward(dout, cache, dlse=None):
         dk, dv = (d.reshape(d.shape[:-3] + (-1, g) + d.shape[-2:]).sum(axis=-3) for d in (dk, dv))
     grads = (dq, dk, dv)
     if cache.mask_shape is not None:   # a learned float mask: dscores summed over the axes it was broadcast along
-        grads += (_sum_to_shape(dmask, cache.mask_shape),)       # (..., nh, T, S) -> mask's shape
+        grads += (_sum_to_shape(dscores, cache.mask_shape),)       # (..., nh, T, S) -> mask's shape
     return tuple(d.astype(dtype, copy=False) for d in grads)      # each rounded once to its input's dtype
 
 
@@ -176,12 +167,10 @@ def _check_dlse(dlse, shape):
         raise ValueError(f"dlse must be an array of lse's shape {shape}, got {got}")
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad, softcap):
+def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
     """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
-    attention), unless attn_mask_grad is a bool, True only with a float attn_mask, and unless
-    softcap is None or a finite number > 0."""
+    attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
-    check_softcap(softcap)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):

@@ -52,6 +52,7 @@ from numpy_attn._checks import (
     check_same_dtype,
     check_scale,
     check_sinks,
+    check_softcap,
     opmath,
     upcast,
 )
@@ -195,6 +196,9 @@ def learned_bias(table):
 
 def soft_cap(cap):
     """tanh soft-capping (Gemma 2): cap * tanh(score / cap) keeps scores inside (-cap, cap)."""
+    if cap is None:
+        raise TypeError("softcap must be a finite number > 0, got None")
+    check_softcap(cap)
     def score_mod(score, b, h, q_idx, kv_idx):
         return cap * np.tanh(score / cap)
 

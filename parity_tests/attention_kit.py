@@ -6,6 +6,7 @@ cases (drawn and written out, with sinks and windows), run through ours and the 
 (test_attention.py, test_attention_sinks.py)."""
 
 import math
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -17,9 +18,17 @@ from hypothesis.extra import numpy as hnp
 
 import torch_attn.attention as tw
 import torch_attn.attention_sinks as tw_sinks
+import torch_attn.flex_attention as tw_flex
 from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
-from numpy_attn.masks import sliding_window_mask
+from numpy_attn.flex_attention import (
+    ScoreMod,
+    create_block_mask,
+    flex_attention_backward,
+    flex_attention_forward,
+    soft_cap,
+)
+from numpy_attn.masks import causal_mask, sliding_window_mask
 from parity_tests import strategies as S
 from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, assert_error_budget, round_to, to_torch
 
@@ -217,8 +226,9 @@ def attention_inputs(draw, dtype=None, kinds=S.MASK_KINDS, groups=(1, 3), dropou
     )
     case["attn_mask"], case["is_causal"] = draw(S.attention_masks(dtype, q_lead + (T, S_), kinds))
     case["dout"] = draw(S.arrays(dtype, q_lead + (T, hv)))
-    if softcap:
+    if softcap:   # flex attention carries the cap, and it has no dropout: none beside a cap
         case["softcap"] = draw(st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0))
+        case["dropout_p"] = 0.0
     if sinks:
         case["sinks"] = draw(S.arrays(dtype, q_lead[-1:], 8.0))
     return case
@@ -246,15 +256,154 @@ def numpy_forward(case, **changes):
     ``window`` becomes masks.sliding_window_mask; ``sinks`` compose attention with attention_sinks
     (the cache then a SinksCache)."""
     c = {**case, **changes}
-    out, cache = scaled_dot_product_attention_forward(
-        c["q"], c["k"], c["v"], scale=c["scale"], dropout_p=c["dropout_p"],
-        rng=np.random.default_rng(c["seed"]), attn_mask_grad=c.get("attn_mask_grad", False),
-        softcap=c.get("softcap"), **causal_or_window(c["q"].shape[-2], c["k"].shape[-2], c["is_causal"],
-                                                     c.get("window"), c["attn_mask"]))
+    if c.get("softcap") is not None:   # a score modifier: flex attention carries it
+        out, cache = capped_case_forward(c)
+    else:
+        out, cache = scaled_dot_product_attention_forward(
+            c["q"], c["k"], c["v"], scale=c["scale"], dropout_p=c["dropout_p"],
+            rng=np.random.default_rng(c["seed"]), attn_mask_grad=c.get("attn_mask_grad", False),
+            **causal_or_window(c["q"].shape[-2], c["k"].shape[-2], c["is_causal"], c.get("window"), c["attn_mask"]))
     if c.get("sinks") is None:
         return out, cache
     out, sinks_cache = attention_sinks_forward(out, cache.lse, c["sinks"])
     return out, SinksCache(cache, sinks_cache)
+
+
+def capped_attention_forward(q, k, v, attn_mask, softcap, scale=None):
+    """Attention of q (B, nh, T, hs) over k, v (B, nkv, S, .) with a bool ``attn_mask`` (T, S),
+    Gemma 2's cap c * tanh(s / c) on the scaled scores before the mask: flex attention with
+    soft_cap(c) and the mask as its block mask; attention itself without a cap. Returns (out, cache)."""
+    if softcap is None:
+        return scaled_dot_product_attention_forward(q, k, v, attn_mask=attn_mask, scale=scale)
+    block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: attn_mask[q_idx, kv_idx], None, None, *attn_mask.shape)
+    return flex_attention_forward(q, k, v, score_mod=soft_cap(softcap), block_mask=block_mask, scale=scale,
+                                  enable_gqa=True)
+
+
+# -- a softcap: a score modifier, so flex attention with soft_cap carries it ------------------------
+
+class CappedCache(NamedTuple):
+    """flex attention's cache and what the tests read of attention's: the weights, lse, no dropout
+    (flex attention has none)."""
+
+    flex: tuple
+    weights: np.ndarray      # q's leading axes + (T, S)
+    lse: np.ndarray          # q's leading axes + (T,)
+    shapes: tuple            # q's, k's and v's shapes, which the 4-D flex call folded
+    mask_shape: tuple | None   # the float mask's shape when its gradient is asked for
+    keep = None
+    keep_scale = 1.0
+    scale = property(lambda self: self.flex.scale)
+
+
+def _as4(x):
+    """x (..., n, d) with at most two leading axes -> (B, H, n, d)."""
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def _case_masks(c, shape):
+    """The case's masks over the scores (B, H, T, S): (bool keep or None, float bias or None)."""
+    T, S_ = shape[-2:]
+    m = causal_or_window(T, S_, c["is_causal"], c.get("window"), c["attn_mask"])
+    mask = m["attn_mask"]
+    if m.get("is_causal"):
+        mask = causal_mask(T, S_, "bottom_right" if m["is_causal"] == "bottom_right" else "top_left")
+    if mask is None:
+        return None, None
+    mask = np.broadcast_to(_as4(mask), shape)
+    return (mask, None) if mask.dtype == np.bool_ else (None, mask)
+
+
+def capped_bias(cap, bias):
+    """c * tanh(score / c) + bias[b, h, q_idx, kv_idx]: the cap, then a float mask, whose gradient
+    is the score's, not times 1 - tanh^2."""
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return cap * np.tanh(score / cap) + bias[b, h, q_idx, kv_idx]
+
+    def dscore(score, b, h, q_idx, kv_idx):
+        return 1 - np.tanh(score / cap) ** 2
+
+    def dparams(grad, score, b, h, q_idx, kv_idx):
+        d = np.zeros(bias.shape, grad.dtype)
+        d[b, h, q_idx, kv_idx] = grad
+        return {"attn_mask": d}
+    return ScoreMod(score_mod, dscore, dparams, {"attn_mask": bias})
+
+
+def capped_case_forward(c):
+    """attention's case with a softcap through flex_attention_forward -> (out, CappedCache)."""
+    if c["dropout_p"]:
+        raise ValueError("flex attention has no dropout: a softcap case must have dropout_p = 0")
+    q, k, v = (_as4(c[n]) for n in "qkv")
+    shape = q.shape[:3] + k.shape[2:3]                                        # (B, H, T, S)
+    keep, bias = _case_masks(c, shape)
+    score_mod = soft_cap(c["softcap"]) if bias is None else capped_bias(c["softcap"], bias)
+    block_mask = None if keep is None else create_block_mask(
+        lambda b, h, q_idx, kv_idx: keep[b, h, q_idx, kv_idx], *shape)
+    (out, lse), cache = flex_attention_forward(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                               scale=c["scale"], enable_gqa=True, return_lse=True)
+    # The weights: exp(score - lse) of the modified, masked scores, 0 on a fully masked row.
+    qf, kf = cache.q, np.repeat(cache.k, q.shape[1] // k.shape[1], axis=1)
+    b, h, q_idx, kv_idx = (np.arange(n).reshape([-1 if i == j else 1 for j in range(4)]) for i, n in enumerate(shape))
+    score = score_mod((qf @ kf.swapaxes(-1, -2)) * cache.scale, b, h, q_idx, kv_idx)
+    if keep is not None:
+        score = np.where(keep, score, -np.inf)
+    with np.errstate(invalid="ignore"):
+        weights = np.where(np.isneginf(lse)[..., None], 0, np.exp(score - lse[..., None]))
+    lead = c["q"].shape[:-1]
+    mask_shape = c["attn_mask"].shape if c.get("attn_mask_grad") else None
+    shapes = (c["q"].shape, c["k"].shape, c["v"].shape)
+    weights = weights.astype(c["q"].dtype).reshape(lead + (shape[-1],))
+    weights.flags.writeable = False
+    return out.reshape(lead + v.shape[-1:]), CappedCache(cache, weights, lse.reshape(lead), shapes, mask_shape)
+
+
+def capped_case_backward(dout, cache, dlse=None):
+    """flex_attention_backward on a CappedCache -> (dq, dk, dv[, dattn_mask]) in the case's shapes."""
+    flex = cache.flex
+    dlse = None if dlse is None else dlse.reshape(flex.lse.shape).astype(flex.lse.dtype)
+    dq, dk, dv, dparams = flex_attention_backward(dout.reshape(flex.out.shape), flex, dlse)
+    grads = tuple(d.reshape(s) for d, s in zip((dq, dk, dv), cache.shapes, strict=True))
+    if cache.mask_shape is None:
+        return grads
+    d = dparams["attn_mask"]                                                  # (B, H, T, S)
+    shape4 = (1,) * (4 - len(cache.mask_shape)) + tuple(cache.mask_shape)
+    d = d.sum(axis=tuple(i for i in range(4) if shape4[i] == 1 and d.shape[i] != 1), keepdims=True)
+    return (*grads, d.reshape(cache.mask_shape).astype(flex.dtype))
+
+
+def capped_case_twin(case, q, k, v, attn_mask=None):
+    """The torch twin of capped_case_forward: torch_attn's flex_attention with its soft_cap
+    -> (out, weights, lse) in the case's shapes; ``attn_mask`` a float mask tensor in place of the
+    case's (for its gradient)."""
+    lead = q.shape[:-1]
+    q4, k4, v4 = (t.reshape((1,) * (4 - t.ndim) + tuple(t.shape)) for t in (q, k, v))
+    shape = tuple(q4.shape[:3]) + tuple(k4.shape[2:3])
+    keep, bias = _case_masks(case, shape)
+    cap = tw_flex.soft_cap(case["softcap"])
+    if bias is None:
+        score_mod = cap
+    else:
+        bias_t = to_torch(np.ascontiguousarray(bias)) if attn_mask is None else attn_mask.reshape(
+            (1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape)).expand(shape)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return cap(score, b, h, q_idx, kv_idx) + bias_t[b, h, q_idx, kv_idx]
+    block_mask = None
+    if keep is not None:
+        keep_t = torch.from_numpy(keep.copy())
+        block_mask = SimpleNamespace(mask_mod=lambda b, h, q_idx, kv_idx: keep_t[b, h, q_idx, kv_idx])
+    out, lse = tw_flex.flex_attention(q4, k4, v4, score_mod=score_mod, block_mask=block_mask, scale=case["scale"],
+                                      enable_gqa=True, return_lse=True)
+    scale = 1 / math.sqrt(q4.shape[-1]) if case["scale"] is None else case["scale"]
+    qf, kf = q4.to(lse.dtype), k4.to(lse.dtype).repeat_interleave(q4.shape[1] // k4.shape[1], dim=1)
+    grids = tw_flex._index_grids(*shape)
+    score = score_mod((qf @ kf.transpose(-1, -2)) * scale, *grids)
+    if keep is not None:
+        score = torch.where(keep_t, score, -torch.inf)
+    weights = torch.where(torch.isneginf(lse)[..., None], 0, torch.exp(score - lse[..., None]))
+    return (out.reshape(lead + v.shape[-1:]), weights.to(q.dtype).reshape(lead + (shape[-1],)),
+            lse.reshape(lead))
 
 
 def causal_or_window(T, S_, is_causal, window, attn_mask=None):
@@ -285,9 +434,15 @@ class SinksCache(NamedTuple):
 def numpy_backward(dout, cache):
     """The NumPy backward of numpy_forward's cache: (dq, dk, dv[, dattn_mask][, dsinks])."""
     if not isinstance(cache, SinksCache):
-        return scaled_dot_product_attention_backward(dout, cache)
+        return _attention_backward(dout, cache)
     dout, dlse, dsinks = attention_sinks_backward(dout, cache.sinks)
-    return (*scaled_dot_product_attention_backward(dout, cache.attn, dlse), dsinks)
+    return (*_attention_backward(dout, cache.attn, dlse), dsinks)
+
+
+def _attention_backward(dout, cache, dlse=None):
+    if isinstance(cache, CappedCache):
+        return capped_case_backward(dout, cache, dlse)
+    return scaled_dot_product_attention_backward(dout, cache, dlse)
 
 
 def twin_fn(case, keep):
@@ -300,9 +455,11 @@ def twin_fn(case, keep):
     masks["attn_mask"] = torch_or_none(masks["attn_mask"])
 
     def fn(q, k, v, sinks=case_sinks):
-        out, weights, lse = tw.scaled_dot_product_attention(
-            q, k, v, scale=case["scale"], dropout_p=case["dropout_p"], keep=keep, softcap=case.get("softcap"),
-            return_lse=True, **masks)
+        if case.get("softcap") is not None:   # a score modifier: flex attention carries it
+            out, weights, lse = capped_case_twin(case, q, k, v)
+        else:
+            out, weights, lse = tw.scaled_dot_product_attention(
+                q, k, v, scale=case["scale"], dropout_p=case["dropout_p"], keep=keep, return_lse=True, **masks)
         if sinks is None:
             return out, weights
         share = torch.sigmoid(lse - sinks.to(lse.dtype)[:, None])            # (..., nh, T): as cache.weights

@@ -19,6 +19,7 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_forward,
 )
 from numpy_attn.attention_sinks import attention_sinks_forward
+from numpy_attn.flex_attention import soft_cap
 from numpy_attn.linear import linear_forward
 from parity_tests import strategies as S
 from parity_tests.attention_kit import (
@@ -32,6 +33,7 @@ from parity_tests.attention_kit import (
     assert_dout_refused,
     attention_inputs,
     cancelled_terms,
+    capped_case_twin,
     causal_or_window,
     four_axes,
     gradient_tols,
@@ -418,11 +420,9 @@ def test_softcap_float_mask_gradient_matches_autograd(case):
     case = {**case, "attn_mask_grad": True}
     _, cache = numpy_forward(case)
     dmask = numpy_backward(case["dout"], cache)[3]
-    keep = None if cache.keep is None else to_torch(cache.keep)
 
-    def fn(q, k, v, attn_mask):
-        return tw.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=case["scale"],
-                                               dropout_p=case["dropout_p"], keep=keep, softcap=case["softcap"])[0]
+    def fn(q, k, v, attn_mask):   # the twin of the op that carries the cap: flex attention with soft_cap
+        return capped_case_twin(case, q, k, v, attn_mask=attn_mask)[0]
     _, expected = autograd(fn, {**qkv(case), "attn_mask": case["attn_mask"]}, case["dout"])
     assert_close("sdpa[softcap].dattn_mask", dmask, expected["attn_mask"], **mask_tol(case, cache))
 
@@ -495,9 +495,8 @@ def test_softcap_backward_matches_finite_differences(case):
 
 @pytest.mark.parametrize("softcap, error, message", BAD_SOFTCAPS)
 def test_bad_softcap_is_refused(softcap, error, message):
-    q = np.zeros((3, 4))
     with pytest.raises(error, match=re.escape(message)):
-        scaled_dot_product_attention_forward(q, q, q, softcap=softcap)
+        soft_cap(softcap)   # the op that carries attention's cap: flex attention's score modifier
 
 
 # -- sliding-window attention: query t sees its last ``window`` keys ----------------------------------
@@ -771,15 +770,17 @@ def eager_attention(q, k, v, attn_mask, sinks, scale, softcap, keep, dropout_p):
 
 @pytest.mark.error_budget
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
-@given(case=attention_inputs(dtype=np.float64, softcap=True, sinks=True), cap=st.booleans(), sink=st.booleans())
-@example(case=SINK_EDGE_CASES[0], cap=False, sink=True)
-@example(case=SINK_EDGE_CASES[1], cap=False, sink=True)
-def test_low_precision_softcap_sinks_dropout_meet_the_error_budget(dtype, case, cap, sink):
+@given(case=attention_inputs(dtype=np.float64, sinks=True),
+       softcap=st.sampled_from((0.5, 2.0, 50.0)) | st.floats(0.2, 60.0), cap=st.booleans(), sink=st.booleans())
+@example(case=SINK_EDGE_CASES[0], softcap=2.0, cap=False, sink=True)
+@example(case=SINK_EDGE_CASES[1], softcap=2.0, cap=False, sink=True)
+def test_low_precision_softcap_sinks_dropout_meet_the_error_budget(dtype, case, softcap, cap, sink):
     """What sdpa cannot express (a softcap, sinks, a replayed dropout mask, a float mask's gradient)
     against the same attention written in plain torch ops in the low dtype, each rounding
     (eager_attention), truth the same program in float64: out, the weights the cache shows, dq, dk,
     dv, dsinks, dattn_mask, for ours and the twin."""
-    case = rounded({**case, "softcap": case.get("softcap") if cap else None,
+    # flex attention, which carries the cap, has no dropout: a capped case is tested without it.
+    case = rounded({**case, "softcap": softcap if cap else None, "dropout_p": 0.0 if cap else case["dropout_p"],
                     "sinks": case["sinks"] if sink else None}, dtype)
     mask = case["attn_mask"]
     learned = {} if mask is None or mask.dtype == np.bool_ else {"attn_mask": mask}   # a float mask's gradient too
@@ -792,10 +793,13 @@ def test_low_precision_softcap_sinks_dropout_meet_the_error_budget(dtype, case, 
     keep = None if cache.keep is None else to_torch(cache.keep)
 
     def twin(**t):
-        out, weights, lse = tw.scaled_dot_product_attention(
-            t["q"], t["k"], t["v"], attn_mask=t.get("attn_mask", torch_or_none(case["attn_mask"])),
-            is_causal=case["is_causal"], scale=case["scale"], dropout_p=case["dropout_p"], keep=keep,
-            softcap=case["softcap"], return_lse=True)
+        if case["softcap"] is not None:   # the op that carries the cap: flex attention with soft_cap
+            out, weights, lse = capped_case_twin(case, t["q"], t["k"], t["v"], attn_mask=t.get("attn_mask"))
+        else:
+            out, weights, lse = tw.scaled_dot_product_attention(
+                t["q"], t["k"], t["v"], attn_mask=t.get("attn_mask", torch_or_none(case["attn_mask"])),
+                is_causal=case["is_causal"], scale=case["scale"], dropout_p=case["dropout_p"], keep=keep,
+                return_lse=True)
         if t.get("sinks") is None:
             return out, weights
         share = torch.sigmoid(lse - t["sinks"].to(lse.dtype)[:, None])        # (..., nh, T): as cache.weights
@@ -837,17 +841,19 @@ def test_dtype_is_preserved(dtype):
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 def test_low_precision_dtype_is_preserved_and_mixes_are_refused(dtype):
     """float16 and bfloat16 stay themselves, out, weights and every gradient (dattn_mask and dsinks
-    too), with a softcap, dropout and GQA; a float32 k, mask or sinks beside a low-precision q is
+    too), with dropout and GQA, and with a softcap (through flex attention, which has no dropout)
+    and GQA; a float32 k, mask or sinks beside a low-precision q is
     refused as a float32/float64 mix is, naming both dtypes."""
     low = LOW_DTYPES[dtype][0]
     q, k, v = S.ramp(2, 2, 3, 2, dtype=low), S.ramp(2, 1, 4, 2, dtype=low), S.ramp(2, 1, 4, 3, dtype=low)
     case = {**make_case(q, k, v, S.ramp(2, 2, 3, 3, dtype=low), attn_mask=S.ramp(3, 4, dtype=low), scale=0.5,
-                        dropout_p=0.25), "attn_mask_grad": True, "softcap": 2.0, "sinks": S.ramp(2, dtype=low)}
-    out, cache = numpy_forward(case)
-    grads = numpy_backward(case["dout"], cache)
-    names = ("dq", "dk", "dv", "dattn_mask", "dsinks")
-    for name, a in [("out", out), ("weights", cache.weights), *zip(names, grads, strict=True)]:
-        assert a.dtype == low, f"sdpa.{name} dtype {a.dtype}"
+                        dropout_p=0.25), "attn_mask_grad": True, "sinks": S.ramp(2, dtype=low)}
+    for c in ({**case, "softcap": 2.0, "dropout_p": 0.0}, case):   # the plain op last: the refusals below read it
+        out, cache = numpy_forward(c)
+        grads = numpy_backward(c["dout"], cache)
+        names = ("dq", "dk", "dv", "dattn_mask", "dsinks")
+        for name, a in [("out", out), ("weights", cache.weights), *zip(names, grads, strict=True)]:
+            assert a.dtype == low, f"sdpa.{name} dtype {a.dtype}"
     with pytest.raises(TypeError, match=f"arrays must share one dtype: q is {dtype}, k is float32, v is {dtype}"):
         scaled_dot_product_attention_forward(q, k.astype(np.float32), v)
     with pytest.raises(ValueError, match=f"float of q's dtype {dtype}, got dtype float32"):

@@ -28,10 +28,11 @@ from parity_tests.attention_kit import (
     assert_dout_refused,
     assert_fa4_rule,
     cancelled_size,
-    causal_or_window,
     dsinks_size,
     float32_allowance,
 )
+from parity_tests.attention_kit import numpy_backward as attention_backward
+from parity_tests.attention_kit import numpy_forward as attention_forward
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
@@ -654,12 +655,10 @@ def window_forward(case, **changes):
 
 
 def window_reference(case):
-    """The dense op (numpy_attn/attention.py) with the same softcap and the window as its mask
-    (masks.sliding_window_mask): (out, (dq, dk, dv))."""
-    out, cache = scaled_dot_product_attention_forward(
-        case["q"], case["k"], case["v"], scale=case["scale"], softcap=case["softcap"],
-        **causal_or_window(case["q"].shape[-2], case["k"].shape[-2], case["is_causal"], case["window"]))
-    return out, scaled_dot_product_attention_backward(case["dout"], cache)
+    """The dense op with the window as its mask (masks.sliding_window_mask): numpy_attn/attention.py,
+    or with a softcap flex attention with soft_cap (attention_kit's numpy_forward): (out, (dq, dk, dv))."""
+    out, cache = attention_forward({**case, "attn_mask": None, "dropout_p": 0.0, "seed": 0})
+    return out, attention_backward(case["dout"], cache)
 
 
 @given(case=window_inputs())

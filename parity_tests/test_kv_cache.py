@@ -13,6 +13,7 @@ from numpy_attn.flash_attention import flash_attention_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.masks import causal_mask, sliding_window_mask
 from parity_tests import strategies as S
+from parity_tests.attention_kit import capped_attention_forward
 from parity_tests.helpers import LOW_DTYPES, assert_close, round_to, to_numpy, to_torch, ulp
 from parity_tests.strategies import splits
 
@@ -367,9 +368,8 @@ def test_sliding_decode_equals_full_window_attention(case, flash, softcap):
     tolerance of test_cached_attention_equals_full_causal_attention."""
     q, k, v, window, sizes = case
     B, nkv, T, hs = k.shape
-    full_window, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=sliding_window_mask(T, T, window),
-                                                          softcap=softcap)
-    full_causal, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True, softcap=softcap)
+    full_window, _ = capped_attention_forward(q, k, v, sliding_window_mask(T, T, window), softcap)
+    full_causal, _ = capped_attention_forward(q, k, v, causal_mask(T, T), softcap)
     cache = init_kv_cache(2, B, nkv, T, hs, q.dtype, windows=[None, window])
     nbytes, one = cache.nbytes, cache.layer(0).bytes_per_token * B
     eps = float(np.finfo(q.dtype).eps)
@@ -385,9 +385,10 @@ def test_sliding_decode_equals_full_window_attention(case, flash, softcap):
                 out, _ = flash_attention_forward(q[:, :, rows], k_all, v_all, is_causal="bottom_right",
                                                  softcap=softcap, window=lc.window, block_q=2, block_k=2)
             else:
-                causal = ({"is_causal": "bottom_right"} if lc.window is None else   # a sliding layer: its mask
-                          {"attn_mask": sliding_window_mask(n, k_all.shape[2], lc.window, "bottom_right")})
-                out, _ = scaled_dot_product_attention_forward(q[:, :, rows], k_all, v_all, softcap=softcap, **causal)
+                S_ = k_all.shape[2]   # a sliding layer: its window's mask
+                mask = (causal_mask(n, S_, "bottom_right") if lc.window is None else
+                        sliding_window_mask(n, S_, lc.window, "bottom_right"))
+                out, _ = capped_attention_forward(q[:, :, rows], k_all, v_all, mask, softcap)
             assert_close(f"sliding decode layer {layer} step {i}", out, expected[:, :, rows], **tol)
         start += n
         sliding = min(start, window) * one                       # the sliding layer's tokens held

@@ -5,12 +5,16 @@ PyTorch; autograd supplies the backward (numpy_attn/_model.py; autograd adds wte
 differs as arguments, as the NumPy twin's ``decoder_forward``.
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from torch_attn import softcap
 from torch_attn.attention import scaled_dot_product_attention
 from torch_attn.attention_sinks import attention_sinks
 from torch_attn.embedding import embedding
+from torch_attn.flex_attention import flex_attention, soft_cap
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
 from torch_attn.masks import causal_mask, sliding_window_mask
@@ -67,9 +71,10 @@ def rotate(q, k, positions, theta, scaling, layout):
     return q, k
 
 
-def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, **attention):
+def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, softcap=None, **attention):
     """Causal attention of the T new queries over the cached and the new keys and values
-    -> (B, nh, T, hs); ``window``, ``attn_mask``, ``sinks`` and ``attention`` as cached_attention_forward's."""
+    -> (B, nh, T, hs); ``window``, ``attn_mask``, ``sinks``, ``softcap`` and ``attention`` as
+    cached_attention_forward's."""
     T = q.shape[2]
     if kv_cache is not None:   # decoding: the past tokens' (rotated) keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # (B, nkv, T, hs) -> (B, nkv, S, hs)
@@ -77,10 +82,32 @@ def cached_attention(q, k, v, kv_cache, attn_mask, *, window=None, sinks=None, *
     causal = (causal_mask(T, S, "bottom_right", device=q.device) if window is None
               else sliding_window_mask(T, S, window, "bottom_right", device=q.device))
     mask = causal if attn_mask is None else attn_mask & causal               # (T, S) or (B, nh, T, S)
-    y, _, lse = scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **attention)   # (B, nh, T, hs)
+    if softcap is None:
+        y, _, lse = scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True,
+                                                 **attention)                # (B, nh, T, hs)
+    else:   # Gemma 2: c * tanh(s / c) modifies each score, the mask then drops some
+        block_mask = mask_block_mask(mask, *q.shape[:2])
+        y, lse = flex_attention(q, k, v, score_mod=soft_cap(softcap), block_mask=block_mask,
+                                enable_gqa=True, return_lse=True, **attention)
     if sinks is not None:   # gpt-oss: y * sigmoid(lse - s_h), the share of each row its sink leaves
         y = attention_sinks(y, lse, sinks)                                    # (B, nh, T, hs)
     return y
+
+
+class MaskBlocks(NamedTuple):
+    """What flex_attention reads of a block mask: its mask_mod (it applies it everywhere)."""
+
+    mask_mod: Callable
+
+
+def mask_block_mask(mask, B, nh):
+    """flex attention's block mask of a bool ``mask`` (T, S) or (B, nh, T, S), True where a query
+    may attend: its mask_mod reads the mask."""
+    T, S = mask.shape[-2:]
+    if mask.ndim == 2:   # the same for every sequence and head
+        return MaskBlocks(lambda b, h, q_idx, kv_idx: mask[q_idx, kv_idx])
+    mask = mask.expand(B, nh, T, S)                                           # (B, nh, T, S)
+    return MaskBlocks(lambda b, h, q_idx, kv_idx: mask[b, h, q_idx, kv_idx])
 
 
 # -- the output layer -----------------------------------------------------------------------------

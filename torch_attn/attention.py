@@ -15,12 +15,11 @@ import torch
 from torch_attn._opmath import upcast
 from torch_attn.dropout import dropout
 from torch_attn.masks import causal_mask
-from torch_attn.softcap import logit_softcap
 from torch_attn.softmax import softmax
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                 dropout_p=0.0, keep=None, softcap=None, return_lse=False):
+                                 dropout_p=0.0, keep=None, return_lse=False):
     """out = dropout(softmax((q * scale) @ k^T + attn_mask)) @ v: q (..., T, hs), k (..., S, hs),
     v (..., S, hv) -> (out (..., T, hv), weights (..., T, S)[, lse (..., T)])."""
     T, hs = q.shape[-2:]
@@ -40,8 +39,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     attn_mask = upcast(attn_mask)                                 # a float16/bfloat16 mask in float32: -inf stays -inf
     q_scaled = q * scale                                          # (..., nh, T, hs)
     scores = q_scaled @ k.transpose(-1, -2)                       # (..., nh, T, S)
-    if softcap is not None:   # Gemma 2: c * tanh(scores / c), before the mask (-inf stays -inf)
-        scores = logit_softcap(scores, softcap)                   # (..., nh, T, S)
     if attn_mask is not None:
         scores = scores + attn_mask
     weights = softmax(scores)                                     # (..., nh, T, S); all -inf row -> 0
@@ -62,5 +59,5 @@ def _logsumexp(scores):
 
 # Equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
 # scale=scale, enable_gqa=True) (its output; enable_gqa only where k, v have fewer heads than q;
-# with dropout only in distribution, as the built-in draws its own mask). With a softcap it equals
-# torch.nn.attention.flex_attention.flex_attention with score_mod = c * tanh(score / c).
+# with dropout only in distribution, as the built-in draws its own mask). Gemma 2's cap on the
+# scores is a score modifier: flex_attention with soft_cap (torch_attn/flex_attention.py).
