@@ -169,7 +169,7 @@ class LlamaBlockCache(NamedTuple):
 def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=LLAMA_ATTENTION):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
     ``attn_mask`` and ``kv_cache`` (this block's layer) go to attention, ``attention`` (a Sublayer)
-    is Llama's unless a family built on this block brings its own (Qwen3)."""
+    is Llama's unless a family built on this block brings its own."""
     # 1-3: x + attn(rms_norm(x))
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
     a, attn_cache = attention.forward(h, params["attn"], config, positions, attn_mask=attn_mask,
