@@ -31,9 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn._model import decoder_backward, decoder_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache
 from numpy_attn.llama import LlamaConfig
 from numpy_attn.mla import (
@@ -212,14 +212,14 @@ def deepseek_v3_forward(ids, params, config, *, positions=None, attn_mask=None, 
     if attn_mask is not None:
         raise ValueError("deepseek_v3_forward: attn_mask is not supported (MLA here is causal only)")
     _check_deepseek_v3_kv_cache(kv_cache, config)
-    return decoder_forward(ids, params, config, DeepseekV3Config, deepseek_v3_block_forward, positions=positions,
-                           attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward, layer_options=lambda i: {"moe": config.is_moe(i)})
+    return _model.decoder_forward(ids, params, config, DeepseekV3Config, deepseek_v3_block_forward, positions=positions,
+                                  attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  for_backward=for_backward, layer_options=lambda i: {"moe": config.is_moe(i)})
 
 
 def deepseek_v3_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return decoder_backward("deepseek_v3", dlogits, cache, deepseek_v3_block_backward)
+    return _model.decoder_backward("deepseek_v3", dlogits, cache, deepseek_v3_block_backward)
 
 
 @dataclass

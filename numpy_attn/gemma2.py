@@ -25,19 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn._model import (
-    AttentionCache,
-    Sublayer,
-    cached_attention_forward,
-    decoder_backward,
-    decoder_forward,
-    layer_types,
-    qkv_forward,
-    rotate_forward,
-    sliding_kv_cache,
-)
 from numpy_attn.linear import linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_attention_backward
 from numpy_attn.multi_head import merge_heads, split_heads
@@ -64,7 +54,7 @@ class Gemma2Config(LlamaConfig):
                 "query_pre_attn_scalar": (float, POSITIVE), "attn_logit_softcap": (float | None, POSITIVE),
                 "final_logit_softcap": (float | None, POSITIVE), "sliding_window": (int, 1)}).items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "layer_types", layer_types(self, self.sliding_pattern))
+        object.__setattr__(self, "layer_types", _model.layer_types(self, self.sliding_pattern))
 
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a global one."""
@@ -93,17 +83,18 @@ def gemma2_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     c * tanh(s / c) before the mask, each query seeing its last ``window`` keys on a sliding layer
     (None on a global one): x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Llama's."""
     nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                             scale=config.query_pre_attn_scalar ** -0.5,
-                                             softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
+    q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
+                                             config.rope_scaling, config.rope_layout)
+    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                                    scale=config.query_pre_attn_scalar ** -0.5,
+                                                    softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
 
 
-GEMMA2_ATTENTION = Sublayer(gemma2_attention_forward, llama_attention_backward)
+GEMMA2_ATTENTION = _model.Sublayer(gemma2_attention_forward, llama_attention_backward)
 
 
 # -- the block: a norm before and after each sublayer -----------------------------------------------
@@ -112,7 +103,7 @@ class Gemma2BlockCache(NamedTuple):
     """The six sub-caches, in forward order, and what undoes the attention."""
 
     attn_norm: tuple
-    attn: AttentionCache
+    attn: _model.AttentionCache
     attn_post_norm: tuple
     mlp_norm: tuple
     mlp: tuple
@@ -179,21 +170,21 @@ def gemma_decoder_forward(op, ids, params, config, config_class, block_forward, 
         raise ValueError(f"{op}_forward: an attn_mask together with a kv_cache "
                          "whose sliding layers hold only their window is not supported (the mask spans all "
                          "past + T keys); decode without attn_mask")
-    return decoder_forward(ids, params, config, config_class, block_forward, **keywords,
-                           embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
-                           logit_softcap=config.final_logit_softcap,
-                           layer_options=lambda i: {"window": config.window(i)})
+    return _model.decoder_forward(ids, params, config, config_class, block_forward, **keywords,
+                                  embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
+                                  logit_softcap=config.final_logit_softcap,
+                                  layer_options=lambda i: {"window": config.window(i)})
 
 
 def gemma2_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return decoder_backward("gemma2", dlogits, cache, gemma2_block_backward)
+    return _model.decoder_backward("gemma2", dlogits, cache, gemma2_block_backward)
 
 
 def gemma2_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    return sliding_kv_cache(config, B, dtype, max_len)
+    return _model.sliding_kv_cache(config, B, dtype, max_len)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

@@ -17,16 +17,9 @@ from functools import partial
 
 import numpy as np
 
+from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn._model import (
-    AttentionCache,
-    Sublayer,
-    cached_attention_forward,
-    decoder_backward,
-    qkv_forward,
-    rotate_forward,
-)
 from numpy_attn.gemma2 import (
     Gemma2Config,
     gemma2_block_backward,
@@ -76,18 +69,18 @@ def gemma3_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Qwen3's."""
     nh, nkv = config.n_head, config.n_kv_head
     theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
-    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
     q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, offset=1.0)   # each head alone, 1 + w
-    q, k, rope_cache = rotate_forward(q, k, positions, theta, scaling, config.rope_layout)
-    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                             scale=config.query_pre_attn_scalar ** -0.5,
-                                             softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
+    q, k, rope_cache = _model.rotate_forward(q, k, positions, theta, scaling, config.rope_layout)
+    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                                    scale=config.query_pre_attn_scalar ** -0.5,
+                                                    softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    return out, _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
 
 
-GEMMA3_ATTENTION = Sublayer(gemma3_attention_forward, qwen3_attention_backward)
+GEMMA3_ATTENTION = _model.Sublayer(gemma3_attention_forward, qwen3_attention_backward)
 
 
 # -- the model: Gemma 2's blocks with Gemma 3's attention -----------------------------------------
@@ -104,7 +97,7 @@ def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
 
 def gemma3_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return decoder_backward("gemma3", dlogits, cache, gemma2_block_backward)
+    return _model.decoder_backward("gemma3", dlogits, cache, gemma2_block_backward)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

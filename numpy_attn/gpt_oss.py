@@ -32,21 +32,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn._model import (
-    AttentionCache,
-    cached_attention_backward,
-    cached_attention_forward,
-    decoder_backward,
-    decoder_forward,
-    layer_types,
-    qkv_backward,
-    qkv_forward,
-    rotate_backward,
-    rotate_forward,
-    sliding_kv_cache,
-)
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params
 from numpy_attn.moe import gpt_oss_moe_backward, gpt_oss_moe_forward, init_gpt_oss_moe_params
@@ -79,7 +67,7 @@ class GptOssConfig(LlamaConfig):
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"GptOssConfig.experts_per_token = {self.experts_per_token} must be at most "
                              f"n_experts = {self.n_experts}")
-        object.__setattr__(self, "layer_types", layer_types(self, 2))   # None: the first sliding, then full
+        object.__setattr__(self, "layer_types", _model.layer_types(self, 2))  # None: the first sliding, then full
 
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a full one."""
@@ -105,21 +93,22 @@ def gpt_oss_attention_forward(x, params, config, positions, *, attn_mask=None, k
     softmax, each query seeing its last ``window`` keys on a sliding layer (None on a full one):
     x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
     nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                             sinks=params["sinks"])           # (B, nh, T, hs)
+    q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
+                                             config.rope_scaling, config.rope_layout)
+    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+                                                    sinks=params["sinks"])           # (B, nh, T, hs)
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
 
 
 def gpt_oss_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "sinks"} like the params)."""
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv, dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # dsinks (nh,)
-    dq, dk = rotate_backward(dq, dk, cache.rope)                              # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)   # (B, T, C)
+    dq, dk, dv, dsinks = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # dsinks (nh,)
+    dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
+    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
     return dx, {**dqkv, "o": do, "sinks": dsinks}
 
 
@@ -129,7 +118,7 @@ class GptOssBlockCache(NamedTuple):
     """The four sub-caches, in forward order."""
 
     attn_norm: tuple
-    attn: AttentionCache
+    attn: _model.AttentionCache
     mlp_norm: tuple
     mlp: tuple               # moe.py's GptOssMoECache
 
@@ -174,21 +163,21 @@ def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
     if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
         raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
                          "window is not supported (the mask spans all past + T keys); decode without attn_mask")
-    return decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                           for_backward=for_backward, norm_round_xhat=False,
-                           layer_options=lambda i: {"window": config.window(i)})
+    return _model.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  for_backward=for_backward, norm_round_xhat=False,
+                                  layer_options=lambda i: {"window": config.window(i)})
 
 
 def gpt_oss_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
+    return _model.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
 
 
 def gpt_oss_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
-    return sliding_kv_cache(config, B, dtype, max_len)
+    return _model.sliding_kv_cache(config, B, dtype, max_len)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

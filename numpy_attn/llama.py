@@ -41,20 +41,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_attn import _model
 from numpy_attn._checks import check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn._model import (
-    AttentionCache,
-    Sublayer,
-    cached_attention_backward,
-    cached_attention_forward,
-    decoder_backward,
-    decoder_forward,
-    qkv_backward,
-    qkv_forward,
-    rotate_backward,
-    rotate_forward,
-)
 from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import merge_heads, split_heads
@@ -134,24 +123,25 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     queries are the last T of the S.
     """
     nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k, rope_cache = rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask)    # (B, nh, T, hs)
+    q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
+                                             config.rope_scaling, config.rope_layout)
+    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
 
 
 def llama_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # nkv heads for dk, dv
-    dq, dk = rotate_backward(dq, dk, cache.rope)                              # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)   # (B, T, C)
+    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
+    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
     return dx, {**dqkv, "o": do}
 
 
-LLAMA_ATTENTION = Sublayer(llama_attention_forward, llama_attention_backward)
+LLAMA_ATTENTION = _model.Sublayer(llama_attention_forward, llama_attention_backward)
 
 
 # -- the block ------------------------------------------------------------------------------------
@@ -213,14 +203,14 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
     computes the last N positions' logits only, (B, N, V), as gpt_forward's; ``for_backward=False``
     keeps no activations and returns ``(logits, None)``, as gpt_forward's.
     """
-    return decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
-                           attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
-                           logits_to_keep=logits_to_keep, for_backward=for_backward)
+    return _model.decoder_forward(ids, params, config, LlamaConfig, llama_block_forward, positions=positions,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng,
+                                  logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
 def llama_backward(dlogits, cache):
     """Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the nesting of the params."""
-    return decoder_backward("llama", dlogits, cache, llama_block_backward)
+    return _model.decoder_backward("llama", dlogits, cache, llama_block_backward)
 
 
 def llama_kv_cache(config, B, dtype=np.float32, max_len=None):

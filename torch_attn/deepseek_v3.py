@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_attn._model import decoder
+from torch_attn import _model
 from torch_attn.kv_cache import KVCache, init_kv_cache
 from torch_attn.mla import LatentCache, init_mla_kv_cache, mla, mla_absorbed
 from torch_attn.moe import deepseek_moe
@@ -51,9 +51,9 @@ def _absorbed_attention(h, params, mla_config, positions, layer_cache):
 def deepseek_v3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                 logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from deepseek_v3_kv_cache."""
-    return decoder(ids, params, config, deepseek_v3_block, positions=positions, attn_mask=attn_mask,
-                   kv_cache=kv_cache, logits_to_keep=logits_to_keep,
-                   layer_options=lambda i: {"moe": config.is_moe(i)})
+    return _model.decoder(ids, params, config, deepseek_v3_block, positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep,
+                          layer_options=lambda i: {"moe": config.is_moe(i)})
 
 
 @dataclass

@@ -8,7 +8,7 @@ times sqrt(C) and capped logits; its cache is gemma2_kv_cache.
 
 import torch
 
-from torch_attn._model import cached_attention, decoder, qkv, rotate, sliding_kv_cache
+from torch_attn import _model
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
@@ -20,12 +20,12 @@ def gemma2_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
     """llama_attention with the scores scaled by query_pre_attn_scalar^-0.5 and capped, on a
     sliding layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
     nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                         scale=config.query_pre_attn_scalar ** -0.5,
-                         softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                                scale=config.query_pre_attn_scalar ** -0.5,
+                                softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 
@@ -61,16 +61,16 @@ def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
 
 def gemma_decoder(ids, params, config, block, **keywords):
     """decoder with the Gemmas' embedding times sqrt(C), final norm's 1 + w, capped logits and windows."""
-    return decoder(ids, params, config, block, **keywords,
-                   embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
-                   logit_softcap=config.final_logit_softcap,
-                   layer_options=lambda i: {"window": config.window(i)})
+    return _model.decoder(ids, params, config, block, **keywords,
+                          embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
+                          logit_softcap=config.final_logit_softcap,
+                          layer_options=lambda i: {"window": config.window(i)})
 
 
 def gemma2_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    return sliding_kv_cache(config, B, dtype, max_len, device)
+    return _model.sliding_kv_cache(config, B, dtype, max_len, device)
 
 
 # Equals Hugging Face's transformers.Gemma2ForCausalLM(...).logits holding the same weights;

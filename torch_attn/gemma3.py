@@ -7,7 +7,7 @@ gemma2_kv_cache.
 
 from functools import partial
 
-from torch_attn._model import cached_attention, qkv, rotate
+from torch_attn import _model
 from torch_attn.gemma2 import gemma2_block, gemma_decoder
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
@@ -20,13 +20,13 @@ def gemma3_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
     rope_local_theta: x (B, T, C) -> (B, T, C)."""
     nh, nkv = config.n_head, config.n_kv_head
     theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
     q, k = qk_norm(q, k, params, config.rms_eps, offset=1.0)                  # each head alone, 1 + w
-    q, k = rotate(q, k, positions, theta, scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                         scale=config.query_pre_attn_scalar ** -0.5,
-                         softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, theta, scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                                scale=config.query_pre_attn_scalar ** -0.5,
+                                softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 

@@ -7,7 +7,7 @@ w * xhat once; its cache is gpt_oss_kv_cache.
 
 import torch
 
-from torch_attn._model import cached_attention, decoder, qkv, rotate, sliding_kv_cache
+from torch_attn import _model
 from torch_attn.linear import linear
 from torch_attn.moe import gpt_oss_moe
 from torch_attn.multi_head import merge_heads, split_heads
@@ -19,11 +19,11 @@ def gpt_oss_attention(x, params, config, positions, *, attn_mask=None, kv_cache=
     """llama_attention with each query head's sink logit ``params["sinks"]`` (nh,), on a sliding
     layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
     nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                         sinks=params["sinks"])                               # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
+                                sinks=params["sinks"])                               # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 
@@ -50,15 +50,15 @@ def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None
 def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gpt_oss_kv_cache."""
-    return decoder(ids, params, config, gpt_oss_block, positions=positions, attn_mask=attn_mask,
-                   kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False,
-                   layer_options=lambda i: {"window": config.window(i)})
+    return _model.decoder(ids, params, config, gpt_oss_block, positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False,
+                          layer_options=lambda i: {"window": config.window(i)})
 
 
 def gpt_oss_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
     """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
     tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
-    return sliding_kv_cache(config, B, dtype, max_len, device)
+    return _model.sliding_kv_cache(config, B, dtype, max_len, device)
 
 
 # Equals Hugging Face's transformers.GptOssForCausalLM(...).logits holding the same weights (gate_up_proj

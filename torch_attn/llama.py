@@ -9,7 +9,7 @@ torch_attn/kv_cache.py) as in the NumPy twin.
 
 import torch
 
-from torch_attn._model import cached_attention, decoder, qkv, rotate
+from torch_attn import _model
 from torch_attn.kv_cache import init_kv_cache
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
@@ -22,10 +22,10 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
     with a ``kv_cache`` (this layer's) x holds only the new tokens."""
     nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask)                        # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 
@@ -52,8 +52,8 @@ def llama(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None,
           logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); ``positions``, ``attn_mask``, ``kv_cache``
     (llama_kv_cache) and ``logits_to_keep`` (-> (B, N, V)) as in the NumPy twin."""
-    return decoder(ids, params, config, llama_block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+    return _model.decoder(ids, params, config, llama_block, positions=positions,
+                          attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 def llama_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):

@@ -5,7 +5,7 @@ attention RMS-norms q and k over the whole projection (torch_attn/qk_norm.py) be
 them into heads, every norm rounding w * xhat once; its cache is llama_kv_cache.
 """
 
-from torch_attn._model import cached_attention, decoder, qkv, rotate
+from torch_attn import _model
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.qk_norm import qk_norm
@@ -17,11 +17,11 @@ from torch_attn.swiglu import swiglu
 def olmo2_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """llama_attention with QK-norm over the projection: x (B, T, C) -> (B, T, C)."""
     nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k = qk_norm(q, k, params, config.rms_eps, round_xhat=False)            # widths nh*hs, nkv*hs
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
-    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask)                        # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 
@@ -47,8 +47,8 @@ def olmo2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None):
 def olmo2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
           logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's."""
-    return decoder(ids, params, config, olmo2_block, positions=positions, attn_mask=attn_mask,
-                   kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False)
+    return _model.decoder(ids, params, config, olmo2_block, positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False)
 
 
 # Equals Hugging Face's transformers.Olmo2ForCausalLM(...).logits holding the same weights;

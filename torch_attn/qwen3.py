@@ -6,7 +6,7 @@ q and k per head (torch_attn/qk_norm.py) before the rotation; its cache is llama
 
 from functools import partial
 
-from torch_attn._model import cached_attention, decoder, qkv, rotate
+from torch_attn import _model
 from torch_attn.linear import linear
 from torch_attn.llama import llama_block
 from torch_attn.multi_head import merge_heads, split_heads
@@ -17,11 +17,11 @@ from torch_attn.qk_norm import qk_norm
 def qwen3_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """llama_attention with QK-norm per head: x (B, T, C) -> (B, T, C)."""
     nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
     q, k = qk_norm(q, k, params, config.rms_eps)                              # each head alone, width hs
-    q, k = rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = cached_attention(q, k, v, kv_cache, attn_mask)                        # (B, nh, T, hs)
+    q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
+    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
     return out
 
@@ -32,8 +32,8 @@ def qwen3(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None,
           logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's."""
     block = partial(llama_block, attention=qwen3_attention)
-    return decoder(ids, params, config, block, positions=positions,
-                   attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+    return _model.decoder(ids, params, config, block, positions=positions,
+                          attn_mask=attn_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers.Qwen3ForCausalLM(...).logits holding the same weights;
