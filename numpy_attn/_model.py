@@ -70,6 +70,21 @@ from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
 
 # -- the decoder shell ----------------------------------------------------------------------------
 
+def init_decoder_params(config, rng, dtype, init_block):
+    """The shell's parameters around the blocks: {"wte": (V, C), "blocks": {"0": init_block(0), ...},
+    "norm": {"w": (C,)}, ["head": {"w": (C, V)}]}. Embedding and head are drawn from N(0, 0.02^2), as
+    Hugging Face's initializer_range, in the order wte, the blocks, head; the norm starts at 1; the
+    head exists only without tied weights."""
+    V, C = config.vocab_size, config.n_embd
+    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype), "blocks": {}}          # (V, C)
+    for i in range(config.n_layer):
+        params["blocks"][str(i)] = init_block(i)
+    params["norm"] = {"w": np.ones(C, dtype)}                                           # (C,)
+    if not config.tie_weights:
+        params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}               # (C, V)
+    return params
+
+
 class DecoderCache(NamedTuple):
     """The sub-caches in forward order."""
 

@@ -27,7 +27,6 @@ values are the k_r (dr), so the model's loop and checks take either. Both are fo
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
 
 import numpy as np
 
@@ -35,7 +34,7 @@ from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
 from numpy_attn.kv_cache import KVCache, init_kv_cache
-from numpy_attn.llama import LlamaConfig
+from numpy_attn.llama import SWIGLU_MLP, LlamaConfig, llama_block_backward, llama_block_forward
 from numpy_attn.mla import (
     LatentCache,
     MLAConfig,
@@ -46,8 +45,6 @@ from numpy_attn.mla import (
     mla_forward,
 )
 from numpy_attn.moe import _check_k, deepseek_moe_backward, deepseek_moe_forward, init_deepseek_moe_params
-from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
-from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
 
 @dataclass(frozen=True)
@@ -124,55 +121,31 @@ def init_deepseek_v3_params(config, rng, dtype=np.float32):
     "head"}: attn from init_mla_params, mlp a SwiGLU network (weights N(0, 0.02^2)) or from
     init_deepseek_moe_params; embedding and head (without tied weights) N(0, 0.02^2), norms at 1."""
     check_rng(rng, "init_deepseek_v3_params")
-    V, C, H = config.vocab_size, config.n_embd, config.hidden
-    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype), "blocks": {}}          # (V, C)
-    for i in range(config.n_layer):
+    C, H = config.n_embd, config.hidden
+    def init_block(i):
         if config.is_moe(i):
             mlp = init_deepseek_moe_params(C, config.moe_hidden, config.n_routed_experts, rng,
                                            config.n_shared_experts, dtype)
         else:
             mlp = {name: {"w": rng.normal(0, 0.02, shape).astype(dtype)}
                    for name, shape in (("gate", (C, H)), ("up", (C, H)), ("down", (H, C)))}
-        params["blocks"][str(i)] = {"attn_norm": {"w": np.ones(C, dtype)},
-                                    "attn": init_mla_params(config.mla, rng, dtype),
-                                    "mlp_norm": {"w": np.ones(C, dtype)}, "mlp": mlp}
-    params["norm"] = {"w": np.ones(C, dtype)}
-    if not config.tie_weights:
-        params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}               # (C, V)
-    return params
+        return {"attn_norm": {"w": np.ones(C, dtype)}, "attn": init_mla_params(config.mla, rng, dtype),
+                "mlp_norm": {"w": np.ones(C, dtype)}, "mlp": mlp}
+
+    return _model.init_decoder_params(config, rng, dtype, init_block)
 
 
-# -- the block: MLA, then a dense or a mixture-of-experts network ------------------------------------
+# -- the block: Llama's, with MLA and a dense or a mixture-of-experts network ----------------------
 
-class DeepseekV3BlockCache(NamedTuple):
-    """The four sub-caches, in forward order; attn is None after absorbed decoding."""
-
-    attn_norm: tuple
-    attn: tuple | None
-    mlp_norm: tuple
-    mlp: tuple
-    moe: bool
-
-
-def deepseek_v3_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False):
-    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``kv_cache`` is this
-    block's layer of a deepseek_v3_kv_cache (absorbed or naive); ``moe`` picks the network."""
-    # 1-3: x + mla(rms_norm(x))
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
+def deepseek_v3_attention_forward(h, params, config, positions, *, attn_mask=None, kv_cache=None):
+    """MLA: h (B, T, C) -> (B, T, C), ``kv_cache`` this block's layer of a deepseek_v3_kv_cache:
+    absorbed decoding from a latent cache (no cache kept: inference only), mla_forward otherwise.
+    Returns ``(out, cache)``. ``attn_mask`` must be None (the model takes none)."""
+    if attn_mask is not None:
+        raise ValueError("deepseek_v3_attention_forward: attn_mask is not supported (MLA attends causally)")
     if kv_cache is not None and isinstance(kv_cache.cache, LatentKVCache):   # absorbed decoding
-        a, attn_cache = _absorbed_attention(h, params["attn"], config.mla, positions, kv_cache), None
-    else:
-        a, attn_cache = mla_forward(h, params["attn"], config.mla, positions, kv_cache=kv_cache)   # (B, T, C)
-    x = x + a
-    # 4-6: x + moe(rms_norm(x)), or x + swiglu(rms_norm(x)) in the first blocks
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
-    if moe:
-        f, mlp_cache = deepseek_moe_forward(h, params["mlp"], **config.routing)        # (B, T, C)
-    else:
-        f, mlp_cache = swiglu_forward(h, params["mlp"])                               # (B, T, C) via (B, T, H)
-    out = x + f
-    cache = DeepseekV3BlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache, moe)
-    return out, cache
+        return _absorbed_attention(h, params, config.mla, positions, kv_cache), None
+    return mla_forward(h, params, config.mla, positions, kv_cache=kv_cache)   # (B, T, C)
 
 
 def _absorbed_attention(h, params, mla_config, positions, layer_cache):
@@ -184,22 +157,31 @@ def _absorbed_attention(h, params, mla_config, positions, layer_cache):
     return a
 
 
-def deepseek_v3_block_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
-    if cache.attn is None:
+def deepseek_v3_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like MLA's params)."""
+    if cache is None:
         raise ValueError("deepseek_v3_backward: the forward decoded from an absorbed latent cache, which is for "
                          "inference only")
-    # 6-5: undoes out = x + f, f = moe(h) or swiglu(h).
-    network_backward = deepseek_moe_backward if cache.moe else swiglu_backward
-    dh, dmlp = network_backward(dout, cache.mlp)                              # (B, T, C)
-    # 4: undoes h = rms_norm(x); x also fed the skip.
-    dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
-    dx = dx_mlp + dout                                                        # branch + skip
-    # 3-1: undoes x = x + mla(rms_norm(x)) in the same way.
-    dh, dattn = mla_backward(dx, cache.attn)                                  # (B, T, C)
-    dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
-    dparams = {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
-    return dx_attn + dx, dparams                                              # branch + skip
+    return mla_backward(dout, cache)
+
+
+def deepseek_moe_mlp_forward(h, params, config):
+    """The mixture of experts with the config's routing: h (B, T, C) -> (B, T, C)."""
+    return deepseek_moe_forward(h, params, **config.routing)
+
+
+DEEPSEEK_V3_ATTENTION = _model.Sublayer(deepseek_v3_attention_forward, deepseek_v3_attention_backward)
+DEEPSEEK_MOE = _model.Sublayer(deepseek_moe_mlp_forward, deepseek_moe_backward)
+
+
+def deepseek_v3_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False):
+    """One block: x (B, T, C) -> (B, T, C), Llama's with MLA and, where ``moe``, the mixture of
+    experts in place of the SwiGLU network. Returns ``(out, cache)``; llama_block_backward undoes it."""
+    return llama_block_forward(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                               attention=DEEPSEEK_V3_ATTENTION, mlp=DEEPSEEK_MOE if moe else SWIGLU_MLP)
+
+
+deepseek_v3_block_backward = llama_block_backward
 
 
 # -- the model ------------------------------------------------------------------------------------

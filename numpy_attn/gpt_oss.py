@@ -28,7 +28,6 @@ rounds xhat first.
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -36,10 +35,9 @@ from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.llama import LlamaConfig, init_llama_params
+from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
 from numpy_attn.moe import gpt_oss_moe_backward, gpt_oss_moe_forward, init_gpt_oss_moe_params
 from numpy_attn.multi_head import merge_heads, split_heads
-from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 
 
 @dataclass(frozen=True)
@@ -112,45 +110,28 @@ def gpt_oss_attention_backward(dout, cache):
     return dx, {**dqkv, "o": do, "sinks": dsinks}
 
 
-# -- the block: attention with sinks, then the mixture of experts -----------------------------------
+GPT_OSS_ATTENTION = _model.Sublayer(gpt_oss_attention_forward, gpt_oss_attention_backward)
 
-class GptOssBlockCache(NamedTuple):
-    """The four sub-caches, in forward order."""
 
-    attn_norm: tuple
-    attn: _model.AttentionCache
-    mlp_norm: tuple
-    mlp: tuple               # moe.py's GptOssMoECache
+# -- the block: Llama's, with attention with sinks and the mixture of experts -----------------------
+
+def gpt_oss_mlp_forward(h, params, config):
+    """The mixture of experts with the config's routing: h (B, T, C) -> (B, T, C) via k experts."""
+    return gpt_oss_moe_forward(h, params, config.experts_per_token, config.swiglu_alpha, config.swiglu_limit)
+
+
+GPT_OSS_MOE = _model.Sublayer(gpt_oss_mlp_forward, gpt_oss_moe_backward)
 
 
 def gpt_oss_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
-    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; ``attn_mask``, ``kv_cache``
-    (this block's layer) and ``window`` (None for a full layer) go to attention."""
-    # 1-3: x + attn(rms_norm(x)), the norm's product w * xhat rounded once in float16 and bfloat16
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
-    a, attn_cache = gpt_oss_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
-                                              kv_cache=kv_cache, window=window)  # (B, T, C)
-    x = x + a
-    # 4-6: x + moe(rms_norm(x))
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)    # (B, T, C)
-    f, mlp_cache = gpt_oss_moe_forward(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
-                                       config.swiglu_limit)                            # (B, T, C) via k experts
-    out = x + f
-    cache = GptOssBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache)
-    return out, cache
+    """One block: x (B, T, C) -> (B, T, C), Llama's with gpt-oss's attention (``window`` None for a
+    full layer) and mixture of experts, every norm's product w * xhat rounded once in float16 and
+    bfloat16. Returns ``(out, cache)``; llama_block_backward undoes it (the cache names the sublayers)."""
+    return llama_block_forward(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                               attention=GPT_OSS_ATTENTION, mlp=GPT_OSS_MOE, round_xhat=False, window=window)
 
 
-def gpt_oss_block_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
-    # 6-4: undoes out = x + moe(rms_norm(x)); the skip hands dout to x as well.
-    dh, dmlp = gpt_oss_moe_backward(dout, cache.mlp)                          # (B, T, C)
-    dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
-    dx = dx_mlp + dout                                                        # branch + skip
-    # 3-1: undoes x = x + attn(rms_norm(x)) in the same way; dattn holds dsinks.
-    dh, dattn = gpt_oss_attention_backward(dx, cache.attn)                    # (B, T, C)
-    dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)              # (B, T, C)
-    dparams = {"attn_norm": dattn_norm, "attn": dattn, "mlp_norm": dmlp_norm, "mlp": dmlp}
-    return dx_attn + dx, dparams                                              # branch + skip
+gpt_oss_block_backward = llama_block_backward
 
 
 # -- the model ------------------------------------------------------------------------------------

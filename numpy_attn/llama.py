@@ -88,7 +88,7 @@ def init_llama_params(config, rng, dtype=np.float32):
     (initializer_range); norms start at 1, biases at 0; head only without tied weights.
     """
     check_rng(rng, "init_llama_params")
-    V, C, hs = config.vocab_size, config.n_embd, config.hs
+    C, hs = config.n_embd, config.hs
     nh, nkv = config.n_head, config.n_kv_head
 
     def linear(C_in, C_out, bias):
@@ -97,19 +97,15 @@ def init_llama_params(config, rng, dtype=np.float32):
             layer["b"] = np.zeros(C_out, dtype)
         return layer
 
-    params = {"wte": rng.normal(0, 0.02, (V, C)).astype(dtype), "blocks": {}}          # (V, C)
-    for i in range(config.n_layer):
+    def init_block(i):
         attn = {"q": linear(C, nh * hs, config.attn_bias), "k": linear(C, nkv * hs, config.attn_bias),
                 "v": linear(C, nkv * hs, config.attn_bias), "o": linear(nh * hs, C, config.attn_bias)}
         mlp = {"gate": linear(C, config.hidden, config.mlp_bias),
                "up": linear(C, config.hidden, config.mlp_bias),
                "down": linear(config.hidden, C, config.mlp_bias)}
-        params["blocks"][str(i)] = {"attn_norm": {"w": np.ones(C, dtype)}, "attn": attn,
-                                    "mlp_norm": {"w": np.ones(C, dtype)}, "mlp": mlp}
-    params["norm"] = {"w": np.ones(C, dtype)}
-    if not config.tie_weights:
-        params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}               # (C, V)
-    return params
+        return {"attn_norm": {"w": np.ones(C, dtype)}, "attn": attn, "mlp_norm": {"w": np.ones(C, dtype)}, "mlp": mlp}
+
+    return _model.init_decoder_params(config, rng, dtype, init_block)
 
 
 # -- attention with rotary positions and grouped-query heads ------------------------------------
@@ -146,38 +142,49 @@ LLAMA_ATTENTION = _model.Sublayer(llama_attention_forward, llama_attention_backw
 
 # -- the block ------------------------------------------------------------------------------------
 
+def swiglu_mlp_forward(h, params, config):
+    """Llama's network as a sublayer: swiglu(h) (B, T, C) -> (B, T, C) via (B, T, H)."""
+    return swiglu_forward(h, params)
+
+
+SWIGLU_MLP = _model.Sublayer(swiglu_mlp_forward, swiglu_backward)
+
+
 class LlamaBlockCache(NamedTuple):
-    """The four sub-caches, in forward order, and what undoes the attention."""
+    """The four sub-caches, in forward order, and what undoes the two sublayers."""
 
     attn_norm: tuple
     attn: tuple
     mlp_norm: tuple
     mlp: tuple
     attn_backward: object = llama_attention_backward
+    mlp_backward: object = swiglu_backward
 
 
-def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=LLAMA_ATTENTION):
+def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=LLAMA_ATTENTION,
+                        mlp=SWIGLU_MLP, round_xhat=True, **attention_options):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
-    ``attn_mask`` and ``kv_cache`` (this block's layer) go to attention, ``attention`` (a Sublayer)
-    is Llama's unless a family built on this block brings its own."""
-    # 1-3: x + attn(rms_norm(x))
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps)   # (B, T, C)
+    ``attn_mask``, ``kv_cache`` (this block's layer) and ``attention_options`` go to attention.
+    ``attention`` and ``mlp`` (Sublayers) and the norms' ``round_xhat`` are Llama's unless a family
+    built on this block brings its own."""
+    # 1-3: x + attn(rms_norm(x)), h and a (B, T, C)
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
     a, attn_cache = attention.forward(h, params["attn"], config, positions, attn_mask=attn_mask,
-                                      kv_cache=kv_cache)                       # (B, T, C)
+                                      kv_cache=kv_cache, **attention_options)  # (B, T, C)
     x = x + a
-    # 4-6: x + swiglu(rms_norm(x))
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps)     # (B, T, C)
-    f, mlp_cache = swiglu_forward(h, params["mlp"])                                    # (B, T, C) via (B, T, H)
+    # 4-6: x + mlp(rms_norm(x)), Llama's mlp a SwiGLU network; h and f (B, T, C)
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    f, mlp_cache = mlp.forward(h, params["mlp"], config)                      # (B, T, C) via (B, T, H)
     out = x + f
-    cache = LlamaBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache, attention.backward)
+    cache = LlamaBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache, attention.backward, mlp.backward)
     return out, cache
 
 
 def llama_block_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
     # 6: undoes out = x + f: the skip hands dout to x, the branch to f.
-    # 5: undoes f = swiglu(h).
-    dh, dmlp = swiglu_backward(dout, cache.mlp)                               # (B, T, C)
+    # 5: undoes f = mlp(h).
+    dh, dmlp = cache.mlp_backward(dout, cache.mlp)                            # (B, T, C)
     # 4: undoes h = rms_norm(x); x also fed the skip.
     dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                 # (B, T, C)
     dx = dx_mlp + dout                                                        # branch + skip

@@ -12,30 +12,19 @@ import torch
 
 from torch_attn import _model
 from torch_attn.kv_cache import KVCache, init_kv_cache
+from torch_attn.llama import llama_block, swiglu_mlp
 from torch_attn.mla import LatentCache, init_mla_kv_cache, mla, mla_absorbed
 from torch_attn.moe import deepseek_moe
-from torch_attn.rms_norm import rms_norm
-from torch_attn.swiglu import swiglu
 
-# -- the block: MLA, then a dense or a mixture-of-experts network ------------------------------------
+# -- the block: Llama's, with MLA and a dense or a mixture-of-experts network ----------------------
 
-def deepseek_v3_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False):
-    """One block: x (B, T, C) -> (B, T, C); ``kv_cache`` this block's layer, ``moe`` picks the network."""
-    # 1-3: x + mla(rms_norm(x))
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps)                 # (B, T, C)
+def deepseek_v3_attention(h, params, config, positions, *, attn_mask=None, kv_cache=None):
+    """MLA: h (B, T, C) -> (B, T, C), absorbed decoding from a latent cache, mla otherwise."""
+    if attn_mask is not None:
+        raise ValueError("deepseek_v3_attention: attn_mask is not supported (MLA attends causally)")
     if kv_cache is not None and isinstance(kv_cache.cache, LatentKVCache):   # absorbed decoding
-        a = _absorbed_attention(h, params["attn"], config.mla, positions, kv_cache)
-    else:
-        a = mla(h, params["attn"], config.mla, positions, kv_cache=kv_cache)  # (B, T, C)
-    x = x + a
-    # 4-6: x + moe(rms_norm(x)), or x + swiglu(rms_norm(x)) in the first blocks
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps)                  # (B, T, C)
-    if moe:
-        f = deepseek_moe(h, params["mlp"], **config.routing)                  # (B, T, C)
-    else:
-        f = swiglu(h, params["mlp"])                                          # (B, T, C) via (B, T, H)
-    out = x + f
-    return out
+        return _absorbed_attention(h, params, config.mla, positions, kv_cache)
+    return mla(h, params, config.mla, positions, kv_cache=kv_cache)           # (B, T, C)
 
 
 def _absorbed_attention(h, params, mla_config, positions, layer_cache):
@@ -44,6 +33,18 @@ def _absorbed_attention(h, params, mla_config, positions, layer_cache):
     a = mla_absorbed(h, params, mla_config, latent, positions)                # (B, T, C)
     layer_cache.cache.lengths[layer_cache.index] = latent.length             # the tokens it appended
     return a
+
+
+def deepseek_moe_mlp(h, params, config):
+    """The mixture of experts with the config's routing: h (B, T, C) -> (B, T, C)."""
+    return deepseek_moe(h, params, **config.routing)
+
+
+def deepseek_v3_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False):
+    """One block: x (B, T, C) -> (B, T, C), Llama's with MLA and, where ``moe``, the mixture of
+    experts in place of the SwiGLU network."""
+    return llama_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                       attention=deepseek_v3_attention, mlp=deepseek_moe_mlp if moe else swiglu_mlp)
 
 
 # -- the model ------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import torch
 
 from torch_attn import _model
 from torch_attn.linear import linear
+from torch_attn.llama import llama_block
 from torch_attn.moe import gpt_oss_moe
 from torch_attn.multi_head import merge_heads, split_heads
-from torch_attn.rms_norm import rms_norm
 
 # -- attention: Llama's, with a sink per head and sliding layers -----------------------------------
 
@@ -28,21 +28,18 @@ def gpt_oss_attention(x, params, config, positions, *, attn_mask=None, kv_cache=
     return out
 
 
-# -- the block: attention with sinks, then the mixture of experts -----------------------------------
+# -- the block: Llama's, with attention with sinks and the mixture of experts -----------------------
+
+def gpt_oss_mlp(h, params, config):
+    """The mixture of experts with the config's routing: h (B, T, C) -> (B, T, C) via k experts."""
+    return gpt_oss_moe(h, params, config.experts_per_token, config.swiglu_alpha, config.swiglu_limit)
+
 
 def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
-    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``window`` go to attention."""
-    # 1-3: x + attn(rms_norm(x)), the norm's product w * xhat rounded once in float16 and bfloat16
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=False)   # (B, T, C)
-    a = gpt_oss_attention(h, params["attn"], config, positions, attn_mask=attn_mask,
-                          kv_cache=kv_cache, window=window)                   # (B, T, C)
-    x = x + a
-    # 4-6: x + moe(rms_norm(x))
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=False)    # (B, T, C)
-    f = gpt_oss_moe(h, params["mlp"], config.experts_per_token, config.swiglu_alpha,
-                    config.swiglu_limit)                                      # (B, T, C) via k experts
-    out = x + f
-    return out
+    """One block: x (B, T, C) -> (B, T, C), Llama's with gpt-oss's attention (``window`` None for a
+    full layer) and mixture of experts, every norm's product w * xhat rounded once."""
+    return llama_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                       attention=gpt_oss_attention, mlp=gpt_oss_mlp, round_xhat=False, window=window)
 
 
 # -- the model ------------------------------------------------------------------------------------

@@ -32,16 +32,24 @@ def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
 
 # -- the block ------------------------------------------------------------------------------------
 
-def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=llama_attention):
-    """One block: x (B, T, C) -> (B, T, C); ``attn_mask`` and ``kv_cache`` go to ``attention``."""
-    # 1-3: x + attn(rms_norm(x))
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps)                 # (B, T, C)
+def swiglu_mlp(h, params, config):
+    """Llama's network as a sublayer: swiglu(h) (B, T, C) -> (B, T, C) via (B, T, H)."""
+    return swiglu(h, params)
+
+
+def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=llama_attention,
+                mlp=swiglu_mlp, round_xhat=True, **attention_options):
+    """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``attention_options`` go
+    to ``attention``; ``attention``, ``mlp`` and the norms' ``round_xhat`` are Llama's unless a
+    family built on this block brings its own."""
+    # 1-3: x + attn(rms_norm(x)), h and a (B, T, C)
+    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
     a = attention(h, params["attn"], config, positions, attn_mask=attn_mask,
-                  kv_cache=kv_cache)                                          # (B, T, C)
+                  kv_cache=kv_cache, **attention_options)                     # (B, T, C)
     x = x + a
-    # 4-6: x + swiglu(rms_norm(x))
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps)                  # (B, T, C)
-    f = swiglu(h, params["mlp"])                                              # (B, T, C) via (B, T, H)
+    # 4-6: x + mlp(rms_norm(x)), Llama's mlp a SwiGLU network; h and f (B, T, C)
+    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    f = mlp(h, params["mlp"], config)                                         # (B, T, C) via (B, T, H)
     out = x + f
     return out
 
