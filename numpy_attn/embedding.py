@@ -24,25 +24,29 @@ from numpy_attn._checks import check_dout, check_float, check_integer, check_ndi
 def embedding_forward(ids, wte, padding_idx=None):
     """Look up rows of ``wte`` (V, C) for integer ``ids`` of any shape (...,) -> out (..., C).
 
-    Returns ``(out, cache)``; the cache is ``(ids, V, C, dtype, padding_idx)``: the backward needs
-    where each row came from, the table's shape and dtype and the frozen row, not the table itself.
+    Returns ``(out, cache)``; the cache is ``(ids, V, C, dtype, frozen)``: the backward needs where
+    each row came from, the table's shape and dtype and which lookups read the padding row (None
+    without padding_idx), not the table itself.
     """
     ids, padding_idx = _check_embedding(ids, wte, padding_idx)
     V, C = wte.shape
     out = wte[ids]                                 # (...,) -> (..., C)
-    cache = (ids, V, C, wte.dtype, padding_idx)
+    frozen = None
+    if padding_idx is not None:
+        frozen = ids == padding_idx                # (...,) the lookups of the padding row
+    cache = (ids, V, C, wte.dtype, frozen)
     return out, cache
 
 
 def embedding_backward(dout, cache):
     """Gradient of the table: dout (..., C) -> dwte (V, C); repeated ids add up."""
-    ids, V, C, dtype, padding_idx = cache
+    ids, V, C, dtype, frozen = cache
     check_dout("embedding_backward", dout, ids.shape + (C,), dtype)
     dwte = np.zeros((V, C), dtype=opmath(dtype))   # (V, C) float32 for float16 and bfloat16
+    if frozen is not None:   # the padding row's lookups pass no gradient: that row stays as it is
+        dout = np.where(frozen[..., None], 0, dout)                                   # (..., C)
     # Undoes out = wte[ids]; np.add.at accumulates repeated ids, unlike dwte[ids] += dout.
     np.add.at(dwte, ids, upcast(dout))
-    if padding_idx is not None:
-        dwte[padding_idx] = 0                      # the padding row is frozen, as in F.embedding
     return dwte.astype(dtype, copy=False)          # each row's sum rounded once to wte's dtype
 
 
