@@ -181,10 +181,7 @@ def gemma2_backward(dlogits, cache):
     return _model.decoder_backward("gemma2", dlogits, cache, gemma2_block_backward)
 
 
-def gemma2_kv_cache(config, B, dtype=np.float32, max_len=None):
-    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    return _model.sliding_kv_cache(config, B, dtype, max_len)
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

@@ -155,10 +155,7 @@ def gpt_oss_backward(dlogits, cache):
     return _model.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
 
 
-def gpt_oss_kv_cache(config, B, dtype=np.float32, max_len=None):
-    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
-    return _model.sliding_kv_cache(config, B, dtype, max_len)
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

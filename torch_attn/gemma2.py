@@ -6,7 +6,6 @@ capped scores and sliding layers, inside torch_attn/_model.py's ``decoder`` with
 times sqrt(C) and capped logits; its cache is gemma2_kv_cache.
 """
 
-import torch
 
 from torch_attn import _model
 from torch_attn.linear import linear
@@ -67,10 +66,7 @@ def gemma_decoder(ids, params, config, block, **keywords):
                           layer_options=lambda i: {"window": config.window(i)})
 
 
-def gemma2_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
-    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: a global layer holds them all, a sliding layer only its last sliding_window."""
-    return _model.sliding_kv_cache(config, B, dtype, max_len, device)
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.Gemma2ForCausalLM(...).logits holding the same weights;

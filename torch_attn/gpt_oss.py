@@ -5,7 +5,6 @@ sliding layers) and x + moe(rms_norm(x)) (torch_attn/moe.py's gpt_oss_moe), ever
 w * xhat once; its cache is gpt_oss_kv_cache.
 """
 
-import torch
 
 from torch_attn import _model
 from torch_attn.linear import linear
@@ -52,10 +51,7 @@ def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=Non
                           layer_options=lambda i: {"window": config.window(i)})
 
 
-def gpt_oss_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
-    """An empty key/value cache for decoding B sequences of up to ``max_len`` (default block_size)
-    tokens: a full layer holds them all, a sliding layer only its last sliding_window."""
-    return _model.sliding_kv_cache(config, B, dtype, max_len, device)
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.GptOssForCausalLM(...).logits holding the same weights (gate_up_proj
