@@ -71,7 +71,8 @@ from numpy_attn.attention import (
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
 from numpy_attn.deepseek_v3 import (
-    DeepseekV3Config, deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
+    DeepseekV3Config, deepseek_moe_mlp_forward, deepseek_v3_attention_backward, deepseek_v3_attention_forward,
+    deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
     deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
 )
 from numpy_attn.dropout import dropout_backward, dropout_forward
@@ -95,14 +96,15 @@ from numpy_attn.gemma3 import (
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.gpt_oss import (
     GptOssConfig, gpt_oss_attention_backward, gpt_oss_attention_forward, gpt_oss_backward,
-    gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward, gpt_oss_kv_cache, init_gpt_oss_params,
+    gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward, gpt_oss_kv_cache, gpt_oss_mlp_forward,
+    init_gpt_oss_params,
 )
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
     LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward, llama_backward,
-    llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache,
+    llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
