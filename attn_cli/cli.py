@@ -6,6 +6,7 @@ built; torch and matplotlib are imported only inside the commands that need them
 """
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -65,13 +66,27 @@ def build_parser():
     )
     parser.add_argument("--version", action="version", version=f"numpy-attn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}                      # name -> its parser, for messages about its options
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"attn_cli.{module_name}")
         p = sub.add_parser(name, help=module.HELP)
         module.add_arguments(p)
         p.formatter_class = HelpFormatter     # in place of term.describe's raw description
         p.set_defaults(func=module.run)
+        parser.commands[name] = p
     return parser
+
+
+def unrecognized(extras, parser):
+    """argparse's message for arguments that no option of ``parser`` takes, with the nearest
+    option for each misspelt one (``--breif``: did you mean '--brief'?)."""
+    options = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    hints = []
+    for arg in extras:
+        close = difflib.get_close_matches(arg.partition("=")[0], options, n=1) if arg.startswith("-") else []
+        if close:
+            hints.append(f"{arg!r}: did you mean {close[0]!r}?")
+    return "; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints])
 
 
 def _quiet_closed_pipe():
@@ -85,7 +100,10 @@ def _quiet_closed_pipe():
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:      # the command's own usage and error, exit status 2, as argparse's parse_args
+        command = parser.commands.get(args.command, parser)
+        command.error(unrecognized(extras, command))
     if args.command is None:
         parser.print_help()
         return 2

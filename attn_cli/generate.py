@@ -22,6 +22,7 @@ from attn_cli import term
 from attn_cli.checkpoint import CHECKPOINT, DEFAULT_OUT
 from attn_cli.decoding import continue_ids
 from attn_cli.hf import load_dtype
+from numpy_attn._family import families
 from numpy_attn._tree import leaves, unflatten
 from numpy_attn.gpt import gpt_forward, gpt_kv_cache
 
@@ -84,11 +85,13 @@ def add_arguments(p):
                    help=f"a run folder of numpy-attn train, or its model.npz (default {DEFAULT_OUT}, "
                         "train's default --out)")
     p.add_argument("--prompt", help="the text to continue")
+    titles = [family.title for family in families().values()]
     p.add_argument("--hf", metavar="DIR", default=None,
-                   help="a Hugging Face GPT-2 or Llama folder (config.json + model.safetensors) "
-                        "instead of a train checkpoint; see attn_cli/hf_generate.py")
+                   help=f"a Hugging Face folder (config.json + model.safetensors) of {', '.join(titles[:-1])} "
+                        f"or {titles[-1]}, instead of a train checkpoint; see attn_cli/hf_generate.py")
     p.add_argument("--ids", metavar="1,2,3", default=None,
-                   help="with --hf: the prompt as token ids (Llama folders need it); prints ids")
+                   help="with --hf: the prompt as token ids (every family but GPT-2 needs them: numpy-attn "
+                        "has GPT-2's tokenizer only); prints ids")
     p.add_argument("--max-new-tokens", type=int, default=40, dest="max_new_tokens",
                    help="tokens to add (default 40)")
     p.add_argument("--temperature", type=float, default=1.0,

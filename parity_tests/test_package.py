@@ -52,6 +52,42 @@ def test_no_subcommand_prints_help(capsys):
 
 
 @pytest.mark.parametrize("command", list(cli.COMMANDS) + [None])
+def test_a_misspelt_option_names_the_nearest(command, capsys):
+    """Every command answers an option with two letters swapped with its own usage and the option
+    meant, exit status 2; an argument like no option gets no guess."""
+    parser = cli.build_parser()
+    own = parser.commands[command] if command else parser
+    options = [s for a in own._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    # The command's own positional argument (site's DIR, tokenize's TEXT), so that only the option is wrong.
+    lead = ([command] if command else []) + (["x"] if command and any(
+        not a.option_strings for a in own._actions) else [])
+    for option in options:
+        if len(option) < 6:
+            continue                  # too short to misspell this way ("--hf")
+        misspelt = option[:3] + option[4] + option[3] + option[5:]      # "--version" -> "--evrsion"
+        if misspelt == option or any(o.startswith(misspelt) for o in options):
+            continue                  # the same letters, or an abbreviation argparse accepts
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(lead + [misspelt])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2
+        assert f"numpy-attn{' ' + command if command else ''}: error: unrecognized arguments: {misspelt}" in err
+        assert f"{misspelt!r}: did you mean {option!r}?" in err
+    with pytest.raises(SystemExit):
+        cli.main(lead + ["--zzzzzz-qqqq"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzz-qqqq" in err and "did you mean" not in err
+
+
+def test_generate_help_names_every_family_it_reads():
+    from numpy_attn._family import families
+
+    text = " ".join(cli.build_parser().commands["generate"].format_help().split())
+    for family in families().values():
+        assert family.title in text, f"generate --help does not name {family.title}"
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS) + [None])
 def test_help_is_wrapped_to_the_terminal(command):
     """At COLUMNS=80 every help line fits, the description refilled at word boundaries; only an
     example command too long for a line (no explanation beside it) stands whole, to be copied."""
