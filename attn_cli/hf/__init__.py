@@ -22,6 +22,7 @@ shape its config implies, and every tensor present must be used: anything else i
 CheckpointError naming the tensor.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 from pathlib import Path
@@ -81,12 +82,17 @@ def load_checkpoint(folder, dtype=np.float32):
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
+    hf_config = _config.resolve_keys(hf_config, folder, READERS[architecture][1])
     check_config(hf_config, architecture, folder)
     tensors = _Tensors(read_tensors(folder), folder, dtype)
     kind, build, read_params = MODELS[architecture]
+    if READERS[architecture][1].check_tensors:
+        READERS[architecture][1].check_tensors(hf_config, tensors)
     config = build(hf_config)
     params = read_params(tensors, config)
     tensors.finish()
+    if config.tie_weights and "head" in params:      # a tied config whose file holds its own head (_Tensors.head)
+        config = dataclasses.replace(config, tie_weights=False)
     return kind, config, params
 
 
