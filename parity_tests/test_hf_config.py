@@ -13,6 +13,8 @@ precedence over a, "=x" its default where it is not Llama's):
 
     every family   rope_parameters < rope_scaling (non-empty; whole, with its rope_theta, else the
                    top-level rope_theta); rope_type < type is not read where rope_type is given;
+                   partial_rotary_factor (top level, or in the rope object) other than 1 refused;
+                   a rope object per layer type refused but for Gemma 3;
                    llama3 and yarn's original_max_position_embeddings =max_position_embeddings;
                    tie_word_embeddings with the file's own lm_head.weight (kept where it differs);
                    layer_types of num_hidden_layers entries (refused otherwise), "attention" read
@@ -41,6 +43,7 @@ above are compared with transformers' config classes by test_config_reads_as_tra
 """
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -341,12 +344,22 @@ def test_config_reads_as_transformers(family, changes):
     ("deepseek_v3", {"num_local_experts": 8}, "num_local_experts = 8 and n_routed_experts = 4 differ"),
     ("gemma3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
      "rope_parameters must hold the settings per layer type"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5 is not supported"),
+    ("qwen3", {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor = 0.5 is not supported"),
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                    "sliding_attention": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}},
+     "partial_rotary_factor = 0.5 is not supported"),
+    ("gpt_oss", {"partial_rotary_factor": 0.25}, "partial_rotary_factor = 0.25 is not supported"),
+    ("gemma2", {"rope_parameters": {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}},
+     "the rope settings per layer type ('full_attention') are not read for Gemma2"),
 ])
 def test_a_key_transformers_would_read_otherwise_is_refused(saved, tmp_path, capsys, family, changes, message):
     """An alias beside its key with another value (transformers reads the alias), a flat rope for
-    Gemma 3 (transformers reads none of it): refused naming the keys."""
+    Gemma 3 (transformers reads none of it), a partial rotation (transformers rotates part of each
+    head), settings per layer type where one rope is read: refused naming the keys."""
     folder = _copy(saved, family, tmp_path / "edited", **changes)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointError, match=re.escape(message)):
         load_checkpoint(folder)
     assert cli.main(["generate", "--hf", str(folder), "--ids", "1,2"]) == 2
     assert message in capsys.readouterr().err

@@ -146,6 +146,7 @@ def rope_settings(hf, family, optional=(), theta=10000.0, context=2048):
     a file written by transformers 5 holds rope_parameters, and one edited by hand or by older code
     beside it may hold rope_scaling too."""
     rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    check_rope_object(rope, hf, family)
     theta = rope.pop("rope_theta", hf.get("rope_theta", theta))
     if "type" in rope:                       # older files spell rope_type "type"
         rope.setdefault("rope_type", rope.pop("type"))
@@ -161,6 +162,21 @@ def rope_settings(hf, family, optional=(), theta=10000.0, context=2048):
         rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", context))
     given = {k: rope[k] for k in (*(YARN_OPTIONAL if rope_type == "yarn" else ()), *optional) if k in rope}
     return theta, {"rope_type": rope_type, **{k: rope.get(k) for k in SCALING_KEYS[rope_type]}, **given}
+
+
+def check_rope_object(rope, hf, family):
+    """Refuse what transformers reads in a rope object and rope.py does not implement, naming it:
+    a partial_rotary_factor other than 1 (in the object, or at config.json's top, which
+    transformers moves into it), with which only part of each head would rotate; an object inside
+    it (settings per layer type, which only Gemma 3's reader reads)."""
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise CheckpointError(f"{family} config.json: partial_rotary_factor = {_short(partial)} is not supported "
+                              "(every dimension of a head rotates here: only 1.0)")
+    nested = sorted(key for key, value in rope.items() if isinstance(value, dict))
+    if nested:
+        raise CheckpointError(f"{family} config.json: the rope settings per layer type ({nested[0]!r}) are not "
+                              f"read for {family}: give one rope_parameters object")
 
 
 def context_length(hf, scaling, context=2048):

@@ -1,7 +1,7 @@
 """Gemma3ForCausalLM folders -> numpy_attn.gemma3's Gemma3Config: Gemma 2's reading, with q and k
 norms per head and the local layers' own rope base."""
 
-from attn_cli.hf.config import Reader
+from attn_cli.hf.config import Reader, check_rope_object
 from attn_cli.hf.files import KINDS, CheckpointError, _short
 from attn_cli.hf.gemma2 import KEYS as GEMMA2_KEYS
 from attn_cli.hf.gemma2 import gemma2_config, gemma2_params
@@ -39,6 +39,7 @@ def gemma3_config(hf):
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise CheckpointError(f"Gemma3 config.json: rope_parameters' entries must be objects, got {_short(rope)}")
     full = {**full, **(hf.get("rope_scaling") or {})}
+    check_rope_object(local, hf, "Gemma3")      # the global layers' by gemma2_config's rope_settings
     if local.get("rope_type", local.get("type", "default")) != "default":
         raise CheckpointError(f"Gemma3 config.json: rope_parameters.sliding_attention must be of the default "
                               f"rope_type, got {_short(local)}")

@@ -3,7 +3,7 @@ and sinks, sliding and full layers, YaRN, a mixture of experts for its MLP."""
 
 import dataclasses
 
-from attn_cli.hf.config import Reader, context_length, read_layer_types
+from attn_cli.hf.config import Reader, check_rope_object, context_length, read_layer_types
 from attn_cli.hf.files import CheckpointError, _short
 from attn_cli.hf.llama import LAYOUT_KEYS, llama_config, llama_params
 from numpy_attn.gpt_oss import GptOssConfig
@@ -45,6 +45,7 @@ def gpt_oss_config(hf):
     # wins over either, whole (config.rope_settings says how).
     parameters = DEFAULT_ROPE if hf.get("rope_parameters") is None else hf["rope_parameters"]
     rope = dict(hf.get("rope_scaling") or parameters)
+    check_rope_object(rope, hf, "gpt-oss")
     theta = rope.pop("rope_theta", hf["rope_theta"])
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if not isinstance(rope_type, str) or rope_type not in SCALING_KEYS:
