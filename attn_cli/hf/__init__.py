@@ -11,8 +11,10 @@ files and edits none here.
 
 - files.py reads the files: config.json, the shard index, the safetensors headers and tensors,
   each checked before it is trusted (the hostile-file rules are in its docstring);
-- config.py checks config.json's keys against the reader's rules, and reads the rope settings
-  every rotary family shares (each kind numpy_attn/rope.py implements);
+- config.py reads config.json as the family's config class of transformers does (its other
+  spellings of keys, its defaults where they are not Llama's, rope_scaling over rope_parameters,
+  layer_types one per layer), checks its keys against the reader's rules, and reads the rope
+  settings every rotary family shares (each kind numpy_attn/rope.py implements);
 - llama.py reads Llama's layout, which the other rotary families build on.
 
 The tensors are read from one ``model.safetensors`` or the shards listed in

@@ -1,5 +1,6 @@
-"""What every family's reading of config.json shares: the record of a family's reader, the checks
-of config.json's keys against the reader's rules, and the rope settings.
+"""What every family's reading of config.json shares: the record of a family's reader, config.json
+read as transformers' config class reads it (aliases, defaults, layer_types), the checks of its
+keys against the reader's rules, and the rope settings.
 
 A reader's ``keys`` are config.json's keys it reads: key -> (what it must be, lowest value,
 required). Each is checked for type and bounds, and the model they describe for a parameter count

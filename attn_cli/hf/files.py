@@ -45,7 +45,7 @@ MAX_DIMS = 32                  # NumPy's guaranteed limit on dimensions; a model
 KINDS = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
          "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
          "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str),
-         "object": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list)}
+         "object": lambda v: isinstance(v, dict)}
 
 
 class CheckpointError(ValueError):
