@@ -166,6 +166,15 @@ def test_rope_scaling_beside_rope_parameters_wins(saved, tmp_path, capsys, famil
     assert ours == expected, f"{family}: greedy ids {ours} differ from transformers' {expected}"
 
 
+def test_gpt_oss_without_rope_parameters_decodes_with_its_yarn(saved, tmp_path, capsys):
+    """No rope_parameters (nor rope_scaling): transformers' GptOssConfig takes its YaRN (32 times
+    4096 positions, beta_fast 32, beta_slow 1), not the default rope."""
+    folder = _copy(saved, "gpt_oss", tmp_path / "yarn", rope_parameters=ABSENT)
+    expected = _theirs(folder)
+    assert _ours_with(folder, rope_scaling=None) != expected, "the rope decides no id"
+    assert _ours(folder, capsys) == expected
+
+
 # -- 2. a tied config whose file holds its own head -------------------------------------------------------
 
 def _embedding_as_head(model):
