@@ -11,8 +11,10 @@ files and edits none here.
 
 - files.py reads the files: config.json, the shard index, the safetensors headers and tensors,
   each checked before it is trusted (the hostile-file rules are in its docstring);
-- config.py checks config.json's keys against the reader's rules, and reads the rope settings
-  every rotary family shares (each kind numpy_attn/rope.py implements);
+- config.py reads config.json as the family's config class of transformers does (its other
+  spellings of keys, its defaults where they are not Llama's, rope_scaling over rope_parameters,
+  layer_types one per layer), checks its keys against the reader's rules, and reads the rope
+  settings every rotary family shares (each kind numpy_attn/rope.py implements);
 - llama.py reads Llama's layout, which the other rotary families build on.
 
 The tensors are read from one ``model.safetensors`` or the shards listed in
@@ -22,6 +24,7 @@ shape its config implies, and every tensor present must be used: anything else i
 CheckpointError naming the tensor.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 from pathlib import Path
@@ -81,12 +84,17 @@ def load_checkpoint(folder, dtype=np.float32):
     folder = Path(folder)
     hf_config = read_config(folder)
     architecture = _architecture(hf_config, folder)
+    hf_config = _config.resolve_keys(hf_config, folder, READERS[architecture][1])
     check_config(hf_config, architecture, folder)
     tensors = _Tensors(read_tensors(folder), folder, dtype)
     kind, build, read_params = MODELS[architecture]
+    if READERS[architecture][1].check_tensors:
+        READERS[architecture][1].check_tensors(hf_config, tensors)
     config = build(hf_config)
     params = read_params(tensors, config)
     tensors.finish()
+    if config.tie_weights and "head" in params:      # a tied config whose file holds its own head (_Tensors.head)
+        config = dataclasses.replace(config, tie_weights=False)
     return kind, config, params
 
 

@@ -1,5 +1,6 @@
-"""What every family's reading of config.json shares: the record of a family's reader, the checks
-of config.json's keys against the reader's rules, and the rope settings.
+"""What every family's reading of config.json shares: the record of a family's reader, config.json
+read as transformers' config class reads it (aliases, defaults, layer_types), the checks of its
+keys against the reader's rules, and the rope settings.
 
 A reader's ``keys`` are config.json's keys it reads: key -> (what it must be, lowest value,
 required). Each is checked for type and bounds, and the model they describe for a parameter count
@@ -9,7 +10,7 @@ no larger than the safetensors files hold, before anything is allocated from a s
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn_cli.hf.files import KINDS, CheckpointError, _short, _values_held, bytes_text
@@ -44,6 +45,49 @@ class Reader:
     config: Callable
     params: Callable
     parameter_count: Callable = layout_parameter_count
+    # transformers' other spellings of keys (its config class's attribute_map): alias -> key.
+    aliases: dict = field(default_factory=dict)
+    # transformers' values for keys config.json leaves out, where they differ from Llama's
+    # (llama_config's): key -> value (Qwen3's head_dim is 128 whatever hidden_size says).
+    defaults: dict = field(default_factory=dict)
+    layers_key: str = "num_hidden_layers"       # the key layer_types must match in length
+    # check_tensors(config.json, tensors): refuse tensors that config.json's keys do not describe
+    # where no config field carries them to the params (GPT-2's n_inner).
+    check_tensors: Callable | None = None
+
+
+def resolve_keys(hf_config, folder, reader):
+    """config.json as the family's config class of transformers reads it: each alias of
+    ``reader.aliases`` read as its key (an alias alone is the key; beside its key with another
+    value, refused naming both: transformers reads the alias), and ``reader.defaults`` for the
+    keys left out."""
+    hf = dict(hf_config)
+    for alias, key in reader.aliases.items():
+        if alias not in hf:
+            continue
+        if key in hf and hf[key] != hf[alias]:
+            raise CheckpointError(f"{Path(folder) / 'config.json'}: {alias} = {_short(hf[alias])} and {key} = "
+                                  f"{_short(hf[key])} differ; {alias} is another name of {key} (transformers "
+                                  f"reads {alias}): give one value")
+        hf[key] = hf.pop(alias)
+    return {**reader.defaults, **hf}
+
+
+def read_layer_types(hf, family, layers_key="num_hidden_layers"):
+    """config.json's layer_types as a tuple (None where absent), transformers' older "attention"
+    read as "full_attention": a list of another length than ``layers_key`` (num_hidden_layers),
+    empty included, is refused naming both numbers, as every config class of transformers refuses
+    it, whether its model reads layer_types or not. The entries are the family's to check."""
+    types = hf.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list):
+        raise CheckpointError(f"{family} config.json: layer_types must be a list, got {_short(types)}")
+    n = hf.get(layers_key)
+    if len(types) != n:
+        raise CheckpointError(f"{family} config.json: layer_types must list {layers_key} = {_short(n)} entries, "
+                              f"one per layer, got {len(types)}: {_short(types)}")
+    return tuple("full_attention" if t == "attention" else t for t in types)
 
 
 def check_config(hf_config, architecture, folder, reader):
@@ -70,6 +114,7 @@ def check_config(hf_config, architecture, folder, reader):
                               "describe these weights")
     try:                        # what only the config as a whole can refuse (n_embd % n_head, rope)
         reader.config(hf_config)
+        read_layer_types(hf_config, architecture, reader.layers_key)        # checked whether read or not
     except (TypeError, ValueError) as err:      # named by path, once ("GPT-2 config.json: ..." or not)
         message = re.sub(r"^[\w-]+ config\.json: ", "", str(err))
         raise CheckpointError(f"{path}: {message}") from None
@@ -94,11 +139,16 @@ def rope_settings(hf, family, optional=(), theta=10000.0, context=2048):
     YaRN's optional keys (and ``optional`` ones, for every kind) only where the file gives them.
     Every kind rope.py implements is read (default, linear, llama3, yarn, dynamic); another is
     refused naming it. Dynamic NTK's original context is max_position_embeddings (default
-    ``context``), where transformers reads it."""
-    rope = dict(hf.get("rope_parameters") or {})
+    ``context``), where transformers reads it; so is the original context of llama3 and YaRN
+    where their object leaves it out.
+
+    A non-empty ``rope_scaling`` wins over ``rope_parameters``, whole, as in transformers' config
+    classes (its rope_theta, else the top-level one, else ``theta``; rope_parameters' is not read):
+    a file written by transformers 5 holds rope_parameters, and one edited by hand or by older code
+    beside it may hold rope_scaling too."""
+    rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    check_rope_object(rope, hf, family)
     theta = rope.pop("rope_theta", hf.get("rope_theta", theta))
-    if not rope and hf.get("rope_scaling"):
-        rope = dict(hf["rope_scaling"])
     if "type" in rope:                       # older files spell rope_type "type"
         rope.setdefault("rope_type", rope.pop("type"))
     rope_type = rope.get("rope_type", "default")
@@ -109,8 +159,25 @@ def rope_settings(hf, family, optional=(), theta=10000.0, context=2048):
         return theta, None
     if rope_type == "dynamic":
         rope["original_max_position_embeddings"] = hf.get("max_position_embeddings", context)
+    elif rope_type in ("llama3", "yarn"):
+        rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", context))
     given = {k: rope[k] for k in (*(YARN_OPTIONAL if rope_type == "yarn" else ()), *optional) if k in rope}
     return theta, {"rope_type": rope_type, **{k: rope.get(k) for k in SCALING_KEYS[rope_type]}, **given}
+
+
+def check_rope_object(rope, hf, family):
+    """Refuse what transformers reads in a rope object and rope.py does not implement, naming it:
+    a partial_rotary_factor other than 1 (in the object, or at config.json's top, which
+    transformers moves into it), with which only part of each head would rotate; an object inside
+    it (settings per layer type, which only Gemma 3's reader reads)."""
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise CheckpointError(f"{family} config.json: partial_rotary_factor = {_short(partial)} is not supported "
+                              "(every dimension of a head rotates here: only 1.0)")
+    nested = sorted(key for key, value in rope.items() if isinstance(value, dict))
+    if nested:
+        raise CheckpointError(f"{family} config.json: the rope settings per layer type ({nested[0]!r}) are not "
+                              f"read for {family}: give one rope_parameters object")
 
 
 def context_length(hf, scaling, context=2048):

@@ -103,4 +103,5 @@ def _deepseek_v3_params(tensors, config):
     return with_norm_and_head(params, tensors, config)
 
 
-READER = Reader(KEYS, deepseek_v3_config, _deepseek_v3_params, _deepseek_v3_parameter_count)
+READER = Reader(KEYS, deepseek_v3_config, _deepseek_v3_params, _deepseek_v3_parameter_count,
+                aliases={"num_local_experts": "n_routed_experts"})

@@ -314,8 +314,18 @@ class _Tensors:
         return converted
 
     def drop(self, name):
-        """Forget a tensor that may be present and is not needed (a tied head's copy)."""
+        """Forget a tensor that may be present and is not needed (GPT-2's stored causal mask)."""
         self.left.pop(name, None)
+
+    def head(self, name, wte, tied):
+        """The head (C, V) the file holds as ``name`` (V, C), or None where the embedding ``wte``
+        (V, C) serves: a tied config whose file omits the head or repeats the embedding. A tied
+        config whose file holds a head of other values gets that head, as transformers does (it
+        ties the two only where they are equal), rather than losing the file's head unseen."""
+        if tied and name not in self.left:
+            return None
+        head = self.take(name, wte.shape)
+        return None if tied and np.array_equal(head, wte) else head.T.copy()   # (V, C) -> (C, V)
 
     def finish(self):
         if self.left:

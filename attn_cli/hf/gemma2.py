@@ -3,7 +3,7 @@ scores and logits, sliding layers; Llama's layout otherwise."""
 
 import dataclasses
 
-from attn_cli.hf.config import Reader
+from attn_cli.hf.config import Reader, read_layer_types
 from attn_cli.hf.files import CheckpointError, _short
 from attn_cli.hf.llama import LAYOUT_KEYS, llama_config, llama_params
 from numpy_attn._model import LAYER_TYPES
@@ -16,12 +16,16 @@ KEYS = {
     "attn_logit_softcapping": ("number or null", 0, False), "final_logit_softcapping": ("number or null", 0, False),
     "sliding_window": ("int", 1, False), "use_bidirectional_attention": ("bool or null", None, False)}
 
+# transformers' Gemma2Config's values for keys left out, where they are not Llama's.
+DEFAULTS = {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 8192, "tie_word_embeddings": True}
+
 
 def gemma2_config(hf, config_class=Gemma2Config, **extra):
     """Gemma2Config (or Gemma3Config, with ``extra`` fields) from a Gemma 2 config.json (dict):
     llama_config's reading (tied weights by default), and the activation, score scale, caps,
     window and layer types checked and read."""
     family = config_class.__name__.removesuffix("Config")         # "Gemma2", "Gemma3"
+    hf = {**DEFAULTS, **hf}
     if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise CheckpointError(f"{family} config.json: hidden_activation {hf['hidden_activation']!r} is not "
                               "supported (only 'gelu_pytorch_tanh')")
@@ -30,20 +34,20 @@ def gemma2_config(hf, config_class=Gemma2Config, **extra):
                               "(causal only)")
     n_layer = hf["num_hidden_layers"]
     layer_types = hf.get("layer_types")
-    if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != n_layer
+    if isinstance(layer_types, list):            # one per layer (else refused naming both numbers), as a tuple
+        layer_types = read_layer_types(hf, family)
+    if layer_types is not None and (not isinstance(layer_types, tuple)
                                     or any(t not in LAYER_TYPES for t in layer_types)):
         raise CheckpointError(f"{family} config.json: layer_types must list num_hidden_layers = {n_layer} entries, "
-                              f"each 'sliding_attention' or 'full_attention', got {_short(layer_types)}")
-    base = llama_config({**hf, "hidden_act": "silu", "tie_word_embeddings": hf.get("tie_word_embeddings", True)},
-                        config_class)
+                              f"each 'sliding_attention' or 'full_attention', got {_short(hf['layer_types'])}")
+    base = llama_config({**hf, "hidden_act": "silu"}, config_class)
     defaults = {"attn_logit_softcapping": base.attn_logit_softcap, "final_logit_softcapping": base.final_logit_softcap}
     caps = {key: None if hf.get(key, default) is None else float(hf.get(key, default))
             for key, default in defaults.items()}
     return dataclasses.replace(
         base, query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
         attn_logit_softcap=caps["attn_logit_softcapping"], final_logit_softcap=caps["final_logit_softcapping"],
-        sliding_window=hf.get("sliding_window", 4096),
-        layer_types=None if layer_types is None else tuple(layer_types), **extra)
+        sliding_window=hf.get("sliding_window", 4096), layer_types=layer_types, **extra)
 
 
 def gemma2_params(tensors, config, qk_norm=None):
@@ -59,4 +63,4 @@ def gemma2_params(tensors, config, qk_norm=None):
     return params
 
 
-READER = Reader(KEYS, gemma2_config, gemma2_params)
+READER = Reader(KEYS, gemma2_config, gemma2_params, defaults=DEFAULTS)

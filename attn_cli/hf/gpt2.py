@@ -2,7 +2,8 @@
 
 GPT-2's Conv1D weights are already (C_in, C_out), as ours; its ``c_attn`` holds q, k and v side by
 side in (C, 3C), split here into three. A tied head (``tie_word_embeddings``) is the token
-embedding; a file may omit it or repeat it.
+embedding; a file may omit it or repeat it, and a head of other values in the file is read as an
+untied head (transformers keeps it).
 """
 
 from attn_cli.hf.config import Reader
@@ -20,6 +21,10 @@ KEYS = {
     "tie_word_embeddings": ("bool", None, False), "scale_attn_weights": ("bool", None, False),
     "scale_attn_by_inverse_layer_idx": ("bool", None, False),
     "reorder_and_upcast_attn": ("bool", None, False), "add_cross_attention": ("bool", None, False)}
+
+# transformers' GPT2Config reads these names in place of its own (its attribute_map).
+ALIASES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+           "num_hidden_layers": "n_layer"}
 
 
 def gpt2_parameter_count(hf):
@@ -55,7 +60,7 @@ def _gpt2_params(tensors, config):
             tensors.drop(name)
     V, C, T_max = config.vocab_size, config.n_embd, config.block_size
     fc = tensors.left.get(f"{prefix}h.0.mlp.c_fc.weight")          # no default array: C may be huge
-    H = 4 * C if fc is None else fc.shape[-1]
+    H = 4 * C if fc is None else fc.shape[-1]                         # n_inner's, checked by _gpt2_widths
 
     def take(name, shape):
         return tensors.take(prefix + name, shape)
@@ -79,11 +84,22 @@ def _gpt2_params(tensors, config):
         params["blocks"][str(i)] = {"ln1": layer_norm(h + "ln_1"), "attn": attn,
                                     "ln2": layer_norm(h + "ln_2"), "ffn": ffn}
     params["ln_f"] = layer_norm("ln_f")
-    if config.tie_weights:
-        tensors.drop("lm_head.weight")
-    else:
-        params["head"] = {"w": tensors.take("lm_head.weight", (V, C)).T.copy()}   # (V, C) -> (C, V)
+    head = tensors.head("lm_head.weight", params["wte"], config.tie_weights)   # as llama.with_norm_and_head
+    if head is not None:
+        params["head"] = {"w": head}                                       # (C, V)
     return params
 
 
-READER = Reader(KEYS, gpt2_config, _gpt2_params, gpt2_parameter_count)
+def _gpt2_widths(hf, tensors):
+    """Refuse an MLP of another width than config.json's n_inner (absent or null: 4 n_embd), which
+    transformers builds and so would not load the file's into."""
+    H = hf.get("n_inner") or 4 * hf["n_embd"]
+    for name, fc in tensors.left.items():
+        if name.endswith("mlp.c_fc.weight") and fc.shape[-1:] != (H,):
+            raise CheckpointError(f"{tensors.folder}: tensor {name!r} has shape {tuple(fc.shape)}, but config.json's "
+                                  f"n_inner = {hf.get('n_inner')} asks for a width of {H} (4 n_embd where null "
+                                  "or absent)")
+
+
+READER = Reader(KEYS, gpt2_config, _gpt2_params, gpt2_parameter_count, aliases=ALIASES, layers_key="n_layer",
+                check_tensors=_gpt2_widths)

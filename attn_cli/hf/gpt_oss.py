@@ -3,7 +3,7 @@ and sinks, sliding and full layers, YaRN, a mixture of experts for its MLP."""
 
 import dataclasses
 
-from attn_cli.hf.config import Reader, context_length
+from attn_cli.hf.config import Reader, check_rope_object, context_length, read_layer_types
 from attn_cli.hf.files import CheckpointError, _short
 from attn_cli.hf.llama import LAYOUT_KEYS, llama_config, llama_params
 from numpy_attn.gpt_oss import GptOssConfig
@@ -21,6 +21,13 @@ KEYS = {
 GPT_OSS_YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
                      "attention_factor", "mscale", "mscale_all_dim")
 
+# transformers' GptOssConfig's values for keys left out, where they are not Llama's, and its rope
+# where config.json gives no rope_parameters: YaRN stretching 4096 positions 32 times.
+DEFAULTS = {"head_dim": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+            "rope_theta": 150000.0}
+DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
 
 def gpt_oss_config(hf):
     """GptOssConfig from a gpt-oss config.json (dict): llama_config's reading (attention biases on by
@@ -33,8 +40,13 @@ def gpt_oss_config(hf):
     if hf["num_experts_per_tok"] > hf["num_local_experts"]:
         raise CheckpointError(f"gpt-oss config.json: num_experts_per_tok = {hf['num_experts_per_tok']} must be at "
                               f"most num_local_experts = {hf['num_local_experts']}")
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", hf.get("rope_theta", 150000.0))
+    hf = {**DEFAULTS, **hf}
+    # transformers' GptOssConfig: rope_parameters absent (null) is its YaRN; a non-empty rope_scaling
+    # wins over either, whole (config.rope_settings says how).
+    parameters = DEFAULT_ROPE if hf.get("rope_parameters") is None else hf["rope_parameters"]
+    rope = dict(hf.get("rope_scaling") or parameters)
+    check_rope_object(rope, hf, "gpt-oss")
+    theta = rope.pop("rope_theta", hf["rope_theta"])
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if not isinstance(rope_type, str) or rope_type not in SCALING_KEYS:
         raise CheckpointError(f"gpt-oss config.json: rope_type {_short(rope_type)} is not supported "
@@ -45,9 +57,7 @@ def gpt_oss_config(hf):
     if unknown:
         raise CheckpointError(f"gpt-oss config.json: rope_parameters key {unknown[0]!r} is not read for rope_type "
                               f"{rope_type!r} (read: {', '.join(read) or 'none besides rope_theta'})")
-    layer_types = hf.get("layer_types")
-    if layer_types is not None and not isinstance(layer_types, list):
-        raise CheckpointError(f"gpt-oss config.json: layer_types must be a list, got {_short(layer_types)}")
+    layer_types = read_layer_types(hf, "gpt-oss")     # one per layer; GptOssConfig checks the entries
     sliding = layer_types is None or "sliding_attention" in layer_types
     if sliding and hf.get("sliding_window", 128) is None:
         raise CheckpointError("gpt-oss config.json: sliding_window = null with sliding_attention layers "
@@ -55,13 +65,15 @@ def gpt_oss_config(hf):
     base = llama_config({**hf, "hidden_act": "silu", "rope_parameters": {"rope_theta": theta}, "rope_scaling": None,
                          "attention_bias": hf.get("attention_bias", True)}, GptOssConfig)
     if rope_type == "dynamic":
-        rope["original_max_position_embeddings"] = hf.get("max_position_embeddings", 2048)
+        rope["original_max_position_embeddings"] = hf["max_position_embeddings"]
+    elif rope_type in ("llama3", "yarn"):
+        rope.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
     scaling = None if rope_type == "default" else {"rope_type": rope_type, **rope}
     return dataclasses.replace(
         base, rope_scaling=scaling, block_size=context_length(hf, scaling),
         n_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
         swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)), swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
-        sliding_window=hf.get("sliding_window") or 128, layer_types=None if layer_types is None else tuple(layer_types))
+        sliding_window=hf.get("sliding_window") or 128, layer_types=layer_types)
 
 
 def _gpt_oss_moe_params(tensors, prefix, config):
@@ -87,4 +99,5 @@ def _gpt_oss_params(tensors, config):
     return params
 
 
-READER = Reader(KEYS, gpt_oss_config, _gpt_oss_params)
+READER = Reader(KEYS, gpt_oss_config, _gpt_oss_params, aliases={"num_experts": "num_local_experts"},
+                defaults=DEFAULTS)

@@ -2,7 +2,8 @@
 families built on Llama's layout share: its config.json keys, llama_config and llama_params.
 
 Llama's nn.Linear weights are (C_out, C_in) and are transposed to our (C_in, C_out). A tied head
-(``tie_word_embeddings``) is the token embedding; a file may omit it or repeat it. Hugging Face's
+(``tie_word_embeddings``) is the token embedding; a file may omit it or repeat it, and a head of
+other values in the file is read as an untied head (transformers keeps it). Hugging Face's
 Llama rotates q and k in the "half" layout, so the config says so.
 """
 
@@ -80,13 +81,13 @@ def llama_params(tensors, config, norms=("input_layernorm", "post_attention_laye
 
 
 def with_norm_and_head(params, tensors, config):
-    """``params`` with the final norm and, without tied weights, the head (a tied head's copy dropped)."""
-    V, C = config.vocab_size, config.n_embd
-    params["norm"] = {"w": tensors.take("model.norm.weight", (C,))}
-    if config.tie_weights:
-        tensors.drop("lm_head.weight")
-    else:
-        params["head"] = {"w": tensors.take("lm_head.weight", (V, C)).T.copy()}   # (V, C) -> (C, V)
+    """``params`` with the final norm and the head the file holds (_Tensors.head: none where a
+    tied config's file omits it or repeats the embedding; load_checkpoint unties a config whose
+    params hold one)."""
+    params["norm"] = {"w": tensors.take("model.norm.weight", (config.n_embd,))}
+    head = tensors.head("lm_head.weight", params["wte"], config.tie_weights)
+    if head is not None:
+        params["head"] = {"w": head}                                       # (C, V)
     return params
 
 

@@ -5,10 +5,13 @@ from attn_cli.hf.config import Reader
 from attn_cli.hf.llama import LAYOUT_KEYS, llama_config, llama_params
 from numpy_attn.olmo2 import Olmo2Config
 
+# transformers' Olmo2Config's values for keys left out, where they are not Llama's.
+DEFAULTS = {"rms_norm_eps": 1e-5}
+
 
 def olmo2_config(hf):
     """Olmo2Config from an OLMo 2 config.json (dict), read as llama_config reads Llama's."""
-    return llama_config(hf, Olmo2Config)
+    return llama_config({**DEFAULTS, **hf}, Olmo2Config)
 
 
 def _olmo2_params(tensors, config):
@@ -18,4 +21,4 @@ def _olmo2_params(tensors, config):
                         qk_norm=(config.n_head * config.hs, config.n_kv_head * config.hs))
 
 
-READER = Reader(dict(LAYOUT_KEYS), olmo2_config, _olmo2_params)
+READER = Reader(dict(LAYOUT_KEYS), olmo2_config, _olmo2_params, defaults=DEFAULTS)
