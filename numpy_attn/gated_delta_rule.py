@@ -70,15 +70,12 @@ def gated_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None, m
     final state (B, nh, dk, dv), cache)."""
     _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask)
     dtype, per_channel, has_initial_state = q.dtype, g.ndim == 4, initial_state is not None
-    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for low dtypes
+    q, k, v, gk, beta, S, scale = _start(q, k, v, g, beta, initial_state, scale)   # gk (B, nh, T, dk or 1)
     B, nh, T, dk = q.shape
     dv = v.shape[-1]
-    scale = q.dtype.type(dk ** -0.5 if scale is None else scale)
-    gk = g if per_channel else g[..., None]                # (B, nh, T) -> (B, nh, T, 1): one decay for every row
     # Padding: a padded step decays nothing (g = 0) and writes nothing (beta = 0).
     if mask is not None:
         gk, beta = np.where(mask[:, None, :, None], gk, 0), np.where(mask[:, None], beta, 0)
-    S = np.zeros((B, nh, dk, dv), q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
     states = np.empty((B, nh, T + 1, dk, dv), q.dtype)     # every S_t, for the backward
     states[:, :, 0] = S
     o = np.empty((B, nh, T, dv), q.dtype)
@@ -147,13 +144,9 @@ def gated_delta_rule_parallel_forward(q, k, v, g, beta, initial_state=None, scal
     time: the UT form of the whole sequence, with (B, nh, T, T, dk or 1) pairwise decays; for short
     sequences. -> (o (B, nh, T, dv), final state (B, nh, dk, dv))."""
     _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, None)
-    dtype, per_channel = q.dtype, g.ndim == 4
-    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for low dtypes
+    dtype = q.dtype
+    q, k, v, gk, beta, S0, scale = _start(q, k, v, g, beta, initial_state, scale)   # gk (B, nh, T, dk or 1)
     B, nh, T, dk = q.shape
-    dv = v.shape[-1]
-    scale = q.dtype.type(dk ** -0.5 if scale is None else scale)
-    gk = g if per_channel else g[..., None]                # (B, nh, T) -> (B, nh, T, 1): one decay for every row
-    S0 = np.zeros((B, nh, dk, dv), q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
     G = np.cumsum(gk, axis=2)                              # (B, nh, T, dk or 1), log of the decay since the start
     # exp(G_t - G_s), the decay from step s to step t, for s <= t; the exponent is masked before the
     # exp so that s > t (a growth, not a decay) never overflows.
@@ -168,6 +161,18 @@ def gated_delta_rule_parallel_forward(q, k, v, g, beta, initial_state=None, scal
     # S_T: S_0 decayed over every step, plus each k_s u_s^T decayed from s to T.
     state = np.exp(G[:, :, -1])[..., None] * S0 + (decays[:, :, -1] * k).swapaxes(-1, -2) @ U   # (B, nh, dk, dv)
     return o.astype(dtype, copy=False), state.astype(dtype, copy=False)
+
+
+def _start(q, k, v, g, beta, initial_state, scale):
+    """The inputs as both forms compute with them: float32 for float16 and bfloat16, g with a key
+    axis (one decay for every row of S when g is one per head), zeros for a missing initial state
+    and the scale 1 / sqrt(dk) unless given."""
+    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))
+    B, nh, T, dk = q.shape
+    dv = v.shape[-1]
+    gk = g if g.ndim == 4 else g[..., None]                 # (B, nh, T) -> (B, nh, T, 1)
+    S0 = np.zeros((B, nh, dk, dv), q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
+    return q, k, v, gk, beta, S0, q.dtype.type(dk ** -0.5 if scale is None else scale)
 
 
 def _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask):

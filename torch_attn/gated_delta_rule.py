@@ -16,16 +16,13 @@ def gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=None
     """q, k (B, nh, T, dk), v (B, nh, T, dv), g (B, nh, T) or (B, nh, T, dk), beta (B, nh, T),
     initial_state (B, nh, dk, dv) or None (zeros), mask (B, T) bool or None -> (o (B, nh, T, dv),
     final state (B, nh, dk, dv))."""
-    dtype, per_channel = q.dtype, g.dim() == 4
-    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for low dtypes
+    dtype = q.dtype
+    q, k, v, gk, beta, S, scale = _start(q, k, v, g, beta, initial_state, scale)   # gk (B, nh, T, dk or 1)
     B, nh, T, dk = q.shape
     dv = v.shape[-1]
-    scale = dk ** -0.5 if scale is None else scale
-    gk = g if per_channel else g[..., None]                # (B, nh, T) -> (B, nh, T, 1): one decay for every row
     # Padding: a padded step decays nothing (g = 0) and writes nothing (beta = 0).
     if mask is not None:
         gk, beta = torch.where(mask[:, None, :, None], gk, 0), torch.where(mask[:, None], beta, 0)
-    S = torch.zeros((B, nh, dk, dv), dtype=q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
     o = torch.empty((B, nh, T, dv), dtype=q.dtype)
     for t in range(T):
         S = torch.exp(gk[:, :, t])[..., None] * S                       # (B, nh, dk, dv), decayed
@@ -42,13 +39,9 @@ def gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=None
 def gated_delta_rule_parallel(q, k, v, g, beta, initial_state=None, scale=None):
     """The same outputs and final state as gated_delta_rule (no mask), without a loop over time: the
     UT form of the whole sequence, with (B, nh, T, T, dk or 1) pairwise decays -> (o, final state)."""
-    dtype, per_channel = q.dtype, g.dim() == 4
-    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for low dtypes
+    dtype = q.dtype
+    q, k, v, gk, beta, S0, scale = _start(q, k, v, g, beta, initial_state, scale)   # gk (B, nh, T, dk or 1)
     B, nh, T, dk = q.shape
-    dv = v.shape[-1]
-    scale = dk ** -0.5 if scale is None else scale
-    gk = g if per_channel else g[..., None]                # (B, nh, T) -> (B, nh, T, 1): one decay for every row
-    S0 = torch.zeros((B, nh, dk, dv), dtype=q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
     G = torch.cumsum(gk, dim=2)                            # (B, nh, T, dk or 1), log of the decay since the start
     # exp(G_t - G_s), the decay from step s to step t, for s <= t; the exponent is masked before the
     # exp so that s > t (a growth, not a decay) never overflows.
@@ -63,6 +56,18 @@ def gated_delta_rule_parallel(q, k, v, g, beta, initial_state=None, scale=None):
     # S_T: S_0 decayed over every step, plus each k_s u_s^T decayed from s to T.
     state = torch.exp(G[:, :, -1])[..., None] * S0 + (decays[:, :, -1] * k).transpose(-1, -2) @ U   # (B, nh, dk, dv)
     return o.to(dtype), state.to(dtype)
+
+
+def _start(q, k, v, g, beta, initial_state, scale):
+    """The inputs as both forms compute with them: float32 for float16 and bfloat16, g with a key
+    axis (one decay for every row of S when g is one per head), zeros for a missing initial state
+    and the scale 1 / sqrt(dk) unless given."""
+    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))
+    B, nh, T, dk = q.shape
+    dv = v.shape[-1]
+    gk = g if g.dim() == 4 else g[..., None]                 # (B, nh, T) -> (B, nh, T, 1)
+    S0 = torch.zeros((B, nh, dk, dv), dtype=q.dtype) if initial_state is None else initial_state   # (B, nh, dk, dv)
+    return q, k, v, gk, beta, S0, dk ** -0.5 if scale is None else scale
 
 
 # PyTorch has no built-in for it. Equals transformers' fallbacks on (B, T, nh, d) inputs with
