@@ -106,7 +106,7 @@ def gated_delta_rule_backward(do, dstate, cache):
     if mask is not None:
         do = do * mask[:, None, :, None]
     dS = np.zeros_like(states[:, :, 0]) if dstate is None else upcast(dstate)   # (B, nh, dk, dv)
-    dq, dk_, dv_ = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dq, dk_, dv_ = np.empty_like(q), np.empty_like(k), np.empty_like(v)   # dk, dv name the head sizes
     dgk, dbeta = np.empty_like(gk), np.empty_like(beta)
     for t in reversed(range(T)):
         # Recomputed from S_(t-1): the decayed state, S's reading of k_t and the delta.
@@ -115,7 +115,7 @@ def gated_delta_rule_backward(do, dstate, cache):
         kv_mem = np.einsum("...kv,...k->...v", S_decayed, k[:, :, t])   # (B, nh, dv)
         u = beta[:, :, t, None] * (v[:, :, t] - kv_mem)                 # (B, nh, dv)
         # Undoes o_t = scale * S^T q_t, S = S_t.
-        dq[:, :, t] = scale * np.einsum("...kv,...v->...k", states[:, :, t + 1], do[:, :, t])
+        dq[:, :, t] = scale * np.einsum("...kv,...v->...k", states[:, :, t + 1], do[:, :, t])   # (B, nh, dk)
         dS = dS + scale * q[:, :, t, :, None] * do[:, :, t, None, :]    # (B, nh, dk, dv)
         # Undoes S = S + k_t u_t^T.
         dk_t = np.einsum("...kv,...v->...k", dS, u)                     # (B, nh, dk)
