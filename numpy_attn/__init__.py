@@ -37,6 +37,7 @@ Reading order, leaf to root:
     qk_norm          RMS norm on the queries and keys, per head or over the projection
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
+    gated_delta_rule the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -84,6 +85,9 @@ from numpy_attn.flash_attention import flash_attention_backward, flash_attention
 from numpy_attn.flex_attention import (
     create_block_mask, dense_flex_attention_forward, flex_attention_backward,
     flex_attention_forward,
+)
+from numpy_attn.gated_delta_rule import (
+    gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_parallel_forward,
 )
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
