@@ -37,6 +37,7 @@ Reading order, leaf to root:
     qk_norm          RMS norm on the queries and keys, per head or over the projection
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
+    chunked_delta_rule  gated delta rule, a chunk of steps at a time: linear attention with a state
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -70,6 +71,7 @@ from numpy_attn.attention import (
 )
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
     deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
