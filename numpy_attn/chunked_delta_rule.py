@@ -22,7 +22,7 @@ through step i (per key channel), decay_ij = exp(G_i - G_j) for j <= i, and the 
     (I + A) W = beta K exp(G),   (I + A) U = beta V                   solved by forward substitution
     u = U - W S                                                      the corrections u_t of the chunk
     o = scale * (Q exp(G)) S + P u,   P_ij = scale * q_i^T decay_ij k_j for j <= i
-    S' = exp(G_last) S + (K exp(G_last - G))^T u                     the state handed to the next chunk
+    S_new = exp(G_last) S + (K exp(G_last - G))^T u                  the state handed to the next chunk
 
 (I + A) is unit lower triangular: W and U come by forward substitution, row by row from the top
 (``_solve_unit_lower``; NumPy has no triangular solver). Every exponent above is a later G minus an
@@ -88,7 +88,7 @@ def chunked_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None,
     N = -(-T // C)                                            # chunks, the last padded to C steps
     scale = q.dtype.type(dk ** -0.5 if scale is None else scale)
     per_channel = g.ndim == 4
-    g = g if per_channel else g[..., None]                    # (B, nh, T) -> (B, nh, T, 1): one decay for every row of S
+    g = g if per_channel else g[..., None]                    # (B, nh, T) -> (B, nh, T, 1): one decay, every row of S
     # A masked step is an identity step: g = 0 (no decay), beta = 0 (nothing written).
     keep = np.broadcast_to((np.ones((B, T), bool) if mask is None else mask)[:, None, :], (B, nh, T))
     g, beta = np.where(keep[..., None], g, 0), np.where(keep, beta, 0)
@@ -103,7 +103,7 @@ def chunked_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None,
     decay = np.exp(np.where(causal, G[..., :, None, :] - G[..., None, :, :], -np.inf))   # (B, nh, N, C, C, e)
     kb = beta[..., None] * k                                  # (B, nh, N, C, dk): the write's rate times its key
     A = np.tril(_pair(kb, k, decay), -1)                      # (B, nh, N, C, C): step j's write seen by step i's read
-    Kb = kb * np.exp(G)                                       # (B, nh, N, C, dk): beta k, decayed from the chunk's start
+    Kb = kb * np.exp(G)                                       # (B, nh, N, C, dk): beta k decayed from the chunk's start
     Vb = beta[..., None] * v                                  # (B, nh, N, C, dv)
     W = _solve_unit_lower(A, Kb)                              # (I + A) W = Kb
     U = _solve_unit_lower(A, Vb)                              # (I + A) U = Vb
@@ -146,7 +146,7 @@ def chunked_delta_rule_backward(do, dstate, cache):
     dU, dW, dP, dQd, dKd, dchunk_decay = [], [], [], [], [], []
     for n in reversed(range(N)):
         S, u_n, do_n = c.states[:, :, n], c.u[:, :, n], do[:, :, n]
-        # Undoes S' = chunk_decay * S + Kd^T u (dS is dS').
+        # Undoes S_new = chunk_decay * S + Kd^T u (dS is dS_new).
         du_write = c.Kd[:, :, n] @ dS                         # (B, nh, C, dv)
         dKd.append(u_n @ dS.swapaxes(-1, -2))                 # (B, nh, C, dk)
         dchunk_decay.append(_sum_to((dS * S).sum(-1, keepdims=True), c.G.shape[-1], -2))   # (B, nh, e, 1)

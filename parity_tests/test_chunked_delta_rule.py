@@ -5,7 +5,6 @@ delta rule a chunk at a time, with a scalar decay per head (Gated DeltaNet) or o
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

@@ -20,7 +20,7 @@ def chunked_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=No
     N = -(-T // C)                                            # chunks, the last padded to C steps
     scale = dk ** -0.5 if scale is None else scale
     per_channel = g.dim() == 4
-    g = g if per_channel else g[..., None]                    # (B, nh, T) -> (B, nh, T, 1): one decay for every row of S
+    g = g if per_channel else g[..., None]                    # (B, nh, T) -> (B, nh, T, 1): one decay, every row of S
     # A masked step is an identity step: g = 0 (no decay), beta = 0 (nothing written).
     keep = (torch.ones((B, T), dtype=torch.bool) if mask is None else mask)[:, None, :].expand(B, nh, T)
     g, beta = torch.where(keep[..., None], g, 0), torch.where(keep, beta, 0)
@@ -35,7 +35,7 @@ def chunked_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=No
     decay = torch.exp(torch.where(causal, G[..., :, None, :] - G[..., None, :, :], -torch.inf))   # (B, nh, N, C, C, e)
     kb = beta[..., None] * k                                  # (B, nh, N, C, dk): the write's rate times its key
     A = torch.tril(_pair(kb, k, decay), -1)                   # (B, nh, N, C, C): step j's write seen by step i's read
-    Kb = kb * torch.exp(G)                                    # (B, nh, N, C, dk): beta k, decayed from the chunk's start
+    Kb = kb * torch.exp(G)                                    # (B, nh, N, C, dk): beta k decayed from the chunk's start
     Vb = beta[..., None] * v                                  # (B, nh, N, C, dv)
     W = _solve_unit_lower(A, Kb)                              # (I + A) W = Kb
     U = _solve_unit_lower(A, Vb)                              # (I + A) U = Vb
