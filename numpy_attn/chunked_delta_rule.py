@@ -198,7 +198,8 @@ def chunked_delta_rule_backward(do, dstate, cache):
     # Undoes decay = exp(G_i - G_j) (0 above the diagonal, where it has no gradient).
     dpair = (ddecay_intra + ddecay_A) * decay                 # (B, nh, N, C, C, e): d(G_i - G_j)
     dG = dG_read + dG_kb + dpair.sum(axis=-2) - dpair.sum(axis=-3) - dG_write
-    dG[..., -1, :] += dG_last                                  # G_last is G's last row
+    last = (np.arange(C) == C - 1)[:, None]                   # (C, 1): G_last is G's last row
+    dG = dG + last * dG_last[..., None, :]                    # (B, nh, N, C, e)
     # Undoes G = cumsum(g): a reversed cumulative sum.
     dg = np.flip(np.cumsum(np.flip(dG, axis=-2), axis=-2), axis=-2)
 
