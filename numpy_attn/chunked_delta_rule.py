@@ -305,4 +305,4 @@ def _check_chunked_delta_rule(q, k, v, g, beta, initial_state, scale, mask, chun
         if x is not None:
             check_finite(name, x)
     if (g > 0).any():
-        raise ValueError(f"g must be <= 0, the log of a decay in (0, 1], got a largest value of {g.max()!r}")
+        raise ValueError(f"g must be <= 0, the log of a decay in (0, 1], got a largest value of {float(g.max())!r}")
