@@ -10,42 +10,43 @@ supplies; ``parity_tests/test_<op>.py`` proves the two agree.
 
 Reading order, leaf to root:
 
-    embedding        token lookup and its scatter-add backward
-    positional       sinusoidal position encoding (and learned positions as an embedding)
-    softmax          softmax and log-softmax, stable and mask-aware
-    linear           x @ w + b with w stored (C_in, C_out)
-    softcap          logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
-    dropout          inverted dropout with an explicit random generator
-    masks            causal (both alignments), key padding and packed-sequence masks
-    attention        scaled dot-product attention: masks, causal, dropout, grouped-query heads
-    attention_sinks  gpt-oss's learned sink per head, on attention's output through its log-sum-exp
-    kv_cache         the keys and values of past tokens, for decoding
-    multi_head       split/merge heads and multi-head (self- or cross-) attention
-    small_gpt        the smallest model: embedding + sinusoidal encoding + attention + linear head
-    layer_norm       layer normalisation, biased variance, eps inside the square root
-    erf              the error function in pure NumPy, to float64 precision
-    gelu             GELU, exact (with erf) and tanh-approximated
-    feed_forward     linear C -> 4C, GELU, linear 4C -> C
-    block            the pre-LayerNorm transformer block
-    gpt              GPT (GPT-2's architecture): embeddings, blocks, final layer norm, LM head
-    loss             cross-entropy on log-softmax
-    optim            AdamW and SGD over nested parameter dicts, and float16's loss scaling
-    flash_attention  tiled attention with online softmax: no T x S matrix
-    flex_attention   score and mask modifiers, block masks that skip empty tiles
-    rope             rotary position embedding: half-split or interleaved, linear or llama3 scaling
-    rms_norm         root-mean-square norm (no centring, no bias), as in Llama
-    qk_norm          RMS norm on the queries and keys, per head or over the projection
-    swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
-    moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
-    gated_delta_rule the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
-    llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
-    qwen3            Qwen3: Llama with QK-norm per head
-    olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
-    gemma2           Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
-    gemma3           Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
-    gpt_oss          gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
-    mla              multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
-    deepseek_v3      DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
+    embedding          token lookup and its scatter-add backward
+    positional         sinusoidal position encoding (and learned positions as an embedding)
+    softmax            softmax and log-softmax, stable and mask-aware
+    linear             x @ w + b with w stored (C_in, C_out)
+    softcap            logit softcapping c * tanh(x / c), Gemma 2's, for scores and logits
+    dropout            inverted dropout with an explicit random generator
+    masks              causal (both alignments), key padding and packed-sequence masks
+    attention          scaled dot-product attention: masks, causal, dropout, grouped-query heads
+    attention_sinks    gpt-oss's learned sink per head, on attention's output through its log-sum-exp
+    kv_cache           the keys and values of past tokens, for decoding
+    multi_head         split/merge heads and multi-head (self- or cross-) attention
+    small_gpt          the smallest model: embedding + sinusoidal encoding + attention + linear head
+    layer_norm         layer normalisation, biased variance, eps inside the square root
+    erf                the error function in pure NumPy, to float64 precision
+    gelu               GELU, exact (with erf) and tanh-approximated
+    feed_forward       linear C -> 4C, GELU, linear 4C -> C
+    block              the pre-LayerNorm transformer block
+    gpt                GPT (GPT-2's architecture): embeddings, blocks, final layer norm, LM head
+    loss               cross-entropy on log-softmax
+    optim              AdamW and SGD over nested parameter dicts, and float16's loss scaling
+    flash_attention    tiled attention with online softmax: no T x S matrix
+    flex_attention     score and mask modifiers, block masks that skip empty tiles
+    rope               rotary position embedding: half-split or interleaved, linear or llama3 scaling
+    rms_norm           root-mean-square norm (no centring, no bias), as in Llama
+    qk_norm            RMS norm on the queries and keys, per head or over the projection
+    swiglu             SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
+    moe                mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
+    gated_delta_rule   the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
+    chunked_delta_rule the same rule a chunk at a time: the UT transform's matmuls in place of T steps
+    llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
+    qwen3              Qwen3: Llama with QK-norm per head
+    olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
+    gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
+    gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
+    gpt_oss            gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
+    mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
+    deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -71,6 +72,7 @@ from numpy_attn.attention import (
 )
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_moe_mlp_forward, deepseek_v3_attention_backward, deepseek_v3_attention_forward,
     deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
