@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, check_scale
+from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, check_scale, upcast
 
 
 class ChunkedDeltaRuleCache(NamedTuple):
@@ -75,6 +75,7 @@ class ChunkedDeltaRuleCache(NamedTuple):
     scale: np.floating
     per_channel: bool          # g was (B, nh, T, dk)
     has_initial_state: bool
+    dtype: np.dtype            # the inputs' dtype (float16 and bfloat16 compute in float32)
 
 
 def chunked_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None, mask=None, chunk_size=64):
@@ -82,6 +83,8 @@ def chunked_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None,
     (log-decays <= 0), beta (B, nh, T), from ``initial_state`` (B, nh, dk, dv) or zeros, a chunk of
     ``chunk_size`` steps at a time. Returns ``(o (B, nh, T, dv), state (B, nh, dk, dv), cache)``."""
     _check_chunked_delta_rule(q, k, v, g, beta, initial_state, scale, mask, chunk_size)
+    dtype = q.dtype
+    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for 16 bits
     B, nh, T, dk = k.shape
     dv = v.shape[-1]
     C = chunk_size
@@ -125,19 +128,20 @@ def chunked_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None,
     o = np.stack(o, axis=2).reshape(B, nh, N * C, dv)[:, :, :T]   # (B, nh, N, C, dv) -> (B, nh, T, dv)
     o = o * keep[..., None]                                   # a masked step's output is 0
     cache = ChunkedDeltaRuleCache(q, k, v, beta, G, decay, A, W, U, P, Qd, Kd, chunk_decay, states, u, keep,
-                                  scale, per_channel, initial_state is not None)
-    return o, S, cache
+                                  scale, per_channel, initial_state is not None, dtype)
+    return o.astype(dtype, copy=False), S.astype(dtype, copy=False), cache
 
 
 def chunked_delta_rule_backward(do, dstate, cache):
-    """Gradients: do (B, nh, T, dv) and dstate (B, nh, dk, dv) or None (zeros) -> (dq, dk, dv, dg,
-    dbeta, dinitial_state), dg shaped as g, dinitial_state None without an initial state."""
+    """Gradients: do (B, nh, T, dv) and dstate (B, nh, dk, dv) or None (zeros) -> {"q", "k", "v",
+    "g", "beta", "initial_state"}, g's shaped as g, initial_state's None without an initial state."""
     c = cache
     B, nh, N, C, dv = c.u.shape
     dk, T = c.k.shape[-1], c.keep.shape[-1]
-    check_dout("chunked_delta_rule", do, (B, nh, T, dv), c.q.dtype, name="do")
+    check_dout("chunked_delta_rule", do, (B, nh, T, dv), c.dtype, name="do")
     if dstate is not None:
-        check_dout("chunked_delta_rule", dstate, (B, nh, dk, dv), c.q.dtype, name="dstate")
+        check_dout("chunked_delta_rule", dstate, (B, nh, dk, dv), c.dtype, name="dstate")
+    do, dstate = upcast(do), upcast(dstate)                   # float32 for float16 and bfloat16
     # Undoes o = o * keep (a masked step's output is 0) and the tail's padding.
     do = _chunks(do * c.keep[..., None], N, C)                # (B, nh, T, dv) -> (B, nh, N, C, dv)
 
@@ -209,7 +213,8 @@ def chunked_delta_rule_backward(do, dstate, cache):
     dg = np.where(c.keep[..., None], dg, 0)
     dg = dg if c.per_channel else dg[..., 0]                 # (B, nh, T, 1) -> (B, nh, T)
     dbeta = np.where(c.keep, dbeta, 0)
-    return dq, dk, dv, dg, dbeta, dinitial_state
+    grads = {"q": dq, "k": dk, "v": dv, "g": dg, "beta": dbeta, "initial_state": dinitial_state}
+    return {name: None if d is None else d.astype(c.dtype, copy=False) for name, d in grads.items()}   # rounded once
 
 
 def _chunks(x, N, C):
@@ -271,9 +276,6 @@ def _check_chunked_delta_rule(q, k, v, g, beta, initial_state, scale, mask, chun
     if initial_state is not None:
         check_float("initial_state", initial_state)
     check_same_dtype(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    if q.dtype.name not in ("float32", "float64"):
-        raise TypeError(f"q, k, v, g, beta must be float32 or float64 (the delta rule computes in float32 "
-                        f"at least, as transformers does), got dtype {q.dtype}")
     if k.ndim != 4 or k.shape[2] < 1:
         raise ValueError(f"k must have shape (B, nh, T, dk) with T >= 1, got {k.shape}")
     B, nh, T, dk = k.shape

@@ -12,8 +12,14 @@ from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delt
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
+from numpy_attn.gated_delta_rule import (
+    gated_delta_rule_backward,
+    gated_delta_rule_forward,
+    gated_delta_rule_parallel_forward,
+)
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    BFLOAT16,
     assert_close,
     directional_derivative,
     directional_tol,
@@ -63,8 +69,7 @@ def numpy_run(case, **change):
     """(o, state, grads by input name) of the NumPy op on ``case`` with ``change``d arguments."""
     args = {**inputs(case), **change}
     o, state, cache = chunked_delta_rule_forward(**args)
-    grads = chunked_delta_rule_backward(case["do"], case["dstate"], cache)
-    return o, state, dict(zip(NAMES, grads, strict=True))
+    return o, state, chunked_delta_rule_backward(case["do"], case["dstate"], cache)
 
 
 def rounding_tol(case, chunk_size=None):
@@ -180,30 +185,54 @@ def test_every_chunk_size_is_the_recurrence(case, data):
             assert_close(f"chunked_delta_rule.d{name}, chunk size vs 1", other[2][name], one[2][name], **tol)
 
 
-def one_step_at_a_time(q, k, v, g, beta, initial_state, scale):
-    """The recurrence of docs/design's convention written out, one step at a time, in float64."""
-    B, nh, T, dk = k.shape
-    S = np.zeros((B, nh, dk, v.shape[-1])) if initial_state is None else initial_state
-    decay = np.exp(g if g.ndim == 4 else g[..., None])[..., None]        # (B, nh, T, dk or 1, 1)
-    o = []
-    for t in range(T):
-        S = decay[:, :, t] * S
-        u = beta[:, :, t, None] * (v[:, :, t] - np.einsum("bhkv,bhk->bhv", S, k[:, :, t]))
-        S = S + k[:, :, t, :, None] * u[:, :, None, :]
-        o.append(scale * np.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
-    return np.stack(o, axis=2), S
-
-
-@given(case=delta_cases(dtype=np.float64).map(lambda case: {**case, "mask": None}))
-def test_chunk_size_one_is_the_written_out_recurrence(case):
-    """The anchor of the test above: chunk size 1 equals the recurrence S <- exp(g) S,
-    u = beta (v - S^T k), S <- S + k u^T, o = scale S^T q, step by step."""
-    o, state, _ = chunked_delta_rule_forward(**{**inputs(case), "chunk_size": 1})
-    args = {name: case[name] for name in NAMES}
-    want_o, want_state = one_step_at_a_time(**args, scale=case["q"].shape[-1] ** -0.5)
+@given(case=delta_cases(dtype=np.float64))
+def test_the_chunks_equal_the_recurrence_and_the_parallel_form(case):
+    """The anchor of the test above, by two other programs: numpy_attn/gated_delta_rule.py's loop
+    over time (S <- exp(g) S, u = beta (v - S^T k), S <- S + k u^T, o = scale S^T q, and its own
+    backward through time) gives the same outputs, final state and every gradient, padding mask
+    included; its parallel form (one triangular solve over the whole sequence, no mask) the same
+    outputs and state. The parallel form's solve may grow roundings by up to 2^T (its entries of
+    (I + L)^-1 reach 2^(T - 1)), hence that factor on its bound."""
+    o, state, grads = numpy_run(case)
+    args = {name: case[name] for name in (*NAMES, "mask")}
+    want_o, want_state, cache = gated_delta_rule_forward(**args)
+    want_grads = gated_delta_rule_backward(case["do"], case["dstate"], cache)
     tol = rounding_tol(case)
     assert_close("chunked_delta_rule.o vs the recurrence", o, want_o, **tol)
     assert_close("chunked_delta_rule.state vs the recurrence", state, want_state, **tol)
+    for name in NAMES:
+        if case[name] is not None:
+            assert_close(f"chunked_delta_rule.d{name} vs the recurrence", grads[name], want_grads[name], **tol)
+    if case["mask"] is None:
+        par_o, par_state = gated_delta_rule_parallel_forward(**{name: case[name] for name in NAMES})
+        par_tol = dict(rtol=0.0, atol=tol["atol"] * 2.0 ** case["q"].shape[2])
+        assert_close("chunked_delta_rule.o vs the parallel form", o, par_o, **par_tol)
+        assert_close("chunked_delta_rule.state vs the parallel form", state, par_state, **par_tol)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_computes_in_float32_and_rounds_once(dtype):
+    """float16 and bfloat16 come back in their dtype: the float32 computation on the same values,
+    each output and gradient rounded once."""
+    low = np.dtype(np.float16) if dtype == "float16" else BFLOAT16
+    rng = np.random.default_rng(0)
+    B, nh, T, dk, dv = 2, 1, 5, 4, 3
+    case = dict(q=l2_normalised(rng.uniform(-1, 1, (B, nh, T, dk))),
+                k=l2_normalised(rng.uniform(-1, 1, (B, nh, T, dk))),
+                v=rng.uniform(-2, 2, (B, nh, T, dv)), g=-rng.uniform(0, 3, (B, nh, T, dk)),
+                beta=rng.uniform(0, 1, (B, nh, T)), initial_state=rng.uniform(-1, 1, (B, nh, dk, dv)),
+                chunk_size=2, do=rng.uniform(-1, 1, (B, nh, T, dv)), dstate=rng.uniform(-1, 1, (B, nh, dk, dv)))
+    rounded = {name: x.astype(low) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+               for name, x in case.items()}
+    single = {name: x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+              for name, x in rounded.items()}
+    o, state, grads = numpy_run(rounded)
+    o32, state32, grads32 = numpy_run(single)
+    np.testing.assert_array_equal(o, o32.astype(low), err_msg="o")
+    np.testing.assert_array_equal(state, state32.astype(low), err_msg="state")
+    for name in NAMES:
+        assert grads[name].dtype == low, f"d{name}: {grads[name].dtype}"
+        np.testing.assert_array_equal(grads[name], grads32[name].astype(low), err_msg=f"d{name}")
 
 
 @given(case=delta_cases(dtype=np.float64).map(lambda case: {**case, "mask": None}), data=st.data())
@@ -296,9 +325,6 @@ def bad_input_case():
     (dict(mask=np.ones((3, 2), bool)), ValueError, r"^mask must have shape \(B, T\) = \(2, 3\), got \(3, 2\)$"),
     (dict(scale=float("nan")), ValueError, r"^chunked_delta_rule: scale must be a finite number or None, got nan$"),
     (dict(beta=np.zeros((2, 1, 3), np.float32)), TypeError, r"arrays must share one dtype: .* beta is float32"),
-    (dict(q=np.zeros((2, 1, 3, 4), np.float16), k=np.zeros((2, 1, 3, 4), np.float16),
-          v=np.zeros((2, 1, 3, 2), np.float16), g=np.zeros((2, 1, 3), np.float16),
-          beta=np.zeros((2, 1, 3), np.float16)), TypeError, r"must be float32 or float64 .*got dtype float16$"),
 ])
 def test_bad_input_is_refused_naming_it(change, error, message):
     with pytest.raises(error, match=message):
