@@ -9,6 +9,7 @@ to cancellation relative to the largest term, hence rtol 1e-4 with an atol of 1e
 scale of the values compared (elements are drawn bounded, so the scale is known).
 """
 
+import importlib.util
 import math
 import os
 from collections import defaultdict
@@ -330,6 +331,14 @@ needs_vocab = pytest.mark.skipif(
     not os.environ.get("CI") and not _vocabulary_available(),
     reason="GPT-2 vocabulary unavailable: set TIKTOKEN_CACHE_DIR (README, 'Tokenizer offline')",
 )
+
+
+def load_docs_script(path):
+    """A docs/ script (not a package module) imported from its file, for a test to call its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tree_dot(a, b):

@@ -3,7 +3,6 @@ picture, the page shows an image that exists and the script's table, and the pan
 obey what the page says of them."""
 
 import hashlib
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 import numpy_attn
 from attn_cli import show, site
-from parity_tests.helpers import needs_vocab
+from parity_tests.helpers import load_docs_script, needs_vocab
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "attention_patterns.py"
@@ -25,14 +24,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROW_SUM_TOL = 1e-14
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("attention_patterns", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-patterns = load_script()
+patterns = load_docs_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ exactly what it prints, and the numbers obey what the page says of them: an exac
 after a write with beta = 1, the interference of six keys in four dimensions, a decay of 0.8^n, and
 state sizes from transformers' own Qwen3.5 defaults."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import numpy_attn
-from parity_tests.helpers import needs_vocab
+from parity_tests.helpers import load_docs_script, needs_vocab
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "linear_attention.py"
@@ -25,14 +24,7 @@ PAGE = ROOT / "docs" / "linear_attention.md"
 RECALL_TOL = 1e-13
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("linear_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-memory = load_script()
+memory = load_docs_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")
