@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_cli import checkpoint, cli, train
+from attn_cli import checkpoint, cli
 from numpy_attn._tree import flatten
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 
@@ -271,7 +271,7 @@ def test_a_signal_during_the_save_is_held_until_it_ends(tmp_path, monkeypatch, c
             old = _save(out, seed=1)
             args, draw, new = _run(seed=2, steps=2)
             raised = None
-            with monkeypatch.context() as m, train._termination_raises():
+            with monkeypatch.context() as m, checkpoint.termination_raises():
                 unheld = signal.getsignal(signum)
 
                 def send(held=held, signum=signum, unheld=unheld):
