@@ -30,12 +30,12 @@ from hypothesis import strategies as st
 from attn_cli import checkpoint, cli
 from numpy_attn._tree import flatten
 from numpy_attn.gpt import GPTConfig, init_gpt_params
+from parity_tests.interrupt_kit import Interrupter
+from parity_tests.interrupt_kit import snapshot as _snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)
 RUN_FILES = ("model.npz", "config.json", "loss.png")
-# The file-system calls a save may make; the harness below counts them and interrupts one.
-CALLS = ("open", "write", "fsync", "close", "replace", "rename", "link", "unlink", "remove", "mkdir", "rmdir")
 
 
 @pytest.fixture
@@ -65,25 +65,6 @@ def _save(out, seed, force=True, plot=b"plot", steps=1):
     return files
 
 
-def _snapshot(root):
-    """{relative path: what it is} of everything under ``root``, links not followed: a file's
-    bytes and mode, a link's target, a folder's mode."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            st_ = os.lstat(path)
-            if stat.S_ISLNK(st_.st_mode):
-                found[os.path.relpath(path, root)] = ("link", os.readlink(path))
-                if name in dirs:
-                    dirs.remove(name)                          # not followed
-            elif stat.S_ISDIR(st_.st_mode):
-                found[os.path.relpath(path, root)] = ("folder", stat.S_IMODE(st_.st_mode))
-            else:
-                found[os.path.relpath(path, root)] = ("file", Path(path).read_bytes(), stat.S_IMODE(st_.st_mode))
-    return found
-
-
 def _users_files(folder):
     """Files of the user's beside a run: one named like a run file in a subfolder, one named like
     the save's own hidden files, a link, an empty folder."""
@@ -97,31 +78,6 @@ def _users_files(folder):
     (folder / ".run.lock").write_text("named like the old lock file")
     (folder / "empty").mkdir()
     os.symlink("notes.txt", folder / "notes-link")
-
-
-def _interrupt():
-    raise KeyboardInterrupt("interrupted")
-
-
-class Interrupter:
-    """Replaces the os functions in CALLS by counting wrappers; before the ``k``-th call (from 1)
-    ``act()`` runs: by default it raises KeyboardInterrupt, so that the call is not made.
-    ``calls`` lists the calls, ``hit`` is the k-th."""
-
-    def __init__(self, monkeypatch, k, act=_interrupt):
-        self.k, self.calls, self.hit, self.act = k, [], None, act
-        for name in CALLS:
-            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
-        monkeypatch.setattr(checkpoint, "open", self._wrap("builtin open", open), raising=False)
-
-    def _wrap(self, name, real):
-        def call(*args, **kwargs):
-            self.calls.append((name, args))
-            if len(self.calls) == self.k:
-                self.hit = (name, args)
-                self.act()
-            return real(*args, **kwargs)
-        return call
 
 
 def _check_after(out, before, old, new, where, hit):
