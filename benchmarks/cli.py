@@ -25,6 +25,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from attn_cli.checkpoint import signals_held
 from attn_cli.term import Progress
 from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
@@ -175,7 +176,8 @@ def build_parser():
                    f"B={QUICK['batch']}, nh={QUICK['heads']}, hs={QUICK['head_size']}, "
                    f"{QUICK['repeats']} samples, 1 thread); explicit options still win")
     p.add_argument("--json", metavar="FILE", help="write every row, the machine and the settings as JSON "
-                   "(missing folders are created; every output path is checked before measuring)")
+                   "(missing folders are created; every output path is checked before measuring: two outputs "
+                   "to one file, or one over the --from-json file, are refused)")
     p.add_argument("--csv", metavar="FILE", help="write one CSV line per row")
     p.add_argument("--markdown", metavar="FILE",
                    help="write the table as Markdown (for the README), header lines first")
@@ -401,9 +403,31 @@ def measure(ops, args, argv):
     )
 
 
+def _same_file(a, b):
+    """Whether the paths ``a`` and ``b`` name one file (through links, ``..``, or hard links)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                                # one of them does not exist yet
+        return False
+
+
 def _check_outputs(parser, args):
-    """Fail now, not after a long run, when an output cannot be written."""
-    for path in map(Path, filter(None, (args.json, args.csv, args.markdown, args.plot))):
+    """Fail now, not after a long run, when an output cannot be written: two outputs to one file
+    (the second would replace the first), an output over the --from-json file it reads, a folder,
+    a file that exists without --force, a folder where no file can be created."""
+    outputs = [(option, path) for option, path in (("--json", args.json), ("--csv", args.csv),
+                                                   ("--markdown", args.markdown), ("--plot", args.plot)) if path]
+    for k, (option, path) in enumerate(outputs):
+        for other, other_path in outputs[:k]:
+            if _same_file(path, other_path):
+                parser.error(f"{other} {other_path} and {option} {path} are one file: the second would "
+                             "replace the first; give each output its own file")
+        if args.from_json and _same_file(path, args.from_json):
+            parser.error(f"{option} {path} is the file --from-json reads: writing it would replace the "
+                         "saved run; give the output another file")
+    for path in (Path(path) for _, path in outputs):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -413,11 +437,12 @@ def _check_outputs(parser, args):
         if path.exists() and not args.force:
             parser.error(f"{path} exists; pass --force to overwrite it")
         try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
-            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-            try:
-                os.close(fd)
-            finally:
-                os.unlink(probe)
+            with signals_held():               # a signal now would leave the probe behind
+                fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+                try:
+                    os.close(fd)
+                finally:
+                    os.unlink(probe)
         except OSError as err:
             parser.error(f"cannot write {path}: {err.strerror or err}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:

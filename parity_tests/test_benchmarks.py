@@ -23,6 +23,7 @@ import torch
 
 from benchmarks import _worker, calls, cli, measure, parity, registry, report, workers
 from benchmarks.registry import Size
+from parity_tests.interrupt_kit import Interrupter, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--quick", "--ops", "softmax", "--seq-lens", "8", "16", "--batch", "1", "--heads", "2",
@@ -356,6 +357,92 @@ def test_unwritable_output_is_refused_before_measuring(monkeypatch, capsys, opti
         cli.main(TINY + [option, "/proc/x.out"])
     assert exit_info.value.code == 2 and measured == []
     assert "cannot write /proc/x.out" in capsys.readouterr().err
+
+
+def _op_run():
+    """A committed op run (it has CSV rows and a Markdown table), to re-render."""
+    return next(p for p in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+                if report.is_op_run(json.loads(p.read_text())))
+
+
+@pytest.mark.parametrize("second", ["same path", "through a link", "through ..", "hard link"])
+@pytest.mark.parametrize("first_option, second_option", [("--json", "--markdown"), ("--csv", "--json"),
+                                                         ("--markdown", "--csv")])
+def test_two_outputs_to_one_file_are_refused(tmp_path, monkeypatch, capsys, first_option, second_option, second):
+    """The review's case, --from-json R --json F --markdown F, wrote F twice and lost the JSON:
+    refused before anything is written, naming both options; the file there is kept."""
+    first = tmp_path / "out" / "F"
+    first.parent.mkdir()
+    first.write_text("the user's file\n")
+    other = {"same path": first, "through a link": tmp_path / "link",
+             "through ..": tmp_path / "out" / ".." / "out" / "F", "hard link": tmp_path / "hard"}[second]
+    if second == "through a link":
+        os.symlink(first, other)
+    elif second == "hard link":
+        os.link(first, other)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--from-json", str(_op_run()), first_option, str(first), second_option, str(other), "--force"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    named = sorted([f"{first_option} {first}", f"{second_option} {other}"], key=lambda o: err.index(o))
+    assert f"error: {named[0]} and {named[1]} are one file: the second would replace the first" in err, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--csv"])
+def test_an_output_over_the_file_from_json_reads_is_refused(tmp_path, capsys, option):
+    saved = tmp_path / "run.json"
+    saved.write_bytes(_op_run().read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--from-json", str(saved), option, str(saved), "--force"])
+    assert exit_info.value.code == 2
+    assert f"{option} {saved} is the file --from-json reads" in capsys.readouterr().err
+    assert saved.read_bytes() == _op_run().read_bytes()
+
+
+def test_an_interruption_at_every_step_of_the_outputs_keeps_every_file(tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt instead of the k-th file-system call of --json, --csv and --markdown over
+    the user's files, for every k: each holds its old content or its new one whole (each file is
+    written alone, one after the other), the saved run read and every other file are kept, and
+    nothing is left but the one file whose clean-up was cut."""
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(_op_run().read_bytes())
+    argv = ["--from-json", str(saved), "--force"]
+    outs = {"--json": tmp_path / "o" / "run.json", "--csv": tmp_path / "o" / "run.csv",
+            "--markdown": tmp_path / "o" / "run.md"}
+    outs["--json"].parent.mkdir()
+    for option, path in outs.items():
+        argv += [option, str(path)]
+    assert cli.main(argv) == 0
+    new = {option: path.read_bytes() for option, path in outs.items()}
+    k = 0
+    while True:
+        k += 1
+        for option, path in outs.items():
+            path.write_text(f"the user's old {option}\n")
+        (tmp_path / "o" / "notes.txt").write_text("mine")
+        before = snapshot(tmp_path)
+        with monkeypatch.context() as m:
+            interrupter = Interrupter(m, k)
+            try:
+                cli.main(argv)
+                done = True
+            except KeyboardInterrupt:
+                done = False
+        capsys.readouterr()
+        where = f"interrupted at call {k} ({interrupter.hit and interrupter.hit[0]})"
+        after = snapshot(tmp_path)
+        for option, path in outs.items():
+            rel = os.path.relpath(path, tmp_path)
+            assert after.pop(rel)[1] in (before.pop(rel)[1], new[option]), f"{where}: {option} is a mixture"
+        left = {p: v for p, v in after.items() if before.get(p) != v}
+        if interrupter.hit and interrupter.hit[0] == "unlink":
+            left.pop(os.path.relpath(interrupter.hit[1][0], tmp_path), None)
+        assert not left and set(before) <= set(after), f"{where}: {sorted(left)}, {sorted(set(before) - set(after))}"
+        if done:
+            break
+    assert k > 12, f"only {k - 1} calls: the harness does not see the writes"
 
 
 def test_help_explains_every_option():
