@@ -421,14 +421,24 @@ def signals_held(signums=("SIGINT", "SIGTERM", "SIGHUP")):
             signal.raise_signal(signum)
 
 
+class Terminated(SystemExit):
+    """The SystemExit that ``termination_raises`` raises for SIGTERM or SIGHUP (``signum``); its
+    exit status is 128 + the signal, as a shell reports a process the signal ended."""
+
+    def __init__(self, signum):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def termination_raises():
-    """SIGTERM and SIGHUP end the command by SystemExit (status 128 + the signal), as Ctrl-C does
-    by KeyboardInterrupt, so that locks are released, a folder the command created but did not
-    fill is removed, and temporary files and folders are cleaned up; their default would end the
-    process on the spot. A handler already set (other than the default) is left as it is."""
+    """SIGTERM and SIGHUP end the command by ``Terminated`` (a SystemExit, status 128 + the
+    signal), as Ctrl-C does by KeyboardInterrupt, so that locks are released, a folder the command
+    created but did not fill is removed, and temporary files and folders are cleaned up; their
+    default would end the process on the spot. A handler already set (other than the default) is
+    left as it is."""
     def leave(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Terminated(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -531,7 +541,8 @@ def _headers(npz, size):
     return found
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The SHA-256 (hex) of the file ``path``'s content."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -582,7 +593,7 @@ def load_checkpoint(path):
                  for k, (s, d) in expected.items() if k in found and found[k] != (s, np.dtype(d))]
     if problems:
         raise ValueError(f"checkpoint {npz} does not match {CONFIG}: " + "; ".join(problems[:5]))
-    if "model_sha256" in meta and (meta.get("model_bytes") != size or meta["model_sha256"] != _sha256(npz)):
+    if "model_sha256" in meta and (meta.get("model_bytes") != size or meta["model_sha256"] != file_sha256(npz)):
         raise ValueError(f"{npz} is damaged or from another run: its size or SHA-256 differs from "
                          f"what {config_path} records (a save cut off by a kill?); train again")
     try:

@@ -20,6 +20,7 @@ warnings into an error (CI builds with it).
 
 import ast
 import contextlib
+import hashlib
 import html
 import json
 import os
@@ -29,7 +30,7 @@ import sys
 from pathlib import Path
 
 from attn_cli import mathml, show, term
-from attn_cli.checkpoint import signals_held, termination_raises, write_files, writer_lock
+from attn_cli.checkpoint import file_sha256, signals_held, termination_raises, write_files, writer_lock
 
 ROOT = show.NUMPY_DIR.parent
 IMAGES = ROOT / "docs" / "images"
@@ -338,13 +339,15 @@ def build(errors_path=None, images=IMAGES):
 # Writing. DIR is the user's folder: a new one, an earlier site, a published site's checkout with
 # its .git, the current folder, a symlink to a folder elsewhere. So DIR itself is never renamed,
 # replaced or removed (a symlink stays one: the site goes into its target), and the command owns
-# only the files it wrote there, which the manifest DIR/.numpy-attn-site lists, one relative path
-# a line under a first line that says what it is:
+# only the files it wrote there, which the manifest DIR/.numpy-attn-site lists, one a line (the
+# SHA-256 of its content, a space, its relative path) under a first line that says what it is:
 #
-# - a file the manifest lists is the site's: it is replaced by the new page of its name, or
-#   removed when the new site has none (an operation renamed), and nothing else ever is;
-# - any other entry (a notes.txt, a .git, a page the user wrote) is the user's: a DIR holding
-#   one is refused without --force, and with --force the site is written beside them, all kept;
+# - a file the manifest lists, still holding what the site wrote (its SHA-256), is the site's:
+#   it is replaced by the new page of its name, or removed when the new site has none (an
+#   operation renamed), and nothing else ever is;
+# - any other entry (a notes.txt, a .git, a page the user wrote or edited) is the user's: a DIR
+#   holding one is refused without --force, and with --force the site is written beside them,
+#   all kept;
 # - a file the new site would write at a name the manifest does not list (the user's own
 #   index.html), or a name the site needs that is a folder, a link, or under a linked folder, is
 #   refused even with --force: move it away or choose another DIR;
@@ -355,12 +358,14 @@ def build(errors_path=None, images=IMAGES):
 # a hidden file beside its name and flushed to disk, then renamed over its name with SIGINT,
 # SIGTERM and SIGHUP held, the manifest last, every change undone if a step fails. So after any
 # exception or signal the site's names hold the whole old site or the whole new one, and every
-# entry of the user's is as it was. A second writer of DIR is refused by train's lock (flock on
-# DIR); a missing DIR is created, and removed again if nothing was written into it.
+# entry of the user's is as it was. (A kill no code sees, SIGKILL, during the renames leaves new
+# pages the old manifest does not list: the next run refuses them, as the user's, until removed.)
+# A second writer of DIR is refused by train's lock (flock on DIR); a missing DIR is created, and
+# removed again if nothing was written into it.
 
 def _manifest(out):
-    """The relative paths DIR's manifest lists; None if it has no manifest; "legacy" for the
-    marker of versions without one."""
+    """{relative path: SHA-256} of the files DIR's manifest lists; None if it has no manifest;
+    "legacy" for the marker of versions without one."""
     path = os.path.join(out, MANIFEST)
     try:
         info = os.lstat(path)
@@ -378,7 +383,8 @@ def _manifest(out):
         return None
     if not lines or lines[0] != MANIFEST_HEAD:
         return None
-    return [line for line in lines[1:] if _is_relative(line)]
+    listed = dict(line.partition(" ")[::2][::-1] for line in lines[1:])
+    return {name: digest for name, digest in listed.items() if _is_relative(name)}
 
 
 def _is_relative(name):
@@ -421,8 +427,10 @@ def check_folder(out, names, force):
         return []
     listed = _manifest(out)
     if listed == "legacy":
-        listed = [n for n in names if n != MANIFEST]
-    own = {n for n in listed or () if _regular_inside(out, n)}
+        own = {n for n in names if n != MANIFEST and _regular_inside(out, n)}
+    else:
+        own = {n for n, digest in (listed or {}).items()
+               if _regular_inside(out, n) and file_sha256(os.path.join(out, n)) == digest}
     if listed is not None:
         own.add(MANIFEST)
     taken = [n for n in names if n not in own and _blocked(out, n)]
@@ -478,13 +486,19 @@ def write_site(files, out, force=False):
     check_folder(out, names, force)                          # before taking the lock
     with writer_lock(out, "numpy-attn site", "DIR"), signals_held():
         stale = check_folder(out, names, force)              # again, now that it is ours
-        files[MANIFEST] = "\n".join([MANIFEST_HEAD, *sorted(files)]).encode() + b"\n"
+        files[MANIFEST] = manifest(files)
         # The pages, then the old pages the new site lacks, then the manifest: a kill that no
         # code sees (SIGKILL) in the middle leaves a manifest listing only files the site wrote.
         write_files(out, files, [*(n for n in sorted(files) if n != MANIFEST), *stale, MANIFEST])
         for folder in sorted(_folders(stale) - _folders(files), reverse=True):
-                with contextlib.suppress(OSError):           # emptied by the old pages' removal
-                    os.rmdir(os.path.join(out, *folder.split("/")))
+            with contextlib.suppress(OSError):               # emptied by the old pages' removal
+                os.rmdir(os.path.join(out, *folder.split("/")))
+
+
+def manifest(files):
+    """The manifest of the site ``files`` ({relative path: bytes})."""
+    lines = [f"{hashlib.sha256(data).hexdigest()} {name}" for name, data in sorted(files.items())]
+    return "\n".join([MANIFEST_HEAD, *lines]).encode() + b"\n"
 
 
 # ---------------------------------------------------------------------------------------------

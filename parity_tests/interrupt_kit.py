@@ -3,7 +3,9 @@ it: train, site, benchmarks): ``Interrupter`` cuts the k-th file-system call of 
 every k in turn, and ``snapshot`` records a folder to check that every entry of the user's is as
 it was afterwards."""
 
+import contextlib
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -55,3 +57,20 @@ class Interrupter:
                 self.act()
             return real(*args, **kwargs)
         return call
+
+
+@contextlib.contextmanager
+def default_signals():
+    """SIGINT handled as an interactive Python handles it (KeyboardInterrupt), SIGTERM and SIGHUP
+    at their default, while the block runs, whatever this process inherited: a shell starts a
+    background job (`pytest &`, a CI step) with SIGINT ignored, nohup ignores SIGHUP, Python then
+    leaves them ignored, and so would a command started from here, as ignored dispositions survive
+    exec (a handler does not: the child gets its own default)."""
+    wanted = {signal.SIGINT: signal.default_int_handler}
+    wanted.update({getattr(signal, s): signal.SIG_DFL for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)})
+    previous = {signum: signal.signal(signum, handler) for signum, handler in wanted.items()}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -12,6 +12,8 @@ import io
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 
 from benchmarks import _worker, calls, cli, measure, parity, registry, report, workers
 from benchmarks.registry import Size
-from parity_tests.interrupt_kit import Interrupter, snapshot
+from parity_tests.interrupt_kit import Interrupter, default_signals, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--quick", "--ops", "softmax", "--seq-lens", "8", "16", "--batch", "1", "--heads", "2",
@@ -231,6 +233,103 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
     assert real_run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
 
 
+STOP_AT = """
+import os, signal, sys
+from pathlib import Path
+from benchmarks import cli, workers
+step, signum = sys.argv[1], getattr(signal, sys.argv[2])
+
+def fire(at):
+    if step == at:
+        os.kill(os.getpid(), signum)
+
+real_run, real_mkdtemp = workers.subprocess.run, workers.tempfile.mkdtemp
+real_symlink, real_worker = Path.symlink_to, workers.Worker.__init__
+
+def run(command, **kw):
+    fire(" ".join(command[:3]))                    # "git worktree add", "git worktree remove"
+    result = real_run(command, **kw)
+    fire("after " + " ".join(command[:3]))
+    return result
+
+def mkdtemp(**kw):
+    fire("mkdtemp")
+    return real_mkdtemp(**kw)
+
+def symlink_to(self, *args, **kw):
+    fire("symlink")
+    return real_symlink(self, *args, **kw)
+
+def worker(self, job, progress=None, pythonpath=None, label=None):
+    real_worker(self, job, progress, pythonpath, label)
+    if pythonpath:
+        fire("timing")                             # the revision's worker is running
+
+workers.subprocess.run, workers.tempfile.mkdtemp = run, mkdtemp
+Path.symlink_to, workers.Worker.__init__ = symlink_to, worker
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_at_every_step_of_against_cleans_up(tmp_path, signame):
+    """The review's case (SIGTERM left a registered worktree and a temporary folder; Ctrl-C a
+    traceback): a real run sent the signal at each step of --against, from the temporary folder's
+    creation to the worktree's removal. It ends with one line and status 128 + the signal; no
+    worktree is registered, no temporary folder or output left, the checkout as it was."""
+    signum = getattr(signal, signame)
+    before, status = _worktrees(), subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
+                                                  capture_output=True, text=True).stdout
+    steps = ["mkdtemp", "git worktree add", "after git worktree add", "symlink", "timing", "git worktree remove"]
+    for step in steps:
+        tmp = tmp_path / step.replace(" ", "-")
+        tmp.mkdir()
+        (tmp / "notes.txt").write_text("mine")
+        with default_signals():
+            result = subprocess.run([sys.executable, "-c", STOP_AT, step, signame, *TINY, "--seq-lens", "8",
+                                     "--impls", "numpy", "--against", "HEAD", "--json", str(tmp / "run.json")],
+                                    capture_output=True, text=True, cwd=ROOT, timeout=300,
+                                    env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)})
+        where = f"{signame} at {step}"
+        assert result.returncode == 128 + signum, (where, result.returncode, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (where, result.stderr[-3000:])
+        assert result.stderr.splitlines()[-1] == (
+            f"python -m benchmarks: stopped by {signame}; nothing is left half-written (temporary "
+            "worktree and files removed)"), where
+        assert sorted(os.listdir(tmp)) == ["notes.txt"], where
+        # Other checkouts of the repository may add and remove worktrees meanwhile: only ours count.
+        assert not [w for w in _worktrees() - before if str(tmp) in w], where
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
+
+
+@pytest.mark.parametrize("inside", ["another repository", "no repository"])
+def test_against_outside_its_own_repository_is_refused(tmp_path, inside):
+    """A copy of the project without .git: inside another repository, --against checked out that
+    repository's revision; now either is refused in one line, and nothing is registered."""
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    if inside == "another repository":
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(outer)]
+        subprocess.run([*git, "init", "-q"], check=True)
+        (outer / "README").write_text("another project")
+        subprocess.run([*git, "add", "README"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "another project"], check=True)
+    copy = outer / "copy"
+    for package in ("attn_cli", "benchmarks", "numpy_attn", "torch_attn"):
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([sys.executable, "-m", "benchmarks", *TINY, "--against", "HEAD"], cwd=copy,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(copy), "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    err = _one_line_error(result)
+    assert f"--against checks out a revision of this checkout's own git repository, and {copy} is not the top " \
+           "of one" in err, err
+    assert ("it lies inside the repository at " + str(outer)) in err if inside == "another repository" \
+        else "it has no .git" in err
+    if inside == "another repository":
+        listing = subprocess.run(["git", "-C", str(outer), "worktree", "list"], capture_output=True, text=True)
+        assert len(listing.stdout.splitlines()) == 1, listing.stdout
+
+
 def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
@@ -425,12 +524,11 @@ def test_an_interruption_at_every_step_of_the_outputs_keeps_every_file(tmp_path,
         before = snapshot(tmp_path)
         with monkeypatch.context() as m:
             interrupter = Interrupter(m, k)
-            try:
-                cli.main(argv)
-                done = True
-            except KeyboardInterrupt:
-                done = False
-        capsys.readouterr()
+            status = cli.main(argv)            # KeyboardInterrupt: one line, status 130
+        assert status in (0, 128 + signal.SIGINT), status
+        done = status == 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and ("stopped by SIGINT" in err) != done, err
         where = f"interrupted at call {k} ({interrupter.hit and interrupter.hit[0]})"
         after = snapshot(tmp_path)
         for option, path in outs.items():

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from attn_cli import checkpoint, cli
 from numpy_attn._tree import flatten
 from numpy_attn.gpt import GPTConfig, init_gpt_params
+from parity_tests import interrupt_kit
 from parity_tests.interrupt_kit import Interrupter
 from parity_tests.interrupt_kit import snapshot as _snapshot
 
@@ -40,13 +41,9 @@ RUN_FILES = ("model.npz", "config.json", "loss.png")
 
 @pytest.fixture
 def ctrl_c_raises():
-    """SIGINT handled as an interactive Python handles it (KeyboardInterrupt) for one test, whatever
-    this process inherited: a shell starts a background job (`pytest &`, a CI step) with SIGINT
-    ignored, Python then leaves it ignored, and so would a `numpy-attn train` started from here, as
-    ignored dispositions survive exec (a handler does not: the child gets its own default)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+    """SIGINT raises KeyboardInterrupt for one test, and in the commands it starts (the kit says why)."""
+    with interrupt_kit.default_signals():
+        yield
 
 
 def _run(seed, plot=b"plot", steps=1):

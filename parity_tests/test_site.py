@@ -6,6 +6,7 @@ when, and every file of the user's there is kept."""
 
 import ast
 import contextlib
+import hashlib
 import html
 import io
 import json
@@ -21,7 +22,7 @@ import pytest
 
 import numpy_attn
 from attn_cli import checkpoint, cli, mathml, show, site
-from parity_tests.interrupt_kit import Interrupter, snapshot
+from parity_tests.interrupt_kit import Interrupter, default_signals, snapshot
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 
@@ -208,7 +209,9 @@ SITE_NAMES = {*OLD, *NEW, site.MANIFEST}
 
 
 def manifest_of(files):
-    return ("\n".join([site.MANIFEST_HEAD, *sorted(files)]) + "\n").encode()
+    """The manifest a site of ``files`` ({name: bytes}) writes: each file's SHA-256 and name."""
+    lines = [f"{hashlib.sha256(files[name]).hexdigest()} {name}" for name in sorted(files)]
+    return ("\n".join([site.MANIFEST_HEAD, *lines]) + "\n").encode()
 
 
 def site_files(folder):
@@ -280,12 +283,30 @@ def test_a_file_the_site_wrote_is_not_the_users(tmp_path):
     elsewhere.mkdir()
     (elsewhere / "p.png").write_text("the user's, elsewhere")
     (tmp_path / "secret.txt").write_text("the user's, beside")
-    (out / site.MANIFEST).write_bytes(manifest_of([*OLD, "../secret.txt", "linked/p.png"]))
+    (out / site.MANIFEST).write_bytes(manifest_of({**OLD, "../secret.txt": b"the user's, beside",
+                                                   "linked/p.png": b"the user's, elsewhere"}))
     os.symlink(elsewhere, out / "linked")
     site.write_site(NEW, out, force=True)
     assert (elsewhere / "p.png").read_text() == "the user's, elsewhere"
     assert (tmp_path / "secret.txt").read_text() == "the user's, beside"
     assert os.readlink(out / "linked") == str(elsewhere)
+
+
+def test_a_page_the_user_edited_is_the_users(tmp_path):
+    """A listed page whose content is no longer what the site wrote (its SHA-256 differs) is the
+    user's: refused at a name the new site writes, even with --force; elsewhere kept, with --force."""
+    out = tmp_path / "site"
+    site.write_site(OLD, out)
+    (out / "a.html").write_text("my notes on a")                # a.html: the new site has none
+    with pytest.raises(ValueError, match=r"did not write \(1, such as 'a.html'\); pass --force"):
+        site.write_site(NEW, out)
+    site.write_site(NEW, out, force=True)
+    assert (out / "a.html").read_text() == "my notes on a"
+    (out / "index.html").write_text("my own index")
+    with pytest.raises(ValueError, match="holds a.html, index.html, which numpy-attn site did not write.*"
+                                         "even with --force"):
+        site.write_site(OLD, out, force=True)
+    assert (out / "index.html").read_text() == "my own index"
 
 
 @pytest.mark.parametrize("where, message", [
@@ -451,9 +472,8 @@ def test_a_signal_at_every_step_is_held_until_the_site_is_whole(tmp_path, monkey
     signum = getattr(signal, signame)
     exc = KeyboardInterrupt if signame == "SIGINT" else SystemExit
     real_kill = os.kill
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    k, held = 0, []
-    try:
+    k, held, calls = 0, [], []
+    with default_signals():
         while True:
             k += 1
             base = tmp_path / str(k)
@@ -476,15 +496,17 @@ def test_a_signal_at_every_step_is_held_until_the_site_is_whole(tmp_path, monkey
             if interrupter.hit is None:
                 assert raised is None
                 break
+            calls.append(interrupter.hit[0])
             where = f"{signame} before call {k} ({interrupter.hit[0]})"
             assert raised is not None, f"{where} was lost"
             new = {**NEW, site.MANIFEST: manifest_of(NEW)}
             assert site_files(real) == new if held[-1] else site_files(real) in (old, new), where
             _check_after(base, real, before, old, None, where)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # Held from the first file written to the last rename: unheld are only the checks' reads and
+    # the lock before (its mkdir of DIR, which exists), and the lock's release after.
     pattern = "".join("h" if h else "-" for h in held)
-    assert k > 20 and re.fullmatch("-{0,3}h+-?", pattern), pattern
+    assert k > 20 and re.fullmatch("-+h+-?", pattern), pattern
+    assert {calls[i] for i in range(pattern.index("h"))} <= {"builtin open", "mkdir", "open"}, calls
 
 
 SUBPROCESS = """
@@ -513,9 +535,10 @@ def test_a_signal_to_numpy_attn_site_between_its_renames(tmp_path, signame):
         base = tmp_path / str(k)
         out, real, old = _setup(base, "earlier site")
         before = snapshot(base)
-        result = subprocess.run([sys.executable, "-c", SUBPROCESS.format(new=NEW), out, str(k), signame],
-                                capture_output=True, text=True, cwd=ROOT, timeout=120,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        with default_signals():
+            result = subprocess.run([sys.executable, "-c", SUBPROCESS.format(new=NEW), out, str(k), signame],
+                                    capture_output=True, text=True, cwd=ROOT, timeout=120,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
         status = -signal.SIGINT if signame == "SIGINT" else 128 + signum
         assert result.returncode == status, (k, result.returncode, result.stderr[-2000:])
         assert site_files(real) == {**NEW, site.MANIFEST: manifest_of(NEW)}, k
