@@ -90,20 +90,29 @@ def is_run_config(path):
     return isinstance(meta, dict) and isinstance(meta.get("gpt"), dict) and "dtype" in meta
 
 
+def check_folder_path(out, option):
+    """Whether the folder ``out`` exists; ValueError naming ``option`` and ``out`` where it cannot
+    be a folder to write into: a symlink to nothing, a file, or a missing folder whose parent is
+    missing or cannot be written. Through a symlink, its target is the folder."""
+    if os.path.islink(out) and not os.path.exists(out):
+        raise ValueError(f"{option} {out} is a symlink to {os.readlink(out)}, which does not exist")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{option} {out} is a file, not a folder")
+    if os.path.exists(out):
+        return True
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{option} {out}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {out} cannot be written: no permission to create it in {parent}")
+    return False
+
+
 def check_out(out, force, made=False):
     """Refuse (ValueError naming --out and the path) an ``out`` this run may not write into; see the
     module docstring for which. ``made``: the folder is one this run created (its other files
     were put there while it trained, and count as no refusal)."""
-    if os.path.islink(out) and not os.path.exists(out):
-        raise ValueError(f"--out {out} is a symlink to {os.readlink(out)}, which does not exist")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is a file, not a folder")
-    if not os.path.exists(out):
-        parent = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(parent):
-            raise ValueError(f"--out {out}: the folder {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ValueError(f"--out {out} cannot be written: no permission to create it in {parent}")
+    if not check_folder_path(out, "--out"):
         return
     if not os.access(out, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out} cannot be written: no permission to write in {os.path.abspath(out)}")

@@ -30,7 +30,14 @@ import sys
 from pathlib import Path
 
 from attn_cli import mathml, show, term
-from attn_cli.checkpoint import file_sha256, signals_held, termination_raises, write_files, writer_lock
+from attn_cli.checkpoint import (
+    check_folder_path,
+    file_sha256,
+    signals_held,
+    termination_raises,
+    write_files,
+    writer_lock,
+)
 
 ROOT = show.NUMPY_DIR.parent
 IMAGES = ROOT / "docs" / "images"
@@ -416,14 +423,7 @@ def check_folder(out, names, force):
     """The files of DIR ``out`` that are the site's own (the manifest's, that exist) and that the
     new site (``names``) lacks, to remove; ValueError naming DIR if the site may not be written
     there (see above)."""
-    if os.path.islink(out) and not os.path.exists(out):
-        raise ValueError(f"DIR {out} is a symlink to {os.readlink(out)}, which does not exist")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"DIR {out} is a file, not a folder (nothing was written)")
-    if not os.path.exists(out):
-        parent = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(parent):
-            raise ValueError(f"cannot write DIR {out}: its folder {parent} does not exist")
+    if not check_folder_path(out, "DIR"):
         return []
     listed = _manifest(out)
     if listed == "legacy":

@@ -311,7 +311,7 @@ def test_a_page_the_user_edited_is_the_users(tmp_path):
 
 @pytest.mark.parametrize("where, message", [
     ("file", "is a file, not a folder"), ("dangling link", "is a symlink to .*gone, which does not exist"),
-    ("no parent", "its folder .* does not exist"),
+    ("no parent", "DIR .*no/such: the folder .* does not exist"),
 ])
 def test_a_dir_that_cannot_be_a_site_is_named(tmp_path, where, message):
     out = tmp_path / ("no/such" if where == "no parent" else "out")
