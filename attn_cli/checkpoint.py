@@ -90,20 +90,29 @@ def is_run_config(path):
     return isinstance(meta, dict) and isinstance(meta.get("gpt"), dict) and "dtype" in meta
 
 
+def check_folder_path(out, option):
+    """Whether the folder ``out`` exists; ValueError naming ``option`` and ``out`` where it cannot
+    be a folder to write into: a symlink to nothing, a file, or a missing folder whose parent is
+    missing or cannot be written. Through a symlink, its target is the folder."""
+    if os.path.islink(out) and not os.path.exists(out):
+        raise ValueError(f"{option} {out} is a symlink to {os.readlink(out)}, which does not exist")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{option} {out} is a file, not a folder")
+    if os.path.exists(out):
+        return True
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{option} {out}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {out} cannot be written: no permission to create it in {parent}")
+    return False
+
+
 def check_out(out, force, made=False):
     """Refuse (ValueError naming --out and the path) an ``out`` this run may not write into; see the
     module docstring for which. ``made``: the folder is one this run created (its other files
     were put there while it trained, and count as no refusal)."""
-    if os.path.islink(out) and not os.path.exists(out):
-        raise ValueError(f"--out {out} is a symlink to {os.readlink(out)}, which does not exist")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is a file, not a folder")
-    if not os.path.exists(out):
-        parent = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(parent):
-            raise ValueError(f"--out {out}: the folder {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ValueError(f"--out {out} cannot be written: no permission to create it in {parent}")
+    if not check_folder_path(out, "--out"):
         return
     if not os.access(out, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out} cannot be written: no permission to write in {os.path.abspath(out)}")
@@ -127,10 +136,11 @@ def check_out(out, force, made=False):
 
 
 @contextlib.contextmanager
-def writer_lock(out):
+def writer_lock(out, command=WRITER, option="--out"):
     """Hold an advisory lock (fcntl.flock) on the folder ``out`` for the whole run, creating the
-    folder if it is missing; ValueError if another writer holds it. Nested calls for the same
-    ``out`` hold it once.
+    folder if it is missing; ValueError if another writer holds it (the messages name the
+    ``command`` and the ``option`` that gave ``out``). Nested calls for the same ``out`` hold it
+    once.
 
     The lock is on the folder itself, so no lock file is ever left (the system releases it if the
     process dies). A folder this run created is removed at the end if it is still empty. Where
@@ -140,9 +150,9 @@ def writer_lock(out):
     if key in _HELD:
         yield
         return
-    made = _make_folder(out)
+    made = _make_folder(out, option)
     try:
-        fd = _lock_folder(out)
+        fd = _lock_folder(out, command, option)
         _HELD[key] = made
         try:
             yield
@@ -155,7 +165,7 @@ def writer_lock(out):
                 os.rmdir(out)
 
 
-def _lock_folder(out):
+def _lock_folder(out, command=WRITER, option="--out"):
     """An open descriptor of the folder ``out`` holding its flock; None where flock does not exist."""
     try:
         import fcntl
@@ -164,13 +174,13 @@ def _lock_folder(out):
     try:
         fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as err:
-        raise ValueError(f"--out {out} cannot be written: {err.strerror or err}") from None
+        raise ValueError(f"{option} {out} cannot be written: {err.strerror or err}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise ValueError(f"another numpy-attn train is writing {out} (it holds a lock on the "
-                         "folder); wait for it, or choose another --out") from None
+        raise ValueError(f"another {command} is writing {out} (it holds a lock on the "
+                         f"folder); wait for it, or choose another {option}") from None
     return fd
 
 
@@ -185,14 +195,14 @@ def _unlock_folder(fd):
         os.close(fd)
 
 
-def _make_folder(out):
+def _make_folder(out, option="--out"):
     """Create the folder ``out`` if it is missing; whether this call created it."""
     try:
         os.mkdir(out)
     except FileExistsError:
         return False
     except OSError as err:
-        raise ValueError(f"--out {out} cannot be written: cannot create the folder "
+        raise ValueError(f"{option} {out} cannot be written: cannot create the folder "
                          f"{os.path.abspath(out)} ({err.strerror or err})") from None
     return True
 
@@ -223,46 +233,81 @@ def save_checkpoint(out, params, config, vocab, dtype, facts, force=False, plot=
     check_out(out, force, made=_HELD.get(os.path.abspath(out), False))
     with writer_lock(out), signals_held():
         check_out(out, force, made=_HELD[os.path.abspath(out)])     # again, now that it is ours
-        new = {}                                                    # name -> new hidden file
-        try:
-            for name, data in files.items():
-                new[name] = _new_file(out, name, ".new", data)
-            move_into_place(new, out)
-        finally:
-            _remove_quietly(new.values())       # the new files not moved in; none after success
+        write_files(out, files, PLACE_ORDER)    # a name the new run lacks (loss.png) is removed
     return [name for name in RUN_FILES if name in files]
 
 
-def move_into_place(new, out):
-    """Give each run file of ``out`` its new file ``new[name]`` (a hidden file in ``out``), all or
-    none: a name the new run lacks loses the old run's file. ``new`` loses each entry moved in.
+def write_files(out, files, order):
+    """Give the folder ``out`` the files ``files`` ({relative path: bytes}, "/" between folders)
+    and remove the other names of ``order`` that exist there, all or none; nothing else in ``out``
+    is touched. ``order`` (every name of ``files`` and those to remove) is the order the names
+    change in. The caller holds the signals (``signals_held``) and has checked that each name it
+    replaces or removes is a regular file of its own, under folders that are not links.
+
+    Each file is first written whole to a new hidden file beside its name and flushed to disk; a
+    missing folder (of a relative path) is created, and removed again if the write is undone.
+    Then ``move_into_place``. Used by ``save_checkpoint`` and ``numpy-attn site``; one file
+    alone goes through ``replace_file``."""
+    new, made = {}, []                          # name -> new hidden file; folders created
+    try:
+        for name, data in files.items():
+            folder, base = os.path.split(os.path.join(out, *name.split("/")))
+            _make_folders(folder, out, made)
+            new[name] = _new_file(folder, base, ".new", data)
+        move_into_place(new, out, order)
+    except BaseException:
+        _remove_quietly(new.values())           # the new files not moved in
+        for folder in reversed(made):           # then the folders made for them, if empty
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
+def _make_folders(folder, out, made):
+    """Create ``folder`` (inside ``out``) and its missing parents up to ``out``, adding each one
+    created to ``made``."""
+    missing = []
+    while not os.path.isdir(folder) and os.path.abspath(folder) != os.path.abspath(out):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+        made.append(folder)
+
+
+def move_into_place(new, out, order=PLACE_ORDER):
+    """Give each name of ``order`` (relative paths in ``out``) its new file ``new[name]`` (a hidden
+    file beside it), or remove the name where ``new`` has none, all or none. ``new`` loses each
+    entry moved in.
 
     The old files are kept as hard links first; if a step fails, the names already changed get
-    their old file back (or are removed where there was none), so ``out`` holds the old run.
+    their old file back (or are removed where there was none), so ``out`` holds the old files.
     """
     kept = {}              # name -> a hidden hard link to (or copy of) the old file
     done = []              # names already changed, in order
+    path = {name: os.path.join(out, *name.split("/")) for name in order}
     try:
-        for name in existing_files(out):
-            kept[name] = _keep(os.path.join(out, name))
-        for name in PLACE_ORDER:
-            target = os.path.join(out, name)
+        for name in order:
+            if os.path.lexists(path[name]):
+                kept[name] = _keep(path[name])
+        for name in order:
             if name in new:
-                os.replace(new[name], target)
+                os.replace(new[name], path[name])
                 del new[name]
             elif name in kept:
-                os.unlink(target)               # the old run's plot, where the new run has none
+                os.unlink(path[name])           # e.g. the old run's plot, where the new run has none
             else:
                 continue
             done.append(name)
-        _sync_folder(out)
+        for folder in dict.fromkeys(os.path.dirname(p) for p in path.values()):
+            _sync_folder(folder)
     except BaseException:
         for name in reversed(done):             # undo, newest first
             with contextlib.suppress(BaseException):   # then that old file stays in its hidden copy
                 if name in kept:
-                    os.replace(kept.pop(name), os.path.join(out, name))
+                    os.replace(kept.pop(name), path[name])
                 else:
-                    os.unlink(os.path.join(out, name))
+                    os.unlink(path[name])
         raise
     finally:
         _remove_quietly(kept.values())          # copies of files that are in place again
@@ -385,6 +430,39 @@ def signals_held(signums=("SIGINT", "SIGTERM", "SIGHUP")):
             signal.raise_signal(signum)
 
 
+class Terminated(SystemExit):
+    """The SystemExit that ``termination_raises`` raises for SIGTERM or SIGHUP (``signum``); its
+    exit status is 128 + the signal, as a shell reports a process the signal ended."""
+
+    def __init__(self, signum):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def termination_raises():
+    """SIGTERM and SIGHUP end the command by ``Terminated`` (a SystemExit, status 128 + the
+    signal), as Ctrl-C does by KeyboardInterrupt, so that locks are released, a folder the command
+    created but did not fill is removed, and temporary files and folders are cleaned up; their
+    default would end the process on the spot. A handler already set (other than the default) is
+    left as it is."""
+    def leave(signum, frame):
+        raise Terminated(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (getattr(signal, s) for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, leave)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 # -- reading ------------------------------------------------------------------------------------
 
 def _check_config(meta, where):
@@ -472,7 +550,8 @@ def _headers(npz, size):
     return found
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The SHA-256 (hex) of the file ``path``'s content."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -523,7 +602,7 @@ def load_checkpoint(path):
                  for k, (s, d) in expected.items() if k in found and found[k] != (s, np.dtype(d))]
     if problems:
         raise ValueError(f"checkpoint {npz} does not match {CONFIG}: " + "; ".join(problems[:5]))
-    if "model_sha256" in meta and (meta.get("model_bytes") != size or meta["model_sha256"] != _sha256(npz)):
+    if "model_sha256" in meta and (meta.get("model_bytes") != size or meta["model_sha256"] != file_sha256(npz)):
         raise ValueError(f"{npz} is damaged or from another run: its size or SHA-256 differs from "
                          f"what {config_path} records (a save cut off by a kill?); train again")
     try:

@@ -19,21 +19,33 @@ warnings into an error (CI builds with it).
 """
 
 import ast
+import contextlib
+import hashlib
 import html
 import json
 import os
 import re
-import shutil
+import stat
 import sys
 from pathlib import Path
 
 from attn_cli import mathml, show, term
-from attn_cli.checkpoint import new_file, signals_held
+from attn_cli.checkpoint import (
+    check_folder_path,
+    file_sha256,
+    signals_held,
+    termination_raises,
+    write_files,
+    writer_lock,
+)
 
 ROOT = show.NUMPY_DIR.parent
 IMAGES = ROOT / "docs" / "images"
 DEFAULT_ERRORS = ROOT / "test-errors.json"   # where python -m pytest writes it in a checkout
-MARKER = ".numpy-attn-site"          # in a folder this command wrote: it may be replaced
+MANIFEST = ".numpy-attn-site"        # in DIR: the files this command wrote there (see write_site)
+MANIFEST_HEAD = "written by numpy-attn site; its files, which it alone replaces or removes:"
+LEGACY_MARKER = b"written by numpy-attn site\n"   # the marker of versions without a manifest
+_MANIFEST_BYTES = 1 << 20
 # Pictures of docs/images that belong to an operation, beyond those named after it ("rope_*.png").
 PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walkthrough_step7_heads.png"],
             "gpt": ["train_loss.png"], "flex_attention": ["flex_mask_*.png"],
@@ -321,7 +333,7 @@ def build(errors_path=None, images=IMAGES):
     """The site as {relative path: bytes or source Path}, and the warnings met."""
     ops = show.operations()
     rows = read_errors(errors_path)
-    warnings, files = [], {"style.css": CSS.encode(), MARKER: b"written by numpy-attn site\n"}
+    warnings, files = [], {"style.css": CSS.encode()}
     files["index.html"] = index_page(ops, rows).encode()
     for op in ops:
         page, pictures = op_page(op, ops, rows, warnings, images)
@@ -331,37 +343,162 @@ def build(errors_path=None, images=IMAGES):
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing: into a new folder beside the target, each file flushed to disk as the checkpoint's are
-# (attn_cli/checkpoint.py's new_file), then swapped in with the signals held (a Ctrl-C waits until
-# the new site is in place), so that an interruption leaves the previous site or the new one, never
-# half of each; a folder this command did not write is never replaced. A folder cannot take an
-# existing folder's name in one rename as a file can, so the old site is moved aside first.
+# Writing. DIR is the user's folder: a new one, an earlier site, a published site's checkout with
+# its .git, the current folder, a symlink to a folder elsewhere. So DIR itself is never renamed,
+# replaced or removed (a symlink stays one: the site goes into its target), and the command owns
+# only the files it wrote there, which the manifest DIR/.numpy-attn-site lists, one a line (the
+# SHA-256 of its content, a space, its relative path) under a first line that says what it is:
+#
+# - a file the manifest lists, still holding what the site wrote (its SHA-256), is the site's:
+#   it is replaced by the new page of its name, or removed when the new site has none (an
+#   operation renamed), and nothing else ever is;
+# - any other entry (a notes.txt, a .git, a page the user wrote or edited) is the user's: a DIR
+#   holding one is refused without --force, and with --force the site is written beside them,
+#   all kept;
+# - a file the new site would write at a name the manifest does not list (the user's own
+#   index.html), or a name the site needs that is a folder, a link, or under a linked folder, is
+#   refused even with --force: move it away or choose another DIR;
+# - an earlier site with the manifest-less marker of older versions (which wrote DIR whole and
+#   refused any other folder) owns the files at the names the new site writes, no others.
+#
+# The files go in through attn_cli/checkpoint.py's write_files, as train's do: each written whole to
+# a hidden file beside its name and flushed to disk, then renamed over its name with SIGINT,
+# SIGTERM and SIGHUP held, the manifest last, every change undone if a step fails. So after any
+# exception or signal the site's names hold the whole old site or the whole new one, and every
+# entry of the user's is as it was. (A kill no code sees, SIGKILL, during the renames leaves new
+# pages the old manifest does not list: the next run refuses them, as the user's, until removed.)
+# A second writer of DIR is refused by train's lock (flock on DIR); a missing DIR is created, and
+# removed again if nothing was written into it.
 
-def write_site(files, out):
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise ValueError(f"{str(out)!r} exists and is not a site numpy-attn site wrote: give a new folder "
-                         "(nothing was written)")
-    if not out.parent.is_dir():
-        raise ValueError(f"cannot write {str(out)!r}: its folder {str(out.parent)!r} does not exist")
-    new = out.parent / f".{out.name}.new-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
+def _manifest(out):
+    """{relative path: SHA-256} of the files DIR's manifest lists; None if it has no manifest;
+    "legacy" for the marker of versions without one."""
+    path = os.path.join(out, MANIFEST)
     try:
-        new.mkdir()
-        for name, content in files.items():
-            path = new / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            new_file(path, content.read_bytes() if isinstance(content, Path) else content)
-        with signals_held():
-            if out.exists():
-                os.replace(out, old)
-            os.replace(new, out)
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        if old.exists() and not out.exists():
-            os.replace(old, out)         # the previous site back in place
-        shutil.rmtree(new, ignore_errors=True)
-        raise
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MANIFEST_BYTES:
+            return None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data == LEGACY_MARKER:
+        return "legacy"
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return None
+    if not lines or lines[0] != MANIFEST_HEAD:
+        return None
+    listed = dict(line.partition(" ")[::2][::-1] for line in lines[1:])
+    return {name: digest for name, digest in listed.items() if _is_relative(name)}
+
+
+def _is_relative(name):
+    """Whether ``name`` is a plain relative path inside DIR (no "..", no absolute path)."""
+    parts = name.split("/")
+    return bool(name) and all(p not in ("", ".", "..") for p in parts) and "\\" not in name
+
+
+def _regular_inside(out, name):
+    """Whether DIR/``name`` is a regular file whose folders below DIR are real folders (no link
+    on the way: a link could lead out of DIR to files of the user's)."""
+    path = out
+    for part in name.split("/")[:-1]:
+        path = os.path.join(path, part)
+        if os.path.islink(path) or not os.path.isdir(path):
+            return False
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(out, name)).st_mode)
+    except OSError:
+        return False
+
+
+def _folders(names):
+    """Every folder (relative path) that holds one of ``names``."""
+    return {"/".join(n.split("/")[:k]) for n in names for k in range(1, n.count("/") + 1)}
+
+
+def check_folder(out, names, force):
+    """The files of DIR ``out`` that are the site's own (the manifest's, that exist) and that the
+    new site (``names``) lacks, to remove; ValueError naming DIR if the site may not be written
+    there (see above)."""
+    if not check_folder_path(out, "DIR"):
+        return []
+    listed = _manifest(out)
+    if listed == "legacy":
+        own = {n for n in names if n != MANIFEST and _regular_inside(out, n)}
+    else:
+        own = {n for n, digest in (listed or {}).items()
+               if _regular_inside(out, n) and file_sha256(os.path.join(out, n)) == digest}
+    if listed is not None:
+        own.add(MANIFEST)
+    taken = [n for n in names if n not in own and _blocked(out, n)]
+    if taken:
+        raise ValueError(f"DIR {out} holds {', '.join(taken[:3])}{' and more' if len(taken) > 3 else ''}, "
+                         "which numpy-attn site did not write (or which is not a regular file); it "
+                         "never replaces such a file, even with --force: move it away or choose "
+                         "another DIR (nothing was written)")
+    others = _others(out, "", own, _folders([*own, *names]))
+    if others and not force:
+        raise ValueError(f"DIR {out} holds files numpy-attn site did not write ({len(others)}, such as "
+                         f"{others[0]!r}); pass --force to write the site beside them (they are kept "
+                         "as they are), or choose a new or empty folder (nothing was written)")
+    return sorted(own - set(names))
+
+
+def _blocked(out, name):
+    """Whether writing DIR/``name`` would replace something: the name, or a folder on its way
+    that is not a real folder, exists."""
+    path = out
+    for part in name.split("/")[:-1]:
+        path = os.path.join(path, part)
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
+            return True
+    return os.path.lexists(os.path.join(out, name))
+
+
+def _others(out, prefix, own, folders):
+    """Every entry under DIR/``prefix`` that is not the site's: not a file of ``own``, and not one
+    of the site's ``folders`` (looked into instead)."""
+    found = []
+    for entry in sorted(os.listdir(os.path.join(out, prefix) if prefix else out)):
+        name = f"{prefix}{entry}"
+        path = os.path.join(out, name)
+        if name in own:
+            continue
+        if name in folders and os.path.isdir(path) and not os.path.islink(path):
+            found += _others(out, f"{name}/", own, folders)
+        else:
+            found.append(name)
+    return found
+
+
+def write_site(files, out, force=False):
+    """Write the site ``files`` ({relative path: bytes, or a Path to copy}) into the folder ``out``
+    as said above; never beside files of the user's without ``force``."""
+    out = os.fspath(out)
+    files = {name: content.read_bytes() if isinstance(content, Path) else content
+             for name, content in files.items()}
+    if MANIFEST in files or not all(map(_is_relative, files)):
+        raise ValueError(f"a site's file names are plain relative paths, {MANIFEST} not among them")
+    names = sorted(files) + [MANIFEST]
+    check_folder(out, names, force)                          # before taking the lock
+    with writer_lock(out, "numpy-attn site", "DIR"), signals_held():
+        stale = check_folder(out, names, force)              # again, now that it is ours
+        files[MANIFEST] = manifest(files)
+        # The pages, then the old pages the new site lacks, then the manifest: a kill that no
+        # code sees (SIGKILL) in the middle leaves a manifest listing only files the site wrote.
+        write_files(out, files, [*(n for n in sorted(files) if n != MANIFEST), *stale, MANIFEST])
+        for folder in sorted(_folders(stale) - _folders(files), reverse=True):
+            with contextlib.suppress(OSError):               # emptied by the old pages' removal
+                os.rmdir(os.path.join(out, *folder.split("/")))
+
+
+def manifest(files):
+    """The manifest of the site ``files`` ({relative path: bytes})."""
+    lines = [f"{hashlib.sha256(data).hexdigest()} {name}" for name, data in sorted(files.items())]
+    return "\n".join([MANIFEST_HEAD, *lines]).encode() + b"\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +508,7 @@ HELP = "a static site of every operation, to study from offline"
 EXAMPLES = """examples:
   python -m pytest && numpy-attn site site     the suite, then the site with its errors
   numpy-attn site site --strict                 warnings are errors (as in CI)
+  numpy-attn site ../pages --force              into a published site's checkout; its .git is kept
   chromium site/index.html                      read it; nothing is fetched
 """
 
@@ -380,8 +518,14 @@ def add_arguments(p):
                      "order, each with the equations typeset, the backward step by step, the largest "
                      "errors the parity suite measured (test-errors.json, written by python -m pytest), "
                      "the pictures of docs/images, and the NumPy file beside the torch file. No script, no "
-                     "font, nothing fetched. DIR is replaced only if this command wrote it."), EXAMPLES)
-    p.add_argument("out", metavar="DIR", help="folder to write (new, empty, or an earlier site)")
+                     "font, nothing fetched. DIR is written into, never replaced: the command replaces "
+                     "or removes only the files it wrote there (listed in DIR/.numpy-attn-site), all at "
+                     "once, and keeps every other file."), EXAMPLES)
+    p.add_argument("out", metavar="DIR", help="folder to write (new, empty, an earlier site, or with --force "
+                   "one holding other files; a symlink's target)")
+    p.add_argument("--force", action="store_true",
+                   help="write the site into a DIR that holds files it did not write (a notes.txt, a "
+                        "published site's .git); they are kept as they are, never replaced or removed")
     p.add_argument("--errors", metavar="FILE", default=None,
                    help="the parity suite's test-errors.json (default: the checkout's, written by python -m "
                         "pytest, if there is one)")
@@ -393,12 +537,14 @@ def run(args, out=None):
     out = sys.stdout if out is None else out
     if args.errors is not None and not Path(args.errors).is_file():
         raise ValueError(f"--errors {args.errors!r}: no such file (python -m pytest writes test-errors.json)")
+    check_folder(args.out, [MANIFEST], args.force)     # before the pages are built
     files, warnings = build(DEFAULT_ERRORS if args.errors is None else args.errors)
     for warning in warnings:
         print(f"numpy-attn site: warning: {warning}", file=sys.stderr)
     if warnings and args.strict:
         raise ValueError(f"{len(warnings)} warnings and --strict: nothing written")
-    write_site(files, args.out)
+    with termination_raises():                         # SIGTERM, SIGHUP: the lock released, all undone
+        write_site(files, args.out, args.force)
     pages = sum(name.endswith(".html") for name in files)
     print(f"wrote {args.out} ({pages} pages; open {Path(args.out) / 'index.html'})", file=out)
     return 0

@@ -33,9 +33,7 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sys
-import threading
 import time
 
 import ml_dtypes
@@ -49,6 +47,7 @@ from attn_cli.checkpoint import (
     PLOT,
     check_out,
     save_checkpoint,
+    termination_raises,
     writer_lock,
 )
 from numpy_attn import optim
@@ -212,28 +211,8 @@ def run(args):
     _check_arguments(args)
     data = _prepare(args)                 # the corpus and the model's sizes, then --out: all of it
     check_out(args.out, args.force)       # before spending a minute on training
-    with _termination_raises(), limit_blas_threads(args.threads, required=True), writer_lock(args.out):
+    with termination_raises(), limit_blas_threads(args.threads, required=True), writer_lock(args.out):
         return _train(args, *data)
-
-
-@contextlib.contextmanager
-def _termination_raises():
-    """SIGTERM and SIGHUP end the run by SystemExit (status 128 + the signal), as Ctrl-C does by
-    KeyboardInterrupt, so that the lock is released and a folder this run created but did not
-    fill is removed; their default would end the process on the spot."""
-    def leave(signum, frame):
-        raise SystemExit(128 + signum)
-
-    names = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {getattr(signal, s): signal.signal(getattr(signal, s), leave) for s in names}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _check_arguments(args):

@@ -8,7 +8,9 @@ the numpy_attn of git revision REV, checked out in a temporary ``git worktree``.
 Exit status: 0 when every requested row was measured or reported as not available (also when
 stdout is closed early, as by ``| head``), 1 when an implementation disagrees with NumPy
 (nothing is timed then) or a timing worker fails, 2 for a bad option, an unknown op or a file
-that cannot be read or written.
+that cannot be read or written; 128 + the signal when stopped by SIGINT (Ctrl-C), SIGTERM or
+SIGHUP, after one line on stderr and no traceback: the timing workers are stopped, ``--against``'s
+worktree and temporary folder removed, and each output file is whole or as it was.
 """
 
 import argparse
@@ -18,6 +20,7 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,12 +28,13 @@ import textwrap
 import time
 from pathlib import Path
 
+from attn_cli.checkpoint import Terminated, signals_held, termination_raises
 from attn_cli.term import Progress
 from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
 from benchmarks.machine import ROOT, USABLE_CPUS
 from benchmarks.registry import IMPLS, MODES, Size
-from benchmarks.workers import Worker, revision_tree
+from benchmarks.workers import Worker, check_repository, revision_tree
 
 # Not ops of the registry: decoding, timed by benchmarks/decode.py, decode_cache.py and decode_hf.py;
 # each runs alone. {name: what it measures}, and {name: (run(args, argv) -> results, table_lines(results))}.
@@ -108,7 +112,8 @@ def build_parser():
         f"gpt_step is the loss (fwd) and the loss with every parameter's gradient (fwd+bwd) of a\n"
         f"{registry.GPT_LAYERS}-layer GPT with a {registry.GPT_VOCAB}-token vocabulary.\n"
         "exit status: 0 done (rows that cannot run are listed as not available), 1 parity\n"
-        "failure or a failed timing worker, 2 bad option.",
+        "failure or a failed timing worker, 2 bad option, 128 + the signal when stopped by\n"
+        "SIGINT, SIGTERM or SIGHUP (--against's worktree and temporary folder removed).",
     )
     f = FULL
     p.add_argument("--ops", nargs="+", default=[], metavar="OP",
@@ -175,7 +180,8 @@ def build_parser():
                    f"B={QUICK['batch']}, nh={QUICK['heads']}, hs={QUICK['head_size']}, "
                    f"{QUICK['repeats']} samples, 1 thread); explicit options still win")
     p.add_argument("--json", metavar="FILE", help="write every row, the machine and the settings as JSON "
-                   "(missing folders are created; every output path is checked before measuring)")
+                   "(missing folders are created; every output path is checked before measuring: two outputs "
+                   "to one file, or one over the --from-json file, are refused)")
     p.add_argument("--csv", metavar="FILE", help="write one CSV line per row")
     p.add_argument("--markdown", metavar="FILE",
                    help="write the table as Markdown (for the README), header lines first")
@@ -401,9 +407,31 @@ def measure(ops, args, argv):
     )
 
 
+def _same_file(a, b):
+    """Whether the paths ``a`` and ``b`` name one file (through links, ``..``, or hard links)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                                # one of them does not exist yet
+        return False
+
+
 def _check_outputs(parser, args):
-    """Fail now, not after a long run, when an output cannot be written."""
-    for path in map(Path, filter(None, (args.json, args.csv, args.markdown, args.plot))):
+    """Fail now, not after a long run, when an output cannot be written: two outputs to one file
+    (the second would replace the first), an output over the --from-json file it reads, a folder,
+    a file that exists without --force, a folder where no file can be created."""
+    outputs = [(option, path) for option, path in (("--json", args.json), ("--csv", args.csv),
+                                                   ("--markdown", args.markdown), ("--plot", args.plot)) if path]
+    for k, (option, path) in enumerate(outputs):
+        for other, other_path in outputs[:k]:
+            if _same_file(path, other_path):
+                parser.error(f"{other} {other_path} and {option} {path} are one file: the second would "
+                             "replace the first; give each output its own file")
+        if args.from_json and _same_file(path, args.from_json):
+            parser.error(f"{option} {path} is the file --from-json reads: writing it would replace the "
+                         "saved run; give the output another file")
+    for path in (Path(path) for _, path in outputs):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -413,11 +441,12 @@ def _check_outputs(parser, args):
         if path.exists() and not args.force:
             parser.error(f"{path} exists; pass --force to overwrite it")
         try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
-            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-            try:
-                os.close(fd)
-            finally:
-                os.unlink(probe)
+            with signals_held():               # a signal now would leave the probe behind
+                fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+                try:
+                    os.close(fd)
+                finally:
+                    os.unlink(probe)
         except OSError as err:
             parser.error(f"cannot write {path}: {err.strerror or err}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -474,13 +503,21 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = _run(parser, args, argv)
-        sys.stdout.flush()                         # here, not at exit, where a closed pipe is a traceback
+        with termination_raises():                 # SIGTERM, SIGHUP: cleaned up as for Ctrl-C
+            status = _run(parser, args, argv)
+            sys.stdout.flush()                     # here, not at exit, where a closed pipe is a traceback
         return status
     except BrokenPipeError:        # stdout closed early (``| head``): the files are already written
         with contextlib.suppress(OSError, ValueError):   # a test's StringIO has no descriptor
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (KeyboardInterrupt, Terminated) as stop:
+        # The timing workers are killed, --against's worktree and temporary folder removed, each
+        # output file whole or as it was: one line says so, no traceback.
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"python -m benchmarks: stopped by {signal.Signals(signum).name}; nothing is left "
+              "half-written (temporary worktree and files removed)", file=sys.stderr)
+        return 128 + signum
 
 
 def _run(parser, args, argv):
@@ -514,6 +551,10 @@ def _run(parser, args, argv):
     if (generation or args.from_json and not report.is_op_run(results)) and (args.csv or args.plot):
         return _fail("--csv and --plot draw op runs; this run has only its report (--json, --markdown)")
     if args.against and not args.from_json:
+        try:
+            check_repository()
+        except ValueError as err:
+            return _fail(err)
         commit = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"],
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip()
         if not commit:

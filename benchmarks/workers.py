@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attn_cli.checkpoint import signals_held
 from benchmarks.machine import ROOT
 
 PREFIX = "BENCH "                          # before each record a worker writes on stdout
@@ -115,17 +116,41 @@ class Worker:
 HARNESS_HELPERS = ("_tree.py", "_threads.py")
 
 
+def check_repository():
+    """ValueError unless the folder of this checkout (ROOT) is the top of its own git work tree:
+    a copy without .git inside another repository would otherwise check out that repository's
+    revision (and register a worktree there)."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60)
+    except FileNotFoundError:
+        raise ValueError("--against needs git, which is not installed") from None
+    top = result.stdout.strip()
+    if result.returncode == 0 and top and os.path.samefile(top, ROOT):
+        return
+    where = f"it lies inside the repository at {top}" if result.returncode == 0 and top else "it has no .git"
+    raise ValueError(f"--against checks out a revision of this checkout's own git repository, and "
+                     f"{ROOT} is not the top of one ({where})")
+
+
 @contextlib.contextmanager
 def revision_tree(rev):
     """A folder whose ``numpy_attn`` is the package at git revision ``rev``: a detached
     ``git worktree`` in a fresh temporary folder, removed and unregistered afterwards, also when
-    interrupted. Nothing outside that folder is written, moved or deleted but git's own record
-    of the worktree (which ``git worktree remove`` deletes again)."""
-    folder = Path(tempfile.mkdtemp(prefix="numpy-attn-bench-"))
-    tree = folder / "tree"
+    interrupted: SIGINT, SIGTERM and SIGHUP (the caller has ``termination_raises`` make the last
+    two raise) are held while the worktree is made and while it is removed, so that git is never
+    cut in the middle, and then act. Nothing outside that folder is written, moved or deleted but
+    git's own record of the worktree (which ``git worktree remove`` deletes again). Refused
+    (ValueError) where this checkout is not its git repository's top (``check_repository``)."""
+    check_repository()
+    folder = None
     try:
-        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT,
-                       check=True, capture_output=True, text=True, timeout=120)
+        with signals_held():
+            folder = Path(tempfile.mkdtemp(prefix="numpy-attn-bench-"))
+            tree = folder / "tree"
+            # Its own session: a Ctrl-C at the terminal reaches this process only, not git.
+            subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT,
+                           check=True, capture_output=True, text=True, timeout=120, start_new_session=True)
         for helper in HARNESS_HELPERS:             # lent to revisions older than them
             if not (tree / "numpy_attn" / helper).exists():
                 shutil.copyfile(ROOT / "numpy_attn" / helper, tree / "numpy_attn" / helper)
@@ -133,6 +158,24 @@ def revision_tree(rev):
         (folder / "path" / "numpy_attn").symlink_to(tree / "numpy_attn", target_is_directory=True)
         yield str(folder / "path")
     finally:
+        if folder is not None:
+            with signals_held():
+                _remove_tree(folder)
+
+
+def _remove_tree(folder):
+    """Unregister the worktree ``folder``/tree and delete ``folder``: by ``git worktree remove``,
+    and where git could not (a worktree half made), by deleting git's record of this worktree
+    alone (the folder its .git file names, under the repository's worktrees)."""
+    tree = folder / "tree"
+    record = None
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        text = (tree / ".git").read_text(encoding="utf-8").strip()
+        if text.startswith("gitdir: "):
+            record = Path(text[len("gitdir: "):])
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                       capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+                       capture_output=True, timeout=120, start_new_session=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    if record is not None and record.parent.name == "worktrees" and record.is_dir():
+        shutil.rmtree(record, ignore_errors=True)

@@ -12,6 +12,8 @@ import io
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 
 from benchmarks import _worker, calls, cli, measure, parity, registry, report, workers
 from benchmarks.registry import Size
+from parity_tests.interrupt_kit import Interrupter, default_signals, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--quick", "--ops", "softmax", "--seq-lens", "8", "16", "--batch", "1", "--heads", "2",
@@ -230,6 +233,103 @@ def test_revision_tree_cleans_up_when_interrupted(monkeypatch, step):
     assert real_run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
 
 
+STOP_AT = """
+import os, signal, sys
+from pathlib import Path
+from benchmarks import cli, workers
+step, signum = sys.argv[1], getattr(signal, sys.argv[2])
+
+def fire(at):
+    if step == at:
+        os.kill(os.getpid(), signum)
+
+real_run, real_mkdtemp = workers.subprocess.run, workers.tempfile.mkdtemp
+real_symlink, real_worker = Path.symlink_to, workers.Worker.__init__
+
+def run(command, **kw):
+    fire(" ".join(command[:3]))                    # "git worktree add", "git worktree remove"
+    result = real_run(command, **kw)
+    fire("after " + " ".join(command[:3]))
+    return result
+
+def mkdtemp(**kw):
+    fire("mkdtemp")
+    return real_mkdtemp(**kw)
+
+def symlink_to(self, *args, **kw):
+    fire("symlink")
+    return real_symlink(self, *args, **kw)
+
+def worker(self, job, progress=None, pythonpath=None, label=None):
+    real_worker(self, job, progress, pythonpath, label)
+    if pythonpath:
+        fire("timing")                             # the revision's worker is running
+
+workers.subprocess.run, workers.tempfile.mkdtemp = run, mkdtemp
+Path.symlink_to, workers.Worker.__init__ = symlink_to, worker
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_at_every_step_of_against_cleans_up(tmp_path, signame):
+    """The review's case (SIGTERM left a registered worktree and a temporary folder; Ctrl-C a
+    traceback): a real run sent the signal at each step of --against, from the temporary folder's
+    creation to the worktree's removal. It ends with one line and status 128 + the signal; no
+    worktree is registered, no temporary folder or output left, the checkout as it was."""
+    signum = getattr(signal, signame)
+    before, status = _worktrees(), subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
+                                                  capture_output=True, text=True).stdout
+    steps = ["mkdtemp", "git worktree add", "after git worktree add", "symlink", "timing", "git worktree remove"]
+    for step in steps:
+        tmp = tmp_path / step.replace(" ", "-")
+        tmp.mkdir()
+        (tmp / "notes.txt").write_text("mine")
+        with default_signals():
+            result = subprocess.run([sys.executable, "-c", STOP_AT, step, signame, *TINY, "--seq-lens", "8",
+                                     "--impls", "numpy", "--against", "HEAD", "--json", str(tmp / "run.json")],
+                                    capture_output=True, text=True, cwd=ROOT, timeout=300,
+                                    env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)})
+        where = f"{signame} at {step}"
+        assert result.returncode == 128 + signum, (where, result.returncode, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (where, result.stderr[-3000:])
+        assert result.stderr.splitlines()[-1] == (
+            f"python -m benchmarks: stopped by {signame}; nothing is left half-written (temporary "
+            "worktree and files removed)"), where
+        assert sorted(os.listdir(tmp)) == ["notes.txt"], where
+        # Other checkouts of the repository may add and remove worktrees meanwhile: only ours count.
+        assert not [w for w in _worktrees() - before if str(tmp) in w], where
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == status
+
+
+@pytest.mark.parametrize("inside", ["another repository", "no repository"])
+def test_against_outside_its_own_repository_is_refused(tmp_path, inside):
+    """A copy of the project without .git: inside another repository, --against checked out that
+    repository's revision; now either is refused in one line, and nothing is registered."""
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    if inside == "another repository":
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(outer)]
+        subprocess.run([*git, "init", "-q"], check=True)
+        (outer / "README").write_text("another project")
+        subprocess.run([*git, "add", "README"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "another project"], check=True)
+    copy = outer / "copy"
+    for package in ("attn_cli", "benchmarks", "numpy_attn", "torch_attn"):
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([sys.executable, "-m", "benchmarks", *TINY, "--against", "HEAD"], cwd=copy,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(copy), "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    err = _one_line_error(result)
+    assert f"--against checks out a revision of this checkout's own git repository, and {copy} is not the top " \
+           "of one" in err, err
+    assert ("it lies inside the repository at " + str(outer)) in err if inside == "another repository" \
+        else "it has no .git" in err
+    if inside == "another repository":
+        listing = subprocess.run(["git", "-C", str(outer), "worktree", "list"], capture_output=True, text=True)
+        assert len(listing.stdout.splitlines()) == 1, listing.stdout
+
+
 def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
@@ -356,6 +456,91 @@ def test_unwritable_output_is_refused_before_measuring(monkeypatch, capsys, opti
         cli.main(TINY + [option, "/proc/x.out"])
     assert exit_info.value.code == 2 and measured == []
     assert "cannot write /proc/x.out" in capsys.readouterr().err
+
+
+def _op_run():
+    """A committed op run (it has CSV rows and a Markdown table), to re-render."""
+    return next(p for p in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+                if report.is_op_run(json.loads(p.read_text())))
+
+
+@pytest.mark.parametrize("second", ["same path", "through a link", "through ..", "hard link"])
+@pytest.mark.parametrize("first_option, second_option", [("--json", "--markdown"), ("--csv", "--json"),
+                                                         ("--markdown", "--csv")])
+def test_two_outputs_to_one_file_are_refused(tmp_path, monkeypatch, capsys, first_option, second_option, second):
+    """The review's case, --from-json R --json F --markdown F, wrote F twice and lost the JSON:
+    refused before anything is written, naming both options; the file there is kept."""
+    first = tmp_path / "out" / "F"
+    first.parent.mkdir()
+    first.write_text("the user's file\n")
+    other = {"same path": first, "through a link": tmp_path / "link",
+             "through ..": tmp_path / "out" / ".." / "out" / "F", "hard link": tmp_path / "hard"}[second]
+    if second == "through a link":
+        os.symlink(first, other)
+    elif second == "hard link":
+        os.link(first, other)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--from-json", str(_op_run()), first_option, str(first), second_option, str(other), "--force"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    named = sorted([f"{first_option} {first}", f"{second_option} {other}"], key=lambda o: err.index(o))
+    assert f"error: {named[0]} and {named[1]} are one file: the second would replace the first" in err, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--csv"])
+def test_an_output_over_the_file_from_json_reads_is_refused(tmp_path, capsys, option):
+    saved = tmp_path / "run.json"
+    saved.write_bytes(_op_run().read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--from-json", str(saved), option, str(saved), "--force"])
+    assert exit_info.value.code == 2
+    assert f"{option} {saved} is the file --from-json reads" in capsys.readouterr().err
+    assert saved.read_bytes() == _op_run().read_bytes()
+
+
+def test_an_interruption_at_every_step_of_the_outputs_keeps_every_file(tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt instead of the k-th file-system call of --json, --csv and --markdown over
+    the user's files, for every k: each holds its old content or its new one whole (each file is
+    written alone, one after the other), the saved run read and every other file are kept, and
+    nothing is left but the one file whose clean-up was cut."""
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(_op_run().read_bytes())
+    argv = ["--from-json", str(saved), "--force"]
+    outs = {"--json": tmp_path / "o" / "run.json", "--csv": tmp_path / "o" / "run.csv",
+            "--markdown": tmp_path / "o" / "run.md"}
+    outs["--json"].parent.mkdir()
+    for option, path in outs.items():
+        argv += [option, str(path)]
+    assert cli.main(argv) == 0
+    new = {option: path.read_bytes() for option, path in outs.items()}
+    k = 0
+    while True:
+        k += 1
+        for option, path in outs.items():
+            path.write_text(f"the user's old {option}\n")
+        (tmp_path / "o" / "notes.txt").write_text("mine")
+        before = snapshot(tmp_path)
+        with monkeypatch.context() as m:
+            interrupter = Interrupter(m, k)
+            status = cli.main(argv)            # KeyboardInterrupt: one line, status 130
+        assert status in (0, 128 + signal.SIGINT), status
+        done = status == 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and ("stopped by SIGINT" in err) != done, err
+        where = f"interrupted at call {k} ({interrupter.hit and interrupter.hit[0]})"
+        after = snapshot(tmp_path)
+        for option, path in outs.items():
+            rel = os.path.relpath(path, tmp_path)
+            assert after.pop(rel)[1] in (before.pop(rel)[1], new[option]), f"{where}: {option} is a mixture"
+        left = {p: v for p, v in after.items() if before.get(p) != v}
+        if interrupter.hit and interrupter.hit[0] == "unlink":
+            left.pop(os.path.relpath(interrupter.hit[1][0], tmp_path), None)
+        assert not left and set(before) <= set(after), f"{where}: {sorted(left)}, {sorted(set(before) - set(after))}"
+        if done:
+            break
+    assert k > 12, f"only {k - 1} calls: the harness does not see the writes"
 
 
 def test_help_explains_every_option():

@@ -27,26 +27,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_cli import checkpoint, cli, train
+from attn_cli import checkpoint, cli
 from numpy_attn._tree import flatten
 from numpy_attn.gpt import GPTConfig, init_gpt_params
+from parity_tests import interrupt_kit
+from parity_tests.interrupt_kit import Interrupter
+from parity_tests.interrupt_kit import snapshot as _snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)
 RUN_FILES = ("model.npz", "config.json", "loss.png")
-# The file-system calls a save may make; the harness below counts them and interrupts one.
-CALLS = ("open", "write", "fsync", "close", "replace", "rename", "link", "unlink", "remove", "mkdir", "rmdir")
 
 
 @pytest.fixture
 def ctrl_c_raises():
-    """SIGINT handled as an interactive Python handles it (KeyboardInterrupt) for one test, whatever
-    this process inherited: a shell starts a background job (`pytest &`, a CI step) with SIGINT
-    ignored, Python then leaves it ignored, and so would a `numpy-attn train` started from here, as
-    ignored dispositions survive exec (a handler does not: the child gets its own default)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+    """SIGINT raises KeyboardInterrupt for one test, and in the commands it starts (the kit says why)."""
+    with interrupt_kit.default_signals():
+        yield
 
 
 def _run(seed, plot=b"plot", steps=1):
@@ -65,25 +62,6 @@ def _save(out, seed, force=True, plot=b"plot", steps=1):
     return files
 
 
-def _snapshot(root):
-    """{relative path: what it is} of everything under ``root``, links not followed: a file's
-    bytes and mode, a link's target, a folder's mode."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            st_ = os.lstat(path)
-            if stat.S_ISLNK(st_.st_mode):
-                found[os.path.relpath(path, root)] = ("link", os.readlink(path))
-                if name in dirs:
-                    dirs.remove(name)                          # not followed
-            elif stat.S_ISDIR(st_.st_mode):
-                found[os.path.relpath(path, root)] = ("folder", stat.S_IMODE(st_.st_mode))
-            else:
-                found[os.path.relpath(path, root)] = ("file", Path(path).read_bytes(), stat.S_IMODE(st_.st_mode))
-    return found
-
-
 def _users_files(folder):
     """Files of the user's beside a run: one named like a run file in a subfolder, one named like
     the save's own hidden files, a link, an empty folder."""
@@ -97,31 +75,6 @@ def _users_files(folder):
     (folder / ".run.lock").write_text("named like the old lock file")
     (folder / "empty").mkdir()
     os.symlink("notes.txt", folder / "notes-link")
-
-
-def _interrupt():
-    raise KeyboardInterrupt("interrupted")
-
-
-class Interrupter:
-    """Replaces the os functions in CALLS by counting wrappers; before the ``k``-th call (from 1)
-    ``act()`` runs: by default it raises KeyboardInterrupt, so that the call is not made.
-    ``calls`` lists the calls, ``hit`` is the k-th."""
-
-    def __init__(self, monkeypatch, k, act=_interrupt):
-        self.k, self.calls, self.hit, self.act = k, [], None, act
-        for name in CALLS:
-            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
-        monkeypatch.setattr(checkpoint, "open", self._wrap("builtin open", open), raising=False)
-
-    def _wrap(self, name, real):
-        def call(*args, **kwargs):
-            self.calls.append((name, args))
-            if len(self.calls) == self.k:
-                self.hit = (name, args)
-                self.act()
-            return real(*args, **kwargs)
-        return call
 
 
 def _check_after(out, before, old, new, where, hit):
@@ -271,7 +224,7 @@ def test_a_signal_during_the_save_is_held_until_it_ends(tmp_path, monkeypatch, c
             old = _save(out, seed=1)
             args, draw, new = _run(seed=2, steps=2)
             raised = None
-            with monkeypatch.context() as m, train._termination_raises():
+            with monkeypatch.context() as m, checkpoint.termination_raises():
                 unheld = signal.getsignal(signum)
 
                 def send(held=held, signum=signum, unheld=unheld):

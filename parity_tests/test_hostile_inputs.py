@@ -424,7 +424,7 @@ READERS = {
     "attn_cli/hf/files.py:_read_safetensors": ("safetensors file",),
     "attn_cli/checkpoint.py:_headers": ("train checkpoint",),
     "attn_cli/checkpoint.py:load_checkpoint": ("train checkpoint",),
-    "attn_cli/checkpoint.py:_sha256": ("train checkpoint",),
+    "attn_cli/checkpoint.py:file_sha256": ("train checkpoint",),
     "attn_cli/checkpoint.py:is_run_config": ("train --out folder",),
     "attn_cli/checkpoint.py:_keep": ("train --out folder",),
 }

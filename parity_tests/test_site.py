@@ -1,20 +1,28 @@
 """Tests for ``numpy-attn site`` (attn_cli/site.py, attn_cli/mathml.py): one page per operation in
 the reading order, readable offline, equations as MathML, the backward step by step, the errors
-of the suite's report, the pictures, the two files side by side; the folder is written so that an
-interruption leaves the previous site or the new one, and a user's folder is never replaced."""
+of the suite's report, the pictures, the two files side by side; DIR is written into, never
+replaced: the site's own files (its manifest's) are replaced all or none, whatever is interrupted
+when, and every file of the user's there is kept."""
 
 import ast
 import contextlib
+import hashlib
 import html
 import io
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import numpy_attn
-from attn_cli import cli, mathml, show, site
+from attn_cli import checkpoint, cli, mathml, show, site
+from parity_tests.interrupt_kit import Interrupter, default_signals, snapshot
 
 ROOT = Path(numpy_attn.__file__).resolve().parent.parent
 
@@ -192,82 +200,349 @@ def test_the_page_prose_is_wrapped_by_the_browser(built):
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing the folder.
+# Writing the folder: DIR is the user's (the module's "Writing" comment says how it is written).
 
-def files(tag):
-    return {"index.html": f"index {tag}".encode(), "a.html": f"a {tag}".encode(),
-            "images/p.png": f"png {tag}".encode(), site.MARKER: b"marker\n"}
-
-
-def contents(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+OLD = {"index.html": b"index old", "a.html": b"a old", "style.css": b"css old", "images/p.png": b"png old"}
+NEW = {"index.html": b"index new", "b.html": b"b new", "style.css": b"css new", "images/p.png": b"png new",
+       "images/q.png": b"png q new"}          # a.html gone (an operation renamed), b.html and q.png new
+SITE_NAMES = {*OLD, *NEW, site.MANIFEST}
 
 
-def test_a_folder_it_did_not_write_is_refused(tmp_path):
-    mine = tmp_path / "notes"
-    mine.mkdir()
-    (mine / "thesis.txt").write_text("my own words")
-    with pytest.raises(ValueError, match="exists and is not a site numpy-attn site wrote"):
-        site.write_site(files("new"), mine)
-    assert contents(mine) == {"thesis.txt": b"my own words"}
-    (tmp_path / "plain-file").write_text("mine")
-    with pytest.raises(ValueError, match="exists and is not a site"):
-        site.write_site(files("new"), tmp_path / "plain-file")
-    assert (tmp_path / "plain-file").read_text() == "mine"
-    with pytest.raises(ValueError, match="does not exist"):
-        site.write_site(files("new"), tmp_path / "no" / "such")
+def manifest_of(files):
+    """The manifest a site of ``files`` ({name: bytes}) writes: each file's SHA-256 and name."""
+    lines = [f"{hashlib.sha256(files[name]).hexdigest()} {name}" for name in sorted(files)]
+    return ("\n".join([site.MANIFEST_HEAD, *lines]) + "\n").encode()
 
 
-def test_an_earlier_site_is_replaced_whole(tmp_path):
+def site_files(folder):
+    """{name: bytes} of the site's names present in ``folder`` (the manifest included)."""
+    return {n: (Path(folder) / n).read_bytes() for n in SITE_NAMES if (Path(folder) / n).is_file()}
+
+
+def users_files(folder):
+    """What a user keeps in a site's folder: notes, a published site's .git, a file in the site's
+    own images folder, one named like the writer's hidden files, a link, an empty folder."""
+    folder = Path(folder)
+    (folder / "notes.txt").write_text("mine")
+    (folder / ".git" / "objects").mkdir(parents=True)
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/gh-pages\n")
+    (folder / ".git" / "objects" / "ab").write_bytes(b"an object")
+    (folder / "images").mkdir(exist_ok=True)
+    (folder / "images" / "mine.png").write_bytes(b"the user's picture")
+    (folder / ".index.html.0123abcd.new").write_text("named like a new file of the writer")
+    (folder / "empty").mkdir()
+    os.symlink("notes.txt", folder / "notes-link")
+
+
+def users_part(snap):
+    return {p: v for p, v in snap.items() if p not in SITE_NAMES}
+
+
+def test_a_folder_holding_the_users_files_needs_force_and_keeps_them(tmp_path):
+    """The review's case: a notes.txt and a .git added to an earlier site. Refused without
+    --force, nothing touched; with --force the site is replaced and every file of the user's kept."""
     out = tmp_path / "site"
-    site.write_site(files("old"), out)
-    (out / "stale.html").write_bytes(b"from an older version")
-    site.write_site(files("new"), out)
-    assert contents(out) == {k: v for k, v in files("new").items()}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["site"], "no folder left beside it"
+    site.write_site(OLD, out)
+    assert site_files(out) == {**OLD, site.MANIFEST: manifest_of(OLD)}
+    users_files(out)
+    before, before_out = snapshot(tmp_path), snapshot(out)
+    with pytest.raises(ValueError, match=r"holds files numpy-attn site did not write \(6, such as "
+                                         r"'\.git'\); pass --force to write the site beside them"):
+        site.write_site(NEW, out)
+    assert snapshot(tmp_path) == before
+    site.write_site(NEW, out, force=True)
+    assert site_files(out) == {**NEW, site.MANIFEST: manifest_of(NEW)}, "a.html, the old site's, is removed"
+    assert users_part(snapshot(out)) == users_part(before_out), "a file of the user's changed"
+    assert set(snapshot(tmp_path)) - set(before) == {"site/b.html", "site/images/q.png"}
 
 
-@pytest.mark.parametrize("signal", [KeyboardInterrupt, SystemExit])
-def test_an_interruption_at_any_step_leaves_the_old_site_or_the_new(tmp_path, monkeypatch, signal):
-    """Interrupted at each file operation in turn: the user's file beside it is untouched, and the
-    folder holds the previous site or the new one, whole."""
-    steps, stop = [], {"at": None}
+@pytest.mark.parametrize("make, message", [
+    (lambda d: (d / "index.html").write_text("my own page"), "holds index.html, which numpy-attn site did not write"),
+    (lambda d: (d / "images").write_text("a file"), "holds images/p.png, images/q.png, which"),
+    (lambda d: os.symlink("elsewhere", d / "b.html"), "holds b.html, which"),
+    (lambda d: (d / "style.css").mkdir(), "holds style.css, which"),
+    (lambda d: (d / site.MANIFEST).write_text("my notes"), f"holds {site.MANIFEST}, which"),
+])
+def test_a_file_the_site_did_not_write_is_never_replaced(tmp_path, make, message):
+    """At a name the site writes: a file, a folder or a link of the user's is refused even with
+    --force; nothing is written."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    make(out)
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=message + ".*even with --force"):
+        site.write_site(NEW, out, force=True)
+    assert snapshot(tmp_path) == before
 
-    def interrupting(real):
-        def call(*args, **kwargs):
-            steps.append(real.__name__)
-            if len(steps) == stop["at"]:
-                raise signal
-            return real(*args, **kwargs)
-        return call
 
-    for name, owner in (("replace", site.os), ("new_file", site), ("rmtree", site.shutil)):
-        monkeypatch.setattr(owner, name, interrupting(getattr(owner, name)))
-    monkeypatch.setattr(Path, "mkdir", interrupting(Path.mkdir))
-    out, mine = tmp_path / "site", tmp_path / "mine.txt"
-    new_files = {**files("new"), "images/q.png": ROOT / "docs" / "images" / "rope_rotation.png"}
-    expected_new = {**files("new"), "images/q.png": new_files["images/q.png"].read_bytes()}
-    site.write_site(files("old"), out)
-    steps.clear()
-    site.write_site(new_files, out)
-    total = len(steps)
-    assert total >= 8, steps
-    for stop_at in range(1, total + 1):
-        stop["at"] = None
-        site.write_site(files("old"), out)
-        mine.write_text("my file")
-        steps.clear()
-        stop["at"] = stop_at
-        with pytest.raises(signal):
-            site.write_site(new_files, out)
-        stop["at"] = None
-        assert mine.read_text() == "my file", f"stopped at step {stop_at}"
-        assert contents(out) in (files("old"), expected_new), f"stopped at step {stop_at} ({steps})"
-        leftovers = [p for p in tmp_path.iterdir() if p.name not in ("site", "mine.txt")]
-        if leftovers:                     # only an interrupted clean-up leaves the old copy
-            assert [p.name for p in leftovers] == [f".site.old-{site.os.getpid()}"], leftovers
-            assert contents(out) == expected_new and steps[-1] == "rmtree"
-            site.shutil.rmtree(leftovers[0])
+def test_a_file_the_site_wrote_is_not_the_users(tmp_path):
+    """A listed page the user put a link or a folder in place of is refused too; a manifest entry
+    leading out of DIR (by "..", or through a linked folder) removes nothing."""
+    out, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    site.write_site(OLD, out)
+    elsewhere.mkdir()
+    (elsewhere / "p.png").write_text("the user's, elsewhere")
+    (tmp_path / "secret.txt").write_text("the user's, beside")
+    (out / site.MANIFEST).write_bytes(manifest_of({**OLD, "../secret.txt": b"the user's, beside",
+                                                   "linked/p.png": b"the user's, elsewhere"}))
+    os.symlink(elsewhere, out / "linked")
+    site.write_site(NEW, out, force=True)
+    assert (elsewhere / "p.png").read_text() == "the user's, elsewhere"
+    assert (tmp_path / "secret.txt").read_text() == "the user's, beside"
+    assert os.readlink(out / "linked") == str(elsewhere)
+
+
+def test_a_page_the_user_edited_is_the_users(tmp_path):
+    """A listed page whose content is no longer what the site wrote (its SHA-256 differs) is the
+    user's: refused at a name the new site writes, even with --force; elsewhere kept, with --force."""
+    out = tmp_path / "site"
+    site.write_site(OLD, out)
+    (out / "a.html").write_text("my notes on a")                # a.html: the new site has none
+    with pytest.raises(ValueError, match=r"did not write \(1, such as 'a.html'\); pass --force"):
+        site.write_site(NEW, out)
+    site.write_site(NEW, out, force=True)
+    assert (out / "a.html").read_text() == "my notes on a"
+    (out / "index.html").write_text("my own index")
+    with pytest.raises(ValueError, match="holds a.html, index.html, which numpy-attn site did not write.*"
+                                         "even with --force"):
+        site.write_site(OLD, out, force=True)
+    assert (out / "index.html").read_text() == "my own index"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "is a file, not a folder"), ("dangling link", "is a symlink to .*gone, which does not exist"),
+    ("no parent", "DIR .*no/such: the folder .* does not exist"),
+])
+def test_a_dir_that_cannot_be_a_site_is_named(tmp_path, where, message):
+    out = tmp_path / ("no/such" if where == "no parent" else "out")
+    if where == "file":
+        out.write_text("mine")
+    elif where == "dangling link":
+        os.symlink(tmp_path / "gone", out)
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        site.write_site(NEW, out, force=True)
+    assert snapshot(tmp_path) == before
+
+
+def test_an_earlier_sites_marker_without_a_manifest(tmp_path):
+    """An older version's site (its marker lists nothing): the files at the new site's names are
+    its own; any other file is kept, and makes --force needed."""
+    out = tmp_path / "site"
+    out.mkdir()
+    for name, data in OLD.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(data)
+    (out / site.MANIFEST).write_bytes(site.LEGACY_MARKER)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"did not write \(2, such as 'a.html'\)"):
+        site.write_site(NEW, out)
+    site.write_site(NEW, out, force=True)
+    assert site_files(out) == {**NEW, "a.html": b"a old", site.MANIFEST: manifest_of(NEW)}
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_symlinked_dir_stays_a_link(tmp_path):
+    real = tmp_path / "store" / "real"
+    real.mkdir(parents=True)
+    site.write_site(OLD, real)
+    os.symlink(real, tmp_path / "link")
+    site.write_site(NEW, tmp_path / "link")
+    assert os.readlink(tmp_path / "link") == str(real)
+    assert sorted(os.listdir(tmp_path)) == ["link", "store"], "nothing left beside the link"
+    assert site_files(real) == {**NEW, site.MANIFEST: manifest_of(NEW)}
+
+
+def test_site_dot_writes_into_the_current_folder(tmp_path, monkeypatch):
+    """`numpy-attn site .` (the review's "[Errno 16] Device or resource busy"): the current folder
+    is written into, never renamed; one holding other files needs --force, and keeps them."""
+    monkeypatch.setattr(site, "build", lambda errors: (NEW, []))
+    monkeypatch.chdir(tmp_path)
+    ino = os.stat(".").st_ino
+    (tmp_path / "notes.txt").write_text("mine")
+    status, _, err = run(".")
+    assert status == 2 and err == ("numpy-attn site: error: DIR . holds files numpy-attn site did not "
+                                   "write (1, such as 'notes.txt'); pass --force to write the site beside "
+                                   "them (they are kept as they are), or choose a new or empty folder "
+                                   "(nothing was written)\n")
+    assert sorted(os.listdir(".")) == ["notes.txt"]
+    status, out, err = run(".", "--force")
+    assert status == 0 and "wrote ." in out, err
+    assert os.stat(os.getcwd()).st_ino == ino and (tmp_path / "notes.txt").read_text() == "mine"
+    assert site_files(".") == {**NEW, site.MANIFEST: manifest_of(NEW)}
+    status, _, err = run(".")
+    assert status == 2 and "such as 'notes.txt'" in err, "an earlier site with the user's files"
+
+
+def test_the_help_names_force():
+    parser = cli.build_parser()
+    text = parser._subparsers._group_actions[0].choices["site"].format_help()
+    assert "--force" in text and "kept as they are" in " ".join(text.split())
+
+
+CASES = ["earlier site", "symlinked DIR", "DIR .", "first site", "no hard links", "no earlier site"]
+
+
+def _no_links(src, dst):
+    raise PermissionError(1, "this file system has no hard links")
+
+
+def _setup(base, case):
+    """(the DIR argument, the folder it is, the site's files there before) for ``case``."""
+    real = base / "store" / "real"
+    real.parent.mkdir(parents=True)
+    (base / "store" / "beside.txt").write_text("beside the site's folder")
+    if case == "first site":
+        return str(real), real, {}
+    real.mkdir()
+    if case != "no earlier site":
+        site.write_site(OLD, real)
+    users_files(real)
+    if case == "symlinked DIR":
+        os.symlink(real, base / "link")
+    out = {"symlinked DIR": str(base / "link"), "DIR .": "."}.get(case, str(real))
+    return out, real, site_files(real)
+
+
+def _check_after(base, real, before, old, hit, where, cwd=None):
+    """The site's names hold ``old`` or the new site whole; every other entry under ``base`` is
+    as in ``before``, but the one thing an interrupted clean-up (unlink, rmdir) was to remove
+(``hit``'s path, relative to ``cwd`` where it is relative)."""
+    new = {**NEW, site.MANIFEST: manifest_of(NEW)}
+    got = site_files(real) if real.is_dir() else {}
+    assert got in (old, new), f"{where}: a mixture {sorted(got)}"
+    prefix = os.path.relpath(real, base)
+    after = {p: v for p, v in snapshot(base).items()
+             if os.path.relpath(p, prefix).replace(os.sep, "/") not in SITE_NAMES or not p.startswith(prefix)}
+    before = {p: v for p, v in before.items()
+              if os.path.relpath(p, prefix).replace(os.sep, "/") not in SITE_NAMES or not p.startswith(prefix)}
+    left = {p: v for p, v in after.items() if before.get(p) != v}
+    cut = hit is not None and hit[0] in ("unlink", "rmdir")
+    if cut:
+        path = os.path.realpath(os.path.join(cwd or base, hit[1][0]))
+        left.pop(os.path.relpath(path, os.path.realpath(base)), None)
+    for folder in (prefix, os.path.join(prefix, "images")):
+        # The site's folders, made for the first site: there with it, or where their removal was cut.
+        if folder in left and left[folder][0] == "folder" and (got or cut):
+            del left[folder]
+    assert not left, f"{where}: entries added or changed: {sorted(left)}"
+    assert not set(before) - set(after), f"{where}: the user's entries {sorted(set(before) - set(after))} are gone"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, case):
+    """KeyboardInterrupt instead of the k-th file-system call of a write, for every k until one
+    completes: the user's files are untouched, and the site is the old one or the new one whole."""
+    k = 0
+    while True:
+        k += 1
+        base = tmp_path / str(k)
+        out, real, old = _setup(base, case)
+        before = snapshot(base)
+        with monkeypatch.context() as m:
+            m.chdir(real if case == "DIR ." else base)
+            if case == "no hard links":
+                m.setattr(os, "link", _no_links)
+            interrupter = Interrupter(m, k)
+            try:
+                site.write_site(NEW, out, force=True)
+                done = True
+            except KeyboardInterrupt:
+                done = False
+        where = f"{case}, interrupted at call {k} ({interrupter.hit and interrupter.hit[0]})"
+        _check_after(base, real, before, old, interrupter.hit, where, real if case == "DIR ." else base)
+        if case == "symlinked DIR":
+            assert os.readlink(base / "link") == str(real), where
+        if not done:
+            site.write_site(NEW, real, force=True)             # and the next write works
+            assert site_files(real) == {**NEW, site.MANIFEST: manifest_of(NEW)}, where
+        if done:
+            break
+    kinds = {name for name, _ in interrupter.calls}
+    assert {"open", "write", "fsync", "replace", "close"} <= kinds, kinds
+    assert "link" in kinds or case in ("first site", "no hard links", "no earlier site"), kinds
+    assert k > 20, f"only {k - 1} file-system calls: the harness does not see the write"
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_at_every_step_is_held_until_the_site_is_whole(tmp_path, monkeypatch, signame):
+    """The signal sent at the k-th file-system call, for every k: held from the first file written
+    to the manifest's rename, then acting (Ctrl-C raises KeyboardInterrupt, SIGTERM and SIGHUP
+    SystemExit, as `numpy-attn site` sets them); sent before, the old site stays whole."""
+    signum = getattr(signal, signame)
+    exc = KeyboardInterrupt if signame == "SIGINT" else SystemExit
+    real_kill = os.kill
+    k, held, calls = 0, [], []
+    with default_signals():
+        while True:
+            k += 1
+            base = tmp_path / str(k)
+            out, real, old = _setup(base, "earlier site")
+            before = snapshot(base)
+            raised = None
+            with monkeypatch.context() as m, checkpoint.termination_raises():
+                unheld = signal.getsignal(signum)
+
+                def send(unheld=unheld):
+                    held.append(signal.getsignal(signum) != unheld)
+                    real_kill(os.getpid(), signum)
+
+                interrupter = Interrupter(m, k, act=send)
+                try:
+                    site.write_site(NEW, out, force=True)
+                    time.sleep(0.05)                    # a signal sent arrives by now at the latest
+                except exc as err:
+                    raised = err
+            if interrupter.hit is None:
+                assert raised is None
+                break
+            calls.append(interrupter.hit[0])
+            where = f"{signame} before call {k} ({interrupter.hit[0]})"
+            assert raised is not None, f"{where} was lost"
+            new = {**NEW, site.MANIFEST: manifest_of(NEW)}
+            assert site_files(real) == new if held[-1] else site_files(real) in (old, new), where
+            _check_after(base, real, before, old, None, where)
+    # Held from the first file written to the last rename: unheld are only the checks' reads and
+    # the lock before (its mkdir of DIR, which exists), and the lock's release after.
+    pattern = "".join("h" if h else "-" for h in held)
+    assert k > 20 and re.fullmatch("-+h+-?", pattern), pattern
+    assert {calls[i] for i in range(pattern.index("h"))} <= {"builtin open", "mkdir", "open"}, calls
+
+
+SUBPROCESS = """
+import os, signal, sys
+from attn_cli import cli, site
+site.build = lambda errors: ({new!r}, [])
+calls, real_replace = [], os.replace
+def replace(src, dst):
+    calls.append(dst)
+    if len(calls) == int(sys.argv[2]):
+        os.kill(os.getpid(), getattr(signal, sys.argv[3]))
+    return real_replace(src, dst)
+os.replace = replace
+sys.exit(cli.main(["site", sys.argv[1], "--force"]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_to_numpy_attn_site_between_its_renames(tmp_path, signame):
+    """A real process sent the signal at each of its renames in turn: it ends by the signal once
+    the new site is whole (status 128 + the signal; Ctrl-C as Python ends on KeyboardInterrupt),
+    nothing left beside DIR or in it, the user's files kept."""
+    signum = getattr(signal, signame)
+    renames = len(NEW) + 1                          # the pages and the manifest (a.html is unlinked)
+    for k in range(1, renames + 1):
+        base = tmp_path / str(k)
+        out, real, old = _setup(base, "earlier site")
+        before = snapshot(base)
+        with default_signals():
+            result = subprocess.run([sys.executable, "-c", SUBPROCESS.format(new=NEW), out, str(k), signame],
+                                    capture_output=True, text=True, cwd=ROOT, timeout=120,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+        status = -signal.SIGINT if signame == "SIGINT" else 128 + signum
+        assert result.returncode == status, (k, result.returncode, result.stderr[-2000:])
+        assert site_files(real) == {**NEW, site.MANIFEST: manifest_of(NEW)}, k
+        _check_after(base, real, before, old, None, f"{signame} at rename {k}")
 
 
 @pytest.mark.slow
