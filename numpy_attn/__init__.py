@@ -37,6 +37,7 @@ Reading order, leaf to root:
     qk_norm          RMS norm on the queries and keys, per head or over the projection
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
+    l2_norm          unit-length rows x / sqrt(sum(x^2) + eps): the delta rule's q and k
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -98,6 +99,7 @@ from numpy_attn.gpt_oss import (
     gpt_oss_block_backward, gpt_oss_block_forward, gpt_oss_forward, gpt_oss_kv_cache, init_gpt_oss_params,
 )
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
+from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
