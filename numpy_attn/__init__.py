@@ -38,6 +38,7 @@ Reading order, leaf to root:
     swiglu           SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
     l2_norm          unit-length rows x / sqrt(sum(x^2) + eps): the delta rule's q and k
+    causal_conv1d    short causal depthwise convolution over time, with a state for decoding
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -71,6 +72,7 @@ from numpy_attn.attention import (
 )
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
     deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
