@@ -39,6 +39,7 @@ Reading order, leaf to root:
     moe              mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
     l2_norm          unit-length rows x / sqrt(sum(x^2) + eps): the delta rule's q and k
     causal_conv1d    short causal depthwise convolution over time, with a state for decoding
+    gated_rms_norm   RMS norm times silu(z) (Qwen3.5) or sigmoid(z) (Kimi Linear), norm before gate
     llama            a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3            Qwen3: Llama with QK-norm per head
     olmo2            OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -87,6 +88,7 @@ from numpy_attn.flex_attention import (
     create_block_mask, dense_flex_attention_forward, flex_attention_backward,
     flex_attention_forward,
 )
+from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
