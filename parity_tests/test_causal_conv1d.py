@@ -5,6 +5,7 @@ full forward."""
 
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -15,12 +16,15 @@ from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forwa
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     TOLERANCES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -210,6 +214,42 @@ def test_backward_matches_finite_differences(case):
                                inputs[name].copy(), dout)
           for name in arrays_of(inputs)}
     assert_tree_close("causal_conv1d vs finite differences", grads, fd, **FD_TOL)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+def conv1d_of_the_padded_input(x, w, b=None, state=None, activation=None):
+    """PyTorch's own: F.conv1d (groups=C, no padding) over the state and x joined along time, in
+    nn.Conv1d's layout, then F.silu; each op rounded to the inputs' dtype, as Hugging Face's
+    causal_conv1d_fn and causal_conv1d_update round (they take no state gradient: in place)."""
+    B, T, C = x.shape
+    past = x.new_zeros((B, C, w.shape[1] - 1)) if state is None else state
+    y = F.conv1d(torch.cat([past, x.transpose(1, 2)], dim=2), w.unsqueeze(1), b, groups=C)
+    y = y.transpose(1, 2)
+    return F.silu(y) if activation == "silu" else y
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=convs(dtype=np.float64))
+@example(case=ONE_STEP)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth (the same PyTorch ops in float64 on the rounded
+    inputs), out and every gradient, within twice the error of PyTorch's convolution and SiLU
+    in the low dtype."""
+    inputs, dout = case
+    inputs = {k: v if k == "activation" else round_to(v, dtype) for k, v in inputs.items()}
+    dout = round_to(dout, dtype)
+    out, _, grads = ours(inputs, dout)
+    twin_out, twin_grads = autograd(lambda **kw: causal_conv1d(**kw)[0], inputs, dout)
+    torch_out, torch_grads = autograd(conv1d_of_the_padded_input, inputs, dout)
+    truth_out, truth_grads = autograd(conv1d_of_the_padded_input,
+                                      {k: v if k == "activation" else v.astype(np.float64) for k, v in inputs.items()},
+                                      dout.astype(np.float64))
+    for who, (o, g) in {"numpy": (out, grads), "twin": (twin_out, twin_grads)}.items():
+        assert_error_budget(f"causal_conv1d[{who}]", dtype, {
+            "out": (o, torch_out, truth_out),
+            **{f"d{k}": (g[k], torch_grads[k], truth_grads[k]) for k in g}})
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

@@ -15,12 +15,15 @@ from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_fo
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     assert_tree_close,
     autograd,
     layer_norm_tol,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -66,9 +69,15 @@ def ours(x, z, w, dout, eps, act, round_norm=True):
 
 # -- forward and backward match the twin and autograd ------------------------------------------------
 
+# The sigmoid's gradient at z = 0 exactly (1/4), where autograd through exp(-|z|) would give 0.
+SIGMOID_AT_ZERO = (np.array([1.0, 1.0]), np.array([0.0, 0.0]), np.array([1.0, 0.0]), np.array([1.0, 0.0]),
+                   1e-6, "sigmoid")
+
+
 @pytest.mark.twin_parity
 @given(case=rows())
 @example(case=ZERO_ROW)
+@example(case=SIGMOID_AT_ZERO)
 def test_matches_twin_and_autograd(case):
     x, z, w, dout, eps, act = case
     out, grads, cache = ours(*case)
@@ -153,6 +162,41 @@ def test_backward_matches_finite_differences(case):
     rstd = max(1.0, float(cache.norm[1].max()))
     assert_tree_close(f"gated_rms_norm[{act}] vs finite differences", grads, fd,
                       rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] * rstd)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=rows(dtype=np.float64))
+@example(case=ZERO_ROW)
+@example(case=SIGMOID_AT_ZERO)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours (round_norm as each module) and the twin against float64 truth (F.rms_norm times the
+    gate), out and every gradient, within twice the error of the Hugging Face module of that gate
+    run in the low dtype: Qwen3_5RMSNormGated rounds the norm before its float32 gate,
+    KimiLinearRMSNormGated keeps it in float32."""
+    x, z, w, dout = (round_to(a, dtype) for a in case[:4])
+    eps, act = case[4:]
+    out, grads, cache = ours(x, z, w, dout, eps, act, round_norm=act == "silu")
+    inputs = {"x": x, "z": z, "w": w}
+    twin_out, twin_grads = autograd(lambda **kw: gated_rms_norm(**kw, eps=eps, act=act, round_norm=act == "silu"),
+                                    inputs, dout)
+    torch_out, torch_grads = autograd(_hf_module(act, w, eps), inputs, dout)
+    gate = {"silu": F.silu, "sigmoid": torch.sigmoid}[act]
+    truth_out, truth_grads = autograd(lambda x, z, w: F.rms_norm(x, x.shape[-1:], w, eps) * gate(z),
+                                      {k: v.astype(np.float64) for k, v in inputs.items()}, dout.astype(np.float64))
+    # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) cancels to nearly nothing where dxhat is
+    # parallel to xhat (one column), and float32's own rounding is what is left: the mean off by
+    # C eps32 max|dxhat| (|xhat| <= sqrt(C) but its mean square is below 1), the product and the
+    # difference by 2 eps32 max|dxhat| more, all times rstd; |dxhat| <= |dout| |act(z)| |w|.
+    # PyTorch's error may be 0 there by luck (test_rms_norm.py leaves such cases out instead).
+    big = np.abs(dout.astype(np.float64)).max() * np.abs(cache.g).max() * np.abs(w.astype(np.float64)).max()
+    extra = {"dx": (x.shape[-1] + 2) * float(np.finfo(np.float32).eps) * float(cache.norm[1].max()) * float(big)}
+    for who, (o, g) in {"numpy": (out, grads), "twin": (twin_out, twin_grads)}.items():
+        assert_error_budget(f"gated_rms_norm[{act}][{who}]", dtype, {
+            "out": (o, torch_out, truth_out),
+            **{f"d{k}": (g[k], torch_grads[k], truth_grads[k]) for k in "xzw"}}, extra=extra)
 
 
 # -- dtype preservation -----------------------------------------------------------------------------

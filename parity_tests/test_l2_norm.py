@@ -13,11 +13,14 @@ from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
+    LOW_DTYPES,
     assert_bad_dout_refused,
     assert_close,
+    assert_one_input_budget,
     autograd,
     layer_norm_tol,
     numerical_grad,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -134,6 +137,49 @@ def test_backward_matches_finite_differences(case):
     fd = numerical_grad(lambda x: l2_norm_forward(x, eps)[0], x.copy(), dout, h=1e-5)
     rnorm = max(1.0, float(cache[1].max()))
     assert_close("l2_norm.dx vs finite differences", dx, fd, rtol=FD_TOL["rtol"], atol=FD_TOL["atol"] * rnorm)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule -------------------------------------------
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=rows(dtype=np.float64))
+@example(case=ZERO_ROW)
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin against float64 truth, within twice the error of Qwen3.5's l2norm run in
+    the low dtype (its square, sum, rsqrt and product each rounded)."""
+    x, dout = round_to(case[0], dtype), round_to(case[1], dtype)   # the inputs every side shares
+    eps = case[2]
+    # PyTorch's float16 backward forms rsqrt's slope (ss + eps)^(-3/2), which passes float16's
+    # largest 65504 below ss + eps = 6.1e-4 and makes its gradient inf or NaN (ours forms it in
+    # float32: test_float16_short_rows_keep_finite_gradients): no budget can be taken from it there.
+    ss = (x.astype(np.float64) ** 2).sum(axis=-1)
+    assume(dtype == "bfloat16" or np.all(ss + eps >= 1e-3))
+    out, cache = l2_norm_forward(x, eps)
+    dx = l2_norm_backward(dout, cache)
+    # dx = rnorm * (dout - out * s), s = sum(dout * out), cancels to nearly nothing where dout is
+    # parallel to out (one column: dx = rnorm dout eps / (x^2 + eps)), and then float32's own
+    # rounding, not the low dtype's, is what is left: s off by at most d eps32 sum|dout * out|
+    # <= d sqrt(d) eps32 max|dout| (|out| <= 1, Cauchy-Schwarz), the product and the difference
+    # by eps32 (1 + sqrt(d)) max|dout| more, all times rnorm. PyTorch's error may be 0 there by luck.
+    d = x.shape[-1]
+    extra = {"dx": (d + 2) * np.sqrt(d) * float(np.finfo(np.float32).eps) * float(cache[1].max())
+             * float(np.abs(dout.astype(np.float64)).max())}
+    assert_one_input_budget("l2_norm", dtype, (out, dx), lambda x: l2_norm(x, eps),
+                            lambda x: qwen3_5_l2norm(x, eps=eps), {"x": x}, dout, extra=extra)
+
+
+def test_float16_short_rows_keep_finite_gradients():
+    """A zero row and a short one in float16: Qwen3.5's l2norm run in float16 gives inf or NaN
+    gradients (its rsqrt's slope overflows), ours the float64 truth rounded, within an ulp."""
+    x, dout = round_to(ZERO_ROW[0][:2], "float16"), round_to(ZERO_ROW[1][:2], "float16")
+    _, theirs = autograd(lambda x: qwen3_5_l2norm(x, eps=1e-6), {"x": x}, dout)
+    assert not np.isfinite(theirs["x"]).all(), "PyTorch's float16 gradient is finite here: the test shows nothing"
+    _, cache = l2_norm_forward(x, 1e-6)
+    _, truth = autograd(lambda x: qwen3_5_l2norm(x, eps=1e-6), {"x": x.astype(np.float64)}, dout.astype(np.float64))
+    dx = l2_norm_backward(dout, cache).astype(np.float64)
+    assert np.all(np.abs(dx - truth["x"]) <= np.spacing(np.abs(truth["x"]).astype(np.float16)).astype(np.float64)), \
+        "l2_norm.dx (float16) on short rows vs the float64 truth"
 
 
 # -- dtype preservation -----------------------------------------------------------------------------
