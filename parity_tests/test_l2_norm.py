@@ -95,14 +95,15 @@ def test_default_eps_is_hugging_faces():
 
 
 @given(case=rows(dtype=np.float64))
+@example(case=(np.array([1.5e-22, 1.5e-22]), np.array([0.0, 1.0]), 1e-6))   # a row F.normalize's default eps clamps
 def test_twin_matches_f_normalize_away_from_eps(case):
-    """F.normalize divides by max(|x|, eps) instead: the same function wherever |x|^2 dwarfs eps
-    (here eps = 1e-300, below float64's relative spacing of any |x|^2 >= 1e-284 the bounded draws
-    can give but 0)."""
+    """F.normalize divides by max(|x|, eps) instead: the same function wherever |x| passes its eps
+    and |x|^2 dwarfs ours. Both eps are 1e-300 here: below float64's relative spacing of any
+    |x|^2 > 1e-280 (F.normalize's default 1e-12 would clamp rows of length 1e-22, which float64 draws)."""
     x, dout, _ = case
     assume(np.all((x * x).sum(axis=-1) > 1e-280))
     twin_out, twin_grads = autograd(lambda x: l2_norm(x, 1e-300), {"x": x}, dout)
-    built_out, built_grads = autograd(lambda x: F.normalize(x, dim=-1), {"x": x}, dout)
+    built_out, built_grads = autograd(lambda x: F.normalize(x, dim=-1, eps=1e-300), {"x": x}, dout)
     tol = _tol(l2_norm_forward(x, 1e-300)[1], x.dtype)
     assert_close("l2_norm.out vs F.normalize", twin_out, built_out, **tol)
     assert_close("l2_norm.dx vs F.normalize", twin_grads["x"], built_grads["x"], **tol)
