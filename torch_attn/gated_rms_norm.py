@@ -5,18 +5,18 @@ Twin of numpy_attn/gated_rms_norm.py: out = rms_norm(x) * w * act(z) over the la
 the norm rounded to x's dtype first with ``round_norm`` (Qwen3.5), kept in float32 without (Kimi).
 """
 
-import torch
+from torch import sigmoid
 
 from torch_attn._opmath import upcast
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import silu
 
-# The gate's activation: SiLU for Qwen3.5, the sigmoid for Kimi Linear. torch.sigmoid, not
+# The gate's activation: SiLU for Qwen3.5, the sigmoid for Kimi Linear: torch's sigmoid, not
 # swiglu.py's: autograd through that one's exp(-|z|) takes abs's slope 0 at z = 0, and sigmoid'(0)
 # would come out 0 instead of 1/4 (SiLU's z * sigmoid(z) multiplies that slope by z = 0).
 GATES = {
     "silu": silu,
-    "sigmoid": torch.sigmoid,
+    "sigmoid": sigmoid,
 }
 
 
