@@ -37,6 +37,9 @@ Reading order, leaf to root:
     qk_norm            RMS norm on the queries and keys, per head or over the projection
     swiglu             SiLU-gated feed-forward: (silu(x @ gate) * (x @ up)) @ down
     moe                mixture of experts: gpt-oss's and DeepSeek-V3's routers, a loop over experts
+    l2_norm            unit-length rows x / sqrt(sum(x^2) + eps): the delta rule's q and k
+    causal_conv1d      short causal depthwise convolution over time, with a state for decoding
+    gated_rms_norm     RMS norm times silu(z) (Qwen3.5) or sigmoid(z) (Kimi Linear), norm before gate
     gated_delta_rule   the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
     chunked_delta_rule the same rule a chunk at a time: the UT transform's matmuls in place of T steps
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
@@ -72,6 +75,7 @@ from numpy_attn.attention import (
 )
 from numpy_attn.attention_sinks import attention_sinks_backward, attention_sinks_forward
 from numpy_attn.block import block_backward, block_forward, init_block_params
+from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
 from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_moe_mlp_forward, deepseek_v3_attention_backward, deepseek_v3_attention_forward,
@@ -91,6 +95,7 @@ from numpy_attn.flex_attention import (
 from numpy_attn.gated_delta_rule import (
     gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_parallel_forward,
 )
+from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
@@ -106,6 +111,7 @@ from numpy_attn.gpt_oss import (
     init_gpt_oss_params,
 )
 from numpy_attn.kv_cache import init_kv_cache, kv_cache_update
+from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
