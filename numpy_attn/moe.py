@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, upcast
+from numpy_attn._checks import check_dout, check_finite, check_float, check_in_dtype, check_same_dtype, upcast
 from numpy_attn._tree import flatten, tree_map, unflatten
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
@@ -402,6 +402,7 @@ def _check_gpt_oss_moe(x, params, k, alpha, limit):
     for name, value in (("alpha", alpha), ("limit", limit)):
         if isinstance(value, bool) or not isinstance(value, int | float | np.floating) or not np.isfinite(value):
             raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} {value!r}")
+        check_in_dtype(name, value, x.dtype)                          # 1e300 is inf in float32
     if not limit > 0:
         raise ValueError(f"limit must be > 0, got {limit!r}")
 
@@ -455,6 +456,7 @@ def _check_deepseek_router(router, selection_bias, k, n_group, topk_group, norm_
             or not np.isfinite(routed_scaling_factor)):
         raise TypeError(f"routed_scaling_factor must be a finite real number, got "
                         f"{type(routed_scaling_factor).__name__} {routed_scaling_factor!r}")
+    check_in_dtype("routed_scaling_factor", routed_scaling_factor, router["w"].dtype)   # 1e300: inf in float32
 
 
 def _is_array(a):

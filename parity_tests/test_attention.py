@@ -950,3 +950,18 @@ def test_builtin_also_refuses_mask_with_is_causal():
     q = torch.zeros(3, 4, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="attn_mask"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True)
+
+
+def test_scale_lost_in_the_dtype_computed_in_is_refused():
+    """A NaN scale gave NaN outputs without a word; 1e300 is inf in float32 (every score inf or
+    NaN) and 1e-50 is 0 there (uniform weights, not what was asked). float64 holds both."""
+    q = S.ramp(1, 2, 3, 4).astype(np.float32)
+    forward = scaled_dot_product_attention_forward
+    with pytest.raises(ValueError, match=r"scale must be a finite number or None, got nan$"):
+        forward(q, q, q, scale=float("nan"))
+    for scale, what in ((1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"scale must be finite .* in float32, the dtype it is computed in: "
+                                             rf"scale = {re.escape(repr(scale))} {what}$"):
+            forward(q, q, q, scale=scale)
+    out, _ = forward(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64), scale=1e-50)
+    assert np.isfinite(out).all(), "float64 holds scale = 1e-50"

@@ -383,3 +383,16 @@ def test_bad_input():
         layer_norm_backward(np.zeros((3, 2)), cache)
     with pytest.raises(TypeError, match="layer_norm_backward: dout must have the dtype .* float64, got float32"):
         layer_norm_backward(np.zeros((2, 3), np.float32), cache)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_eps_lost_in_the_dtype_computed_in_is_refused(dtype):
+    """eps = inf passed the old `eps >= 0` and gave b alone; 1e300 is inf in float32 (where float16,
+    bfloat16 and float32 are computed); 1e-50 is 0 there: a constant row divides 0 by 0."""
+    x = S.ramp(2, 3).astype(np.float32) if dtype == "float32" else round_to(S.ramp(2, 3), dtype)
+    for eps, what in ((float("inf"), "is not finite"), (1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"^eps must be finite .* in float32, the dtype it is computed in: "
+                                             rf"eps = {re.escape(repr(eps))} {what}$"):
+            layer_norm_forward(x, eps=eps)
+    out, _ = layer_norm_forward(np.ones((2, 3)), eps=1e-50)
+    assert np.array_equal(out, np.zeros((2, 3))), "float64 holds eps = 1e-50"

@@ -381,3 +381,14 @@ def test_bad_input_is_refused():
         varlen_position_ids(np.array([1, 3]))
     with pytest.raises(TypeError, match="cu_seqlens must be an integer NumPy array"):
         varlen_attn_mask(np.array([0.0, 2.0]))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("T, S", [(3, 5), (5, 3), (4, 4)])
+def test_window_past_every_key_is_no_limit(align, T, S):
+    """A window of at least T + S keys sees all a causal query sees: it is the causal mask, up to
+    2**63 and 10**30 (an OverflowError in int64 before), on both sides."""
+    causal = causal_mask(T, S, align)
+    for window in (T + S, 2**63, 10**30):
+        assert np.array_equal(sliding_window_mask(T, S, window, align), causal), f"window {window}"
+        assert np.array_equal(to_numpy(tw.sliding_window_mask(T, S, window, align)), causal), f"twin {window}"

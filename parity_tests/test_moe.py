@@ -673,3 +673,14 @@ def test_n_group_below_one_is_refused():
             deepseek_moe_forward(x, params, k=1, n_group=n_group, topk_group=1)
         with pytest.raises(ValueError, match=match):
             deepseek_router_forward(x, params["router"], params["selection_bias"], 1, n_group=n_group)
+
+
+def test_numbers_lost_in_float32_are_refused():
+    """alpha, limit and routed_scaling_factor of 1e300 are finite in float64 but inf in float32,
+    where float32 (and float16, bfloat16) layers compute: sigmoid(inf * 0) and inf * weight are NaN."""
+    for kind, name in (("gpt_oss", "alpha"), ("gpt_oss", "limit"), ("deepseek", "routed_scaling_factor")):
+        x, params, hyper, _ = {"gpt_oss": ONE_TOKEN_GPT_OSS, "deepseek": ONE_TOKEN_DEEPSEEK}[kind]
+        x, params = x.astype(np.float32), tree_map(lambda p: p.astype(np.float32), params)
+        with pytest.raises(ValueError, match=rf"^{name} must be finite .* in float32, the dtype it is computed in: "
+                                             rf"{name} = 1e\+300 overflows to inf$"):
+            LAYERS[kind][0](x, params, **{**hyper, name: 1e300})
