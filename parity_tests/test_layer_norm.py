@@ -396,3 +396,20 @@ def test_eps_lost_in_the_dtype_computed_in_is_refused(dtype):
             layer_norm_forward(x, eps=eps)
     out, _ = layer_norm_forward(np.ones((2, 3)), eps=1e-50)
     assert np.array_equal(out, np.zeros((2, 3))), "float64 holds eps = 1e-50"
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_parameter_gradients_are_summed_in_float32_and_rounded_once(dtype):
+    """db and dw of 4096 rows: summed in float16 or bfloat16 they would lose most of their digits
+    (at 4096 a float16 ulp is 4); they are the float32 sums of the float32 products rounded once
+    to the dtype, bit for bit."""
+    rng = np.random.default_rng(0)
+    x, dout = round_to(rng.standard_normal((4096, 3)), dtype), round_to(1 + rng.uniform(0, 0.1, (4096, 3)), dtype)
+    w, b = round_to(np.ones(3), dtype), round_to(np.zeros(3), dtype)
+    _, cache = layer_norm_forward(x, w, b)
+    _, grads = layer_norm_backward(dout, cache)
+    xhat = cache[0]
+    expected_db = dout.astype(np.float32).sum(axis=0).astype(x.dtype)
+    expected_dw = (dout.astype(np.float32) * xhat).sum(axis=0).astype(x.dtype)
+    assert np.array_equal(grads["b"], expected_db), f"db {grads['b']} vs {expected_db}"
+    assert np.array_equal(grads["w"], expected_dw), f"dw {grads['w']} vs {expected_dw}"

@@ -684,3 +684,20 @@ def test_numbers_lost_in_float32_are_refused():
         with pytest.raises(ValueError, match=rf"^{name} must be finite .* in float32, the dtype it is computed in: "
                                              rf"{name} = 1e\+300 overflows to inf$"):
             LAYERS[kind][0](x, params, **{**hyper, name: 1e300})
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_leading_axes_are_tokens_alike(kind):
+    """x (B, T, C) is routed as its B * T tokens (C,) each: out, dx and every gradient equal those
+    of the flattened (B * T, C) input, bit for bit (the router picks along the experts' axis)."""
+    x, params, hyper, dout = ALL_EXPERTS_GPT_OSS if kind == "gpt_oss" else ALL_EXPERTS_DEEPSEEK
+    forward, backward, _ = LAYERS[kind]
+    x3, dout3 = np.stack([x, x[::-1]]), np.stack([dout, dout[::-1]])         # (2, N, C)
+    out3, cache3 = forward(x3, params, **hyper)
+    out2, cache2 = forward(x3.reshape(-1, x.shape[-1]), params, **hyper)
+    dx3, grads3 = backward(dout3, cache3)
+    dx2, grads2 = backward(dout3.reshape(-1, x.shape[-1]), cache2)
+    assert out3.shape == x3.shape and np.array_equal(out3.reshape(out2.shape), out2), f"{kind} out"
+    assert np.array_equal(dx3.reshape(dx2.shape), dx2), f"{kind} dx"
+    for (path, g3), (_, g2) in zip(tree_leaves(grads3), tree_leaves(grads2), strict=True):
+        assert np.array_equal(g3, g2), f"{kind} {path}"
