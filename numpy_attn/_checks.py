@@ -76,19 +76,27 @@ def check_in_dtype(name, value, dtype, op=""):
     one an operation on ``dtype`` computes it in, and not 0 there unless it is 0: a float64 number
     such as 1e300 becomes inf in float32, 1e-50 becomes 0, and either turns the result into NaN,
     inf or zeros without a word. ``op`` prefixes the message."""
-    prefix = f"{op}: " if op else ""
     computed = opmath(dtype)
+    what = _lost_in(value, computed)
+    if what:
+        prefix = f"{op}: " if op else ""
+        raise ValueError(f"{prefix}{name} must be finite (and not 0 unless it is 0) in {computed}, the dtype it "
+                         f"is computed in: {name} = {value!r} {what}")
+
+
+@functools.lru_cache(maxsize=256)
+def _lost_in(value, computed):
+    """How ``value`` is lost in the dtype ``computed``, or "" if it is not; remembered, as a model
+    checks the same eps and scale in every layer for each token it decodes."""
     with np.errstate(over="ignore", under="ignore"):
         try:
             cast = computed.type(value)
         except OverflowError:                                      # a Python int beyond float64
             cast = computed.type(np.inf)
     if np.isfinite(cast) and (cast != 0 or value == 0):
-        return
-    what = ("underflows to 0" if np.isfinite(cast) else
+        return ""
+    return ("underflows to 0" if np.isfinite(cast) else
             "overflows to inf" if isinstance(value, numbers.Integral) or is_finite_number(value) else "is not finite")
-    raise ValueError(f"{prefix}{name} must be finite (and not 0 unless it is 0) in {computed}, the dtype it is "
-                     f"computed in: {name} = {value!r} {what}")
 
 
 def is_finite_number(value):
