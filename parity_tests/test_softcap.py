@@ -168,7 +168,7 @@ def test_dtype_is_preserved(dtype, c):
 @pytest.mark.parametrize("softcap, error, message",
                          BAD_SOFTCAPS + [(None, TypeError, "softcap must be a finite number > 0, got None")])
 def test_bad_softcap_is_refused(softcap, error, message):
-    with pytest.raises(error, match=re.escape(message)):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         logit_softcap_forward(np.zeros(3), softcap)
 
 
