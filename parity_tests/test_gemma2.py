@@ -172,3 +172,17 @@ def test_config_runs_llama_checks_and_its_own_lower_bounds(config_class):
         assert getattr(config_class(**{field: low}), field) == low, field
         with pytest.raises(ValueError, match=rf"^{cls}.{field} must be {bound}, got {below}$"):
             config_class(**{field: below})
+
+
+def test_a_sliding_window_past_every_key_is_no_limit():
+    """sliding_window = 10**30 (an OverflowError in the mask's int64 arithmetic before) is a
+    window longer than any sequence: the logits of one of 1000, full and cached alike."""
+    huge, long = Gemma2Config(n_layer=2, sliding_window=10**30), Gemma2Config(n_layer=2, sliding_window=1000)
+    params = init_gemma2_params(huge, np.random.default_rng(0), np.float64)
+    ids = np.array([[1, 2, 3, 4]])
+    logits, _ = gemma2_forward(ids, params, huge)
+    assert np.array_equal(logits, gemma2_forward(ids, params, long)[0]), "10**30 is not a window past every key"
+    kv_cache = gemma2_kv_cache(huge, 1, np.float64)
+    cached = np.concatenate([gemma2_forward(ids[:, :3], params, huge, kv_cache=kv_cache)[0],
+                             gemma2_forward(ids[:, 3:], params, huge, kv_cache=kv_cache)[0]], axis=1)
+    assert_close("gemma2 cached with sliding_window = 10**30", cached, logits)
