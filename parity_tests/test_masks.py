@@ -397,8 +397,9 @@ def test_window_past_every_key_is_no_limit(align, T, S):
 
 
 def test_refusals_name_what_was_given():
-    """Each refusal's whole message: the dtype or type given, the argument's name; and cu_seqlens
-    = [0] (no sequence, N = 0) is an empty batch, not a mistake."""
+    """Each refusal's whole message: the dtype or type given, the argument's name; cu_seqlens
+    = [0] (no sequence, N = 0) is an empty batch, not a mistake; and a varlen mask is causal only
+    when asked."""
     refusals = [
         (lambda: sliding_window_mask(3, 3, None), TypeError,
          "window must be a positive integer, got None (use causal_mask for no window)"),
@@ -417,3 +418,4 @@ def test_refusals_name_what_was_given():
             call()
     none = np.array([0])
     assert varlen_attn_mask(none).shape == (0, 0) and varlen_position_ids(none).shape == (0,), "cu_seqlens [0]"
+    assert varlen_attn_mask(np.array([0, 2])).all(), "varlen_attn_mask is not causal unless asked"
