@@ -71,17 +71,56 @@ def check_ndim(name, x, ndim):
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
 
 
-def check_scale(scale, op=""):
+def check_in_dtype(name, value, dtype, op=""):
+    """Raise ValueError unless the real number ``value`` is finite in ``dtype``'s opmath dtype, the
+    one an operation on ``dtype`` computes it in, and not 0 there unless it is 0: a float64 number
+    such as 1e300 becomes inf in float32, 1e-50 becomes 0, and either turns the result into NaN,
+    inf or zeros without a word. ``op`` prefixes the message."""
+    computed = opmath(dtype)
+    what = _lost_in(value, computed)
+    if what:
+        prefix = f"{op}: " if op else ""
+        raise ValueError(f"{prefix}{name} must be finite (and not 0 unless it is 0) in {computed}, the dtype it "
+                         f"is computed in: {name} = {value!r} {what}")
+
+
+@functools.lru_cache(maxsize=256)
+def _lost_in(value, computed):
+    """How ``value`` is lost in the dtype ``computed``, or "" if it is not; remembered, as a model
+    checks the same eps and scale in every layer for each token it decodes."""
+    with np.errstate(over="ignore", under="ignore"):
+        try:
+            cast = computed.type(value)
+        except OverflowError:                                      # a Python int beyond float64
+            cast = computed.type(np.inf)
+    if np.isfinite(cast) and (cast != 0 or value == 0):
+        return ""
+    return ("underflows to 0" if np.isfinite(cast) else
+            "overflows to inf" if isinstance(value, numbers.Integral) or is_finite_number(value) else "is not finite")
+
+
+def is_finite_number(value):
+    """math.isfinite, False rather than OverflowError for a Python int beyond float64."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:                                          # a Python int beyond float64
+        return False
+
+
+def check_scale(scale, op="", dtype=None):
     """Raise unless the score scale is None or a finite real number (NumPy scalars included):
     TypeError for another type, ValueError for inf or NaN, which would make every score inf or
-    NaN and the output NaN without a word. ``op`` prefixes the message."""
+    NaN and the output NaN without a word, and with the inputs' ``dtype`` for a scale that
+    overflows or underflows where it is used (check_in_dtype). ``op`` prefixes the message."""
     prefix = f"{op}: " if op else ""
     if scale is None:
         return
     if isinstance(scale, bool | np.bool_) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{prefix}scale must be a finite number or None, got {type(scale).__name__} {scale!r}")
-    if not math.isfinite(scale):
+    if not is_finite_number(scale):
         raise ValueError(f"{prefix}scale must be a finite number or None, got {scale!r}")
+    if dtype is not None:
+        check_in_dtype("scale", scale, dtype, op)
 
 
 def check_token_ids(ids, block_size):
@@ -287,16 +326,19 @@ def check_no_past(op, attended, past):
                          "inference only")
 
 
-def check_softcap(softcap, name="softcap"):
+def check_softcap(softcap, name="softcap", dtype=None):
     """Raise unless ``softcap`` is None (no cap) or a finite real number > 0, the c of
     c * tanh(x / c): TypeError for another type (a bool included), ValueError for c <= 0, inf or
-    NaN (c = 0 divides by zero, a negative c flips every sign, inf or NaN gives NaN)."""
+    NaN (c = 0 divides by zero, a negative c flips every sign, inf or NaN gives NaN), and with the
+    inputs' ``dtype`` for a c that overflows or underflows where it is used (check_in_dtype)."""
     if softcap is None:
         return
     if isinstance(softcap, bool | np.bool_) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"{name} must be a finite number > 0 or None, got {type(softcap).__name__} {softcap!r}")
-    if not (math.isfinite(softcap) and softcap > 0):
+    if not (is_finite_number(softcap) and softcap > 0):
         raise ValueError(f"{name} must be a finite number > 0 or None, got {softcap!r}")
+    if dtype is not None:
+        check_in_dtype(name, softcap, dtype)
 
 
 def check_window(window, name="window"):

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_attention_inputs, check_dout, upcast
+from numpy_attn._checks import check_attention_inputs, check_dout, check_scale, upcast
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.masks import causal_mask
 from numpy_attn.softmax import softmax_backward, softmax_forward
@@ -73,7 +73,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     in q's dtype) are the weights before dropout, ``cache.lse`` each row's log-sum-exp (float32
     for float16 and bfloat16).
     """
-    _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad)
+    _check_attention(q, k, v, attn_mask, is_causal, scale, dropout_p, rng, attn_mask_grad)
     T, hs = q.shape[-2:]
     S, hv = v.shape[-2:]
     dtype = q.dtype                                               # out's: float16 and bfloat16 compute in float32
@@ -167,10 +167,11 @@ def _check_dlse(dlse, shape):
         raise ValueError(f"dlse must be an array of lse's shape {shape}, got {got}")
 
 
-def _check_attention(q, k, v, attn_mask, is_causal, dropout_p, rng, attn_mask_grad):
-    """Raise on inputs attention cannot take (check_attention_inputs, shared with flash
-    attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
+def _check_attention(q, k, v, attn_mask, is_causal, scale, dropout_p, rng, attn_mask_grad):
+    """Raise on inputs attention cannot take (check_attention_inputs and check_scale, shared with
+    flash attention), and unless attn_mask_grad is a bool, True only with a float attn_mask."""
     check_attention_inputs(q, k, v, attn_mask, is_causal, dropout_p, rng, broadcast=True)
+    check_scale(scale, dtype=q.dtype)
     if not (isinstance(is_causal, bool | np.bool_) or is_causal in ("top_left", "bottom_right")):
         raise ValueError(f'is_causal must be False, True, "top_left" or "bottom_right", got {is_causal!r}')
     if not isinstance(attn_mask_grad, bool | np.bool_):

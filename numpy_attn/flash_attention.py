@@ -259,9 +259,9 @@ def _check_flash_attention(q, k, v, is_causal, scale, block_q, block_k, softcap,
             raise TypeError(f"{name} must be a positive integer, got {b!r}")
         if b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
-    check_scale(scale)
-    check_softcap(softcap)
     check_window_is_causal(window, is_causal)
     # The shapes, dtypes and grouped-query heads that numpy_attn/attention.py takes, same messages.
     check_attention_inputs(q, k, v)
+    check_scale(scale, dtype=q.dtype)
+    check_softcap(softcap, dtype=q.dtype)
     check_sinks(sinks, q)

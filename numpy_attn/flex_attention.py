@@ -198,7 +198,8 @@ def soft_cap(cap):
     """tanh soft-capping (Gemma 2): cap * tanh(score / cap) keeps scores inside (-cap, cap)."""
     if cap is None:
         raise TypeError("softcap must be a finite number > 0, got None")
-    check_softcap(cap)
+    # The scores' dtype is not known yet: c must hold in float32, the narrowest they are computed in.
+    check_softcap(cap, dtype=np.float32)
     def score_mod(score, b, h, q_idx, kv_idx):
         return cap * np.tanh(score / cap)
 
@@ -538,7 +539,7 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sin
         raise ValueError(f"flex_attention: q's {Hq} heads are not a multiple of k's {Hkv}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
-    check_scale(scale, "flex_attention")
+    check_scale(scale, "flex_attention", dtype=q.dtype)
     check_sinks(sinks, q, "flex_attention")
     if block_mask is None:
         return

@@ -26,7 +26,7 @@ import numbers
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
+from numpy_attn._checks import check_dout, check_float, check_in_dtype, check_same_dtype, upcast
 
 
 def layer_norm_forward(x, w=None, b=None, eps=1e-5, normalized_shape=None):
@@ -97,4 +97,5 @@ def _check_layer_norm(x, w, b, eps, normalized_shape):
     check_same_dtype(x=x, w=w, b=b)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:   # as rms_norm's eps
         raise ValueError(f"eps must be >= 0, got {eps!r}")
+    check_in_dtype("eps", eps, x.dtype)                  # inf, or lost in float32: 1e300, 1e-50
     return normalized_shape

@@ -54,6 +54,7 @@ def sliding_window_mask(T, S, window, align="top_left", rows=slice(None), cols=s
     if window is None:
         raise TypeError("window must be a positive integer, got None (use causal_mask for no window)")
     check_window(window)
+    window = min(window, T + S)   # a window past every key is no limit (2**63 would overflow int64)
     t, s = _query_key_positions(T, S, align, rows, cols)  # (T, 1), (1, S)
     return (s <= t) & (s > t - window)                    # (T, S)
 

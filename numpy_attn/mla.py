@@ -151,7 +151,7 @@ def init_mla_params(config, rng, dtype=np.float32):
 def _query(x, params, config, pos):
     """x (B, T, C) -> q_n (B, nh, T, dn), rotated q_r (B, nh, T, dr), and the caches."""
     B, T, C = x.shape
-    nh, dn = config.n_head, config.qk_nope_head_dim
+    nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
     if config.q_lora_rank is None:   # one full-rank projection
         q, q_cache = linear_forward(x, **params["q"])                         # (B, T, C) -> (B, T, nh*(dn+dr))
         q_a_cache = q_a_norm_cache = None
@@ -159,7 +159,7 @@ def _query(x, params, config, pos):
         c_q, q_a_cache = linear_forward(x, **params["q_a"])                   # (B, T, C) -> (B, T, rq)
         c_q, q_a_norm_cache = rms_norm_forward(c_q, params["q_a_norm"]["w"], config.rms_eps)   # (B, T, rq)
         q, q_cache = linear_forward(c_q, **params["q_b"])                     # (B, T, rq) -> (B, T, nh*(dn+dr))
-    q = q.reshape(B, T, nh, -1).swapaxes(1, 2)                                # -> (B, nh, T, dn+dr)
+    q = q.reshape(B, T, nh, dn + dr).swapaxes(1, 2)                           # -> (B, nh, T, dn+dr)
     q_n, q_r = q[..., :dn], q[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dr)
     q_r, q_rope_cache = rope_forward(q_r, pos, config.rope_theta, config.rope_layout,
                                      config.rope_scaling)                     # (B, nh, T, dr)
@@ -201,12 +201,12 @@ def mla_forward(x, params, config, positions=None, kv_cache=None):
     """
     positions = _check_mla(x, params, config, positions, kv_cache=kv_cache)
     B, T, C = x.shape
-    nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
+    nh, dn, dr, dv = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q_n, q_r, query_cache = _query(x, params, config, pos)                    # (B, nh, T, dn), (B, nh, T, dr)
     c_kv, k_r, latent_cache = _latent(x, params, config, pos)                 # (B, T, rkv), (B, 1, T, dr)
     kv, kv_b_cache = linear_forward(c_kv, **params["kv_b"])                   # (B, T, rkv) -> (B, T, nh*(dn+dv))
-    kv = kv.reshape(B, T, nh, -1).swapaxes(1, 2)                              # -> (B, nh, T, dn+dv)
+    kv = kv.reshape(B, T, nh, dn + dv).swapaxes(1, 2)                         # -> (B, nh, T, dn+dv)
     k_n, v = kv[..., :dn], kv[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dv)
     q = np.concatenate([q_n, q_r], axis=-1)                                   # (B, nh, T, dn+dr)
     k = np.concatenate([k_n, np.broadcast_to(k_r, (B, nh, T, dr))], axis=-1)  # (B, nh, T, dn+dr): k_r shared
@@ -215,7 +215,7 @@ def mla_forward(x, params, config, positions=None, kv_cache=None):
         k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
     y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal="bottom_right",
                                                          scale=config.softmax_scale)   # (B, nh, T, dv)
-    y = y.swapaxes(1, 2).reshape(B, T, -1)                                    # (B, nh, T, dv) -> (B, T, nh*dv)
+    y = y.swapaxes(1, 2).reshape(B, T, nh * dv)                               # (B, nh, T, dv) -> (B, T, nh*dv)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*dv) -> (B, T, C)
     cache = MLACache(query_cache, latent_cache, kv_b_cache, sdpa_cache, o_cache, config, past)
     return out, cache
@@ -231,7 +231,7 @@ def mla_backward(dout, cache):
     # Undoes out = y @ o.w (+ o.b).
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*dv)
     # Undoes y = y.swapaxes(1, 2).reshape(...).
-    dy = dy.reshape(B, T, nh, -1).swapaxes(1, 2)                              # -> (B, nh, T, dv)
+    dy = dy.reshape(B, T, nh, config.v_head_dim).swapaxes(1, 2)              # -> (B, nh, T, dv)
     # Undoes attention.
     dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa)       # (B, nh, T, .)
     check_no_past("mla_backward", dk.shape[2], cache.past)   # cached past: inference only
@@ -243,7 +243,7 @@ def mla_backward(dout, cache):
     dq_n, dq_r = dq[..., :dn], dq[..., dn:]                                   # (B, nh, T, dn), (B, nh, T, dr)
     # Undoes k_n, v = kv[..., :dn], kv[..., dn:] and the reshape into heads.
     dkv = np.concatenate([dk_n, dv], axis=-1)                                 # (B, nh, T, dn+dv)
-    dkv = dkv.swapaxes(1, 2).reshape(B, T, -1)                                # -> (B, T, nh*(dn+dv))
+    dkv = dkv.swapaxes(1, 2).reshape(B, T, nh * dkv.shape[-1])                # -> (B, T, nh*(dn+dv))
     # Undoes kv = c_kv @ kv_b.w.
     dc_kv, dkv_b = linear_backward(dkv, cache.kv_b)                           # (B, T, rkv)
     dx_kv, dlatent = _latent_backward(dc_kv, dk_r, cache.latent)              # (B, T, C)
@@ -275,7 +275,7 @@ def _query_backward(dq_n, dq_r, query_cache):
     dq_r = rope_backward(dq_r, q_rope_cache)                                  # (B, nh, T, dr)
     # Undoes q_n, q_r = q[..., :dn], q[..., dn:] and the reshape into heads.
     dq = np.concatenate([dq_n, dq_r], axis=-1)                                # (B, nh, T, dn+dr)
-    dq = dq.swapaxes(1, 2).reshape(B, T, -1)                                  # -> (B, T, nh*(dn+dr))
+    dq = dq.swapaxes(1, 2).reshape(B, T, nh * dq.shape[-1])                   # -> (B, T, nh*(dn+dr))
     if q_a_cache is None:   # one full-rank projection
         dx, dq_params = linear_backward(dq, q_cache)                          # (B, T, C)
         return dx, {"q": dq_params}
@@ -337,7 +337,7 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
     """
     positions = _check_mla(x, params, config, positions, latent_cache)
     B, T, C = x.shape
-    nh, dn, rkv = config.n_head, config.qk_nope_head_dim, config.kv_lora_rank
+    nh, dn, dv, rkv = config.n_head, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q_n, q_r, _ = _query(x, params, config, pos)                              # (B, nh, T, dn), (B, nh, T, dr)
     c_kv, k_r, _ = _latent(x, params, config, pos)                            # (B, T, rkv), (B, 1, T, dr)
@@ -354,7 +354,7 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
                                                   scale=config.softmax_scale)   # (B, nh, T, rkv)
     # sum_s a_s (c_s W_uv) = (sum_s a_s c_s) W_uv: the value up-projection after the weighted sum.
     y = (upcast(y_c) @ upcast(w_uv)).astype(x.dtype, copy=False)              # (B, nh, T, rkv) -> (B, nh, T, dv)
-    y = y.swapaxes(1, 2).reshape(B, T, -1)                                    # (B, nh, T, dv) -> (B, T, nh*dv)
+    y = y.swapaxes(1, 2).reshape(B, T, nh * dv)                               # (B, nh, T, dv) -> (B, T, nh*dv)
     out, _ = linear_forward(y, **params["o"])                                 # (B, T, nh*dv) -> (B, T, C)
     return out
 

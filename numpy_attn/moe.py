@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, upcast
+from numpy_attn._checks import check_dout, check_finite, check_float, check_in_dtype, check_same_dtype, upcast
 from numpy_attn._tree import flatten, tree_map, unflatten
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
@@ -87,6 +87,7 @@ def _init_uniform(shapes, fan_in, rng, dtype):
 
 def top_k(scores, k):
     """Indices (..., k) of the k largest scores (..., E), largest first; ties go to the lower index."""
+    _check_top_k(scores, k)
     indices = np.argsort(-scores, axis=-1, kind="stable")[..., :k]     # (..., E) -> (..., k)
     return indices
 
@@ -224,6 +225,7 @@ class GptOssRouterCache(NamedTuple):
 def gpt_oss_router_forward(x, router, k):
     """Top-k router with a softmax over the chosen logits: x (N, C), router {"w": (C, E), "b": (E,)}
     -> (weights (N, k), indices (N, k), cache)."""
+    _check_router(router, k)
     logits, linear_cache = linear_forward(x, **router)                # (N, C) -> (N, E)
     indices = top_k(logits, k)                                        # (N, k)
     chosen = np.take_along_axis(logits, indices, axis=-1)             # (N, E) -> (N, k)
@@ -297,6 +299,7 @@ def deepseek_router_forward(x, router, selection_bias, k, n_group=1, topk_group=
                             routed_scaling_factor=1.0):
     """Sigmoid router with group-limited top-k: x (N, C), router {"w": (C, E)}, selection_bias (E,)
     -> (weights (N, k), indices (N, k), cache)."""
+    _check_deepseek_router(router, selection_bias, k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
     N, C = x.shape
     logits, linear_cache = linear_forward(x, **router)                # (N, C) -> (N, E)
     E = logits.shape[-1]
@@ -395,10 +398,11 @@ def _check_gpt_oss_moe(x, params, k, alpha, limit):
                               "experts.gate.w": (E, C, H), "experts.gate.b": (E, H),
                               "experts.up.w": (E, C, H), "experts.up.b": (E, H),
                               "experts.down.w": (E, H, C), "experts.down.b": (E, C)})
-    _check_k("k", k, 1, E, f"n_experts = {E} (router.w {params['router']['w'].shape})")
+    _check_router(params["router"], k)
     for name, value in (("alpha", alpha), ("limit", limit)):
         if isinstance(value, bool) or not isinstance(value, int | float | np.floating) or not np.isfinite(value):
             raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} {value!r}")
+        check_in_dtype(name, value, x.dtype)                          # 1e300 is inf in float32
     if not limit > 0:
         raise ValueError(f"limit must be > 0, got {limit!r}")
 
@@ -411,6 +415,31 @@ def _check_deepseek_moe(x, params, k, n_group, topk_group, norm_topk_prob, route
                               "experts.gate.w": (E, C, H), "experts.up.w": (E, C, H),
                               "experts.down.w": (E, H, C),
                               "shared.gate.w": (C, Hs), "shared.up.w": (C, Hs), "shared.down.w": (Hs, C)})
+    _check_deepseek_router(params["router"], params["selection_bias"], k, n_group, topk_group, norm_topk_prob,
+                           routed_scaling_factor)
+
+
+def _check_top_k(scores, k):
+    """Raise unless k lies in [1, E] (torch.topk refuses a larger k too) and no score is NaN or +inf:
+    argsort puts NaN last, so a router weight of NaN would quietly never choose its expert."""
+    E = scores.shape[-1]
+    _check_k("k", k, 1, E, f"E = {E} scores along the last axis (scores {scores.shape})")
+    if np.isnan(scores).any() or np.isposinf(scores).any():
+        raise ValueError(f"scores of shape {scores.shape} hold NaN or +inf: there is no top k to choose")
+
+
+def _check_router(router, k):
+    """Raise unless the router's arrays are finite and k lies in [1, E] (E = router.w's columns)."""
+    for key, a in router.items():
+        check_finite(f"router.{key}", a)
+    E = router["w"].shape[-1]
+    _check_k("k", k, 1, E, f"n_experts = {E} (router.w {router['w'].shape})")
+
+
+def _check_deepseek_router(router, selection_bias, k, n_group, topk_group, norm_topk_prob, routed_scaling_factor):
+    """Raise unless the router and selection_bias are finite and the routing numbers fit E experts."""
+    check_finite("selection_bias", selection_bias)
+    E = router["w"].shape[-1]
     _check_k("n_group", n_group, 1, E, f"n_experts = {E}")
     if E % n_group:
         raise ValueError(f"n_experts = {E} is not divisible by n_group = {n_group}")
@@ -418,7 +447,7 @@ def _check_deepseek_moe(x, params, k, n_group, topk_group, norm_topk_prob, route
         raise ValueError(f"n_group = {n_group} leaves {E // n_group} expert per group of n_experts = {E}; "
                          "a group's score is the sum of its best 2")
     _check_k("topk_group", topk_group, 1, n_group, f"n_group = {n_group}")
-    _check_k("k", k, 1, E, f"n_experts = {E} (router.w {params['router']['w'].shape})")
+    _check_router(router, k)
     _check_k("k", k, 1, topk_group * (E // n_group),
              f"the {topk_group * (E // n_group)} experts in topk_group = {topk_group} groups of {E // n_group}")
     if not isinstance(norm_topk_prob, bool | np.bool_):
@@ -427,6 +456,7 @@ def _check_deepseek_moe(x, params, k, n_group, topk_group, norm_topk_prob, route
             or not np.isfinite(routed_scaling_factor)):
         raise TypeError(f"routed_scaling_factor must be a finite real number, got "
                         f"{type(routed_scaling_factor).__name__} {routed_scaling_factor!r}")
+    check_in_dtype("routed_scaling_factor", routed_scaling_factor, router["w"].dtype)   # 1e300: inf in float32
 
 
 def _is_array(a):

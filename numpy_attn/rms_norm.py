@@ -31,7 +31,7 @@ in float32 from the float32 xhat and rounds dx and dw once each.
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_same_dtype, upcast
+from numpy_attn._checks import check_dout, check_float, check_in_dtype, check_same_dtype, upcast
 
 
 def rms_norm_forward(x, w, eps=1e-6, offset=0.0, round_xhat=True):
@@ -82,6 +82,7 @@ def _check_rms_norm(x, w, eps, offset=0.0):
     check_same_dtype(x=x, w=w)
     if isinstance(eps, bool) or not isinstance(eps, int | float | np.floating) or not eps >= 0:
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    check_in_dtype("eps", eps, x.dtype)                  # inf, or lost in float32: 1e300, 1e-50
     if isinstance(offset, bool) or not isinstance(offset, int | float | np.floating):
         raise TypeError(f"offset must be a number (1.0 for Gemma's 1 + w), got {type(offset).__name__} {offset!r}")
     if not np.isfinite(offset):

@@ -52,7 +52,7 @@ import math
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_integer, opmath, upcast
+from numpy_attn._checks import check_dout, check_float, check_in_dtype, check_integer, is_finite_number, opmath, upcast
 
 LAYOUTS = ("half", "interleaved")
 SCALING_KEYS = {
@@ -203,6 +203,7 @@ def _check_frequencies(hs, theta, scaling, seq_len=None):
         raise ValueError(f"the head size hs must be a positive even integer, got {hs!r}")
     if isinstance(theta, bool) or not isinstance(theta, int | float | np.number) or not theta > 1:
         raise ValueError(f"theta must be a number > 1, got {theta!r}")
+    check_in_dtype("theta", theta, np.float64)          # the frequencies are computed in float64
     _check_scaling(scaling)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer | None):
         raise TypeError(f"seq_len must be an int or None, got {type(seq_len).__name__} {seq_len!r}")
@@ -225,6 +226,11 @@ def _check_scaling(scaling):
         value = scaling.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not value > 0:
             raise ValueError(f"{rope_type} scaling needs {key} > 0, got {value!r}")
+        if not is_finite_number(value):
+            raise ValueError(f"{rope_type} scaling needs a finite {key}, got {value!r}")
+        if key.endswith("factor") and not math.isfinite(1 / value):   # 1e-320: the frequencies divided by it
+            raise ValueError(f"{rope_type} scaling {key} = {value!r} is too small: 1 / {key} overflows to inf "
+                             "in float64, the dtype the frequencies are computed in")
     if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError(f"llama3 scaling needs high_freq_factor > low_freq_factor, got "
                          f"{scaling['high_freq_factor']!r} and {scaling['low_freq_factor']!r}")
@@ -242,8 +248,6 @@ def _check_yarn(scaling):
             raise TypeError(f"yarn scaling {key} must be a number or None, got {type(value).__name__} {value!r}")
         if value is not None and not 0 < value < math.inf:
             raise ValueError(f"yarn scaling needs {key} > 0 and finite when given, got {value!r}")
-    if not math.isfinite(scaling["factor"]):
-        raise ValueError(f"yarn scaling needs a finite factor, got {scaling['factor']!r}")
     truncate = scaling.get("truncate", True)
     if not isinstance(truncate, bool | np.bool_):
         raise TypeError(f"yarn scaling truncate must be True or False, got {type(truncate).__name__} {truncate!r}")

@@ -49,4 +49,4 @@ def _check_logit_softcap(x, softcap):
     check_float("x", x)
     if softcap is None:
         raise TypeError("softcap must be a finite number > 0, got None")
-    check_softcap(softcap)
+    check_softcap(softcap, dtype=x.dtype)

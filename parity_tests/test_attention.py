@@ -950,3 +950,39 @@ def test_builtin_also_refuses_mask_with_is_causal():
     q = torch.zeros(3, 4, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="attn_mask"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True)
+
+
+def test_scale_lost_in_the_dtype_computed_in_is_refused():
+    """A NaN scale gave NaN outputs without a word; 1e300 is inf in float32 (every score inf or
+    NaN) and 1e-50 is 0 there (uniform weights, not what was asked). float64 holds both."""
+    q = S.ramp(1, 2, 3, 4).astype(np.float32)
+    forward = scaled_dot_product_attention_forward
+    with pytest.raises(ValueError, match=r"scale must be a finite number or None, got nan$"):
+        forward(q, q, q, scale=float("nan"))
+    for scale, what in ((1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"scale must be finite .* in float32, the dtype it is computed in: "
+                                             rf"scale = {re.escape(repr(scale))} {what}$"):
+            forward(q, q, q, scale=scale)
+    out, _ = forward(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64), scale=1e-50)
+    assert np.isfinite(out).all(), "float64 holds scale = 1e-50"
+
+
+def test_dropout_p_0_is_no_dropout_bit_for_bit():
+    """dropout_p = 0 (with or without an rng) gives the output, lse and gradients of no dropout
+    bit for bit, no keep-mask and a keep_scale of exactly 1; with p = 0.25 keep_scale is the
+    1 / (1 - p) each kept weight was multiplied by."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 4)) for _ in range(3))
+    dout = rng.standard_normal((2, 3, 4))
+    out, cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True)
+    grads = scaled_dot_product_attention_backward(dout, cache)
+    for kwargs in ({"dropout_p": 0.0}, {"dropout_p": 0.0, "rng": np.random.default_rng(1)}):
+        out0, cache0 = scaled_dot_product_attention_forward(q, k, v, is_causal=True, **kwargs)
+        assert np.array_equal(out0, out) and np.array_equal(cache0.lse, cache.lse), kwargs
+        assert all(np.array_equal(a, b) for a, b in zip(scaled_dot_product_attention_backward(dout, cache0), grads,
+                                                         strict=True)), kwargs
+        assert cache0.keep is None and cache0.keep_scale == 1.0, (cache0.keep, cache0.keep_scale)
+    _, cache = scaled_dot_product_attention_forward(q, k, v, dropout_p=0.25, rng=np.random.default_rng(2))
+    kept = cache.keep & (cache.weights > 0)
+    assert cache.keep_scale == 1 / (1 - 0.25), cache.keep_scale
+    assert_close("kept weights / weights", cache.dropped[kept] / cache.weights[kept], np.full(kept.sum(), 4 / 3))

@@ -348,3 +348,11 @@ def test_bad_dout_is_refused():
         block_backward(np.zeros((3, 2, 4)), cache)
     with pytest.raises(TypeError, match=r"block_backward: dout must have the dtype .* float64, got float32"):
         block_backward(np.zeros((2, 3, 4), np.float32), cache)
+
+
+@pytest.mark.parametrize("dropout_p", [1.0, -0.1, float("nan")])
+def test_dropout_p_outside_0_1_is_refused(dropout_p):
+    """p = 1 drops every weight and scales by 1 / 0; a negative p or NaN has no meaning."""
+    params = init_block_params(4, np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match=rf"^dropout_p must lie in \[0, 1\), got {dropout_p}$"):
+        block_forward(np.zeros((1, 3, 4)), params, 2, dropout_p=dropout_p, rng=np.random.default_rng(0))

@@ -567,3 +567,46 @@ def test_any_config_value_loads_or_is_refused(saved, data):
         shutil.copy(saved / "model.safetensors", folder)
         (folder / "config.json").write_text(json.dumps({**config, **changes}))
         assert_loads_or_names_folder(folder, changes)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_init_statistics_and_dtype(dtype):
+    """The dense blocks' SwiGLU weights, the embedding and the head start N(0, 0.02^2) as Hugging
+    Face's initializer_range (6144, 4096 and 4096 draws here: the sample mean within 5 standard
+    errors of 0, the sample std within 10% of 0.02), the norms at 1, and every leaf comes in the
+    dtype asked for."""
+    config = DeepseekV3Config(vocab_size=128, n_layer=2, first_k_dense_replace=1)
+    params = init_deepseek_v3_params(config, np.random.default_rng(0), dtype)
+    for path, leaf in tree_leaves(params):
+        assert leaf.dtype == dtype, f"{path} has dtype {leaf.dtype}, asked for {np.dtype(dtype)}"
+    dense = params["blocks"]["0"]["mlp"]
+    for name, w in (("blocks.0.mlp", np.concatenate([dense[k]["w"].ravel() for k in ("gate", "up", "down")])),
+                    ("wte", params["wte"]), ("head", params["head"]["w"])):
+        w = w.astype(np.float64)
+        mean, std = w.mean(), w.std()
+        assert abs(mean) < 5 * 0.02 / np.sqrt(w.size) and abs(std - 0.02) < 0.002, \
+            f"{name} mean {mean:.3g}, std {std:.3g}"
+    for path, leaf in tree_leaves(params):
+        if path.endswith("norm.w"):
+            assert np.all(leaf == 1), f"{path} does not start at 1"
+
+
+def test_config_runs_llama_checks_and_its_own_lower_bounds():
+    """DeepseekV3Config extends LlamaConfig: its checks still run (vocab_size = 0, n_layer = -1),
+    and each of its own counts at its bound is accepted, one below refused naming the field (two
+    routed experts at least: a group's score sums its best two)."""
+    for field, below in (("vocab_size", 0), ("n_layer", -1)):
+        with pytest.raises(ValueError, match=rf"^DeepseekV3Config.{field} must be .* got {below}$"):
+            DeepseekV3Config(**{field: below})
+    with pytest.raises(ValueError, match=r"^DeepseekV3Config.n_routed_experts must be a positive integer, got 0$"):
+        DeepseekV3Config(n_group=1, n_routed_experts=0)
+    with pytest.raises(ValueError, match=r"^DeepseekV3Config.n_group = 1 must divide n_routed_experts = 1 into groups "
+                                         r"of at least 2"):
+        DeepseekV3Config(n_group=1, n_routed_experts=1)
+    bounds = {"moe_hidden": 1, "n_shared_experts": 1, "num_experts_per_tok": 1, "n_group": 1, "topk_group": 1,
+              "first_k_dense_replace": 0}
+    for field, low in bounds.items():
+        config = DeepseekV3Config(**{"n_group": 1, field: low})
+        assert getattr(config, field) == low, field
+        with pytest.raises(ValueError, match=rf"^DeepseekV3Config.{field} must .* {low - 1}"):
+            DeepseekV3Config(**{"n_group": 1, field: low - 1})

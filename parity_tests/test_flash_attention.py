@@ -1125,3 +1125,18 @@ def test_low_precision_mixed_dtypes_are_refused(dtype):
     _, cache = flash_attention_forward(q, k.astype(low), v.astype(low))
     with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
         flash_attention_backward(np.zeros((2, 3, 4), np.float32), cache)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scale_and_cap_lost_in_the_dtype_computed_in_are_refused(impl):
+    """1e300 is finite in float64 but inf in float32, where float32 (and float16, bfloat16) inputs
+    are computed: every score inf or NaN, c * tanh(s / c) NaN. 1e-50 is 0 there. float64 holds both."""
+    q = Q.astype(np.float32)
+    names = ("scale", "softcap") if impl == "readable" else ("scale",)   # the kernel has no cap
+    for name in names:
+        for value, what in ((1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+            with pytest.raises(ValueError, match=rf"^{name} must be finite .* in float32, the dtype it is computed "
+                                                 rf"in: {name} = {re.escape(repr(value))} {what}$"):
+                IMPLS[impl][0](q, q, q, **{name: value})
+        out, _ = IMPLS[impl][0](Q, Q, Q, **{name: 1e-50})
+        assert np.isfinite(out).all(), f"float64 holds {name} = 1e-50"

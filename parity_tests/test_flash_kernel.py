@@ -581,3 +581,20 @@ def test_low_precision_matches_the_readable_version(dtype, case, data):
         assert np.all(np.abs(a64 - b64) <= allowed), (
             f"kernel.{name} ({dtype}) vs readable: {np.max(np.abs(a64 - b64) - allowed):.3g} past "
             "the float32 tolerance plus one ulp")
+
+
+def test_a_stack_holds_at_most_stack_scores_scores(monkeypatch):
+    """The bound on a causal stack: G slices of a bq x bk tile hold G bq bk scores, at most
+    STACK_SCORES (4 MiB of float32: 8 slices of the default 256 x 512 tile), at least one slice
+    however large its tile, no more than a worker's share of the N slices, and one slice per call
+    without causality."""
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 1)
+    assert fa.STACK_SCORES * np.dtype(np.float32).itemsize == 4 * 2**20, fa.STACK_SCORES
+    for bq, bk, expected in ((256, 512, 8), (1024, 1024, 1), (2048, 1024, 1), (16, 16, 64), (512, 512, 4)):
+        G = fa._stack_size(64, bq, bk, True)
+        assert G == expected and (G == 1 or G * bq * bk <= fa.STACK_SCORES), f"{bq} x {bk} tiles: {G} slices"
+    assert fa._stack_size(64, 256, 511, True) == 8 and fa._stack_size(64, 256, 513, True) == 7, "the bound's edge"
+    assert fa._stack_size(5, 16, 16, True) == 5, "more slices than there are"
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 4)
+    assert fa._stack_size(10, 16, 16, True) == 3, "a worker's share of 10 slices on 4 is ceil(10 / 4)"
+    assert fa._stack_size(64, 16, 16, False) == 1, "non-causal slices are not stacked"

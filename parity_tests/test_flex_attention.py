@@ -1111,3 +1111,17 @@ def test_low_precision_mixed_dtypes_are_refused(dtype):
         _, cache = forward(q, k.astype(low), v.astype(low))
         with pytest.raises(TypeError, match=f"dout must have the dtype of the forward's output, {dtype}, got float32"):
             nf.flex_attention_backward(np.zeros((1, 2, 3, 4), np.float32), cache)
+
+
+def test_scale_and_cap_lost_in_float32_are_refused():
+    """scale = 1e300 is inf in float32 (every score inf or NaN), 1e-50 is 0 there; soft_cap does
+    not know the scores' dtype and refuses a c that float32, the narrowest computed in, loses."""
+    q = S.ramp(1, 2, 3, 4).astype(np.float32)
+    for value, what in ((1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        tail = rf"in float32, the dtype it is computed in: %s = {re.escape(repr(value))} {what}$"
+        with pytest.raises(ValueError, match=r"^flex_attention: scale must be finite .* " + tail % "scale"):
+            nf.flex_attention_forward(q, q, q, scale=value)
+        with pytest.raises(ValueError, match=r"^softcap must be finite .* " + tail % "softcap"):
+            nf.soft_cap(value)
+    out, _ = nf.flex_attention_forward(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64), scale=1e-50)
+    assert np.isfinite(out).all(), "float64 holds scale = 1e-50"

@@ -19,13 +19,14 @@ import pytest
 import transformers
 
 import torch_attn.gemma2 as tw
+from numpy_attn._tree import leaves
 from numpy_attn.gemma2 import (
     Gemma2Config,
     gemma2_forward,
     gemma2_kv_cache,
     init_gemma2_params,
 )
-from numpy_attn.gemma3 import Gemma3Config
+from numpy_attn.gemma3 import Gemma3Config, init_gemma3_params
 from parity_tests.gemma_kit import (  # noqa: F401  (pytest collects what the module holds)
     budget_test,
     float32_bound,
@@ -138,3 +139,50 @@ def test_default_layer_types_are_transformers(n_layer):
         transformers.Gemma2Config(num_hidden_layers=n_layer).layer_types)
     assert Gemma3Config(n_layer=n_layer).layer_types == tuple(
         transformers.Gemma3TextConfig(num_hidden_layers=n_layer).layer_types)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_init_starts_every_norm_at_0_in_the_dtype_asked(family, dtype):
+    """Gemma's norms scale by 1 + w: w = 0 is the plain RMS norm, as Hugging Face initialises them
+    (a w of 1, Llama's start, would double every normed activation), Gemma 3's QK-norms included.
+    Every leaf in the dtype asked."""
+    config, init, per_block = {"gemma2": (Gemma2Config(n_layer=2), init_gemma2_params, 4),
+                               "gemma3": (Gemma3Config(n_layer=2), init_gemma3_params, 6)}[family]
+    params = init(config, np.random.default_rng(0), dtype)
+    norms = [(path, leaf) for path, leaf in leaves(params) if path.endswith("norm.w")]
+    assert len(norms) == 1 + per_block * config.n_layer, [path for path, _ in norms]
+    for path, leaf in norms:
+        assert not leaf.any(), f"{family} {path} does not start at 0: {leaf}"
+    for path, leaf in leaves(params):
+        assert leaf.dtype == dtype, f"{family} {path} has dtype {leaf.dtype}, asked for {np.dtype(dtype)}"
+
+
+@pytest.mark.parametrize("config_class", [Gemma2Config, Gemma3Config])
+def test_config_runs_llama_checks_and_its_own_lower_bounds(config_class):
+    """Gemma2Config (and Gemma3Config after it) extend LlamaConfig: its checks still run
+    (vocab_size = 0); each of Gemma's own numbers at its bound is accepted, just below refused."""
+    cls = config_class.__name__
+    with pytest.raises(ValueError, match=rf"^{cls}.vocab_size must be a positive integer, got 0$"):
+        config_class(vocab_size=0)
+    for field, low, below, bound in (("query_pre_attn_scalar", 1e-300, 0.0, "a number > 0"),
+                                     ("attn_logit_softcap", 1e-300, 0.0, "a number > 0"),
+                                     ("final_logit_softcap", 1e-300, 0.0, "a number > 0"),
+                                     ("sliding_window", 1, 0, "a positive integer")):
+        assert getattr(config_class(**{field: low}), field) == low, field
+        with pytest.raises(ValueError, match=rf"^{cls}.{field} must be {bound}, got {below}$"):
+            config_class(**{field: below})
+
+
+def test_a_sliding_window_past_every_key_is_no_limit():
+    """sliding_window = 10**30 (an OverflowError in the mask's int64 arithmetic before) is a
+    window longer than any sequence: the logits of one of 1000, full and cached alike."""
+    huge, long = Gemma2Config(n_layer=2, sliding_window=10**30), Gemma2Config(n_layer=2, sliding_window=1000)
+    params = init_gemma2_params(huge, np.random.default_rng(0), np.float64)
+    ids = np.array([[1, 2, 3, 4]])
+    logits, _ = gemma2_forward(ids, params, huge)
+    assert np.array_equal(logits, gemma2_forward(ids, params, long)[0]), "10**30 is not a window past every key"
+    kv_cache = gemma2_kv_cache(huge, 1, np.float64)
+    cached = np.concatenate([gemma2_forward(ids[:, :3], params, huge, kv_cache=kv_cache)[0],
+                             gemma2_forward(ids[:, 3:], params, huge, kv_cache=kv_cache)[0]], axis=1)
+    assert_close("gemma2 cached with sliding_window = 10**30", cached, logits)

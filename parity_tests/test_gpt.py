@@ -513,3 +513,17 @@ def test_bad_logits_to_keep_is_refused(bad, error, message):
     params = init_gpt_params(config, np.random.default_rng(0), np.float64)
     with pytest.raises(error, match=message):
         gpt_forward(np.zeros((1, 3), np.int64), params, config, logits_to_keep=bad)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_no_tokens_give_empty_logits_and_zero_gradients(positions):
+    """ids (B, 0), as attention takes T = 0: logits (B, 0, V), every gradient zero (an empty sum);
+    with sinusoidal positions the table of no position is empty (its largest position is
+    taken over none)."""
+    config = GPTConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_embd=8, positions=positions)
+    params = init_gpt_params(config, np.random.default_rng(0), dtype=np.float64)
+    logits, cache = gpt_forward(np.zeros((2, 0), np.int64), params, config)
+    assert logits.shape == (2, 0, 7), f"gpt logits with T = 0: {logits.shape}"
+    grads = gpt_backward(np.zeros((2, 0, 7)), cache)
+    for path, g in tree_leaves(grads):
+        assert not g.any(), f"gpt.{path} with T = 0: {g}"

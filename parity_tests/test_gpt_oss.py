@@ -357,3 +357,34 @@ def test_init_gives_every_parameter_its_shape():
     assert shapes["mlp.router.w"] == (8, 3) and shapes["mlp.experts.gate.w"] == (3, 8, 6), shapes
     assert shapes["mlp.experts.down.b"] == (3, 8), shapes
     assert all(a.dtype == np.float32 for _, a in leaves(params)), "init_gpt_oss_params changed the dtype"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_init_draws_the_sinks_from_n_0_0_02(dtype):
+    """Each sink logit starts N(0, 0.02^2), as Hugging Face's initializer_range: a larger spread
+    would start some heads far from the others. 1024 draws: the sample mean lies within 5
+    standard errors (0.02 / 32) of 0, the sample std within 10% (7 of its standard errors) of
+    0.02; and the sinks come in the dtype asked for."""
+    config = GptOssConfig(n_layer=8, n_embd=256, n_head=128, n_kv_head=1, hidden=2, n_experts=2)
+    sinks = np.concatenate([block["attn"]["sinks"] for block in
+                            init_gpt_oss_params(config, np.random.default_rng(0), dtype)["blocks"].values()])
+    assert sinks.dtype == dtype and sinks.shape == (1024,), (sinks.dtype, sinks.shape)
+    mean, std = sinks.astype(np.float64).mean(), sinks.astype(np.float64).std()
+    assert abs(mean) < 5 * 0.02 / 32 and abs(std - 0.02) < 0.002, f"sinks mean {mean:.3g}, std {std:.3g}"
+
+
+@pytest.mark.parametrize("field, low, below, bound", [
+    ("n_experts", 1, 0, "a positive integer"),
+    ("experts_per_token", 1, 0, "a positive integer"),
+    ("sliding_window", 1, 0, "a positive integer"),
+    ("swiglu_limit", 1e-300, 0.0, "a number > 0"),
+])
+def test_config_at_its_lower_bounds_and_below(field, low, below, bound):
+    """Each of gpt-oss's own numbers at its smallest value is accepted, just below it refused
+    naming the field; and LlamaConfig's checks still run (vocab_size = 0)."""
+    config = GptOssConfig(n_layer=2, **{field: low}, **({"experts_per_token": 1} if field == "n_experts" else {}))
+    assert getattr(config, field) == low
+    with pytest.raises(ValueError, match=rf"^GptOssConfig.{field} must be {bound}, got {below}$"):
+        GptOssConfig(n_layer=2, **{field: below})
+    with pytest.raises(ValueError, match=r"^GptOssConfig.vocab_size must be a positive integer, got 0$"):
+        GptOssConfig(vocab_size=0)

@@ -398,3 +398,21 @@ def test_sliding_decode_equals_full_window_attention(case, flash, softcap):
         assert cache.layer(1).held == min(start, window), f"sliding layer holds {cache.layer(1).held}"
         assert cache.nbytes == nbytes, "the allocation changed"
     assert nbytes == (T + window) * one, f"nbytes {nbytes}: T slots for the full layer, {window} for the sliding"
+
+
+@pytest.mark.parametrize("windows", [None, [None, 2]])
+def test_unused_slots_start_at_zero_and_are_never_read(windows):
+    """A new cache's slots are zeros (np.empty would hand out whatever memory held, so an
+    accidental read would differ from run to run), and what the unused slots hold never reaches
+    the keys and values returned: filled with NaN past the length, the answer is the same."""
+    cache = init_kv_cache(2, 1, 1, 5, 2, np.float64, windows=windows)
+    assert not cache.buffer_k.any() and not cache.buffer_v.any(), "a new cache's slots are not zeros"
+    poisoned = init_kv_cache(2, 1, 1, 5, 2, np.float64, windows=windows)
+    poisoned.buffer_k[:], poisoned.buffer_v[:] = np.nan, np.nan
+    for T in (2, 1, 1):
+        k, v = S.ramp(1, 1, T, 2), -S.ramp(1, 1, T, 2)
+        for i in range(2):
+            expected = kv_cache_update(cache.layer(i), k, v)
+            got = kv_cache_update(poisoned.layer(i), k, v)
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), \
+                f"layer {i} read an unused slot: {got}"

@@ -383,3 +383,33 @@ def test_bad_input():
         layer_norm_backward(np.zeros((3, 2)), cache)
     with pytest.raises(TypeError, match="layer_norm_backward: dout must have the dtype .* float64, got float32"):
         layer_norm_backward(np.zeros((2, 3), np.float32), cache)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_eps_lost_in_the_dtype_computed_in_is_refused(dtype):
+    """eps = inf passed the old `eps >= 0` and gave b alone; 1e300 is inf in float32 (where float16,
+    bfloat16 and float32 are computed); 1e-50 is 0 there: a constant row divides 0 by 0."""
+    x = S.ramp(2, 3).astype(np.float32) if dtype == "float32" else round_to(S.ramp(2, 3), dtype)
+    for eps, what in ((float("inf"), "is not finite"), (1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"^eps must be finite .* in float32, the dtype it is computed in: "
+                                             rf"eps = {re.escape(repr(eps))} {what}$"):
+            layer_norm_forward(x, eps=eps)
+    out, _ = layer_norm_forward(np.ones((2, 3)), eps=1e-50)
+    assert np.array_equal(out, np.zeros((2, 3))), "float64 holds eps = 1e-50"
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_low_precision_parameter_gradients_are_summed_in_float32_and_rounded_once(dtype):
+    """db and dw of 4096 rows: summed in float16 or bfloat16 they would lose most of their digits
+    (at 4096 a float16 ulp is 4); they are the float32 sums of the float32 products rounded once
+    to the dtype, bit for bit."""
+    rng = np.random.default_rng(0)
+    x, dout = round_to(rng.standard_normal((4096, 3)), dtype), round_to(1 + rng.uniform(0, 0.1, (4096, 3)), dtype)
+    w, b = round_to(np.ones(3), dtype), round_to(np.zeros(3), dtype)
+    _, cache = layer_norm_forward(x, w, b)
+    _, grads = layer_norm_backward(dout, cache)
+    xhat = cache[0]
+    expected_db = dout.astype(np.float32).sum(axis=0).astype(x.dtype)
+    expected_dw = (dout.astype(np.float32) * xhat).sum(axis=0).astype(x.dtype)
+    assert np.array_equal(grads["b"], expected_db), f"db {grads['b']} vs {expected_db}"
+    assert np.array_equal(grads["w"], expected_dw), f"dw {grads['w']} vs {expected_dw}"

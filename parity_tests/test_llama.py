@@ -345,3 +345,20 @@ def test_bad_input():
     with pytest.raises(ValueError, match="token id 7 is out of range"):
         llama_forward(np.full((1, 3), 7), params, config)
     assert_bad_config_rng_and_dlogits_refused("llama", llama_forward, llama_backward, init_llama_params, params, config)
+
+
+LOWER_BOUNDS = {"vocab_size": 1, "block_size": 1, "n_layer": 0, "n_head": 1, "n_kv_head": 1, "hidden": 1,
+                "head_dim": 2}
+
+
+@pytest.mark.parametrize("field, low", LOWER_BOUNDS.items())
+def test_config_counts_at_their_lower_bound_and_one_below(field, low):
+    """Each count at its smallest value makes a model that runs; one below is refused naming the
+    field (a bound moved by one either way fails here)."""
+    base = dict(vocab_size=5, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, hidden=3)
+    config = LlamaConfig(**{**base, field: low})
+    logits, _ = llama_forward(np.zeros((1, 1), np.int64), init_llama_params(config, np.random.default_rng(0)), config)
+    assert getattr(config, field) == low and logits.shape == (1, 1, config.vocab_size), (field, logits.shape)
+    bound = "a positive integer" if low == 1 else f"an integer >= {low}"
+    with pytest.raises(ValueError, match=rf"^LlamaConfig.{field} must be {bound}, got {low - 1}$"):
+        LlamaConfig(**{**base, field: low - 1})

@@ -2,6 +2,8 @@
 mask equals PyTorch's F.scaled_dot_product_attention given the equivalent mask, or the sequences
 run alone (padding dropped, packed sequences taken apart), forward and backward."""
 
+import re
+
 import numpy as np
 import pytest
 import torch.nn.functional as F
@@ -381,3 +383,39 @@ def test_bad_input_is_refused():
         varlen_position_ids(np.array([1, 3]))
     with pytest.raises(TypeError, match="cu_seqlens must be an integer NumPy array"):
         varlen_attn_mask(np.array([0.0, 2.0]))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("T, S", [(3, 5), (5, 3), (4, 4)])
+def test_window_past_every_key_is_no_limit(align, T, S):
+    """A window of at least T + S keys sees all a causal query sees: it is the causal mask, up to
+    2**63 and 10**30 (an OverflowError in int64 before), on both sides."""
+    causal = causal_mask(T, S, align)
+    for window in (T + S, 2**63, 10**30):
+        assert np.array_equal(sliding_window_mask(T, S, window, align), causal), f"window {window}"
+        assert np.array_equal(to_numpy(tw.sliding_window_mask(T, S, window, align)), causal), f"twin {window}"
+
+
+def test_refusals_name_what_was_given():
+    """Each refusal's whole message: the dtype or type given, the argument's name; cu_seqlens
+    = [0] (no sequence, N = 0) is an empty batch, not a mistake; and a varlen mask is causal only
+    when asked."""
+    refusals = [
+        (lambda: sliding_window_mask(3, 3, None), TypeError,
+         "window must be a positive integer, got None (use causal_mask for no window)"),
+        (lambda: padding_attn_mask(np.zeros((2, 3))), TypeError,
+         "key_padding_mask must be a bool NumPy array (True at padding), got float64"),
+        (lambda: padding_attn_mask([[True]]), TypeError,
+         "key_padding_mask must be a bool NumPy array (True at padding), got list"),
+        (lambda: varlen_attn_mask(np.array([0.0, 2.0])), TypeError,
+         "cu_seqlens must be an integer NumPy array, got float64"),
+        (lambda: varlen_attn_mask([0, 2]), TypeError, "cu_seqlens must be an integer NumPy array, got list"),
+        (lambda: varlen_attn_mask(np.zeros((1, 2), np.int64)), ValueError,
+         "cu_seqlens must have 1 dimensions, got shape (1, 2)"),
+    ]
+    for call, error, message in refusals:
+        with pytest.raises(error, match=f"^{re.escape(message)}$"):
+            call()
+    none = np.array([0])
+    assert varlen_attn_mask(none).shape == (0, 0) and varlen_position_ids(none).shape == (0,), "cu_seqlens [0]"
+    assert varlen_attn_mask(np.array([0, 2])).all(), "varlen_attn_mask is not causal unless asked"

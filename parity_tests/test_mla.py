@@ -529,6 +529,22 @@ def test_dtype_and_shapes_are_preserved(dtype, q_lora_rank):
         assert g.dtype == dtype and g.shape == mla_param_shapes(config)[path], f"mla.{path} {g.dtype} {g.shape}"
 
 
+
+@pytest.mark.parametrize("q_lora_rank", [3, None])
+def test_no_tokens_give_empty_outputs_and_zero_gradients(q_lora_rank):
+    """T = 0, as attention takes it: out and dx (B, 0, C), every parameter's gradient zero (an
+    empty sum), and absorbed decoding of no token returns (B, 0, C) and leaves its cache as it was."""
+    config, params, *_ = _pinned_case(q_lora_rank=q_lora_rank)
+    x = np.zeros((2, 0, 5))
+    out, cache = mla_forward(x, params, config)
+    dx, grads = mla_backward(np.zeros((2, 0, 5)), cache)
+    assert out.shape == (2, 0, 5) and dx.shape == (2, 0, 5), f"mla with T = 0: out {out.shape}, dx {dx.shape}"
+    for path, g in tree_leaves(grads):
+        assert g.shape == mla_param_shapes(config)[path] and not g.any(), f"mla.{path} with T = 0: {g}"
+    latent_cache = init_latent_cache(config, 2, 4, np.float64)
+    out = mla_absorbed_forward(x, params, config, latent_cache)
+    assert out.shape == (2, 0, 5) and latent_cache.length == 0, f"absorbed T = 0: {out.shape}, {latent_cache.length}"
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=cases(dtype=np.float64), seed=st.integers(0, 2**32 - 1))

@@ -18,8 +18,10 @@ from numpy_attn.moe import (
     deepseek_router_forward,
     gpt_oss_moe_backward,
     gpt_oss_moe_forward,
+    gpt_oss_router_forward,
     init_deepseek_moe_params,
     init_gpt_oss_moe_params,
+    top_k,
 )
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -611,3 +613,91 @@ def test_bad_input():
     _, cache = deepseek_moe_forward(x, params, k=1, **kw)
     with pytest.raises(TypeError, match="deepseek_moe: dout must have the dtype of the forward's output, float64"):
         deepseek_moe_backward(np.zeros((3, 3), np.float32), cache)
+
+
+def test_top_k_refuses_k_beyond_the_experts():
+    """torch.topk refuses k > E; argsort would quietly return all E indices."""
+    with pytest.raises(RuntimeError):
+        torch.topk(torch.arange(4.0), 5)
+    with pytest.raises(ValueError, match=r"^k = 5 must lie in \[1, 4\]: E = 4 scores along the last axis"):
+        top_k(np.arange(4.0), 5)
+    with pytest.raises(ValueError, match=r"^k = 0 must lie in \[1, 4\]"):
+        top_k(np.arange(4.0), 0)
+    with pytest.raises(ValueError, match=r"^scores of shape \(4,\) hold NaN or \+inf"):
+        top_k(np.array([0.0, np.nan, 1.0, 2.0]), 2)
+    assert np.array_equal(top_k(np.array([0.0, -np.inf, 1.0, 2.0]), 4), [3, 2, 0, 1]), "-inf is chosen last"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_routers_are_refused(bad):
+    """A NaN in one router weight would quietly never choose its expert (argsort puts NaN last) and
+    the output would stay finite: each router array is refused by name, through the layer and
+    through the router alone."""
+    x, params, hyper, _ = ONE_TOKEN_GPT_OSS
+    for key in ("w", "b"):
+        router = {**params["router"], key: params["router"][key].copy()}
+        router[key].flat[1] = bad
+        with pytest.raises(ValueError, match=rf"^router.{key} of shape .* holds NaN or inf"):
+            gpt_oss_moe_forward(x, {**params, "router": router}, **hyper)
+        with pytest.raises(ValueError, match=rf"^router.{key} of shape .* holds NaN or inf"):
+            gpt_oss_router_forward(x, router, 1)
+    x, params, hyper, _ = ALL_EXPERTS_DEEPSEEK
+    router = {"w": params["router"]["w"].copy()}
+    router["w"][0, 1] = bad
+    with pytest.raises(ValueError, match=r"^router.w of shape .* holds NaN or inf"):
+        deepseek_moe_forward(x, {**params, "router": router}, **hyper)
+    with pytest.raises(ValueError, match=r"^router.w of shape .* holds NaN or inf"):
+        deepseek_router_forward(x, router, params["selection_bias"], 1)
+    bias = params["selection_bias"].copy()
+    bias[2] = bad
+    with pytest.raises(ValueError, match=r"^selection_bias of shape \(4,\) holds NaN or inf"):
+        deepseek_moe_forward(x, {**params, "selection_bias": bias}, **hyper)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_overflowing_router_logits_are_refused():
+    """Finite float32 weights whose logits overflow to inf would give a NaN routing weight."""
+    x, params, hyper, _ = ONE_TOKEN_GPT_OSS
+    x, params = x.astype(np.float32), tree_map(lambda p: p.astype(np.float32), params)
+    router = {"w": np.full_like(params["router"]["w"], 3e38), "b": params["router"]["b"]}
+    with pytest.raises(ValueError, match=r"^scores of shape \(1, 3\) hold NaN or \+inf"):
+        gpt_oss_moe_forward(np.abs(x) + 1, {**params, "router": router}, **hyper)
+
+
+def test_n_group_below_one_is_refused():
+    """n_group = 0 divides by zero where the experts are split into groups."""
+    x, params, hyper, _ = ALL_EXPERTS_DEEPSEEK                       # E = 4
+    for n_group in (0, -2):
+        match = rf"^n_group = {n_group} must lie in \[1, 4\]: n_experts = 4$"
+        with pytest.raises(ValueError, match=match):
+            deepseek_moe_forward(x, params, k=1, n_group=n_group, topk_group=1)
+        with pytest.raises(ValueError, match=match):
+            deepseek_router_forward(x, params["router"], params["selection_bias"], 1, n_group=n_group)
+
+
+def test_numbers_lost_in_float32_are_refused():
+    """alpha, limit and routed_scaling_factor of 1e300 are finite in float64 but inf in float32,
+    where float32 (and float16, bfloat16) layers compute: sigmoid(inf * 0) and inf * weight are NaN."""
+    for kind, name in (("gpt_oss", "alpha"), ("gpt_oss", "limit"), ("deepseek", "routed_scaling_factor")):
+        x, params, hyper, _ = {"gpt_oss": ONE_TOKEN_GPT_OSS, "deepseek": ONE_TOKEN_DEEPSEEK}[kind]
+        x, params = x.astype(np.float32), tree_map(lambda p: p.astype(np.float32), params)
+        with pytest.raises(ValueError, match=rf"^{name} must be finite .* in float32, the dtype it is computed in: "
+                                             rf"{name} = 1e\+300 overflows to inf$"):
+            LAYERS[kind][0](x, params, **{**hyper, name: 1e300})
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_leading_axes_are_tokens_alike(kind):
+    """x (B, T, C) is routed as its B * T tokens (C,) each: out, dx and every gradient equal those
+    of the flattened (B * T, C) input, bit for bit (the router picks along the experts' axis)."""
+    x, params, hyper, dout = ALL_EXPERTS_GPT_OSS if kind == "gpt_oss" else ALL_EXPERTS_DEEPSEEK
+    forward, backward, _ = LAYERS[kind]
+    x3, dout3 = np.stack([x, x[::-1]]), np.stack([dout, dout[::-1]])         # (2, N, C)
+    out3, cache3 = forward(x3, params, **hyper)
+    out2, cache2 = forward(x3.reshape(-1, x.shape[-1]), params, **hyper)
+    dx3, grads3 = backward(dout3, cache3)
+    dx2, grads2 = backward(dout3.reshape(-1, x.shape[-1]), cache2)
+    assert out3.shape == x3.shape and np.array_equal(out3.reshape(out2.shape), out2), f"{kind} out"
+    assert np.array_equal(dx3.reshape(dx2.shape), dx2), f"{kind} dx"
+    for (path, g3), (_, g2) in zip(tree_leaves(grads3), tree_leaves(grads2), strict=True):
+        assert np.array_equal(g3, g2), f"{kind} {path}"

@@ -1,5 +1,7 @@
 """Parity tests for numpy_attn/optim.py and torch_attn/optim.py: several steps of AdamW and SGD."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -584,3 +586,13 @@ def test_unscaled_gradients_are_float32_and_overflow_is_found(who):
 def test_bad_loss_scaling_is_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         optim.loss_scale_init(**{field: value})
+
+
+@pytest.mark.parametrize("dampening", [-1e-300, 1.0 + 2**-52, float("nan")])
+def test_dampening_outside_0_1_is_refused(dampening):
+    """dampening scales the new gradient by 1 - dampening: above 1 it would enter with the wrong
+    sign, below 0 amplified (PyTorch takes both without a word); 1 itself is allowed."""
+    init, step, *_ = OPTIMIZERS["sgd"]
+    params = {"w": np.zeros(2)}
+    with pytest.raises(ValueError, match=rf"^dampening must lie in \[0, 1\], got {re.escape(repr(dampening))}$"):
+        step(params, params, init(params), lr=0.1, momentum=0.9, dampening=dampening)

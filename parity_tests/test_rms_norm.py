@@ -1,5 +1,7 @@
 """Parity tests for numpy_attn/rms_norm.py and torch_attn/rms_norm.py."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -347,3 +349,17 @@ def test_bad_offset():
         rms_norm_forward(x, np.ones(3), offset=True)
     with pytest.raises(ValueError, match="offset must be finite, got nan"):
         rms_norm_forward(x, np.ones(3), offset=float("nan"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_eps_lost_in_the_dtype_computed_in_is_refused(dtype):
+    """eps = inf passed the old `eps >= 0` and gave zeros; 1e300 is inf in float32 (where float16,
+    bfloat16 and float32 are computed): zeros too; 1e-50 is 0 there: a constant row divides 0 by 0."""
+    x = S.ramp(2, 3).astype(np.float32) if dtype == "float32" else round_to(S.ramp(2, 3), dtype)
+    w = np.ones(3, x.dtype)
+    for eps, what in ((float("inf"), "is not finite"), (1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"^eps must be finite .* in float32, the dtype it is computed in: "
+                                             rf"eps = {re.escape(repr(eps))} {what}$"):
+            rms_norm_forward(x, w, eps=eps)
+    out, _ = rms_norm_forward(np.zeros((2, 3)), np.ones(3), eps=1e-50)
+    assert np.array_equal(out, np.zeros((2, 3))), "float64 holds eps = 1e-50"

@@ -420,6 +420,9 @@ HF_SCALINGS = [
     {**YARN, "factor": 16.0, "attention_factor": 1.5, "beta_fast": 4},
     {**YARN, "factor": 2.0, "mscale": 0.707},                       # mscale alone is ignored
     {**YARN, "factor": 1.0, "truncate": True},                      # factor 1: attention factor 1
+    # beta_fast and beta_slow left to their defaults (32 and 1) where they move the ramp: at L = 64
+    # every pair turns fewer than 32 times and the ramp starts at 0 whatever beta_fast is.
+    {**YARN, "factor": 8.0, "original_max_position_embeddings": 4096, "truncate": False},
     {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
     {"rope_type": "dynamic", "factor": 8.0, "original_max_position_embeddings": 16},
 ]
@@ -543,3 +546,36 @@ def test_bad_scaling():
         rope_frequencies(4, 10000.0, dynamic, seq_len=0)
     with pytest.raises(ValueError, match="rope_type must be one of .* got 'longrope'"):
         rope_attention_factor({"rope_type": "longrope", "factor": 2.0})
+
+
+SCALING_TYPES = {
+    "linear": {"rope_type": "linear"},
+    "llama3": {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    "yarn": YARN,
+    "dynamic": {"rope_type": "dynamic", "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("rope_type", SCALING_TYPES)
+def test_factors_that_are_not_positive_finite_numbers_are_refused(rope_type):
+    """factor = 0 divides every frequency by 0 (YaRN took it before), inf slows every pair to 0 (it
+    was taken by all but YaRN), and 1e-320 is positive but 1 / 1e-320 is inf in float64."""
+    x, positions = np.zeros((2, 3, 4)), np.arange(3)
+    for factor, match in ((0, f"^{rope_type} scaling needs factor > 0, got 0$"),
+                          (-1.5, f"^{rope_type} scaling needs factor > 0, got -1.5$"),
+                          (float("inf"), f"^{rope_type} scaling needs a finite factor, got inf$"),
+                          (10**400, f"^{rope_type} scaling needs a finite factor, got 1000"),
+                          (1e-320, f"^{rope_type} scaling factor = 1e-320 is too small: 1 / factor overflows to inf "
+                                   "in float64")):
+        with pytest.raises(ValueError, match=match):
+            rope_forward(x, positions, scaling={**SCALING_TYPES[rope_type], "factor": factor})
+    out, _ = rope_forward(x, positions, scaling={**SCALING_TYPES[rope_type], "factor": 1e-300})
+    assert np.isfinite(out).all(), f"{rope_type} with factor 1e-300"
+
+
+def test_theta_that_is_not_finite_is_refused():
+    """theta = inf passed the old `theta > 1` and made every pair but the first stand still."""
+    for theta, what in ((float("inf"), "is not finite"), (10**400, "overflows to inf")):
+        with pytest.raises(ValueError, match=rf"^theta must be finite .* in float64, .* {what}$"):
+            rope_frequencies(4, theta)

@@ -168,7 +168,7 @@ def test_dtype_is_preserved(dtype, c):
 @pytest.mark.parametrize("softcap, error, message",
                          BAD_SOFTCAPS + [(None, TypeError, "softcap must be a finite number > 0, got None")])
 def test_bad_softcap_is_refused(softcap, error, message):
-    with pytest.raises(error, match=re.escape(message)):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         logit_softcap_forward(np.zeros(3), softcap)
 
 
@@ -182,3 +182,17 @@ def test_bad_input_is_refused():
         logit_softcap_backward(np.zeros((3, 2)), cache)
     with pytest.raises(TypeError, match="logit_softcap: dout must have the dtype .* float64, got float32"):
         logit_softcap_backward(np.zeros((2, 3), np.float32), cache)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cap_lost_in_the_dtype_computed_in_is_refused(dtype):
+    """c = 1e300 is finite in float64 but inf in float32, where float16, bfloat16 and float32 inputs
+    are computed: inf * tanh(x / inf) was NaN. c = 1e-50 rounds to 0 there, a division by zero.
+    float64 input holds both and is capped by them."""
+    x = S.ramp(2, 3).astype(np.float32) if dtype == "float32" else round_to(S.ramp(2, 3), dtype)
+    for c, what in ((1e300, "overflows to inf"), (1e-50, "underflows to 0")):
+        with pytest.raises(ValueError, match=rf"^softcap must be finite .* in float32, the dtype it is computed in: "
+                                             rf"softcap = {re.escape(repr(c))} {what}$"):
+            logit_softcap_forward(x, c)
+        out, _ = logit_softcap_forward(S.ramp(2, 3), c)
+        assert np.isfinite(out).all() and np.all(np.abs(out) <= c), f"float64 capped at {c}: {out}"

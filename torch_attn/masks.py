@@ -16,6 +16,7 @@ def causal_mask(T, S, align="top_left", rows=slice(None), cols=slice(None), devi
 
 def sliding_window_mask(T, S, window, align="top_left", rows=slice(None), cols=slice(None), device=None):
     """(T, S) bool: causal_mask keeping only each query's last ``window`` keys, its own included."""
+    window = min(window, T + S)   # a window past every key is no limit (2**63 would overflow int64)
     t, s = _query_key_positions(T, S, align, rows, cols, device)   # (T, 1), (1, S)
     return (s <= t) & (s > t - window)                    # (T, S)
 

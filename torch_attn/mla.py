@@ -26,14 +26,14 @@ from torch_attn.rope import rope as rotate
 def _query(x, params, config, pos):
     """x (B, T, C) -> q_n (B, nh, T, dn), rotated q_r (B, nh, T, dr)."""
     B, T, C = x.shape
-    nh, dn = config.n_head, config.qk_nope_head_dim
+    nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
     if config.q_lora_rank is None:   # one full-rank projection
         q = linear(x, **params["q"])                                          # (B, T, C) -> (B, T, nh*(dn+dr))
     else:
         c_q = linear(x, **params["q_a"])                                      # (B, T, C) -> (B, T, rq)
         c_q = rms_norm(c_q, params["q_a_norm"]["w"], config.rms_eps)          # (B, T, rq)
         q = linear(c_q, **params["q_b"])                                      # (B, T, rq) -> (B, T, nh*(dn+dr))
-    q = q.reshape(B, T, nh, -1).transpose(1, 2)                               # -> (B, nh, T, dn+dr)
+    q = q.reshape(B, T, nh, dn + dr).transpose(1, 2)                          # -> (B, nh, T, dn+dr)
     q_n, q_r = q[..., :dn], q[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dr)
     q_r = rotate(q_r, pos, config.rope_theta, config.rope_layout,
                  config.rope_scaling)                                         # (B, nh, T, dr)
@@ -60,12 +60,12 @@ def mla(x, params, config, positions=None, kv_cache=None):
     B, T, C = x.shape
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     positions = torch.arange(past, past + T, device=x.device) if positions is None else positions
-    nh, dn, dr = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim
+    nh, dn, dr, dv = config.n_head, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q_n, q_r = _query(x, params, config, pos)                                 # (B, nh, T, dn), (B, nh, T, dr)
     c_kv, k_r = _latent(x, params, config, pos)                               # (B, T, rkv), (B, 1, T, dr)
     kv = linear(c_kv, **params["kv_b"])                                       # (B, T, rkv) -> (B, T, nh*(dn+dv))
-    kv = kv.reshape(B, T, nh, -1).transpose(1, 2)                             # -> (B, nh, T, dn+dv)
+    kv = kv.reshape(B, T, nh, dn + dv).transpose(1, 2)                        # -> (B, nh, T, dn+dv)
     k_n, v = kv[..., :dn], kv[..., dn:]                                       # (B, nh, T, dn), (B, nh, T, dv)
     q = torch.cat([q_n, q_r], dim=-1)                                         # (B, nh, T, dn+dr)
     k = torch.cat([k_n, k_r.expand(B, nh, T, dr)], dim=-1)                    # (B, nh, T, dn+dr): k_r shared
@@ -73,7 +73,7 @@ def mla(x, params, config, positions=None, kv_cache=None):
         k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
     y, _ = scaled_dot_product_attention(q, k, v, is_causal="bottom_right",
                                         scale=config.softmax_scale)           # (B, nh, T, dv)
-    y = y.transpose(1, 2).reshape(B, T, -1)                                   # (B, nh, T, dv) -> (B, T, nh*dv)
+    y = y.transpose(1, 2).reshape(B, T, nh * dv)                              # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
     return out
 
@@ -115,7 +115,7 @@ def mla_absorbed(x, params, config, latent_cache, positions=None):
     B, T, C = x.shape
     past = latent_cache.length
     positions = torch.arange(past, past + T, device=x.device) if positions is None else positions
-    nh, dn, rkv = config.n_head, config.qk_nope_head_dim, config.kv_lora_rank
+    nh, dn, dv, rkv = config.n_head, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
     q_n, q_r = _query(x, params, config, pos)                                 # (B, nh, T, dn), (B, nh, T, dr)
     c_kv, k_r = _latent(x, params, config, pos)                               # (B, T, rkv), (B, 1, T, dr)
@@ -128,7 +128,7 @@ def mla_absorbed(x, params, config, latent_cache, positions=None):
     y_c, _ = scaled_dot_product_attention(q, k, c_kv[:, None], is_causal="bottom_right",
                                           scale=config.softmax_scale)         # (B, nh, T, rkv)
     y = (upcast(y_c) @ upcast(w_uv)).to(x.dtype)                              # (B, nh, T, rkv) -> (B, nh, T, dv)
-    y = y.transpose(1, 2).reshape(B, T, -1)                                   # (B, nh, T, dv) -> (B, T, nh*dv)
+    y = y.transpose(1, 2).reshape(B, T, nh * dv)                              # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
     return out
 

@@ -99,9 +99,9 @@ def _check_inputs(q, k, v, is_causal, scale, block_q, block_k, sinks):
         # and silently give top-left. numpy_attn/flash_attention.py takes both alignments.
         raise ValueError(f"is_causal must be True or False (top-left) in the tuned kernel, got "
                          f"{is_causal!r}; numpy_attn.flash_attention takes is_causal='bottom_right'")
-    check_scale(scale)   # as numpy_attn/flash_attention.py
     # The shapes, dtypes and grouped-query heads the reference takes, with the same messages.
     check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, rng=None)
+    check_scale(scale, dtype=q.dtype)   # as numpy_attn/flash_attention.py
     check_sinks(sinks, q)
 
 
