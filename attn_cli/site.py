@@ -234,8 +234,7 @@ def _equations(formulas, warnings, op):
 
 
 def _errors_table(op, rows, warnings):
-    if rows is None:
-        warnings.append(f"{op.name}: no test-errors.json, so no measured errors (run python -m pytest first)")
+    if rows is None:   # build() has said so once
         return ('<p class="muted">Not measured: the site was built without <code>test-errors.json</code>; '
                 "run <code>python -m pytest</code>, then build the site again.</p>")
     mine = errors_of(op, rows)
@@ -334,6 +333,9 @@ def build(errors_path=None, images=IMAGES):
     ops = show.operations()
     rows = read_errors(errors_path)
     warnings, files = [], {"style.css": CSS.encode()}
+    if rows is None:   # said once for the site, not once per page
+        warnings.append("no test-errors.json, so no page shows measured errors: run python -m pytest (the "
+                        "whole suite, or the test files of the pages you want), then build the site again")
     files["index.html"] = index_page(ops, rows).encode()
     for op in ops:
         page, pictures = op_page(op, ops, rows, warnings, images)

@@ -22,6 +22,7 @@ THREADS = int(os.environ["OMP_NUM_THREADS"])
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
+from attn_cli.checkpoint import replace_file  # noqa: E402
 from parity_tests import helpers  # noqa: E402
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,6 +93,7 @@ def pytest_report_header(config):
 
 ERROR_FILE = "test-errors.txt"      # in the rootdir; git-ignored
 ERROR_JSON = "test-errors.json"     # the same per test file, read by numpy-attn site; git-ignored
+ERROR_KEYS = {"test_file", "name", "dtype", "max_abs_error", "tolerance_used"}   # one row of ERROR_JSON
 BUDGET_JSON = "test-precision.json"  # the multiples of PyTorch's low-precision error; git-ignored
 
 # -- the error_budget marker: `python docs/precision_table.py --run` runs `pytest -m error_budget` ------
@@ -202,6 +204,18 @@ def pytest_sessionfinish(session):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _earlier_error_rows(root):
+    """ERROR_JSON's rows of an earlier run, of test files that still exist; none if the file is
+    absent or not such a list (it is ours to rewrite: the site reads it, nobody edits it)."""
+    try:
+        rows = json.loads((root / ERROR_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and set(row) == ERROR_KEYS for row in rows):
+        return []
+    return [row for row in rows if isinstance(row["test_file"], str) and (root / row["test_file"]).is_file()]
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The ten comparisons closest to their tolerance on the terminal; every one in ERROR_FILE."""
     if _worker(config):
@@ -216,8 +230,8 @@ def pytest_terminal_summary(terminalreporter, config):
     path = config.rootpath / ERROR_FILE
     path.write_text("Largest error seen per compared tensor and dtype (by name), and the share of "
                     "its tolerance it used.\n" + "\n".join(lines) + "\n", encoding="utf-8")
-    (config.rootpath / ERROR_JSON).write_text(json.dumps(helpers.error_rows(), indent=1) + "\n",
-                                              encoding="utf-8")
+    rows = helpers.merged_error_rows(_earlier_error_rows(config.rootpath), helpers.error_rows())
+    replace_file(config.rootpath / ERROR_JSON, (json.dumps(rows, indent=1) + "\n").encode())
     terminalreporter.write_sep("-", "largest errors seen: the ten closest to their tolerance")
     for line in helpers.error_report(most=10):
         terminalreporter.write_line(line)

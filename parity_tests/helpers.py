@@ -263,6 +263,15 @@ def error_rows():
             for (test_file, name, dtype), (err, used) in sorted(_WORST_BY_FILE.items())]
 
 
+def merged_error_rows(old, new):
+    """ERROR_JSON's rows after a run: the run's ``new`` rows, and those of ``old`` (the file's rows
+    before it) whose test file the run measured nothing of. A run of some test files so updates
+    theirs and keeps every other file's last measurement, for the site's pages."""
+    measured = {row["test_file"] for row in new}
+    kept = [row for row in old if row["test_file"] not in measured]
+    return sorted(kept + new, key=lambda row: (row["test_file"], row["name"], row["dtype"]))
+
+
 def records():
     """Everything this process recorded (largest errors, budget multiples, budget tests), as lists
     that pytest-xdist can send: a worker sends its records to the controller, which merges them

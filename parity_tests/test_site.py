@@ -159,6 +159,7 @@ def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path, monkeypatc
     assert not (tmp_path / "s").exists()
     status, _, err = run(str(tmp_path / "s"))
     assert status == 0 and "no test-errors.json" in err
+    assert err.count("no test-errors.json") == 1, "said once for the site, not once per page"
     assert "Not measured: the site was built without" in page(tmp_path / "s", "softmax")
     status, _, err = run(str(tmp_path / "t"), "--errors", str(tmp_path / "none.json"))
     assert status == 2 and f"--errors '{tmp_path / 'none.json'}': no such file" in err
@@ -548,15 +549,24 @@ def test_a_signal_to_numpy_attn_site_between_its_renames(tmp_path, signame):
 @pytest.mark.slow
 def test_the_suite_writes_the_report_the_site_reads():
     """A run of the suite (here one test of test_softmax.py) writes test-errors.json, whose rows
-    name their test file: the softmax page shows them. The checkout's own reports are put back
-    afterwards, byte for byte."""
+    name their test file: the softmax page shows them. The run replaces the rows of the files it
+    measured and keeps the others' (a partial run never erases the site's measurements), dropping
+    rows of test files that no longer exist. The checkout's own reports are put back afterwards,
+    byte for byte."""
     import os
     import subprocess
     import sys
 
     reports = {name: (ROOT / name).read_bytes() if (ROOT / name).is_file() else None
                for name in ("test-errors.json", "test-errors.txt")}
+    earlier = [dict(test_file="parity_tests/test_linear.py", name="linear.marker", dtype="float64",
+                    max_abs_error=1.5e-300, tolerance_used=0.25),
+               dict(test_file="parity_tests/test_softmax.py", name="softmax.stale", dtype="float64",
+                    max_abs_error=2.5e-300, tolerance_used=0.5),
+               dict(test_file="parity_tests/test_gone.py", name="gone.x", dtype="float64",
+                    max_abs_error=1e-16, tolerance_used=0.1)]
     try:
+        (ROOT / "test-errors.json").write_text(json.dumps(earlier))
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                  "parity_tests/test_softmax.py", "-k", "test_forward_matches_twin"],
                                 capture_output=True, text=True, cwd=ROOT, timeout=300,
@@ -569,6 +579,9 @@ def test_the_suite_writes_the_report_the_site_reads():
                 (ROOT / name).unlink(missing_ok=True)
             else:
                 (ROOT / name).write_bytes(content)
-    assert rows and all(r["test_file"] == "parity_tests/test_softmax.py" for r in rows), rows[:3]
+    softmax = [r for r in rows if r["test_file"] == "parity_tests/test_softmax.py"]
+    assert softmax and earlier[1] not in softmax, "the run's rows replace the file's earlier ones"
+    assert [r for r in rows if r["test_file"] != "parity_tests/test_softmax.py"] == [earlier[0]], \
+        "another file's row is kept as it was, a vanished file's dropped"
     op = next(o for o in show.operations() if o.name == "softmax")
-    assert site.errors_of(op, rows)[0]["name"].startswith(("softmax", "log_softmax"))
+    assert site.errors_of(op, softmax)[0]["name"].startswith(("softmax", "log_softmax"))
