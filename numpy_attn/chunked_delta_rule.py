@@ -48,7 +48,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_finite, check_float, check_same_dtype, check_scale, upcast
+from numpy_attn._checks import check_dout, upcast
+from numpy_attn.gated_delta_rule import _check_gated_delta_rule
 
 
 class ChunkedDeltaRuleCache(NamedTuple):
@@ -270,41 +271,12 @@ def _solve_unit_upper(A, R):
 
 
 def _check_chunked_delta_rule(q, k, v, g, beta, initial_state, scale, mask, chunk_size):
-    """Raise on inputs the chunked delta rule cannot take, naming the argument at fault."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        check_float(name, x)
-    if initial_state is not None:
-        check_float("initial_state", initial_state)
-    check_same_dtype(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    if k.ndim != 4 or k.shape[2] < 1:
-        raise ValueError(f"k must have shape (B, nh, T, dk) with T >= 1, got {k.shape}")
-    B, nh, T, dk = k.shape
-    if q.shape != k.shape:
-        raise ValueError(f"q must have k's shape (B, nh, T, dk) = {k.shape}, got {q.shape}")
-    if v.ndim != 4 or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must have shape (B, nh, T, dv) = ({B}, {nh}, {T}, dv) to match k {k.shape}, "
-                         f"got {v.shape}")
-    if g.shape not in (k.shape[:3], k.shape):
-        raise ValueError(f"g must have shape (B, nh, T) = {k.shape[:3]} (one per head) or (B, nh, T, dk) = "
-                         f"{k.shape} (one per key channel), got {g.shape}")
-    if beta.shape != k.shape[:3]:
-        raise ValueError(f"beta must have shape (B, nh, T) = {k.shape[:3]}, got {beta.shape}")
-    state_shape = (B, nh, dk, v.shape[-1])
-    if initial_state is not None and initial_state.shape != state_shape:
-        raise ValueError(f"initial_state must have shape (B, nh, dk, dv) = {state_shape}, got {initial_state.shape}")
-    check_scale(scale, "chunked_delta_rule")
-    if mask is not None:
-        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
-            raise TypeError(f"mask must be a bool NumPy array (B, T), False at padding, got "
-                            f"{getattr(mask, 'dtype', type(mask).__name__)}")
-        if mask.shape != (B, T):
-            raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {mask.shape}")
+    """The recurrence's checks (gated_delta_rule.py), at least one step, and a chunk size that is an
+    integer >= 1; each raises naming the argument at fault."""
+    _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask, "chunked_delta_rule")
+    if q.shape[2] < 1:
+        raise ValueError(f"q must hold at least one step, shape (B, nh, T, dk) with T >= 1, got {q.shape}")
     if isinstance(chunk_size, bool | np.bool_) or not isinstance(chunk_size, int | np.integer):
         raise TypeError(f"chunk_size must be an integer >= 1, got {type(chunk_size).__name__} {chunk_size!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
-        if x is not None:
-            check_finite(name, x)
-    if (g > 0).any():
-        raise ValueError(f"g must be <= 0, the log of a decay in (0, 1], got a largest value of {float(g.max())!r}")

@@ -175,10 +175,11 @@ def _start(q, k, v, g, beta, initial_state, scale):
     return q, k, v, gk, beta, S0, q.dtype.type(dk ** -0.5 if scale is None else scale)
 
 
-def _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask):
+def _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask, op="gated_delta_rule"):
     """Raise unless q, k (B, nh, T, dk), v (B, nh, T, dv), g (B, nh, T) or (B, nh, T, dk), beta
     (B, nh, T), initial_state None or (B, nh, dk, dv) are float arrays of one dtype, finite, g <= 0,
-    scale None or a finite number and mask None or a (B, T) bool array, naming the value at fault."""
+    scale None or a finite number and mask None or a (B, T) bool array, naming the value at fault
+    (and ``op``, the operation, in the scale's message)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_float(name, x)
     if initial_state is not None:
@@ -200,8 +201,8 @@ def _check_gated_delta_rule(q, k, v, g, beta, initial_state, scale, mask):
             check_finite(name, x)
     if g.size and g.max() > 0:
         raise ValueError(f"g, the log of the decay, must be <= 0 (a decay of at most 1), got a largest "
-                         f"value {g.max()!r} in g of shape {g.shape}")
-    check_scale(scale, "gated_delta_rule")
+                         f"value {float(g.max())!r} in g of shape {g.shape}")
+    check_scale(scale, op)
     if mask is not None:
         if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
             raise TypeError(f"mask must be a bool NumPy array (B, T), False at padding, got "

@@ -305,24 +305,27 @@ def bad_input_case():
     (dict(chunk_size=-3), ValueError, r"^chunk_size must be an integer >= 1, got -3$"),
     (dict(chunk_size=2.0), TypeError, r"^chunk_size must be an integer >= 1, got float 2\.0$"),
     (dict(chunk_size=True), TypeError, r"^chunk_size must be an integer >= 1, got bool True$"),
-    (dict(g=np.full((2, 1, 3), 0.5)), ValueError, r"^g must be <= 0, the log of a decay in \(0, 1\], got a "
-                                                  r"largest value of 0\.5$"),
-    (dict(g=np.zeros((2, 1, 3, 2))), ValueError, r"^g must have shape \(B, nh, T\) = \(2, 1, 3\) \(one per head\) "
-                                                 r"or \(B, nh, T, dk\) = \(2, 1, 3, 4\) .*got \(2, 1, 3, 2\)$"),
+    (dict(g=np.full((2, 1, 3), 0.5)), ValueError, r"^g, the log of the decay, must be <= 0 \(a decay of at most "
+                                                  r"1\), got a largest value 0\.5 in g of shape \(2, 1, 3\)$"),
+    (dict(g=np.zeros((2, 1, 3, 2))), ValueError, r"^g must have shape \(2, 1, 3\) or \(2, 1, 3, 4\) to match q "
+                                                 r"\(2, 1, 3, 4\), got \(2, 1, 3, 2\)$"),
     (dict(g=np.full((2, 1, 3), -np.inf)), ValueError, r"^g of shape \(2, 1, 3\) holds NaN or inf$"),
     (dict(v=np.full((2, 1, 3, 2), np.nan)), ValueError, r"^v of shape \(2, 1, 3, 2\) holds NaN or inf$"),
     (dict(beta=np.full((2, 1, 3), np.inf)), ValueError, r"^beta of shape \(2, 1, 3\) holds NaN or inf$"),
     (dict(initial_state=np.full((2, 1, 4, 2), np.nan)), ValueError, r"^initial_state of shape .* holds NaN or inf$"),
-    (dict(q=np.zeros((2, 1, 3, 3))), ValueError, r"^q must have k's shape \(B, nh, T, dk\) = \(2, 1, 3, 4\), "
-                                                 r"got \(2, 1, 3, 3\)$"),
-    (dict(k=np.zeros((2, 3, 4))), ValueError, r"^k must have shape \(B, nh, T, dk\) with T >= 1, got \(2, 3, 4\)$"),
-    (dict(v=np.zeros((2, 1, 4, 2))), ValueError, r"^v must have shape \(B, nh, T, dv\) = \(2, 1, 3, dv\)"),
-    (dict(beta=np.zeros((2, 1, 3, 1))), ValueError, r"^beta must have shape \(B, nh, T\) = \(2, 1, 3\), got"),
-    (dict(initial_state=np.zeros((2, 1, 2, 4))), ValueError, r"^initial_state must have shape \(B, nh, dk, dv\) = "
-                                                             r"\(2, 1, 4, 2\), got \(2, 1, 2, 4\)$"),
+    (dict(q=np.zeros((2, 1, 3, 3))), ValueError, r"^k must have shape \(2, 1, 3, 3\) to match q \(2, 1, 3, 3\), "
+                                                 r"got \(2, 1, 3, 4\)$"),
+    (dict(k=np.zeros((2, 3, 4))), ValueError, r"^k must have shape \(2, 1, 3, 4\) to match q .*got \(2, 3, 4\)$"),
+    (dict(q=np.zeros((2, 1, 0, 4)), k=np.zeros((2, 1, 0, 4)), v=np.zeros((2, 1, 0, 2)), g=np.zeros((2, 1, 0)),
+          beta=np.zeros((2, 1, 0))), ValueError, r"^q must hold at least one step, .* got \(2, 1, 0, 4\)$"),
+    (dict(v=np.zeros((2, 1, 4, 2))), ValueError, r"^v must have shape \(2, 1, 3, 2\) to match q .*got \(2, 1, 4, 2\)$"),
+    (dict(beta=np.zeros((2, 1, 3, 1))), ValueError, r"^beta must have shape \(2, 1, 3\) to match q .*got"),
+    (dict(initial_state=np.zeros((2, 1, 2, 4))), ValueError, r"^initial_state must have shape \(2, 1, 4, 2\) to "
+                                                             r"match q .*got \(2, 1, 2, 4\)$"),
     (dict(mask=np.ones((2, 3), np.int64)), TypeError, r"^mask must be a bool NumPy array \(B, T\), False at "
                                                       r"padding, got int64$"),
-    (dict(mask=np.ones((3, 2), bool)), ValueError, r"^mask must have shape \(B, T\) = \(2, 3\), got \(3, 2\)$"),
+    (dict(mask=np.ones((3, 2), bool)), ValueError, r"^mask must have shape \(B, T\) = \(2, 3\) to match q "
+                                                   r".*got \(3, 2\)$"),
     (dict(scale=float("nan")), ValueError, r"^chunked_delta_rule: scale must be a finite number or None, got nan$"),
     (dict(beta=np.zeros((2, 1, 3), np.float32)), TypeError, r"arrays must share one dtype: .* beta is float32"),
 ])
