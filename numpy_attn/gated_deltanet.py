@@ -1,0 +1,190 @@
+"""Gated DeltaNet, the linear-attention sublayer of Qwen3.5 (and Qwen3-Next), and its backward:
+the operations before it put together.
+
+    qkv     = causal_conv1d(x @ in_proj_qkv, conv1d, silu)       K taps, no bias, per channel
+    q, k, v = split(qkv)                                          nk, nk, nv heads of dk, dk, dv
+    q, k    = l2_norm(repeat(q)), l2_norm(repeat(k))              each key head serves nv / nk value heads
+    beta    = sigmoid(x @ in_proj_b)                              (B, T, nv), the learning rate
+    g       = -exp(A_log) * softplus(x @ in_proj_a + dt_bias)     (B, T, nv), the log-decay, <= 0
+    o, S    = delta_rule(q, k, v, g, beta, S)                     chunked (prefill) or one step (decoding)
+    out     = gated_rms_norm(o, x @ in_proj_z, norm, silu) @ out_proj   per value head of width dv
+
+Yang, Kautz and Hatamizadeh, "Gated Delta Networks" (2024); Qwen Team, Qwen3-Next and Qwen3.5
+(2025): three of every four layers are this sublayer instead of attention. The parameters are
+named as Hugging Face's ``Qwen3_5GatedDeltaNet`` names them, each linear's weight stored (C_in,
+C_out) as linear.py stores it, the convolution's (conv_dim, K) as causal_conv1d.py does, and
+``norm`` the gated norm's weight (dv,).
+
+Grouped heads: nv is a multiple of nk, and key head i serves the value heads i * r .. i * r + r - 1
+(r = nv / nk, ``np.repeat``, as torch's repeat_interleave); its gradient is the sum over them.
+
+The state, for decoding: {"conv": (B, conv_dim, K-1), the last K-1 inputs of the convolution;
+"recurrent": (B, nv, dk, dv), the delta rule's state, rows the key channels}. With a state and one
+token the step is the recurrence (gated_delta_rule.py), otherwise the chunked form
+(chunked_delta_rule.py); both compute the same thing. ``mask`` (B, T) bool zeroes the input at
+padding (False), as Hugging Face does before the projections.
+
+softplus(a) = log(1 + exp(a)) is written here (no other operation uses it), computed as
+logaddexp(0, a) so that a large a cannot overflow; its derivative is sigmoid(a).
+
+float32 and float64 (the chunked delta rule's dtypes).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
+from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
+from numpy_attn.gated_delta_rule import gated_delta_rule_backward, gated_delta_rule_forward
+from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
+from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.swiglu import sigmoid
+
+LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+
+
+class GatedDeltaNetCache(NamedTuple):
+    """Each operation's cache, beta and the decay's pieces (their backwards are written here), the
+    sizes and the mask."""
+
+    linears: dict              # name -> linear's cache
+    conv: tuple
+    q_norm: tuple
+    k_norm: tuple
+    delta: tuple
+    recurrent: bool            # the one-step recurrence ran (else the chunked form)
+    norm: tuple
+    beta: np.ndarray           # (B, T, nv)
+    pre: np.ndarray            # (B, T, nv): x @ in_proj_a + dt_bias, softplus's input
+    softplus: np.ndarray       # (B, T, nv)
+    A: np.ndarray              # (nv,): exp(A_log)
+    sizes: tuple               # (nk, nv, dk, dv)
+    mask: object               # (B, T) bool or None
+
+
+def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, eps=1e-6,
+                           state=None, mask=None, chunk_size=64):
+    """x (B, T, C) through the sublayer with ``params`` (the dict named as Hugging Face's module),
+    nk = num_k_heads, nv = num_v_heads key and value heads of widths dk, dv, the gated norm's eps,
+    the state of the text before x (None: its start), mask (B, T) bool or None.
+
+    Returns ``(out (B, T, C), new_state, cache)``, new_state {"conv", "recurrent"} for the next call.
+    """
+    _check_gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, state, mask)
+    nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
+    B, T, C = x.shape
+    if mask is not None:
+        x = x * mask[:, :, None]                                     # padding read as zeros
+    lin = {}
+    qkv, lin["in_proj_qkv"] = linear_forward(x, **params["in_proj_qkv"])   # (B, T, 2 nk dk + nv dv)
+    z, lin["in_proj_z"] = linear_forward(x, **params["in_proj_z"])         # (B, T, nv dv)
+    b, lin["in_proj_b"] = linear_forward(x, **params["in_proj_b"])         # (B, T, nv)
+    a, lin["in_proj_a"] = linear_forward(x, **params["in_proj_a"])         # (B, T, nv)
+    conv_state = None if state is None else state["conv"]
+    qkv, conv_state, conv_cache = causal_conv1d_forward(qkv, params["conv1d"]["w"], None, conv_state, "silu")
+    q, k, v = np.split(qkv, [nk * dk, 2 * nk * dk], axis=-1)
+    # Heads first; each key head repeated for the r value heads it serves.
+    q = np.repeat(q.reshape(B, T, nk, dk), nv // nk, axis=2).swapaxes(1, 2)   # (B, nv, T, dk)
+    k = np.repeat(k.reshape(B, T, nk, dk), nv // nk, axis=2).swapaxes(1, 2)   # (B, nv, T, dk)
+    v = v.reshape(B, T, nv, dv).swapaxes(1, 2)                                # (B, nv, T, dv)
+    q, q_norm_cache = l2_norm_forward(q)                              # eps 1e-6, fixed in the models
+    k, k_norm_cache = l2_norm_forward(k)
+    beta = sigmoid(b)                                                 # (B, T, nv)
+    pre = a + params["dt_bias"]                                       # (B, T, nv)
+    sp = np.logaddexp(0, pre)                                         # softplus, no overflow
+    A = np.exp(params["A_log"])                                       # (nv,)
+    g = -A * sp                                                       # (B, T, nv), <= 0
+    S0 = None if state is None else state["recurrent"]
+    recurrent = S0 is not None and T == 1                             # decoding: one step
+    delta = gated_delta_rule_forward if recurrent else \
+        (lambda *args, **kw: chunked_delta_rule_forward(*args, **kw, chunk_size=chunk_size))
+    o, S, delta_cache = delta(q, k, v, g.swapaxes(1, 2), beta.swapaxes(1, 2), initial_state=S0)
+    # The gated norm per value head, gate z.
+    y, norm_cache = gated_rms_norm_forward(o.swapaxes(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
+    out, lin["out_proj"] = linear_forward(y.reshape(B, T, nv * dv), **params["out_proj"])   # (B, T, C)
+    cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent,
+                               norm_cache, beta, pre, sp, A, (nk, nv, dk, dv), mask)
+    return out, {"conv": conv_state, "recurrent": S}, cache
+
+
+def gated_deltanet_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams shaped as params). The state handed on
+    is for decoding: no gradient flows into it, nor (here) into a state given."""
+    c = cache
+    nk, nv, dk, dv = c.sizes
+    B, T, _ = c.beta.shape
+    check_dout("gated_deltanet", dout, (B, T, c.linears["out_proj"].w.shape[1]), c.beta.dtype)
+    grads = {}
+    dy, grads["out_proj"] = linear_backward(dout, c.linears["out_proj"])
+    do, dz, grads["norm"] = gated_rms_norm_backward(dy.reshape(B, T, nv, dv), c.norm)
+    backward = gated_delta_rule_backward if c.recurrent else chunked_delta_rule_backward
+    d = backward(do.swapaxes(1, 2), None, c.delta)
+    dg, dbeta = d["g"].swapaxes(1, 2), d["beta"].swapaxes(1, 2)     # (B, T, nv)
+    # Undoes g = -A * softplus(pre), A = exp(A_log): dg/dA_log = g itself.
+    grads["A_log"] = (dg * -c.A * c.softplus).sum(axis=(0, 1))
+    dpre = dg * -c.A * sigmoid(c.pre)                                 # softplus' = sigmoid
+    grads["dt_bias"] = dpre.sum(axis=(0, 1))
+    db = dbeta * c.beta * (1 - c.beta)                                # sigmoid' = beta (1 - beta)
+    # Undoes the norms and the repeat: a key head's gradient sums its r value heads.
+    dq = l2_norm_backward(d["q"], c.q_norm).swapaxes(1, 2).reshape(B, T, nk, nv // nk, dk).sum(3)
+    dk_ = l2_norm_backward(d["k"], c.k_norm).swapaxes(1, 2).reshape(B, T, nk, nv // nk, dk).sum(3)
+    dqkv = np.concatenate([dq.reshape(B, T, -1), dk_.reshape(B, T, -1),
+                           d["v"].swapaxes(1, 2).reshape(B, T, -1)], axis=-1)
+    dqkv, dconv, _ = causal_conv1d_backward(dqkv, c.conv)
+    grads["conv1d"] = {"w": dconv["w"]}
+    dx = 0
+    for name, dproj in (("in_proj_qkv", dqkv), ("in_proj_z", dz.reshape(B, T, nv * dv)),
+                        ("in_proj_b", db), ("in_proj_a", dpre)):
+        dxi, grads[name] = linear_backward(dproj, c.linears[name])
+        dx = dx + dxi
+    if c.mask is not None:
+        dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
+    order = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
+    return dx, {name: grads[name] for name in order}
+
+
+def _check_gated_deltanet(x, params, nk, nv, dk, dv, state, mask):
+    """Raise on an x that is not (B, T, C) float32 or float64, head counts that do not group, a
+    parameter or state of the wrong shape, or a mask that is not (B, T) bool."""
+    check_float("x", x)
+    check_ndim("x", x, 3)
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"gated_deltanet: x must be float32 or float64 (the chunked delta rule's), got {x.dtype}")
+    for name, value in (("num_k_heads", nk), ("num_v_heads", nv), ("head_k_dim", dk), ("head_v_dim", dv)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"gated_deltanet: {name} must be a positive integer, got {value!r}")
+    if nv % nk:
+        raise ValueError(f"gated_deltanet: num_v_heads ({nv}) must be a multiple of num_k_heads ({nk})")
+    B, T, C = x.shape
+    conv_dim = 2 * nk * dk + nv * dv
+    if not isinstance(params, dict) or "conv1d" not in params:
+        raise TypeError("gated_deltanet: params must be a dict with conv1d, dt_bias, A_log, norm and the linears")
+    K = np.shape(params["conv1d"].get("w"))[-1] if np.ndim(params["conv1d"].get("w")) == 2 else 0
+    shapes = {"in_proj_qkv.w": (C, conv_dim), "in_proj_z.w": (C, nv * dv), "in_proj_b.w": (C, nv),
+              "in_proj_a.w": (C, nv), "conv1d.w": (conv_dim, K if K else 1), "dt_bias": (nv,), "A_log": (nv,),
+              "norm.w": (dv,), "out_proj.w": (nv * dv, C)}
+    for path, shape in shapes.items():
+        node = params
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise ValueError(f"gated_deltanet: params lacks {path}")
+            node = node[key]
+        if np.shape(node) != shape:
+            raise ValueError(f"gated_deltanet: params {path} must be {shape}, got {np.shape(node)}")
+        check_same_dtype(x=x, **{path.replace(".", "_"): node})
+    for name in LINEARS:
+        if set(params[name]) != {"w"}:
+            raise ValueError(f"gated_deltanet: params {name} takes a weight w only (no bias), got {sorted(params[name])}")
+    if state is not None:
+        want = {"conv": (B, conv_dim, K - 1), "recurrent": (B, nv, dk, dv)}
+        if not isinstance(state, dict) or set(state) != set(want):
+            raise ValueError(f"gated_deltanet: state must be a dict with conv and recurrent, got {state!r:.80}")
+        for key, shape in want.items():
+            if np.shape(state[key]) != shape:
+                raise ValueError(f"gated_deltanet: state {key} must be {shape}, got {np.shape(state[key])}")
+    if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (B, T)):
+        raise ValueError(f"gated_deltanet: mask must be a bool array (B, T) = {(B, T)}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {np.shape(mask)}")
