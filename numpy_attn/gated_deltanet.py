@@ -177,7 +177,7 @@ def _check_gated_deltanet(x, params, nk, nv, dk, dv, state, mask):
         check_same_dtype(x=x, **{path.replace(".", "_"): node})
     for name in LINEARS:
         if set(params[name]) != {"w"}:
-            raise ValueError(f"gated_deltanet: params {name} takes a weight w only (no bias), got {sorted(params[name])}")
+            raise ValueError(f"gated_deltanet: params {name} takes a weight w only, got {sorted(params[name])}")
     if state is not None:
         want = {"conv": (B, conv_dim, K - 1), "recurrent": (B, nv, dk, dv)}
         if not isinstance(state, dict) or set(state) != set(want):

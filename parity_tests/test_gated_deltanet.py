@@ -80,8 +80,12 @@ def test_matches_transformers(seed, B, T):
     1 / sqrt(fan-in)), and each output is a chain of a few dozen float32 roundings (projections
     of 32 terms, the convolution's 4, the norms, the chunk's solve over up to 64 steps, whose
     errors the decays damp). float32's unit roundoff 6e-8 times a growth of a few hundred gives
-    2e-5 relative to the largest value, for the outputs and for each gradient (autograd's
-    backward replays the same chain); measured: under 3e-6."""
+    2e-5 relative to the largest value, for the outputs and dx (autograd's backward replays the
+    same chain). A parameter's gradient is besides a sum over the B * T positions, whose float32
+    errors add up as sqrt(B * T) while the sum itself may cancel (dA_log and ddt_bias, one number
+    per head from every position): its bound is 2e-5 * sqrt(B * T) of its largest value.
+    Measured over 75 cases (T up to 70): out 4.8e-6, dx 4.4e-6 of the largest value; the
+    parameters at most 2.2e-6 * sqrt(B * T) (dA_log 1.4e-5 of its largest value)."""
     module, eps = hf_module(seed)
     params = params_of(module)
     rng = np.random.default_rng(seed)
@@ -93,8 +97,8 @@ def test_matches_transformers(seed, B, T):
     theirs = module(xt)
     (theirs * to_torch(dout.astype(np.float32))).sum().backward()
 
-    def close(name, ours, ref):
-        scale = np.abs(ref).max()
+    def close(name, ours, ref, summed=False):
+        scale = np.abs(ref).max() * (np.sqrt(B * T) if summed else 1)
         assert_close(name, ours, ref, rtol=0, atol=2e-5 * max(scale, 1e-3))
     close("gated_deltanet.out vs transformers", out, to_numpy(theirs).astype(np.float64))
     close("gated_deltanet.dx vs transformers", dx, xt.grad.double().numpy())
@@ -104,7 +108,7 @@ def test_matches_transformers(seed, B, T):
         for key in (ours if isinstance(ours, dict) else {None: ours}):
             o = ours[key] if key else ours
             r = ref[key] if key else ref
-            close(f"gated_deltanet.d{name} vs transformers", o, r)
+            close(f"gated_deltanet.d{name} vs transformers", o, r, summed=True)
 
 
 # -- the twin --------------------------------------------------------------------------------------
