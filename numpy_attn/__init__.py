@@ -42,6 +42,7 @@ Reading order, leaf to root:
     gated_rms_norm     RMS norm times silu(z) (Qwen3.5) or sigmoid(z) (Kimi Linear), norm before gate
     gated_delta_rule   the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
     chunked_delta_rule the same rule a chunk at a time: the UT transform's matmuls in place of T steps
+    gated_deltanet     Qwen3.5's linear-attention sublayer: projections, convolution, the delta rule, gated norm
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3              Qwen3: Llama with QK-norm per head
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
@@ -95,6 +96,7 @@ from numpy_attn.flex_attention import (
 from numpy_attn.gated_delta_rule import (
     gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_parallel_forward,
 )
+from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
