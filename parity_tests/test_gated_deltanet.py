@@ -71,8 +71,9 @@ def random_params(rng, dtype=np.float64):
 # -- against Hugging Face --------------------------------------------------------------------------
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 2**16), B=st.integers(1, 2), T=st.sampled_from([1, 5, 16, 40, 70]))
-def test_matches_transformers(seed, B, T):
+@given(seed=st.integers(0, 2**16), B=st.integers(1, 2), T=st.sampled_from([1, 5, 16, 40, 70]),
+       padded=st.booleans())
+def test_matches_transformers(seed, B, T, padded):
     """Ours in float64 against Hugging Face's module in float32 (its delta rule computes in float32
     whatever the weights' dtype, so a float64 module would still hold float32's digits only).
 
@@ -91,10 +92,14 @@ def test_matches_transformers(seed, B, T):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, T, C))
     dout = rng.standard_normal((B, T, C))
-    out, _, cache = gated_deltanet_forward(x, params, **SIZES, eps=eps)
+    # Left padding: the last row's first T // 3 tokens (Hugging Face zeroes them before the projections).
+    mask = np.ones((B, T), bool)
+    mask[-1, :T // 3] = False
+    mask = mask if padded else None
+    out, _, cache = gated_deltanet_forward(x, params, **SIZES, eps=eps, mask=mask)
     dx, grads = gated_deltanet_backward(dout, cache)
     xt = to_torch(x.astype(np.float32), requires_grad=True)
-    theirs = module(xt)
+    theirs = module(xt, attention_mask=None if mask is None else to_torch(mask))
     (theirs * to_torch(dout.astype(np.float32))).sum().backward()
 
     def close(name, ours, ref, summed=False):
