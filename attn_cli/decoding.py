@@ -75,17 +75,36 @@ def next_token(logits, temperature, top_k, rng):
 
 
 def decoding_cache(new_cache, tokens, block_size):
-    """``new_cache(max_len)`` for ``tokens`` tokens, at most block_size, once its size in bytes
-    (one token's keys and values, from a cache of one slot, times max_len) is known to fit in the
-    machine's memory: else a ValueError giving the bytes, before the allocation."""
+    """``new_cache(max_len)`` for ``tokens`` tokens, at most block_size, once its size in bytes is
+    known to fit in the memory this process may take (memory_limits): else a ValueError giving
+    the bytes and the limit, before the allocation. The size counts every layer from a cache of
+    one slot: a full layer holds max_len tokens, a sliding one min(window, max_len)."""
     max_len = min(tokens, block_size)
-    need = new_cache(1).bytes_per_token * max_len
-    memory = physical_memory()
-    if memory is not None and need > memory:
-        raise ValueError(f"the key/value cache for {max_len:,} tokens (the prompt and --max-new-tokens, "
-                         f"within the context of {block_size:,}) needs {need:,} bytes ({bytes_text(need)}), "
-                         f"more than this machine's {bytes_text(memory)} of memory: lower --max-new-tokens")
+    need = cache_bytes(new_cache(1), max_len)
+    for what, memory in memory_limits().items():
+        if need > memory:
+            raise ValueError(f"the key/value cache for {max_len:,} tokens (the prompt and --max-new-tokens, "
+                             f"within the context of {block_size:,}{_windows_text(new_cache(1))}) needs "
+                             f"{need:,} bytes ({bytes_text(need)}), more than {what}, {bytes_text(memory)}: "
+                             f"lower --max-new-tokens")
     return new_cache(max_len)
+
+
+def cache_bytes(one, max_len):
+    """Bytes of ``one`` (a cache of one slot) grown to max_len slots: every layer's bytes a token
+    times its slots (max_len, or min(window, max_len) on a sliding layer), times the batch. A
+    cache without sliding layers (MLA's) grows by its bytes_per_token a slot."""
+    windows = getattr(one, "windows", None)
+    if windows is None:
+        return one.bytes_per_token * max_len
+    return one.dims[0] * sum(one.layer(i).bytes_per_token * (max_len if w is None else min(w, max_len))
+                             for i, w in enumerate(windows))
+
+
+def _windows_text(one):
+    """', sliding layers hold min(window, tokens): windows [...]' where the cache has them, else ''."""
+    windows = sorted({w for w in getattr(one, "windows", ()) if w is not None})
+    return f"; sliding layers hold min(window, tokens), windows {windows}" if windows else ""
 
 
 def physical_memory():
@@ -94,3 +113,66 @@ def physical_memory():
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def memory_limits():
+    """{what: bytes} of every limit on the memory this process may still take, where the system
+    says it: the machine's memory; the address-space limit (ulimit -v, RLIMIT_AS) less the
+    address space in use; the cgroup's limit less its use. A refusal names the one exceeded."""
+    limits = {}
+    memory = physical_memory()
+    if memory is not None:
+        limits["this machine's memory"] = memory
+    address_space = address_space_limit()
+    if address_space is not None:
+        left = max(0, address_space - _in_use("/proc/self/statm"))
+        limits["the address space left under ulimit -v (RLIMIT_AS)"] = left
+    cgroup = cgroup_memory_limit()
+    if cgroup is not None:
+        limits["the memory left under this cgroup's limit"] = cgroup
+    return limits
+
+
+def address_space_limit():
+    """The soft RLIMIT_AS in bytes (ulimit -v), or None where there is none."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, AttributeError, ValueError, OSError):
+        return None
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else soft
+
+
+def cgroup_memory_limit(root="/sys/fs/cgroup"):
+    """Bytes the cgroup may still take: its limit less its use, v2 (memory.max, memory.current)
+    or v1 (memory/memory.limit_in_bytes, memory.usage_in_bytes); None where neither says."""
+    for limit, usage in (("memory.max", "memory.current"),
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        text = _read(os.path.join(root, limit))
+        if text is None or not text.isdigit():      # absent, or "max": no limit at this level
+            continue
+        used = _read(os.path.join(root, usage))
+        cap = int(text)
+        if cap >= 2**62:                            # v1 writes "no limit" as a page-rounded 2^63 - 1
+            continue
+        return max(0, cap - (int(used) if used is not None and used.isdigit() else 0))
+    return None
+
+
+def _read(path):
+    """The file's text, stripped, or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _in_use(statm):
+    """Bytes of address space this process holds now (the first field of /proc/self/statm, in
+    pages), 0 where it cannot be read."""
+    text = _read(statm)
+    try:
+        return int(text.split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, IndexError, ValueError, OSError):
+        return 0

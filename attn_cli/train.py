@@ -132,6 +132,7 @@ def get_batch(data, B, T, rng):
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MIXED = ("bfloat16", "float16")            # mixed precision: float32 masters, steps in the low dtype
+DEFAULT_LR, DEFAULT_WEIGHT_DECAY = 1e-2, 0.01   # AdamW's, as --lr and --weight-decay
 
 
 def compute_dtype(name):
@@ -303,7 +304,7 @@ def _train(args, source, vocab, train_data, val_data, config):
                     held_out.append((number, evaluate(model_weights(params, dtype), config, val_data,
                                                       args.batch_size, val_rng)))
             except FloatingPointError:
-                raise _diverged(args, number, loss, losses) from None
+                raise _diverged(args, number, loss, losses, "held-out") from None
             line += f"  held-out {held_out[-1][1]:.4f}"
             if twin is not None:
                 twin.held_out.append((number, twin.evaluate(val_data, args.batch_size,
@@ -320,7 +321,7 @@ def _train(args, source, vocab, train_data, val_data, config):
             seen = evaluate(model_weights(params, dtype), config, train_data, args.batch_size,
                             np.random.default_rng(args.seed + 1))
     except FloatingPointError:
-        raise _diverged(args, args.steps, losses[-1], losses) from None
+        raise _diverged(args, args.steps, losses[-1], losses, "training-text") from None
     say(f"NumPy: {tokens / seconds:,.0f} tokens/s; training loss {losses[0]:.4f} -> "
         f"{losses[-1]:.4f} (last batch; mean of the last {every} steps "
         f"{np.mean(losses[-every:]):.4f}), held-out loss {val:.4f}; the training text measured "
@@ -351,13 +352,27 @@ def _train(args, source, vocab, train_data, val_data, config):
     return 0
 
 
-def _diverged(args, step, loss, losses):
-    """The error for a run whose loss diverged at ``step`` (``loss`` None: it overflowed)."""
+def _diverged(args, step, loss, losses, evaluated=None):
+    """The error for a run whose loss diverged at ``step`` (``loss`` None: it overflowed); with
+    ``evaluated`` ("held-out"), the step's loss was finite and that evaluation, run with the
+    weights after the step, overflowed."""
     value = f"{args.dtype} overflowed" if loss is None else f"{loss:.4g}"
     first = f", from {losses[0]:.4f} at step 1" if losses else ""
-    return ValueError(f"the loss diverged at step {step} (loss {value}{first}): the steps were too "
-                      f"large for the weights to stay finite. Lower --lr (now {args.lr:g}; the "
-                      f"default is 1e-2) and train again; nothing was written to {args.out}")
+    after = "" if evaluated is None else (f" the {evaluated} loss, with the weights after that step, "
+                                          f"overflowed {args.dtype};")
+    # AdamW multiplies every weight by 1 - lr x weight_decay a step: past lr x weight_decay = 2 that
+    # factor is below -1 and the weights grow without bound whatever the gradients. The option
+    # blamed is then the one raised furthest past its default.
+    decay = args.lr * args.weight_decay
+    if decay > 2 and args.weight_decay / DEFAULT_WEIGHT_DECAY > args.lr / DEFAULT_LR:
+        cause = (f" each step multiplies every weight by 1 - --lr x --weight-decay = {1 - decay:g}, which "
+                 f"makes them grow without bound. Lower --weight-decay (now {args.weight_decay:g}; the "
+                 f"default is {DEFAULT_WEIGHT_DECAY:g})")
+    else:
+        cause = (f" the steps were too large for the weights to stay finite. Lower --lr (now {args.lr:g}; "
+                 f"the default is 1e-2)")
+    return ValueError(f"the loss diverged at step {step} (loss {value}{first}):{after}{cause} and train "
+                      f"again; nothing was written to {args.out}")
 
 
 def _some(numbers, shown=10):
@@ -508,8 +523,8 @@ def add_arguments(p):
     p.add_argument("--positions", choices=("learned", "sinusoidal"), default="learned",
                    help="position information (default learned)")
     p.add_argument("--untied", action="store_true", help="a separate output layer (default: tied to wte)")
-    p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
-    p.add_argument("--weight-decay", type=float, default=0.01, dest="weight_decay",
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate (default 1e-2)")
+    p.add_argument("--weight-decay", type=float, default=DEFAULT_WEIGHT_DECAY, dest="weight_decay",
                    help="AdamW decoupled weight decay (default 0.01)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the weights and arithmetic (default float32); bfloat16 and float16 "

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 from attn_cli.checkpoint import Terminated, signals_held, termination_raises
+from attn_cli.decoding import memory_limits
+from attn_cli.hf.files import bytes_text
 from attn_cli.term import Progress
 from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
@@ -200,6 +202,28 @@ def _settings(args):
     """The sized options: explicit values, else the --quick or full defaults."""
     base = QUICK if args.quick else FULL
     return {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in base.items()}
+
+
+def check_scores_fit(ops, args):
+    """Raise ValueError, naming the options, where an op that holds every score (numpy_attn and the
+    twin: a (B, nh, T, S) array in the compute dtype) would need more than memory_limits allows at
+    the longest --seq-lens: each option has its own bound, their product none, so it is checked
+    here, before any allocation."""
+    dense = [op.name for op in ops if op.dense_scores]
+    if not dense or not set(args.impls) & {"numpy", "twin"}:
+        return
+    s = _settings(args)
+    T = max(s["seq_lens"])
+    itemsize = calls.opmath(calls.dtype_of(args.dtype)).itemsize
+    need = s["batch"] * s["heads"] * T * T * itemsize
+    for what, memory in memory_limits().items():
+        if need > memory:
+            raise ValueError(
+                f"--batch {s['batch']} x --heads {s['heads']} x --seq-lens {T} x {T} (T x S) x {itemsize} bytes "
+                f"(--dtype {args.dtype}, computed in {calls.opmath(calls.dtype_of(args.dtype)).name}) = "
+                f"{need:,} bytes ({bytes_text(need)}) for one score array of {', '.join(dense)}, more than "
+                f"{what}, {bytes_text(memory)}: lower --seq-lens, --batch or --heads (flash_attention "
+                f"holds a tile at a time)")
 
 
 def _list_ops():
@@ -566,6 +590,10 @@ def _run(parser, args, argv):
         missing = [name for name in ("torch", "threadpoolctl") if importlib.util.find_spec(name) is None]
         if missing:
             parser.error(f"measuring needs {' and '.join(missing)}: {install_hint('benchmarks')}")
+        try:
+            check_scores_fit(ops, args)
+        except ValueError as err:
+            return _fail(err)
         try:
             results = measure(ops, args, argv)
         except (parity.ParityError, RuntimeError) as err:

@@ -51,6 +51,8 @@ class Op:
     ``call_builtin(tensors, static)`` runs the PyTorch built-in on torch tensors shaped like diff.
     ``numpy_module`` times a tuned kernel in place of ``numpy_attn/<stem>.py`` (e.g.
     ``numpy_attn.kernels.flash_attention``); the twin stays ``torch_attn/<stem>.py``.
+    ``dense_scores``: numpy_attn and the twin hold every score, a (B, nh, T, S) array (False for
+    the tiled paths, flash and flex, which hold a tile at a time).
     """
 
     name: str
@@ -64,6 +66,7 @@ class Op:
     call_builtin: Callable | None
     bwd_factor: float = 2.0
     numpy_module: str | None = None
+    dense_scores: bool = True
 
     def numpy_functions(self):
         """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
@@ -355,7 +358,8 @@ def _flex_ops():
                      backward=_flex_backward, twin=_flex_twin,
                      builtin="F.scaled_dot_product_attention (dense bool mask)",
                      inputs=_flex_inputs(mask), call_builtin=_builtin_sdpa_flex_mask,
-                     flops=lambda z, mask=mask: 4 * z.B * z.nh * z.hs * _flex_kept_pairs(mask, z.T))
+                     flops=lambda z, mask=mask: 4 * z.B * z.nh * z.hs * _flex_kept_pairs(mask, z.T),
+                     dense_scores=suffix == "_dense")
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -400,7 +404,7 @@ OPS = {op.name: op for op in (
          backward="flash_attention_backward", twin="flash_attention",
          builtin="F.scaled_dot_product_attention", inputs=_qkv_inputs(causal),
          flops=lambda z, causal=causal: _attention_flops(z) // (2 if causal else 1),
-         call_builtin=_builtin_sdpa, numpy_module="numpy_attn.kernels.flash_attention")
+         call_builtin=_builtin_sdpa, numpy_module="numpy_attn.kernels.flash_attention", dense_scores=False)
       for suffix, causal in (("", False), ("_causal", True))),
     Op("block", stem="block", forward="block_forward", backward="block_backward", twin="block",
        builtin="nn.TransformerEncoderLayer", inputs=_block_inputs,

@@ -29,9 +29,25 @@ def check_float(name, x):
 
 
 def check_finite(name, a):
-    """Raise ValueError unless the array ``a`` holds no NaN or inf."""
+    """Raise ValueError unless the array ``a`` holds no NaN or inf. A float16 or bfloat16 array
+    holding inf is said to have overflowed: a model's inputs are checked finite, so its first inf
+    is a value past the dtype's largest, rounded to inf by the step that computed ``a``."""
     if not np.isfinite(a).all():
-        raise ValueError(f"{name} of shape {a.shape} holds NaN or inf")
+        raise ValueError(f"{name} of shape {a.shape} holds NaN or inf{_overflow_text(a)}")
+
+
+# For a low-precision dtype: its largest finite value, and the dtypes whose range holds more.
+_RANGES = {"float16": ("65504", "bfloat16 or float32 (largest 3.4e38)"),
+           "bfloat16": ("3.39e38", "float64 (largest 1.8e308)")}
+
+
+def _overflow_text(a):
+    """'' unless ``a`` is float16 or bfloat16 and holds inf: then that the dtype overflowed."""
+    if _name(a.dtype) not in LOW_PRECISION or not np.isinf(a).any():
+        return ""
+    largest, wider = _RANGES[_name(a.dtype)]
+    return (f" ({a.dtype} overflowed: values past its largest, {largest}, round to inf where it was "
+            f"computed from finite inputs; {wider} holds them)")
 
 
 def opmath(dtype):

@@ -986,3 +986,25 @@ def test_dropout_p_0_is_no_dropout_bit_for_bit():
     kept = cache.keep & (cache.weights > 0)
     assert cache.keep_scale == 1 / (1 - 0.25), cache.keep_scale
     assert_close("kept weights / weights", cache.dropped[kept] / cache.weights[kept], np.full(kept.sum(), 4 / 3))
+
+
+def test_a_float16_overflow_is_reported_as_one():
+    """A float16 linear whose finite inputs give 300 x 100 x 4 = 120000 > 65504 rounds q to inf:
+    attention's refusal says float16 overflowed and which dtypes hold the value; a NaN alone, or
+    an inf in float32, keeps the plain message."""
+    from parity_tests.helpers import BFLOAT16
+
+    x = np.full((1, 1, 3, 4), 300, np.float16)
+    with np.errstate(over="ignore"):                          # the cast to float16 overflows
+        q, _ = linear_forward(x, np.full((4, 4), 100, np.float16))
+    with pytest.raises(ValueError, match=r"^q of shape \(1, 1, 3, 4\) holds NaN or inf \(float16 overflowed: "
+                                         r"values past its largest, 65504, .* bfloat16 or float32 .* holds them\)$"):
+        scaled_dot_product_attention_forward(q, x, x)
+    big = np.full((1, 3, 4), 1e38, np.float32)
+    with np.errstate(over="ignore"):                          # 1e39 rounds to inf in bfloat16
+        k = (big * 10).astype(BFLOAT16)
+    with pytest.raises(ValueError, match=r"^k .* \(bfloat16 overflowed: values past its largest, 3.39e38, .*float64"):
+        scaled_dot_product_attention_forward(big.astype(BFLOAT16), k, big.astype(BFLOAT16))
+    for a in (np.full((1, 3, 4), np.nan, np.float16), np.full((1, 3, 4), np.inf, np.float32)):
+        with pytest.raises(ValueError, match=r"^q of shape \(1, 3, 4\) holds NaN or inf$"):
+            scaled_dot_product_attention_forward(a, np.ones_like(a), np.ones_like(a))

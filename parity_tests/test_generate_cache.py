@@ -3,6 +3,7 @@ same tokens as running the whole context for every token (``--no-cache``), also 
 context slides past block_size."""
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -117,3 +118,76 @@ def test_dtype_option():
     assert p.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
     with pytest.raises(SystemExit):
         p.parse_args(["--dtype", "float64x"])
+
+
+# -- the cache's size, checked before it is allocated ------------------------------------------------
+
+def _sliding_cache(window, asked):
+    """new_cache(max_len) of 2 sliding layers, 2 key/value heads of 8, float32: 128 bytes a token a
+    layer; it records each max_len it is asked for."""
+    from numpy_attn.kv_cache import init_kv_cache
+
+    def new_cache(max_len):
+        asked.append(max_len)
+        return init_kv_cache(2, 1, 2, max_len, 8, np.float32, windows=[window, window])
+    return new_cache
+
+
+def test_sliding_layers_count_in_the_cache_size(monkeypatch):
+    """Every layer slides, with a window and a context of 2^40: the size counts min(window, max_len)
+    slots a layer (not only the full layers'), so 256 TiB is refused before any allocation."""
+    from attn_cli import decoding
+
+    monkeypatch.setattr(decoding, "memory_limits", lambda: {"this machine's memory": 2**30})
+    asked = []
+    with pytest.raises(ValueError) as err:
+        decoding.decoding_cache(_sliding_cache(2**40, asked), 2**40 + 1, 2**40)
+    # 1 sequence x 2 layers x 2**40 slots x 128 bytes
+    assert f"needs {2 * 128 * 2**40:,} bytes" in str(err.value) and "windows [1099511627776]" in str(err.value)
+    assert "lower --max-new-tokens" in str(err.value) and set(asked) == {1}, (str(err.value), asked)
+    cache = decoding.decoding_cache(_sliding_cache(4, asked), 2**40 + 1, 2**40)   # 4 slots a layer fit
+    assert cache.nbytes == decoding.cache_bytes(_sliding_cache(4, asked)(1), 2**40) == 2 * 4 * 128
+
+
+@pytest.mark.parametrize("limit, named", [("address_space_limit", "ulimit -v (RLIMIT_AS)"),
+                                          ("cgroup_memory_limit", "this cgroup's limit")])
+def test_the_cache_must_fit_the_process_limits_not_only_the_machine(monkeypatch, limit, named):
+    """A cache within the machine's memory but over the address-space or cgroup limit is refused
+    naming that limit (the functions that read them are replaced: nothing is allocated)."""
+    from attn_cli import decoding
+
+    monkeypatch.setattr(decoding, "physical_memory", lambda: 2**40)
+    monkeypatch.setattr(decoding, "address_space_limit", lambda: None)
+    monkeypatch.setattr(decoding, "cgroup_memory_limit", lambda: None)
+    monkeypatch.setattr(decoding, "_in_use", lambda statm: 0)
+    assert decoding.decoding_cache(_sliding_cache(None, []), 2**20, 2**20).nbytes == 2 * 128 * 2**20
+    monkeypatch.setattr(decoding, limit, lambda: 2**20)
+    with pytest.raises(ValueError, match=f"needs {2 * 128 * 2**20:,} bytes .* more than the .*{re.escape(named)}"):
+        decoding.decoding_cache(_sliding_cache(None, []), 2**20, 2**20)
+
+
+@pytest.mark.parametrize("files, left", [({"memory.max": "1000", "memory.current": "400"}, 600),
+                                         ({"memory.max": "max", "memory.current": "400"}, None),
+                                         ({"memory/memory.limit_in_bytes": "5000",
+                                           "memory/memory.usage_in_bytes": "1000"}, 4000),
+                                         ({"memory/memory.limit_in_bytes": str(2**63 - 4096)}, None),
+                                         ({}, None)])
+def test_the_cgroup_limit_is_read_v2_then_v1(tmp_path, files, left):
+    from attn_cli.decoding import cgroup_memory_limit
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert cgroup_memory_limit(str(tmp_path)) == left
+
+
+def test_the_address_space_limit_is_read_from_rlimit_as(monkeypatch):
+    import resource
+
+    from attn_cli import decoding
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (3 * 2**30, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else (resource.RLIM_INFINITY,) * 2)
+    assert decoding.address_space_limit() == 3 * 2**30
+    monkeypatch.setattr(decoding, "_in_use", lambda statm: 2**30)
+    assert decoding.memory_limits()["the address space left under ulimit -v (RLIMIT_AS)"] == 2 * 2**30

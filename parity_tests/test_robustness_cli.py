@@ -262,6 +262,24 @@ def test_benchmark_options_are_bounded(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_a_benchmark_whose_scores_exceed_memory_is_refused_naming_the_options(capsys, monkeypatch):
+    """Each option has its own bound, their product none: --seq-lens 65536 asks for 4 x 8 x 65536^2
+    float32 scores (512 GiB), refused before any allocation; flash attention holds a tile, not them."""
+    from benchmarks import cli as bench
+
+    monkeypatch.setattr(bench, "memory_limits", lambda: {"this machine's memory": 64 * 2**30})
+    assert bench.main(["--ops", "attention", "--impls", "numpy", "--seq-lens", "65536"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch 4 x --heads 8 x --seq-lens 65536 x 65536 (T x S) x 4 bytes" in err, err
+    assert f"{4 * 8 * 65536**2 * 4:,} bytes (512.0 GiB)" in err and "lower --seq-lens, --batch or --heads" in err, err
+    args = bench.build_parser().parse_args(["--seq-lens", "65536", "--dtype", "float64", "--batch", "1",
+                                            "--heads", "1"])
+    bench.check_scores_fit(bench.registry.select(["flash_attention", "flex_sliding_window", "flex_document"]), args)
+    with pytest.raises(ValueError, match="x 8 bytes .* flex_document_dense"):   # float64: 32 GiB, 2**33 left
+        monkeypatch.setattr(bench, "memory_limits", lambda: {"the memory left under this cgroup's limit": 2**33})
+        bench.check_scores_fit(bench.registry.select(["flash_attention", "flex_document_dense"]), args)
+
+
 def test_benchmark_outputs_are_not_overwritten_without_force(tmp_path, capsys):
     from benchmarks import cli as bench
 

@@ -337,3 +337,30 @@ def test_a_float16_overflow_skips_the_step_and_halves_the_scale():
     _, _, again, _, _, skipped = train.step(masters, state, new_scaler, config, ids, targets, None,
                                             dict(lr=1e-2, weight_decay=0.01), np.dtype(np.float16))
     assert not skipped and again["scale"] == 2.0**15, (skipped, again)
+
+
+def test_a_weight_decay_that_makes_the_weights_grow_is_named(tmp_path, capsys):
+    """AdamW multiplies every weight by 1 - lr x weight_decay a step: --weight-decay 1e30 (x the
+    default --lr 1e-2) makes them grow without bound; the divergence names --weight-decay, not --lr."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    argv = ["train", "--text", str(corpus), "--out", str(tmp_path / "run"), "--dtype", "float16",
+            "--weight-decay", "1e30", *TINY]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "1 - --lr x --weight-decay = -1e+28" in err, err
+    assert "Lower --weight-decay (now 1e+30; the default is 0.01)" in err, err
+    assert "Lower --lr" not in err and not (tmp_path / "run").exists(), err
+
+
+def test_a_float16_run_whose_held_out_loss_overflows_says_so(tmp_path, capsys):
+    """--lr 100 in float16: the step's loss is finite, the held-out loss with the stepped weights
+    overflows float16; the message says that, and blames --lr."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    argv = ["train", "--text", str(corpus), "--out", str(tmp_path / "run"), "--dtype", "float16", "--lr", "100", *TINY]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"the loss diverged at step 1 \(loss [\d.]+, from [\d.]+ at step 1\): the held-out loss, "
+                     r"with the weights after that step, overflowed float16; the steps were too large", err), err
+    assert "Lower --lr (now 100;" in err and not (tmp_path / "run").exists(), err
