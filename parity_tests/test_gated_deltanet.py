@@ -135,6 +135,7 @@ def cases(draw):
             draw(st.sampled_from([1, 2, 4, 64])))
 
 
+@pytest.mark.twin_parity
 @settings(max_examples=30, deadline=None)
 @given(case=cases())
 def test_matches_twin_and_autograd(case):
