@@ -441,18 +441,18 @@ def _same_file(a, b):
         return False
 
 
-def _check_outputs(parser, args):
+def check_outputs(parser, args):
     """Fail now, not after a long run, when an output cannot be written: two outputs to one file
     (the second would replace the first), an output over the --from-json file it reads, a folder,
     a file that exists without --force, a folder where no file can be created."""
-    outputs = [(option, path) for option, path in (("--json", args.json), ("--csv", args.csv),
-                                                   ("--markdown", args.markdown), ("--plot", args.plot)) if path]
+    outputs = [(option, path) for option, path in ((f"--{name}", getattr(args, name, None))
+                                                   for name in ("json", "csv", "markdown", "plot")) if path]
     for k, (option, path) in enumerate(outputs):
         for other, other_path in outputs[:k]:
             if _same_file(path, other_path):
                 parser.error(f"{other} {other_path} and {option} {path} are one file: the second would "
                              "replace the first; give each output its own file")
-        if args.from_json and _same_file(path, args.from_json):
+        if getattr(args, "from_json", None) and _same_file(path, args.from_json):
             parser.error(f"{option} {path} is the file --from-json reads: writing it would replace the "
                          "saved run; give the output another file")
     for path in (Path(path) for _, path in outputs):
@@ -473,7 +473,7 @@ def _check_outputs(parser, args):
                     os.unlink(probe)
         except OSError as err:
             parser.error(f"cannot write {path}: {err.strerror or err}")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
+    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib: {install_hint('plots')}")
 
 
@@ -583,7 +583,7 @@ def _run(parser, args, argv):
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip()
         if not commit:
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
-    _check_outputs(parser, args)
+    check_outputs(parser, args)
     if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py, decode_hf.py)
         return _run_decode(args, argv, args.ops[0])
     if not args.from_json:

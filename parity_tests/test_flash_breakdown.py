@@ -174,3 +174,17 @@ def test_call_scaling_times_the_kernels_own_calls(tiny):
                         f"np.{fa.EXP.__name__} on (32, 64)", "matmul (32, 65) @ (65, 64)"}
     for r in res.values():   # ratios of times, which another process's load moves: positive is all that holds
         assert r["call_s"] > 0 and 0 < r["scaling"] < math.inf
+
+
+def test_an_existing_json_file_is_kept_unless_forced(tiny, tmp_path, capsys):
+    """--json names a file that exists: refused before anything runs, the file as it was; with
+    --force it is replaced."""
+    path = tmp_path / "mine.json"
+    path.write_text("the user's own file\n")
+    with pytest.raises(SystemExit) as refused:
+        flash_breakdown.main(["--repeats", "3", "--block", "32", "64", "--json", str(path)])
+    assert refused.value.code == 2
+    assert f"{path} exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert path.read_text() == "the user's own file\n"
+    assert flash_breakdown.main(["--repeats", "3", "--block", "32", "64", "--json", str(path), "--force"]) == 0
+    assert json.loads(path.read_text())["block"] == [32, 64]
