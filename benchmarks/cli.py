@@ -23,12 +23,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-from attn_cli.checkpoint import Terminated, signals_held, termination_raises
+from attn_cli.checkpoint import Terminated, termination_raises
 from attn_cli.decoding import memory_limits
 from attn_cli.hf.files import bytes_text
 from attn_cli.term import Progress
@@ -431,52 +430,6 @@ def measure(ops, args, argv):
     )
 
 
-def _same_file(a, b):
-    """Whether the paths ``a`` and ``b`` name one file (through links, ``..``, or hard links)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:                                # one of them does not exist yet
-        return False
-
-
-def check_outputs(parser, args):
-    """Fail now, not after a long run, when an output cannot be written: two outputs to one file
-    (the second would replace the first), an output over the --from-json file it reads, a folder,
-    a file that exists without --force, a folder where no file can be created."""
-    outputs = [(option, path) for option, path in ((f"--{name}", getattr(args, name, None))
-                                                   for name in ("json", "csv", "markdown", "plot")) if path]
-    for k, (option, path) in enumerate(outputs):
-        for other, other_path in outputs[:k]:
-            if _same_file(path, other_path):
-                parser.error(f"{other} {other_path} and {option} {path} are one file: the second would "
-                             "replace the first; give each output its own file")
-        if getattr(args, "from_json", None) and _same_file(path, args.from_json):
-            parser.error(f"{option} {path} is the file --from-json reads: writing it would replace the "
-                         "saved run; give the output another file")
-    for path in (Path(path) for _, path in outputs):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            parser.error(f"cannot create the folder of {path}: {err}")
-        if path.is_dir():
-            parser.error(f"cannot write {path}: it is a folder")
-        if path.exists() and not args.force:
-            parser.error(f"{path} exists; pass --force to overwrite it")
-        try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
-            with signals_held():               # a signal now would leave the probe behind
-                fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-                try:
-                    os.close(fd)
-                finally:
-                    os.unlink(probe)
-        except OSError as err:
-            parser.error(f"cannot write {path}: {err.strerror or err}")
-    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
-        parser.error(f"--plot needs matplotlib: {install_hint('plots')}")
-
-
 def install_hint(extra):
     """How to install an extra: from this checkout when running from one (constraints.txt pins
     what CI tests), else the published package's extra."""
@@ -583,7 +536,9 @@ def _run(parser, args, argv):
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip()
         if not commit:
             return _fail(f"--against {args.against}: not a commit of the git repository at {ROOT}")
-    check_outputs(parser, args)
+    report.check_outputs(parser, args)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(f"--plot needs matplotlib: {install_hint('plots')}")
     if generation:   # not an op: its own table (benchmarks/decode.py, decode_cache.py, decode_hf.py)
         return _run_decode(args, argv, args.ops[0])
     if not args.from_json:

@@ -52,7 +52,6 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 import numpy_attn.kernels.flash_attention as fa
 from benchmarks import report
-from benchmarks.cli import check_outputs
 
 B, NH, T, HS = 4, 8, 2048, 64
 # The kernel's default tile shape (block_q, block_k).
@@ -551,7 +550,7 @@ def main(argv=None):
                    "FILE prints them again)")
     p.add_argument("--force", action="store_true", help="overwrite the --json file if it exists")
     args = p.parse_args(argv)
-    check_outputs(p, args)                       # before the run, not after it
+    report.check_outputs(p, args)                       # before the run, not after it
     res = dict(blas=[{k: i.get(k) for k in ("internal_api", "version", "architecture")}
                      for i in threadpool_info() if i["user_api"] == "blas"],
                exp=fa.EXP.__name__, block=args.block, causal=args.causal, load=[os.getloadavg()[0]])

@@ -10,9 +10,12 @@ import csv
 import io
 import json
 import math
+import os
 import statistics
+import tempfile
+from pathlib import Path
 
-from attn_cli.checkpoint import replace_file
+from attn_cli.checkpoint import replace_file, signals_held
 
 IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
 
@@ -355,3 +358,47 @@ def write_plot(results, path):
     fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
     replace_file(path, png.getvalue())
+
+
+def _same_file(a, b):
+    """Whether the paths ``a`` and ``b`` name one file (through links, ``..``, or hard links)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                                # one of them does not exist yet
+        return False
+
+
+def check_outputs(parser, args):
+    """Fail now, not after a long run, when an output cannot be written: two outputs to one file
+    (the second would replace the first), an output over the --from-json file it reads, a folder,
+    a file that exists without --force, a folder where no file can be created."""
+    outputs = [(option, path) for option, path in ((f"--{name}", getattr(args, name, None))
+                                                   for name in ("json", "csv", "markdown", "plot")) if path]
+    for k, (option, path) in enumerate(outputs):
+        for other, other_path in outputs[:k]:
+            if _same_file(path, other_path):
+                parser.error(f"{other} {other_path} and {option} {path} are one file: the second would "
+                             "replace the first; give each output its own file")
+        if getattr(args, "from_json", None) and _same_file(path, args.from_json):
+            parser.error(f"{option} {path} is the file --from-json reads: writing it would replace the "
+                         "saved run; give the output another file")
+    for path in (Path(path) for _, path in outputs):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"cannot create the folder of {path}: {err}")
+        if path.is_dir():
+            parser.error(f"cannot write {path}: it is a folder")
+        if path.exists() and not args.force:
+            parser.error(f"{path} exists; pass --force to overwrite it")
+        try:   # os.access says yes to root everywhere, /proc included: try a file of our own there
+            with signals_held():               # a signal now would leave the probe behind
+                fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+                try:
+                    os.close(fd)
+                finally:
+                    os.unlink(probe)
+        except OSError as err:
+            parser.error(f"cannot write {path}: {err.strerror or err}")
