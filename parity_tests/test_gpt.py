@@ -1,6 +1,7 @@
 """Parity tests for numpy_attn/gpt.py and torch_attn/gpt.py, and training parity with AdamW."""
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from parity_tests.helpers import (
     layer_norm_rstds,
     layer_norm_tol,
     moved_off_init,
+    randomly_rounded,
     reorder_tol,
     round_to,
     to_numpy,
@@ -46,6 +48,7 @@ from parity_tests.model_kit import (
     GRAD_MULTIPLE,
     assert_keeps_the_last_logits,
     builtin_gpt,
+    gpt_budget_case,
     gpt_budget_models,
     gpt_models,
     with_zero_biases,
@@ -135,7 +138,8 @@ def test_twin_matches_builtin(case):
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @settings(max_examples=6)
 @given(case=gpt_budget_models())
-def test_low_precision_meets_the_error_budget(dtype, case):
+@example(case=gpt_budget_case(2, "sinusoidal", 6, 844))   # PyTorch's run alone: our float16
+def test_low_precision_meets_the_error_budget(dtype, case):  # dblocks.0.attn.k.w reached 11.5 x its error
     """Ours and the twin in float16 and bfloat16 against test_twin_matches_builtin's built-ins in
     float64 on the same rounded weights, within twice the error of those built-ins run in the low dtype
     (PyTorch's own program: each built-in rounding its output, nn.TransformerEncoderLayer's attention sdpa)."""
@@ -145,13 +149,16 @@ def test_low_precision_meets_the_error_budget(dtype, case):
     grads = flatten(gpt_backward(dout, cache))
     twin_logits, twin_grads = autograd(_twin(config, ids), {"params": params}, dout)
     lowp_logits, lowp_grads = builtin_gpt(config, params, ids, dout)
-    truth_logits, truth_grads = builtin_gpt(config, tree_map(lambda p: p.astype(np.float64), params), ids,
-                                             dout.astype(np.float64))
+    truth = partial(builtin_gpt, config, tree_map(lambda p: p.astype(np.float64), params), ids,
+                    dout.astype(np.float64))
+    truth_logits, truth_grads = truth()
+    runs = [(r_logits, flatten(r_grads)) for r_logits, r_grads in randomly_rounded(truth, dtype)]   # why: its docs
     lowp_grads, truth_grads = flatten(lowp_grads), flatten(truth_grads)
     for who, (out, g) in {"numpy": (logits, grads), "twin": (twin_logits, flatten(twin_grads["params"]))}.items():
-        assert_error_budget(f"gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits)})
-        assert_error_budget(f"gpt[{who}]", dtype, {f"d{path}": (g[path], lowp_grads[path], truth_grads[path])
-                                                   for path in truth_grads if not path.endswith("attn.k.b")},
+        assert_error_budget(f"gpt[{who}]", dtype, {"logits": (out, lowp_logits, truth_logits, [r[0] for r in runs])})
+        assert_error_budget(f"gpt[{who}]", dtype,
+                            {f"d{path}": (g[path], lowp_grads[path], truth_grads[path], [r[1][path] for r in runs])
+                             for path in truth_grads if not path.endswith("attn.k.b")},
                             multiple=GRAD_MULTIPLE)   # model_kit.GRAD_MULTIPLE says why; k.b: see test_block
 
 
