@@ -161,8 +161,8 @@ from numpy_attn.qwen3 import (
     qwen3_forward,
 )
 from numpy_attn.qwen3_5 import (
-    Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, qwen3_5_backward,
-    qwen3_5_forward, qwen3_5_kv_cache,
+    Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
+    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache,
 )
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (

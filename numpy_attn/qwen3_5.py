@@ -177,7 +177,7 @@ def linear_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     past = 0 if kv_cache is None else kv_cache.length
     out, new_state, cache = gated_deltanet_forward(
         x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim,
-        config.rms_eps, state=state, mask=token_mask(attn_mask, x.shape[:2], config.n_head))
+        config.rms_eps, state=state, mask=_token_mask(attn_mask, x.shape[:2], config.n_head))
     if kv_cache is not None:
         kv_cache.update(new_state, x.shape[1])
     return out, LinearAttentionCache(cache, past)
@@ -194,7 +194,7 @@ def linear_attention_backward(dout, cache):
 LINEAR_ATTENTION = _model.Sublayer(linear_attention_forward, linear_attention_backward)
 
 
-def token_mask(attn_mask, shape, n_head):
+def _token_mask(attn_mask, shape, n_head):
     """(B, T) bool, False at the new tokens ``attn_mask`` marks as padding (a token that may not see
     its own key, in any head), or None when there is none: what the linear layers read as zeros."""
     if attn_mask is None:
@@ -208,7 +208,7 @@ def token_mask(attn_mask, shape, n_head):
 
 # -- the model -------------------------------------------------------------------------------------
 
-def layer_options(config):
+def _layer_options(config):
     """Block i's options for decoder_forward: its mixer, and norms that scale by 1 + w."""
     return lambda i: {"attention": GATED_ATTENTION if config.is_full(i) else LINEAR_ATTENTION, "norm_offset": 1.0}
 
@@ -221,7 +221,7 @@ def qwen3_5_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
         raise TypeError(f"kv_cache must be a Qwen3_5Cache (from qwen3_5_kv_cache), got {type(kv_cache).__name__}")
     return _model.decoder_forward(ids, params, config, Qwen3_5Config, llama_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                  for_backward=for_backward, norm_offset=1.0, layer_options=layer_options(config))
+                                  for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
 
 
 def qwen3_5_backward(dlogits, cache):

@@ -371,3 +371,55 @@ def test_decoding_matches_transformers_generate():
         ours.append(int(logits[0, -1].argmax()))
         new = np.array([[ours[-1]]])
     assert ours == theirs
+
+
+# -- checkpoints saved by transformers ------------------------------------------------------------------
+
+def test_checkpoint_reads_as_the_model(tmp_path):
+    """attn_cli.hf reads a saved Qwen3_5ForCausalLM folder into CONFIG and the very params the
+    tests above copy from the model (float64: no rounding)."""
+    from attn_cli.hf import load_checkpoint
+    model = hf_model(7)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    kind, config, params = load_checkpoint(tmp_path, np.float64)
+    assert kind == "qwen3_5" and config == CONFIG, config
+    expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
+    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
+    for path, leaf in tree_leaves(expected):
+        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
+    """``numpy-attn generate --hf DIR --ids`` on a saved float32 model, with the cache (keys and
+    values, Gated DeltaNet's state) and without: transformers' greedy ids (use_cache=True)."""
+    from attn_cli import cli
+    from parity_tests.model_kit import hf_greedy
+    model = hf_model(8).to(torch.float32)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "6",
+                     "--temperature", "0", *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 6)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+     "layer_types must list only 'linear_attention' and 'full_attention', got 'sliding_attention'"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+])
+def test_bad_config_json_is_refused(tmp_path, capsys, changes, message):
+    """A config.json this model cannot run is refused by load_checkpoint and generate --hf, naming the key."""
+    from parity_tests.model_kit import assert_changed_config_refused
+    folder = tmp_path / "model"
+    hf_model(9).to(torch.float32).save_pretrained(folder, safe_serialization=True)
+    assert_changed_config_refused(folder, capsys, changes, message)
+
+
+def test_generate_hf_in_bfloat16_is_refused(tmp_path, capsys):
+    """Gated DeltaNet runs in float32 and float64 only: --dtype bfloat16 stops with a message naming
+    the dtype, not a traceback."""
+    from attn_cli import cli
+    hf_model(1).to(torch.float32).save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--dtype", "bfloat16"]) == 2
+    assert "must be float32 or float64 (the chunked delta rule's), got bfloat16" in capsys.readouterr().err

@@ -42,13 +42,13 @@ def linear_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
     state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
     out, new_state = gated_deltanet(
         x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim,
-        config.rms_eps, state=state, mask=token_mask(attn_mask, x.shape[:2], config.n_head))
+        config.rms_eps, state=state, mask=_token_mask(attn_mask, x.shape[:2], config.n_head))
     if kv_cache is not None:
         kv_cache.update(new_state, x.shape[1])
     return out
 
 
-def token_mask(attn_mask, shape, n_head):
+def _token_mask(attn_mask, shape, n_head):
     """(B, T) bool, False at the new tokens attn_mask marks as padding, or None when there is none."""
     if attn_mask is None:
         return None
@@ -62,7 +62,7 @@ def token_mask(attn_mask, shape, n_head):
 
 # -- the model -------------------------------------------------------------------------------------
 
-def layer_options(config):
+def _layer_options(config):
     """Block i's options: its mixer, and norms that scale by 1 + w."""
     return lambda i: {"attention": gated_attention if config.is_full(i) else linear_attention, "norm_offset": 1.0}
 
@@ -72,7 +72,7 @@ def qwen3_5(ids, params, config, *, positions=None, attn_mask=None, kv_cache=Non
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from qwen3_5_kv_cache."""
     return _model.decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask,
                           kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_offset=1.0,
-                          layer_options=layer_options(config))
+                          layer_options=_layer_options(config))
 
 
 # -- decoding: keys and values on the full layers, Gated DeltaNet's state on the linear ones ----------
