@@ -34,6 +34,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_leaves,
+    tree_to_torch,
 )
 from parity_tests.model_kit import randomise
 
@@ -423,3 +424,19 @@ def test_generate_hf_in_bfloat16_is_refused(tmp_path, capsys):
     hf_model(1).to(torch.float32).save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--dtype", "bfloat16"]) == 2
     assert "must be float32 or float64 (the chunked delta rule's), got bfloat16" in capsys.readouterr().err
+
+
+def test_twin_decodes_as_ours():
+    """The twin's cache (torch_attn/qwen3_5.py's) decodes a prefill then one token at a time to our
+    logits (float64: the same steps, helpers' tolerance)."""
+    model = hf_model(4)
+    params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
+    tparams = tree_to_torch(params)
+    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
+    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), tw.qwen3_5_kv_cache(CONFIG, 2, torch.float64)
+    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
+        ours, _ = qwen3_5_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
+        with torch.no_grad():
+            twin = tw.qwen3_5(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
+        assert_close(f"qwen3_5.twin decoding [{start}:{end}]", ours, to_numpy(twin))
+    assert cache.length == twin_cache.length == 9
