@@ -195,8 +195,8 @@ LINEAR_ATTENTION = _model.Sublayer(linear_attention_forward, linear_attention_ba
 
 
 def _token_mask(attn_mask, shape, n_head):
-    """(B, T) bool, False at the new tokens ``attn_mask`` marks as padding (a token that may not see
-    its own key, in any head), or None when there is none: what the linear layers read as zeros."""
+    """(B, T) bool, False at the new tokens ``attn_mask`` marks as padding (a token whose own key the
+    mask hides from it, in some head), or None when there is none: what the linear layers read as zeros."""
     if attn_mask is None:
         return None
     B, T = shape
