@@ -45,6 +45,7 @@ Reading order, leaf to root:
     gated_deltanet     Qwen3.5's linear-attention sublayer: projections, convolution, the delta rule, gated norm
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3              Qwen3: Llama with QK-norm per head
+    qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
     gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
@@ -158,6 +159,10 @@ from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 from numpy_attn.qwen3 import (
     Qwen3Config, init_qwen3_params, qwen3_attention_backward, qwen3_attention_forward, qwen3_backward,
     qwen3_forward,
+)
+from numpy_attn.qwen3_5 import (
+    Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
+    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache,
 )
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (

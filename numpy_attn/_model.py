@@ -203,18 +203,30 @@ def qkv_backward(dq, dk, dv, cache):
     return dx_q + dx_k + dx_v, {"q": dq_params, "k": dk_params, "v": dv_params}
 
 
-def rotate_forward(q, k, positions, theta, scaling, layout):
-    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k, cache)."""
+def rotate_forward(q, k, positions, theta, scaling, layout, rotary_dim=None):
+    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k, cache).
+
+    ``rotary_dim`` r (even, <= hs; None means hs) rotates only the first r channels of each head, the
+    frequencies those of a head of size r, and passes the others through (partial rotary: Qwen3.5)."""
+    hs = q.shape[-1]
+    r = hs if rotary_dim is None else rotary_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
-    q, q_cache = rope_forward(q, pos, theta, layout, scaling)                 # (B, nh, T, hs)
-    k, k_cache = rope_forward(k, pos, theta, layout, scaling)                 # (B, nkv, T, hs)
-    return q, k, (q_cache, k_cache)
+    q_rot, q_cache = rope_forward(q[..., :r], pos, theta, layout, scaling)    # (B, nh, T, r)
+    k_rot, k_cache = rope_forward(k[..., :r], pos, theta, layout, scaling)    # (B, nkv, T, r)
+    if r < hs:   # the unrotated channels follow the rotated ones, as they came
+        q_rot = np.concatenate([q_rot, q[..., r:]], axis=-1)                  # (B, nh, T, hs)
+        k_rot = np.concatenate([k_rot, k[..., r:]], axis=-1)                  # (B, nkv, T, hs)
+    return q_rot, k_rot, (q_cache, k_cache, r)
 
 
 def rotate_backward(dq, dk, cache):
-    """Undoes the two rotations -> (dq, dk)."""
-    q_cache, k_cache = cache
-    return rope_backward(dq, q_cache), rope_backward(dk, k_cache)
+    """Undoes the two rotations -> (dq, dk); the channels past rotary_dim pass their gradient through."""
+    q_cache, k_cache, r = cache
+    dq_rot, dk_rot = rope_backward(dq[..., :r], q_cache), rope_backward(dk[..., :r], k_cache)
+    if r < dq.shape[-1]:
+        dq_rot = np.concatenate([dq_rot, dq[..., r:]], axis=-1)               # (B, nh, T, hs)
+        dk_rot = np.concatenate([dk_rot, dk[..., r:]], axis=-1)               # (B, nkv, T, hs)
+    return dq_rot, dk_rot
 
 
 class CachedAttentionCache(NamedTuple):

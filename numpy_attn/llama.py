@@ -162,18 +162,18 @@ class LlamaBlockCache(NamedTuple):
 
 
 def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=LLAMA_ATTENTION,
-                        mlp=SWIGLU_MLP, round_xhat=True, **attention_options):
+                        mlp=SWIGLU_MLP, round_xhat=True, norm_offset=0.0, **attention_options):
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
     ``attn_mask``, ``kv_cache`` (this block's layer) and ``attention_options`` go to attention.
-    ``attention`` and ``mlp`` (Sublayers) and the norms' ``round_xhat`` are Llama's unless a family
-    built on this block brings its own."""
+    ``attention`` and ``mlp`` (Sublayers) and the norms' ``round_xhat`` and ``norm_offset`` (1.0:
+    they scale by 1 + w, Qwen3.5) are Llama's unless a family built on this block brings its own."""
     # 1-3: x + attn(rms_norm(x)), h and a (B, T, C)
-    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, norm_offset, round_xhat)
     a, attn_cache = attention.forward(h, params["attn"], config, positions, attn_mask=attn_mask,
                                       kv_cache=kv_cache, **attention_options)  # (B, T, C)
     x = x + a
     # 4-6: x + mlp(rms_norm(x)), Llama's mlp a SwiGLU network; h and f (B, T, C)
-    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], config.rms_eps, norm_offset, round_xhat)
     f, mlp_cache = mlp.forward(h, params["mlp"], config)                      # (B, T, C) via (B, T, H)
     out = x + f
     cache = LlamaBlockCache(attn_norm_cache, attn_cache, mlp_norm_cache, mlp_cache, attention.backward, mlp.backward)

@@ -29,6 +29,7 @@ import numpy_attn.gemma3 as gemma3
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.llama as llama
 import numpy_attn.olmo2 as olmo2
+import numpy_attn.qwen3_5 as qwen3_5
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
@@ -36,6 +37,7 @@ import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.llama as tw_llama
 import torch_attn.olmo2 as tw_olmo2
 import torch_attn.qwen3 as tw_qwen3
+import torch_attn.qwen3_5 as tw_qwen3_5
 from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
@@ -195,6 +197,14 @@ def llama_rstds(cache):
     """The rstd of every RMS norm of the model (their caches are (xhat, rstd, w)), the QK-norms'
     (Qwen3, OLMo 2) included."""
     qk = [r for c in cache.blocks if c.attn.qk_norm for r in (c.attn.qk_norm.q[1], c.attn.qk_norm.k[1])]
+    return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
+
+
+def qwen3_5_rstds(cache):
+    """llama_rstds of a Qwen3.5: the QK-norms of its attention layers only (its Gated DeltaNet layers
+    have none; their gated norms sit inside the delta rule's output)."""
+    qk = [r for c in cache.blocks if isinstance(c.attn, qwen3_5.GatedAttentionCache)
+          for r in (c.attn.attn.qk_norm.q[1], c.attn.attn.qk_norm.k[1])]
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
 
 
@@ -883,14 +893,20 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3), its parameters moved off their init
-    by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the
-    head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block."""
+    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3), its parameters moved off their
+    init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the
+    head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block,
+    Qwen3.5 with a Gated DeltaNet layer and an attention layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
                   init_llama_params, llama_rstds),
         "qwen3": (qwen3_forward, qwen3_backward, tw_qwen3.qwen3, Qwen3Config(**small), init_qwen3_params, llama_rstds),
+        "qwen3_5": (qwen3_5.qwen3_5_forward, qwen3_5.qwen3_5_backward, tw_qwen3_5.qwen3_5,
+                    qwen3_5.Qwen3_5Config(**small, partial_rotary_factor=0.5,
+                                          layer_types=("linear_attention", "full_attention"), linear_k_heads=1,
+                                          linear_v_heads=2, linear_k_dim=3, linear_v_dim=2, conv_kernel=3),
+                    qwen3_5.init_qwen3_5_params, qwen3_5_rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
                   olmo2.init_olmo2_params, llama_rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,

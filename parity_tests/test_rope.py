@@ -579,3 +579,37 @@ def test_theta_that_is_not_finite_is_refused():
     for theta, what in ((float("inf"), "is not finite"), (10**400, "overflows to inf")):
         with pytest.raises(ValueError, match=rf"^theta must be finite .* in float64, .* {what}$"):
             rope_frequencies(4, theta)
+
+
+@given(seed=st.integers(0, 2**32 - 1), hs=st.sampled_from([4, 8, 16]), share=st.sampled_from([0.25, 0.5, 1.0]),
+       layout=layouts, theta=thetas)
+def test_partial_rotary_rotates_the_first_channels_only(seed, hs, share, layout, theta):
+    """The model shell's rotate_forward with rotary_dim r (Qwen3.5's partial rotary): the first r
+    channels of each head are rope_forward's of a head of size r, the others pass unchanged; equal
+    to transformers' Qwen3.5 apply_rotary_pos_emb (which rotates cos's width) in float64 for the
+    half layout, and to the twin; the backward is the transpose (<rot(q), d> = <q, rot^T(d)>)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb as qwen3_5_rotary
+
+    from numpy_attn._model import rotate_backward, rotate_forward
+    from torch_attn._model import rotate
+    rng = np.random.default_rng(seed)
+    r = max(2, int(hs * share))
+    q, k = rng.normal(size=(2, 3, 5, hs)), rng.normal(size=(2, 1, 5, hs))
+    positions = rng.integers(0, 50, 5)
+    q_rot, k_rot, cache = rotate_forward(q, k, positions, theta, None, layout, r)
+    for name, x, out in (("q", q, q_rot), ("k", k, k_rot)):
+        assert_close(f"rotate.{name}[:r]", out[..., :r], rope_forward(x[..., :r], positions, theta, layout)[0])
+        assert np.array_equal(out[..., r:], x[..., r:]), "the channels past rotary_dim pass unchanged"
+    tq, tk = rotate(to_torch(q), to_torch(k), to_torch(positions), theta, None, layout, r)
+    assert_close("rotate.twin.q", q_rot, to_numpy(tq))
+    assert_close("rotate.twin.k", k_rot, to_numpy(tk))
+    if layout == "half":
+        angles = positions[:, None] * rope_frequencies(r, theta)              # (T, r/2), float64
+        angles = torch.from_numpy(np.concatenate([angles, angles], axis=-1))[None]   # (1, T, r)
+        hq, hk = qwen3_5_rotary(to_torch(q), to_torch(k), angles.cos(), angles.sin())
+        assert_close("rotate.hf.q", q_rot, to_numpy(hq))
+        assert_close("rotate.hf.k", k_rot, to_numpy(hk))
+    dq, dk = rng.normal(size=q.shape), rng.normal(size=k.shape)
+    bq, bk = rotate_backward(dq, dk, cache)
+    assert math.isclose(np.sum(q_rot * dq) + np.sum(k_rot * dk), np.sum(q * bq) + np.sum(k * bk),
+                        rel_tol=1e-12, abs_tol=1e-12)

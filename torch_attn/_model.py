@@ -63,11 +63,13 @@ def qkv(x, params):
     return q, k, v
 
 
-def rotate(q, k, positions, theta, scaling, layout):
-    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k)."""
+def rotate(q, k, positions, theta, scaling, layout, rotary_dim=None):
+    """RoPE on q (B, nh, T, hs) and k (B, nkv, T, hs) at ``positions`` (T,) or (B, T) -> (q, k);
+    ``rotary_dim`` r rotates only the first r channels of each head (None: all hs)."""
+    r = q.shape[-1] if rotary_dim is None else rotary_dim
     pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
-    q = rope(q, pos, theta, layout, scaling)                                  # (B, nh, T, hs)
-    k = rope(k, pos, theta, layout, scaling)                                  # (B, nkv, T, hs)
+    q = torch.cat([rope(q[..., :r], pos, theta, layout, scaling), q[..., r:]], dim=-1)   # (B, nh, T, hs)
+    k = torch.cat([rope(k[..., :r], pos, theta, layout, scaling), k[..., r:]], dim=-1)   # (B, nkv, T, hs)
     return q, k
 
 

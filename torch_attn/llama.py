@@ -38,17 +38,17 @@ def swiglu_mlp(h, params, config):
 
 
 def llama_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, attention=llama_attention,
-                mlp=swiglu_mlp, round_xhat=True, **attention_options):
+                mlp=swiglu_mlp, round_xhat=True, norm_offset=0.0, **attention_options):
     """One block: x (B, T, C) -> (B, T, C); ``attn_mask``, ``kv_cache`` and ``attention_options`` go
-    to ``attention``; ``attention``, ``mlp`` and the norms' ``round_xhat`` are Llama's unless a
-    family built on this block brings its own."""
+    to ``attention``; ``attention``, ``mlp`` and the norms' ``round_xhat`` and ``norm_offset`` are
+    Llama's unless a family built on this block brings its own."""
     # 1-3: x + attn(rms_norm(x)), h and a (B, T, C)
-    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    h = rms_norm(x, params["attn_norm"]["w"], config.rms_eps, norm_offset, round_xhat)
     a = attention(h, params["attn"], config, positions, attn_mask=attn_mask,
                   kv_cache=kv_cache, **attention_options)                     # (B, T, C)
     x = x + a
     # 4-6: x + mlp(rms_norm(x)), Llama's mlp a SwiGLU network; h and f (B, T, C)
-    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, round_xhat=round_xhat)
+    h = rms_norm(x, params["mlp_norm"]["w"], config.rms_eps, norm_offset, round_xhat)
     f = mlp(h, params["mlp"], config)                                         # (B, T, C) via (B, T, H)
     out = x + f
     return out

@@ -54,10 +54,7 @@ def llama_params(tensors, config, norms=("input_layernorm", "post_attention_laye
     nh, nkv = config.n_head, config.n_kv_head
 
     def linear(name, C_in, C_out, bias):
-        layer = {"w": tensors.take(f"{name}.weight", (C_out, C_in)).T.copy()}   # (C_out, C_in) -> (C_in, C_out)
-        if bias:
-            layer["b"] = tensors.take(f"{name}.bias", (C_out,))
-        return layer
+        return read_linear(tensors, name, C_in, C_out, bias)
 
     params = {"wte": tensors.take("model.embed_tokens.weight", (V, C)), "blocks": {}}
     for i in range(config.n_layer):
@@ -78,6 +75,14 @@ def llama_params(tensors, config, norms=("input_layernorm", "post_attention_laye
             "attn_norm": {"w": tensors.take(f"{p}{norms[0]}.weight", (C,))}, "attn": attn,
             "mlp_norm": {"w": tensors.take(f"{p}{norms[1]}.weight", (C,))}, "mlp": mlp_params}
     return with_norm_and_head(params, tensors, config)
+
+
+def read_linear(tensors, name, C_in, C_out, bias=False):
+    """The linear layer ``name`` {"w": (C_in, C_out)[, "b": (C_out,)]}: nn.Linear's (C_out, C_in) weight transposed."""
+    layer = {"w": tensors.take(f"{name}.weight", (C_out, C_in)).T.copy()}   # (C_out, C_in) -> (C_in, C_out)
+    if bias:
+        layer["b"] = tensors.take(f"{name}.bias", (C_out,))
+    return layer
 
 
 def with_norm_and_head(params, tensors, config):
