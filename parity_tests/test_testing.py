@@ -2,6 +2,8 @@
 catches bugs planted in implementations written here, its report naming the output or gradient
 that is wrong."""
 
+import contextlib
+import io
 import re
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch_attn.layer_norm as tw_layer_norm
 import torch_attn.linear as tw_linear
 import torch_attn.multi_head as tw_multi_head
 import torch_attn.softmax as tw_softmax
+from attn_cli import cli
 from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
@@ -252,3 +255,86 @@ def test_bad_arguments_are_refused(op, forward, backward, options, error, messag
     with pytest.raises(error, match=re.escape(message)):
         check(op, forward, backward, **options)
 
+
+# -- numpy-attn check ----------------------------------------------------------------------------------
+
+MINE = '''
+import numpy as np
+
+
+def softmax_forward(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    y = e / e.sum(axis=-1, keepdims=True)
+    return y, y
+
+
+def softmax_backward(dy, y):
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def softmax_backward_wrong(dy, y):
+    return y * dy
+'''
+
+
+def run_check(tmp_path, *argv):
+    """(exit status, stdout, stderr) of numpy-attn check on a file of softmax functions."""
+    (tmp_path / "mine.py").write_text(MINE)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(["check", *[a.replace("DIR", str(tmp_path)) for a in argv]])
+        except SystemExit as exit_info:                      # argparse's own usage errors
+            status = exit_info.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_the_command_passes_what_agrees(tmp_path):
+    status, out, _ = run_check(tmp_path, "DIR/mine.py:softmax_forward", "--op", "softmax", "--backward",
+                               "softmax_backward", "--examples", "10", "--option", "axis=-1", "--option",
+                               "masked=False")
+    assert status == 0, out
+    assert out == (f"softmax: {tmp_path}/mine.py:softmax_forward with softmax_backward agrees with "
+                   "numpy_attn's on 10 examples (float64, seed 0)\n")
+
+
+def test_the_command_reports_what_does_not(tmp_path):
+    """Exit status 1 and the report."""
+    status, out, _ = run_check(tmp_path, "DIR/mine.py:softmax_forward", "--op", "softmax", "--backward",
+                               "softmax_backward_wrong", "--examples", "10", "--dtype", "float32", "--seed", "3",
+                               "--option", "axis=-1", "--option", "masked=False")
+    assert status == 1
+    assert out.startswith("softmax: the function under test disagrees with numpy_attn's (float32, seed 3, "
+                          "examples 10)"), out
+    assert wrong(out) == {"dx"} and "  right: out\n" in out, out
+    status, out, _ = run_check(tmp_path, "DIR/mine.py:softmax_forward", "--op", "softmax", "--examples", "10")
+    assert status == 1 and "forward raised TypeError" in out and "an option fixes it, e.g. axis=-1" in out, out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["DIR/mine.py:softmax_forward", "--op", "softmx"],
+     "numpy-attn check: error: --op 'softmx' is not an operation check knows: softmax, linear, layer_norm, "
+     "attention, multi_head"),
+    (["DIR/absent.py:f", "--op", "softmax"], "numpy-attn check: error: no file 'DIR/absent.py'"),
+    (["DIR/mine.py:softmax", "--op", "softmax"],
+     "numpy-attn check: error: DIR/mine.py has no function 'softmax' (it defines softmax_backward, "
+     "softmax_backward_wrong, softmax_forward)"),
+    (["DIR/mine.py:softmax_forward", "--op", "softmax", "--backward", "back"],
+     "numpy-attn check: error: DIR/mine.py has no function 'back'"),
+    (["DIR/mine.py", "--op", "softmax"],
+     "numpy-attn check: error: expected FILE:FUNCTION, e.g. mine.py:softmax_forward, got 'DIR/mine.py'"),
+    (["DIR/mine.py:softmax_forward", "--op", "softmax", "--examples", "0"],
+     "numpy-attn check: error: --examples must be a positive integer, got 0"),
+    (["DIR/mine.py:softmax_forward", "--op", "softmax", "--dtype", "int8"],
+     "numpy-attn check: error: argument --dtype: invalid choice: 'int8'"),
+    (["DIR/mine.py:softmax_forward"], "numpy-attn check: error: give the operation FUNCTION implements: --op OP, "
+                                      "one of softmax, linear, layer_norm, attention, multi_head"),
+    (["DIR/mine.py:softmax_forward", "--op", "softmax", "--option", "axis"],
+     "numpy-attn check: error: --option must be NAME=VALUE, e.g. axis=-1, got 'axis'"),
+    (["DIR/mine.py:softmax_forward", "--op", "softmax", "--option", "dims=2"],
+     "numpy-attn check: error: softmax has no option 'dims': its options are axis, masked, framework, device"),
+])
+def test_bad_usage_exits_2_naming_the_value(tmp_path, argv, message):
+    status, out, err = run_check(tmp_path, *argv)
+    assert status == 2 and out == "", (out, err)
+    assert message.replace("DIR", str(tmp_path)) in err, err
