@@ -57,6 +57,7 @@ neither; ml_dtypes is imported here only for ``dtype="bfloat16"``).
 
 import functools
 import inspect
+import textwrap
 import types
 from typing import NamedTuple
 
@@ -89,10 +90,9 @@ TOLERANCES = {
     np.dtype(np.float32): dict(rtol=1e-4, atol=1e-5),
 }
 
-WHY = {"float64": "float64 carries about 16 digits; two correct programs differ only in the order they round in, "
-                  "a few ulps times the longest sum: 1e-10 leaves ample room and catches any real bug",
-       "float32": "float32 carries about 7 digits, and a sum of n terms of mixed sign loses log10(n) of them "
-                  "to cancellation"}
+WHY = {"float64": "two correct float64 programs differ only in the order they round in, a few ulps times the "
+                  "longest sum",
+       "float32": "float32 carries about 7 digits, and a sum of n terms of mixed sign loses log10(n) of them"}
 
 # A sum of the few (at most about 50) terms of size X drawn here, computed in float32, is off by
 # at most about 50 * 2^-24 X < 2^-16 X.
@@ -337,26 +337,24 @@ def _tols_plain(case, cache):
 
 def _tols_layer_norm(case, cache):
     rstd = max(1.0, float(np.max(cache[1])))
-    return {"dx": (rstd, rstd, f"rtol and atol times the largest rstd = 1 / sqrt(var + eps) = {rstd:.3g}: the "
-                               "norm multiplies its input's rounding, and its backward's cancellation, by rstd")}
+    return {"dx": (rstd, rstd, f"rtol and atol times the largest rstd = 1 / sqrt(var + eps) = {rstd:.3g}, by which "
+                               "the norm multiplies its input's rounding and its backward's cancellation")}
 
 
 def _tols_attention(case, cache):
     terms = cancelled_terms({**case.inputs, "dout": case.dout}, cache)
     what = {"q": "D max|k| scale", "k": "D max|q| scale", "v": "max|dout|"}
     return {f"d{n}": (1.0, max(1.0, terms[n]),
-                      f"atol times {max(1.0, terms[n]):.3g} = max(1, {what[n]}), the size of the terms the backward "
-                      f"cancels (D = hv max|dout| max|v| = {terms['scores']:.3g}, the largest entry of "
-                      "dout @ v^T): rounding is relative to them, not to the result")
+                      f"atol times {max(1.0, terms[n]):.3g} = max(1, {what[n]}), D = hv max|dout| max|v| = "
+                      f"{terms['scores']:.3g}: the terms the backward cancels, to which rounding is relative")
             for n in "qkv"}
 
 
 def _tols_multi_head(case, cache):
     size = multi_head_cancelled_size(case.inputs["x"], case.inputs["params"], case.inputs.get("kv"), case.dout,
                                      cache)
-    return {"*": (1.0, size, f"atol times {size:.3g}, the size of the terms the heads' backward cancels "
-                             "(D |k| scale, D |q| scale) times the largest |input|: rounding is relative to them, "
-                             "not to the result")}
+    return {"*": (1.0, size, f"atol times {size:.3g} = (D |k| scale, D |q| scale) times the largest |input|: "
+                             "the terms the heads' backward cancels, to which rounding is relative")}
 
 
 class Operation(NamedTuple):
@@ -424,24 +422,30 @@ def to_numpy(t):
     return t.numpy()
 
 
-def _is_torch_function(f):
+def _is_torch_function(f, seen=None):
     """True when ``f`` comes from torch or torch_attn, or its code names torch (``torch.softmax``,
-    ``F.softmax`` with F torch.nn.functional, a function imported from torch), itself or in a
-    function it defines or closes over; torch itself is not imported to find out."""
+    ``F.softmax`` with F torch.nn.functional, a function imported from torch), itself, in a function
+    it defines or closes over, or in a function of its own module that it calls; torch itself is not
+    imported to find out."""
     f = inspect.unwrap(getattr(f, "func", f))                     # functools.partial, decorators
+    seen = set() if seen is None else seen
+    if id(f) in seen:
+        return False
+    seen.add(id(f))
     if _from_torch(f):
         return True
     code = getattr(f, "__code__", None)
     if code is None:                                              # a callable object: its __call__
         call = vars(type(f)).get("__call__")
-        return call is not None and hasattr(call, "__code__") and _is_torch_function(call)
+        return call is not None and hasattr(call, "__code__") and _is_torch_function(call, seen)
     names, stack = set(), [code]
     while stack:
         c = stack.pop()
         names.update(c.co_names)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     found = [f.__globals__.get(n) for n in names] + [cell.cell_contents for cell in (f.__closure__ or ())]
-    return any(_from_torch(v) for v in found)
+    return any(_from_torch(v) or (isinstance(v, types.FunctionType) and _is_torch_function(v, seen))
+               for v in found)
 
 
 def _from_torch(v):
@@ -483,12 +487,18 @@ def _show(a, most=24):
     head = f"{a.shape} {a.dtype}"
     if a.size > most:
         return head
-    body = np.array2string(np.asarray(a, np.float64), precision=4, separator=", ", max_line_width=100)
+    body = np.array2string(a if a.dtype == np.bool_ else np.asarray(a, np.float64), precision=4, separator=", ",
+                           max_line_width=100)
     return head + " =\n      " + body.replace("\n", "\n      ")
 
 
 def _index(i, shape):
     return str(tuple(int(n) for n in np.unravel_index(i, shape))) if shape else "()"
+
+
+def _wrapped(text):
+    """``text`` as the report's indented lines of at most 100 columns."""
+    return "\n".join(textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="      "))
 
 
 def _compare(name, got, want, dtype, tol, why):
@@ -515,7 +525,7 @@ def _compare(name, got, want, dtype, tol, why):
         f"off by {diff.ravel()[i]:.3g}\n"
         f"    tolerance there: atol {tol['atol']:.3g} + rtol {tol['rtol']:.3g} x |expected| = {bound.ravel()[i]:.3g}; "
         f"{bad} of {want.size} entries exceed theirs\n"
-        f"    why this tolerance: {why}"))
+        + _wrapped(f"why this tolerance: {why}")))
 
 
 def _compare_low(name, got, truth, baseline, dtype, extra):
@@ -548,9 +558,9 @@ def _compare_low(name, got, truth, baseline, dtype, extra):
         f"(numpy_attn's in float64 on the same rounded inputs), off by {err.ravel()[i]:.3g}\n"
         f"    tolerance: 2 x numpy_attn's own {dtype} error {base:.3g} + one ulp {one_ulp:.3g} of the largest "
         f"|truth| + {extra:.3g} = {bound:.3g}\n"
-        f"    why this tolerance: FlashAttention's rule (docs/precision.md): at most twice the error of numpy_attn "
-        f"computing as PyTorch's CPU kernels do (float32 inside, rounded once), plus the float32 noise of the "
-        f"terms a gradient cancels"))
+        + _wrapped("why this tolerance: FlashAttention's rule (docs/precision.md): at most twice the error of "
+                   "numpy_attn computing as PyTorch's CPU kernels do (float32 inside, rounded once), plus the float32 "
+                   "noise of the terms a gradient cancels")))
 
 
 def _rounded(case, dtype):
@@ -734,13 +744,10 @@ def _problems(op, forward, backward, case, dtype, torch_side, device):
     problems = []
     if dtype.name in ("float64", "float32"):
         tol = TOLERANCES[dtype]
-        own = f"rtol {tol['rtol']:g}, atol {tol['atol']:g}: {WHY[dtype.name]}"
+        own = f"{dtype.name}'s rtol {tol['rtol']:g}, atol {tol['atol']:g} ({WHY[dtype.name]})"
         for name, want in expected.items():
             r, a, why = special.get(name, special.get("*", (1.0, 1.0, None))) if name != "out" else (1.0, 1.0, None)
-            if why is None:
-                why = f"the {dtype.name} tolerance ({own}; numpy_attn's own tests hold its twins to it)"
-            else:
-                why = f"the {dtype.name} tolerance ({own}), {why}"
+            why = f"{own}, as numpy_attn's own tests" + ("" if why is None else f"; {why}")
             problems.append(_compare(name, got[name], want, dtype,
                                      dict(rtol=tol["rtol"] * r, atol=tol["atol"] * a), why))
         return [p for p in problems if p], list(expected)

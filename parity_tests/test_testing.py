@@ -5,12 +5,16 @@ that is wrong."""
 import contextlib
 import io
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+import numpy_attn
 import torch_attn.attention as tw_attention
 import torch_attn.layer_norm as tw_layer_norm
 import torch_attn.linear as tw_linear
@@ -174,7 +178,8 @@ def test_wrong_scale():
     assert wrong(report) == {"out"}, report
     assert report.startswith("attention: the function under test disagrees with numpy_attn's (float64, seed 1")
     for text in ("options: scale=False, masks=('none',)", "user_attention.<locals>.forward (NumPy, forward only)",
-                 "out: at index (", "tolerance there: atol 1e-12 + rtol 1e-10", "why this tolerance: the float64",
+                 "out: at index (", "tolerance there: atol 1e-12 + rtol 1e-10",
+                 "why this tolerance: float64's rtol 1e-10, atol 1e-12 (two correct",
                  "smallest failing input found (after shrinking):", "    q (", " float64 =\n",
                  "reproduce: check('attention', ..., examples=12, seed=1"):
         assert text in report, (text, report)
@@ -219,7 +224,7 @@ def test_the_same_seed_gives_the_same_report():
 
 def test_the_tolerance_is_the_dtypes():
     report = failing("softmax", *user_softmax("term"), axis=-1, dtype="float32")
-    assert "why this tolerance: the float32 tolerance (rtol 0.0001, atol 1e-05" in report, report
+    assert "why this tolerance: float32's rtol 0.0001, atol 1e-05 (float32 carries" in report, report
     report = failing("softmax", *user_softmax("term"), axis=-1, dtype="float16")
     assert wrong(report) == {"dx"} and "tolerance: 2 x numpy_attn's own float16 error" in report, report
     # ml_dtypes' bfloat16 x @ w comes out float32: dtype in is dtype out.
@@ -338,3 +343,40 @@ def test_bad_usage_exits_2_naming_the_value(tmp_path, argv, message):
     status, out, err = run_check(tmp_path, *argv)
     assert status == 2 and out == "", (out, err)
     assert message.replace("DIR", str(tmp_path)) in err, err
+
+
+# -- docs/testing.md ---------------------------------------------------------------------------------
+
+PAGE = Path(numpy_attn.__file__).resolve().parent.parent / "docs" / "testing.md"
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def run_page(folder):
+    """Run docs/testing.md's Python examples in order as one script in ``folder``, as a user would
+    (Hypothesis mixes the constants of the modules loaded, the script's own among them, into its
+    draws: a seed gives the same inputs to the same program). Returns the process's result and the
+    report of the CheckFailure it ends with."""
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 3, "the softmax example, the attention kernel, the failing example"
+    (folder / "mine.py").write_text("\n\n".join(blocks), encoding="utf-8")
+    result = subprocess.run([sys.executable, "mine.py"], capture_output=True, text=True, cwd=folder, timeout=300)
+    return result, result.stderr.partition("numpy_attn.testing.CheckFailure: ")[2].rstrip("\n")
+
+
+def test_the_page_runs_and_shows_the_report_check_gives(tmp_path):
+    """The examples' own functions pass (torch recognised through a function of the script that the
+    failing one calls), and the last raises CheckFailure with the report the page shows: the same
+    text, its numbers compared as numbers (to the 6 digits the report prints)."""
+    result, report = run_page(tmp_path)
+    assert result.returncode == 1 and result.stdout == ("my softmax agrees with numpy_attn's\n"
+                                                        "my attention agrees with numpy_attn's\n"), result
+    page = PAGE.read_text(encoding="utf-8")
+    shown = page.split("raises `CheckFailure`:\n\n```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
+    assert NUMBER.sub("#", report) == NUMBER.sub("#", shown), report
+    np.testing.assert_allclose([float(n) for n in NUMBER.findall(report)],
+                               [float(n) for n in NUMBER.findall(shown)], rtol=1e-5, atol=0)
+
+
+def test_the_readme_points_to_the_page():
+    readme = (PAGE.parent.parent / "README.md").read_text(encoding="utf-8")
+    assert "(docs/testing.md)" in readme and "numpy-attn check" in readme
