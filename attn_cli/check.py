@@ -32,8 +32,8 @@ def add_arguments(p):
     p.add_argument("target", metavar="FILE:FUNCTION",
                    help="the Python file and the name of the forward in it, e.g. mine.py:softmax_forward")
     p.add_argument("--op", metavar="OP", default=None,
-                   help="the operation it implements (required): softmax, linear, layer_norm, attention or "
-                        "multi_head")
+                   help="the operation it implements (required): softmax, linear, layer_norm, rms_norm, gelu, "
+                        "attention, flash_attention or multi_head")
     p.add_argument("--backward", metavar="FUNCTION", default=None,
                    help="the NumPy backward(dout, cache) in the same file (none: the forward alone, or "
                         "autograd's for a torch function)")

@@ -30,6 +30,7 @@ from numpy_attn.flex_attention import (
 )
 from numpy_attn.masks import causal_mask, sliding_window_mask
 from numpy_attn.testing import FLOAT32_NOISE, cancelled_terms
+from numpy_attn.testing import flash_cancelled_size as cancelled_size  # test_flash_attention.grad_tol's M
 from parity_tests import strategies as S
 from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, assert_error_budget, round_to, to_torch
 
@@ -128,16 +129,6 @@ def assert_dout_refused(op, backward, cache, shape, dtype, data):
         backward(dout, cache)
     for text in (op, *texts):
         assert text in str(info.value), f"{op}: {text!r} missing from {str(info.value)!r}"
-
-
-def cancelled_size(case):
-    """test_flash_attention.grad_tol's M = scale max|q, k| max(T, S) max|dout| max|v| hv: the size of
-    what dq and dk cancel."""
-    q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
-    T, S_, hs, hv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
-    return float(scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
-                 * np.abs(v).max() * hv)
 
 
 def dsinks_size(case):

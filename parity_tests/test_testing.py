@@ -2,6 +2,7 @@
 catches bugs planted in implementations written here, its report naming the output or gradient
 that is wrong."""
 
+import ast
 import contextlib
 import io
 import re
@@ -16,15 +17,21 @@ import torch.nn.functional as F
 
 import numpy_attn
 import torch_attn.attention as tw_attention
+import torch_attn.flash_attention as tw_flash_attention
+import torch_attn.gelu as tw_gelu
 import torch_attn.layer_norm as tw_layer_norm
 import torch_attn.linear as tw_linear
 import torch_attn.multi_head as tw_multi_head
+import torch_attn.rms_norm as tw_rms_norm
 import torch_attn.softmax as tw_softmax
 from attn_cli import cli
 from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from numpy_attn.flash_attention import flash_attention_backward, flash_attention_forward
+from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 from numpy_attn.testing import OPERATIONS, CheckFailure, check
 
@@ -36,14 +43,20 @@ NUMPY = {
     "softmax": (softmax_forward, softmax_backward),
     "linear": (linear_forward, linear_backward),
     "layer_norm": (layer_norm_forward, layer_norm_backward),
+    "rms_norm": (rms_norm_forward, rms_norm_backward),
+    "gelu": (gelu_forward, gelu_backward),
     "attention": (scaled_dot_product_attention_forward, scaled_dot_product_attention_backward),
+    "flash_attention": (flash_attention_forward, flash_attention_backward),
     "multi_head": (multi_head_attention_forward, multi_head_attention_backward),
 }
 TWINS = {
     "softmax": tw_softmax.softmax,
     "linear": tw_linear.linear,
     "layer_norm": tw_layer_norm.layer_norm,
+    "rms_norm": tw_rms_norm.rms_norm,
+    "gelu": tw_gelu.gelu,
     "attention": tw_attention.scaled_dot_product_attention,
+    "flash_attention": tw_flash_attention.flash_attention,
     "multi_head": tw_multi_head.multi_head_attention,
 }
 
@@ -174,10 +187,10 @@ def test_the_implementation_written_here_passes():
 def test_wrong_scale():
     """1 / hs in place of 1 / sqrt(hs); the report read whole: operation, options, the function,
     the index, the tolerance and why, the smallest input with its values, how to reproduce."""
-    report = failing("attention", user_attention("scale")[0], scale=False, masks=("none",))
+    report = failing("attention", user_attention("scale")[0], scale=False)
     assert wrong(report) == {"out"}, report
     assert report.startswith("attention: the function under test disagrees with numpy_attn's (float64, seed 1")
-    for text in ("options: scale=False, masks=('none',)", "user_attention.<locals>.forward (NumPy, forward only)",
+    for text in ("options: scale=False\n", "user_attention.<locals>.forward (NumPy, forward only)",
                  "out: at index (", "tolerance there: atol 1e-12 + rtol 1e-10",
                  "why this tolerance: float64's rtol 1e-10, atol 1e-12 (two correct",
                  "smallest failing input found (after shrinking):", "    q (", " float64 =\n",
@@ -209,6 +222,15 @@ def test_missing_sum_over_an_axis():
     assert wrong(report) == {"db"}, report
     report = failing("attention", *user_attention("group sum"))
     assert wrong(report) == {"dk", "dv"} and "shape" in report, report
+
+
+def test_the_tanh_approximation_for_the_exact_gelu():
+    """GELU's tanh form differs from the exact one by up to 5e-4: far beyond float64's tolerance."""
+    def gelu_tanh(x, approximate="none"):
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))), None
+    report = failing("gelu", gelu_tanh, approximate=("none",))
+    assert wrong(report) == {"out"}, report
+    check("gelu", gelu_tanh, examples=FEW, approximate=("tanh",), framework="numpy")
 
 
 def test_missing_term():
@@ -246,7 +268,8 @@ def test_a_forward_that_returns_no_cache_is_reported():
 
 @pytest.mark.parametrize("op, forward, backward, options, error, message", [
     ("attn", softmax_forward, None, {}, ValueError,
-     "unknown operation 'attn': check knows softmax, linear, layer_norm, attention, multi_head"),
+     "unknown operation 'attn': check knows softmax, linear, layer_norm, rms_norm, gelu, attention, flash_attention, "
+     "multi_head"),
     ("softmax", None, None, {}, TypeError, "forward must be a function, got NoneType"),
     ("softmax", softmax_forward, None, {"examples": 0}, ValueError, "examples must be a positive integer, got 0"),
     ("softmax", softmax_forward, None, {"dtype": "int8"}, ValueError,
@@ -319,7 +342,7 @@ def test_the_command_reports_what_does_not(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["DIR/mine.py:softmax_forward", "--op", "softmx"],
      "numpy-attn check: error: --op 'softmx' is not an operation check knows: softmax, linear, layer_norm, "
-     "attention, multi_head"),
+     "rms_norm, gelu, attention, flash_attention, multi_head"),
     (["DIR/absent.py:f", "--op", "softmax"], "numpy-attn check: error: no file 'DIR/absent.py'"),
     (["DIR/mine.py:softmax", "--op", "softmax"],
      "numpy-attn check: error: DIR/mine.py has no function 'softmax' (it defines softmax_backward, "
@@ -333,7 +356,8 @@ def test_the_command_reports_what_does_not(tmp_path):
     (["DIR/mine.py:softmax_forward", "--op", "softmax", "--dtype", "int8"],
      "numpy-attn check: error: argument --dtype: invalid choice: 'int8'"),
     (["DIR/mine.py:softmax_forward"], "numpy-attn check: error: give the operation FUNCTION implements: --op OP, "
-                                      "one of softmax, linear, layer_norm, attention, multi_head"),
+                                      "one of softmax, linear, layer_norm, rms_norm, gelu, attention, "
+                                      "flash_attention, multi_head"),
     (["DIR/mine.py:softmax_forward", "--op", "softmax", "--option", "axis"],
      "numpy-attn check: error: --option must be NAME=VALUE, e.g. axis=-1, got 'axis'"),
     (["DIR/mine.py:softmax_forward", "--op", "softmax", "--option", "dims=2"],
@@ -348,7 +372,6 @@ def test_bad_usage_exits_2_naming_the_value(tmp_path, argv, message):
 # -- docs/testing.md ---------------------------------------------------------------------------------
 
 PAGE = Path(numpy_attn.__file__).resolve().parent.parent / "docs" / "testing.md"
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def run_page(folder):
@@ -363,18 +386,69 @@ def run_page(folder):
     return result, result.stderr.partition("numpy_attn.testing.CheckFailure: ")[2].rstrip("\n")
 
 
-def test_the_page_runs_and_shows_the_report_check_gives(tmp_path):
+def test_the_page_runs_and_its_last_example_fails(tmp_path):
     """The examples' own functions pass (torch recognised through a function of the script that the
-    failing one calls), and the last raises CheckFailure with the report the page shows: the same
-    text, its numbers compared as numbers (to the 6 digits the report prints)."""
+    failing one calls), and the last raises CheckFailure with a report that reads as the page's. The
+    input it shrinks to can differ from the page's where the modules loaded differ (Hypothesis
+    draws constants from them): test_the_pages_report_holds checks the page's own figures."""
     result, report = run_page(tmp_path)
     assert result.returncode == 1 and result.stdout == ("my softmax agrees with numpy_attn's\n"
                                                         "my attention agrees with numpy_attn's\n"), result
+    shown = shown_report()
+    assert report.splitlines()[:3] == shown.splitlines()[:3], report
+    assert report.splitlines()[-1] == shown.splitlines()[-1], report
+    assert wrong(report) and "smallest failing input found (after shrinking):" in report, report
+
+
+def shown_report():
     page = PAGE.read_text(encoding="utf-8")
-    shown = page.split("raises `CheckFailure`:\n\n```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
-    assert NUMBER.sub("#", report) == NUMBER.sub("#", shown), report
-    np.testing.assert_allclose([float(n) for n in NUMBER.findall(report)],
-                               [float(n) for n in NUMBER.findall(shown)], rtol=1e-5, atol=0)
+    return page.split("raises `CheckFailure`:\n\n```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
+
+
+def shown_input(report):
+    """{name: array} of the smallest failing input a report prints (shape, dtype and values)."""
+    section = report.split("(after shrinking):\n", 1)[1].split("  reproduce:", 1)[0]
+    found = {}
+    for name, shape, dtype, values in re.findall(r"^    (\w+) \(([\d, ]*)\) (\w+) =\n((?:      .*\n?)+)",
+                                                 section, flags=re.M):
+        shape = tuple(int(n) for n in shape.replace(",", " ").split())
+        found[name] = np.array(ast.literal_eval(" ".join(values.split())), dtype=dtype).reshape(shape)
+    return found
+
+
+def test_the_pages_report_holds():
+    """Every figure of the page's report, recomputed from the input it shows: the wrong function's
+    gradient (autograd) and numpy_attn's at the index named, the difference and the tolerance, and
+    the outputs and gradients it calls right are within theirs."""
+    page = PAGE.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    namespace = {"__name__": "page"}
+    for block in blocks:                                   # the functions, without running the checks
+        exec(compile("\n".join(line for line in block.splitlines() if not line.startswith(("check(", "print("))),
+                     str(PAGE), "exec"), namespace)
+    report = shown_report()
+    case = shown_input(report)
+    assert set(case) == {"q", "k", "v", "dout"} and all(a.size <= 24 for a in case.values()), case
+    out, cache = scaled_dot_product_attention_forward(case["q"], case["k"], case["v"])
+    expected = dict(zip(("out", "dq", "dk", "dv"), (out, *scaled_dot_product_attention_backward(case["dout"], cache)),
+                        strict=True))
+    tensors = {n: torch.from_numpy(case[n]).requires_grad_(True) for n in "qkv"}
+    got_out = namespace["my_attention_wrong_scale"](**tensors)
+    (got_out * torch.from_numpy(case["dout"])).sum().backward()
+    got = {"out": got_out.detach().numpy(), **{f"d{n}": t.grad.numpy() for n, t in tensors.items()}}
+    for name, index, value, truth, off, bound in re.findall(
+            r"wrong: (\w+): at index \(([\d, ]*)\) got (\S+), expected (\S+) \(numpy_attn's\), off by (\S+)\n"
+            r"    tolerance there: atol \S+ \+ rtol \S+ x \|expected\| = (\S+);", report):
+        at = tuple(int(n) for n in index.replace(",", " ").split())
+        # The report prints the values to 6 digits, the difference to 3.
+        np.testing.assert_allclose([got[name][at], expected[name][at]], [float(value), float(truth)], rtol=1e-5,
+                                   err_msg=name)
+        np.testing.assert_allclose(abs(got[name][at] - expected[name][at]), float(off), rtol=1e-2, err_msg=name)
+        assert abs(got[name][at] - expected[name][at]) > float(bound) * 1e6, f"{name}: a bug, not rounding"
+    right = report.split("  right: ", 1)[1].split("\n", 1)[0].split(", ")
+    assert sorted(right + sorted(wrong(report))) == sorted(expected), report
+    for name in right:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
 def test_the_readme_points_to_the_page():
