@@ -22,6 +22,7 @@ COMMANDS = {
     "train": "train",
     "generate": "generate",
     "site": "site",
+    "check": "check",
 }
 
 

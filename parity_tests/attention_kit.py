@@ -29,6 +29,8 @@ from numpy_attn.flex_attention import (
     soft_cap,
 )
 from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.testing import FLOAT32_NOISE, cancelled_terms
+from numpy_attn.testing import flash_cancelled_size as cancelled_size  # test_flash_attention.grad_tol's M
 from parity_tests import strategies as S
 from parity_tests.helpers import LOW_DTYPES, TOLERANCES, assert_close, assert_error_budget, round_to, to_torch
 
@@ -62,9 +64,7 @@ def widened(arrays):
             for n, a in arrays.items()}
 
 
-# A sum of the few (at most about 50) terms of size X drawn here, computed in float32, is off by
-# at most about 50 * 2^-24 X < 2^-16 X.
-FLOAT32_NOISE = 2.0**-16
+# FLOAT32_NOISE: the float32 noise of a sum of the few terms drawn here (numpy_attn/testing.py).
 
 
 def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
@@ -129,16 +129,6 @@ def assert_dout_refused(op, backward, cache, shape, dtype, data):
         backward(dout, cache)
     for text in (op, *texts):
         assert text in str(info.value), f"{op}: {text!r} missing from {str(info.value)!r}"
-
-
-def cancelled_size(case):
-    """test_flash_attention.grad_tol's M = scale max|q, k| max(T, S) max|dout| max|v| hv: the size of
-    what dq and dk cancel."""
-    q, k, v, dout = (case[n] for n in ("q", "k", "v", "dout"))
-    T, S_, hs, hv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    scale = 1 / math.sqrt(hs) if case["scale"] is None else case["scale"]
-    return float(scale * max(np.abs(q).max(), np.abs(k).max()) * max(T, S_) * np.abs(dout).max()
-                 * np.abs(v).max() * hv)
 
 
 def dsinks_size(case):
@@ -480,15 +470,6 @@ def gradient_tols(case, cache):
     tol = TOLERANCES[np.dtype(case["q"].dtype)]
     terms = cancelled_terms(case, cache)
     return {name: dict(rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(terms[name]))) for name in "qkv"}
-
-
-def cancelled_terms(case, cache):
-    """The size of the terms the backward cancels, as gradient_tols derives it: D for dscores
-    ("scores"), D max|k| scale for dq, D max|q| scale for dk, max|dout| / (1 - p) for dv."""
-    big = {name: float(np.abs(case[name]).max()) for name in ("q", "k", "v", "dout")}
-    D = case["v"].shape[-1] * big["dout"] * big["v"] * cache.keep_scale
-    return {"scores": D, "q": D * big["k"] * cache.scale, "k": D * big["q"] * cache.scale,
-            "v": big["dout"] * cache.keep_scale}
 
 
 def qkv(case):

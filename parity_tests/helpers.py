@@ -22,40 +22,19 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from numpy_attn._tree import flatten, leaves, tree_map
+from numpy_attn.testing import TOLERANCES, layer_norm_tol, to_numpy, to_torch
 from parity_tests.strategies import ramp
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # The two low-precision dtypes, as NumPy and torch name them.
 LOW_DTYPES = {"float16": (np.dtype(np.float16), torch.float16), "bfloat16": (BFLOAT16, torch.bfloat16)}
 
-TOLERANCES = {
-    np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
-    np.dtype(np.float32): dict(rtol=1e-4, atol=1e-5),
-}
+# TOLERANCES (float64 and float32, derived in this docstring) live in numpy_attn/testing.py, which
+# offers the suite's error rule to users.
 
 # (test label, dtype) -> (largest absolute error, largest share of the tolerance used)
 _WORST = defaultdict(lambda: (0.0, 0.0))
 _WORST_BY_FILE = defaultdict(lambda: (0.0, 0.0))
-
-
-def to_torch(x, requires_grad=False):
-    """A torch tensor sharing ``x``'s dtype (a fresh copy, so NumPy code cannot alias it).
-
-    torch.from_numpy does not know ml_dtypes' bfloat16: its bits travel as uint16 and are viewed
-    as torch.bfloat16, which has the same layout."""
-    x = np.array(x, copy=True)
-    if x.dtype == BFLOAT16:
-        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(x)
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-def to_numpy(t):
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.uint16).numpy().view(BFLOAT16)
-    return t.numpy()
 
 
 def tree_to_torch(tree, requires_grad=False):
@@ -428,23 +407,6 @@ def directional_derivative(f, tree, direction, h=1e-4):
         return f(tree_map(lambda x, d: x + step * d, tree, direction))
 
     return (-g(2 * h) + 8 * g(h) - 8 * g(-h) + g(-2 * h)) / (12 * h)
-
-
-def layer_norm_tol(rstds, dtype):
-    """The dtype's tolerance with rtol and atol scaled by the largest rstd = 1 / sqrt(var + eps)
-    among a model's layer norms (their caches hold it): 1 for rows of unit spread, up to 316 for
-    a near-constant row (C = 1 makes every row constant).
-
-    A layer norm multiplies the rounding errors of its input, and the cancellation in its backward
-    (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), by rstd, so two correct programs that round
-    differently differ by up to rstd times the usual error, relative and absolute (the thorough
-    profile finds float32 gradients of 200 on a two-channel row off by 1.1e-4 relative). Against
-    the built-in it matters more: F.layer_norm centres each row once, and its rounding of the mean
-    reaches xhat times rstd (ours centres twice; test_layer_norm.py widens its atol likewise).
-    """
-    tol = TOLERANCES[np.dtype(dtype)]
-    rstd = max([1.0] + [float(r.max()) for r in rstds])
-    return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd)
 
 
 def decode_in_steps(step, ids, sizes):

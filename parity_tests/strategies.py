@@ -11,6 +11,14 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+# Shared with the users of numpy_attn.testing, which offers them: bounded elements and arrays, shapes
+# that broadcast to a given one, and attention masks of every kind.
+from numpy_attn.testing import MASK_KINDS as MASK_KINDS
+from numpy_attn.testing import arrays as arrays
+from numpy_attn.testing import attention_masks as attention_masks
+from numpy_attn.testing import broadcastable_to as broadcastable_to
+from numpy_attn.testing import floats as floats
+
 FLOAT_DTYPES = (np.float64, np.float32)
 
 dtypes = st.sampled_from(FLOAT_DTYPES)
@@ -26,18 +34,6 @@ def dim(min_value=1, max_value=6):
     return st.integers(min_value, max_value)
 
 
-def floats(dtype, bound=4.0):
-    """Bounded, finite elements of ``dtype``."""
-    width = 32 if np.dtype(dtype) == np.float32 else 64
-    return st.floats(-bound, bound, width=width, allow_nan=False, allow_infinity=False,
-                     allow_subnormal=False)
-
-
-def arrays(dtype, shape, bound=4.0):
-    """Arrays of ``shape`` with bounded elements of ``dtype``."""
-    return hnp.arrays(dtype, shape, elements=floats(dtype, bound))
-
-
 def batch_shapes(max_dims=2, max_side=4):
     """Leading dimensions (possibly none), e.g. (), (B,), (B, nh)."""
     return hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=1, max_side=max_side)
@@ -46,36 +42,6 @@ def batch_shapes(max_dims=2, max_side=4):
 def token_ids(V, shape):
     """Integer ids in [0, V) of ``shape``; with a small V they repeat."""
     return hnp.arrays(np.int64, shape, elements=st.integers(0, V - 1))
-
-
-@st.composite
-def broadcastable_to(draw, shape, min_dims=0):
-    """Shapes that broadcast to exactly ``shape``: some leading axes dropped, each side kept or 1.
-
-    (``hnp.broadcastable_shapes`` may also grow a side of 1, which would grow the result.)
-    """
-    ndim = draw(st.integers(min(min_dims, len(shape)), len(shape)))
-    tail = tuple(shape)[len(shape) - ndim:]
-    return tuple(side if draw(st.booleans()) else 1 for side in tail)
-
-
-MASK_KINDS = ("none", "bool", "float", "causal")
-
-
-@st.composite
-def attention_masks(draw, dtype, scores_shape, kinds=MASK_KINDS):
-    """(attn_mask, is_causal) in the convention of F.scaled_dot_product_attention, for scores of
-    ``scores_shape`` (..., T, S): no mask, a bool mask (True = may attend; whole rows may be
-    hidden), a float mask with -inf entries, or is_causal. Masks have at least two dimensions
-    and broadcast to ``scores_shape``."""
-    kind = draw(st.sampled_from(kinds))
-    if kind not in ("bool", "float"):
-        return None, kind == "causal"
-    shape = draw(broadcastable_to(scores_shape, min_dims=2))
-    hide = draw(hnp.arrays(np.bool_, shape))
-    if kind == "bool":
-        return ~hide, False
-    return np.where(hide, -np.inf, draw(arrays(dtype, shape, 3.0))).astype(dtype), False
 
 
 @st.composite

@@ -19,6 +19,7 @@ from numpy_attn.multi_head import (
     multi_head_attention_forward,
     split_heads,
 )
+from numpy_attn.testing import multi_head_cancelled_size as cancelled_size
 from parity_tests import strategies as S
 from parity_tests.attention_kit import (
     assert_attention_budget,
@@ -127,17 +128,6 @@ def gradient_tol(x, params, kv, dout, cache):
     """
     tol = TOLERANCES[np.dtype(x.dtype)]
     return dict(rtol=tol["rtol"], atol=tol["atol"] * cancelled_size(x, params, kv, dout, cache))
-
-
-def cancelled_size(x, params, kv, dout, cache):
-    """The size (at least 1) of the terms the backward cancels, as gradient_tol derives it."""
-    att = cache.attention
-    dy = dout @ params["o"]["w"].T                                # (B, T, C)
-    D = att.v.shape[-1] * np.abs(dy).max() * np.abs(att.v).max() * att.keep_scale
-    heads = D * max(np.abs(att.q_scaled).max(), np.abs(att.k).max() * att.scale)
-    inputs = max(float(np.abs(a).max()) for a in [x, *([] if kv is None else [kv])]
-                 + [leaf for _, leaf in tree_leaves(params)])
-    return max(1.0, float(heads) * max(1.0, inputs))
 
 
 def differentiable(case):

@@ -25,6 +25,52 @@ def test_import_leaves_torch_and_tiktoken_out():
     assert result.stdout.strip() == "[]", f"imported at module level: {result.stdout}"
 
 
+def test_import_of_numpy_attn_leaves_hypothesis_out():
+    """``import numpy_attn`` and every operation module imports neither Hypothesis nor torch: only
+    numpy_attn.testing imports Hypothesis (docs/design.md's one exception), and importing it still
+    leaves torch out (test_import_leaves_torch_and_tiktoken_out walks it with the rest)."""
+    code = (
+        "import sys, pkgutil, importlib, numpy_attn\n"
+        "for m in pkgutil.walk_packages(numpy_attn.__path__, 'numpy_attn.'):\n"
+        "    if m.name != 'numpy_attn.testing':\n"
+        "        importlib.import_module(m.name)\n"
+        "print(sorted(n for n in ('torch', 'hypothesis') if n in sys.modules))\n"
+        "import numpy_attn.testing\n"
+        "print(sorted(n for n in ('torch', 'hypothesis') if n in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[:2] == ["[]", "['hypothesis']"], f"imported: {result.stdout}"
+
+
+# What a numpy_attn module may import: the standard library, NumPy and numpy_attn; numpy_attn.testing
+# also Hypothesis, and torch and ml_dtypes inside functions only (when a torch function or bfloat16 is
+# checked); _threads.py threadpoolctl inside its function, on first use (optional there).
+ALLOWED_IMPORTS = {"numpy", "numpy_attn"} | set(sys.stdlib_module_names)
+EXCEPTIONS = {"numpy_attn/testing.py": ({"hypothesis"}, {"torch", "ml_dtypes"}),
+              "numpy_attn/_threads.py": (set(), {"threadpoolctl"})}
+
+
+def test_numpy_attn_imports_numpy_alone():
+    """Every import statement of numpy_attn, those inside functions included, names the standard
+    library, NumPy or numpy_attn, but for EXCEPTIONS: numpy_attn/testing.py adds Hypothesis at the
+    top and torch and ml_dtypes inside its functions."""
+    import ast
+
+    root = Path(numpy_attn.__file__).resolve().parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root.parent).as_posix()
+        top_extra, inner_extra = EXCEPTIONS.get(name, (set(), set()))
+        tree = ast.parse(path.read_text())
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            allowed = ALLOWED_IMPORTS | top_extra | (set() if id(node) in top else inner_extra)
+            found += [f"{name}: {n}" for n in names if n.split(".")[0] not in allowed]
+    assert not found, f"numpy_attn imports beyond NumPy: {found}"
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])

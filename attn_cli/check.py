@@ -1,0 +1,120 @@
+"""``numpy-attn check``: check a function of one's own against numpy_attn's operation
+(numpy_attn.testing.check), from the command line."""
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+from attn_cli import term
+
+HELP = "check your own implementation of an operation against numpy_attn's"
+
+EXAMPLES = """examples:
+  numpy-attn check mine.py:softmax_forward --op softmax --backward softmax_backward
+  numpy-attn check mine.py:softmax_forward --op softmax --option axis=-1 --option masked=False
+  numpy-attn check mine.py:sdpa --op attention          a torch function: autograd's backward
+  numpy-attn check mine.py:sdpa --op attention --examples 500 --seed 7
+  numpy-attn check mine.py:layer_norm --op layer_norm --dtype float32
+"""
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def add_arguments(p):
+    term.describe(p, (
+        "Draw inputs with Hypothesis, run FUNCTION of FILE on them and compare its output and every "
+        "gradient with numpy_attn's forward and backward in float64, to the tolerance numpy_attn's own "
+        "tests use (docs/testing.md). A NumPy forward returns (out, cache) and --backward names its "
+        "backward(dout, cache); a torch function gets autograd's backward. Exit status 0 when every "
+        "example agrees, 1 with the report of a smallest failing input when one does not, 2 on bad usage."),
+        EXAMPLES)
+    p.add_argument("target", metavar="FILE:FUNCTION",
+                   help="the Python file and the name of the forward in it, e.g. mine.py:softmax_forward")
+    p.add_argument("--op", metavar="OP", default=None,
+                   help="the operation it implements (required): softmax, linear, layer_norm, rms_norm, gelu, "
+                        "attention, flash_attention or multi_head")
+    p.add_argument("--backward", metavar="FUNCTION", default=None,
+                   help="the NumPy backward(dout, cache) in the same file (none: the forward alone, or "
+                        "autograd's for a torch function)")
+    p.add_argument("--examples", type=int, default=50, metavar="N", help="inputs to draw (default 50)")
+    p.add_argument("--dtype", choices=DTYPES, default="float64",
+                   help="the inputs' dtype (default float64; float16 and bfloat16 are held to the 2x rule "
+                        "of docs/precision.md)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="Hypothesis's seed (default 0: the same inputs every run)")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix one of the operation's options (a Python literal: axis=-1, masks=\"('none',)\", "
+                        "groups=1; docs/testing.md lists them), repeated for several")
+    p.add_argument("--device", default="cpu", help="where a torch function's inputs go (default cpu)")
+
+
+def load(target):
+    """(the module of FILE, the FUNCTION named) of ``target`` "FILE:FUNCTION"; ValueError naming
+    what is missing."""
+    path, sep, name = target.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"expected FILE:FUNCTION, e.g. mine.py:softmax_forward, got {target!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"no file {path!r}" + ("" if file.suffix == ".py" else " (give the .py file)"))
+    spec = importlib.util.spec_from_file_location(f"numpy_attn_check_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.resolve().parent))           # the file's own imports of its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:                                # the user's file: any error stops the check
+        raise ValueError(f"{path} could not be run: {type(err).__name__}: {err}") from None
+    finally:
+        sys.path.remove(str(file.resolve().parent))
+    return module, function(module, path, name)
+
+
+def function(module, path, name):
+    """The function ``name`` of ``module`` (loaded from ``path``); ValueError listing the functions there."""
+    found = getattr(module, name, None)
+    if not callable(found):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ValueError(f"{path} has no function {name!r}" + (f" (it defines {', '.join(names)})" if names else ""))
+    return found
+
+
+def options(given):
+    """{NAME: VALUE} of the --option NAME=VALUE texts, each VALUE a Python literal (or else the text)."""
+    found = {}
+    for text in given:
+        name, sep, value = text.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--option must be NAME=VALUE, e.g. axis=-1, got {text!r}")
+        try:
+            found[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            found[name] = value
+    return found
+
+
+def run(args):
+    """The command. Returns the exit status: 0 agrees, 1 a failing example, 2 bad usage."""
+    from numpy_attn.testing import OPERATIONS, CheckFailure, check
+
+    if args.op is None:
+        raise ValueError(f"give the operation FUNCTION implements: --op OP, one of {', '.join(OPERATIONS)}")
+    if args.op not in OPERATIONS:
+        raise ValueError(f"--op {args.op!r} is not an operation check knows: {', '.join(OPERATIONS)}")
+    if args.examples < 1:
+        raise ValueError(f"--examples must be a positive integer, got {args.examples}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    fixed = options(args.option)
+    module, forward = load(args.target)
+    backward = None if args.backward is None else function(module, args.target.rpartition(":")[0], args.backward)
+    try:
+        check(args.op, forward, backward, examples=args.examples, seed=args.seed, dtype=args.dtype,
+              device=args.device, **fixed)
+    except CheckFailure as failure:
+        print(failure)
+        return 1
+    print(f"{args.op}: {args.target}{' with ' + args.backward if args.backward else ''} agrees with numpy_attn's "
+          f"on {args.examples} examples ({args.dtype}, seed {args.seed})")
+    return 0
