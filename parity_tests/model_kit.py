@@ -28,12 +28,14 @@ import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.llama as llama
+import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.llama as tw_llama
+import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
 import torch_attn.qwen3 as tw_qwen3
 from attn_cli import cli
@@ -876,9 +878,10 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3), its parameters moved off their init
-    by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the
-    head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block."""
+    (llama, qwen3, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved off their
+    init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the
+    head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block,
+    Llama 4 with a chunked MoE layer of chunk 2 and a NoPE layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -900,6 +903,10 @@ def small_family_model(name, seed):
                                                      topk_group=1, num_experts_per_tok=2, moe_hidden=3,
                                                      first_k_dense_replace=1),
                         deepseek_v3.init_deepseek_v3_params, deepseek_v3_rstds),
+        "llama4": (llama4.llama4_forward, llama4.llama4_backward, tw_llama4.llama4,
+                   llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
+                                       attention_chunk_size=2, floor_scale=2, attn_scale=0.5),
+                   llama4.init_llama4_params, llama_rstds),
     }
 
     forward, backward, twin, config, init, rstds = families[name]
