@@ -22,12 +22,12 @@ Meta, "The Llama 4 herd" (2025), in the form of transformers' ``Llama4ForCausalL
   1 + attn_scale * log(1 + floor((p + 1) / floor_scale)) (Nakanishi, "Scalable-Softmax Is Superior
   for Attention", 2025): a sharper softmax as the keys grow in number. p counts the tokens (past
   + t), not ``positions``, as transformers does.
-- The MoE layers (``moe_layers``; by default every ``interleave_moe_layer_step``-th, ending on the
-  step) route each token to ``experts_per_token`` of ``n_experts`` SwiGLU experts of width
-  ``hidden`` by the top router logits, scale the token's *input* to each chosen expert by the
-  sigmoid of its logit (not the expert's output, as DeepSeek-V3 does), and add a shared SwiGLU
-  expert of width ``hidden`` that sees every token. The other layers have a SwiGLU network of width
-  ``hidden_mlp`` (transformers' ``intermediate_size_mlp``).
+- The MoE layers (``moe_layers``; by default layers s - 1, 2s - 1, ... for s =
+  ``interleave_moe_layer_step``, every layer for s = 1) route each token to ``experts_per_token``
+  of ``n_experts`` SwiGLU experts of width ``hidden`` by the top router logits, scale the token's
+  *input* to each chosen expert by the sigmoid of its logit (not the expert's output, as
+  DeepSeek-V3 does), and add a shared SwiGLU expert of width ``hidden`` that sees every token. The
+  other layers have a SwiGLU network of width ``hidden_mlp`` (transformers' ``intermediate_size_mlp``).
 
 ``blocks.i.mlp`` of a MoE layer: {"router": {"w": (C, E)}, "experts": {"gate", "up": {"w": (E, C, H)},
 "down": {"w": (E, H, C)}}, "shared": {"gate", "up", "down"}}; of a dense layer Llama's
@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_attn import _model
-from numpy_attn._checks import check_config, check_rng, opmath, upcast
+from numpy_attn._checks import check_config, check_dout, check_rng, opmath, upcast
 from numpy_attn._family import Family
 from numpy_attn._tree import tree_map
 from numpy_attn.linear import linear_backward, linear_forward
@@ -334,6 +334,7 @@ def llama4_moe_forward(x, params, k):
 def llama4_moe_backward(dout, cache):
     """Gradients: dout (..., C) -> (dx (..., C), {"router", "experts", "shared"} like the params)."""
     x_shape, tokens, router_cache, experts_cache, shared_cache, x_dtype = cache
+    check_dout("llama4_moe", dout, x_shape, x_dtype)
     N, C = tokens.shape
     k = router_cache.indices.shape[-1]
     dout = upcast(dout).reshape(N, C)                                         # (..., C) -> (N, C)

@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from transformers.models.llama4 import modeling_llama4
 
 import torch_attn.llama4 as tw
+from attn_cli import cli
+from attn_cli.hf import load_checkpoint
 from numpy_attn._tree import leaves, tree_map
 from numpy_attn.llama4 import (
     Llama4Config,
@@ -38,7 +40,15 @@ from numpy_attn.llama4 import (
 from numpy_attn.rope import rope_frequencies
 from parity_tests import helpers
 from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
-from parity_tests.model_kit import compare, llama_rstds, next_token_dlogits, randomise
+from parity_tests.model_kit import (
+    assert_changed_config_refused,
+    compare,
+    hf_greedy,
+    llama_rstds,
+    next_token_dlogits,
+    randomise,
+    save,
+)
 
 CHUNK = 3
 PAD = 5
@@ -73,7 +83,9 @@ def from_hf(model, dtype):
         hidden=c.intermediate_size, rms_eps=c.rms_norm_eps, rope_theta=theta,
         rope_scaling=None if rope["rope_type"] == "default" else rope, attn_bias=c.attention_bias,
         tie_weights=c.tie_word_embeddings, hidden_mlp=c.intermediate_size_mlp, n_experts=c.num_local_experts,
-        experts_per_token=c.num_experts_per_tok, moe_layers=tuple(c.moe_layers), no_rope_layers=tuple(c.no_rope_layers),
+        experts_per_token=c.num_experts_per_tok, moe_layers=tuple(c.moe_layers),
+        interleave_moe_layer_step=c.interleave_moe_layer_step, no_rope_layers=tuple(c.no_rope_layers),
+        no_rope_layer_interval=c.no_rope_layer_interval,
         attention_chunk_size=c.attention_chunk_size, use_qk_norm=c.use_qk_norm,
         attn_temperature_tuning=c.attn_temperature_tuning, floor_scale=c.floor_scale, attn_scale=c.attn_scale,
         pad_token_id=c.pad_token_id)
@@ -323,22 +335,18 @@ def test_cached_decoding_equals_full_forward(dtype, sizes):
     params = moved_params(config, rng, dtype)
     ids = rng.integers(0, config.vocab_size, (2, sum(sizes)))
     full, full_cache = llama4_forward(ids, params, config)
-    kv_cache = llama4_kv_cache(config, 2, dtype)
-    held = []
+    held = []                                            # what each layer holds after each step
 
-    def step(chunk):
-        logits = llama4_forward(chunk, params, config, kv_cache=kv_cache)[0]
+    def forward(chunk, params, config, kv_cache):
+        out = llama4_forward(chunk, params, config, kv_cache=kv_cache)
         held.append([kv_cache.layer(i).held for i in range(config.n_layer)])
-        return logits
+        return out
 
-    cached = helpers.decode_in_steps(step, ids, sizes)
+    cached, _ = helpers.decode_with_cache(forward, llama4_kv_cache, config, params, ids, sizes)
     assert_close("llama4 decode.logits vs full forward", cached, full,
                  **helpers.reorder_tol(llama_rstds(full_cache), dtype))
     assert held == [[min(n, CHUNK)] * 2 + [n, min(n, CHUNK)] for n in np.cumsum(sizes)], held
-    tparams = tree_map(to_torch, params)
-    twin_cache = tw.llama4_kv_cache(config, 2, tparams["wte"].dtype)
-    twin = helpers.decode_in_steps(
-        lambda chunk: to_numpy(tw.llama4(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
+    twin, _ = helpers.twin_decode_with_cache(tw.llama4, tw.llama4_kv_cache, config, params, ids, sizes)
     tol = _tol(full_cache, dtype)
     tol["atol"] *= max(1.0, float(np.abs(full).max()))   # absolute errors grow with the logits, as in compare
     assert_close("llama4 decode twin.logits", twin, cached, **tol)
@@ -411,3 +419,48 @@ def test_a_config_of_another_family_is_refused():
     _, cache = llama4_forward(np.zeros((1, 3), np.int64), params, config)
     with pytest.raises(ValueError, match=r"llama4: dlogits must have the shape .* \(1, 3, 11\), got "):
         llama4_backward(np.zeros((1, 3, 4)), cache)
+
+
+# -- checkpoints saved by transformers --------------------------------------------------------------------
+
+def test_checkpoint_loads_as_the_model_holds_it(tmp_path):
+    """The folder save_pretrained writes, loaded by attn_cli.hf: the same config and every
+    parameter equal to from_hf's reading of the model in memory (which the comparison against
+    transformers above uses), so the loaded model computes transformers' logits and gradients."""
+    model = hf_llama4(np.float64)
+    kind, config, params = load_checkpoint(save(model, tmp_path), np.float64)
+    expected_config, expected = from_hf(model, np.float64)
+    assert kind == "llama4" and config == expected_config, (config, expected_config)
+    assert dict(leaves(params)).keys() == dict(leaves(expected)).keys()
+    for path, a in leaves(params):
+        assert np.array_equal(a, dict(leaves(expected))[path]), path
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
+    """``numpy-attn generate --hf DIR --ids``, with the key/value cache (the default) and without:
+    the greedy ids of transformers' generate (use_cache=True), decoding 10 tokens past a 5-token
+    prompt that ends inside a chunk, across three chunk boundaries."""
+    model = hf_llama4(np.float32)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
+                     "--temperature", "0", *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), "Llama 4: greedy ids differ from transformers'"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ["full_attention"] * 4}, "what no_rope_layers and attention_chunk_size imply"),
+    ({"no_rope_layers": [1, 1, 2, 1]}, r"no_rope_layers: each entry must be 1 \(rotary\) or 0 \(NoPE\), got 2"),
+    ({"moe_layers": [4]}, r"moe_layers must hold layer indices in \[0, 4\)"),
+    ({"moe_layers": 1}, "moe_layers must be a list or null, got 1"),
+    ({"num_experts_per_tok": 4}, r"experts_per_token = 4 must lie in \[1, 3\]"),
+    ({"attention_chunk_size": 0}, "attention_chunk_size must be an int or null >= 1, got 0"),
+    ({"pad_token_id": 13}, "pad_token_id = 13 must be below vocab_size = 13"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+     "rope_type 'longrope' is not supported"),
+])
+def test_bad_config_json_is_refused_naming_the_field(tmp_path, capsys, changes, message):
+    """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
+    assert_changed_config_refused(save(hf_llama4(np.float32), tmp_path), capsys, changes, message)
