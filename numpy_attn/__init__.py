@@ -122,9 +122,10 @@ from numpy_attn.llama import (
     llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
 )
 from numpy_attn.llama4 import (
-    Llama4Config, chunked_causal_mask, init_llama4_params, llama4_attention_backward, llama4_attention_forward,
-    llama4_backward, llama4_block_forward, llama4_forward, llama4_kv_cache, llama4_moe_backward,
-    llama4_moe_forward, llama4_router_backward, llama4_router_forward,
+    Llama4Config, attention_temperature, chunked_causal_mask, init_llama4_params, llama4_attention_backward,
+    llama4_attention_forward, llama4_backward, llama4_block_forward, llama4_forward, llama4_kv_cache,
+    llama4_moe_backward, llama4_moe_forward, llama4_moe_mlp_forward, llama4_router_backward, llama4_router_forward,
+    qk_unit_rms_backward, qk_unit_rms_forward,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (
