@@ -39,6 +39,7 @@ from numpy_attn.llama4 import (
 )
 from numpy_attn.rope import rope_frequencies
 from parity_tests import helpers
+from parity_tests import strategies as S
 from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
 from parity_tests.model_kit import (
     assert_changed_config_refused,
@@ -464,3 +465,17 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
 def test_bad_config_json_is_refused_naming_the_field(tmp_path, capsys, changes, message):
     """The saved folder with config.json changed: load_checkpoint and generate --hf refuse it, naming the field."""
     assert_changed_config_refused(save(hf_llama4(np.float32), tmp_path), capsys, changes, message)
+
+
+# -- dtypes --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [*S.FLOAT_DTYPES, *(d for d, _ in helpers.LOW_DTYPES.values())])
+def test_dtype_is_preserved(dtype):
+    """Logits and every gradient come back in the params' dtype, the MoE layer, the NoPE layer's
+    temperature and the chunked layers included; a cached step too."""
+    config = small_config()
+    params = init_llama4_params(config, np.random.default_rng(0), dtype)
+    helpers.assert_model_keeps_dtype("llama4", llama4_forward, llama4_backward, params, config, dtype)
+    kv_cache = llama4_kv_cache(config, 1, dtype)
+    for chunk in (np.array([[1, 2, 2, 4]]), np.array([[3]])):
+        assert llama4_forward(chunk, params, config, kv_cache=kv_cache)[0].dtype == dtype
