@@ -37,6 +37,8 @@ Meta, "The Llama 4 herd" (2025), in the form of transformers' ``Llama4ForCausalL
 Decoding: ``llama4_kv_cache`` keeps a chunked layer's last ``attention_chunk_size`` tokens only
 (numpy_attn/kv_cache.py's sliding layers): a query needs at most the c - 1 keys before it in its
 chunk. ``pad_token_id`` (transformers' embedding padding_idx): its embedding row gets no gradient.
+An ``attn_mask`` (padding) restricts attention further, but the chunks still count from position 0:
+transformers, given a left-padded batch, counts each sequence's chunks from its first real token.
 The rest (the keywords, the embedding, the head, the loop) is llama.py's and numpy_attn/_model.py's.
 """
 
