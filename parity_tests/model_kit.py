@@ -141,6 +141,17 @@ def hf_greedy(model, ids, n):
     return out[0].tolist()
 
 
+def assert_generate_hf_is_transformers(model, folder, capsys, options, label):
+    """``numpy-attn generate --hf`` on ``model`` saved into ``folder``, 10 greedy tokens past the
+    prompt 3,1,4,1,5 with ``options`` (["--no-cache"], ...), prints the ids of transformers'
+    generate (hf_greedy); ``label`` names the case in the message."""
+    model.save_pretrained(folder, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(folder), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
+                     "--temperature", "0", *options]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), f"{label}: greedy ids differ from transformers'"
+
+
 # -- Llama's strategies and oracles, which the families built on it reuse ------------------------------
 
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0},

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from transformers.models.llama4 import modeling_llama4
 
 import torch_attn.llama4 as tw
-from attn_cli import cli
 from attn_cli.hf import load_checkpoint
 from numpy_attn._tree import leaves, tree_map
 from numpy_attn.llama4 import (
@@ -40,11 +39,11 @@ from numpy_attn.llama4 import (
 from numpy_attn.rope import rope_frequencies
 from parity_tests import helpers
 from parity_tests import strategies as S
-from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
+from parity_tests.helpers import assert_close, to_numpy, to_torch
 from parity_tests.model_kit import (
     assert_changed_config_refused,
+    assert_generate_hf_is_transformers,
     compare,
-    hf_greedy,
     llama_rstds,
     next_token_dlogits,
     randomise,
@@ -184,13 +183,12 @@ def exact_hf_llama4(model, config, monkeypatch):
     exact_torch.log1p = lambda x: torch.log1p(x.to(torch.float64))
     monkeypatch.setattr(modeling_llama4, "torch", exact_torch)
     monkeypatch.setattr(modeling_llama4, "apply_rotary_emb", apply_rotary_emb)
+    swaps = {modeling_llama4.Llama4TextRMSNorm: rms_norm, modeling_llama4.Llama4TextL2Norm: rms_norm,
+             modeling_llama4.Llama4TextRotaryEmbedding: rotary, modeling_llama4.Llama4Router: router}
     for module in model.modules():
-        if isinstance(module, modeling_llama4.Llama4TextRMSNorm | modeling_llama4.Llama4TextL2Norm):
-            module.forward = types.MethodType(rms_norm, module)
-        if isinstance(module, modeling_llama4.Llama4TextRotaryEmbedding):
-            module.forward = types.MethodType(rotary, module)
-        if isinstance(module, modeling_llama4.Llama4Router):
-            module.forward = types.MethodType(router, module)
+        forward = swaps.get(type(module))
+        if forward is not None:
+            module.forward = types.MethodType(forward, module)
     return model
 
 
@@ -280,11 +278,10 @@ def test_forward_and_backward_match_twin(seed, n_layer, T, dtype, k, chunk, qk_n
     params = moved_params(config, rng, dtype)
     ids = rng.integers(0, config.vocab_size, (2, T))
     dout = rng.normal(size=(2, T, config.vocab_size)).astype(dtype)
-    logits, cache = llama4_forward(ids, params, config)
-    dparams = llama4_backward(dout, cache)
-    twin_logits, grads = autograd(lambda params: tw.llama4(to_torch(ids), params, config), {"params": params}, dout)
-    assert_close("llama4.logits", logits, twin_logits, **_tol(cache, dtype))
-    helpers.assert_tree_close("llama4", dparams, grads["params"], **_tol(cache, dtype))
+    forward = lambda params: llama4_forward(ids, params, config)                  # noqa: E731
+    twin = lambda params: tw.llama4(to_torch(ids), params, config)                # noqa: E731
+    helpers.assert_logits_match_twin("llama4", forward, twin, params, dout, _tol)
+    helpers.assert_grads_match_autograd("llama4", forward, llama4_backward, twin, params, dout, _tol)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -442,12 +439,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
     """``numpy-attn generate --hf DIR --ids``, with the key/value cache (the default) and without:
     the greedy ids of transformers' generate (use_cache=True), decoding 10 tokens past a 5-token
     prompt that ends inside a chunk, across three chunk boundaries."""
-    model = hf_llama4(np.float32)
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
-                     "--temperature", "0", *cache]) == 0
-    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), "Llama 4: greedy ids differ from transformers'"
+    assert_generate_hf_is_transformers(hf_llama4(np.float32), tmp_path, capsys, cache, "Llama 4")
 
 
 @pytest.mark.parametrize("changes, message", [
