@@ -52,6 +52,7 @@ Reading order, leaf to root:
     gpt_oss            gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
+    llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -120,6 +121,12 @@ from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
     LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward, llama_backward,
     llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
+)
+from numpy_attn.llama4 import (
+    Llama4Config, attention_temperature, chunked_causal_mask, init_llama4_params, llama4_attention_backward,
+    llama4_attention_forward, llama4_backward, llama4_block_forward, llama4_forward, llama4_kv_cache,
+    llama4_moe_backward, llama4_moe_forward, llama4_moe_mlp_forward, llama4_router_backward, llama4_router_forward,
+    qk_unit_rms_backward, qk_unit_rms_forward,
 )
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import (

@@ -98,7 +98,7 @@ class DecoderCache(NamedTuple):
 
 def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,
                     logits_to_keep=None, for_backward=True, embed_scale=None, norm_offset=0.0,
-                    norm_round_xhat=True, logit_softcap=None, layer_options=None):
+                    norm_round_xhat=True, logit_softcap=None, layer_options=None, padding_idx=None):
     """Logits for integer ``ids`` (B, T) -> (B, N, V), N = T unless logits_to_keep. Returns
     ``(logits, cache)``, or ``(logits, None)`` with ``for_backward=False``.
 
@@ -106,7 +106,8 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     config, positions, *, attn_mask, kv_cache, **layer_options(i))`` makes block i. What the
     families change around the blocks: ``embed_scale`` multiplies the embedding, ``norm_offset``
     and ``norm_round_xhat`` go to the final norm (rms_norm_forward's offset and round_xhat),
-    ``logit_softcap`` caps the logits. The keywords are llama_forward's.
+    ``logit_softcap`` caps the logits, ``padding_idx`` is the embedding row that gets no gradient
+    (Llama 4's pad_token_id, as transformers' nn.Embedding). The keywords are llama_forward's.
     """
     ids = check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep)
     check_for_backward(for_backward)
@@ -117,7 +118,7 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
     # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
     attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right")
     # 1: token embedding (positions enter through RoPE inside attention)
-    x, wte_cache = embedding_forward(ids, wte)                                # (B, T) -> (B, T, C)
+    x, wte_cache = embedding_forward(ids, wte, padding_idx)                   # (B, T) -> (B, T, C)
     if embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
         # In the model's dtype even for float16 and bfloat16, as transformers' Gemma normalizer; the
         # product of two such numbers is exact in float32, so the multiply rounds once.

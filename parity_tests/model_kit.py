@@ -28,6 +28,7 @@ import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.llama as llama
+import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
 import numpy_attn.qwen3_5 as qwen3_5
 import torch_attn.deepseek_v3 as tw_deepseek_v3
@@ -35,6 +36,7 @@ import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.llama as tw_llama
+import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
 import torch_attn.qwen3 as tw_qwen3
 import torch_attn.qwen3_5 as tw_qwen3_5
@@ -140,6 +142,17 @@ def hf_greedy(model, ids, n):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                              min_new_tokens=n, pad_token_id=0, eos_token_id=None)
     return out[0].tolist()
+
+
+def assert_generate_hf_is_transformers(model, folder, capsys, options, label):
+    """``numpy-attn generate --hf`` on ``model`` saved into ``folder``, 10 greedy tokens past the
+    prompt 3,1,4,1,5 with ``options`` (["--no-cache"], ...), prints the ids of transformers'
+    generate (hf_greedy); ``label`` names the case in the message."""
+    model.save_pretrained(folder, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(folder), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
+                     "--temperature", "0", *options]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 10), f"{label}: greedy ids differ from transformers'"
 
 
 # -- Llama's strategies and oracles, which the families built on it reuse ------------------------------
@@ -893,10 +906,11 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3), its parameters moved off their
-    init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the
-    head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block,
-    Qwen3.5 with a Gated DeltaNet layer and an attention layer."""
+    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
+    off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap
+    after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE
+    block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Llama 4 with a chunked MoE layer
+    of chunk 2 and a NoPE layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -923,6 +937,10 @@ def small_family_model(name, seed):
                                                      topk_group=1, num_experts_per_tok=2, moe_hidden=3,
                                                      first_k_dense_replace=1),
                         deepseek_v3.init_deepseek_v3_params, deepseek_v3_rstds),
+        "llama4": (llama4.llama4_forward, llama4.llama4_backward, tw_llama4.llama4,
+                   llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
+                                       attention_chunk_size=2, floor_scale=2, attn_scale=0.5),
+                   llama4.init_llama4_params, llama_rstds),
     }
 
     forward, backward, twin, config, init, rstds = families[name]

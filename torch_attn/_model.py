@@ -24,7 +24,8 @@ from torch_attn.rope import rope
 # -- the decoder shell ----------------------------------------------------------------------------
 
 def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache, logits_to_keep=None,
-            embed_scale=None, norm_offset=0.0, norm_round_xhat=True, logit_softcap=None, layer_options=None):
+            embed_scale=None, norm_offset=0.0, norm_round_xhat=True, logit_softcap=None, layer_options=None,
+            padding_idx=None):
     """Logits for integer ``ids`` (B, T) -> (B, N, V); ``block(x, params, config, positions, *,
     attn_mask, kv_cache, **layer_options(i))`` makes block i; the rest as decoder_forward's."""
     B, T = ids.shape
@@ -34,7 +35,7 @@ def decoder(ids, params, config, block, *, positions, attn_mask, kv_cache, logit
     # Causal, aligned bottom-right (the T new tokens follow the past ones); one mask with the caller's.
     attn_mask = None if attn_mask is None else attn_mask & causal_mask(T, past + T, "bottom_right", device=ids.device)
     # 1: token embedding (positions enter through RoPE inside attention)
-    x = embedding(ids, wte)                                                   # (B, T) -> (B, T, C)
+    x = embedding(ids, wte, padding_idx)                                      # (B, T) -> (B, T, C)
     if embed_scale is not None:   # Gemma: times sqrt(C), rounded to the model's dtype first
         x = x * torch.tensor(embed_scale, dtype=x.dtype)                      # (B, T, C)
     # 2: the blocks, in order; each reads and appends to its own layer of the cache
