@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers.models.llama4 import modeling_llama4
 
@@ -268,6 +268,7 @@ def test_every_part_changes_the_logits(monkeypatch):
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(1, 4), T=st.integers(1, 9),
        dtype=st.sampled_from([np.float64, np.float32]), k=st.integers(1, 3), chunk=st.integers(1, 4),
        qk_norm=st.booleans())
+@example(seed=694, n_layer=4, T=9, dtype=np.float32, k=1, chunk=1, qk_norm=False)
 def test_forward_and_backward_match_twin(seed, n_layer, T, dtype, k, chunk, qk_norm):
     """Logits against the twin's, every gradient (labelled by path) against autograd's, on one to
     four layers (chunked, chunked and MoE, NoPE, chunked and MoE), 1 to 3 of 3 experts per token,
@@ -281,7 +282,13 @@ def test_forward_and_backward_match_twin(seed, n_layer, T, dtype, k, chunk, qk_n
     forward = lambda params: llama4_forward(ids, params, config)                  # noqa: E731
     twin = lambda params: tw.llama4(to_torch(ids), params, config)                # noqa: E731
     helpers.assert_logits_match_twin("llama4", forward, twin, params, dout, _tol)
-    helpers.assert_grads_match_autograd("llama4", forward, llama4_backward, twin, params, dout, _tol)
+    # atol in units of the largest gradient, as test_block's _grad_tol (its docstring: an entry's
+    # rounding follows the terms that made it): a drawn float32 case had down.w[2, 0] = 0.078, among
+    # entries near 7, off by 8.4e-5, 1.9 times the unscaled atol.
+    largest = max([1.0] + [float(np.abs(g).max(initial=0.0))
+                           for _, g in helpers.tree_leaves(llama4_backward(dout, forward(params)[1]))])
+    grad_tol = lambda cache, dtype: {**_tol(cache, dtype), "atol": _tol(cache, dtype)["atol"] * largest}  # noqa: E731
+    helpers.assert_grads_match_autograd("llama4", forward, llama4_backward, twin, params, dout, grad_tol)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
