@@ -149,12 +149,12 @@ def hf_indexer(case):
     return module
 
 
-def hf_scores_and_selection(case, visible):
+def hf_scores_and_selection(case, visible, in_float32=False):
     """transformers' index scores (B, T, S) and its top-k keys as a mask (B, T, S), visible ones.
 
     Its forward casts q, k and the head weights to float32 (``.float()``) before the scores, its
-    only float32 steps; during the call ``Tensor.float`` keeps float64, so that the formula is read
-    in float64. Its rotary tables (cos, sin) are an input, computed here in float64 from the
+    only float32 steps; during the call ``Tensor.float`` keeps float64 (unless ``in_float32``), so
+    that the formula is read in float64. Its rotary tables (cos, sin) are an input, computed here in float64 from the
     rotary embedding's formula (inv_freq = theta^(-2j / dr), angles cat(f, f)) as
     DeepseekV32RotaryEmbedding's are in float32 (test_rope.py checks those frequencies). It returns
     top-k indices only: the scores are read from the tensor its ``topk`` is called on.
@@ -172,13 +172,13 @@ def hf_scores_and_selection(case, visible):
         seen["scores"] = self.detach().clone()
         return topk(self, *args, **kwargs)
 
-    with mock.patch.object(torch.Tensor, "float", lambda self: self), \
-            mock.patch.object(torch.Tensor, "topk", keep_scores):
+    float_cast = torch.Tensor.float if in_float32 else (lambda self: self)
+    with mock.patch.object(torch.Tensor, "float", float_cast), mock.patch.object(torch.Tensor, "topk", keep_scores):
         indices = hf_indexer(case)(to_torch(x), to_torch(q_latent), (cos, sin), torch.from_numpy(visible),
                                    torch.from_numpy(np.broadcast_to(positions, (B, T)).copy()))
     selected = np.zeros((B, T, T), dtype=bool)
     np.put_along_axis(selected, to_numpy(indices).astype(np.int64), True, axis=-1)
-    return to_numpy(seen["scores"]), selected & visible   # its topk may return hidden keys; its mask hides them
+    return to_numpy(seen["scores"]).astype(np.float64), selected & visible   # its topk may return hidden keys
 
 
 @settings(deadline=None)
@@ -198,6 +198,28 @@ def test_matches_transformers(case):
     assert_close("lightning_indexer.scores vs transformers", scores, hf_scores, **tol)
     assert_same_selection("lightning_indexer.selected vs transformers", selected, hf_selected, scores,
                           tol["atol"] + tol["rtol"] * np.abs(np.where(visible, scores, 0)).max())
+
+
+@settings(deadline=None)
+@given(case=cases(dtype=np.float64, max_T=9))
+def test_matches_transformers_in_float32(case):
+    """The module as it runs, its scores in float32: q, k and w rounded to float32 (u = 2^-24 each),
+    a float32 dot product of D terms, the scale, and a float32 sum of nh terms. Each score is then
+    off by at most about (D + nh + 4) u times its products' magnitudes, sum_j |w_j| |q_j| . |k| /
+    sqrt(D) (the bound of any summation order); a factor 2 covers the second-order terms."""
+    case, _ = case
+    scores, selected, cache = lightning_indexer_forward(**case)
+    visible = np.isfinite(scores)
+    hf_scores, hf_selected = hf_scores_and_selection(case, visible, in_float32=True)
+    B, nh, T, D = cache.q_rot.shape
+    products = np.abs(cache.q_rot) @ np.abs(cache.k_rot)[:, None].swapaxes(-1, -2) / np.sqrt(D)   # (B, nh, T, S)
+    bound = 2 * (D + nh + 4) * 2.0**-24 * np.einsum("bth,bhts->bts", np.abs(cache.weights), products)
+    ours = np.where(visible, scores, 0)
+    assert_close("lightning_indexer.scores vs transformers' float32", ours, np.where(visible, hf_scores, 0),
+                 rtol=0, atol=float(bound.max()))
+    assert np.all(np.abs(ours - np.where(visible, hf_scores, 0)) <= bound), "a score beyond its own bound"
+    assert_same_selection("lightning_indexer.selected vs transformers' float32", selected, hf_selected, scores,
+                          atol=2 * float(bound.max()))
 
 
 def test_a_tie_keeps_the_lower_key_index():
