@@ -2,7 +2,7 @@
 
     q        = c_q @ wq_b.w                         (B, T, nh, D)   from the query latent c_q (B, T, rq)
     k        = layer_norm(x @ wk.w)                 (B, S, D)       one key head, shared by the nh heads
-    q, k     = rope on the first dr channels         half-split pairs (j, j + dr/2); the rest pass
+    q, k     = rope on the first dr channels         half-split or interleaved pairs; the rest pass
     w        = (x @ weights_proj.w) / sqrt(nh)      (B, T, nh)      a weight per query and head
     I(t, s)  = sum_j w(t, j) relu(q(t, j) * k(s) / sqrt(D))          (B, T, S)
     I(t, s)  = -inf where key s is hidden from query t (causal, attn_mask)
@@ -12,24 +12,27 @@ DeepSeek-AI, the DeepSeek-V3.2 technical report (2025), its DeepSeek Sparse Atte
 the index score it defines, in the form of Hugging Face's ``DeepseekV32Indexer``
 (names: ``wq_b``, ``wk``, ``k_norm``, ``weights_proj``; ``nh = index_n_heads``, ``D =
 index_head_dim``, ``dr = qk_rope_head_dim``, ``top_k = index_topk``). The query latent c_q is
-MLA's normed low-rank query (numpy_attn/mla.py's ``rms_norm(x @ q_a.w)``), taken as an input. The
-indexer's rotary pairs are half-split, and its rotated channels come first, unlike MLA's
-(interleaved, last); the angles are MLA's, rope.py's for ``dr`` channels (``rope_theta``,
-``rope_scaling``). k_norm is a LayerNorm with weight and bias, eps 1e-6. The scale 1 / sqrt(D)
-is applied inside the ReLU and 1 / sqrt(nh) to w, in transformers' order (ReLU is positively
-homogeneous, so only the rounding depends on where they go).
+MLA's normed low-rank query (numpy_attn/mla.py's ``rms_norm(x @ q_a.w)``), taken as an input.
+The indexer's rotated channels come first, unlike MLA's (last), and DeepSeek-V3.2 pairs them
+half-split (``rope_layout="half"``), unlike its MLA (interleaved); GLM-5 (transformers'
+``GlmMoeDsaIndexer``, otherwise the same) pairs them interleaved (``rope_layout="interleaved"``).
+The angles are MLA's, rope.py's for ``dr`` channels (``rope_theta``, ``rope_scaling``). k_norm
+is a LayerNorm with weight and bias, eps 1e-6. The scale 1 / sqrt(D) is applied inside the ReLU
+and 1 / sqrt(nh) to w, in transformers' order (ReLU is positively homogeneous, so only the
+rounding depends on where they go).
 
 What the released model does besides. Its reference kernel rotates q and k by a Hadamard
 matrix H and quantises them to FP8 with one scale per block before the dot products. H is
-orthogonal, so (H q) . (H k) = q . k exactly: the scores are unchanged up to rounding. FP8 is a
-rounding of q and k (3 mantissa bits): it perturbs each score by a few percent and can swap two
-nearly equal keys, so it is no part of the function the indexer defines, only of one fast way
-to approximate it. Transformers leaves both out and computes the scores in float32; here they
-are computed in x's dtype, and float64 gives the exact order to 1e-16 relative.
+orthogonal, so (H q) . (H k) = q . k in exact arithmetic: the scores, and so their order, are
+unchanged but for rounding. FP8 is a rounding of q and k (3 mantissa bits, up to 6% each): it
+moves each score by up to a few percent and can swap two nearly equal keys, so it is no part of
+the function the indexer defines, only of one fast way to approximate it. Transformers leaves
+both out and computes the scores in float32; here they are computed in x's dtype, and in
+float64 their order is exact arithmetic's but between scores within about 1e-15 of each other.
 
 Top-k and ties. Each row keeps its min(top_k, S) largest scores; of equal scores the one with the
 lower key index is kept first (a stable sort, descending). torch.topk, which transformers calls,
-does not say which of equal scores it returns (on CPU it depends on the row's length); where no
+does not say which of equal scores it returns (on a CPU it varies with the row's length); where no
 tie straddles the k-th place both select the same keys, and otherwise they keep keys of equal
 scores. Exact ties are common: a key whose every ReLU is 0 scores exactly 0. A row with fewer
 than top_k visible keys keeps them all; hidden keys are never selected (transformers' topk
@@ -48,15 +51,15 @@ distribution summed over its heads; the loss sums over the queries
     L = sum_t KL(p(t, :) || softmax(I(t, :)))        over the keys of a mask, p renormalised there
 
 In the dense warm-up the mask is every visible key (``mask=None``: the finite scores); in the
-sparse phase it is the selection. p is a constant (the paper detaches the indexer's input from
-the main model's graph; the main model trains on its own loss), so the only gradient is dL/dI =
+sparse phase it is the selection. p is a constant (the report freezes the main model in the
+warm-up, then detaches the indexer's input from its graph), so the only gradient is dL/dI =
 q - p, q = softmax(I), on the mask's keys and exactly 0 elsewhere. A row with no key in the mask
 adds 0 and takes gradient 0; one with a single key adds 0 too (both distributions are 1 there).
 The loss lives here, not in a file of its own: it has this one user and is read with it.
 
 float16 and bfloat16 are refused: transformers computes the scores in float32 whatever the model
-dtype, and the selection only needs their order; an error budget would measure a rounding the
-order hides.
+dtype (a low-precision model casts x and c_q up first), and the selection, a discrete output, has
+no error budget: any rounding can swap two nearly equal keys.
 """
 
 import numbers
@@ -67,7 +70,7 @@ import numpy as np
 from numpy_attn._checks import check_dout, check_integer, check_same_dtype
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.rope import rope_backward, rope_forward
+from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward
 from numpy_attn.softmax import log_softmax_backward, log_softmax_forward
 
 K_NORM_EPS = 1e-6   # transformers' DeepseekV32Indexer fixes its LayerNorm's eps
@@ -75,7 +78,8 @@ K_NORM_EPS = 1e-6   # transformers' DeepseekV32Indexer fixes its LayerNorm's eps
 
 class LightningIndexerCache(NamedTuple):
     """What the backward needs: the sub-operations' caches, the rotated q and k for each other's
-    gradient, the logits for ReLU's mask and relu(logits) for w's, w itself, and the visible keys."""
+    gradient, the logits (ReLU's mask, and relu(logits) recomputed for w's gradient), w for the
+    logits' gradient, and the visible keys."""
 
     q: tuple                # linear wq_b
     q_rope: tuple
@@ -92,16 +96,18 @@ class LightningIndexerCache(NamedTuple):
 
 
 def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=None, attn_mask=None,
-                              is_causal=True, rope_theta=10000.0, rope_scaling=None):
+                              is_causal=True, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
     """Index scores and the top-k keys of each query: x (B, T, C), q_latent (B, T, rq) ->
     scores (B, T, S = T) (-inf where hidden), selected (B, T, S) bool, and the cache.
 
     ``params``: {"wq_b": {"w": (rq, nh*D)}, "wk": {"w": (C, D)}, "k_norm": {"w": (D,), "b": (D,)},
     "weights_proj": {"w": (C, nh)}}. ``positions`` (T,) or (B, T) integers (default 0..T-1) turn
-    the first ``rope_dim`` channels of q and k. ``attn_mask`` (bool, True where a query may attend,
+    the first ``rope_dim`` channels of q and k, paired as ``rope_layout`` says (rope.py's
+    "half" or "interleaved"). ``attn_mask`` (bool, True where a query may attend,
     broadcast to (B, T, S)) hides keys besides causality (``is_causal``: key s > t is hidden).
     """
-    _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal)
+    _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal,
+                             rope_layout)
     B, T, C = x.shape
     nh, D = params["weights_proj"]["w"].shape[1], params["wk"]["w"].shape[1]
     positions = np.arange(T) if positions is None else np.asarray(positions)
@@ -109,12 +115,12 @@ def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=No
     # The queries: one projection of the latent, the first rope_dim channels of each head turned.
     q, q_cache = linear_forward(q_latent, params["wq_b"]["w"])            # (B, T, rq) -> (B, T, nh*D)
     q = q.reshape(B, T, nh, D).swapaxes(1, 2)                             # -> (B, nh, T, D)
-    q_r, q_rope_cache = rope_forward(q[..., :rope_dim], q_pos, rope_theta, "half", rope_scaling)
+    q_r, q_rope_cache = rope_forward(q[..., :rope_dim], q_pos, rope_theta, rope_layout, rope_scaling)
     q = np.concatenate([q_r, q[..., rope_dim:]], axis=-1)                 # (B, nh, T, D)
     # The keys: one head from x, layer-normed, then turned alike.
     k, k_cache = linear_forward(x, params["wk"]["w"])                     # (B, T, C) -> (B, S, D)
     k, k_norm_cache = layer_norm_forward(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
-    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, "half", rope_scaling)
+    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
     k = np.concatenate([k_r, k[..., rope_dim:]], axis=-1)                 # (B, S, D)
     # Each head's ReLU'd scores, summed with the query's weight per head.
     logits = (q @ k[:, None].swapaxes(-1, -2)) * (D ** -0.5)   # (B, nh, T, D) @ (B, 1, D, S) -> (B, nh, T, S)
@@ -221,7 +227,7 @@ def lightning_indexer_loss_backward(dloss, cache):
 _PARAM_SHAPES = (("wq_b", "w"), ("wk", "w"), ("k_norm", "w"), ("k_norm", "b"), ("weights_proj", "w"))
 
 
-def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal):
+def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal, rope_layout):
     """Raise unless x (B, T, C) and q_latent (B, T, rq) are float32 or float64 arrays of one dtype,
     params holds the four layers with shapes that agree, top_k and rope_dim are valid integers, and
     positions, attn_mask and is_causal are as documented, naming the value at fault."""
@@ -280,6 +286,8 @@ def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, at
                              f"to the scores' (B, T, S) = {(B, T, T)}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"lightning_indexer: is_causal must be a bool, got {type(is_causal).__name__}")
+    if rope_layout not in LAYOUTS:
+        raise ValueError(f"lightning_indexer: rope_layout must be 'half' or 'interleaved', got {rope_layout!r}")
     for name, a in (("x", x), ("q_latent", q_latent)):
         if not np.isfinite(a).all():
             raise ValueError(f"lightning_indexer: {name} of shape {a.shape} holds NaN or inf")

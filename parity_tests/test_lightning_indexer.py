@@ -12,6 +12,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
 from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer
+from transformers.models.glm_moe_dsa.configuration_glm_moe_dsa import GlmMoeDsaConfig
+from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer
 
 from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from numpy_attn.lightning_indexer import (
@@ -52,7 +54,7 @@ def random_params(rng, C, rq, nh, D, dtype=np.float64):
 @st.composite
 def cases(draw, dtype=None, max_T=6):
     """A dict of the forward's arguments (x, q_latent, params, top_k, rope_dim, positions,
-    attn_mask, is_causal) and dscores (B, T, T). Sizes by construction (D >= rope_dim, even);
+    attn_mask, is_causal, rope_layout) and dscores (B, T, T). Sizes by construction (D >= rope_dim, even);
     values from a drawn seed, standard normal: exact zeros (ReLU's kink) have probability 0."""
     dtype = draw(S.dtypes) if dtype is None else dtype
     B, T, C, rq, nh = draw(S.dim(1, 2)), draw(S.dim(1, max_T)), draw(S.dim(1, 6)), draw(S.dim(1, 5)), draw(S.dim(1, 3))
@@ -60,6 +62,7 @@ def cases(draw, dtype=None, max_T=6):
     D = rope_dim + draw(st.integers(0, 3))
     top_k = draw(S.dim(1, T + 1))
     mask_kind, pos_kind = draw(st.sampled_from(MASK_KINDS)), draw(st.sampled_from(POSITION_KINDS))
+    rope_layout = draw(st.sampled_from(["half", "interleaved"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     attn_mask, is_causal = None, mask_kind != "bool"
     if mask_kind == "causal+padding":   # left padding: keys before each row's start hidden, whole rows too
@@ -71,7 +74,8 @@ def cases(draw, dtype=None, max_T=6):
                  "per-row": np.stack([np.arange(T) + int(rng.integers(0, 9)) for _ in range(B)])}[pos_kind]
     return dict(x=rng.standard_normal((B, T, C)).astype(dtype), q_latent=rng.standard_normal((B, T, rq)).astype(dtype),
                 params=random_params(rng, C, rq, nh, D, dtype), top_k=top_k, rope_dim=rope_dim, positions=positions,
-                attn_mask=attn_mask, is_causal=is_causal), rng.standard_normal((B, T, T)).astype(dtype)
+                attn_mask=attn_mask, is_causal=is_causal, rope_layout=rope_layout), \
+        rng.standard_normal((B, T, T)).astype(dtype)
 
 
 def run_twin(case):
@@ -134,12 +138,17 @@ def test_matches_twin_and_autograd(case):
 # -- against Hugging Face's DeepseekV32Indexer -----------------------------------------------------
 
 def hf_indexer(case):
-    """transformers' indexer with the case's weights, in float64 (nn.Linear stores w transposed)."""
+    """transformers' indexer with the case's weights, in float64 (nn.Linear stores w transposed):
+    DeepSeek-V3.2's for half-split rotary pairs, GLM-5's (GlmMoeDsaIndexer) for interleaved ones.
+    GLM-5's writes its rotated pairs back de-interleaved, evens then odds: q and k alike, so the
+    dot products, and the scores, are those of rope.py's interleaved layout."""
     p = case["params"]
     (rq, _), (C, D), nh = p["wq_b"]["w"].shape, p["wk"]["w"].shape, p["weights_proj"]["w"].shape[1]
-    config = DeepseekV32Config(hidden_size=C, q_lora_rank=rq, index_n_heads=nh, index_head_dim=D,
-                               qk_rope_head_dim=case["rope_dim"], index_topk=case["top_k"], num_hidden_layers=1)
-    module = DeepseekV32Indexer(config, layer_idx=0).double()
+    Config, Indexer = ((DeepseekV32Config, DeepseekV32Indexer) if case.get("rope_layout", "half") == "half"
+                       else (GlmMoeDsaConfig, GlmMoeDsaIndexer))
+    config = Config(hidden_size=C, q_lora_rank=rq, index_n_heads=nh, index_head_dim=D,
+                    qk_rope_head_dim=case["rope_dim"], index_topk=case["top_k"], num_hidden_layers=1)
+    module = Indexer(config, layer_idx=0).double()
     with torch.no_grad():
         module.wq_b.weight.copy_(to_torch(p["wq_b"]["w"].T))
         module.wk.weight.copy_(to_torch(p["wk"]["w"].T))
@@ -184,7 +193,8 @@ def hf_scores_and_selection(case, visible, in_float32=False):
 @settings(deadline=None)
 @given(case=cases(dtype=np.float64, max_T=9))
 def test_matches_transformers(case):
-    """Scores and selected keys equal DeepseekV32Indexer's with the same weights (float64).
+    """Scores and selected keys equal DeepseekV32Indexer's (half-split pairs) and GlmMoeDsaIndexer's
+    (interleaved) with the same weights (float64).
 
     Selection: equal keys wherever no tie straddles the k-th place; where one does, torch.topk's
     choice among the equal scores is its own (see the module's docstring), so the kept scores are
@@ -538,6 +548,8 @@ BAD = [
      r"^lightning_indexer: attn_mask of shape \(2, 3, 4\) does not broadcast to the scores' "
      r"\(B, T, S\) = \(2, 3, 3\)$"),
     (dict(is_causal=1), TypeError, r"^lightning_indexer: is_causal must be a bool, got int$"),
+    (dict(rope_layout="neox"), ValueError,
+     r"^lightning_indexer: rope_layout must be 'half' or 'interleaved', got 'neox'$"),
     (dict(x=np.full((2, 3, 4), np.nan)), ValueError, r"^lightning_indexer: x of shape \(2, 3, 4\) holds NaN or inf$"),
 ]
 

@@ -1,7 +1,8 @@
 """DeepSeek Sparse Attention's lightning indexer in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/lightning_indexer.py: the queries from the query latent (wq_b), one key head
-from x (wk, LayerNorm), half-split rope on the first rope_dim channels of both, the scores
+from x (wk, LayerNorm), rope on the first rope_dim channels of both (half-split for DeepSeek-V3.2,
+interleaved for GLM-5), the scores
 I(t, s) = sum_j w(t, j) relu(q(t, j) . k(s) / sqrt(D)) with w = x @ weights_proj.w / sqrt(nh),
 -inf on hidden keys, the top_k keys of each row (equal scores: the lower key index first); and
 the indexer's loss, sum over the rows of KL(p || softmax(I)) over a mask's keys.
@@ -17,7 +18,7 @@ K_NORM_EPS = 1e-6   # transformers' DeepseekV32Indexer fixes its LayerNorm's eps
 
 
 def lightning_indexer(x, q_latent, params, top_k, rope_dim, positions=None, attn_mask=None,
-                      is_causal=True, rope_theta=10000.0, rope_scaling=None):
+                      is_causal=True, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
     """Index scores and the top-k keys of each query: x (B, T, C), q_latent (B, T, rq) ->
     scores (B, T, S = T) (-inf where hidden), selected (B, T, S) bool."""
     B, T, C = x.shape
@@ -27,12 +28,12 @@ def lightning_indexer(x, q_latent, params, top_k, rope_dim, positions=None, attn
     # The queries: one projection of the latent, the first rope_dim channels of each head turned.
     q = linear(q_latent, params["wq_b"]["w"])                             # (B, T, rq) -> (B, T, nh*D)
     q = q.reshape(B, T, nh, D).transpose(1, 2)                            # -> (B, nh, T, D)
-    q_r = rotate(q[..., :rope_dim], q_pos, rope_theta, "half", rope_scaling)
+    q_r = rotate(q[..., :rope_dim], q_pos, rope_theta, rope_layout, rope_scaling)
     q = torch.cat([q_r, q[..., rope_dim:]], dim=-1)                       # (B, nh, T, D)
     # The keys: one head from x, layer-normed, then turned alike.
     k = linear(x, params["wk"]["w"])                                      # (B, T, C) -> (B, S, D)
     k = layer_norm(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
-    k_r = rotate(k[..., :rope_dim], positions, rope_theta, "half", rope_scaling)
+    k_r = rotate(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
     k = torch.cat([k_r, k[..., rope_dim:]], dim=-1)                       # (B, S, D)
     # Each head's ReLU'd scores, summed with the query's weight per head.
     logits = (q @ k[:, None].transpose(-1, -2)) * (D ** -0.5)  # (B, nh, T, D) @ (B, 1, D, S) -> (B, nh, T, S)
@@ -78,6 +79,7 @@ def lightning_indexer_loss(scores, p, mask=None):
     return loss
 
 
-# Equals transformers' DeepseekV32Indexer (its scores before topk, and its topk's keys where no
-# tie straddles the k-th place); the loss equals torch.nn.functional.kl_div(log_q, p,
-# reduction="sum") over the mask. parity_tests/test_lightning_indexer.py checks both.
+# Equals transformers' DeepseekV32Indexer ("half") and GlmMoeDsaIndexer ("interleaved"): their
+# scores before topk, and their topk's keys where no tie straddles the k-th place; the loss
+# equals torch.nn.functional.kl_div(log_q, p, reduction="sum") over the mask.
+# parity_tests/test_lightning_indexer.py checks both.
