@@ -288,6 +288,30 @@ def test_selection_is_the_top_k_of_the_visible_keys(case):
         np.testing.assert_array_equal(moved[:, :T - 1], scores[:, :T - 1])
 
 
+def test_a_row_with_no_visible_key_selects_none_and_passes_no_gradient():
+    """Left padding hides every key from the padded queries (causal: their keys are all padding):
+    such a row scores -inf throughout, selects nothing, and takes gradient 0 (no NaN), ours and
+    autograd's; T = 1 keeps its one key whatever top_k."""
+    rng = np.random.default_rng(3)
+    B, T = 2, 4
+    case = dict(x=rng.standard_normal((B, T, 4)), q_latent=rng.standard_normal((B, T, 3)),
+                params=random_params(rng, 4, 3, 2, 4), top_k=2, rope_dim=2, positions=None,
+                attn_mask=np.array([[True] * 4, [False, False, True, True]])[:, None, :], is_causal=True)
+    scores, selected, cache = lightning_indexer_forward(**case)
+    assert np.isneginf(scores[1, :2]).all() and not selected[1, :2].any()
+    dscores = rng.standard_normal(scores.shape)
+    dx, dq_latent, dparams = lightning_indexer_backward(dscores, cache)
+    twin_scores, _, inputs = run_twin(case)
+    (torch.where(torch.isfinite(twin_scores), twin_scores, 0) * to_torch(dscores)).sum().backward()
+    for who, g in (("ours", dq_latent), ("autograd", to_numpy(inputs["q_latent"].grad)),
+                   ("ours", dx), ("autograd", to_numpy(inputs["x"].grad))):   # x[1, :2]: hidden keys, hidden rows
+        np.testing.assert_array_equal(g[1, :2], 0.0, err_msg=f"{who}: a padded token's gradient")
+    assert not any(np.isnan(g).any() for g in [dx, dq_latent] + [leaf for d in dparams.values() for leaf in d.values()])
+    one = dict(case, x=case["x"][:, :1], q_latent=case["q_latent"][:, :1], attn_mask=None, top_k=5)
+    scores, selected, _ = lightning_indexer_forward(**one)
+    assert selected.all() and np.isfinite(scores).all()
+
+
 # -- finite differences (no torch) ------------------------------------------------------------------
 
 def _kinks_stay_put(case, direction, h):
