@@ -414,6 +414,34 @@ def test_loss_backward_matches_finite_differences(case, seed):
                  **directional_tol({"s": dscores}, {"s": direction}))
 
 
+@given(case=cases(), seed=st.integers(0, 2**32 - 1), sparse=st.booleans())
+def test_loss_through_the_indexer_matches_autograd(case, seed, sparse):
+    """The loss of the indexer's scores, dense or over the selection, and its gradient to x,
+    q_latent and every parameter through both hand-written backwards, against autograd through
+    both twins. dL/dI = q - p is O(1), so the scores' bound (_tol) carries over; the loss sums
+    B T S terms of O(10), hence its atol 30 times the dtype's."""
+    case, _ = case
+    rng = np.random.default_rng(seed)
+    scores, selected, cache = lightning_indexer_forward(**case)
+    mask = selected if sparse else None
+    p = np.where(np.isfinite(scores), rng.random(scores.shape) + 0.01, 0).astype(scores.dtype)
+    loss, loss_cache = lightning_indexer_loss_forward(scores, p, mask)
+    dloss = np.asarray(1.0, dtype=scores.dtype)
+    dx, dq_latent, dparams = lightning_indexer_backward(lightning_indexer_loss_backward(dloss, loss_cache), cache)
+    twin_scores, _, inputs = run_twin(case)   # our selection on both sides: a float32 near-tie may split them
+    twin_loss = lightning_indexer_loss(twin_scores, to_torch(p), None if mask is None else torch.from_numpy(mask))
+    twin_loss.backward()
+    tol = _tol(case, cache)
+    base = TOLERANCES[np.dtype(scores.dtype)]
+    assert_close("lightning_indexer_loss of the indexer", loss, to_numpy(twin_loss), rtol=base["rtol"],
+                 atol=30 * base["atol"])
+    assert_close("lightning_indexer_loss of the indexer.dx", dx, to_numpy(inputs["x"].grad), **tol)
+    assert_close("lightning_indexer_loss of the indexer.dq_latent", dq_latent, to_numpy(inputs["q_latent"].grad),
+                 **tol)
+    assert_tree_close("lightning_indexer_loss of the indexer.dparams", dparams,
+                      tree_map(lambda t: to_numpy(t.grad), inputs["params"]), **tol)
+
+
 @given(case=cases(dtype=np.float64), seed=st.integers(0, 2**32 - 1), sparse=st.booleans())
 def test_loss_through_the_indexer_matches_finite_differences(case, seed, sparse):
     """The loss of the indexer's scores (dense: its visible keys; sparse: its selection, held fixed)
