@@ -51,6 +51,7 @@ Reading order, leaf to root:
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
     gpt_oss            gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
+    lightning_indexer  DeepSeek Sparse Attention's indexer: ReLU scores, top-k keys per query, its KL loss
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
     llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
 
@@ -121,6 +122,10 @@ from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import (
     LlamaConfig, init_llama_params, llama_attention_backward, llama_attention_forward, llama_backward,
     llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
+)
+from numpy_attn.lightning_indexer import (
+    lightning_indexer_backward, lightning_indexer_forward, lightning_indexer_loss_backward,
+    lightning_indexer_loss_forward,
 )
 from numpy_attn.llama4 import (
     Llama4Config, attention_temperature, chunked_causal_mask, init_llama4_params, llama4_attention_backward,
