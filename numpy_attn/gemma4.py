@@ -33,6 +33,12 @@ What differs from Gemma 3, transformers' Gemma4TextModel read against Gemma3Text
   padding_idx), its gradient from the tied head still reaching it;
 - the last layer must be a global one (transformers forces it with a warning; refused here).
 
+Decoding: ``gemma4_kv_cache`` holds the keys and values of the layers that make them, once; a
+shared layer holds none and attends over what its source returned this step, the held tokens and
+the new ones (a sliding source's last window, as transformers' shared layers read it). With two
+shared layers of six (Gemma 3's sizes otherwise), two global layers' keys are held a token instead
+of three. The cache holds one head size: a global_head_dim of its own decodes without a cache.
+
 Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
 them off): per-layer input embeddings (``hidden_size_per_layer_input`` 0: the released small E2B
 and E4B use them), the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
@@ -48,6 +54,7 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
+from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig
 from numpy_attn.multi_head import merge_heads, split_heads
@@ -235,11 +242,16 @@ def gemma4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
         k, k_norm_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
         v, v_norm_cache = rms_norm_forward(v, np.ones(v.shape[-1], v.dtype), eps)   # no weight: scale 1
         k, k_rope_cache = gemma4_rotate_forward(k, positions, config, window)
+        if kv_cache is not None:   # decoding: the held tokens' keys and values, then the new ones
+            k, v = kv_cache_update(kv_cache, k, v)                            # (B, nkv, S, hs)
         shared.kv[layer] = (k, v)
-    else:
-        k, v = shared.kv[source]                                              # (B, nkv, T, hs), made earlier
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
+    else:   # made by an earlier layer, the cached ones included: this layer holds none
+        k, v = shared.kv[source]                                              # (B, nkv, S, hs)
+    # The T queries are the last of the S keys (causal and window masks aligned bottom-right).
+    y, attn_cache = _model.cached_attention_forward(q, k, v, None, attn_mask, window=window,
                                                     scale=1.0)                # (B, nh, T, hs)
+    # Keys read from a cache get no gradient: the backward refuses such a forward (inference only).
+    attn_cache = attn_cache._replace(past=k.shape[2] - q.shape[2])
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
     return out, Gemma4AttentionCache(q_cache, k_cache, v_cache, q_norm_cache, k_norm_cache, v_norm_cache,
                                      q_rope_cache, k_rope_cache, attn_cache, o_cache, nh, layer, source, shared)
@@ -333,9 +345,11 @@ def gemma4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
                    logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), keywords as gemma3_forward's. Returns
     ``(logits, cache)``."""
-    if kv_cache is not None:
-        raise ValueError("gemma4_forward: kv_cache is not supported yet (a shared layer reads another layer's "
-                         "keys); run the full forward")
+    if kv_cache is not None and not isinstance(kv_cache, Gemma4Cache):
+        raise TypeError(f"kv_cache must be a Gemma4Cache (from gemma4_kv_cache), got {type(kv_cache).__name__}")
+    if kv_cache is not None and attn_mask is not None:
+        raise ValueError("gemma4_forward: an attn_mask together with a kv_cache is not supported (the sliding "
+                         "layers hold only their window, the mask spans all past + T keys); decode without attn_mask")
     shared = SharedKV({}, {})   # this forward's keys and values, which the shared layers read
     return _model.decoder_forward(ids, params, config, Gemma4Config, gemma4_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
@@ -350,7 +364,46 @@ def gemma4_backward(dlogits, cache):
     return _model.decoder_backward("gemma4", dlogits, cache, gemma4_block_backward)
 
 
-gemma4_kv_cache = _model.sliding_kv_cache
+# -- decoding: keys and values of the layers that make them, once ---------------------------------
+
+@dataclass
+class Gemma4Cache(KVCache):
+    """KVCache's slots for the layers that make keys and values (its ``windows``, one per such layer:
+    a sliding one keeps its last window); a shared layer holds none, it reads its source's."""
+
+    sources: tuple = ()    # per layer: its index among the layers that make keys, None on a shared layer
+
+    @property
+    def n_layer(self):
+        return len(self.sources)
+
+    @property
+    def bytes_held(self):
+        """Bytes of the tokens held now: the layers that make keys, every sequence."""
+        return sum(super(Gemma4Cache, self).layer(j).held * super(Gemma4Cache, self).layer(j).bytes_per_token
+                   for j in range(len(self.windows))) * self.dims[0]
+
+    def layer(self, i):
+        """Layer i's keys and values (KVCache.layer), or None on a shared layer."""
+        if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < self.n_layer:
+            raise ValueError(f"layer must be an integer in [0, {self.n_layer}), got {i!r}")
+        j = self.sources[i]
+        return None if j is None else super().layer(j)
+
+
+def gemma4_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty cache for decoding B sequences of up to ``max_len`` (default block_size) tokens: a
+    global layer that makes keys holds them all, a sliding one its last window, a shared one none.
+    One head size for all (init_kv_cache's): a global_head_dim of its own is refused."""
+    if config.global_hs != config.hs:
+        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
+                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    max_len = config.block_size if max_len is None else max_len
+    makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
+    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype,
+                       windows=[config.window(i) for i in makers])
+    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
+    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

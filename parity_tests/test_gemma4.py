@@ -23,14 +23,25 @@ from hypothesis import strategies as st
 from transformers.models.gemma4 import modeling_gemma4
 
 import torch_attn.gemma4 as tw
-from numpy_attn.gemma4 import Gemma4Config, gemma4_backward, gemma4_forward, init_gemma4_params
+from numpy_attn.gemma2 import gemma2_kv_cache
+from numpy_attn.gemma3 import Gemma3Config
+from numpy_attn.gemma4 import (
+    Gemma4Config,
+    gemma4_backward,
+    gemma4_forward,
+    gemma4_kv_cache,
+    init_gemma4_params,
+)
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
     assert_backward_matches_finite_differences,
     assert_close,
     assert_tree_close,
     autograd,
+    decode_in_steps,
     layer_norm_tol,
+    reorder_tol,
+    to_numpy,
     to_torch,
     tree_leaves,
     tree_map,
@@ -277,7 +288,70 @@ def test_bad_config_refused(changes, error, message):
         Gemma4Config(**{**base, **changes})
 
 
-def test_kv_cache_refused_until_supported():
-    config, params, ids, _ = random_case(0, 2, 0, 3)
-    with pytest.raises(ValueError, match="gemma4_forward: kv_cache is not supported"):
+def decode_case(n_shared=2):
+    """Six layers (sliding, global alternating), the last ``n_shared`` shared, one head size, window 2."""
+    config = Gemma4Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
+                          hidden=12, sliding_window=2, layer_types=LAYER_TYPES, n_kv_shared_layers=n_shared,
+                          partial_rotary_factor=0.5)
+    rng = np.random.default_rng(3)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma4_params(config, rng, np.float64))
+    return config, params, rng.integers(0, config.vocab_size, (2, 12))
+
+
+@pytest.mark.parametrize("n_shared", [2, 0])
+def test_cached_decoding_equals_full_forward(n_shared):
+    """A prefill of 3 tokens (past the window 2), then one token at a time up to 12: every position's
+    logits equal the full forward's (reorder_tol: the same sums, some in another order); the shared
+    layers read their source's keys, the held ones included, and hold none themselves; the sliding
+    layers stop growing at their window."""
+    config, params, ids = decode_case(n_shared)
+    full, full_cache = gemma4_forward(ids, params, config)
+    kv_cache = gemma4_kv_cache(config, 2, np.float64)
+    sizes = [3] + [1] * 9
+    cached = decode_in_steps(lambda chunk: gemma4_forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
+    assert_close("gemma4 decode.logits vs full forward", cached, full, **reorder_tol(gemma4_rstds(full_cache),
+                                                                                      np.float64))
+    makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
+    assert [kv_cache.layer(i) is None for i in range(config.n_layer)] == [i not in makers for i in range(6)]
+    assert [kv_cache.layer(i).held for i in makers] == [2 if config.window(i) else 12 for i in makers]
+    assert kv_cache.bytes_held == 2 * sum(kv_cache.layer(i).held * kv_cache.layer(i).bytes_per_token for i in makers)
+    tparams = tree_map(to_torch, params)
+    twin_cache = tw.gemma4_kv_cache(config, 2, torch.float64)
+    twin = decode_in_steps(lambda chunk: to_numpy(tw.gemma4(to_torch(chunk), tparams, config, kv_cache=twin_cache)),
+                           ids, sizes)
+    assert_close("gemma4 decode twin.logits", twin, cached, **layer_norm_tol(gemma4_rstds(full_cache), np.float64))
+    assert twin_cache.bytes_held == kv_cache.bytes_held
+
+
+def test_cache_bytes_per_token_against_gemma3():
+    """The same sizes and layer types as Gemma 3 (whose cache holds every layer's keys): Gemma 4's
+    two shared layers hold none, so one of its three global layers' keys (layer 5's, layer 3's reused)
+    is not held; bytes per token 2/3 of Gemma 3's, 2 x nkv x hs x 8 bytes a global layer."""
+    config, _, _ = decode_case(2)
+    ours = gemma4_kv_cache(config, 1, np.float64)
+    gemma3 = Gemma3Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
+                          hidden=12, sliding_window=2, layer_types=LAYER_TYPES)
+    theirs = gemma2_kv_cache(gemma3, 1, np.float64)
+    per_layer = 2 * config.n_kv_head * config.hs * 8                   # k and v of one layer, one token
+    assert theirs.bytes_per_token == 3 * per_layer == 384
+    assert ours.bytes_per_token == 2 * per_layer == 256
+    assert ours.nbytes == per_layer * (2 * 16 + 2 * 2)                 # two global layers of 16, two sliding of 2
+    assert theirs.nbytes == per_layer * (3 * 16 + 3 * 2)
+
+
+def test_cache_refusals():
+    """A cache of another kind, an attn_mask beside a cache, a global head size of its own, and a
+    backward after cached keys, each refused naming what is at fault."""
+    config, params, ids = decode_case()
+    with pytest.raises(TypeError, match="kv_cache must be a Gemma4Cache .*, got object"):
         gemma4_forward(ids, params, config, kv_cache=object())
+    kv_cache = gemma4_kv_cache(config, 2, np.float64)
+    with pytest.raises(ValueError, match="an attn_mask together with a kv_cache is not supported"):
+        gemma4_forward(ids, params, config, kv_cache=kv_cache, attn_mask=np.ones((2, 4, 12, 12), bool))
+    wide = Gemma4Config(**{**config.__dict__, "global_head_dim": 6})
+    with pytest.raises(ValueError, match="global_head_dim = 6 differs from head_dim = 4"):
+        gemma4_kv_cache(wide, 2)
+    gemma4_forward(ids[:, :3], params, config, kv_cache=kv_cache)
+    logits, cache = gemma4_forward(ids[:, 3:5], params, config, kv_cache=kv_cache)
+    with pytest.raises(ValueError, match="backward"):
+        gemma4_backward(np.ones_like(logits), cache)

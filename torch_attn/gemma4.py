@@ -7,9 +7,12 @@ only their first pairs; the last n_kv_shared_layers layers attending over an ear
 and values (autograd adds both uses' gradients by itself).
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from torch_attn import _model
+from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
@@ -45,10 +48,12 @@ def gemma4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
         v = split_heads(linear(x, **params["v"]), nkv)                        # (B, nkv, T, hs)
         k = gemma4_rotate(rms_norm(k, params["k_norm"]["w"], eps), positions, config, window)
         v = rms_norm(v, torch.ones(v.shape[-1], dtype=v.dtype, device=v.device), eps)   # no weight
+        if kv_cache is not None:   # decoding: the held tokens' keys and values, then the new ones
+            k, v = kv_cache_update(kv_cache, k, v)                            # (B, nkv, S, hs)
         shared[layer] = (k, v)
-    else:
-        k, v = shared[source]                                                 # made by an earlier layer
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window, scale=1.0)   # (B, nh, T, hs)
+    else:   # made by an earlier layer, the cached ones included: this layer holds none
+        k, v = shared[source]                                                 # (B, nkv, S, hs)
+    y = _model.cached_attention(q, k, v, None, attn_mask, window=window, scale=1.0)   # (B, nh, T, hs)
     return linear(merge_heads(y), **params["o"])                              # (B, T, C)
 
 
@@ -80,7 +85,40 @@ def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
                           layer_options=lambda i: {"window": config.window(i), "layer": i, "shared": shared})
 
 
-gemma4_kv_cache = _model.sliding_kv_cache
+# -- decoding: keys and values of the layers that make them, once ---------------------------------
+
+@dataclass
+class Gemma4Cache(KVCache):
+    """KVCache's slots for the layers that make keys and values; a shared layer holds none."""
+
+    sources: tuple = ()
+
+    @property
+    def n_layer(self):
+        return len(self.sources)
+
+    @property
+    def bytes_held(self):
+        return sum(LayerKVCache(self, j).held * LayerKVCache(self, j).bytes_per_token
+                   for j in range(len(self.windows))) * self.dims[0]
+
+    def layer(self, i):
+        """Layer i's keys and values, or None on a shared layer."""
+        j = self.sources[i]
+        return None if j is None else LayerKVCache(self, j)
+
+
+def gemma4_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
+    """An empty cache: a layer that makes keys holds them (a sliding one its last window), a shared one none."""
+    if config.global_hs != config.hs:
+        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
+                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    max_len = config.block_size if max_len is None else max_len
+    makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
+    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype, device,
+                       windows=[config.window(i) for i in makers])
+    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
+    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
 
 
 # Equals Hugging Face's transformers Gemma4ForCausalLM(...).logits holding the same weights;
