@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from transformers.models.gemma4 import modeling_gemma4
 
 import torch_attn.gemma4 as tw
+from attn_cli import cli
+from attn_cli.hf import load_checkpoint
 from numpy_attn.gemma2 import gemma2_kv_cache
 from numpy_attn.gemma3 import Gemma3Config
 from numpy_attn.gemma4 import (
@@ -46,7 +48,13 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_map,
 )
-from parity_tests.model_kit import GEMMA_NORMS, compare, hf_logits_and_grads, randomise
+from parity_tests.model_kit import (
+    GEMMA_NORMS,
+    assert_changed_config_refused,
+    compare,
+    hf_logits_and_grads,
+    randomise,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Six layers: sliding, global, sliding, global, then two shared ones, which reuse layer 2's (sliding)
@@ -55,16 +63,17 @@ LAYER_TYPES = (SLIDING, FULL, SLIDING, FULL, SLIDING, FULL)
 PAD = 2
 
 
-def hf_gemma4(seed=0, n_shared=2, softcap=None):
+def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16):
     """A random transformers Gemma4ForCausalLM in float64: C = 16 (sqrt(C) = 4, exact), 4 query heads
-    on 2, head size 8 (16 on the global layers), window 3, the last ``n_shared`` layers reading
+    on 2, head size 8 (``global_head_dim`` on the global layers), window 3, the last ``n_shared`` layers reading
     earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer input embeddings off
     (hidden_size_per_layer_input = 0, transformers' switch), no MoE, no k = v. Every parameter far
     from its initialisation (model_kit.randomise), each layer_scalar made a parameter drawn in
     [0.5, 1.5] so that its gradient is compared too."""
     config = transformers.Gemma4TextConfig(
         vocab_size=19, hidden_size=16, intermediate_size=20, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, global_head_dim=16, max_position_embeddings=32, rms_norm_eps=1e-5,
+        num_key_value_heads=2, head_dim=8, global_head_dim=global_head_dim, max_position_embeddings=32,
+        rms_norm_eps=1e-5,
         sliding_window=3, layer_types=list(LAYER_TYPES), num_kv_shared_layers=n_shared,
         hidden_size_per_layer_input=0, final_logit_softcapping=softcap, pad_token_id=PAD, bos_token_id=None,
         eos_token_id=None, attn_implementation="eager",
@@ -355,3 +364,55 @@ def test_cache_refusals():
     logits, cache = gemma4_forward(ids[:, 3:5], params, config, kv_cache=kv_cache)
     with pytest.raises(ValueError, match="backward"):
         gemma4_backward(np.ones_like(logits), cache)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_checkpoint_reads_transformers_weights(tmp_path, dtype):
+    """The folder save_pretrained writes, loaded by attn_cli.hf: the config this test builds by hand
+    and every weight (the shared layers' missing k, v and k-norm, layer_scalar), in ``dtype``."""
+    model = hf_gemma4(softcap=3.0)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    kind, config, params = load_checkpoint(tmp_path, dtype)
+    assert kind == "gemma4" and config == our_config(model), config
+    expected = dict(tree_leaves(params_from_hf(model, config)))
+    got = dict(tree_leaves(params))
+    assert got.keys() == expected.keys(), sorted(set(got) ^ set(expected))
+    for path, value in expected.items():
+        assert got[path].dtype == dtype and np.array_equal(got[path], value.astype(dtype)), path
+
+
+@pytest.mark.parametrize("global_head_dim,options", [(8, []), (16, ["--no-cache"]), (8, ["--no-cache"])])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options):
+    """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
+    (use_cache=True), with our key/value cache (one head size: gemma4_kv_cache's) and without (a
+    global head size of its own). hf_gemma4's output_hidden_states makes generate return a record:
+    its sequences are the ids (model_kit.hf_greedy reads a plain tensor)."""
+    model = hf_gemma4(global_head_dim=global_head_dim).to(torch.float32)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
+                     "--temperature", "0", *options]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, min_new_tokens=10,
+                                do_sample=False, pad_token_id=0, eos_token_id=None, use_cache=True,
+                                return_dict_in_generate=True).sequences[0].tolist()
+    assert ours == theirs, f"gemma4 {global_head_dim} {options}: greedy ids differ from transformers'"
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"hidden_size_per_layer_input": 4}, "hidden_size_per_layer_input = 4 is not supported"),
+    ({"enable_moe_block": True}, "enable_moe_block = True is not supported"),
+    ({"attention_k_eq_v": True}, "attention_k_eq_v = True is not supported"),
+    ({"use_double_wide_mlp": True}, "use_double_wide_mlp = True is not supported"),
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention = 'all' is not supported"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+     "rope_parameters.sliding_attention must be an unscaled rope of kind default"),
+    ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config may set only a global layer's head_dim"),
+    ({"num_kv_shared_layers": 6}, "n_kv_shared_layers must be below n_layer = 6"),
+])
+def test_unsupported_folder_refused(tmp_path, capsys, changes, message):
+    """A config.json switching on what numpy_attn.gemma4 leaves off is refused naming the key."""
+    folder = tmp_path / "model"
+    hf_gemma4().save_pretrained(folder, safe_serialization=True)
+    assert_changed_config_refused(folder, capsys, changes, message)
