@@ -52,6 +52,7 @@ from parity_tests.model_kit import (
     GEMMA_NORMS,
     assert_changed_config_refused,
     compare,
+    gemma4_rstds,
     hf_logits_and_grads,
     randomise,
 )
@@ -174,13 +175,6 @@ def exact_hf_gemma4(model, config, monkeypatch):
             module.forward = types.MethodType(rotary, module)
     monkeypatch.setattr(modeling_gemma4, "eager_attention_forward", attention)
     return model
-
-
-def gemma4_rstds(cache):
-    """The rstd of every RMS norm of the model (their caches are (xhat, rstd, scale, dtype)):
-    the final one, each block's four, the q-, k- and v-norms."""
-    rstds = [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in GEMMA_NORMS]
-    return rstds + [n[1] for c in cache.blocks for n in (c.attn.q_norm, c.attn.k_norm, c.attn.v_norm) if n]
 
 
 def ids_with_pad(V, B=2, T=7, seed=0):
