@@ -110,7 +110,9 @@ from numpy_attn.gemma3 import (
     Gemma3Config, gemma3_attention_forward, gemma3_backward, gemma3_forward, init_gemma3_params,
 )
 from numpy_attn.gemma4 import (
-    Gemma4Config, gemma4_attention_forward, gemma4_backward, gemma4_forward, init_gemma4_params,
+    Gemma4Config, gemma4_attention_backward, gemma4_attention_forward, gemma4_backward, gemma4_block_backward,
+    gemma4_block_forward, gemma4_forward, gemma4_kv_cache, gemma4_rotate_backward, gemma4_rotate_forward,
+    init_gemma4_params,
 )
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.gpt_oss import (
