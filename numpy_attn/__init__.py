@@ -49,6 +49,7 @@ Reading order, leaf to root:
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
     gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
+    gemma4             Gemma 4's text model: norms by w, V-norm, wider global heads, shared keys and values
     gpt_oss            gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     lightning_indexer  DeepSeek Sparse Attention's indexer: ReLU scores, top-k keys per query, its KL loss
@@ -108,6 +109,11 @@ from numpy_attn.gemma2 import (
 )
 from numpy_attn.gemma3 import (
     Gemma3Config, gemma3_attention_forward, gemma3_backward, gemma3_forward, init_gemma3_params,
+)
+from numpy_attn.gemma4 import (
+    Gemma4Config, gemma4_attention_backward, gemma4_attention_forward, gemma4_backward, gemma4_block_backward,
+    gemma4_block_forward, gemma4_forward, gemma4_kv_cache, gemma4_rotate_backward, gemma4_rotate_forward,
+    init_gemma4_params,
 )
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.gpt_oss import (

@@ -26,6 +26,7 @@ from torch import nn
 import numpy_attn.deepseek_v3 as deepseek_v3
 import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
+import numpy_attn.gemma4 as gemma4
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
@@ -34,6 +35,7 @@ import numpy_attn.qwen3_5 as qwen3_5
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
+import torch_attn.gemma4 as tw_gemma4
 import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.llama as tw_llama
 import torch_attn.llama4 as tw_llama4
@@ -861,6 +863,13 @@ def gemma_rstds(cache):
     return [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in GEMMA_NORMS] + qk
 
 
+def gemma4_rstds(cache):
+    """The rstd of every RMS norm of a Gemma 4 model (their caches are (xhat, rstd, scale, dtype)):
+    the final one, each block's four, the q-, k- and v-norms."""
+    rstds = [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in GEMMA_NORMS]
+    return rstds + [n[1] for c in cache.blocks for n in (c.attn.q_norm, c.attn.k_norm, c.attn.v_norm) if n]
+
+
 def next_token_dlogits(logits, ids):
     """The gradient of the mean next-token cross-entropy (logits at t predict ids at t + 1)."""
     _, loss_cache = cross_entropy_forward(logits[:, :-1], ids[:, 1:])
@@ -906,11 +915,11 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
+    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4), its parameters moved
     off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap
     after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE
     block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Llama 4 with a chunked MoE layer
-    of chunk 2 and a NoPE layer."""
+    of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -929,6 +938,11 @@ def small_family_model(name, seed):
         "gemma3": (gemma3.gemma3_forward, gemma3.gemma3_backward, tw_gemma3.gemma3,
                    gemma3.Gemma3Config(**small, sliding_window=2), gemma3.init_gemma3_params,
                    gemma_rstds),
+        "gemma4": (gemma4.gemma4_forward, gemma4.gemma4_backward, tw_gemma4.gemma4,
+                   gemma4.Gemma4Config(**{**small, "n_layer": 3}, head_dim=4, global_head_dim=6, sliding_window=2,
+                                       layer_types=("sliding_attention", "full_attention", "full_attention"),
+                                       n_kv_shared_layers=1, partial_rotary_factor=0.5),
+                   gemma4.init_gemma4_params, gemma4_rstds),
         "gpt_oss": (gpt_oss.gpt_oss_forward, gpt_oss.gpt_oss_backward, tw_gpt_oss.gpt_oss,
                     gpt_oss.GptOssConfig(**small, head_dim=4, n_experts=3, experts_per_token=2, sliding_window=2),
                     gpt_oss.init_gpt_oss_params, llama_rstds),

@@ -1,0 +1,412 @@
+"""Gemma 4 (text): Gemma 3's model (numpy_attn/gemma3.py) with norms that scale by w, values
+RMS-normed too, scores unscaled, wider heads and a partial rotation on the global layers, a
+learned scalar per layer, and the last layers reading the keys and values of an earlier one.
+
+    x      = wte[ids] * sqrt(C)                   the pad row gets no gradient from the embedding
+    a      = attn(rms_norm(x))                    q, k = rms_norm(q), rms_norm(k) per head, scaling by w;
+                                                  v = rms_norm(v) per head, no weight; scores q.k, unscaled
+    x      = x + rms_norm(a)
+    x      = (x + rms_norm(geglu(rms_norm(x)))) * s    s: the layer's scalar
+    logits = x @ wte^T                            (capped at final_logit_softcap, None by default)
+
+What differs from Gemma 3, transformers' Gemma4TextModel read against Gemma3TextModel:
+
+- every RMS norm (the block's four, q's, k's, the final one) scales by w, not 1 + w: the weights
+  start at 1 (rms_norm.py's offset 0);
+- the values are RMS-normed per head as the keys are, with no weight (Hugging Face's v_norm);
+- the scores are not scaled (scaling 1.0): the QK-norms set their size, query_pre_attn_scalar is gone;
+- a global layer's heads have their own size, ``global_head_dim`` (512 against 256 in the released
+  models): its q, k, v, o and q/k-norm weights are that much wider;
+- RoPE per layer type: a sliding layer rotates every channel pair with base rope_local_theta; a
+  global one, base rope_theta, rotates only the first ``partial_rotary_factor`` of its pairs
+  (Hugging Face's "proportional" RoPE): pair j (channels j and j + hs/2) turns by p * theta^(-2j/hs)
+  for j < partial_rotary_factor * hs / 2 and stays put past it. That is the default RoPE of a head
+  of those 2r channels with base theta^(2r/hs), which is how ``gemma4_rotate_forward`` runs it;
+- shared keys and values (``n_kv_shared_layers``, Hugging Face's num_kv_shared_layers): the last
+  that many layers have no k, v projections or k-norm; each attends over the keys and values of
+  the last non-shared layer of its own type (sliding or global), its ``kv_source``. That layer's
+  k and v then feed two or more attentions, so the backward adds the shared layers' dk and dv into
+  the ones of the layer that made them (the shared layers are undone first, being later);
+- each block ends multiplying by its ``layer_scalar`` (a (1,) weight; a buffer at 1 in
+  transformers' modules that checkpoints set, a parameter here, with its gradient);
+- the embedding's ``pad_token_id`` row gets no gradient from the embedding (nn.Embedding's
+  padding_idx), its gradient from the tied head still reaching it;
+- the last layer must be a global one (transformers forces it with a warning; refused here).
+
+Decoding: ``gemma4_kv_cache`` holds the keys and values of the layers that make them, once; a
+shared layer holds none and attends over what its source returned this step, the held tokens and
+the new ones (a sliding source's last window, as transformers' shared layers read it). With two
+shared layers of six (Gemma 3's sizes otherwise), two global layers' keys are held a token instead
+of three. The cache holds one head size: a global_head_dim of its own decodes without a cache.
+
+Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
+them off): per-layer input embeddings (``hidden_size_per_layer_input`` 0: the released small E2B
+and E4B use them), the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
+values its raw keys), ``use_double_wide_mlp`` and bidirectional attention. Attention has no soft
+cap; the logits' cap stays optional as in Gemma 3.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_attn import _model
+from numpy_attn._checks import POSITIVE, check_config, check_rng
+from numpy_attn._family import Family
+from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
+from numpy_attn.linear import linear_backward, linear_forward
+from numpy_attn.llama import LlamaConfig
+from numpy_attn.multi_head import merge_heads, split_heads
+from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
+from numpy_attn.rope import rope_backward, rope_forward
+from numpy_attn.swiglu import swiglu_backward, swiglu_forward
+
+
+@dataclass(frozen=True)
+class Gemma4Config(LlamaConfig):
+    """LlamaConfig's sizes and checks (head_dim the sliding layers' hs) and Gemma 4's own fields."""
+
+    tie_weights: bool = True
+    rope_theta: float = 1000000.0             # the global layers' base
+    rope_local_theta: float = 10000.0         # the sliding layers' base
+    partial_rotary_factor: float = 0.25       # share of a global layer's channel pairs that rotate
+    global_head_dim: int | None = None        # a global layer's hs; None: head_dim's
+    final_logit_softcap: float | None = None  # c on the logits; None: no cap
+    sliding_window: int = 4                   # w of the sliding layers: query i sees keys i - w < j <= i
+    layer_types: tuple | None = None          # per layer; None: five sliding, one global, the last global
+    n_kv_shared_layers: int = 0               # the last layers that reuse an earlier layer's k and v
+    pad_token_id: int | None = None           # the embedding row that gets no gradient
+    sliding_pattern = 6
+
+    def __post_init__(self):
+        super().__post_init__()
+        cls = type(self).__name__
+        for name, value in check_config(self, {
+                "rope_local_theta": (float, POSITIVE), "partial_rotary_factor": (float, 0.0),
+                "global_head_dim": (int | None, 1), "final_logit_softcap": (float | None, POSITIVE),
+                "sliding_window": (int, 1), "n_kv_shared_layers": (int, 0),
+                "pad_token_id": (int | None, 0)}).items():
+            object.__setattr__(self, name, value)
+        if self.partial_rotary_factor > 1:
+            raise ValueError(f"{cls}.partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor!r}")
+        if self.rope_scaling is not None:
+            raise ValueError(f"{cls}.rope_scaling must be None (Gemma 4's rotations are unscaled), "
+                             f"got {self.rope_scaling!r}")
+        if self.global_hs % 2:
+            raise ValueError(f"{cls}.global_head_dim must be even (RoPE turns pairs), got {self.global_hs}")
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"{cls}.pad_token_id = {self.pad_token_id} must be below vocab_size = {self.vocab_size}")
+        if self.n_kv_shared_layers >= self.n_layer:
+            raise ValueError(f"{cls}.n_kv_shared_layers must be below n_layer = {self.n_layer} (a shared layer "
+                             f"reads an earlier layer's keys), got {self.n_kv_shared_layers}")
+        types = self.layer_types
+        if types is None:
+            types = _model.layer_types(self, self.sliding_pattern)[:-1] + ("full_attention",)
+        object.__setattr__(self, "layer_types", types)
+        object.__setattr__(self, "layer_types", _model.layer_types(self, self.sliding_pattern))
+        if self.layer_types[-1] != "full_attention":
+            raise ValueError(f"{cls}.layer_types must end with 'full_attention' (Gemma 4's last layer is global), "
+                             f"got {self.layer_types!r}")
+        for i in range(self.n_layer):
+            self.kv_source(i)   # raises for a shared layer with no layer of its type before the shared ones
+
+    @property
+    def global_hs(self):
+        """A global layer's head size: global_head_dim, or hs."""
+        return self.hs if self.global_head_dim is None else self.global_head_dim
+
+    def window(self, i):
+        """Layer i's window: sliding_window for a sliding layer, None for a global one."""
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+
+    def layer_hs(self, i):
+        """Layer i's head size: hs on a sliding layer, global_hs on a global one."""
+        return self.hs if self.layer_types[i] == "sliding_attention" else self.global_hs
+
+    def kv_source(self, i):
+        """The layer whose keys and values layer i attends over: i itself, or for one of the last
+        n_kv_shared_layers, the last non-shared layer of its type."""
+        first_shared = self.n_layer - self.n_kv_shared_layers
+        if i < first_shared:
+            return i
+        for j in reversed(range(first_shared)):
+            if self.layer_types[j] == self.layer_types[i]:
+                return j
+        raise ValueError(f"{type(self).__name__}: shared layer {i} is {self.layer_types[i]!r}, and no layer before "
+                         f"the n_kv_shared_layers = {self.n_kv_shared_layers} shared ones is (layer_types "
+                         f"{self.layer_types!r})")
+
+
+def init_gemma4_params(config, rng, dtype=np.float32):
+    """{"wte", "blocks", "norm"}: each block's four norms, attention {"q", "o", "q_norm"} and, on a
+    layer that makes its own keys, {"k", "v", "k_norm"}, GeGLU "mlp" and "layer_scalar" {"w": (1,)}.
+    Linear weights from N(0, 0.02^2), every norm and the scalar at 1 (they scale by w)."""
+    check_rng(rng, "init_gemma4_params")
+    C, nh, nkv, H = config.n_embd, config.n_head, config.n_kv_head, config.hidden
+
+    def linear(C_in, C_out):
+        return {"w": rng.normal(0, 0.02, (C_in, C_out)).astype(dtype)}
+
+    def init_block(i):
+        hs = config.layer_hs(i)
+        attn = {"q": linear(C, nh * hs)}
+        if config.kv_source(i) == i:
+            attn.update(k=linear(C, nkv * hs), v=linear(C, nkv * hs))
+        attn["o"] = linear(nh * hs, C)
+        attn["q_norm"] = {"w": np.ones(hs, dtype)}                                      # (hs,)
+        if config.kv_source(i) == i:
+            attn["k_norm"] = {"w": np.ones(hs, dtype)}                                  # (hs,)
+        mlp = {"gate": linear(C, H), "up": linear(C, H), "down": linear(H, C)}
+        norms = {name: {"w": np.ones(C, dtype)} for name in
+                 ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}
+        return {**norms, "attn": attn, "mlp": mlp, "layer_scalar": {"w": np.ones(1, dtype)}}
+
+    return _model.init_decoder_params(config, rng, dtype, init_block)
+
+
+# -- RoPE per layer type ----------------------------------------------------------------------------
+
+def gemma4_rotate_forward(x, positions, config, window):
+    """Rotate x (B, n, T, hs): a sliding layer (``window`` not None) every pair with rope_local_theta,
+    a global one its first r = int(partial_rotary_factor * hs / 2) pairs (channels j and j + hs/2)
+    at theta^(-2j/hs), the default RoPE of those 2r channels with base theta^(2r/hs). Returns
+    ``(out, cache)``."""
+    hs = x.shape[-1]
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
+    if window is not None:
+        out, cache = rope_forward(x, pos, config.rope_local_theta, "half")    # (B, n, T, hs)
+        return out, (cache, None)
+    r = int(config.partial_rotary_factor * hs // 2)
+    pairs = np.r_[0:r, hs // 2:hs // 2 + r]                                   # the 2r channels that turn
+    rotated, cache = rope_forward(x[..., pairs], pos, config.rope_theta ** (2 * r / hs), "half")
+    out = x.copy()
+    out[..., pairs] = rotated                                                 # (B, n, T, hs)
+    return out, (cache, pairs)
+
+
+def gemma4_rotate_backward(dout, cache):
+    """Undoes gemma4_rotate_forward: dout (B, n, T, hs) -> dx; the channels left alone pass theirs."""
+    rope_cache, pairs = cache
+    if pairs is None:
+        return rope_backward(dout, rope_cache)
+    dx = dout.copy()
+    dx[..., pairs] = rope_backward(dout[..., pairs], rope_cache)
+    return dx
+
+
+# -- attention: QK- and V-norm, scores unscaled, keys and values maybe another layer's -------------
+
+class SharedKV(NamedTuple):
+    """One forward's keys and values per producing layer, and the gradients the shared layers send back."""
+
+    kv: dict                 # {layer: (k, v)}, each (B, nkv, S, hs)
+    grads: dict              # {layer: (dk, dv)}: the sum of the shared layers' dk, dv, until undone
+
+
+class Gemma4AttentionCache(NamedTuple):
+    """The steps' caches in forward order (None for the steps a shared layer skips)."""
+
+    q: tuple
+    k: tuple | None
+    v: tuple | None
+    q_norm: tuple
+    k_norm: tuple | None
+    v_norm: tuple | None
+    q_rope: tuple
+    k_rope: tuple | None
+    attn: tuple
+    o: tuple
+    num_heads: int
+    layer: int               # this layer
+    source: int              # the layer whose keys and values it read (itself unless shared)
+    shared: SharedKV
+
+
+def gemma4_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
+                             layer=0, shared=None):
+    """x (B, T, C) -> (B, T, C): q RMS-normed per head (w) and rotated; k, v made here (k normed
+    and rotated, v normed without weight) and kept in ``shared`` for the layers that reuse them, or
+    on a shared layer read from ``shared``; attention with scale 1. Returns ``(out, cache)``."""
+    nh, nkv, eps = config.n_head, config.n_kv_head, config.rms_eps
+    source = config.kv_source(layer)
+    q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
+    q = split_heads(q, nh)                                                    # (B, nh, T, hs)
+    q, q_norm_cache = rms_norm_forward(q, params["q_norm"]["w"], eps)         # each head alone, scaled by w
+    q, q_rope_cache = gemma4_rotate_forward(q, positions, config, window)
+    k_cache = v_cache = k_norm_cache = v_norm_cache = k_rope_cache = None
+    if source == layer:
+        k, k_cache = linear_forward(x, **params["k"])                         # (B, T, C) -> (B, T, nkv*hs)
+        v, v_cache = linear_forward(x, **params["v"])                         # (B, T, C) -> (B, T, nkv*hs)
+        k, v = split_heads(k, nkv), split_heads(v, nkv)                       # (B, nkv, T, hs)
+        k, k_norm_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
+        v, v_norm_cache = rms_norm_forward(v, np.ones(v.shape[-1], v.dtype), eps)   # no weight: scale 1
+        k, k_rope_cache = gemma4_rotate_forward(k, positions, config, window)
+        if kv_cache is not None:   # decoding: the held tokens' keys and values, then the new ones
+            k, v = kv_cache_update(kv_cache, k, v)                            # (B, nkv, S, hs)
+        shared.kv[layer] = (k, v)
+    else:   # made by an earlier layer, the cached ones included: this layer holds none
+        k, v = shared.kv[source]                                              # (B, nkv, S, hs)
+    # The T queries are the last of the S keys (causal and window masks aligned bottom-right).
+    y, attn_cache = _model.cached_attention_forward(q, k, v, None, attn_mask, window=window,
+                                                    scale=1.0)                # (B, nh, T, hs)
+    # Keys read from a cache get no gradient: the backward refuses such a forward (inference only).
+    attn_cache = attn_cache._replace(past=k.shape[2] - q.shape[2])
+    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
+    return out, Gemma4AttentionCache(q_cache, k_cache, v_cache, q_norm_cache, k_norm_cache, v_norm_cache,
+                                     q_rope_cache, k_rope_cache, attn_cache, o_cache, nh, layer, source, shared)
+
+
+def gemma4_attention_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams). A shared layer leaves its dk, dv in
+    the forward's SharedKV; the layer that made those keys adds them to its own."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, nh*hs)
+    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)
+    if cache.source != cache.layer:   # k and v were another layer's: their gradients go back to it
+        old = cache.shared.grads.get(cache.source)
+        cache.shared.grads[cache.source] = (dk, dv) if old is None else (old[0] + dk, old[1] + dv)
+    dq = gemma4_rotate_backward(dq, cache.q_rope)
+    dq, dq_norm = rms_norm_backward(dq, cache.q_norm)
+    dx, dq_params = linear_backward(merge_heads(dq), cache.q)                 # (B, T, C)
+    dparams = {"q": dq_params, "o": do, "q_norm": dq_norm}
+    if cache.source == cache.layer:
+        later = cache.shared.grads.pop(cache.layer, None)
+        if later is not None:   # k and v also fed the shared layers: the uses add
+            dk, dv = dk + later[0], dv + later[1]
+        dk = gemma4_rotate_backward(dk, cache.k_rope)
+        dk, dk_norm = rms_norm_backward(dk, cache.k_norm)
+        dv, _ = rms_norm_backward(dv, cache.v_norm)                           # its weight is no parameter
+        dx_k, dparams["k"] = linear_backward(merge_heads(dk), cache.k)
+        dx_v, dparams["v"] = linear_backward(merge_heads(dv), cache.v)
+        dparams["k_norm"] = dk_norm
+        dx = dx + dx_k + dx_v                                                 # x fed q, k and v
+    return dx, dparams
+
+
+# -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
+
+class Gemma4BlockCache(NamedTuple):
+    """The sub-caches in forward order, the output before the scalar, and the scalar."""
+
+    attn_norm: tuple
+    attn: Gemma4AttentionCache
+    attn_post_norm: tuple
+    mlp_norm: tuple
+    mlp: tuple
+    mlp_post_norm: tuple
+    unscaled: np.ndarray
+    scalar: np.ndarray
+
+
+def gemma4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
+                         shared=None):
+    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; every norm scales by w."""
+    eps = config.rms_eps
+    # 1-4: x + rms_norm(attn(rms_norm(x)))
+    h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], eps)            # (B, T, C)
+    a, attn_cache = gemma4_attention_forward(h, params["attn"], config, positions, attn_mask=attn_mask,
+                                             kv_cache=kv_cache, window=window, layer=layer, shared=shared)
+    a, attn_post_norm_cache = rms_norm_forward(a, params["attn_post_norm"]["w"], eps)  # (B, T, C)
+    x = x + a
+    # 5-8: x + rms_norm(geglu(rms_norm(x)))
+    h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], eps)              # (B, T, C)
+    f, mlp_cache = swiglu_forward(h, params["mlp"], act="gelu_tanh")                 # (B, T, C) via (B, T, H)
+    f, mlp_post_norm_cache = rms_norm_forward(f, params["mlp_post_norm"]["w"], eps)    # (B, T, C)
+    x = x + f
+    # 9: times the layer's scalar
+    s = params["layer_scalar"]["w"]                                                     # (1,)
+    cache = Gemma4BlockCache(attn_norm_cache, attn_cache, attn_post_norm_cache, mlp_norm_cache, mlp_cache,
+                             mlp_post_norm_cache, x, s)
+    return x * s, cache
+
+
+def gemma4_block_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
+    # 9: undoes out = x * s.
+    dscalar = {"w": np.sum(dout * cache.unscaled).reshape(1).astype(cache.scalar.dtype)}
+    dout = dout * cache.scalar                                               # (B, T, C)
+    # 8-5: undoes x + rms_norm(geglu(rms_norm(x))); x also fed the skip.
+    df, dmlp_post_norm = rms_norm_backward(dout, cache.mlp_post_norm)        # (B, T, C)
+    dh, dmlp = swiglu_backward(df, cache.mlp)                                # (B, T, C)
+    dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                # (B, T, C)
+    dx = dx_mlp + dout                                                       # branch + skip
+    # 4-1: undoes x + rms_norm(attn(rms_norm(x))) in the same way.
+    da, dattn_post_norm = rms_norm_backward(dx, cache.attn_post_norm)        # (B, T, C)
+    dh, dattn = gemma4_attention_backward(da, cache.attn)                    # (B, T, C)
+    dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)             # (B, T, C)
+    dparams = {"attn_norm": dattn_norm, "attn": dattn, "attn_post_norm": dattn_post_norm,
+               "mlp_norm": dmlp_norm, "mlp": dmlp, "mlp_post_norm": dmlp_post_norm, "layer_scalar": dscalar}
+    return dx_attn + dx, dparams                                             # branch + skip
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+def gemma4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+                   logits_to_keep=None, for_backward=True):
+    """Logits for integer ``ids`` (B, T) -> (B, T, V), keywords as gemma3_forward's. Returns
+    ``(logits, cache)``."""
+    if kv_cache is not None and not isinstance(kv_cache, Gemma4Cache):
+        raise TypeError(f"kv_cache must be a Gemma4Cache (from gemma4_kv_cache), got {type(kv_cache).__name__}")
+    if kv_cache is not None and attn_mask is not None:
+        raise ValueError("gemma4_forward: an attn_mask together with a kv_cache is not supported (the sliding "
+                         "layers hold only their window, the mask spans all past + T keys); decode without attn_mask")
+    shared = SharedKV({}, {})   # this forward's keys and values, which the shared layers read
+    return _model.decoder_forward(ids, params, config, Gemma4Config, gemma4_block_forward, positions=positions,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  for_backward=for_backward, embed_scale=config.n_embd ** 0.5,
+                                  logit_softcap=config.final_logit_softcap, padding_idx=config.pad_token_id,
+                                  layer_options=lambda i: {"window": config.window(i), "layer": i,
+                                                           "shared": shared})
+
+
+def gemma4_backward(dlogits, cache):
+    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
+    return _model.decoder_backward("gemma4", dlogits, cache, gemma4_block_backward)
+
+
+# -- decoding: keys and values of the layers that make them, once ---------------------------------
+
+@dataclass
+class Gemma4Cache(KVCache):
+    """KVCache's slots for the layers that make keys and values (its ``windows``, one per such layer:
+    a sliding one keeps its last window); a shared layer holds none, it reads its source's."""
+
+    sources: tuple = ()    # per layer: its index among the layers that make keys, None on a shared layer
+
+    @property
+    def n_layer(self):
+        return len(self.sources)
+
+    @property
+    def bytes_held(self):
+        """Bytes of the tokens held now: the layers that make keys, every sequence."""
+        return sum(super(Gemma4Cache, self).layer(j).held * super(Gemma4Cache, self).layer(j).bytes_per_token
+                   for j in range(len(self.windows))) * self.dims[0]
+
+    def layer(self, i):
+        """Layer i's keys and values (KVCache.layer), or None on a shared layer."""
+        if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < self.n_layer:
+            raise ValueError(f"layer must be an integer in [0, {self.n_layer}), got {i!r}")
+        j = self.sources[i]
+        return None if j is None else super().layer(j)
+
+
+def gemma4_kv_cache(config, B, dtype=np.float32, max_len=None):
+    """An empty cache for decoding B sequences of up to ``max_len`` (default block_size) tokens: a
+    global layer that makes keys holds them all, a sliding one its last window, a shared one none.
+    One head size for all (init_kv_cache's): a global_head_dim of its own is refused."""
+    if config.global_hs != config.hs:
+        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
+                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    max_len = config.block_size if max_len is None else max_len
+    makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
+    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype,
+                       windows=[config.window(i) for i in makers])
+    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
+    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
+
+
+# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
+FAMILY = Family(name="gemma4", title="Gemma 4", architectures=("Gemma4ForCausalLM",), config=Gemma4Config,
+                forward=gemma4_forward, backward=gemma4_backward, kv_cache=gemma4_kv_cache,
+                init_params=init_gemma4_params)

@@ -1,0 +1,125 @@
+"""Gemma 4 (text) in plain PyTorch; autograd supplies the backward.
+
+Twin of numpy_attn/gemma4.py: blocks x + rms_norm(attn(rms_norm(x))) and
+x + rms_norm(geglu(rms_norm(x))), times the layer's scalar, every norm scaling by w; q and k
+RMS-normed per head, v too without weight, scores unscaled; the global layers' wider heads turning
+only their first pairs; the last n_kv_shared_layers layers attending over an earlier layer's keys
+and values (autograd adds both uses' gradients by itself).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from torch_attn import _model
+from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache, kv_cache_update
+from torch_attn.linear import linear
+from torch_attn.multi_head import merge_heads, split_heads
+from torch_attn.rms_norm import rms_norm
+from torch_attn.rope import rope
+from torch_attn.swiglu import swiglu
+
+# -- RoPE per layer type ----------------------------------------------------------------------------
+
+def gemma4_rotate(x, positions, config, window):
+    """Rotate x (B, n, T, hs): a sliding layer every pair with rope_local_theta, a global one its
+    first r pairs (channels j and j + hs/2) with base theta^(2r/hs) over those 2r channels."""
+    hs = x.shape[-1]
+    pos = positions if positions.ndim == 1 else positions[:, None, :]         # (B, T) -> (B, 1, T): all heads
+    if window is not None:
+        return rope(x, pos, config.rope_local_theta, "half")                  # (B, n, T, hs)
+    r = int(config.partial_rotary_factor * hs // 2)
+    h = hs // 2
+    turned = rope(torch.cat([x[..., :r], x[..., h:h + r]], dim=-1), pos, config.rope_theta ** (2 * r / hs), "half")
+    return torch.cat([turned[..., :r], x[..., r:h], turned[..., r:], x[..., h + r:]], dim=-1)   # (B, n, T, hs)
+
+
+# -- attention: QK- and V-norm, scores unscaled, keys and values maybe another layer's -------------
+
+def gemma4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
+                     shared=None):
+    """x (B, T, C) -> (B, T, C); k, v made here and kept in ``shared``, or read from it on a shared layer."""
+    nh, nkv, eps = config.n_head, config.n_kv_head, config.rms_eps
+    source = config.kv_source(layer)
+    q = split_heads(linear(x, **params["q"]), nh)                             # (B, nh, T, hs)
+    q = gemma4_rotate(rms_norm(q, params["q_norm"]["w"], eps), positions, config, window)
+    if source == layer:
+        k = split_heads(linear(x, **params["k"]), nkv)                        # (B, nkv, T, hs)
+        v = split_heads(linear(x, **params["v"]), nkv)                        # (B, nkv, T, hs)
+        k = gemma4_rotate(rms_norm(k, params["k_norm"]["w"], eps), positions, config, window)
+        v = rms_norm(v, torch.ones(v.shape[-1], dtype=v.dtype, device=v.device), eps)   # no weight
+        if kv_cache is not None:   # decoding: the held tokens' keys and values, then the new ones
+            k, v = kv_cache_update(kv_cache, k, v)                            # (B, nkv, S, hs)
+        shared[layer] = (k, v)
+    else:   # made by an earlier layer, the cached ones included: this layer holds none
+        k, v = shared[source]                                                 # (B, nkv, S, hs)
+    y = _model.cached_attention(q, k, v, None, attn_mask, window=window, scale=1.0)   # (B, nh, T, hs)
+    return linear(merge_heads(y), **params["o"])                              # (B, T, C)
+
+
+# -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
+
+def gemma4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
+                 shared=None):
+    """One block: x (B, T, C) -> (B, T, C)."""
+    eps = config.rms_eps
+    h = rms_norm(x, params["attn_norm"]["w"], eps)                            # (B, T, C)
+    a = gemma4_attention(h, params["attn"], config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
+                         window=window, layer=layer, shared=shared)           # (B, T, C)
+    x = x + rms_norm(a, params["attn_post_norm"]["w"], eps)
+    h = rms_norm(x, params["mlp_norm"]["w"], eps)                             # (B, T, C)
+    f = swiglu(h, params["mlp"], act="gelu_tanh")                             # (B, T, C) via (B, T, H)
+    x = x + rms_norm(f, params["mlp_post_norm"]["w"], eps)
+    return x * params["layer_scalar"]["w"]                                    # (B, T, C)
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
+           logits_to_keep=None):
+    """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as gemma3's."""
+    shared = {}   # this forward's keys and values, which the shared layers read
+    return _model.decoder(ids, params, config, gemma4_block, positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, embed_scale=config.n_embd ** 0.5,
+                          logit_softcap=config.final_logit_softcap, padding_idx=config.pad_token_id,
+                          layer_options=lambda i: {"window": config.window(i), "layer": i, "shared": shared})
+
+
+# -- decoding: keys and values of the layers that make them, once ---------------------------------
+
+@dataclass
+class Gemma4Cache(KVCache):
+    """KVCache's slots for the layers that make keys and values; a shared layer holds none."""
+
+    sources: tuple = ()
+
+    @property
+    def n_layer(self):
+        return len(self.sources)
+
+    @property
+    def bytes_held(self):
+        return sum(LayerKVCache(self, j).held * LayerKVCache(self, j).bytes_per_token
+                   for j in range(len(self.windows))) * self.dims[0]
+
+    def layer(self, i):
+        """Layer i's keys and values, or None on a shared layer."""
+        j = self.sources[i]
+        return None if j is None else LayerKVCache(self, j)
+
+
+def gemma4_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
+    """An empty cache: a layer that makes keys holds them (a sliding one its last window), a shared one none."""
+    if config.global_hs != config.hs:
+        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
+                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    max_len = config.block_size if max_len is None else max_len
+    makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
+    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype, device,
+                       windows=[config.window(i) for i in makers])
+    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
+    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
+
+
+# Equals Hugging Face's transformers Gemma4ForCausalLM(...).logits holding the same weights;
+# parity_tests/test_gemma4.py checks it in float64.
