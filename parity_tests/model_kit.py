@@ -31,6 +31,7 @@ import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
 import numpy_attn.qwen3_5 as qwen3_5
+import numpy_attn.qwen3_next as qwen3_next
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
@@ -40,6 +41,7 @@ import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
 import torch_attn.qwen3 as tw_qwen3
 import torch_attn.qwen3_5 as tw_qwen3_5
+import torch_attn.qwen3_next as tw_qwen3_next
 from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
@@ -906,10 +908,11 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
+    (llama, qwen3, qwen3_5, qwen3_next, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
     off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap
     after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE
-    block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Llama 4 with a chunked MoE layer
+    block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Qwen3-Next too with a MoE
+    block after its Gated DeltaNet layer, Llama 4 with a chunked MoE layer
     of chunk 2 and a NoPE layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
@@ -921,6 +924,13 @@ def small_family_model(name, seed):
                                           layer_types=("linear_attention", "full_attention"), linear_k_heads=1,
                                           linear_v_heads=2, linear_k_dim=3, linear_v_dim=2, conv_kernel=3),
                     qwen3_5.init_qwen3_5_params, qwen3_5_rstds),
+        "qwen3_next": (qwen3_next.qwen3_next_forward, qwen3_next.qwen3_next_backward, tw_qwen3_next.qwen3_next,
+                       qwen3_next.Qwen3NextConfig(**small, partial_rotary_factor=0.5,
+                                                  layer_types=("linear_attention", "full_attention"),
+                                                  linear_k_heads=1, linear_v_heads=2, linear_k_dim=3, linear_v_dim=2,
+                                                  conv_kernel=3, n_experts=3, experts_per_token=2, moe_hidden=3,
+                                                  shared_hidden=2, mlp_only_layers=(1,)),
+                       qwen3_next.init_qwen3_next_params, qwen3_5_rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
                   olmo2.init_olmo2_params, llama_rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,
