@@ -8,8 +8,10 @@ built on Llama's model runs (``model_tests``), and a small model of every family
 import contextlib
 import copy
 import importlib
+import inspect
 import json
 import signal
+import textwrap
 import tracemalloc
 import types
 from typing import NamedTuple
@@ -221,6 +223,20 @@ def qwen3_5_rstds(cache):
     qk = [r for c in cache.blocks if isinstance(c.attn, qwen3_5.GatedAttentionCache)
           for r in (c.attn.attn.qk_norm.q[1], c.attn.attn.qk_norm.k[1])]
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
+
+
+def float64_twin(fn, module):
+    """``fn`` (a function of transformers' file ``module``) compiled again from its source with every
+    float32 cast made a float64 one (torch.float32, .float(), softmax's dtype=torch.float), in that
+    file's namespace: the same steps at float64 precision, for the steps transformers keeps in
+    float32 whatever the weights' dtype (Qwen3.5's and Qwen3-Next's delta rules, norms, router)."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
+    source = (source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+              .replace("dtype=torch.float,", "dtype=torch.float64,"))
+    namespace = dict(vars(module))
+    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
 
 
 def twin_of(twin, config, ids, positions):

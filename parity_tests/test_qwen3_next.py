@@ -3,7 +3,6 @@ Face's Qwen3NextForCausalLM in float64 (logits and every parameter's gradient), 
 differences, refusals of bad configs, and decoding with the hybrid cache against the full forward."""
 
 import inspect
-import textwrap
 import types
 
 import numpy as np
@@ -38,7 +37,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import randomise
+from parity_tests.model_kit import float64_twin, randomise
 
 # A tiny Qwen3-Next: Gated DeltaNet, attention, Gated DeltaNet, attention; the mixture of experts
 # (6 experts, 2 per token, a shared expert) on blocks 1 and 3 by decoder_sparse_step = 2 except
@@ -125,18 +124,6 @@ def ours_from_hf(tensors, config):
     return tree
 
 
-def float64_twin(fn, module=hf_modeling):
-    """``fn`` (a function of transformers' files) compiled again from its source with every float32
-    cast made a float64 one, in its file's namespace: the same steps at float64 precision."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
-    source = (source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-              .replace("dtype=torch.float,", "dtype=torch.float64,"))
-    namespace = dict(vars(module))
-    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
 def exact(model, monkeypatch):
     """Make the float64 model compute in float64 throughout. transformers keeps these steps in
     float32 whatever the weights' dtype: both delta rules (torch_chunk_gated_delta_rule,
@@ -145,12 +132,12 @@ def exact(model, monkeypatch):
     in float32; the router (Qwen2MoeTopKRouter's forward, which Qwen3NextTopKRouter inherits) takes
     its softmax with dtype=torch.float; the rotary embedding forms its frequencies and angles in
     float32. The first five are run again from their source with those casts made float64
-    (float64_twin); the rotary embedding's angles are formed in float64 from rope_frequencies of
+    (model_kit.float64_twin); the rotary embedding's angles are formed in float64 from rope_frequencies of
     the rotary_dim channels. The experts run in the weights' dtype already (eager loop)."""
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.Qwen3NextGatedDeltaNet, hf_modeling.Qwen3NextRMSNorm, hf_modeling.Qwen3NextRMSNormGated):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
     router = modeling_qwen2_moe.Qwen2MoeTopKRouter.forward
     monkeypatch.setattr(hf_modeling.Qwen3NextTopKRouter, "forward", float64_twin(router, modeling_qwen2_moe))
     inv_freq = torch.from_numpy(rope_frequencies(CONFIG.rotary_dim, CONFIG.rope_theta))   # (r/2,) float64
@@ -233,8 +220,6 @@ def test_router_in_float32_is_what_exact_removes():
     ids = rng.integers(0, CONFIG.vocab_size, (1, 7))
     dout = rng.normal(size=(1, 7, CONFIG.vocab_size))
     with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        monkeypatch.undo()                                                    # back to transformers' own
         exact(model, monkeypatch)
         monkeypatch.setattr(hf_modeling.Qwen3NextTopKRouter, "forward",
                             modeling_qwen2_moe.Qwen2MoeTopKRouter.forward)   # the float32 softmax again
