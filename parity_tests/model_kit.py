@@ -50,6 +50,7 @@ from benchmarks import convert
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.masks import padding_attn_mask
 from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params
 from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwen3_forward
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
@@ -237,6 +238,53 @@ def float64_twin(fn, module):
     namespace = dict(vars(module))
     exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
     return namespace[fn.__name__]
+
+
+def assert_hybrid_matches_twin(name, forward, backward, twin, config, params, ids, dout, padded):
+    """A hybrid family's (Qwen3.5's, Qwen3-Next's) logits and gradients equal its twin's under
+    autograd in float64, with left padding of sequence 0 if ``padded``: the same operations in the
+    same order on both sides, a few ulps apart per step of a chain of O(1) values; helpers' float64
+    tolerance (rtol 1e-10) holds with room."""
+    B, T = ids.shape
+    attn_mask = None
+    if padded:
+        pad = np.zeros((B, T), bool)
+        pad[0, : T // 2] = True                                               # left padding of sequence 0
+        attn_mask = padding_attn_mask(pad)
+    logits, cache = forward(ids, params, config, attn_mask=attn_mask)
+    grads = backward(dout, cache)
+    twin_mask = None if attn_mask is None else to_torch(attn_mask)
+    twin_logits, twin_grads = autograd(lambda params: twin(to_torch(ids), params, config, attn_mask=twin_mask),
+                                       {"params": params}, dout)
+    assert_close(f"{name}.twin.logits", logits, twin_logits)
+    assert_tree_close(f"{name}.twin.dparams", grads, twin_grads["params"])
+
+
+def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, params, B, T, P, padded):
+    """Prefill P tokens of B random sequences of T (at least P + 1), then one token at a time
+    through ``kv_cache(config, B, np.float64, max_len=T)``: every step's logits equal the full
+    forward's at that position (float64, to rounding: the chunked and the one-step delta rule are
+    the same recurrence summed in another order), with left padding inside the prompt if
+    ``padded``. The cache's linear layers hold a state of a fixed size, whatever the length."""
+    T = max(T, P + 1)
+    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, _ = forward(ids, params, config, attn_mask=mask, for_backward=False)
+    cache = kv_cache(config, B, np.float64, max_len=T)
+    state_bytes = cache.state_nbytes
+    steps = [forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
+                     attn_mask=None if mask is None else mask[..., :P])[0]]
+    for t in range(P, T):
+        steps.append(forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
+                             attn_mask=None if mask is None else mask[..., :t + 1])[0])
+    decoded = np.concatenate(steps, axis=1)
+    keep = ~pad[:, :, None]                                                   # padded rows see no key
+    assert_close(f"{name}.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
+    assert cache.length == T and cache.state_nbytes == state_bytes
 
 
 def twin_of(twin, config, ids, positions):
