@@ -136,7 +136,13 @@ FUSED = {"in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz", "in_proj_b"
 
 def unfused_params(params, config):
     """A linear layer's params in Qwen3.5's names: the four projections gathered from the fused two."""
-    cols = fused_columns(config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim)
+    nk, nv, dk, dv = config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim
+    for name, width in (("in_proj_qkvz", 2 * nk * dk + 2 * nv * dv), ("in_proj_ba", 2 * nv)):
+        w = params.get(name, {}).get("w") if isinstance(params.get(name), dict) else None
+        if np.ndim(w) != 2 or np.shape(w)[1] != width or set(params[name]) != {"w"}:
+            raise ValueError(f"qwen3_next: params {name} must be {{'w': (C, {width})}} (a linear layer's "
+                             f"Gated DeltaNet), got {params.get(name)!r:.80}")
+    cols = fused_columns(nk, nv, dk, dv)
     rest = {name: value for name, value in params.items() if name not in ("in_proj_qkvz", "in_proj_ba")}
     return {name: {"w": params[fused]["w"][:, cols[name]]} for name, fused in FUSED.items()} | rest
 

@@ -376,6 +376,19 @@ def test_other_configs_are_refused():
         qwen3_next_forward(np.zeros((1, 2), int), params, Qwen3_5Config(n_layer=2, head_dim=8))
 
 
+@pytest.mark.parametrize("name, value", [("in_proj_qkvz", None), ("in_proj_qkvz", {"w": np.zeros((16, 5))}),
+                                         ("in_proj_ba", {"w": np.zeros((16, 8)), "b": np.zeros(8)})])
+def test_bad_fused_projection_is_refused(name, value):
+    """A linear layer's fused projection missing, of the wrong width or with a bias is refused, naming it."""
+    params = init_qwen3_next_params(CONFIG, np.random.default_rng(0), np.float64)
+    if value is None:
+        del params["blocks"]["0"]["attn"][name]
+    else:
+        params["blocks"]["0"]["attn"][name] = value
+    with pytest.raises(ValueError, match=f"qwen3_next: params {name} must be "):
+        qwen3_next_forward(np.zeros((1, 2), int), params, CONFIG)
+
+
 def test_backward_refuses_a_cached_forward():
     """The cache is for inference only: a backward of a forward that read a cached state is refused."""
     config = Qwen3NextConfig(n_layer=2, head_dim=8, layer_types=("linear_attention", "full_attention"))
