@@ -46,6 +46,7 @@ Reading order, leaf to root:
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3              Qwen3: Llama with QK-norm per head
     qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
+    qwen3_next         Qwen3-Next: Qwen3.5 with fused Gated DeltaNet projections and a shared-expert MoE
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
     gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
@@ -181,6 +182,12 @@ from numpy_attn.qwen3 import (
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
     linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache,
+)
+from numpy_attn.qwen3_next import (
+    Qwen3NextConfig, fused_columns, init_qwen3_next_params, linear_attention_fused_backward,
+    linear_attention_fused_forward, qwen3_next_backward, qwen3_next_forward, qwen3_next_moe_backward,
+    qwen3_next_moe_forward, qwen3_next_moe_mlp_forward, qwen3_next_router_backward, qwen3_next_router_forward,
+    unfused_params,
 )
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (

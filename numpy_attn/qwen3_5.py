@@ -332,7 +332,7 @@ def _check_qwen3_5_config(config):
     values = check_config(config, {
         "partial_rotary_factor": (float, None), "linear_k_heads": (int, 1), "linear_v_heads": (int, 1),
         "linear_k_dim": (int, 1), "linear_v_dim": (int, 1), "conv_kernel": (int, 1)})
-    name = "Qwen3_5Config"
+    name = type(config).__name__                   # a subclass (Qwen3NextConfig) names itself
     f = values["partial_rotary_factor"]
     if not 0 < f <= 1:
         raise ValueError(f"{name}.partial_rotary_factor must be in (0, 1], got {f!r}")

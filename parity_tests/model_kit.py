@@ -8,8 +8,10 @@ built on Llama's model runs (``model_tests``), and a small model of every family
 import contextlib
 import copy
 import importlib
+import inspect
 import json
 import signal
+import textwrap
 import tracemalloc
 import types
 from typing import NamedTuple
@@ -32,6 +34,7 @@ import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
 import numpy_attn.qwen3_5 as qwen3_5
+import numpy_attn.qwen3_next as qwen3_next
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
@@ -42,12 +45,14 @@ import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
 import torch_attn.qwen3 as tw_qwen3
 import torch_attn.qwen3_5 as tw_qwen3_5
+import torch_attn.qwen3_next as tw_qwen3_next
 from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.masks import padding_attn_mask
 from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params
 from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwen3_forward
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
@@ -221,6 +226,67 @@ def qwen3_5_rstds(cache):
     qk = [r for c in cache.blocks if isinstance(c.attn, qwen3_5.GatedAttentionCache)
           for r in (c.attn.attn.qk_norm.q[1], c.attn.attn.qk_norm.k[1])]
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
+
+
+def float64_twin(fn, module):
+    """``fn`` (a function of transformers' file ``module``) compiled again from its source with every
+    float32 cast made a float64 one (torch.float32, .float(), softmax's dtype=torch.float), in that
+    file's namespace: the same steps at float64 precision, for the steps transformers keeps in
+    float32 whatever the weights' dtype (Qwen3.5's and Qwen3-Next's delta rules, norms, router)."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
+    source = (source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+              .replace("dtype=torch.float,", "dtype=torch.float64,"))
+    namespace = dict(vars(module))
+    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+def assert_hybrid_matches_twin(name, forward, backward, twin, config, params, ids, dout, padded):
+    """A hybrid family's (Qwen3.5's, Qwen3-Next's) logits and gradients equal its twin's under
+    autograd in float64, with left padding of sequence 0 if ``padded``: the same operations in the
+    same order on both sides, a few ulps apart per step of a chain of O(1) values; helpers' float64
+    tolerance (rtol 1e-10) holds with room."""
+    B, T = ids.shape
+    attn_mask = None
+    if padded:
+        pad = np.zeros((B, T), bool)
+        pad[0, : T // 2] = True                                               # left padding of sequence 0
+        attn_mask = padding_attn_mask(pad)
+    logits, cache = forward(ids, params, config, attn_mask=attn_mask)
+    grads = backward(dout, cache)
+    twin_mask = None if attn_mask is None else to_torch(attn_mask)
+    twin_logits, twin_grads = autograd(lambda params: twin(to_torch(ids), params, config, attn_mask=twin_mask),
+                                       {"params": params}, dout)
+    assert_close(f"{name}.twin.logits", logits, twin_logits)
+    assert_tree_close(f"{name}.twin.dparams", grads, twin_grads["params"])
+
+
+def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, params, B, T, P, padded):
+    """Prefill P tokens of B random sequences of T (at least P + 1), then one token at a time
+    through ``kv_cache(config, B, np.float64, max_len=T)``: every step's logits equal the full
+    forward's at that position (float64, to rounding: the chunked and the one-step delta rule are
+    the same recurrence summed in another order), with left padding inside the prompt if
+    ``padded``. The cache's linear layers hold a state of a fixed size, whatever the length."""
+    T = max(T, P + 1)
+    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, _ = forward(ids, params, config, attn_mask=mask, for_backward=False)
+    cache = kv_cache(config, B, np.float64, max_len=T)
+    state_bytes = cache.state_nbytes
+    steps = [forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
+                     attn_mask=None if mask is None else mask[..., :P])[0]]
+    for t in range(P, T):
+        steps.append(forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
+                             attn_mask=None if mask is None else mask[..., :t + 1])[0])
+    decoded = np.concatenate(steps, axis=1)
+    keep = ~pad[:, :, None]                                                   # padded rows see no key
+    assert_close(f"{name}.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
+    assert cache.length == T and cache.state_nbytes == state_bytes
 
 
 def twin_of(twin, config, ids, positions):
@@ -915,11 +981,12 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4), its parameters moved
-    off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap
-    after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE
-    block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Llama 4 with a chunked MoE layer
-    of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys."""
+    (llama, qwen3, qwen3_5, qwen3_next, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4),
+    its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of
+    0.5, so that the cap after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3
+    with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Qwen3-Next
+    too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2
+    and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -930,6 +997,13 @@ def small_family_model(name, seed):
                                           layer_types=("linear_attention", "full_attention"), linear_k_heads=1,
                                           linear_v_heads=2, linear_k_dim=3, linear_v_dim=2, conv_kernel=3),
                     qwen3_5.init_qwen3_5_params, qwen3_5_rstds),
+        "qwen3_next": (qwen3_next.qwen3_next_forward, qwen3_next.qwen3_next_backward, tw_qwen3_next.qwen3_next,
+                       qwen3_next.Qwen3NextConfig(**small, partial_rotary_factor=0.5,
+                                                  layer_types=("linear_attention", "full_attention"),
+                                                  linear_k_heads=1, linear_v_heads=2, linear_k_dim=3, linear_v_dim=2,
+                                                  conv_kernel=3, n_experts=3, experts_per_token=2, moe_hidden=3,
+                                                  shared_hidden=2, mlp_only_layers=(1,)),
+                       qwen3_next.init_qwen3_next_params, qwen3_5_rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
                   olmo2.init_olmo2_params, llama_rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,

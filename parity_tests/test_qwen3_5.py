@@ -3,7 +3,6 @@ Face's Qwen3_5ForCausalLM in float64 (logits and every parameter's gradient), th
 differences, refusals of bad configs, and decoding with the hybrid cache against the full forward."""
 
 import inspect
-import textwrap
 import types
 
 import numpy as np
@@ -27,8 +26,6 @@ from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
     FD_TOL,
     assert_close,
-    assert_tree_close,
-    autograd,
     moved_off_init,
     numerical_grad,
     to_numpy,
@@ -36,7 +33,12 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import randomise
+from parity_tests.model_kit import (
+    assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_matches_twin,
+    float64_twin,
+    randomise,
+)
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
 # repeat them; 4 query heads on 2 key/value heads of 8 channels, half of them rotating; 2 key heads
@@ -102,30 +104,19 @@ def ours_from_hf(tensors, config):
     return tree
 
 
-def float64_twin(fn):
-    """``fn`` (a function of transformers' Qwen3.5 file) compiled again from its source with every
-    float32 cast made a float64 one, in the file's namespace: the same steps at float64 precision."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
-    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-    namespace = dict(vars(hf_modeling))
-    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
 def exact(model, monkeypatch):
     """Make the float64 model compute in float64 throughout. transformers keeps these steps in
     float32 whatever the weights' dtype: both delta rules (torch_chunk_gated_delta_rule,
     torch_recurrent_gated_delta_rule) cast q, k, v, beta, g to float32; Gated DeltaNet's forward
     forms g from A_log.float() and a.float(); Qwen3_5RMSNorm and Qwen3_5RMSNormGated normalise in
     float32; the rotary embedding forms its frequencies and angles in float32. The first four are
-    run again from their source with those casts made float64 (float64_twin); the rotary
+    run again from their source with those casts made float64 (model_kit.float64_twin); the rotary
     embedding's angles are formed in float64 from rope_frequencies of the rotary_dim channels (its
     three mrope sections see the same text positions, so they are the one rotation)."""
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.Qwen3_5GatedDeltaNet, hf_modeling.Qwen3_5RMSNorm, hf_modeling.Qwen3_5RMSNormGated):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
     inv_freq = torch.from_numpy(rope_frequencies(CONFIG.rotary_dim, CONFIG.rope_theta))   # (r/2,) float64
 
     def rotary(self, x, position_ids):
@@ -222,22 +213,10 @@ def small_models(draw):
 @settings(max_examples=15, deadline=None)
 @given(case=small_models(), padded=st.booleans())
 def test_matches_twin_and_autograd(case, padded):
-    """float64: the same operations in the same order on both sides, a few ulps apart per step of a
-    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room."""
+    """float64, with and without left padding: model_kit.assert_hybrid_matches_twin."""
     config, params, ids, dout = case
-    B, T = ids.shape
-    attn_mask = None
-    if padded:
-        pad = np.zeros((B, T), bool)
-        pad[0, : T // 2] = True                                               # left padding of sequence 0
-        attn_mask = padding_attn_mask(pad)
-    logits, cache = qwen3_5_forward(ids, params, config, attn_mask=attn_mask)
-    grads = qwen3_5_backward(dout, cache)
-    twin_mask = None if attn_mask is None else to_torch(attn_mask)
-    twin_logits, twin_grads = autograd(lambda params: tw.qwen3_5(to_torch(ids), params, config, attn_mask=twin_mask),
-                                       {"params": params}, dout)
-    assert_close("qwen3_5.twin.logits", logits, twin_logits)
-    assert_tree_close("qwen3_5.twin.dparams", grads, twin_grads["params"])
+    assert_hybrid_matches_twin("qwen3_5", qwen3_5_forward, qwen3_5_backward, tw.qwen3_5, config, params, ids, dout,
+                               padded)
 
 
 H = 2e-4
@@ -325,31 +304,11 @@ def test_backward_refuses_a_cached_forward():
 @settings(max_examples=10, deadline=None)
 @given(case=small_models(), P=st.integers(1, 9), padded=st.booleans())
 def test_decoding_equals_the_full_forward(case, P, padded):
-    """Prefill P tokens, then one token at a time through qwen3_5_kv_cache: every step's logits equal
-    the full forward's at that position (float64, to rounding: the chunked and the one-step delta
-    rule are the same recurrence summed in another order), with left padding too. The cache's
-    linear layers hold a state of a fixed size, whatever the length."""
+    """Prefill P tokens, then one token at a time through qwen3_5_kv_cache, with left padding too:
+    model_kit.assert_hybrid_decodes_as_full_forward."""
     config, params, ids, _ = case
-    B, T = ids.shape
-    T = max(T, P + 1)
-    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
-    pad = np.zeros((B, T), bool)
-    if padded:
-        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
-    mask = padding_attn_mask(pad) if padded else None
-    full, _ = qwen3_5_forward(ids, params, config, attn_mask=mask, for_backward=False)
-    cache = qwen3_5_kv_cache(config, B, np.float64, max_len=T)
-    state_bytes = cache.state_nbytes
-    steps = [qwen3_5_forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
-                             attn_mask=None if mask is None else mask[..., :P])[0]]
-    for t in range(P, T):
-        steps.append(qwen3_5_forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
-                                     attn_mask=None if mask is None else mask[..., :t + 1])[0])
-    decoded = np.concatenate(steps, axis=1)
-    keep = ~pad[:, :, None]                                                   # padded rows see no key
-    assert_close("qwen3_5.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
-                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
-    assert cache.length == T and cache.state_nbytes == state_bytes
+    assert_hybrid_decodes_as_full_forward("qwen3_5", qwen3_5_forward, qwen3_5_kv_cache, config, params, *ids.shape, P,
+                                          padded)
 
 
 def test_decoding_matches_transformers_generate():
