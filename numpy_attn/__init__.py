@@ -43,6 +43,7 @@ Reading order, leaf to root:
     gated_delta_rule   the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
     chunked_delta_rule the same rule a chunk at a time: the UT transform's matmuls in place of T steps
     gated_deltanet     Qwen3.5's linear-attention sublayer: projections, convolution, the delta rule, gated norm
+    kimi_delta_attention Kimi Linear's linear-attention sublayer: Gated DeltaNet with a decay per key channel
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3              Qwen3: Llama with QK-norm per head
     qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
@@ -100,6 +101,7 @@ from numpy_attn.gated_delta_rule import (
 )
 from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
+from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
