@@ -279,3 +279,34 @@ def test_attn_mask_and_another_cache_are_refused():
     with pytest.raises(TypeError, match="kv_cache must be a KimiLinearCache"):
         kimi_linear_forward(ids, params, config, kv_cache=object())
     assert kimi_linear_kv_cache(config, 1).n_layer == 2
+
+
+# -- decoding ------------------------------------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(case=small_models(), data=st.data())
+def test_cached_decoding_equals_the_full_forward(case, data):
+    """A prefill of T1 tokens, then one token at a time from kimi_linear_kv_cache (MLA absorbed from
+    its latents, KDA's recurrence from its state), gives the full forward's logits: float64 to
+    rounding (helpers' float64 tolerance), the experts' choice far from a tie."""
+    config, params, ids, _ = case
+    B, T = ids.shape
+    assume(T > 1)
+    full, cache = kimi_linear_forward(ids, params, config)
+    assume(choice_gaps(cache, params, config) > CHOICE_GAP)
+    T1 = data.draw(st.integers(1, T - 1))
+    kv = kimi_linear_kv_cache(config, B, np.float64, max_len=T)
+    logits = [kimi_linear_forward(ids[:, :T1], params, config, kv_cache=kv, for_backward=False)[0]]
+    for t in range(T1, T):
+        logits.append(kimi_linear_forward(ids[:, t:t + 1], params, config, kv_cache=kv, for_backward=False)[0])
+    assert kv.length == T
+    assert_close("kimi_linear.decoding", np.concatenate(logits, axis=1), full)
+
+
+def test_cache_bytes_per_token():
+    """The latents of an MLA layer grow by (rkv + dr) numbers a token; a KDA layer's state is
+    3 nh d (K - 1) + nh d^2 numbers whatever the length."""
+    kv = kimi_linear_kv_cache(CONFIG, 1, np.float64, max_len=10)
+    assert kv.bytes_per_token == (CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim) * 8
+    nh, d, K = CONFIG.linear_num_heads, CONFIG.linear_head_dim, CONFIG.conv_kernel
+    assert kv.state_nbytes == 3 * (3 * nh * d * (K - 1) + nh * d * d) * 8
