@@ -54,6 +54,7 @@ Reading order, leaf to root:
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
     llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
+    kimi_linear        Kimi Linear: Kimi Delta Attention in three layers of four, MLA without positions, experts
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -102,6 +103,10 @@ from numpy_attn.gated_delta_rule import (
 from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
+from numpy_attn.kimi_linear import (
+    KimiLinearConfig, init_kimi_linear_params, kimi_attention_forward, kimi_linear_backward, kimi_linear_forward,
+    kimi_linear_kv_cache,
+)
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,

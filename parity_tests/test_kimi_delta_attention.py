@@ -3,7 +3,6 @@ Linear's linear-attention sublayer against Hugging Face's KimiLinearDeltaAttenti
 twin, finite differences, and decoding one token at a time against the full forward."""
 
 import inspect
-import textwrap
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
 
 from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
 from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad, to_numpy, to_torch
+from parity_tests.model_kit import float64_twin
 from torch_attn.kimi_delta_attention import kimi_delta_attention
 
 # A tiny KDA: width 16, 2 heads of 4 channels, 4 taps.
@@ -26,27 +26,16 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_a_proj", "g_b_proj", "o_pr
 GATE = ("f_a_proj", "f_b_proj")
 
 
-def float64_twin(fn):
-    """``fn`` (a function of transformers' Kimi Linear file) compiled again from its source with
-    every float32 cast made a float64 one, in the file's namespace: the same steps at float64 precision."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
-    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-    namespace = dict(vars(hf_modeling))
-    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
 def exact(monkeypatch):
     """Make Kimi Linear's float64 modules compute in float64 throughout. transformers keeps these
     steps in float32 whatever the weights' dtype: both delta rules (chunk_kimi_delta_attention,
     recurrent_kimi_delta_attention) cast q, k, v, g, beta to float32; the forget gate forms g with
     .float(); KimiLinearRMSNorm and KimiLinearRMSNormGated normalise in float32. Each is run again
-    from its source with those casts made float64 (float64_twin)."""
+    from its source with those casts made float64 (model_kit.float64_twin)."""
     for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.KimiLinearForgetGate, hf_modeling.KimiLinearRMSNorm, hf_modeling.KimiLinearRMSNormGated):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
 
 
 def hf_module(seed):

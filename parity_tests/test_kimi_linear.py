@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
 
 import torch_attn.kimi_linear as tw
+from attn_cli.hf import load_checkpoint
 from numpy_attn.kimi_linear import (
     KimiLinearConfig,
     init_kimi_linear_params,
@@ -32,9 +33,15 @@ from parity_tests.helpers import (
     to_torch,
     tree_leaves,
 )
-from parity_tests.model_kit import MLA_HF_NAMES, randomise
-from parity_tests.test_deepseek_v3 import CHOICE_GAP, choice_gaps
-from parity_tests.test_kimi_delta_attention import float64_twin
+from parity_tests.model_kit import (
+    CHOICE_GAP,
+    MLA_HF_NAMES,
+    assert_generate_hf_is_transformers,
+    choice_gaps,
+    float64_twin,
+    randomise,
+    save,
+)
 
 # A tiny Kimi Linear: three KDA layers then one MLA layer, as the released model repeats them (its
 # default pattern puts MLA on layers 4, 8, ...; this one lists its own); a dense network in the first
@@ -57,8 +64,8 @@ CONFIG = KimiLinearConfig(vocab_size=37, block_size=128, n_layer=4, n_head=2, n_
 KDA_LINEARS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj")
 
 
-def hf_model(seed=0):
-    """Hugging Face's model in float64, every weight drawn by model_kit.randomise (U(-0.5, 0.5),
+def hf_model(seed=0, dtype=torch.float64):
+    """Hugging Face's model in ``dtype`` (float64 by default), every weight drawn by model_kit.randomise (U(-0.5, 0.5),
     norms near 1) and the router's selection bias U(-0.1, 0.1), so that it moves the choice."""
     config = transformers.KimiLinearConfig(**HF_SIZES, attn_implementation="sdpa", experts_implementation="eager")
     model = randomise(transformers.KimiLinearForCausalLM(config), seed)
@@ -67,7 +74,7 @@ def hf_model(seed=0):
         for module in model.modules():
             if isinstance(module, hf_modeling.KimiLinearTopkRouter):
                 module.e_score_correction_bias.copy_(torch.rand(4, generator=g) * 0.2 - 0.1)
-    return model.to(torch.float64).eval()
+    return model.to(dtype).eval()
 
 
 def ours_from_hf(t, config):
@@ -114,12 +121,13 @@ def exact(monkeypatch):
     recurrent_kimi_delta_attention) cast q, k, v, g, beta to float32; the forget gate forms g with
     .float(); KimiLinearRMSNorm and KimiLinearRMSNormGated normalise in float32; the router
     (KimiLinearTopkRouter) computes its logits in float32. Each is run again from its source with
-    those casts made float64 (test_kimi_delta_attention.float64_twin)."""
+    those casts made float64 (model_kit.float64_twin); attention runs as sdpa, in the weights' dtype
+    (eager's softmax would be float32)."""
     for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.KimiLinearForgetGate, hf_modeling.KimiLinearRMSNorm, hf_modeling.KimiLinearRMSNormGated,
                 hf_modeling.KimiLinearTopkRouter):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
 
 
 def hf_run(model, ids, dout):
@@ -310,3 +318,29 @@ def test_cache_bytes_per_token():
     assert kv.bytes_per_token == (CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim) * 8
     nh, d, K = CONFIG.linear_num_heads, CONFIG.linear_head_dim, CONFIG.conv_kernel
     assert kv.state_nbytes == 3 * (3 * nh * d * (K - 1) + nh * d * d) * 8
+
+
+# -- folders saved by transformers -------------------------------------------------------------------
+
+def test_checkpoint_loads_as_the_models_weights(tmp_path):
+    """save_pretrained writes the released checkpoints' layout (block_sparse_moe, experts' w1 w3 w2,
+    three convolutions); attn_cli.hf reads it back as the config and the very weights the
+    module's parameters give (ours_from_hf)."""
+    model = hf_model(0)
+    kind, config, params = load_checkpoint(save(model, tmp_path), np.float64)
+    assert kind == "kimi_linear" and config == CONFIG, config
+    tensors = {k: to_numpy(p) for k, p in model.named_parameters()}
+    tensors.update({k: to_numpy(b) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
+    ref = dict(tree_leaves(ours_from_hf(tensors, CONFIG)))
+    got = dict(tree_leaves(params))
+    assert set(got) == set(ref)
+    for path, value in ref.items():
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
+    """``numpy-attn generate --hf DIR --ids``, with the cache (MLA's latents, KDA's state) and
+    without: the greedy ids of transformers' generate (float32, use_cache=True), 10 tokens past a
+    5-token prompt."""
+    assert_generate_hf_is_transformers(hf_model(0, torch.float32), tmp_path, capsys, cache, "Kimi Linear")
