@@ -57,6 +57,7 @@ from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwe
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    FD_TOL,
     LOW_DTYPES,
     assert_close,
     assert_error_budget,
@@ -67,6 +68,7 @@ from parity_tests.helpers import (
     directional_tol,
     layer_norm_tol,
     moved_off_init,
+    numerical_grad,
     randomly_rounded,
     reorder_tol,
     round_to,
@@ -1096,3 +1098,53 @@ def float64_twin(fn, module):
     namespace = dict(vars(module))
     exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
     return namespace[fn.__name__]
+
+
+# -- linear-attention sublayers carrying a state (Gated DeltaNet, Kimi Delta Attention) --------------
+
+def assert_sublayer_matches_finite_differences(label, forward, backward, x, params, dout, name, **kw):
+    """The backward's gradient of x (``name`` "x") or of the parameter ``name`` (a leaf or {"w"})
+    against float64 five-point differences of ``forward(x, params, **kw)`` -> (out, state, cache)."""
+    dx, grads = backward(dout, forward(x, params, **kw)[2])
+
+    def f(value):
+        if name == "x":
+            return forward(value, params, **kw)[0]
+        return forward(x, dict(params, **{name: {"w": value} if isinstance(params[name], dict) else value}), **kw)[0]
+    leaf = x if name == "x" else params[name]["w"] if isinstance(params[name], dict) else params[name]
+    exact = dx if name == "x" else grads[name]["w"] if isinstance(grads[name], dict) else grads[name]
+    assert_close(f"{label}.d{name} vs finite differences", exact, numerical_grad(f, leaf.copy(), dout), **FD_TOL)
+
+
+def assert_decoding_equals_the_full_forward(label, forward, x, params, T1, **kw):
+    """A prefill of T1 of x's tokens (chunked, chunks of 4), then one token at a time (the
+    recurrence) with the state carried, gives ``forward``'s full outputs and final state."""
+    T = x.shape[1]
+    full, full_state, _ = forward(x, params, **kw, chunk_size=4)
+    out, state, _ = forward(x[:, :T1], params, **kw, chunk_size=4)
+    outs = [out]
+    for t in range(T1, T):
+        out, state, cache = forward(x[:, t:t + 1], params, **kw, state=state)
+        assert cache.recurrent
+        outs.append(out)
+    assert_close(f"{label}.decoding", np.concatenate(outs, axis=1), full)
+    for key in ("conv", "recurrent"):
+        assert_close(f"{label}.decoding.state.{key}", state[key], full_state[key])
+
+
+def assert_sublayer_keeps_float32(forward, backward, x, params, leaves, **kw):
+    """float32 in, float32 out: the output, the state, dx and the parameter gradients ``leaves``
+    (names of leaves or of {"w"} nodes) of ``forward(x, params, **kw)`` -> (out, state, cache)."""
+    out, state, cache = forward(x, params, **kw)
+    dx, grads = backward(np.ones_like(out), cache)
+    assert out.dtype == dx.dtype == state["recurrent"].dtype == np.float32
+    assert all((grads[n]["w"] if isinstance(grads[n], dict) else grads[n]).dtype == np.float32 for n in leaves)
+
+
+def assert_tree_equals_transformers(label, grads, ref_grads, tol):
+    """Every leaf of ``ref_grads`` (transformers', in our tree) equals ours, within ``tol(ref)``
+    (assert_close's keywords), and the trees hold the same leaves."""
+    ours = dict(tree_leaves(grads))
+    for path, ref in tree_leaves(ref_grads):
+        assert_close(f"{label}.d{path}", ours[path], ref, **tol(ref))
+    assert set(ours) == {p for p, _ in tree_leaves(ref_grads)}

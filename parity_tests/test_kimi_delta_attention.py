@@ -13,8 +13,13 @@ from transformers import KimiLinearConfig
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
 
 from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
-from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad, to_numpy, to_torch
-from parity_tests.model_kit import float64_twin
+from parity_tests.helpers import assert_close, assert_tree_close, autograd, to_numpy, to_torch
+from parity_tests.model_kit import (
+    assert_decoding_equals_the_full_forward,
+    assert_sublayer_keeps_float32,
+    assert_sublayer_matches_finite_differences,
+    float64_twin,
+)
 from torch_attn.kimi_delta_attention import kimi_delta_attention
 
 # A tiny KDA: width 16, 2 heads of 4 channels, 4 taps.
@@ -164,18 +169,9 @@ def test_backward_matches_finite_differences(name):
     x, params, dout = rng.standard_normal((2, 6, C)), random_params(rng), rng.standard_normal((2, 6, C))
     state = {"conv": rng.standard_normal((2, CONV_DIM, K - 1)), "recurrent": 0.3 * rng.standard_normal((2, NH, D, D))}
     mask = np.array([[False, True, True, True, True, True], [True] * 6])
-    _, _, cache = kimi_delta_attention_forward(x, params, **SIZES, state=state, mask=mask, chunk_size=4)
-    dx, grads = kimi_delta_attention_backward(dout, cache)
-
-    def f(value):
-        if name == "x":
-            return kimi_delta_attention_forward(value, params, **SIZES, state=state, mask=mask, chunk_size=4)[0]
-        changed = dict(params, **{name: {"w": value} if isinstance(params[name], dict) else value})
-        return kimi_delta_attention_forward(x, changed, **SIZES, state=state, mask=mask, chunk_size=4)[0]
-    leaf = x if name == "x" else params[name]["w"] if isinstance(params[name], dict) else params[name]
-    exact_grad = dx if name == "x" else grads[name]["w"] if isinstance(grads[name], dict) else grads[name]
-    assert_close(f"kimi_delta_attention.d{name} vs finite differences", exact_grad,
-                 numerical_grad(f, leaf.copy(), dout), **FD_TOL)
+    assert_sublayer_matches_finite_differences("kimi_delta_attention", kimi_delta_attention_forward,
+                                               kimi_delta_attention_backward, x, params, dout, name, **SIZES,
+                                               state=state, mask=mask, chunk_size=4)
 
 
 # -- decoding --------------------------------------------------------------------------------------
@@ -188,26 +184,16 @@ def test_prefill_then_decoding_equals_the_full_forward(seed, T, data):
     rng = np.random.default_rng(seed)
     params, x = random_params(rng), rng.standard_normal((2, T, C))
     T1 = data.draw(st.integers(1, T - 1))
-    full, full_state, _ = kimi_delta_attention_forward(x, params, **SIZES, chunk_size=4)
-    out, state, _ = kimi_delta_attention_forward(x[:, :T1], params, **SIZES, chunk_size=4)
-    outs = [out]
-    for t in range(T1, T):
-        out, state, cache = kimi_delta_attention_forward(x[:, t:t + 1], params, **SIZES, state=state)
-        assert cache.recurrent
-        outs.append(out)
-    assert_close("kimi_delta_attention.decoding", np.concatenate(outs, axis=1), full)
-    for key in ("conv", "recurrent"):
-        assert_close(f"kimi_delta_attention.decoding.state.{key}", state[key], full_state[key])
+    assert_decoding_equals_the_full_forward("kimi_delta_attention", kimi_delta_attention_forward, x, params, T1,
+                                            **SIZES)
 
 
 def test_float32_keeps_its_dtype():
     rng = np.random.default_rng(3)
     params = random_params(rng, np.float32)
     x = rng.standard_normal((1, 5, C)).astype(np.float32)
-    out, state, cache = kimi_delta_attention_forward(x, params, **SIZES)
-    dx, grads = kimi_delta_attention_backward(np.ones_like(out), cache)
-    assert out.dtype == dx.dtype == state["recurrent"].dtype == np.float32
-    assert all(leaf.dtype == np.float32 for leaf in (grads["A_log"], grads["dt_bias"], grads["o_norm"]["w"]))
+    assert_sublayer_keeps_float32(kimi_delta_attention_forward, kimi_delta_attention_backward,
+                                  x, params, ("A_log", "dt_bias", "o_norm"), **SIZES)
 
 
 # -- refusals --------------------------------------------------------------------------------------
