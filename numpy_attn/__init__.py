@@ -100,9 +100,14 @@ from numpy_attn.flex_attention import (
 from numpy_attn.gated_delta_rule import (
     gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_parallel_forward,
 )
-from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
+from numpy_attn.gated_deltanet import (
+    check_sublayer_inputs, delta_rule_backward, delta_rule_forward, gated_deltanet_backward, gated_deltanet_forward,
+    log_decay_backward, log_decay_forward,
+)
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
-from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
+from numpy_attn.kimi_delta_attention import (
+    kimi_delta_attention_backward, kimi_delta_attention_forward, kimi_delta_attention_param_shapes,
+)
 from numpy_attn.kimi_linear import (
     KimiLinearConfig, init_kimi_linear_params, kimi_attention_forward, kimi_linear_backward, kimi_linear_forward,
     kimi_linear_kv_cache,
@@ -176,7 +181,7 @@ from numpy_attn.qwen3 import (
 )
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
-    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache,
+    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache, state_sublayer,
 )
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import (
