@@ -22,8 +22,9 @@ that gets no gradient (transformers' padding_idx).
 
 Decoding (``kimi_linear_kv_cache``): a full layer keeps MLA's latent c_kv and its shared key k_r
 per token (absorbed decoding, as deepseek_v3's LatentKVCache), a linear layer KDA's state {"conv",
-"recurrent"}, whose size does not grow with the text. Causal only: ``attn_mask`` is refused (MLA
-here attends causally).
+"recurrent"}, whose size does not grow with the text. ``attn_mask`` marks padding for the KDA
+layers too: a token whose own key it masks is read as zeros by them (qwen3_5's state_sublayer), so
+that it never reaches their state.
 
 float32 and float64 (the chunked delta rule's dtypes).
 """
@@ -39,8 +40,8 @@ from numpy_attn.deepseek_v3 import (
     DEEPSEEK_MOE,
     DeepseekV3Config,
     LatentKVCache,
+    _absorbed_attention,
     deepseek_v3_attention_backward,
-    deepseek_v3_attention_forward,
     init_deepseek_v3_params,
 )
 from numpy_attn.kimi_delta_attention import (
@@ -50,6 +51,7 @@ from numpy_attn.kimi_delta_attention import (
 )
 from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.llama import SWIGLU_MLP, llama_block_backward, llama_block_forward
+from numpy_attn.mla import mla_forward
 from numpy_attn.qwen3_5 import LAYER_TYPES, Qwen3_5Cache, state_sublayer
 
 MLP_TYPES = ("dense", "sparse")
@@ -114,10 +116,12 @@ def init_kimi_linear_params(config, rng, dtype=np.float32):
 # -- the mixers ------------------------------------------------------------------------------------
 
 def kimi_attention_forward(h, params, config, positions, *, attn_mask=None, kv_cache=None):
-    """MLA without positions: deepseek_v3's attention (absorbed from a latent cache when decoding)
-    with every position 0, where rope is the identity. Returns ``(out, cache)``."""
-    return deepseek_v3_attention_forward(h, params, config, np.zeros_like(positions), attn_mask=attn_mask,
-                                         kv_cache=kv_cache)
+    """MLA without positions: mla.py's with every position 0, where rope is the identity; absorbed
+    from this layer's latents when decoding (inference only: no cache then). Returns ``(out, cache)``."""
+    nope = np.zeros_like(positions)
+    if kv_cache is not None:
+        return _absorbed_attention(h, params, config.mla, nope, kv_cache, attn_mask), None
+    return mla_forward(h, params, config.mla, nope, attn_mask=attn_mask)   # (B, T, C)
 
 
 def _kda(x, params, config, state, mask):
@@ -141,14 +145,12 @@ def _layer_options(config):
 def kimi_linear_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                         logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords; ``kv_cache``
-    from kimi_linear_kv_cache; ``attn_mask`` refused, ``positions`` only count). Returns ``(logits, cache)``."""
-    if attn_mask is not None:
-        raise ValueError("kimi_linear_forward: attn_mask is not supported (MLA here attends causally)")
+    from kimi_linear_kv_cache; ``positions`` unused: no layer reads them). Returns ``(logits, cache)``."""
     if kv_cache is not None and not isinstance(kv_cache, KimiLinearCache):
         raise TypeError(f"kv_cache must be a KimiLinearCache (from kimi_linear_kv_cache), "
                         f"got {type(kv_cache).__name__}")
     return _model.decoder_forward(ids, params, config, KimiLinearConfig, llama_block_forward, positions=positions,
-                                  attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, layer_options=_layer_options(config),
                                   padding_idx=getattr(config, "pad_token_id", None))   # another class: refused there
 

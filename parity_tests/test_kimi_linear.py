@@ -22,6 +22,7 @@ from numpy_attn.kimi_linear import (
     kimi_linear_forward,
     kimi_linear_kv_cache,
 )
+from numpy_attn.masks import padding_attn_mask
 from parity_tests.helpers import (
     FD_TOL,
     assert_close,
@@ -131,11 +132,12 @@ def exact(monkeypatch):
         monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
 
 
-def hf_run(model, ids, dout):
+def hf_run(model, ids, dout, attention_mask=None):
     """Logits and the gradients of sum(logits * dout), in our tree (the selection bias, a buffer
     there, has none: zeros)."""
     model.zero_grad()
-    logits = model(input_ids=to_torch(ids)).logits
+    mask = None if attention_mask is None else to_torch(attention_mask.astype(np.int64))
+    logits = model(input_ids=to_torch(ids), attention_mask=mask).logits
     (logits * to_torch(dout)).sum().backward()
     grads = {k: to_numpy(p.grad) for k, p in model.named_parameters()}
     grads.update({k: np.zeros(b.shape) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
@@ -156,11 +158,14 @@ def tol64(ref):
 
 # -- against Hugging Face --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("seed, B, T", [(0, 2, 7), (1, 1, 20), (3, 1, 70)])
-def test_matches_transformers_in_float64(seed, B, T):
+@pytest.mark.parametrize("seed, B, T, padded", [(0, 2, 7, False), (1, 1, 20, False), (2, 2, 9, True),
+                                                (3, 1, 70, False)])
+def test_matches_transformers_in_float64(seed, B, T, padded):
     """Logits and every parameter's gradient of sum(logits * dout) equal transformers' float64
-    model (made float64 throughout by ``exact``); T = 70 runs two chunks of the chunked delta rule.
-    The experts' choice is checked far from a tie first (test_deepseek_v3's module docstring)."""
+    model (made float64 throughout by ``exact``); with left padding through attention_mask, on the
+    positions that are not padding (transformers' padded rows read no key and are not compared).
+    T = 70 runs two chunks of the chunked delta rule. The experts' choice is checked far from a tie
+    first (test_deepseek_v3's module docstring)."""
     rng = np.random.default_rng(seed)
     model = hf_model(seed)
     tensors = {k: to_numpy(p) for k, p in model.named_parameters()}
@@ -169,13 +174,18 @@ def test_matches_transformers_in_float64(seed, B, T):
     ids = rng.integers(0, CONFIG.vocab_size, (B, T))
     ids[0, 1] = CONFIG.pad_token_id                                           # the pad row is read, never trained
     dout = rng.normal(size=(B, T, CONFIG.vocab_size))
+    mask = np.ones((B, T), bool)
+    if padded:
+        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
+        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
     with pytest.MonkeyPatch.context() as monkeypatch:
         exact(monkeypatch)
-        ref_logits, ref_grads = hf_run(model, ids, dout)
-    logits, cache = kimi_linear_forward(ids, params, CONFIG)
+        ref_logits, ref_grads = hf_run(model, ids, dout, mask if padded else None)
+    logits, cache = kimi_linear_forward(ids, params, CONFIG, attn_mask=padding_attn_mask(~mask) if padded else None)
     assert choice_gaps(cache, params, CONFIG) > CHOICE_GAP
     grads = kimi_linear_backward(dout, cache)
-    assert_close("kimi_linear.logits", logits, ref_logits, **tol64(ref_logits))
+    keep = mask[:, :, None]
+    assert_close("kimi_linear.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
     assert not grads["wte"][CONFIG.pad_token_id].any()                        # nn.Embedding(padding_idx=pad)
     assert_tree_equals_transformers("kimi_linear", grads, ref_grads, tol64)
 
@@ -208,16 +218,24 @@ def small_models(draw):
 
 @pytest.mark.twin_parity
 @settings(max_examples=15, deadline=None)
-@given(case=small_models())
-def test_matches_twin_and_autograd(case):
+@given(case=small_models(), padded=st.booleans())
+def test_matches_twin_and_autograd(case, padded):
     """float64: the same operations in the same order on both sides, a few ulps apart per step of a
-    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room."""
+    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room. With left padding
+    of sequence 0 too."""
     config, params, ids, dout = case
-    logits, cache = kimi_linear_forward(ids, params, config)
+    B, T = ids.shape
+    attn_mask = None
+    if padded:
+        pad = np.zeros((B, T), bool)
+        pad[0, : T // 2] = True
+        attn_mask = padding_attn_mask(pad)
+    logits, cache = kimi_linear_forward(ids, params, config, attn_mask=attn_mask)
     assume(choice_gaps(cache, params, config) > CHOICE_GAP)     # the router rounded two ways
     grads = kimi_linear_backward(dout, cache)
-    twin_logits, twin_grads = autograd(lambda params: tw.kimi_linear(to_torch(ids), params, config),
-                                       {"params": params}, dout)
+    twin_mask = None if attn_mask is None else to_torch(attn_mask)
+    twin_logits, twin_grads = autograd(lambda params: tw.kimi_linear(to_torch(ids), params, config,
+                                                                     attn_mask=twin_mask), {"params": params}, dout)
     assert_close("kimi_linear.twin.logits", logits, twin_logits)
     assert_tree_close("kimi_linear.twin.dparams", grads, twin_grads["params"])
 
@@ -276,12 +294,10 @@ def test_bad_config_is_refused_naming_the_field(changes, message):
         KimiLinearConfig(**{"vocab_size": 9, "n_layer": 2, **changes})
 
 
-def test_attn_mask_and_another_cache_are_refused():
+def test_another_cache_is_refused():
     config = KimiLinearConfig(n_layer=2)
     params = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)
     ids = np.zeros((1, 3), np.int64)
-    with pytest.raises(ValueError, match="attn_mask is not supported"):
-        kimi_linear_forward(ids, params, config, attn_mask=np.ones((1, 1, 3, 3), bool))
     with pytest.raises(TypeError, match="kv_cache must be a KimiLinearCache"):
         kimi_linear_forward(ids, params, config, kv_cache=object())
     assert kimi_linear_kv_cache(config, 1).n_layer == 2
@@ -290,23 +306,32 @@ def test_attn_mask_and_another_cache_are_refused():
 # -- decoding ------------------------------------------------------------------------------------------
 
 @settings(max_examples=10, deadline=None)
-@given(case=small_models(), data=st.data())
-def test_cached_decoding_equals_the_full_forward(case, data):
+@given(case=small_models(), data=st.data(), padded=st.booleans())
+def test_cached_decoding_equals_the_full_forward(case, data, padded):
     """A prefill of T1 tokens, then one token at a time from kimi_linear_kv_cache (MLA absorbed from
     its latents, KDA's recurrence from its state), gives the full forward's logits: float64 to
-    rounding (helpers' float64 tolerance), the experts' choice far from a tie."""
+    rounding (rtol and atol 1e-10 of the largest logit), the experts' choice far from a tie; with
+    left padding inside the prompt too (padded rows see no key and are not compared)."""
     config, params, ids, _ = case
     B, T = ids.shape
     assume(T > 1)
-    full, cache = kimi_linear_forward(ids, params, config)
-    assume(choice_gaps(cache, params, config) > CHOICE_GAP)
     T1 = data.draw(st.integers(1, T - 1))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(T1, 3)] = True                                           # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, cache = kimi_linear_forward(ids, params, config, attn_mask=mask)
+    assume(choice_gaps(cache, params, config) > CHOICE_GAP)
     kv = kimi_linear_kv_cache(config, B, np.float64, max_len=T)
-    logits = [kimi_linear_forward(ids[:, :T1], params, config, kv_cache=kv, for_backward=False)[0]]
+    logits = [kimi_linear_forward(ids[:, :T1], params, config, kv_cache=kv, for_backward=False,
+                                  attn_mask=None if mask is None else mask[..., :T1])[0]]
     for t in range(T1, T):
-        logits.append(kimi_linear_forward(ids[:, t:t + 1], params, config, kv_cache=kv, for_backward=False)[0])
+        logits.append(kimi_linear_forward(ids[:, t:t + 1], params, config, kv_cache=kv, for_backward=False,
+                                          attn_mask=None if mask is None else mask[..., :t + 1])[0])
     assert kv.length == T
-    assert_close("kimi_linear.decoding", np.concatenate(logits, axis=1), full)
+    keep = ~pad[:, :, None]
+    assert_close("kimi_linear.decoding", np.where(keep, np.concatenate(logits, axis=1), 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
 
 
 def test_cache_bytes_per_token():

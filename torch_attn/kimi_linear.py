@@ -11,18 +11,21 @@ from dataclasses import dataclass
 import torch
 
 from torch_attn import _model
-from torch_attn.deepseek_v3 import LatentKVCache, deepseek_moe_mlp, deepseek_v3_attention
+from torch_attn.deepseek_v3 import LatentKVCache, _absorbed_attention, deepseek_moe_mlp
 from torch_attn.kimi_delta_attention import kimi_delta_attention
 from torch_attn.kv_cache import init_kv_cache
 from torch_attn.llama import llama_block, swiglu_mlp
+from torch_attn.mla import mla
 from torch_attn.qwen3_5 import Qwen3_5Cache, state_sublayer
 
 # -- the mixers ------------------------------------------------------------------------------------
 
 def kimi_attention(h, params, config, positions, *, attn_mask=None, kv_cache=None):
-    """MLA without positions: deepseek_v3's attention with every position 0."""
-    return deepseek_v3_attention(h, params, config, torch.zeros_like(positions), attn_mask=attn_mask,
-                                 kv_cache=kv_cache)
+    """MLA without positions: mla with every position 0, absorbed from this layer's latents when decoding."""
+    nope = torch.zeros_like(positions)
+    if kv_cache is not None:
+        return _absorbed_attention(h, params, config.mla, nope, kv_cache, attn_mask)
+    return mla(h, params, config.mla, nope, attn_mask=attn_mask)              # (B, T, C)
 
 
 def _kda(x, params, config, state, mask):
