@@ -1148,3 +1148,15 @@ def assert_tree_equals_transformers(label, grads, ref_grads, tol):
     for path, ref in tree_leaves(ref_grads):
         assert_close(f"{label}.d{path}", ours[path], ref, **tol(ref))
     assert set(ours) == {p for p, _ in tree_leaves(ref_grads)}
+
+
+def tol64(ref):
+    """float64 against transformers run in float64 (Qwen3.5, Kimi Linear, made float64 throughout):
+    the same operations, summed in other orders (BLAS blocks, the chunked delta rule's triangular
+    solve written as a loop there and a solve here). Each step adds a few ulps (1.1e-16) relative to
+    the largest value it combines; over four blocks of some hundred such steps, with the norms, the
+    experts' scaling (2.5) and the delta rule's solve amplifying by O(10), errors stay near 1e-13 of
+    the largest value of the kind compared. rtol and atol 1e-10 x that largest value leave 1000x
+    room and still catch any wrong term (which errs by O(1e-2) or more)."""
+    scale = float(np.abs(ref).max(initial=0))
+    return dict(rtol=1e-10, atol=1e-10 * scale)

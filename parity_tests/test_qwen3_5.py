@@ -35,7 +35,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import assert_tree_equals_transformers, float64_twin, randomise
+from parity_tests.model_kit import assert_tree_equals_transformers, float64_twin, randomise, tol64
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
 # repeat them; 4 query heads on 2 key/value heads of 8 channels, half of them rotating; 2 key heads
@@ -131,17 +131,6 @@ def hf_run(model, ids, dout, attention_mask=None):
     logits = model(input_ids=to_torch(ids), attention_mask=mask).logits
     (logits * to_torch(dout)).sum().backward()
     return to_numpy(logits), ours_from_hf({k: to_numpy(p.grad) for k, p in model.named_parameters()}, CONFIG)
-
-
-def tol64(ref):
-    """float64 against transformers run in float64: the same operations, summed in other orders
-    (BLAS blocks, the chunked delta rule's triangular solve written as a loop there and a solve
-    here). Each step adds a few ulps (1.1e-16) relative to the largest value it combines; over four
-    blocks of some hundred such steps, with the norms and the delta rule's solve amplifying by O(10),
-    errors stay near 1e-13 of the largest value of the kind compared. rtol and atol 1e-10 x that
-    largest value leave 1000x room and still catch any wrong term (which errs by O(1e-2) or more)."""
-    scale = float(np.abs(ref).max(initial=0))
-    return dict(rtol=1e-10, atol=1e-10 * scale)
 
 
 # -- against Hugging Face --------------------------------------------------------------------------
