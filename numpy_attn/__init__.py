@@ -43,6 +43,7 @@ Reading order, leaf to root:
     gated_delta_rule   the gated delta rule (Gated DeltaNet, Kimi): a decayed state, a loop over time
     chunked_delta_rule the same rule a chunk at a time: the UT transform's matmuls in place of T steps
     gated_deltanet     Qwen3.5's linear-attention sublayer: projections, convolution, the delta rule, gated norm
+    kimi_delta_attention Kimi Linear's linear-attention sublayer: Gated DeltaNet with a decay per key channel
     llama              a Llama-style model: RMS norm, RoPE, grouped-query heads, SwiGLU
     qwen3              Qwen3: Llama with QK-norm per head
     qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
@@ -56,6 +57,7 @@ Reading order, leaf to root:
     lightning_indexer  DeepSeek Sparse Attention's indexer: ReLU scores, top-k keys per query, its KL loss
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
     llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
+    kimi_linear        Kimi Linear: Kimi Delta Attention in three layers of four, MLA without positions, experts
 
 Tuned versions of an operation (no twin, tested against the readable one) live in
 ``numpy_attn/kernels/``. The ``numpy-attn`` command (walkthrough, show, tokenize, train, generate)
@@ -101,8 +103,18 @@ from numpy_attn.flex_attention import (
 from numpy_attn.gated_delta_rule import (
     gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_parallel_forward,
 )
-from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
+from numpy_attn.gated_deltanet import (
+    check_sublayer_inputs, delta_rule_backward, delta_rule_forward, gated_deltanet_backward, gated_deltanet_forward,
+    log_decay_backward, log_decay_forward,
+)
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
+from numpy_attn.kimi_delta_attention import (
+    kimi_delta_attention_backward, kimi_delta_attention_forward, kimi_delta_attention_param_shapes,
+)
+from numpy_attn.kimi_linear import (
+    KimiLinearConfig, init_kimi_linear_params, kimi_attention_forward, kimi_linear_backward, kimi_linear_forward,
+    kimi_linear_kv_cache,
+)
 from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
@@ -181,7 +193,7 @@ from numpy_attn.qwen3 import (
 )
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
-    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache,
+    linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache, state_sublayer,
 )
 from numpy_attn.qwen3_next import (
     Qwen3NextConfig, fused_columns, init_qwen3_next_params, linear_attention_fused_backward,

@@ -148,11 +148,11 @@ def deepseek_v3_attention_forward(h, params, config, positions, *, attn_mask=Non
     return mla_forward(h, params, config.mla, positions, kv_cache=kv_cache)   # (B, T, C)
 
 
-def _absorbed_attention(h, params, mla_config, positions, layer_cache):
+def _absorbed_attention(h, params, mla_config, positions, layer_cache, attn_mask=None):
     """mla_absorbed_forward over this layer's slots of a LatentKVCache: its keys (B, 1, S, rkv)
-    are the latents, its values (B, 1, S, dr) the rotated shared keys."""
+    are the latents, its values (B, 1, S, dr) the rotated shared keys (``attn_mask`` as mla_forward's)."""
     latent = LatentCache(layer_cache.k[:, 0], layer_cache.v[:, 0], layer_cache.length)   # views of the slots
-    a = mla_absorbed_forward(h, params, mla_config, latent, positions)        # (B, T, C)
+    a = mla_absorbed_forward(h, params, mla_config, latent, positions, attn_mask)   # (B, T, C)
     layer_cache.cache.lengths[layer_cache.index] = latent.length             # the tokens it appended
     return a
 

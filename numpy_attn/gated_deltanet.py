@@ -58,9 +58,7 @@ class GatedDeltaNetCache(NamedTuple):
     recurrent: bool            # the one-step recurrence ran (else the chunked form)
     norm: tuple
     beta: np.ndarray           # (B, T, nv)
-    pre: np.ndarray            # (B, T, nv): x @ in_proj_a + dt_bias, softplus's input
-    softplus: np.ndarray       # (B, T, nv)
-    A: np.ndarray              # (nv,): exp(A_log)
+    decay: tuple               # log_decay_forward's cache
     sizes: tuple               # (nk, nv, dk, dv)
     mask: object               # (B, T) bool or None
 
@@ -93,20 +91,14 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
     q, q_norm_cache = l2_norm_forward(q)                              # eps 1e-6, fixed in the models
     k, k_norm_cache = l2_norm_forward(k)
     beta = sigmoid(b)                                                 # (B, T, nv)
-    pre = a + params["dt_bias"]                                       # (B, T, nv)
-    sp = np.logaddexp(0, pre)                                         # softplus, no overflow
-    A = np.exp(params["A_log"])                                       # (nv,)
-    g = -A * sp                                                       # (B, T, nv), <= 0
+    g, decay_cache = log_decay_forward(a + params["dt_bias"], params["A_log"])   # (B, T, nv), <= 0
     S0 = None if state is None else state["recurrent"]
-    recurrent = S0 is not None and T == 1                             # decoding: one step
-    delta = gated_delta_rule_forward if recurrent else \
-        (lambda *args, **kw: chunked_delta_rule_forward(*args, **kw, chunk_size=chunk_size))
-    o, S, delta_cache = delta(q, k, v, g.swapaxes(1, 2), beta.swapaxes(1, 2), initial_state=S0)
+    o, S, delta_cache, recurrent = delta_rule_forward(q, k, v, g.swapaxes(1, 2), beta.swapaxes(1, 2), S0, chunk_size)
     # The gated norm per value head, gate z.
     y, norm_cache = gated_rms_norm_forward(o.swapaxes(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out, lin["out_proj"] = linear_forward(y.reshape(B, T, nv * dv), **params["out_proj"])   # (B, T, C)
     cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent,
-                               norm_cache, beta, pre, sp, A, (nk, nv, dk, dv), mask)
+                               norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask)
     return out, {"conv": conv_state, "recurrent": S}, cache
 
 
@@ -120,12 +112,9 @@ def gated_deltanet_backward(dout, cache):
     grads = {}
     dy, grads["out_proj"] = linear_backward(dout, c.linears["out_proj"])
     do, dz, grads["norm"] = gated_rms_norm_backward(dy.reshape(B, T, nv, dv), c.norm)
-    backward = gated_delta_rule_backward if c.recurrent else chunked_delta_rule_backward
-    d = backward(do.swapaxes(1, 2), None, c.delta)
+    d = delta_rule_backward(do.swapaxes(1, 2), c.delta, c.recurrent)
     dg, dbeta = d["g"].swapaxes(1, 2), d["beta"].swapaxes(1, 2)     # (B, T, nv)
-    # Undoes g = -A * softplus(pre), A = exp(A_log): dg/dA_log = g itself.
-    grads["A_log"] = (dg * -c.A * c.softplus).sum(axis=(0, 1))
-    dpre = dg * -c.A * sigmoid(c.pre)                                 # softplus' = sigmoid
+    dpre, grads["A_log"] = log_decay_backward(dg, c.decay)
     grads["dt_bias"] = dpre.sum(axis=(0, 1))
     db = dbeta * c.beta * (1 - c.beta)                                # sigmoid' = beta (1 - beta)
     # Undoes the norms and the repeat: a key head's gradient sums its r value heads.
@@ -144,6 +133,42 @@ def gated_deltanet_backward(dout, cache):
         dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
     order = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
     return dx, {name: grads[name] for name in order}
+
+
+# -- steps Kimi Delta Attention shares (numpy_attn/kimi_delta_attention.py) ------------------------
+
+def log_decay_forward(pre, A_log):
+    """The log-decay g = -exp(A_log) * softplus(pre) (<= 0): pre (..., *A_log.shape), A_log one
+    rate per head (broadcast from the right: (nv,) against (B, T, nv), or (nh, 1) against
+    (B, T, nh, dk) for one g per key channel). Returns ``(g, cache)``."""
+    sp = np.logaddexp(0, pre)                                         # softplus, no overflow
+    A = np.exp(A_log)
+    return -A * sp, (pre, sp, A)
+
+
+def log_decay_backward(dg, cache):
+    """Undoes log_decay_forward: dg like g -> (dpre, dA_log shaped as A_log)."""
+    pre, sp, A = cache
+    # dg/dA_log = g itself; the rate's gradient sums the positions (and the channels it broadcast over).
+    dA = dg * -A * sp
+    dA = dA.sum(axis=tuple(range(dA.ndim - A.ndim)))
+    dA = dA.sum(axis=tuple(i for i, n in enumerate(A.shape) if n == 1), keepdims=True)
+    return dg * -A * sigmoid(pre), dA                                 # softplus' = sigmoid
+
+
+def delta_rule_forward(q, k, v, g, beta, S0, chunk_size):
+    """The delta rule (head-first, g (B, nh, T) or (B, nh, T, dk)) from the state S0 (None: zeros):
+    one step of the recurrence when decoding (a state and T = 1), the chunked form otherwise.
+    Returns ``(o, S, cache, recurrent)``."""
+    recurrent = S0 is not None and q.shape[2] == 1
+    if recurrent:
+        return (*gated_delta_rule_forward(q, k, v, g, beta, initial_state=S0), True)
+    return (*chunked_delta_rule_forward(q, k, v, g, beta, initial_state=S0, chunk_size=chunk_size), False)
+
+
+def delta_rule_backward(do, cache, recurrent):
+    """Undoes delta_rule_forward (no gradient from the state handed on): a dict dq, dk, dv, dg, dbeta."""
+    return (gated_delta_rule_backward if recurrent else chunked_delta_rule_backward)(do, None, cache)
 
 
 def _check_gated_deltanet(x, params, nk, nv, dk, dv, state, mask):
@@ -166,25 +191,33 @@ def _check_gated_deltanet(x, params, nk, nv, dk, dv, state, mask):
     shapes = {"in_proj_qkv.w": (C, conv_dim), "in_proj_z.w": (C, nv * dv), "in_proj_b.w": (C, nv),
               "in_proj_a.w": (C, nv), "conv1d.w": (conv_dim, K if K else 1), "dt_bias": (nv,), "A_log": (nv,),
               "norm.w": (dv,), "out_proj.w": (nv * dv, C)}
+    check_sublayer_inputs("gated_deltanet", x, params, shapes, LINEARS, state,
+                          {"conv": (B, conv_dim, K - 1), "recurrent": (B, nv, dk, dv)}, mask)
+
+
+def check_sublayer_inputs(op, x, params, shapes, linears, state, state_shapes, mask):
+    """Raise, naming ``op`` and the value, on a parameter missing, of another shape than ``shapes``
+    ({dotted path: shape}) or of another dtype than x, a linear with more than a weight, a state
+    that is not {"conv", "recurrent"} of ``state_shapes``, or a mask that is not (B, T) bool."""
+    B, T = x.shape[:2]
     for path, shape in shapes.items():
         node = params
         for key in path.split("."):
             if not isinstance(node, dict) or key not in node:
-                raise ValueError(f"gated_deltanet: params lacks {path}")
+                raise ValueError(f"{op}: params lacks {path}")
             node = node[key]
         if np.shape(node) != shape:
-            raise ValueError(f"gated_deltanet: params {path} must be {shape}, got {np.shape(node)}")
+            raise ValueError(f"{op}: params {path} must be {shape}, got {np.shape(node)}")
         check_same_dtype(x=x, **{path.replace(".", "_"): node})
-    for name in LINEARS:
+    for name in linears:
         if set(params[name]) != {"w"}:
-            raise ValueError(f"gated_deltanet: params {name} takes a weight w only, got {sorted(params[name])}")
+            raise ValueError(f"{op}: params {name} takes a weight w only, got {sorted(params[name])}")
     if state is not None:
-        want = {"conv": (B, conv_dim, K - 1), "recurrent": (B, nv, dk, dv)}
-        if not isinstance(state, dict) or set(state) != set(want):
-            raise ValueError(f"gated_deltanet: state must be a dict with conv and recurrent, got {state!r:.80}")
-        for key, shape in want.items():
+        if not isinstance(state, dict) or set(state) != set(state_shapes):
+            raise ValueError(f"{op}: state must be a dict with conv and recurrent, got {state!r:.80}")
+        for key, shape in state_shapes.items():
             if np.shape(state[key]) != shape:
-                raise ValueError(f"gated_deltanet: state {key} must be {shape}, got {np.shape(state[key])}")
+                raise ValueError(f"{op}: state {key} must be {shape}, got {np.shape(state[key])}")
     if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (B, T)):
-        raise ValueError(f"gated_deltanet: mask must be a bool array (B, T) = {(B, T)}, got "
+        raise ValueError(f"{op}: mask must be a bool array (B, T) = {(B, T)}, got "
                          f"{getattr(mask, 'dtype', type(mask).__name__)} {np.shape(mask)}")

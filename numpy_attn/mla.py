@@ -192,8 +192,10 @@ class MLACache(NamedTuple):
     past: int = 0            # keys read from a key/value cache (0 without one): no gradient reaches them
 
 
-def mla_forward(x, params, config, positions=None, kv_cache=None):
+def mla_forward(x, params, config, positions=None, kv_cache=None, attn_mask=None):
     """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default past..past+T-1) -> (B, T, C).
+    ``attn_mask`` (bool, broadcast to (B, nh, T, S)), if given, replaces the causal mask (it must
+    hold it: a model's shell joins the two).
 
     Returns ``(out, cache)``; the cache holds the sub-operations' caches (MLACache). With a
     ``kv_cache`` (this layer's, ``init_mla_kv_cache(...).layer(i)``) x holds only the T new tokens:
@@ -213,7 +215,7 @@ def mla_forward(x, params, config, positions=None, kv_cache=None):
     past = 0 if kv_cache is None else kv_cache.length                         # tokens already cached
     if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
-    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, is_causal="bottom_right",
+    y, sdpa_cache = scaled_dot_product_attention_forward(q, k, v, attn_mask, is_causal=_causal(attn_mask),
                                                          scale=config.softmax_scale)   # (B, nh, T, dv)
     y = y.swapaxes(1, 2).reshape(B, T, nh * dv)                               # (B, nh, T, dv) -> (B, T, nh*dv)
     out, o_cache = linear_forward(y, **params["o"])                           # (B, T, nh*dv) -> (B, T, C)
@@ -329,8 +331,9 @@ def latent_cache_update(latent_cache, c_kv, k_r):
     return latent_cache.c_kv[:, :end], latent_cache.k_r[:, :end]             # (B, S, rkv), (B, S, dr)
 
 
-def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
-    """MLA of the T new tokens x (B, T, C) over the cached ones and themselves -> (B, T, C).
+def mla_absorbed_forward(x, params, config, latent_cache, positions=None, attn_mask=None):
+    """MLA of the T new tokens x (B, T, C) over the cached ones and themselves -> (B, T, C);
+    ``attn_mask`` as mla_forward's.
 
     ``latent_cache`` (init_latent_cache) holds the past tokens' latents and gains x's; positions
     default to past..past+T-1. Inference only: it returns the output alone, no backward cache.
@@ -350,13 +353,18 @@ def mla_absorbed_forward(x, params, config, latent_cache, positions=None):
     q = np.concatenate([q_c, q_r], axis=-1)                                   # (B, nh, T, rkv+dr)
     k = np.concatenate([c_kv, k_r], axis=-1)[:, None]                         # (B, 1, S, rkv+dr): one head for all
     # Multi-query attention over the latents: the one key/value head broadcasts to the nh queries.
-    y_c, _ = scaled_dot_product_attention_forward(q, k, c_kv[:, None], is_causal="bottom_right",
+    y_c, _ = scaled_dot_product_attention_forward(q, k, c_kv[:, None], attn_mask, is_causal=_causal(attn_mask),
                                                   scale=config.softmax_scale)   # (B, nh, T, rkv)
     # sum_s a_s (c_s W_uv) = (sum_s a_s c_s) W_uv: the value up-projection after the weighted sum.
     y = (upcast(y_c) @ upcast(w_uv)).astype(x.dtype, copy=False)              # (B, nh, T, rkv) -> (B, nh, T, dv)
     y = y.swapaxes(1, 2).reshape(B, T, nh * dv)                               # (B, nh, T, dv) -> (B, T, nh*dv)
     out, _ = linear_forward(y, **params["o"])                                 # (B, T, nh*dv) -> (B, T, C)
     return out
+
+
+def _causal(attn_mask):
+    """The causal mask aligned bottom-right, unless ``attn_mask`` (which holds it) is given."""
+    return "bottom_right" if attn_mask is None else False
 
 
 def mla_cache_bytes_per_token(config, dtype=np.float32, n_kv_head=None, head_size=None):

@@ -164,34 +164,44 @@ GATED_ATTENTION = _model.Sublayer(gated_attention_forward, gated_attention_backw
 
 @dataclass(frozen=True)
 class LinearAttentionCache:
-    """Gated DeltaNet's cache and how many tokens its state had seen before (0 without a cache)."""
+    """The linear-attention sublayer's cache and how many tokens its state had seen before (0 without a cache)."""
 
     deltanet: tuple
     past: int
 
 
-def linear_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
-    """Gated DeltaNet on x (B, T, C) -> (B, T, C), continuing the state of ``kv_cache`` (this layer's,
-    Qwen3_5Cache.layer(i)) if given; ``positions`` unused (the recurrence is its order)."""
-    state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
-    past = 0 if kv_cache is None else kv_cache.length
-    out, new_state, cache = gated_deltanet_forward(
-        x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim,
-        config.rms_eps, state=state, mask=_token_mask(attn_mask, x.shape[:2], config.n_head))
-    if kv_cache is not None:
-        kv_cache.update(new_state, x.shape[1])
-    return out, LinearAttentionCache(cache, past)
+def state_sublayer(mixer_forward, mixer_backward):
+    """A Sublayer from a linear-attention sublayer that carries a state: ``mixer_forward(x, params,
+    config, state, mask)`` -> (out, new_state, cache), ``mixer_backward(dout, cache)`` -> (dx,
+    dparams). The forward continues the state of ``kv_cache`` (this layer's, a Qwen3_5Cache's
+    layer(i)) if given and writes the new one there; ``positions`` unused (the recurrence is its
+    order). The backward refuses a forward that continued a cached state (for inference only: its
+    tokens' inputs are not here). Kimi Linear's delta attention is made the same way."""
+    def forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+        state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
+        past = 0 if kv_cache is None else kv_cache.length
+        out, new_state, cache = mixer_forward(x, params, config, state,
+                                              _token_mask(attn_mask, x.shape[:2], config.n_head))
+        if kv_cache is not None:
+            kv_cache.update(new_state, x.shape[1])
+        return out, LinearAttentionCache(cache, past)
+
+    def backward(dout, cache):
+        check_no_past("the model's backward", cache.past + dout.shape[1], cache.past)
+        return mixer_backward(dout, cache.deltanet)
+
+    return _model.Sublayer(forward, backward)
 
 
-def linear_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), Gated DeltaNet's dparams); refuses a forward that
-    continued a cached state (for inference only: its tokens' inputs are not here)."""
-    T = dout.shape[1]
-    check_no_past("the model's backward", cache.past + T, cache.past)
-    return gated_deltanet_backward(dout, cache.deltanet)
+def _gated_deltanet(x, params, config, state, mask):
+    """Gated DeltaNet with the config's sizes."""
+    return gated_deltanet_forward(x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim,
+                                  config.linear_v_dim, config.rms_eps, state=state, mask=mask)
 
 
-LINEAR_ATTENTION = _model.Sublayer(linear_attention_forward, linear_attention_backward)
+# Gated DeltaNet on x (B, T, C) -> (B, T, C), and its backward (dx, Gated DeltaNet's dparams).
+LINEAR_ATTENTION = state_sublayer(_gated_deltanet, gated_deltanet_backward)
+linear_attention_forward, linear_attention_backward = LINEAR_ATTENTION
 
 
 def _token_mask(attn_mask, shape, n_head):

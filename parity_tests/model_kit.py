@@ -30,6 +30,7 @@ import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gemma4 as gemma4
 import numpy_attn.gpt_oss as gpt_oss
+import numpy_attn.kimi_linear as kimi_linear
 import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
@@ -40,6 +41,7 @@ import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gemma4 as tw_gemma4
 import torch_attn.gpt_oss as tw_gpt_oss
+import torch_attn.kimi_linear as tw_kimi_linear
 import torch_attn.llama as tw_llama
 import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
@@ -53,11 +55,14 @@ from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
 from numpy_attn.masks import padding_attn_mask
+from numpy_attn.mla import MLACache
+from numpy_attn.moe import DeepSeekMoECache, top_k
 from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params
 from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwen3_forward
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    FD_TOL,
     LOW_DTYPES,
     assert_close,
     assert_error_budget,
@@ -68,6 +73,7 @@ from parity_tests.helpers import (
     directional_tol,
     layer_norm_tol,
     moved_off_init,
+    numerical_grad,
     randomly_rounded,
     reorder_tol,
     round_to,
@@ -232,7 +238,8 @@ def float64_twin(fn, module):
     """``fn`` (a function of transformers' file ``module``) compiled again from its source with every
     float32 cast made a float64 one (torch.float32, .float(), softmax's dtype=torch.float), in that
     file's namespace: the same steps at float64 precision, for the steps transformers keeps in
-    float32 whatever the weights' dtype (Qwen3.5's and Qwen3-Next's delta rules, norms, router)."""
+    float32 whatever the weights' dtype (Qwen3.5's, Qwen3-Next's and Kimi Linear's delta rules,
+    norms, router)."""
     source = textwrap.dedent(inspect.getsource(fn))
     source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
     source = (source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
@@ -956,6 +963,13 @@ def deepseek_v3_rstds(cache):
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1], *mla_rstds(c.attn))]
 
 
+def kimi_linear_rstds(cache):
+    """The rstd of the model's RMS norms: the final one, each block's two, MLA's latent and query
+    norms on the MLA blocks."""
+    return [cache.norm[1]] + [r for c in cache.blocks for r in (
+        c.attn_norm[1], c.mlp_norm[1], *(mla_rstds(c.attn) if isinstance(c.attn, MLACache) else ()))]
+
+
 # Ours -> Hugging Face's names of a block's four norms.
 GEMMA_NORMS = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
          "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
@@ -981,12 +995,13 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, qwen3_next, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4),
-    its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of
-    0.5, so that the cap after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3
-    with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Qwen3-Next
-    too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2
-    and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys."""
+    (llama, qwen3, qwen3_5, qwen3_next, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4,
+    kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with
+    a final cap of 0.5, so that the cap after the head bends the logits, gpt-oss with sinks and
+    experts, DeepSeek-V3 with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention
+    layer, Qwen3-Next too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE
+    layer of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its
+    keys, Kimi Linear with a KDA layer and an MLA layer with experts."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -1029,6 +1044,13 @@ def small_family_model(name, seed):
                    llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
                                        attention_chunk_size=2, floor_scale=2, attn_scale=0.5),
                    llama4.init_llama4_params, llama_rstds),
+        "kimi_linear": (kimi_linear.kimi_linear_forward, kimi_linear.kimi_linear_backward, tw_kimi_linear.kimi_linear,
+                        kimi_linear.KimiLinearConfig(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                     topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                     layer_types=("linear_attention", "full_attention"),
+                                                     mlp_layer_types=("dense", "sparse"), linear_num_heads=2,
+                                                     linear_head_dim=3, conv_kernel=3),
+                        kimi_linear.init_kimi_linear_params, kimi_linear_rstds),
     }
 
     forward, backward, twin, config, init, rstds = families[name]
@@ -1116,3 +1138,99 @@ def assert_loads_or_names_folder(folder, changes):
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                     max_leaves=6)
+
+
+# -- the experts' choice, far from a tie (DeepSeek-V3's routing: DeepSeek-V3, Kimi Linear) ----------
+
+# The smallest gap allowed at a top-k boundary of the router: float32 scores (sigmoids below 1)
+# carry rounding errors of a few ulps (6e-8) times the rstd of the norms before them (below 10
+# here), so 1e-4 is a thousand times more than two programs can disagree by.
+CHOICE_GAP = 1e-4
+
+
+def token_gaps(choice, config):
+    """Each token's gaps at the router's two top-k boundaries, from its (N, E) choice values
+    (scores + selection bias): (between the topk_group-th and the next group score, between the
+    k-th and the next choice value among the chosen groups), each (N,), inf where nothing is left out."""
+    N, E = choice.shape
+    G, topk_group, k = config.n_group, config.topk_group, config.num_experts_per_tok
+    group_scores = np.sort(choice.reshape(N, G, E // G), axis=-1)[..., -2:].sum(axis=-1)   # (N, G)
+    ranked = -np.sort(-group_scores, axis=-1)                                  # (N, G), best first
+    group_gap = ranked[:, topk_group - 1] - ranked[:, topk_group] if topk_group < G else np.full(N, np.inf)
+    allowed = (np.arange(E) // (E // G) == top_k(group_scores, topk_group)[:, :, None]).any(axis=1)   # (N, E)
+    ranked = -np.sort(-np.where(allowed, choice, -np.inf), axis=-1)            # (N, E), best first
+    expert_gap = ranked[:, k - 1] - ranked[:, k] if k < E else np.full(N, np.inf)
+    return group_gap, np.where(np.isfinite(expert_gap), expert_gap, np.inf)   # -inf - -inf: nothing left out
+
+
+def choice_gaps(cache, params, config):
+    """The smallest gap at any MoE block's top-k boundaries over all tokens (token_gaps), from our
+    ``cache`` (inf without MoE blocks)."""
+    gaps = [np.inf]
+    for i, block in enumerate(cache.blocks):
+        if isinstance(block.mlp, DeepSeekMoECache):
+            choice = block.mlp.router.s + params["blocks"][str(i)]["mlp"]["selection_bias"]   # (N, E) what chooses
+            gaps += [float(g.min()) for g in token_gaps(choice, config)]
+    return min(gaps)
+
+
+# -- linear-attention sublayers carrying a state (Gated DeltaNet, Kimi Delta Attention) --------------
+
+def assert_sublayer_matches_finite_differences(label, forward, backward, x, params, dout, name, **kw):
+    """The backward's gradient of x (``name`` "x") or of the parameter ``name`` (a leaf or {"w"})
+    against float64 five-point differences of ``forward(x, params, **kw)`` -> (out, state, cache)."""
+    dx, grads = backward(dout, forward(x, params, **kw)[2])
+
+    def f(value):
+        if name == "x":
+            return forward(value, params, **kw)[0]
+        return forward(x, dict(params, **{name: {"w": value} if isinstance(params[name], dict) else value}), **kw)[0]
+    leaf = x if name == "x" else params[name]["w"] if isinstance(params[name], dict) else params[name]
+    exact = dx if name == "x" else grads[name]["w"] if isinstance(grads[name], dict) else grads[name]
+    assert_close(f"{label}.d{name} vs finite differences", exact, numerical_grad(f, leaf.copy(), dout), **FD_TOL)
+
+
+def assert_decoding_equals_the_full_forward(label, forward, x, params, T1, **kw):
+    """A prefill of T1 of x's tokens (chunked, chunks of 4), then one token at a time (the
+    recurrence) with the state carried, gives ``forward``'s full outputs and final state."""
+    T = x.shape[1]
+    full, full_state, _ = forward(x, params, **kw, chunk_size=4)
+    out, state, _ = forward(x[:, :T1], params, **kw, chunk_size=4)
+    outs = [out]
+    for t in range(T1, T):
+        out, state, cache = forward(x[:, t:t + 1], params, **kw, state=state)
+        assert cache.recurrent
+        outs.append(out)
+    assert_close(f"{label}.decoding", np.concatenate(outs, axis=1), full)
+    for key in ("conv", "recurrent"):
+        assert_close(f"{label}.decoding.state.{key}", state[key], full_state[key])
+
+
+def assert_sublayer_keeps_float32(forward, backward, x, params, leaves, **kw):
+    """float32 in, float32 out: the output, the state, dx and the parameter gradients ``leaves``
+    (names of leaves or of {"w"} nodes) of ``forward(x, params, **kw)`` -> (out, state, cache)."""
+    out, state, cache = forward(x, params, **kw)
+    dx, grads = backward(np.ones_like(out), cache)
+    assert out.dtype == dx.dtype == state["recurrent"].dtype == np.float32
+    assert all((grads[n]["w"] if isinstance(grads[n], dict) else grads[n]).dtype == np.float32 for n in leaves)
+
+
+def assert_tree_equals_transformers(label, grads, ref_grads, tol):
+    """Every leaf of ``ref_grads`` (transformers', in our tree) equals ours, within ``tol(ref)``
+    (assert_close's keywords), and the trees hold the same leaves."""
+    ours = dict(tree_leaves(grads))
+    for path, ref in tree_leaves(ref_grads):
+        assert_close(f"{label}.d{path}", ours[path], ref, **tol(ref))
+    assert set(ours) == {p for p, _ in tree_leaves(ref_grads)}
+
+
+def tol64(ref):
+    """float64 against transformers run in float64 (Qwen3.5, Kimi Linear, made float64 throughout):
+    the same operations, summed in other orders (BLAS blocks, the chunked delta rule's triangular
+    solve written as a loop there and a solve here). Each step adds a few ulps (1.1e-16) relative to
+    the largest value it combines; over four blocks of some hundred such steps, with the norms, the
+    experts' scaling (2.5) and the delta rule's solve amplifying by O(10), errors stay near 1e-13 of
+    the largest value of the kind compared. rtol and atol 1e-10 x that largest value leave 1000x
+    room and still catch any wrong term (which errs by O(1e-2) or more)."""
+    scale = float(np.abs(ref).max(initial=0))
+    return dict(rtol=1e-10, atol=1e-10 * scale)

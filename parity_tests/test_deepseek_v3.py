@@ -42,7 +42,7 @@ from numpy_attn.deepseek_v3 import (
     init_deepseek_v3_params,
 )
 from numpy_attn.kv_cache import init_kv_cache
-from numpy_attn.moe import DeepSeekMoECache, top_k
+from numpy_attn.moe import DeepSeekMoECache
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     LOW_DTYPES,
@@ -60,6 +60,7 @@ from parity_tests.helpers import (
     tree_to_torch,
 )
 from parity_tests.model_kit import (
+    CHOICE_GAP,
     DTYPES,
     JSON,
     MLA_HF_NAMES,
@@ -67,6 +68,7 @@ from parity_tests.model_kit import (
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
     assert_loads_or_names_folder,
+    choice_gaps,
     compare,
     decided_tokens,
     deepseek_v3_rstds,
@@ -79,14 +81,10 @@ from parity_tests.model_kit import (
     randomise,
     router_calls,
     save,
+    token_gaps,
 )
 from parity_tests.model_kit import mla_rstds as mla_rstds
 from torch_attn.moe import deepseek_router
-
-# The smallest gap allowed at a top-k boundary of the router: float32 scores (sigmoids below 1)
-# carry rounding errors of a few ulps (6e-8) times the rstd of the norms before them (below 10
-# here), so 1e-4 is a thousand times more than two programs can disagree by.
-CHOICE_GAP = 1e-4
 
 
 def _tol(cache, expected):
@@ -99,32 +97,6 @@ def _tol(cache, expected):
     rstd = max([1.0] + [float(r.max()) for r in deepseek_v3_rstds(cache)])
     scale = max(1.0, float(np.abs(expected).max()))
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
-
-
-def token_gaps(choice, config):
-    """Each token's gaps at the router's two top-k boundaries, from its (N, E) choice values
-    (scores + selection bias): (between the topk_group-th and the next group score, between the
-    k-th and the next choice value among the chosen groups), each (N,), inf where nothing is left out."""
-    N, E = choice.shape
-    G, topk_group, k = config.n_group, config.topk_group, config.num_experts_per_tok
-    group_scores = np.sort(choice.reshape(N, G, E // G), axis=-1)[..., -2:].sum(axis=-1)   # (N, G)
-    ranked = -np.sort(-group_scores, axis=-1)                                  # (N, G), best first
-    group_gap = ranked[:, topk_group - 1] - ranked[:, topk_group] if topk_group < G else np.full(N, np.inf)
-    allowed = (np.arange(E) // (E // G) == top_k(group_scores, topk_group)[:, :, None]).any(axis=1)   # (N, E)
-    ranked = -np.sort(-np.where(allowed, choice, -np.inf), axis=-1)            # (N, E), best first
-    expert_gap = ranked[:, k - 1] - ranked[:, k] if k < E else np.full(N, np.inf)
-    return group_gap, np.where(np.isfinite(expert_gap), expert_gap, np.inf)   # -inf - -inf: nothing left out
-
-
-def choice_gaps(cache, params, config):
-    """The smallest gap at any MoE block's top-k boundaries over all tokens (token_gaps), from our
-    ``cache`` (inf without MoE blocks)."""
-    gaps = [np.inf]
-    for i, block in enumerate(cache.blocks):
-        if isinstance(block.mlp, DeepSeekMoECache):
-            choice = block.mlp.router.s + params["blocks"][str(i)]["mlp"]["selection_bias"]   # (N, E) what chooses
-            gaps += [float(g.min()) for g in token_gaps(choice, config)]
-    return min(gaps)
 
 
 def assert_choice_separated(label, cache, params, config, gap=CHOICE_GAP):

@@ -11,7 +11,12 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
 from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
-from parity_tests.helpers import FD_TOL, assert_close, assert_tree_close, autograd, numerical_grad, to_numpy, to_torch
+from parity_tests.helpers import assert_close, assert_tree_close, autograd, to_numpy, to_torch
+from parity_tests.model_kit import (
+    assert_decoding_equals_the_full_forward,
+    assert_sublayer_keeps_float32,
+    assert_sublayer_matches_finite_differences,
+)
 from torch_attn.gated_deltanet import gated_deltanet
 
 # The tiny Qwen3.5 of the brief: width 32, 2 key heads serving 4 value heads, heads of 8, 4 taps.
@@ -168,18 +173,8 @@ def test_backward_matches_finite_differences(name):
     x, params, dout = rng.standard_normal((2, 6, C)), random_params(rng), rng.standard_normal((2, 6, C))
     state = {"conv": rng.standard_normal((2, CONV_DIM, K - 1)), "recurrent": 0.3 * rng.standard_normal((2, 4, 8, 8))}
     mask = np.array([[False, True, True, True, True, True], [True] * 6])
-    _, _, cache = gated_deltanet_forward(x, params, **SIZES, state=state, mask=mask, chunk_size=4)
-    dx, grads = gated_deltanet_backward(dout, cache)
-
-    def f(value):
-        if name == "x":
-            return gated_deltanet_forward(value, params, **SIZES, state=state, mask=mask, chunk_size=4)[0]
-        changed = dict(params, **{name: {"w": value} if isinstance(params[name], dict) else value})
-        return gated_deltanet_forward(x, changed, **SIZES, state=state, mask=mask, chunk_size=4)[0]
-    leaf = x if name == "x" else params[name]["w"] if isinstance(params[name], dict) else params[name]
-    exact = dx if name == "x" else grads[name]["w"] if isinstance(grads[name], dict) else grads[name]
-    assert_close(f"gated_deltanet.d{name} vs finite differences", exact,
-                 numerical_grad(f, leaf.copy(), dout), **FD_TOL)
+    assert_sublayer_matches_finite_differences("gated_deltanet", gated_deltanet_forward, gated_deltanet_backward,
+                                               x, params, dout, name, **SIZES, state=state, mask=mask, chunk_size=4)
 
 
 # -- decoding --------------------------------------------------------------------------------------
@@ -192,26 +187,16 @@ def test_prefill_then_decoding_equals_the_full_forward(seed, T, data):
     rng = np.random.default_rng(seed)
     params, x = random_params(rng), rng.standard_normal((2, T, C))
     T1 = data.draw(st.integers(1, T - 1))
-    full, full_state, _ = gated_deltanet_forward(x, params, **SIZES, chunk_size=4)
-    out, state, _ = gated_deltanet_forward(x[:, :T1], params, **SIZES, chunk_size=4)
-    outs = [out]
-    for t in range(T1, T):
-        out, state, cache = gated_deltanet_forward(x[:, t:t + 1], params, **SIZES, state=state)
-        assert cache.recurrent
-        outs.append(out)
-    assert_close("gated_deltanet.decoding", np.concatenate(outs, axis=1), full)
-    for key in ("conv", "recurrent"):
-        assert_close(f"gated_deltanet.decoding.state.{key}", state[key], full_state[key])
+    assert_decoding_equals_the_full_forward("gated_deltanet", gated_deltanet_forward, x, params, T1,
+                                            **SIZES)
 
 
 def test_float32_keeps_its_dtype():
     rng = np.random.default_rng(3)
     params = random_params(rng, np.float32)
     x = rng.standard_normal((1, 5, C)).astype(np.float32)
-    out, state, cache = gated_deltanet_forward(x, params, **SIZES)
-    dx, grads = gated_deltanet_backward(np.ones_like(out), cache)
-    assert out.dtype == dx.dtype == state["recurrent"].dtype == np.float32
-    assert all(leaf.dtype == np.float32 for leaf in (grads["A_log"], grads["conv1d"]["w"], grads["norm"]["w"]))
+    assert_sublayer_keeps_float32(gated_deltanet_forward, gated_deltanet_backward,
+                                  x, params, ("A_log", "conv1d", "norm"), **SIZES)
 
 
 # -- refusals --------------------------------------------------------------------------------------

@@ -36,8 +36,10 @@ from parity_tests.helpers import (
 from parity_tests.model_kit import (
     assert_hybrid_decodes_as_full_forward,
     assert_hybrid_matches_twin,
+    assert_tree_equals_transformers,
     float64_twin,
     randomise,
+    tol64,
 )
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
@@ -136,17 +138,6 @@ def hf_run(model, ids, dout, attention_mask=None):
     return to_numpy(logits), ours_from_hf({k: to_numpy(p.grad) for k, p in model.named_parameters()}, CONFIG)
 
 
-def tol64(ref):
-    """float64 against transformers run in float64: the same operations, summed in other orders
-    (BLAS blocks, the chunked delta rule's triangular solve written as a loop there and a solve
-    here). Each step adds a few ulps (1.1e-16) relative to the largest value it combines; over four
-    blocks of some hundred such steps, with the norms and the delta rule's solve amplifying by O(10),
-    errors stay near 1e-13 of the largest value of the kind compared. rtol and atol 1e-10 x that
-    largest value leave 1000x room and still catch any wrong term (which errs by O(1e-2) or more)."""
-    scale = float(np.abs(ref).max(initial=0))
-    return dict(rtol=1e-10, atol=1e-10 * scale)
-
-
 # -- against Hugging Face --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed, B, T, padded", [(0, 2, 7, False), (1, 1, 20, False), (2, 2, 9, True),
@@ -178,10 +169,7 @@ def test_matches_transformers_in_float64(seed, B, T, padded):
     assert not ref_grads["wte"][pad].any()
     ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
     grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    for path, ref in tree_leaves(ref_grads):
-        got = dict(tree_leaves(grads))[path]
-        assert_close(f"qwen3_5.d{path}", got, ref, **tol64(ref))
-    assert {p for p, _ in tree_leaves(grads)} == {p for p, _ in tree_leaves(ref_grads)}
+    assert_tree_equals_transformers("qwen3_5", grads, ref_grads, tol64)
 
 
 # -- the twin, finite differences --------------------------------------------------------------------

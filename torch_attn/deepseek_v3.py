@@ -27,10 +27,10 @@ def deepseek_v3_attention(h, params, config, positions, *, attn_mask=None, kv_ca
     return mla(h, params, config.mla, positions, kv_cache=kv_cache)           # (B, T, C)
 
 
-def _absorbed_attention(h, params, mla_config, positions, layer_cache):
+def _absorbed_attention(h, params, mla_config, positions, layer_cache, attn_mask=None):
     """mla_absorbed over this layer's slots of a LatentKVCache (keys: latents, values: shared k_r)."""
     latent = LatentCache(layer_cache.k[:, 0], layer_cache.v[:, 0], layer_cache.length)   # views of the slots
-    a = mla_absorbed(h, params, mla_config, latent, positions)                # (B, T, C)
+    a = mla_absorbed(h, params, mla_config, latent, positions, attn_mask)     # (B, T, C)
     layer_cache.cache.lengths[layer_cache.index] = latent.length             # the tokens it appended
     return a
 

@@ -38,19 +38,28 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     q = l2_norm(q)                                                    # eps 1e-6, fixed in the models
     k = l2_norm(k)
     beta = sigmoid(b)                                                 # (B, T, nv)
-    pre = a + params["dt_bias"]                                       # (B, T, nv)
-    sp = torch.logaddexp(torch.zeros_like(pre), pre)                  # softplus, no overflow
-    A = torch.exp(params["A_log"])                                    # (nv,)
-    g = -A * sp                                                       # (B, T, nv), <= 0
+    g = log_decay(a + params["dt_bias"], params["A_log"])            # (B, T, nv), <= 0
     S0 = None if state is None else state["recurrent"]
-    recurrent = S0 is not None and T == 1                             # decoding: one step
-    delta = gated_delta_rule if recurrent else \
-        (lambda *args, **kw: chunked_delta_rule(*args, **kw, chunk_size=chunk_size))
-    o, S = delta(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), initial_state=S0)
+    o, S = delta_rule(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), S0, chunk_size)
     # The gated norm per value head, gate z.
     y = gated_rms_norm(o.transpose(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out = linear(y.reshape(B, T, nv * dv), **params["out_proj"])     # (B, T, C)
     return out, {"conv": conv_state, "recurrent": S}
+
+
+# -- steps Kimi Delta Attention shares (torch_attn/kimi_delta_attention.py) ------------------------
+
+def log_decay(pre, A_log):
+    """g = -exp(A_log) * softplus(pre) (<= 0), A_log broadcast from the right."""
+    sp = torch.logaddexp(torch.zeros_like(pre), pre)                  # softplus, no overflow
+    return -torch.exp(A_log) * sp
+
+
+def delta_rule(q, k, v, g, beta, S0, chunk_size):
+    """One step of the recurrence when decoding (a state and T = 1), the chunked form otherwise: (o, S)."""
+    if S0 is not None and q.shape[2] == 1:
+        return gated_delta_rule(q, k, v, g, beta, initial_state=S0)
+    return chunked_delta_rule(q, k, v, g, beta, initial_state=S0, chunk_size=chunk_size)
 
 
 # Equals Hugging Face's Qwen3_5GatedDeltaNet.forward (its torch fallbacks, with F.softplus, whose

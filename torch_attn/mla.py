@@ -54,7 +54,7 @@ def _latent(x, params, config, pos):
 
 # -- naive MLA: keys and values per head ----------------------------------------------------------
 
-def mla(x, params, config, positions=None, kv_cache=None):
+def mla(x, params, config, positions=None, kv_cache=None, attn_mask=None):
     """Causal MLA: x (B, T, C), positions (T,) or (B, T) (default past..past+T-1) -> (B, T, C);
     ``kv_cache`` (init_mla_kv_cache(...).layer(i)) holds the past tokens' keys and values."""
     B, T, C = x.shape
@@ -71,7 +71,7 @@ def mla(x, params, config, positions=None, kv_cache=None):
     k = torch.cat([k_n, k_r.expand(B, nh, T, dr)], dim=-1)                    # (B, nh, T, dn+dr): k_r shared
     if kv_cache is not None:   # decoding: the past tokens' keys and values come from the cache
         k, v = kv_cache_update(kv_cache, k, v)                                # -> (B, nh, S, dn+dr), (B, nh, S, dv)
-    y, _ = scaled_dot_product_attention(q, k, v, is_causal="bottom_right",
+    y, _ = scaled_dot_product_attention(q, k, v, attn_mask, is_causal=_causal(attn_mask),
                                         scale=config.softmax_scale)           # (B, nh, T, dv)
     y = y.transpose(1, 2).reshape(B, T, nh * dv)                              # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
@@ -110,7 +110,7 @@ def latent_cache_update(latent_cache, c_kv, k_r):
     return latent_cache.c_kv[:, :end], latent_cache.k_r[:, :end]             # (B, S, rkv), (B, S, dr)
 
 
-def mla_absorbed(x, params, config, latent_cache, positions=None):
+def mla_absorbed(x, params, config, latent_cache, positions=None, attn_mask=None):
     """MLA of the T new tokens x (B, T, C) over the cached ones and themselves -> (B, T, C)."""
     B, T, C = x.shape
     past = latent_cache.length
@@ -125,12 +125,17 @@ def mla_absorbed(x, params, config, latent_cache, positions=None):
     q_c = (upcast(q_n) @ upcast(w_uk).transpose(-1, -2)).to(x.dtype)          # (B, nh, T, dn) -> (.., rkv)
     q = torch.cat([q_c, q_r], dim=-1)                                         # (B, nh, T, rkv+dr)
     k = torch.cat([c_kv, k_r], dim=-1)[:, None]                               # (B, 1, S, rkv+dr): one head for all
-    y_c, _ = scaled_dot_product_attention(q, k, c_kv[:, None], is_causal="bottom_right",
+    y_c, _ = scaled_dot_product_attention(q, k, c_kv[:, None], attn_mask, is_causal=_causal(attn_mask),
                                           scale=config.softmax_scale)         # (B, nh, T, rkv)
     y = (upcast(y_c) @ upcast(w_uv)).to(x.dtype)                              # (B, nh, T, rkv) -> (B, nh, T, dv)
     y = y.transpose(1, 2).reshape(B, T, nh * dv)                              # (B, nh, T, dv) -> (B, T, nh*dv)
     out = linear(y, **params["o"])                                            # (B, T, nh*dv) -> (B, T, C)
     return out
+
+
+def _causal(attn_mask):
+    """The causal mask aligned bottom-right, unless ``attn_mask`` (which holds it) is given."""
+    return "bottom_right" if attn_mask is None else False
 
 
 # No PyTorch built-in. ``mla`` equals Hugging Face's

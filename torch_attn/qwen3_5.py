@@ -37,15 +37,26 @@ def gated_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
 
 # -- the linear layers' mixer: Gated DeltaNet as a sublayer ------------------------------------------
 
-def linear_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
-    """Gated DeltaNet on x (B, T, C) -> (B, T, C), continuing the state of ``kv_cache`` if given."""
-    state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
-    out, new_state = gated_deltanet(
-        x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim, config.linear_v_dim,
-        config.rms_eps, state=state, mask=_token_mask(attn_mask, x.shape[:2], config.n_head))
-    if kv_cache is not None:
-        kv_cache.update(new_state, x.shape[1])
-    return out
+def state_sublayer(mixer):
+    """A sublayer from a linear-attention sublayer ``mixer(x, params, config, state, mask)`` ->
+    (out, new_state) that continues the state of ``kv_cache`` if given and writes the new one there."""
+    def forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+        state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
+        out, new_state = mixer(x, params, config, state, _token_mask(attn_mask, x.shape[:2], config.n_head))
+        if kv_cache is not None:
+            kv_cache.update(new_state, x.shape[1])
+        return out
+    return forward
+
+
+def _gated_deltanet(x, params, config, state, mask):
+    """Gated DeltaNet with the config's sizes."""
+    return gated_deltanet(x, params, config.linear_k_heads, config.linear_v_heads, config.linear_k_dim,
+                          config.linear_v_dim, config.rms_eps, state=state, mask=mask)
+
+
+# Gated DeltaNet on x (B, T, C) -> (B, T, C).
+linear_attention = state_sublayer(_gated_deltanet)
 
 
 def _token_mask(attn_mask, shape, n_head):

@@ -1,0 +1,358 @@
+"""Parity tests for numpy_attn/kimi_linear.py and torch_attn/kimi_linear.py: the model against
+Hugging Face's KimiLinearForCausalLM in float64 (logits and every parameter's gradient), the twin,
+finite differences, refusals of bad configs, and decoding with the hybrid cache against the full
+forward."""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
+
+import torch_attn.kimi_linear as tw
+from attn_cli.hf import load_checkpoint
+from numpy_attn.kimi_linear import (
+    KimiLinearConfig,
+    init_kimi_linear_params,
+    kimi_linear_backward,
+    kimi_linear_forward,
+    kimi_linear_kv_cache,
+)
+from numpy_attn.masks import padding_attn_mask
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    moved_off_init,
+    numerical_grad,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+)
+from parity_tests.model_kit import (
+    CHOICE_GAP,
+    MLA_HF_NAMES,
+    assert_generate_hf_is_transformers,
+    assert_tree_equals_transformers,
+    choice_gaps,
+    float64_twin,
+    randomise,
+    save,
+    tol64,
+)
+
+# A tiny Kimi Linear: three KDA layers then one MLA layer, as the released model repeats them (its
+# default pattern puts MLA on layers 4, 8, ...; this one lists its own); a dense network in the first
+# block, 4 experts in 2 groups after; 2 KDA heads of 4; MLA with a low-rank query. Pad, bos and eos
+# ids inside the vocabulary.
+LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+HF_SIZES = dict(vocab_size=37, hidden_size=16, intermediate_size=20, moe_intermediate_size=6, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5, q_lora_rank=6,
+                kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, linear_num_heads=2,
+                linear_head_dim=4, linear_conv_kernel_dim=4, rms_norm_eps=1e-5, layer_types=LAYER_TYPES,
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"], max_position_embeddings=128,
+                tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+CONFIG = KimiLinearConfig(vocab_size=37, block_size=128, n_layer=4, n_head=2, n_kv_head=2, n_embd=16, hidden=20,
+                          rms_eps=1e-5, q_lora_rank=6, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                          v_head_dim=6, moe_hidden=6, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                          n_group=2, topk_group=1, routed_scaling_factor=2.5, layer_types=tuple(LAYER_TYPES),
+                          mlp_layer_types=("dense", "sparse", "sparse", "sparse"), linear_num_heads=2,
+                          linear_head_dim=4, conv_kernel=4, pad_token_id=0)
+KDA_LINEARS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj")
+
+
+def hf_model(seed=0, dtype=torch.float64):
+    """Hugging Face's model in ``dtype`` (float64 by default), every weight drawn by model_kit.randomise (U(-0.5, 0.5),
+    norms near 1) and the router's selection bias U(-0.1, 0.1), so that it moves the choice."""
+    config = transformers.KimiLinearConfig(**HF_SIZES, attn_implementation="sdpa", experts_implementation="eager")
+    model = randomise(transformers.KimiLinearForCausalLM(config), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, hf_modeling.KimiLinearTopkRouter):
+                module.e_score_correction_bias.copy_(torch.rand(4, generator=g) * 0.2 - 0.1)
+    return model.to(dtype).eval()
+
+
+def ours_from_hf(t, config):
+    """Our tree from Hugging Face's {name: array} (its parameters and the selection bias, or their
+    gradients): nn.Linear's (C_out, C_in) transposed, the convolution's (conv_dim, 1, K) squeezed,
+    the forget gate's four flattened (A_log (1, 1, nh, 1) as (nh,)), the experts' gate_up_proj
+    (E, 2H, C) split into gate and up (E, C, H) and down_proj (E, C, H) as (E, H, C)."""
+    def lin(name):
+        return {"w": t[name].T.copy()}
+
+    tree = {"wte": t["model.embed_tokens.weight"].copy(), "norm": {"w": t["model.norm.weight"].copy()},
+            "head": lin("lm_head.weight"), "blocks": {}}
+    for i in range(config.n_layer):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        if config.is_full(i):
+            attn = {ours: ({"w": t[f"{a}{name}.weight"].copy()} if ours.endswith("norm") else lin(f"{a}{name}.weight"))
+                    for ours, name in MLA_HF_NAMES.items() if f"{a}{name}.weight" in t}
+        else:
+            attn = {name: lin(f"{a}{name}.weight") for name in KDA_LINEARS}
+            f = a + "forget_gate."
+            attn.update(f_a_proj=lin(f + "f_a_proj.weight"), f_b_proj=lin(f + "f_b_proj.weight"),
+                        conv1d={"w": t[a + "conv1d.weight"][:, 0].copy()}, dt_bias=t[f + "dt_bias"].copy(),
+                        A_log=t[f + "A_log"].reshape(-1).copy(), o_norm={"w": t[a + "o_norm.weight"].copy()})
+        m = p + "mlp."
+        if config.is_moe(i):
+            gate_up, down = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
+            H = gate_up.shape[1] // 2
+            mlp = {"router": lin(m + "gate.weight"), "selection_bias": t[m + "gate.e_score_correction_bias"].copy(),
+                   "experts": {"gate": {"w": gate_up[:, :H].transpose(0, 2, 1).copy()},
+                               "up": {"w": gate_up[:, H:].transpose(0, 2, 1).copy()},
+                               "down": {"w": down.transpose(0, 2, 1).copy()}},
+                   "shared": {name: lin(f"{m}shared_experts.{name}_proj.weight") for name in ("gate", "up", "down")}}
+        else:
+            mlp = {name: lin(f"{m}{name}_proj.weight") for name in ("gate", "up", "down")}
+        tree["blocks"][str(i)] = {"attn_norm": {"w": t[p + "input_layernorm.weight"].copy()}, "attn": attn,
+                                  "mlp_norm": {"w": t[p + "post_attention_layernorm.weight"].copy()}, "mlp": mlp}
+    return tree
+
+
+def exact(monkeypatch):
+    """Make the float64 model compute in float64 throughout. transformers keeps these steps in
+    float32 whatever the weights' dtype: both KDA delta rules (chunk_kimi_delta_attention,
+    recurrent_kimi_delta_attention) cast q, k, v, g, beta to float32; the forget gate forms g with
+    .float(); KimiLinearRMSNorm and KimiLinearRMSNormGated normalise in float32; the router
+    (KimiLinearTopkRouter) computes its logits in float32. Each is run again from its source with
+    those casts made float64 (model_kit.float64_twin); attention runs as sdpa, in the weights' dtype
+    (eager's softmax would be float32)."""
+    for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
+    for cls in (hf_modeling.KimiLinearForgetGate, hf_modeling.KimiLinearRMSNorm, hf_modeling.KimiLinearRMSNormGated,
+                hf_modeling.KimiLinearTopkRouter):
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
+
+
+def hf_run(model, ids, dout, attention_mask=None):
+    """Logits and the gradients of sum(logits * dout), in our tree (the selection bias, a buffer
+    there, has none: zeros)."""
+    model.zero_grad()
+    mask = None if attention_mask is None else to_torch(attention_mask.astype(np.int64))
+    logits = model(input_ids=to_torch(ids), attention_mask=mask).logits
+    (logits * to_torch(dout)).sum().backward()
+    grads = {k: to_numpy(p.grad) for k, p in model.named_parameters()}
+    grads.update({k: np.zeros(b.shape) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
+    return to_numpy(logits), ours_from_hf(grads, CONFIG)
+
+
+# -- against Hugging Face --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed, B, T, padded", [(0, 2, 7, False), (1, 1, 20, False), (2, 2, 9, True),
+                                                (3, 1, 70, False), (4, 2, 70, True)])
+def test_matches_transformers_in_float64(seed, B, T, padded):
+    """Logits and every parameter's gradient of sum(logits * dout) equal transformers' float64
+    model (made float64 throughout by ``exact``); with left padding through attention_mask, on the
+    positions that are not padding (transformers' padded rows read no key and are not compared).
+    T = 70 runs two chunks of the chunked delta rule. The experts' choice is checked far from a tie
+    first (test_deepseek_v3's module docstring)."""
+    rng = np.random.default_rng(seed)
+    model = hf_model(seed)
+    tensors = {k: to_numpy(p) for k, p in model.named_parameters()}
+    tensors.update({k: to_numpy(b) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
+    params = ours_from_hf(tensors, CONFIG)
+    ids = rng.integers(0, CONFIG.vocab_size, (B, T))
+    ids[0, 1] = CONFIG.pad_token_id                                           # the pad row is read, never trained
+    dout = rng.normal(size=(B, T, CONFIG.vocab_size))
+    mask = np.ones((B, T), bool)
+    if padded:
+        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
+        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exact(monkeypatch)
+        ref_logits, ref_grads = hf_run(model, ids, dout, mask if padded else None)
+    logits, cache = kimi_linear_forward(ids, params, CONFIG, attn_mask=padding_attn_mask(~mask) if padded else None)
+    assert choice_gaps(cache, params, CONFIG) > CHOICE_GAP
+    grads = kimi_linear_backward(dout, cache)
+    keep = mask[:, :, None]
+    assert_close("kimi_linear.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
+    assert not grads["wte"][CONFIG.pad_token_id].any()                        # nn.Embedding(padding_idx=pad)
+    assert_tree_equals_transformers("kimi_linear", grads, ref_grads, tol64)
+
+
+# -- the twin, finite differences --------------------------------------------------------------------
+
+@st.composite
+def small_models(draw):
+    """(config, params, ids, dout): a drawn tiny Kimi Linear (1 to 3 layers of either mixer and
+    either network), its params from init_kimi_linear_params moved off their initial values."""
+    n_layer, n_head = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    config = KimiLinearConfig(
+        vocab_size=draw(st.integers(2, 9)), block_size=80, n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
+        n_embd=draw(st.sampled_from([4, 8])), hidden=draw(st.integers(1, 6)), q_lora_rank=draw(st.none() | st.just(3)),
+        kv_lora_rank=draw(st.integers(1, 4)), qk_nope_head_dim=draw(st.integers(1, 3)), qk_rope_head_dim=2,
+        v_head_dim=draw(st.integers(1, 3)), moe_hidden=draw(st.integers(1, 3)), n_routed_experts=4, n_group=2,
+        topk_group=1, num_experts_per_tok=2,
+        layer_types=tuple(draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]),
+                                        min_size=n_layer, max_size=n_layer))),
+        mlp_layer_types=tuple(draw(st.lists(st.sampled_from(["dense", "sparse"]), min_size=n_layer,
+                                            max_size=n_layer))),
+        linear_num_heads=draw(st.integers(1, 2)), linear_head_dim=draw(st.integers(1, 4)),
+        conv_kernel=draw(st.integers(2, 4)), tie_weights=draw(st.booleans()), pad_token_id=draw(st.none() | st.just(1)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    params = moved_off_init(init_kimi_linear_params(config, rng, np.float64), rng)
+    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+
+
+@pytest.mark.twin_parity
+@settings(max_examples=15, deadline=None)
+@given(case=small_models(), padded=st.booleans())
+def test_matches_twin_and_autograd(case, padded):
+    """float64: the same operations in the same order on both sides, a few ulps apart per step of a
+    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room. With left padding
+    of sequence 0 too."""
+    config, params, ids, dout = case
+    B, T = ids.shape
+    attn_mask = None
+    if padded:
+        pad = np.zeros((B, T), bool)
+        pad[0, : T // 2] = True
+        attn_mask = padding_attn_mask(pad)
+    logits, cache = kimi_linear_forward(ids, params, config, attn_mask=attn_mask)
+    assume(choice_gaps(cache, params, config) > CHOICE_GAP)     # the router rounded two ways
+    grads = kimi_linear_backward(dout, cache)
+    twin_mask = None if attn_mask is None else to_torch(attn_mask)
+    twin_logits, twin_grads = autograd(lambda params: tw.kimi_linear(to_torch(ids), params, config,
+                                                                     attn_mask=twin_mask), {"params": params}, dout)
+    assert_close("kimi_linear.twin.logits", logits, twin_logits)
+    assert_tree_close("kimi_linear.twin.dparams", grads, twin_grads["params"])
+
+
+H = 2e-4
+
+
+@pytest.mark.parametrize("path", ["blocks.0.attn.A_log", "blocks.0.attn.dt_bias", "blocks.0.attn.f_b_proj.w",
+                                  "blocks.0.attn.conv1d.w", "blocks.1.attn.kv_a.w", "blocks.1.attn.q_b.w",
+                                  "blocks.1.mlp.experts.up.w", "blocks.1.mlp.router.w", "norm.w", "wte"])
+def test_gradients_match_finite_differences(path):
+    """float64 five-point differences (helpers.numerical_grad) of a few leaves, one of each kind:
+    a KDA layer then an MLA layer with the experts, every token's choice far from a tie."""
+    config = KimiLinearConfig(vocab_size=7, block_size=16, n_layer=2, n_head=2, n_kv_head=2, n_embd=8, hidden=6,
+                              q_lora_rank=3, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=3,
+                              moe_hidden=3, n_routed_experts=4, n_group=2, topk_group=1, num_experts_per_tok=2,
+                              layer_types=("linear_attention", "full_attention"), mlp_layer_types=("dense", "sparse"),
+                              linear_num_heads=2, linear_head_dim=3, conv_kernel=3)
+    rng = np.random.default_rng(11)
+    params = moved_off_init(init_kimi_linear_params(config, rng, np.float64), rng)
+    ids = rng.integers(0, 7, (2, 6))
+    dout = rng.normal(size=(2, 6, 7))
+    logits, cache = kimi_linear_forward(ids, params, config)
+    assert choice_gaps(cache, params, config) > 1e-2
+    grads = kimi_linear_backward(dout, cache)
+    keys = path.split(".")
+    node, gnode = params, grads
+    for key in keys[:-1]:
+        node, gnode = node[key], gnode[key]
+
+    def f(value):
+        saved = node[keys[-1]]
+        node[keys[-1]] = value
+        try:
+            return kimi_linear_forward(ids, params, config)[0]
+        finally:
+            node[keys[-1]] = saved
+    assert_close(f"kimi_linear.d{path} vs finite differences", gnode[keys[-1]],
+                 numerical_grad(f, node[keys[-1]].copy(), dout, h=H), **FD_TOL)
+
+
+# -- refusals ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ("linear_attention",)}, "layer_types must list n_layer = 2 entries"),
+    ({"layer_types": ("linear_attention", "sliding")}, "layer_types: each entry must be one of .* got 'sliding'"),
+    ({"mlp_layer_types": ("dense", "moe")}, "mlp_layer_types: each entry must be one of .* got 'moe'"),
+    ({"linear_num_heads": 0}, "linear_num_heads"),
+    ({"linear_head_dim": 0}, "linear_head_dim"),
+    ({"conv_kernel": 0}, "conv_kernel"),
+    ({"pad_token_id": 9}, "pad_token_id = 9 must be below vocab_size = 9"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling must be None"),
+])
+def test_bad_config_is_refused_naming_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        KimiLinearConfig(**{"vocab_size": 9, "n_layer": 2, **changes})
+
+
+def test_another_cache_is_refused():
+    config = KimiLinearConfig(n_layer=2)
+    params = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)
+    ids = np.zeros((1, 3), np.int64)
+    with pytest.raises(TypeError, match="kv_cache must be a KimiLinearCache"):
+        kimi_linear_forward(ids, params, config, kv_cache=object())
+    assert kimi_linear_kv_cache(config, 1).n_layer == 2
+
+
+# -- decoding ------------------------------------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(case=small_models(), data=st.data(), padded=st.booleans())
+def test_cached_decoding_equals_the_full_forward(case, data, padded):
+    """A prefill of T1 tokens, then one token at a time from kimi_linear_kv_cache (MLA absorbed from
+    its latents, KDA's recurrence from its state), gives the full forward's logits: float64 to
+    rounding (rtol and atol 1e-10 of the largest logit), the experts' choice far from a tie; with
+    left padding inside the prompt too (padded rows see no key and are not compared)."""
+    config, params, ids, _ = case
+    B, T = ids.shape
+    assume(T > 1)
+    T1 = data.draw(st.integers(1, T - 1))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(T1, 3)] = True                                           # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, cache = kimi_linear_forward(ids, params, config, attn_mask=mask)
+    assume(choice_gaps(cache, params, config) > CHOICE_GAP)
+    kv = kimi_linear_kv_cache(config, B, np.float64, max_len=T)
+    logits = [kimi_linear_forward(ids[:, :T1], params, config, kv_cache=kv, for_backward=False,
+                                  attn_mask=None if mask is None else mask[..., :T1])[0]]
+    for t in range(T1, T):
+        logits.append(kimi_linear_forward(ids[:, t:t + 1], params, config, kv_cache=kv, for_backward=False,
+                                          attn_mask=None if mask is None else mask[..., :t + 1])[0])
+    assert kv.length == T
+    keep = ~pad[:, :, None]
+    assert_close("kimi_linear.decoding", np.where(keep, np.concatenate(logits, axis=1), 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
+
+
+def test_cache_bytes_per_token():
+    """The latents of an MLA layer grow by (rkv + dr) numbers a token; a KDA layer's state is
+    3 nh d (K - 1) + nh d^2 numbers whatever the length."""
+    kv = kimi_linear_kv_cache(CONFIG, 1, np.float64, max_len=10)
+    assert kv.bytes_per_token == (CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim) * 8
+    nh, d, K = CONFIG.linear_num_heads, CONFIG.linear_head_dim, CONFIG.conv_kernel
+    assert kv.state_nbytes == 3 * (3 * nh * d * (K - 1) + nh * d * d) * 8
+
+
+# -- folders saved by transformers -------------------------------------------------------------------
+
+def test_checkpoint_loads_as_the_models_weights(tmp_path):
+    """save_pretrained writes the released checkpoints' layout (block_sparse_moe, experts' w1 w3 w2,
+    three convolutions); attn_cli.hf reads it back as the config and the very weights the
+    module's parameters give (ours_from_hf)."""
+    model = hf_model(0)
+    kind, config, params = load_checkpoint(save(model, tmp_path), np.float64)
+    assert kind == "kimi_linear" and config == CONFIG, config
+    tensors = {k: to_numpy(p) for k, p in model.named_parameters()}
+    tensors.update({k: to_numpy(b) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
+    ref = dict(tree_leaves(ours_from_hf(tensors, CONFIG)))
+    got = dict(tree_leaves(params))
+    assert set(got) == set(ref)
+    for path, value in ref.items():
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
+    """``numpy-attn generate --hf DIR --ids``, with the cache (MLA's latents, KDA's state) and
+    without: the greedy ids of transformers' generate (float32, use_cache=True), 10 tokens past a
+    5-token prompt."""
+    assert_generate_hf_is_transformers(hf_model(0, torch.float32), tmp_path, capsys, cache, "Kimi Linear")
