@@ -1,0 +1,337 @@
+"""Parity tests for numpy_attn/olmo_hybrid.py and torch_attn/olmo_hybrid.py: the model against
+Hugging Face's OlmoHybridForCausalLM in float64 (logits and every parameter's gradient), the twin,
+finite differences, refusals of bad configs, and decoding with the hybrid cache against the full
+forward."""
+
+import inspect
+import textwrap
+import types
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.models.olmo_hybrid import modeling_olmo_hybrid as hf_modeling
+
+import torch_attn.olmo_hybrid as tw
+from numpy_attn.masks import padding_attn_mask
+from numpy_attn.olmo_hybrid import (
+    OlmoHybridConfig,
+    init_olmo_hybrid_params,
+    olmo_hybrid_backward,
+    olmo_hybrid_forward,
+)
+from numpy_attn.qwen3_5 import qwen3_5_kv_cache
+from numpy_attn.rope import rope_frequencies
+from parity_tests.helpers import (
+    FD_TOL,
+    assert_close,
+    assert_tree_close,
+    autograd,
+    moved_off_init,
+    numerical_grad,
+    to_numpy,
+    to_torch,
+    tree_leaves,
+)
+from parity_tests.model_kit import randomise
+
+# A tiny OLMo Hybrid: Gated DeltaNet and attention layers alternating (so that each kind follows the
+# other), 4 query heads on 2 key/value heads of 4 channels; 2 key heads of Gated DeltaNet serving 4
+# value heads. Pad and eos ids inside the vocabulary (the default pad id, 100277, is not).
+HF_SIZES = dict(vocab_size=97, hidden_size=16, intermediate_size=24, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4, linear_value_head_dim=6,
+                linear_conv_kernel_dim=4, rms_norm_eps=1e-6, linear_allow_neg_eigval=True,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+CONFIG = OlmoHybridConfig(vocab_size=97, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=16,
+                          hidden=24, rms_eps=1e-6, rope_theta=10000.0,
+                          layer_types=("linear_attention", "full_attention") * 2, linear_k_heads=2,
+                          linear_v_heads=4, linear_k_dim=4, linear_v_dim=6, conv_kernel=4)
+LINEARS = ("q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_proj")
+
+
+def hf_model(seed=0, **changes):
+    """Hugging Face's model in float64, every weight drawn by model_kit.randomise (norm weights near 1)."""
+    config = transformers.OlmoHybridConfig(**(HF_SIZES | changes), attn_implementation="sdpa")
+    return randomise(transformers.OlmoHybridForCausalLM(config), seed).to(torch.float64).eval()
+
+
+def hf_names(config):
+    """{Hugging Face's name: (our path, how)}: how "T" transposes nn.Linear's (C_out, C_in), "conv"
+    squeezes the convolution's (conv_dim, 1, K) to (conv_dim, K), "" copies. The block's two norms
+    are ours attn_norm and mlp_norm on either kind of layer: after the sublayers on a full one, before
+    them on a linear one."""
+    names = {"model.embed_tokens.weight": (("wte",), ""), "model.norm.weight": (("norm", "w"), ""),
+             "lm_head.weight": (("head", "w"), "T")}
+    for i in range(config.n_layer):
+        p, ours = f"model.layers.{i}.", ("blocks", str(i))
+        for name in ("gate", "up", "down"):
+            names[f"{p}mlp.{name}_proj.weight"] = (ours + ("mlp", name, "w"), "T")
+        attn = ours + ("attn",)
+        if config.is_full(i):
+            names[p + "post_attention_layernorm.weight"] = (ours + ("attn_norm", "w"), "")
+            names[p + "post_feedforward_layernorm.weight"] = (ours + ("mlp_norm", "w"), "")
+            for name in ("q", "k", "v", "o"):
+                names[f"{p}self_attn.{name}_proj.weight"] = (attn + (name, "w"), "T")
+            for name in ("q_norm", "k_norm"):
+                names[f"{p}self_attn.{name}.weight"] = (attn + (name, "w"), "")
+        else:
+            names[p + "input_layernorm.weight"] = (ours + ("attn_norm", "w"), "")
+            names[p + "post_attention_layernorm.weight"] = (ours + ("mlp_norm", "w"), "")
+            for name in LINEARS:
+                names[f"{p}linear_attn.{name}.weight"] = (attn + (name, "w"), "T")
+            names[p + "linear_attn.conv1d.weight"] = (attn + ("conv1d", "w"), "conv")
+            names[p + "linear_attn.o_norm.weight"] = (attn + ("o_norm", "w"), "")
+            for name in ("dt_bias", "A_log"):
+                names[f"{p}linear_attn.{name}"] = (attn + (name,), "")
+    return names
+
+
+def ours_from_hf(tensors, config=CONFIG):
+    """Our tree from Hugging Face's {name: array} (its parameters, or their gradients)."""
+    tree = {}
+    for name, (path, how) in hf_names(config).items():
+        a = np.asarray(tensors[name])
+        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = a
+    return tree
+
+
+def float64_twin(fn):
+    """``fn`` (a function of transformers' OLMo Hybrid file) compiled again from its source with
+    every float32 cast made a float64 one, in the file's namespace as it is now."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
+    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+    namespace = dict(vars(hf_modeling))
+    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+def exact(model, monkeypatch):
+    """Make the float64 model compute in float64 throughout. transformers keeps these steps in
+    float32 whatever the weights' dtype: both delta rules (torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule) cast q, k, v, beta, g to float32; Gated DeltaNet's forward
+    forms g from A_log.float() and a.float(); OlmoHybridRMSNorm and OlmoHybridRMSNormGated
+    normalise in float32; the rotary embedding forms its frequencies and angles in float32 ("to
+    match OLMo-core"). The first four are run again from their source with those casts made float64
+    (float64_twin; the delta rules first, so that Gated DeltaNet's twin calls theirs); the rotary
+    embedding's angles are formed in float64 from rope_frequencies. Attention runs through sdpa,
+    whose softmax keeps float64 (the eager one's is float32)."""
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+    for cls in (hf_modeling.OlmoHybridGatedDeltaNet, hf_modeling.OlmoHybridRMSNorm,
+                hf_modeling.OlmoHybridRMSNormGated):
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+    inv_freq = torch.from_numpy(rope_frequencies(CONFIG.hs, CONFIG.rope_theta))   # (hs/2,) float64
+
+    def rotary(self, x, position_ids):
+        angles = position_ids[..., None].to(torch.float64) * inv_freq         # (B, T, hs/2)
+        angles = torch.cat((angles, angles), dim=-1)                          # (B, T, hs)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    monkeypatch.setattr(model.model.rotary_emb, "forward", types.MethodType(rotary, model.model.rotary_emb))
+    return model
+
+
+def hf_run(model, ids, dout, attention_mask=None):
+    """Logits and the gradients of sum(logits * dout), in our tree."""
+    model.zero_grad()
+    mask = None if attention_mask is None else to_torch(attention_mask.astype(np.int64))
+    logits = model(input_ids=to_torch(ids), attention_mask=mask).logits
+    (logits * to_torch(dout)).sum().backward()
+    return to_numpy(logits), ours_from_hf({k: to_numpy(p.grad) for k, p in model.named_parameters()})
+
+
+def tol64(ref):
+    """float64 against transformers run in float64: the same operations, summed in other orders
+    (BLAS blocks, the chunked delta rule's triangular solve, q, k and v's three projections here one).
+    Each step adds a few ulps (1.1e-16) relative to the largest value it combines; over four blocks
+    of some hundred such steps, with the norms and the delta rule's solve amplifying by O(10), errors
+    stay near 1e-13 of the largest value of the kind compared. rtol and atol 1e-10 x that largest
+    value leave 1000x room and still catch any wrong term (which errs by O(1e-2) or more)."""
+    scale = float(np.abs(ref).max(initial=0))
+    return dict(rtol=1e-10, atol=1e-10 * scale)
+
+
+# -- against Hugging Face --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed, B, T, padded, neg", [(0, 2, 7, False, True), (1, 1, 20, False, False),
+                                                     (2, 2, 9, True, True), (3, 1, 70, False, True)])
+def test_matches_transformers_in_float64(seed, B, T, padded, neg):
+    """Logits and every parameter's gradient of sum(logits * dout) equal transformers' float64
+    model (made float64 throughout by ``exact``), with beta doubled (linear_allow_neg_eigval) or
+    not; with left padding through attention_mask, on the positions that are not padding
+    (transformers' padded rows read no key and are not compared). T = 70 runs two chunks of the
+    chunked delta rule."""
+    rng = np.random.default_rng(seed)
+    model = hf_model(seed, linear_allow_neg_eigval=neg)
+    config = OlmoHybridConfig(**{**CONFIG.__dict__, "allow_neg_eigval": neg})
+    params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    dout = rng.normal(size=(B, T, config.vocab_size))
+    mask = np.ones((B, T), bool)
+    if padded:
+        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
+        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None)
+    attn_mask = padding_attn_mask(~mask) if padded else None
+    logits, cache = olmo_hybrid_forward(ids, params, config, attn_mask=attn_mask)
+    grads = olmo_hybrid_backward(dout, cache)
+    keep = mask[:, :, None]
+    assert_close("olmo_hybrid.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
+    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
+    # and treats that row as any other: compared on the other rows.
+    pad = HF_SIZES["pad_token_id"]
+    assert not ref_grads["wte"][pad].any()
+    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
+    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
+    for path, ref in tree_leaves(ref_grads):
+        got = dict(tree_leaves(grads))[path]
+        assert_close(f"olmo_hybrid.d{path}", got, ref, **tol64(ref))
+    assert {p for p, _ in tree_leaves(grads)} == {p for p, _ in tree_leaves(ref_grads)}
+
+
+def test_default_sizes_are_transformers():
+    """Sizes left None take transformers' defaults from the others, and so does the layer pattern."""
+    for n_layer in (2, 3, 5, 8):   # transformers refuses a model without both kinds of layer
+        ref = transformers.OlmoHybridConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=n_layer)
+        ours = OlmoHybridConfig(n_embd=32, n_head=4, n_layer=n_layer)
+        assert (ours.linear_k_heads, ours.linear_v_heads, ours.linear_k_dim, ours.linear_v_dim) == (
+            ref.linear_num_key_heads, ref.linear_num_value_heads, ref.linear_key_head_dim, ref.linear_value_head_dim)
+        assert list(ours.layer_types) == ref.layer_types
+
+
+# -- the twin, finite differences --------------------------------------------------------------------
+
+@st.composite
+def small_models(draw):
+    """(config, params, ids, dout): a drawn tiny OLMo Hybrid (1 to 3 layers of either type, grouped
+    heads), its params from init_olmo_hybrid_params moved off their initial values."""
+    n_layer = draw(st.integers(1, 3))
+    nkv, g, nk, r = (draw(st.integers(1, 2)) for _ in range(4))
+    config = OlmoHybridConfig(
+        vocab_size=draw(st.integers(2, 9)), block_size=80, n_layer=n_layer, n_head=nkv * g, n_kv_head=nkv,
+        n_embd=draw(st.sampled_from([4, 8])), head_dim=draw(st.sampled_from([2, 4])), hidden=draw(st.integers(1, 6)),
+        layer_types=tuple(draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]),
+                                        min_size=n_layer, max_size=n_layer))),
+        linear_k_heads=nk, linear_v_heads=nk * r, linear_k_dim=draw(st.integers(1, 4)),
+        linear_v_dim=draw(st.integers(1, 4)), conv_kernel=draw(st.integers(2, 4)),
+        allow_neg_eigval=draw(st.booleans()), attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
+    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+
+
+@pytest.mark.twin_parity
+@settings(max_examples=15, deadline=None)
+@given(case=small_models(), padded=st.booleans())
+def test_matches_twin_and_autograd(case, padded):
+    """float64: the same operations in the same order on both sides, a few ulps apart per step of a
+    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room."""
+    config, params, ids, dout = case
+    B, T = ids.shape
+    attn_mask = None
+    if padded:
+        pad = np.zeros((B, T), bool)
+        pad[0, : T // 2] = True                                               # left padding of sequence 0
+        attn_mask = padding_attn_mask(pad)
+    logits, cache = olmo_hybrid_forward(ids, params, config, attn_mask=attn_mask)
+    grads = olmo_hybrid_backward(dout, cache)
+    twin_mask = None if attn_mask is None else to_torch(attn_mask)
+    twin_logits, twin_grads = autograd(
+        lambda params: tw.olmo_hybrid(to_torch(ids), params, config, attn_mask=twin_mask), {"params": params}, dout)
+    assert_close("olmo_hybrid.twin.logits", logits, twin_logits)
+    assert_tree_close("olmo_hybrid.twin.dparams", grads, twin_grads["params"])
+
+
+H = 2e-4
+
+
+@pytest.mark.parametrize("path", ["blocks.0.attn.q.w", "blocks.0.attn.k_norm.w", "blocks.0.attn_norm.w",
+                                  "blocks.1.attn.A_log", "blocks.1.attn.b_proj.w", "blocks.1.attn.k_proj.w",
+                                  "blocks.1.attn.v_proj.w", "blocks.1.attn.o_norm.w", "blocks.1.mlp_norm.w",
+                                  "norm.w", "wte"])
+def test_gradients_match_finite_differences(path):
+    """float64 five-point differences (helpers.numerical_grad) of a few leaves, one of each kind:
+    the post-norm block's QK-norm and norms, Gated DeltaNet's decay, doubled beta and split
+    projections, the pre-norm block's norms. Step H as test_qwen3_5's (params moved off init by
+    U(-0.5, 0.5): the stencil's h^4 error near 3e-9, rounding near 1e-11, below FD_TOL). The
+    embedding takes 1e-5: its rows (near 0.1) reach the first, post-norm, block unnormed and its
+    QK-norm divides by their size, so the fourth derivative is large (wte[9, 7]'s error, 0.085 at
+    2e-4, falls 256x per 4x smaller step, the stencil's h^4, to 6e-7 at 1e-5, next to a gradient
+    of 470; rounding 1e-16 |sum| / h stays near 1e-10)."""
+    h = 1e-5 if path == "wte" else H
+    config = OlmoHybridConfig(vocab_size=11, block_size=16, n_layer=3, n_head=2, n_kv_head=1, n_embd=8, head_dim=4,
+                              hidden=6, layer_types=("full_attention", "linear_attention", "full_attention"),
+                              linear_k_heads=1, linear_v_heads=2, linear_k_dim=4, linear_v_dim=3, conv_kernel=3)
+    rng = np.random.default_rng(0)
+    params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
+    ids = rng.integers(0, 11, (2, 6))
+    dout = rng.normal(size=(2, 6, 11))
+    grads = dict(tree_leaves(olmo_hybrid_backward(dout, olmo_hybrid_forward(ids, params, config)[1])))
+    *parents, key = path.split(".")
+    node = params
+    for p in parents:
+        node = node[p]
+
+    def f(leaf):
+        saved = node[key]
+        node[key] = leaf
+        try:
+            return olmo_hybrid_forward(ids, params, config)[0]
+        finally:
+            node[key] = saved
+    assert_close(f"olmo_hybrid.fd.{path}", grads[path], numerical_grad(f, node[key].copy(), dout, h=h), **FD_TOL)
+
+
+# -- refusals ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"layer_types": ("linear_attention",)}, ValueError, r"layer_types must list n_layer = 2 entries, got \("),
+    ({"layer_types": ("linear_attention", "sliding_attention")}, ValueError,
+     "layer_types: each entry must be 'linear_attention' or 'full_attention', got 'sliding_attention'"),
+    ({"layer_types": "full_attention"}, ValueError, "layer_types must list n_layer = 2 entries, got 'full"),
+    ({"linear_v_heads": 3}, ValueError, "linear_v_heads = 3 must be a multiple of linear_k_heads = 2"),
+    ({"linear_k_heads": 0}, ValueError, "linear_k_heads must be a positive integer, got 0"),
+    ({"linear_v_dim": 2.0}, TypeError, "linear_v_dim must be None or an int"),
+    ({"linear_k_heads": 40, "linear_v_heads": 40}, ValueError,
+     r"linear_k_dim: the default int\(0.75 \* n_embd / linear_k_heads\) is 0 \(n_embd = 32, linear_k_heads = 40\)"),
+    ({"conv_kernel": 0}, ValueError, "conv_kernel must be a positive integer, got 0"),
+    ({"allow_neg_eigval": "yes"}, TypeError, "allow_neg_eigval must be a bool, got str 'yes'"),
+])
+def test_bad_config_is_refused_naming_the_value(changes, error, message):
+    """Each new field's checks, naming OlmoHybridConfig.<field> and the value given."""
+    fields = dict(n_layer=2, linear_k_heads=2, linear_v_heads=4) | changes
+    with pytest.raises(error, match="OlmoHybridConfig." + message):
+        OlmoHybridConfig(**fields)
+
+
+def test_wrong_cache_is_refused():
+    """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
+    from numpy_attn.llama import llama_kv_cache
+    config = OlmoHybridConfig(n_layer=2)
+    params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
+    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
+        olmo_hybrid_forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+
+
+def test_backward_refuses_a_cached_forward():
+    """The cache is for inference only: a backward of a forward that read a cached state is refused."""
+    config = OlmoHybridConfig(n_layer=2, layer_types=("linear_attention", "full_attention"))
+    params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
+    cache = qwen3_5_kv_cache(config, 1, np.float64)
+    olmo_hybrid_forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
+    logits, fwd = olmo_hybrid_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
+    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
+        olmo_hybrid_backward(np.ones_like(logits), fwd)
