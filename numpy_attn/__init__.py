@@ -47,6 +47,7 @@ Reading order, leaf to root:
     qwen3              Qwen3: Llama with QK-norm per head
     qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
+    olmo_hybrid        OLMo Hybrid: OLMo 2's attention blocks, Gated DeltaNet pre-norm blocks in three of four
     gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
     gpt_oss            gpt-oss: attention sinks, sliding and full layers, YaRN, a mixture of experts
@@ -160,6 +161,10 @@ from numpy_attn.optim import (
     sgd_init,
     sgd_step,
     unscale_grads,
+)
+from numpy_attn.olmo_hybrid import (
+    OlmoHybridConfig, init_olmo_hybrid_params, olmo_hybrid_backward, olmo_hybrid_block_backward,
+    olmo_hybrid_block_forward, olmo_hybrid_forward,
 )
 from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward

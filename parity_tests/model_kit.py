@@ -30,6 +30,7 @@ import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
+import numpy_attn.olmo_hybrid as olmo_hybrid
 import numpy_attn.qwen3_5 as qwen3_5
 import torch_attn.deepseek_v3 as tw_deepseek_v3
 import torch_attn.gemma2 as tw_gemma2
@@ -38,6 +39,7 @@ import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.llama as tw_llama
 import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
+import torch_attn.olmo_hybrid as tw_olmo_hybrid
 import torch_attn.qwen3 as tw_qwen3
 import torch_attn.qwen3_5 as tw_qwen3_5
 from attn_cli import cli
@@ -219,6 +221,14 @@ def qwen3_5_rstds(cache):
     qk = [r for c in cache.blocks if isinstance(c.attn, qwen3_5.GatedAttentionCache)
           for r in (c.attn.attn.qk_norm.q[1], c.attn.attn.qk_norm.k[1])]
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
+
+
+def olmo_hybrid_rstds(cache):
+    """llama_rstds of an OLMo Hybrid: each block's two norms, the QK-norms of its attention layers
+    only (its Gated DeltaNet layers have none; their gated norms sit inside the delta rule's output)."""
+    blocks = [c.block for c in cache.blocks]
+    qk = [r for c in cache.blocks if c.full for r in (c.block.attn.qk_norm.q[1], c.block.attn.qk_norm.k[1])]
+    return [cache.norm[1]] + [r for c in blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
 
 
 def twin_of(twin, config, ids, positions):
@@ -906,7 +916,7 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, olmo2, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
+    (llama, qwen3, qwen3_5, olmo2, olmo_hybrid, gemma2, gemma3, gpt_oss, deepseek_v3, llama4), its parameters moved
     off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with a final cap of 0.5, so that the cap
     after the head bends the logits, gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE
     block, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Llama 4 with a chunked MoE layer
@@ -923,6 +933,11 @@ def small_family_model(name, seed):
                     qwen3_5.init_qwen3_5_params, qwen3_5_rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
                   olmo2.init_olmo2_params, llama_rstds),
+        "olmo_hybrid": (olmo_hybrid.olmo_hybrid_forward, olmo_hybrid.olmo_hybrid_backward, tw_olmo_hybrid.olmo_hybrid,
+                        olmo_hybrid.OlmoHybridConfig(**small, layer_types=("linear_attention", "full_attention"),
+                                                     linear_k_heads=1, linear_v_heads=2, linear_k_dim=3,
+                                                     linear_v_dim=2, conv_kernel=3),
+                        olmo_hybrid.init_olmo_hybrid_params, olmo_hybrid_rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,
                    gemma2.Gemma2Config(**small, sliding_window=2, final_logit_softcap=0.5),
                    gemma2.init_gemma2_params, gemma_rstds),

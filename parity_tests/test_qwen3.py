@@ -67,7 +67,7 @@ def family_model():
     return small_family_model
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_5", "olmo2", "gemma2", "gemma3", "gpt_oss",
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_5", "olmo2", "olmo_hybrid", "gemma2", "gemma3", "gpt_oss",
                                   "deepseek_v3", "llama4"])
 @settings(max_examples=8)
 @given(seed=st.integers(0, 2**32 - 1), B=st.integers(1, 2), T=st.integers(1, 6), N=st.integers(0, 7))
