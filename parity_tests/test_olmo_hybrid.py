@@ -35,6 +35,7 @@ from parity_tests.helpers import (
     to_numpy,
     to_torch,
     tree_leaves,
+    tree_to_torch,
 )
 from parity_tests.model_kit import randomise
 
@@ -335,3 +336,83 @@ def test_backward_refuses_a_cached_forward():
     logits, fwd = olmo_hybrid_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
     with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
         olmo_hybrid_backward(np.ones_like(logits), fwd)
+
+
+# -- decoding ------------------------------------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(case=small_models(), P=st.integers(1, 9), padded=st.booleans())
+def test_decoding_equals_the_full_forward(case, P, padded):
+    """Prefill P tokens, then one token at a time through qwen3_5_kv_cache: every step's logits equal
+    the full forward's at that position (float64, to rounding: the chunked and the one-step delta
+    rule are the same recurrence summed in another order), with left padding too. The cache's
+    linear layers hold a state of a fixed size, whatever the length."""
+    config, params, ids, _ = case
+    B, T = ids.shape
+    T = max(T, P + 1)
+    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, _ = olmo_hybrid_forward(ids, params, config, attn_mask=mask, for_backward=False)
+    cache = qwen3_5_kv_cache(config, B, np.float64, max_len=T)
+    state_bytes = cache.state_nbytes
+    steps = [olmo_hybrid_forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
+                                 attn_mask=None if mask is None else mask[..., :P])[0]]
+    for t in range(P, T):
+        steps.append(olmo_hybrid_forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
+                                         attn_mask=None if mask is None else mask[..., :t + 1])[0])
+    decoded = np.concatenate(steps, axis=1)
+    keep = ~pad[:, :, None]                                                   # padded rows see no key
+    assert_close("olmo_hybrid.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
+    assert cache.length == T and cache.state_nbytes == state_bytes
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoding_matches_transformers_generate(padded):
+    """Greedy ids of our cached decoding equal transformers' generate on the float64 model made
+    exact (its own DynamicCache with Gated DeltaNet's states), for two prompts, the second one
+    left-padded by 2 when ``padded`` (attention_mask 0 there, read as padding by both)."""
+    model = hf_model(5)
+    params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
+    prompts = np.array([[3, 14, 15, 92, 65, 35], [0, 0, 89, 79, 32, 38] if padded else [2, 71, 82, 81, 82, 8]])
+    pad = np.zeros(prompts.shape, bool)
+    if padded:
+        pad[1, :2] = True
+    n = 8
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exact(model, monkeypatch)
+        with torch.no_grad():
+            theirs = model.generate(to_torch(prompts), attention_mask=to_torch((~pad).astype(np.int64)),
+                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                    eos_token_id=None).numpy()
+    cache = qwen3_5_kv_cache(CONFIG, 2, np.float64)
+    ours, new = [prompts], prompts
+    pad = np.concatenate([pad, np.zeros((2, n), bool)], axis=1)               # the new tokens are not padding
+    for _ in range(n):
+        S = cache.length + new.shape[1]
+        mask = padding_attn_mask(pad[:, :S]) if padded else None
+        logits, _ = olmo_hybrid_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1,
+                                        attn_mask=mask)
+        new = logits[:, -1].argmax(-1)[:, None]
+        ours.append(new)
+    assert np.array_equal(np.concatenate(ours, axis=1), theirs)
+
+
+def test_twin_decodes_as_ours():
+    """The twin's cache (torch_attn/qwen3_5.py's) decodes a prefill then one token at a time to our
+    logits (float64: the same steps, helpers' tolerance)."""
+    import torch_attn.qwen3_5 as tw_qwen3_5
+    model = hf_model(4)
+    params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
+    tparams = tree_to_torch(params)
+    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
+    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), tw_qwen3_5.qwen3_5_kv_cache(CONFIG, 2, torch.float64)
+    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
+        ours, _ = olmo_hybrid_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
+        with torch.no_grad():
+            twin = tw.olmo_hybrid(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
+        assert_close(f"olmo_hybrid.twin decoding [{start}:{end}]", ours, to_numpy(twin))
+    assert cache.length == twin_cache.length == 9
