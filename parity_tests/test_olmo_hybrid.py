@@ -49,7 +49,7 @@ HF_SIZES = dict(vocab_size=97, hidden_size=16, intermediate_size=24, num_hidden_
                 layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                 tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-CONFIG = OlmoHybridConfig(vocab_size=97, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=16,
+CONFIG = OlmoHybridConfig(vocab_size=97, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=16, head_dim=4,
                           hidden=24, rms_eps=1e-6, rope_theta=10000.0,
                           layer_types=("linear_attention", "full_attention") * 2, linear_k_heads=2,
                           linear_v_heads=4, linear_k_dim=4, linear_v_dim=6, conv_kernel=4)
@@ -416,3 +416,75 @@ def test_twin_decodes_as_ours():
             twin = tw.olmo_hybrid(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
         assert_close(f"olmo_hybrid.twin decoding [{start}:{end}]", ours, to_numpy(twin))
     assert cache.length == twin_cache.length == 9
+
+
+# -- checkpoints saved by transformers ------------------------------------------------------------------
+
+def test_checkpoint_reads_as_the_model(tmp_path):
+    """attn_cli.hf reads a saved OlmoHybridForCausalLM folder into CONFIG and the very params the
+    tests above copy from the model (float64: no rounding)."""
+    from attn_cli.hf import load_checkpoint
+    model = hf_model(7)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    kind, config, params = load_checkpoint(tmp_path, np.float64)
+    assert kind == "olmo_hybrid" and config == CONFIG, config
+    expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
+    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
+    for path, leaf in tree_leaves(expected):
+        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
+    """``numpy-attn generate --hf DIR --ids`` on a saved float32 model, with the cache (keys and
+    values, Gated DeltaNet's state) and without: transformers' greedy ids (use_cache=True)."""
+    from attn_cli import cli
+    from parity_tests.model_kit import hf_greedy
+    model = hf_model(8).to(torch.float32)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "6",
+                     "--temperature", "0", *cache]) == 0
+    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 6)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+     "layer_types must list only 'linear_attention' and 'full_attention', got 'sliding_attention'"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ({"linear_allow_neg_eigval": "yes"}, "linear_allow_neg_eigval"),
+])
+def test_bad_config_json_is_refused(tmp_path, capsys, changes, message):
+    """A config.json this model cannot run is refused by load_checkpoint and generate --hf, naming the key."""
+    from parity_tests.model_kit import assert_changed_config_refused
+    folder = tmp_path / "model"
+    hf_model(9).to(torch.float32).save_pretrained(folder, safe_serialization=True)
+    assert_changed_config_refused(folder, capsys, changes, message)
+
+
+@pytest.mark.parametrize("widths", [(8, 8, 24), (8, 8, 23)])
+def test_convolution_pieces_of_any_widths_are_read(tmp_path, widths):
+    """The original checkpoints hold the convolution as q's, k's and v's pieces (8, 8, 24 rows
+    here), transformers' own save as three near-equal ones (14, 14, 12): both join into the one
+    weight; pieces whose widths do not sum to conv_dim (40) are refused, naming them."""
+    import safetensors.numpy
+
+    from attn_cli.hf import CheckpointError, load_checkpoint
+    model = hf_model(6)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors.numpy.load_file(path)
+    a = "model.layers.0.linear_attn."
+    names = [f"{a}{x}_conv1d.weight" for x in "qkv"]
+    assert [tensors[n].shape[0] for n in names] == [14, 14, 12]                # transformers' cut
+    whole = np.concatenate([tensors[n] for n in names])[:sum(widths)]
+    for name, piece in zip(names, np.split(whole, np.cumsum(widths)[:-1]), strict=True):
+        tensors[name] = piece
+    safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+    if sum(widths) != CONFIG.conv_dim:
+        with pytest.raises(CheckpointError, match=r"conv1d.weight: widths \[8, 8, 23\] must sum to .* = 40"):
+            load_checkpoint(tmp_path, np.float64)
+        return
+    _, _, params = load_checkpoint(tmp_path, np.float64)
+    expected = to_numpy(model.model.layers[0].linear_attn.conv1d.weight)[:, 0]
+    assert np.array_equal(params["blocks"]["0"]["attn"]["conv1d"]["w"], expected)
