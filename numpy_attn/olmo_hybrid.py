@@ -47,6 +47,7 @@ from numpy_attn.qwen3_5 import (
     Qwen3_5Cache,
     Qwen3_5Config,
     _token_mask,
+    check_layer_types,
     qwen3_5_kv_cache,
 )
 
@@ -201,13 +202,7 @@ def _check_olmo_hybrid_config(config):
     if types is None:   # Hugging Face's default: every 4th layer full, and the last if none is
         types = tuple(LAYER_TYPES[i % 4 == 3 or (i == config.n_layer - 1 and config.n_layer < 4)]
                       for i in range(config.n_layer))
-    if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != config.n_layer:
-        raise ValueError(f"{name}.layer_types must list n_layer = {config.n_layer} entries, got {types!r}")
-    for t in types:
-        if t not in LAYER_TYPES:
-            raise ValueError(f"{name}.layer_types: each entry must be 'linear_attention' or 'full_attention', "
-                             f"got {t!r}")
-    values["layer_types"] = tuple(types)
+    values["layer_types"] = check_layer_types(name, types, config.n_layer)
     return values
 
 
