@@ -8,8 +8,10 @@ built on Llama's model runs (``model_tests``), and a small model of every family
 import contextlib
 import copy
 import importlib
+import inspect
 import json
 import signal
+import textwrap
 import tracemalloc
 import types
 from typing import NamedTuple
@@ -100,6 +102,33 @@ def save(model, folder):
 def random_ids(V, B=2, T=7, seed=0):
     """Token ids (B, T) below ``V``, drawn from ``seed``."""
     return np.random.default_rng(seed).integers(0, V, (B, T))
+
+
+def float64_twin(fn, module):
+    """``fn`` (a function of transformers' modeling file ``module``) compiled again from its source
+    with every float32 cast made a float64 one, in the file's namespace as it is now (functions
+    patched there before are the ones it calls): the same steps at float64 precision."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
+    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+    namespace = dict(vars(module))
+    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+def tree_from_names(tensors, names):
+    """Our tree from Hugging Face's {name: array} (its parameters, or their gradients) by ``names``
+    {Hugging Face's name: (our path, how)}: how "T" transposes nn.Linear's (C_out, C_in), "conv"
+    squeezes a convolution's (channels, 1, K) to (channels, K), "" copies."""
+    tree = {}
+    for name, (path, how) in names.items():
+        a = np.asarray(tensors[name])
+        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = a
+    return tree
 
 
 def compare(label, ours, theirs, dtype, rstds=(), scale=None):

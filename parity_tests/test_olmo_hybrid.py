@@ -4,7 +4,6 @@ finite differences, refusals of bad configs, and decoding with the hybrid cache 
 forward."""
 
 import inspect
-import textwrap
 import types
 
 import numpy as np
@@ -37,7 +36,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import randomise
+from parity_tests.model_kit import float64_twin, randomise, tree_from_names
 
 # A tiny OLMo Hybrid: Gated DeltaNet and attention layers alternating (so that each kind follows the
 # other), 4 query heads on 2 key/value heads of 4 channels; 2 key heads of Gated DeltaNet serving 4
@@ -95,26 +94,7 @@ def hf_names(config):
 
 def ours_from_hf(tensors, config=CONFIG):
     """Our tree from Hugging Face's {name: array} (its parameters, or their gradients)."""
-    tree = {}
-    for name, (path, how) in hf_names(config).items():
-        a = np.asarray(tensors[name])
-        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = a
-    return tree
-
-
-def float64_twin(fn):
-    """``fn`` (a function of transformers' OLMo Hybrid file) compiled again from its source with
-    every float32 cast made a float64 one, in the file's namespace as it is now."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
-    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-    namespace = dict(vars(hf_modeling))
-    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
-    return namespace[fn.__name__]
+    return tree_from_names(tensors, hf_names(config))
 
 
 def exact(model, monkeypatch):
@@ -124,14 +104,14 @@ def exact(model, monkeypatch):
     forms g from A_log.float() and a.float(); OlmoHybridRMSNorm and OlmoHybridRMSNormGated
     normalise in float32; the rotary embedding forms its frequencies and angles in float32 ("to
     match OLMo-core"). The first four are run again from their source with those casts made float64
-    (float64_twin; the delta rules first, so that Gated DeltaNet's twin calls theirs); the rotary
+    (model_kit.float64_twin; the delta rules first, so that Gated DeltaNet's twin calls theirs); the rotary
     embedding's angles are formed in float64 from rope_frequencies. Attention runs through sdpa,
     whose softmax keeps float64 (the eager one's is float32)."""
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.OlmoHybridGatedDeltaNet, hf_modeling.OlmoHybridRMSNorm,
                 hf_modeling.OlmoHybridRMSNormGated):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
     inv_freq = torch.from_numpy(rope_frequencies(CONFIG.hs, CONFIG.rope_theta))   # (hs/2,) float64
 
     def rotary(self, x, position_ids):

@@ -3,7 +3,6 @@ Face's Qwen3_5ForCausalLM in float64 (logits and every parameter's gradient), th
 differences, refusals of bad configs, and decoding with the hybrid cache against the full forward."""
 
 import inspect
-import textwrap
 import types
 
 import numpy as np
@@ -36,7 +35,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import randomise
+from parity_tests.model_kit import float64_twin, randomise, tree_from_names
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
 # repeat them; 4 query heads on 2 key/value heads of 8 channels, half of them rotating; 2 key heads
@@ -91,26 +90,7 @@ def hf_names(config):
 
 def ours_from_hf(tensors, config):
     """Our tree from Hugging Face's {name: array} (its parameters, or their gradients)."""
-    tree = {}
-    for name, (path, how) in hf_names(config).items():
-        a = np.asarray(tensors[name])
-        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = a
-    return tree
-
-
-def float64_twin(fn):
-    """``fn`` (a function of transformers' Qwen3.5 file) compiled again from its source with every
-    float32 cast made a float64 one, in the file's namespace: the same steps at float64 precision."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))   # the hub decorators
-    source = source.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-    namespace = dict(vars(hf_modeling))
-    exec(compile(source, f"<float64 {fn.__name__}>", "exec"), namespace)
-    return namespace[fn.__name__]
+    return tree_from_names(tensors, hf_names(config))
 
 
 def exact(model, monkeypatch):
@@ -119,13 +99,13 @@ def exact(model, monkeypatch):
     torch_recurrent_gated_delta_rule) cast q, k, v, beta, g to float32; Gated DeltaNet's forward
     forms g from A_log.float() and a.float(); Qwen3_5RMSNorm and Qwen3_5RMSNormGated normalise in
     float32; the rotary embedding forms its frequencies and angles in float32. The first four are
-    run again from their source with those casts made float64 (float64_twin); the rotary
+    run again from their source with those casts made float64 (model_kit.float64_twin); the rotary
     embedding's angles are formed in float64 from rope_frequencies of the rotary_dim channels (its
     three mrope sections see the same text positions, so they are the one rotation)."""
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name)))
+        monkeypatch.setattr(hf_modeling, name, float64_twin(getattr(hf_modeling, name), hf_modeling))
     for cls in (hf_modeling.Qwen3_5GatedDeltaNet, hf_modeling.Qwen3_5RMSNorm, hf_modeling.Qwen3_5RMSNormGated):
-        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward)))
+        monkeypatch.setattr(cls, "forward", float64_twin(inspect.unwrap(cls.forward), hf_modeling))
     inv_freq = torch.from_numpy(rope_frequencies(CONFIG.rotary_dim, CONFIG.rope_theta))   # (r/2,) float64
 
     def rotary(self, x, position_ids):
