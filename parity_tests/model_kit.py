@@ -50,6 +50,7 @@ from benchmarks import convert
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
+from numpy_attn.masks import padding_attn_mask
 from numpy_attn.olmo2 import Olmo2Config, init_olmo2_params
 from numpy_attn.qwen3 import Qwen3Config, init_qwen3_params, qwen3_backward, qwen3_forward
 from numpy_attn.rope import rope_attention_factor, rope_frequencies
@@ -129,6 +130,35 @@ def tree_from_names(tensors, names):
             node = node.setdefault(key, {})
         node[path[-1]] = a
     return tree
+
+
+def assert_decodes_as_the_full_forward(label, forward, kv_cache, config, params, ids, P, padded):
+    """A hybrid model (``forward``, float64 ``params``) prefills P tokens of ``ids``' rows, then takes
+    one token at a time through ``kv_cache(config, B, np.float64, max_len=T)``: every step's logits
+    equal the full forward's at that position to rounding (rtol and atol 1e-10 of the largest logit:
+    the chunked and the one-step delta rule are the same recurrence summed in another order), with
+    sequence 0 left-padded inside the prompt when ``padded`` (padded rows see no key: not compared).
+    The cache's states keep their size whatever the length."""
+    B, T = ids.shape
+    T = max(T, P + 1)
+    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
+    pad = np.zeros((B, T), bool)
+    if padded:
+        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
+    mask = padding_attn_mask(pad) if padded else None
+    full, _ = forward(ids, params, config, attn_mask=mask, for_backward=False)
+    cache = kv_cache(config, B, np.float64, max_len=T)
+    state_bytes = cache.state_nbytes
+    steps = [forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
+                     attn_mask=None if mask is None else mask[..., :P])[0]]
+    for t in range(P, T):
+        steps.append(forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
+                             attn_mask=None if mask is None else mask[..., :t + 1])[0])
+    decoded = np.concatenate(steps, axis=1)
+    keep = ~pad[:, :, None]
+    assert_close(f"{label}.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
+                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
+    assert cache.length == T and cache.state_nbytes == state_bytes
 
 
 def compare(label, ours, theirs, dtype, rstds=(), scale=None):

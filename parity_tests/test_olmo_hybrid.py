@@ -36,7 +36,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import float64_twin, randomise, tree_from_names
+from parity_tests.model_kit import assert_decodes_as_the_full_forward, float64_twin, randomise, tree_from_names
 
 # A tiny OLMo Hybrid: Gated DeltaNet and attention layers alternating (so that each kind follows the
 # other), 4 query heads on 2 key/value heads of 4 channels; 2 key heads of Gated DeltaNet serving 4
@@ -327,27 +327,7 @@ def test_decoding_equals_the_full_forward(case, P, padded):
     the full forward's at that position (float64, to rounding: the chunked and the one-step delta
     rule are the same recurrence summed in another order), with left padding too. The cache's
     linear layers hold a state of a fixed size, whatever the length."""
-    config, params, ids, _ = case
-    B, T = ids.shape
-    T = max(T, P + 1)
-    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
-    pad = np.zeros((B, T), bool)
-    if padded:
-        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
-    mask = padding_attn_mask(pad) if padded else None
-    full, _ = olmo_hybrid_forward(ids, params, config, attn_mask=mask, for_backward=False)
-    cache = qwen3_5_kv_cache(config, B, np.float64, max_len=T)
-    state_bytes = cache.state_nbytes
-    steps = [olmo_hybrid_forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
-                                 attn_mask=None if mask is None else mask[..., :P])[0]]
-    for t in range(P, T):
-        steps.append(olmo_hybrid_forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
-                                         attn_mask=None if mask is None else mask[..., :t + 1])[0])
-    decoded = np.concatenate(steps, axis=1)
-    keep = ~pad[:, :, None]                                                   # padded rows see no key
-    assert_close("olmo_hybrid.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
-                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
-    assert cache.length == T and cache.state_nbytes == state_bytes
+    assert_decodes_as_the_full_forward("olmo_hybrid", olmo_hybrid_forward, qwen3_5_kv_cache, *case[:3], P, padded)
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -418,14 +398,8 @@ def test_checkpoint_reads_as_the_model(tmp_path):
 def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
     """``numpy-attn generate --hf DIR --ids`` on a saved float32 model, with the cache (keys and
     values, Gated DeltaNet's state) and without: transformers' greedy ids (use_cache=True)."""
-    from attn_cli import cli
-    from parity_tests.model_kit import hf_greedy
-    model = hf_model(8).to(torch.float32)
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "6",
-                     "--temperature", "0", *cache]) == 0
-    ours = [int(i) for i in capsys.readouterr().out.strip().split(",")]
-    assert ours == hf_greedy(model, [3, 1, 4, 1, 5], 6)
+    from parity_tests.model_kit import assert_generate_hf_is_transformers
+    assert_generate_hf_is_transformers(hf_model(8).to(torch.float32), tmp_path, capsys, cache, f"olmo_hybrid {cache}")
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -35,7 +35,7 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import float64_twin, randomise, tree_from_names
+from parity_tests.model_kit import assert_decodes_as_the_full_forward, float64_twin, randomise, tree_from_names
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
 # repeat them; 4 query heads on 2 key/value heads of 8 channels, half of them rotating; 2 key heads
@@ -309,27 +309,7 @@ def test_decoding_equals_the_full_forward(case, P, padded):
     the full forward's at that position (float64, to rounding: the chunked and the one-step delta
     rule are the same recurrence summed in another order), with left padding too. The cache's
     linear layers hold a state of a fixed size, whatever the length."""
-    config, params, ids, _ = case
-    B, T = ids.shape
-    T = max(T, P + 1)
-    ids = np.random.default_rng(P).integers(0, config.vocab_size, (B, T))
-    pad = np.zeros((B, T), bool)
-    if padded:
-        pad[0, : min(P, 3)] = True                                            # left padding inside the prompt
-    mask = padding_attn_mask(pad) if padded else None
-    full, _ = qwen3_5_forward(ids, params, config, attn_mask=mask, for_backward=False)
-    cache = qwen3_5_kv_cache(config, B, np.float64, max_len=T)
-    state_bytes = cache.state_nbytes
-    steps = [qwen3_5_forward(ids[:, :P], params, config, kv_cache=cache, for_backward=False,
-                             attn_mask=None if mask is None else mask[..., :P])[0]]
-    for t in range(P, T):
-        steps.append(qwen3_5_forward(ids[:, t:t + 1], params, config, kv_cache=cache, for_backward=False,
-                                     attn_mask=None if mask is None else mask[..., :t + 1])[0])
-    decoded = np.concatenate(steps, axis=1)
-    keep = ~pad[:, :, None]                                                   # padded rows see no key
-    assert_close("qwen3_5.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
-                 rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
-    assert cache.length == T and cache.state_nbytes == state_bytes
+    assert_decodes_as_the_full_forward("qwen3_5", qwen3_5_forward, qwen3_5_kv_cache, *case[:3], P, padded)
 
 
 def test_decoding_matches_transformers_generate():
