@@ -49,6 +49,7 @@ Reading order, leaf to root:
     qwen3_5            Qwen3.5: Gated DeltaNet in three layers of four, gated attention with partial rotary
     qwen3_next         Qwen3-Next: Qwen3.5 with fused Gated DeltaNet projections and a shared-expert MoE
     olmo2              OLMo 2: Llama with the norms after the sublayers, QK-norm over the projection
+    olmo_hybrid        OLMo Hybrid: OLMo 2's attention blocks, Gated DeltaNet pre-norm blocks in three of four
     gemma2             Gemma 2: four norms per block, GeGLU, capped scores and logits, sliding layers
     gemma3             Gemma 3: Gemma 2 with QK-norm, five local layers in six with their own rope base
     gemma4             Gemma 4's text model: norms by w, V-norm, wider global heads, shared keys and values
@@ -184,6 +185,10 @@ from numpy_attn.optim import (
     sgd_init,
     sgd_step,
     unscale_grads,
+)
+from numpy_attn.olmo_hybrid import (
+    OlmoHybridConfig, init_olmo_hybrid_params, olmo_hybrid_backward, olmo_hybrid_block_backward,
+    olmo_hybrid_block_forward, olmo_hybrid_forward,
 )
 from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward

@@ -4,7 +4,7 @@ the operations before it put together.
     qkv     = causal_conv1d(x @ in_proj_qkv, conv1d, silu)       K taps, no bias, per channel
     q, k, v = split(qkv)                                          nk, nk, nv heads of dk, dk, dv
     q, k    = l2_norm(repeat(q)), l2_norm(repeat(k))              each key head serves nv / nk value heads
-    beta    = sigmoid(x @ in_proj_b)                              (B, T, nv), the learning rate
+    beta    = beta_scale * sigmoid(x @ in_proj_b)                 (B, T, nv), the learning rate
     g       = -exp(A_log) * softplus(x @ in_proj_a + dt_bias)     (B, T, nv), the log-decay, <= 0
     o, S    = delta_rule(q, k, v, g, beta, S)                     chunked (prefill) or one step (decoding)
     out     = gated_rms_norm(o, x @ in_proj_z, norm, silu) @ out_proj   per value head of width dv
@@ -13,7 +13,9 @@ Yang, Kautz and Hatamizadeh, "Gated Delta Networks" (2024); Qwen Team, Qwen3-Nex
 (2025): three of every four layers are this sublayer instead of attention. The parameters are
 named as Hugging Face's ``Qwen3_5GatedDeltaNet`` names them, each linear's weight stored (C_in,
 C_out) as linear.py stores it, the convolution's (conv_dim, K) as causal_conv1d.py does, and
-``norm`` the gated norm's weight (dv,).
+``norm`` the gated norm's weight (dv,). ``beta_scale`` (1 here; OLMo Hybrid's 2) widens beta's
+range to (0, beta_scale): above 1 a step may flip the sign of what the state holds along k_t (an
+eigenvalue 1 - beta_t of I - beta_t k_t k_t^T below 0).
 
 Grouped heads: nv is a multiple of nk, and key head i serves the value heads i * r .. i * r + r - 1
 (r = nv / nk, ``np.repeat``, as torch's repeat_interleave); its gradient is the sum over them.
@@ -61,17 +63,21 @@ class GatedDeltaNetCache(NamedTuple):
     decay: tuple               # log_decay_forward's cache
     sizes: tuple               # (nk, nv, dk, dv)
     mask: object               # (B, T) bool or None
+    beta_scale: float = 1.0    # beta = beta_scale * sigmoid(b)
 
 
 def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, eps=1e-6,
-                           state=None, mask=None, chunk_size=64):
+                           state=None, mask=None, chunk_size=64, beta_scale=1.0):
     """x (B, T, C) through the sublayer with ``params`` (the dict named as Hugging Face's module),
     nk = num_k_heads, nv = num_v_heads key and value heads of widths dk, dv, the gated norm's eps,
-    the state of the text before x (None: its start), mask (B, T) bool or None.
+    the state of the text before x (None: its start), mask (B, T) bool or None, ``beta_scale`` a
+    positive number multiplying the learning rate beta.
 
     Returns ``(out (B, T, C), new_state, cache)``, new_state {"conv", "recurrent"} for the next call.
     """
     _check_gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, state, mask)
+    if isinstance(beta_scale, bool) or not isinstance(beta_scale, int | float) or not 0 < beta_scale < np.inf:
+        raise ValueError(f"gated_deltanet: beta_scale must be a positive finite number, got {beta_scale!r}")
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
     if mask is not None:
@@ -90,15 +96,16 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
     v = v.reshape(B, T, nv, dv).swapaxes(1, 2)                                # (B, nv, T, dv)
     q, q_norm_cache = l2_norm_forward(q)                              # eps 1e-6, fixed in the models
     k, k_norm_cache = l2_norm_forward(k)
-    beta = sigmoid(b)                                                 # (B, T, nv)
+    beta = sigmoid(b)                                                 # (B, T, nv), before the scale
     g, decay_cache = log_decay_forward(a + params["dt_bias"], params["A_log"])   # (B, T, nv), <= 0
     S0 = None if state is None else state["recurrent"]
-    o, S, delta_cache, recurrent = delta_rule_forward(q, k, v, g.swapaxes(1, 2), beta.swapaxes(1, 2), S0, chunk_size)
+    o, S, delta_cache, recurrent = delta_rule_forward(q, k, v, g.swapaxes(1, 2), (beta_scale * beta).swapaxes(1, 2), S0,
+                                                      chunk_size)
     # The gated norm per value head, gate z.
     y, norm_cache = gated_rms_norm_forward(o.swapaxes(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out, lin["out_proj"] = linear_forward(y.reshape(B, T, nv * dv), **params["out_proj"])   # (B, T, C)
     cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent,
-                               norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask)
+                               norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask, beta_scale)
     return out, {"conv": conv_state, "recurrent": S}, cache
 
 
@@ -116,7 +123,7 @@ def gated_deltanet_backward(dout, cache):
     dg, dbeta = d["g"].swapaxes(1, 2), d["beta"].swapaxes(1, 2)     # (B, T, nv)
     dpre, grads["A_log"] = log_decay_backward(dg, c.decay)
     grads["dt_bias"] = dpre.sum(axis=(0, 1))
-    db = dbeta * c.beta * (1 - c.beta)                                # sigmoid' = beta (1 - beta)
+    db = dbeta * c.beta_scale * c.beta * (1 - c.beta)                 # sigmoid' = s (1 - s), s = c.beta
     # Undoes the norms and the repeat: a key head's gradient sums its r value heads.
     dq = l2_norm_backward(d["q"], c.q_norm).swapaxes(1, 2).reshape(B, T, nk, nv // nk, dk).sum(3)
     dk_ = l2_norm_backward(d["k"], c.k_norm).swapaxes(1, 2).reshape(B, T, nk, nv // nk, dk).sum(3)

@@ -356,14 +356,19 @@ def _check_qwen3_5_config(config):
     types = config.layer_types
     if types is None:   # Hugging Face's default: every 4th layer full
         types = tuple(LAYER_TYPES[(i + 1) % 4 == 0] for i in range(config.n_layer))
-    if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != config.n_layer:
-        raise ValueError(f"{name}.layer_types must list n_layer = {config.n_layer} entries, got {types!r}")
+    values["layer_types"] = check_layer_types(name, types, config.n_layer)
+    return values
+
+
+def check_layer_types(name, types, n_layer):
+    """``types`` as a tuple of n_layer entries of LAYER_TYPES, or raise naming ``name``.layer_types."""
+    if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != n_layer:
+        raise ValueError(f"{name}.layer_types must list n_layer = {n_layer} entries, got {types!r}")
     for t in types:
         if t not in LAYER_TYPES:
             raise ValueError(f"{name}.layer_types: each entry must be 'linear_attention' or 'full_attention', "
                              f"got {t!r}")
-    values["layer_types"] = tuple(types)
-    return values
+    return tuple(types)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

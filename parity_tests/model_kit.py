@@ -34,6 +34,7 @@ import numpy_attn.kimi_linear as kimi_linear
 import numpy_attn.llama as llama
 import numpy_attn.llama4 as llama4
 import numpy_attn.olmo2 as olmo2
+import numpy_attn.olmo_hybrid as olmo_hybrid
 import numpy_attn.qwen3_5 as qwen3_5
 import numpy_attn.qwen3_next as qwen3_next
 import torch_attn.deepseek_v3 as tw_deepseek_v3
@@ -45,6 +46,7 @@ import torch_attn.kimi_linear as tw_kimi_linear
 import torch_attn.llama as tw_llama
 import torch_attn.llama4 as tw_llama4
 import torch_attn.olmo2 as tw_olmo2
+import torch_attn.olmo_hybrid as tw_olmo_hybrid
 import torch_attn.qwen3 as tw_qwen3
 import torch_attn.qwen3_5 as tw_qwen3_5
 import torch_attn.qwen3_next as tw_qwen3_next
@@ -111,6 +113,21 @@ def save(model, folder):
 def random_ids(V, B=2, T=7, seed=0):
     """Token ids (B, T) below ``V``, drawn from ``seed``."""
     return np.random.default_rng(seed).integers(0, V, (B, T))
+
+
+def tree_from_names(tensors, names):
+    """Our tree from Hugging Face's {name: array} (its parameters, or their gradients) by ``names``
+    {Hugging Face's name: (our path, how)}: how "T" transposes nn.Linear's (C_out, C_in), "conv"
+    squeezes a convolution's (channels, 1, K) to (channels, K), "" copies."""
+    tree = {}
+    for name, (path, how) in names.items():
+        a = np.asarray(tensors[name])
+        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = a
+    return tree
 
 
 def compare(label, ours, theirs, dtype, rstds=(), scale=None):
@@ -294,6 +311,14 @@ def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, param
     assert_close(f"{name}.decoded.logits", np.where(keep, decoded, 0), np.where(keep, full, 0),
                  rtol=1e-10, atol=1e-10 * float(np.abs(full).max()))
     assert cache.length == T and cache.state_nbytes == state_bytes
+
+
+def olmo_hybrid_rstds(cache):
+    """llama_rstds of an OLMo Hybrid: each block's two norms, the QK-norms of its attention layers
+    only (its Gated DeltaNet layers have none; their gated norms sit inside the delta rule's output)."""
+    blocks = [c.block for c in cache.blocks]
+    qk = [r for c in cache.blocks if c.full for r in (c.block.attn.qk_norm.q[1], c.block.attn.qk_norm.k[1])]
+    return [cache.norm[1]] + [r for c in blocks for r in (c.attn_norm[1], c.mlp_norm[1])] + qk
 
 
 def twin_of(twin, config, ids, positions):
@@ -995,13 +1020,14 @@ def encoder_layer_grads(layer):
 
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
-    (llama, qwen3, qwen3_5, qwen3_next, olmo2, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3, llama4,
-    kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with
+    (llama, qwen3, qwen3_5, qwen3_next, olmo2, olmo_hybrid, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3,
+    llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with
     a final cap of 0.5, so that the cap after the head bends the logits, gpt-oss with sinks and
     experts, DeepSeek-V3 with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention
     layer, Qwen3-Next too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE
     layer of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its
-    keys, Kimi Linear with a KDA layer and an MLA layer with experts."""
+    keys, Kimi Linear with a KDA layer and an MLA layer with experts, OLMo Hybrid with a Gated DeltaNet
+    layer and an attention layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -1021,6 +1047,11 @@ def small_family_model(name, seed):
                        qwen3_next.init_qwen3_next_params, qwen3_5_rstds),
         "olmo2": (olmo2.olmo2_forward, olmo2.olmo2_backward, tw_olmo2.olmo2, olmo2.Olmo2Config(**small),
                   olmo2.init_olmo2_params, llama_rstds),
+        "olmo_hybrid": (olmo_hybrid.olmo_hybrid_forward, olmo_hybrid.olmo_hybrid_backward, tw_olmo_hybrid.olmo_hybrid,
+                        olmo_hybrid.OlmoHybridConfig(**small, layer_types=("linear_attention", "full_attention"),
+                                                     linear_k_heads=1, linear_v_heads=2, linear_k_dim=3,
+                                                     linear_v_dim=2, conv_kernel=3),
+                        olmo_hybrid.init_olmo_hybrid_params, olmo_hybrid_rstds),
         "gemma2": (gemma2.gemma2_forward, gemma2.gemma2_backward, tw_gemma2.gemma2,
                    gemma2.Gemma2Config(**small, sliding_window=2, final_logit_softcap=0.5),
                    gemma2.init_gemma2_params, gemma_rstds),

@@ -177,6 +177,26 @@ def test_backward_matches_finite_differences(name):
                                                x, params, dout, name, **SIZES, state=state, mask=mask, chunk_size=4)
 
 
+def test_beta_scale_matches_twin_and_finite_differences():
+    """beta_scale = 2 (OLMo Hybrid's, beta in (0, 2)): the twin's forward and autograd gradients,
+    and five-point differences of in_proj_b (the weight whose gradient the scale enters), in float64;
+    scale 2 changes the output, so the scale is used."""
+    rng = np.random.default_rng(11)
+    x, params, dout = rng.standard_normal((2, 6, C)), random_params(rng), rng.standard_normal((2, 6, C))
+    out, _, cache = gated_deltanet_forward(x, params, **SIZES, chunk_size=4, beta_scale=2.0)
+    dx, grads = gated_deltanet_backward(dout, cache)
+    twin_out, twin_grads = autograd(lambda x, params: gated_deltanet(x, params, **SIZES, chunk_size=4,
+                                                                      beta_scale=2.0)[0],
+                                    {"x": x, "params": params}, dout)
+    assert_close("gated_deltanet.beta_scale.out", out, twin_out)
+    assert_close("gated_deltanet.beta_scale.dx", dx, twin_grads["x"])
+    assert_tree_close("gated_deltanet.beta_scale.dparams", grads, twin_grads["params"])
+    assert not np.allclose(out, gated_deltanet_forward(x, params, **SIZES, chunk_size=4)[0])
+    assert_sublayer_matches_finite_differences("gated_deltanet.beta_scale", gated_deltanet_forward,
+                                               gated_deltanet_backward, x, params, dout, "in_proj_b", **SIZES,
+                                               chunk_size=4, beta_scale=2.0)
+
+
 # -- decoding --------------------------------------------------------------------------------------
 
 @settings(max_examples=15, deadline=None)
@@ -221,6 +241,8 @@ def _bad(change):
      ValueError, r"state conv must be \(1, 64, 3\), got \(1, 64, 2\)"),
     (lambda a, r: a.update(mask=np.ones((1, 4), bool)), ValueError, r"mask must be a bool array \(B, T\) = \(1, 3\)"),
     (lambda a, r: a.update(chunk_size=0), ValueError, "chunk_size"),
+    (lambda a, r: a.update(beta_scale=0.0), ValueError, "beta_scale must be a positive finite number, got 0.0"),
+    (lambda a, r: a.update(beta_scale="2"), ValueError, "beta_scale must be a positive finite number, got '2'"),
 ])
 def test_bad_input_is_refused_naming_it(change, error, message):
     with pytest.raises(error, match=message):

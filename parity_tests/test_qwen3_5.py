@@ -40,6 +40,7 @@ from parity_tests.model_kit import (
     float64_twin,
     randomise,
     tol64,
+    tree_from_names,
 )
 
 # A tiny Qwen3.5: three Gated DeltaNet layers then one attention layer, as the released models
@@ -95,15 +96,7 @@ def hf_names(config):
 
 def ours_from_hf(tensors, config):
     """Our tree from Hugging Face's {name: array} (its parameters, or their gradients)."""
-    tree = {}
-    for name, (path, how) in hf_names(config).items():
-        a = np.asarray(tensors[name])
-        a = a.T.copy() if how == "T" else a[:, 0].copy() if how == "conv" else a.copy()
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = a
-    return tree
+    return tree_from_names(tensors, hf_names(config))
 
 
 def exact(model, monkeypatch):

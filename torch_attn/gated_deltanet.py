@@ -1,8 +1,8 @@
 """Gated DeltaNet, Qwen3.5's linear-attention sublayer, in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/gated_deltanet.py: the input projections, the causal convolution with SiLU,
-q and k repeated to the value heads and L2-normalised, beta = sigmoid(x @ in_proj_b), g = -exp(A_log)
-* softplus(x @ in_proj_a + dt_bias), the delta rule (chunked, or one step of the recurrence when
+q and k repeated to the value heads and L2-normalised, beta = beta_scale * sigmoid(x @ in_proj_b),
+g = -exp(A_log) * softplus(x @ in_proj_a + dt_bias), the delta rule (chunked, or one step of the recurrence when
 decoding), the gated RMS norm per value head and out_proj. float32 and float64, as there.
 """
 
@@ -18,7 +18,7 @@ from torch_attn.swiglu import sigmoid
 
 
 def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, eps=1e-6,
-                   state=None, mask=None, chunk_size=64):
+                   state=None, mask=None, chunk_size=64, beta_scale=1.0):
     """x (B, T, C) -> (out (B, T, C), new_state {"conv": (B, conv_dim, K-1), "recurrent": (B, nv, dk, dv)})."""
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
@@ -37,7 +37,7 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     v = v.reshape(B, T, nv, dv).transpose(1, 2)                                             # (B, nv, T, dv)
     q = l2_norm(q)                                                    # eps 1e-6, fixed in the models
     k = l2_norm(k)
-    beta = sigmoid(b)                                                 # (B, T, nv)
+    beta = beta_scale * sigmoid(b)                                    # (B, T, nv)
     g = log_decay(a + params["dt_bias"], params["A_log"])            # (B, T, nv), <= 0
     S0 = None if state is None else state["recurrent"]
     o, S = delta_rule(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), S0, chunk_size)
