@@ -188,7 +188,8 @@ from numpy_attn.optim import (
 )
 from numpy_attn.olmo_hybrid import (
     OlmoHybridConfig, init_olmo_hybrid_params, olmo_hybrid_backward, olmo_hybrid_block_backward,
-    olmo_hybrid_block_forward, olmo_hybrid_forward,
+    olmo_hybrid_block_forward, olmo_hybrid_forward, olmo_hybrid_linear_attention_backward,
+    olmo_hybrid_linear_attention_forward,
 )
 from numpy_attn.positional import sinusoidal_encoding
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
@@ -197,7 +198,8 @@ from numpy_attn.qwen3 import (
     qwen3_forward,
 )
 from numpy_attn.qwen3_5 import (
-    Qwen3_5Config, gated_attention_backward, gated_attention_forward, init_qwen3_5_params, linear_attention_backward,
+    Qwen3_5Config, check_layer_types, gated_attention_backward, gated_attention_forward, init_qwen3_5_params,
+    linear_attention_backward,
     linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache, state_sublayer,
 )
 from numpy_attn.qwen3_next import (

@@ -109,7 +109,7 @@ RENAMED = {"g_proj": "in_proj_z", "b_proj": "in_proj_b", "a_proj": "in_proj_a", 
            "dt_bias": "dt_bias", "A_log": "A_log", "o_norm": "norm", "o_proj": "out_proj"}
 
 
-def linear_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+def olmo_hybrid_linear_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Gated DeltaNet on x (B, T, C) -> (B, T, C), continuing the state of ``kv_cache`` (this layer's,
     Qwen3_5Cache.layer(i)) if given; ``positions`` unused (the recurrence is its order)."""
     state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
@@ -125,7 +125,7 @@ def linear_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     return out, LinearAttentionCache(cache, past)
 
 
-def linear_attention_backward(dout, cache):
+def olmo_hybrid_linear_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams named as the params): Qwen3.5's linear
     backward, in_proj_qkv's gradient split into q_proj's, k_proj's and v_proj's columns."""
     dx, inner = qwen3_5.linear_attention_backward(dout, cache)
@@ -135,7 +135,7 @@ def linear_attention_backward(dout, cache):
     return dx, grads | {ours: inner[theirs] for ours, theirs in RENAMED.items()}
 
 
-LINEAR_ATTENTION = _model.Sublayer(linear_attention_forward, linear_attention_backward)
+LINEAR_ATTENTION = _model.Sublayer(olmo_hybrid_linear_attention_forward, olmo_hybrid_linear_attention_backward)
 
 
 # -- the block: OLMo 2's on a full layer, Llama's around Gated DeltaNet on a linear one --------------

@@ -266,11 +266,15 @@ def float64_twin(fn, module):
     return namespace[fn.__name__]
 
 
-def assert_hybrid_matches_twin(name, forward, backward, twin, config, params, ids, dout, padded):
-    """A hybrid family's (Qwen3.5's, Qwen3-Next's) logits and gradients equal its twin's under
-    autograd in float64, with left padding of sequence 0 if ``padded``: the same operations in the
-    same order on both sides, a few ulps apart per step of a chain of O(1) values; helpers' float64
-    tolerance (rtol 1e-10) holds with room."""
+def assert_hybrid_matches_twin(name, forward, backward, twin, config, params, ids, dout, padded, keep=None):
+    """A hybrid family's (Qwen3.5's, Qwen3-Next's, OLMo Hybrid's, Kimi Linear's) logits and gradients
+    equal its twin's under autograd in float64, with left padding of sequence 0 if ``padded``; a
+    case whose cache ``keep(cache)`` rejects (a router choosing between near-equal experts) is left
+    to Hypothesis (assume). The same operations in the same order on both sides, a few ulps apart
+    per step; tol64 of the logits, and of the gradients with the largest of them all as the scale:
+    an entry's rounding follows the largest terms that made it, not its own size (drawn cases: Kimi
+    Linear's shared.gate.w[1, 1] = 0.058, among entries up to 6, off by 6.9e-12, past rtol 1e-10
+    alone; Qwen3-Next's dt_bias, 1.6e-10 in all, a cancelled sum, off by 5.8e-19)."""
     B, T = ids.shape
     attn_mask = None
     if padded:
@@ -278,12 +282,15 @@ def assert_hybrid_matches_twin(name, forward, backward, twin, config, params, id
         pad[0, : T // 2] = True                                               # left padding of sequence 0
         attn_mask = padding_attn_mask(pad)
     logits, cache = forward(ids, params, config, attn_mask=attn_mask)
+    if keep is not None:
+        assume(keep(cache))
     grads = backward(dout, cache)
     twin_mask = None if attn_mask is None else to_torch(attn_mask)
     twin_logits, twin_grads = autograd(lambda params: twin(to_torch(ids), params, config, attn_mask=twin_mask),
                                        {"params": params}, dout)
-    assert_close(f"{name}.twin.logits", logits, twin_logits)
-    assert_tree_close(f"{name}.twin.dparams", grads, twin_grads["params"])
+    assert_close(f"{name}.twin.logits", logits, twin_logits, **tol64(twin_logits))
+    largest = max(float(np.abs(g).max(initial=0)) for _, g in tree_leaves(twin_grads["params"]))
+    assert_tree_equals_transformers(f"{name}.twin", grads, twin_grads["params"], lambda _: tol64(largest))
 
 
 def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, params, B, T, P, padded):

@@ -26,8 +26,6 @@ from numpy_attn.masks import padding_attn_mask
 from parity_tests.helpers import (
     FD_TOL,
     assert_close,
-    assert_tree_close,
-    autograd,
     moved_off_init,
     numerical_grad,
     to_numpy,
@@ -38,6 +36,7 @@ from parity_tests.model_kit import (
     CHOICE_GAP,
     MLA_HF_NAMES,
     assert_generate_hf_is_transformers,
+    assert_hybrid_matches_twin,
     assert_tree_equals_transformers,
     choice_gaps,
     float64_twin,
@@ -209,25 +208,11 @@ def small_models(draw):
 @settings(max_examples=15, deadline=None)
 @given(case=small_models(), padded=st.booleans())
 def test_matches_twin_and_autograd(case, padded):
-    """float64: the same operations in the same order on both sides, a few ulps apart per step of a
-    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room. With left padding
-    of sequence 0 too."""
+    """float64, with and without left padding: model_kit.assert_hybrid_matches_twin, on cases whose
+    router keeps its choice under rounding."""
     config, params, ids, dout = case
-    B, T = ids.shape
-    attn_mask = None
-    if padded:
-        pad = np.zeros((B, T), bool)
-        pad[0, : T // 2] = True
-        attn_mask = padding_attn_mask(pad)
-    logits, cache = kimi_linear_forward(ids, params, config, attn_mask=attn_mask)
-    assume(choice_gaps(cache, params, config) > CHOICE_GAP)     # the router rounded two ways
-    grads = kimi_linear_backward(dout, cache)
-    twin_mask = None if attn_mask is None else to_torch(attn_mask)
-    twin_logits, twin_grads = autograd(lambda params: tw.kimi_linear(to_torch(ids), params, config,
-                                                                     attn_mask=twin_mask), {"params": params}, dout)
-    assert_close("kimi_linear.twin.logits", logits, twin_logits)
-    assert_tree_close("kimi_linear.twin.dparams", grads, twin_grads["params"])
-
+    assert_hybrid_matches_twin("kimi_linear", kimi_linear_forward, kimi_linear_backward, tw.kimi_linear, config, params,
+                               ids, dout, padded, keep=lambda cache: choice_gaps(cache, params, config) > CHOICE_GAP)
 
 H = 2e-4
 

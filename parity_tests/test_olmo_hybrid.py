@@ -27,8 +27,6 @@ from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
     FD_TOL,
     assert_close,
-    assert_tree_close,
-    autograd,
     moved_off_init,
     numerical_grad,
     to_numpy,
@@ -36,7 +34,13 @@ from parity_tests.helpers import (
     tree_leaves,
     tree_to_torch,
 )
-from parity_tests.model_kit import assert_hybrid_decodes_as_full_forward, float64_twin, randomise, tree_from_names
+from parity_tests.model_kit import (
+    assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_matches_twin,
+    float64_twin,
+    randomise,
+    tree_from_names,
+)
 
 # A tiny OLMo Hybrid: Gated DeltaNet and attention layers alternating (so that each kind follows the
 # other), 4 query heads on 2 key/value heads of 4 channels; 2 key heads of Gated DeltaNet serving 4
@@ -218,22 +222,10 @@ def small_models(draw):
 @settings(max_examples=15, deadline=None)
 @given(case=small_models(), padded=st.booleans())
 def test_matches_twin_and_autograd(case, padded):
-    """float64: the same operations in the same order on both sides, a few ulps apart per step of a
-    chain of O(1) values; helpers' float64 tolerance (rtol 1e-10) holds with room."""
+    """float64, with and without left padding: model_kit.assert_hybrid_matches_twin."""
     config, params, ids, dout = case
-    B, T = ids.shape
-    attn_mask = None
-    if padded:
-        pad = np.zeros((B, T), bool)
-        pad[0, : T // 2] = True                                               # left padding of sequence 0
-        attn_mask = padding_attn_mask(pad)
-    logits, cache = olmo_hybrid_forward(ids, params, config, attn_mask=attn_mask)
-    grads = olmo_hybrid_backward(dout, cache)
-    twin_mask = None if attn_mask is None else to_torch(attn_mask)
-    twin_logits, twin_grads = autograd(
-        lambda params: tw.olmo_hybrid(to_torch(ids), params, config, attn_mask=twin_mask), {"params": params}, dout)
-    assert_close("olmo_hybrid.twin.logits", logits, twin_logits)
-    assert_tree_close("olmo_hybrid.twin.dparams", grads, twin_grads["params"])
+    assert_hybrid_matches_twin("olmo_hybrid", olmo_hybrid_forward, olmo_hybrid_backward, tw.olmo_hybrid, config,
+                               params, ids, dout, padded)
 
 
 H = 2e-4

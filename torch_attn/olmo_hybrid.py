@@ -23,7 +23,7 @@ RENAMED = {"g_proj": "in_proj_z", "b_proj": "in_proj_b", "a_proj": "in_proj_a", 
            "dt_bias": "dt_bias", "A_log": "A_log", "o_norm": "norm", "o_proj": "out_proj"}
 
 
-def linear_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
+def olmo_hybrid_linear_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Gated DeltaNet on x (B, T, C) -> (B, T, C), continuing the state of ``kv_cache`` if given."""
     state = None if kv_cache is None or kv_cache.length == 0 else kv_cache.state
     qkv = torch.cat([params[name]["w"] for name in ("q_proj", "k_proj", "v_proj")], dim=1)   # (C, conv_dim)
@@ -44,7 +44,7 @@ def olmo_hybrid_block(x, params, config, positions, *, attn_mask=None, kv_cache=
     if full:
         return olmo2_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache)
     return llama_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
-                       attention=linear_attention, round_xhat=False)
+                       attention=olmo_hybrid_linear_attention, round_xhat=False)
 
 
 # -- the model -------------------------------------------------------------------------------------
