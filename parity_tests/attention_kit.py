@@ -67,9 +67,10 @@ def widened(arrays):
 # FLOAT32_NOISE: the float32 noise of a sum of the few terms drawn here (numpy_attn/testing.py).
 
 
-def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
+def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms, rounded=None):
     """assert_error_budget for the NumPy side and the twin, each a dict tensor name -> array,
-    against the same ``torch_lowp`` and ``truth`` dicts.
+    against the same ``torch_lowp`` and ``truth`` dicts (and ``rounded``, a list of such dicts from
+    randomly_rounded runs of the truth's program, where given).
 
     A gradient whose every true entry lies below the float32 noise FLOAT32_NOISE * terms[name] of
     the terms its computation cancels (v equal along the keys, or dout @ v^T so: dscores is then 0
@@ -83,7 +84,8 @@ def assert_attention_budget(op, dtype, ours, twin, torch_lowp, truth, terms):
         for name in truth:
             noise = FLOAT32_NOISE * terms.get(name, 0.0)
             if np.max(np.abs(truth[name]), initial=0.0) > noise:
-                budget[name], extra[name] = (got[name], torch_lowp[name], truth[name]), noise
+                runs = () if rounded is None else ([r[name] for r in rounded],)
+                budget[name], extra[name] = (got[name], torch_lowp[name], truth[name], *runs), noise
             else:
                 label = f"{op}[{who}] {name} ({dtype}), its truth within float32 noise"
                 assert got[name].dtype == LOW_DTYPES[dtype][0], f"{label}: came back as {got[name].dtype}"
