@@ -320,6 +320,71 @@ def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, param
     assert cache.length == T and cache.state_nbytes == state_bytes
 
 
+def assert_leaf_matches_finite_differences(name, forward, grads, config, params, ids, dout, path, h):
+    """The gradient ``grads`` (our tree, from the backward of ``forward(ids, params, config)``) of
+    the leaf at dotted ``path`` equals float64 five-point differences (helpers.numerical_grad) of
+    sum(logits * dout) with step ``h``, within FD_TOL (atol 1e-8, rtol 1e-6): each family's test
+    says why its step keeps the stencil's h^4 error and the rounding 1e-16 |sum| / h below that."""
+    *parents, key = path.split(".")
+    node = params
+    for p in parents:
+        node = node[p]
+
+    def f(leaf):
+        saved = node[key]
+        node[key] = leaf
+        try:
+            return forward(ids, params, config)[0]
+        finally:
+            node[key] = saved
+    assert_close(f"{name}.fd.{path}", dict(tree_leaves(grads))[path], numerical_grad(f, node[key].copy(), dout, h=h),
+                 **FD_TOL)
+
+
+def assert_llama_cache_refused(forward, config, params):
+    """A Llama key/value cache has no place for Gated DeltaNet's state: a hybrid family's forward
+    refuses it, naming its type (no tolerance: a TypeError and its message)."""
+    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
+        forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+
+
+def assert_backward_refuses_cached_forward(forward, backward, kv_cache, config, params):
+    """The cache is for inference only: the backward of a forward that read a cached state (3 tokens
+    cached, then 1) is refused, saying so (no tolerance: a ValueError and its message)."""
+    cache = kv_cache(config, 1, np.float64)
+    forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
+    logits, fwd = forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
+    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
+        backward(np.ones_like(logits), fwd)
+
+
+def assert_twin_decodes_as_ours(name, forward, twin, kv_cache, twin_kv_cache, config, params):
+    """The twin's cache ``twin_kv_cache`` decodes 2 random sequences of 9 (a prefill of 5, then 1,
+    1 and 2 tokens) to our logits from ``kv_cache`` at every step: float64, the same steps in the
+    same order, so helpers' default tolerance; both caches then hold 9 tokens."""
+    tparams = tree_to_torch(params)
+    ids = np.random.default_rng(4).integers(0, config.vocab_size, (2, 9))
+    cache, twin_cache = kv_cache(config, 2, np.float64), twin_kv_cache(config, 2, torch.float64)
+    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
+        ours, _ = forward(ids[:, start:end], params, config, kv_cache=cache, for_backward=False)
+        with torch.no_grad():
+            theirs = twin(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)
+        assert_close(f"{name}.twin decoding [{start}:{end}]", ours, to_numpy(theirs))
+    assert cache.length == twin_cache.length == 9
+
+
+def assert_checkpoint_reads_as(folder, kind, config, expected):
+    """attn_cli.hf's load_checkpoint reads the saved ``folder`` (float64: no rounding) as family
+    ``kind`` with exactly ``config``, and as the very params ``expected`` (the same leaves, each
+    equal to the bit)."""
+    got_kind, got_config, params = load_checkpoint(folder, np.float64)
+    assert got_kind == kind and got_config == config, got_config
+    got = dict(tree_leaves(params))
+    assert got.keys() == dict(tree_leaves(expected)).keys()
+    for path, leaf in tree_leaves(expected):
+        assert np.array_equal(got[path], leaf), path
+
+
 def olmo_hybrid_rstds(cache):
     """llama_rstds of an OLMo Hybrid: each block's two norms, the QK-norms of its attention layers
     only (its Gated DeltaNet layers have none; their gated norms sit inside the delta rule's output)."""

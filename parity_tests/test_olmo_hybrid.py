@@ -25,18 +25,20 @@ from numpy_attn.olmo_hybrid import (
 from numpy_attn.qwen3_5 import qwen3_5_kv_cache
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    FD_TOL,
     assert_close,
     moved_off_init,
-    numerical_grad,
     to_numpy,
     to_torch,
     tree_leaves,
-    tree_to_torch,
 )
 from parity_tests.model_kit import (
+    assert_backward_refuses_cached_forward,
+    assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
     assert_hybrid_matches_twin,
+    assert_leaf_matches_finite_differences,
+    assert_llama_cache_refused,
+    assert_twin_decodes_as_ours,
     float64_twin,
     randomise,
     tree_from_names,
@@ -252,20 +254,9 @@ def test_gradients_match_finite_differences(path):
     params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
     ids = rng.integers(0, 11, (2, 6))
     dout = rng.normal(size=(2, 6, 11))
-    grads = dict(tree_leaves(olmo_hybrid_backward(dout, olmo_hybrid_forward(ids, params, config)[1])))
-    *parents, key = path.split(".")
-    node = params
-    for p in parents:
-        node = node[p]
-
-    def f(leaf):
-        saved = node[key]
-        node[key] = leaf
-        try:
-            return olmo_hybrid_forward(ids, params, config)[0]
-        finally:
-            node[key] = saved
-    assert_close(f"olmo_hybrid.fd.{path}", grads[path], numerical_grad(f, node[key].copy(), dout, h=h), **FD_TOL)
+    grads = olmo_hybrid_backward(dout, olmo_hybrid_forward(ids, params, config)[1])
+    assert_leaf_matches_finite_differences("olmo_hybrid", olmo_hybrid_forward, grads, config, params, ids, dout,
+                                           path, h)
 
 
 # -- refusals ------------------------------------------------------------------------------------------
@@ -292,22 +283,17 @@ def test_bad_config_is_refused_naming_the_value(changes, error, message):
 
 def test_wrong_cache_is_refused():
     """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
-    from numpy_attn.llama import llama_kv_cache
     config = OlmoHybridConfig(n_layer=2)
     params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
-        olmo_hybrid_forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+    assert_llama_cache_refused(olmo_hybrid_forward, config, params)
 
 
 def test_backward_refuses_a_cached_forward():
     """The cache is for inference only: a backward of a forward that read a cached state is refused."""
     config = OlmoHybridConfig(n_layer=2, layer_types=("linear_attention", "full_attention"))
     params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
-    cache = qwen3_5_kv_cache(config, 1, np.float64)
-    olmo_hybrid_forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
-    logits, fwd = olmo_hybrid_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
-    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
-        olmo_hybrid_backward(np.ones_like(logits), fwd)
+    assert_backward_refuses_cached_forward(olmo_hybrid_forward, olmo_hybrid_backward, qwen3_5_kv_cache, config,
+                                           params)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -361,15 +347,8 @@ def test_twin_decodes_as_ours():
     import torch_attn.qwen3_5 as tw_qwen3_5
     model = hf_model(4)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
-    tparams = tree_to_torch(params)
-    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
-    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), tw_qwen3_5.qwen3_5_kv_cache(CONFIG, 2, torch.float64)
-    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
-        ours, _ = olmo_hybrid_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
-        with torch.no_grad():
-            twin = tw.olmo_hybrid(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
-        assert_close(f"olmo_hybrid.twin decoding [{start}:{end}]", ours, to_numpy(twin))
-    assert cache.length == twin_cache.length == 9
+    assert_twin_decodes_as_ours("olmo_hybrid", olmo_hybrid_forward, tw.olmo_hybrid, qwen3_5_kv_cache,
+                                tw_qwen3_5.qwen3_5_kv_cache, CONFIG, params)
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------
@@ -377,15 +356,10 @@ def test_twin_decodes_as_ours():
 def test_checkpoint_reads_as_the_model(tmp_path):
     """attn_cli.hf reads a saved OlmoHybridForCausalLM folder into CONFIG and the very params the
     tests above copy from the model (float64: no rounding)."""
-    from attn_cli.hf import load_checkpoint
     model = hf_model(7)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    kind, config, params = load_checkpoint(tmp_path, np.float64)
-    assert kind == "olmo_hybrid" and config == CONFIG, config
     expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
-    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
-    for path, leaf in tree_leaves(expected):
-        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+    assert_checkpoint_reads_as(tmp_path, "olmo_hybrid", CONFIG, expected)
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])
