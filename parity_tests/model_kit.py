@@ -320,6 +320,35 @@ def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, param
     assert cache.length == T and cache.state_nbytes == state_bytes
 
 
+def assert_hybrid_equals_transformers(name, forward, backward, hf_run, config, params, rng, B, T, padded, pad_id,
+                                      tol):
+    """A hybrid family's logits and every parameter's gradient of sum(logits * dout) equal
+    transformers' float64 model's, ``hf_run(ids, dout, attention_mask)`` (made float64 throughout
+    by the family's ``exact``; its logits and gradients in our tree), for B random sequences of T
+    drawn from ``rng``; with sequence 0 left-padded by 3 through attention_mask if ``padded``, on
+    the positions that are not padding (transformers' padded rows read no key and are not compared,
+    and hand back no gradient). Within the family's ``tol`` (tol64: rtol 1e-10 and atol 1e-10 of
+    the largest value of the kind compared, its docstring says why). nn.Embedding(padding_idx=
+    ``pad_id``) never hands its pad row a gradient (asserted); ours has no pad id and treats that
+    row as any other: compared on the other rows."""
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    dout = rng.normal(size=(B, T, config.vocab_size))
+    mask = np.ones((B, T), bool)
+    if padded:
+        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
+        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
+    ref_logits, ref_grads = hf_run(ids, dout, mask if padded else None)
+    attn_mask = padding_attn_mask(~mask) if padded else None
+    logits, cache = forward(ids, params, config, attn_mask=attn_mask)
+    grads = backward(dout, cache)
+    keep = mask[:, :, None]
+    assert_close(f"{name}.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol(ref_logits))
+    assert not ref_grads["wte"][pad_id].any()
+    ref_grads["wte"] = np.delete(ref_grads["wte"], pad_id, axis=0)
+    grads["wte"] = np.delete(grads["wte"], pad_id, axis=0)
+    assert_tree_equals_transformers(name, grads, ref_grads, tol)
+
+
 def assert_leaf_matches_finite_differences(name, forward, grads, config, params, ids, dout, path, h):
     """The gradient ``grads`` (our tree, from the backward of ``forward(ids, params, config)``) of
     the leaf at dotted ``path`` equals float64 five-point differences (helpers.numerical_grad) of

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_modeling
 
 import torch_attn.qwen3_5 as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config,
     init_qwen3_5_params,
@@ -24,7 +23,6 @@ from numpy_attn.qwen3_5 import (
 )
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    assert_close,
     moved_off_init,
     to_numpy,
     to_torch,
@@ -33,10 +31,10 @@ from parity_tests.model_kit import (
     assert_backward_refuses_cached_forward,
     assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_equals_transformers,
     assert_hybrid_matches_twin,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
-    assert_tree_equals_transformers,
     assert_twin_decodes_as_ours,
     float64_twin,
     randomise,
@@ -144,26 +142,11 @@ def test_matches_transformers_in_float64(seed, B, T, padded):
     rng = np.random.default_rng(seed)
     model = hf_model(seed)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    ids = rng.integers(0, CONFIG.vocab_size, (B, T))
-    dout = rng.normal(size=(B, T, CONFIG.vocab_size))
-    mask = np.ones((B, T), bool)
-    if padded:
-        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
-        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None)
-    attn_mask = padding_attn_mask(~mask) if padded else None
-    logits, cache = qwen3_5_forward(ids, params, CONFIG, attn_mask=attn_mask)
-    grads = qwen3_5_backward(dout, cache)
-    keep = mask[:, :, None]
-    assert_close("qwen3_5.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
-    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
-    # and treats that row as any other: compared on the other rows.
-    pad = HF_SIZES["pad_token_id"]
-    assert not ref_grads["wte"][pad].any()
-    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
-    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    assert_tree_equals_transformers("qwen3_5", grads, ref_grads, tol64)
+    def run_hf(ids, dout, attention_mask):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_run(exact(model, monkeypatch), ids, dout, attention_mask)
+    assert_hybrid_equals_transformers("qwen3_5", qwen3_5_forward, qwen3_5_backward, run_hf, CONFIG, params, rng,
+                                      B, T, padded, HF_SIZES["pad_token_id"], tol64)
 
 
 # -- the twin, finite differences --------------------------------------------------------------------

@@ -26,16 +26,15 @@ from numpy_attn.qwen3_next import (
 )
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    assert_close,
     moved_off_init,
     to_numpy,
     to_torch,
-    tree_leaves,
 )
 from parity_tests.model_kit import (
     assert_backward_refuses_cached_forward,
     assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_equals_transformers,
     assert_hybrid_matches_twin,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
@@ -189,29 +188,11 @@ def test_matches_transformers_in_float64(seed, B, T, padded, norm_topk_prob):
     model = hf_model(seed, norm_topk_prob=norm_topk_prob)
     config = Qwen3NextConfig(**{**CONFIG.__dict__, "norm_topk_prob": norm_topk_prob})
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, config)
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    dout = rng.normal(size=(B, T, config.vocab_size))
-    mask = np.ones((B, T), bool)
-    if padded:
-        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
-        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None, config)
-    attn_mask = padding_attn_mask(~mask) if padded else None
-    logits, cache = qwen3_next_forward(ids, params, config, attn_mask=attn_mask)
-    grads = qwen3_next_backward(dout, cache)
-    keep = mask[:, :, None]
-    assert_close("qwen3_next.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
-    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
-    # and treats that row as any other: compared on the other rows.
-    pad = HF_SIZES["pad_token_id"]
-    assert not ref_grads["wte"][pad].any()
-    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
-    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    for path, ref in tree_leaves(ref_grads):
-        got = dict(tree_leaves(grads))[path]
-        assert_close(f"qwen3_next.d{path}", got, ref, **tol64(ref))
-    assert {p for p, _ in tree_leaves(grads)} == {p for p, _ in tree_leaves(ref_grads)}
+    def run_hf(ids, dout, attention_mask):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_run(exact(model, monkeypatch), ids, dout, attention_mask, config)
+    assert_hybrid_equals_transformers("qwen3_next", qwen3_next_forward, qwen3_next_backward, run_hf, config,
+                                      params, rng, B, T, padded, HF_SIZES["pad_token_id"], tol64)
 
 
 def test_router_in_float32_is_what_exact_removes():
