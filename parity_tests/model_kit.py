@@ -320,6 +320,18 @@ def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, param
     assert cache.length == T and cache.state_nbytes == state_bytes
 
 
+def drawn_hybrid_case(draw, config, init):
+    """(config, params, ids, dout) for a hybrid family's small_models strategy: params from
+    ``init(config, rng, np.float64)`` moved off their initial values (moved_off_init: attention
+    sharp enough to matter), then B in 1..2 sequences of T in {1, 3, 8, 70} tokens (70: two chunks
+    of the chunked delta rule) and a float64 dout, all drawn from one seed Hypothesis picks."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    params = moved_off_init(init(config, rng, np.float64), rng)
+    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+
+
 def assert_hybrid_equals_transformers(name, forward, backward, hf_run, config, params, rng, B, T, padded, pad_id,
                                       tol):
     """A hybrid family's logits and every parameter's gradient of sum(logits * dout) equal

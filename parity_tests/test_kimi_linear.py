@@ -37,6 +37,7 @@ from parity_tests.model_kit import (
     assert_leaf_matches_finite_differences,
     assert_tree_equals_transformers,
     choice_gaps,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
     save,
@@ -195,11 +196,7 @@ def small_models(draw):
                                             max_size=n_layer))),
         linear_num_heads=draw(st.integers(1, 2)), linear_head_dim=draw(st.integers(1, 4)),
         conv_kernel=draw(st.integers(2, 4)), tie_weights=draw(st.booleans()), pad_token_id=draw(st.none() | st.just(1)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_kimi_linear_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_kimi_linear_params)
 
 
 @pytest.mark.twin_parity

@@ -38,6 +38,7 @@ from parity_tests.model_kit import (
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
     assert_twin_decodes_as_ours,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
     tree_from_names,
@@ -194,11 +195,7 @@ def small_models(draw):
         linear_k_heads=nk, linear_v_heads=nk * r, linear_k_dim=draw(st.integers(1, 4)),
         linear_v_dim=draw(st.integers(1, 4)), conv_kernel=draw(st.integers(2, 4)),
         allow_neg_eigval=draw(st.booleans()), attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_olmo_hybrid_params)
 
 
 @pytest.mark.twin_parity

@@ -39,6 +39,7 @@ from parity_tests.model_kit import (
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
     assert_twin_decodes_as_ours,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
 )
@@ -255,11 +256,7 @@ def small_models(draw):
         decoder_sparse_step=draw(st.integers(1, 2)),
         mlp_only_layers=tuple(draw(st.sets(st.integers(0, n_layer - 1), max_size=1))),
         attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_qwen3_next_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_qwen3_next_params)
 
 
 @pytest.mark.twin_parity
