@@ -361,6 +361,34 @@ def assert_hybrid_equals_transformers(name, forward, backward, hf_run, config, p
     assert_tree_equals_transformers(name, grads, ref_grads, tol)
 
 
+def assert_hybrid_generates_as_transformers(name, forward, kv_cache, model, exact, config, params, prompts, pad, n=8):
+    """Greedy ids of our cached decoding (``kv_cache``: a prefill of ``prompts``, then one token at a
+    time, the padding mask grown by each new token) equal transformers' generate, ``n`` new tokens,
+    on the float64 ``model`` made exact by the family's ``exact(model, monkeypatch)`` (its own
+    DynamicCache with Gated DeltaNet's states); ``pad`` (B, T) marks left padding (attention_mask 0
+    there, read as padding by both; no mask at all where there is none). Ids: no tolerance."""
+    prompts, pad = np.asarray(prompts), np.asarray(pad, bool)
+    padded = bool(pad.any())
+    B = len(prompts)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exact(model, monkeypatch)
+        with torch.no_grad():
+            theirs = model.generate(to_torch(prompts), attention_mask=to_torch((~pad).astype(np.int64)),
+                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                    eos_token_id=None).numpy()
+    cache = kv_cache(config, B, np.float64)
+    ours, new = [prompts], prompts
+    pad = np.concatenate([pad, np.zeros((B, n), bool)], axis=1)               # the new tokens are not padding
+    for _ in range(n):
+        S = cache.length + new.shape[1]
+        mask = padding_attn_mask(pad[:, :S]) if padded else None
+        logits, _ = forward(new, params, config, kv_cache=cache, for_backward=False, logits_to_keep=1,
+                            attn_mask=mask)
+        new = logits[:, -1].argmax(-1)[:, None]
+        ours.append(new)
+    assert np.array_equal(np.concatenate(ours, axis=1), theirs), f"{name}: greedy ids differ from transformers'"
+
+
 def assert_leaf_matches_finite_differences(name, forward, grads, config, params, ids, dout, path, h):
     """The gradient ``grads`` (our tree, from the backward of ``forward(ids, params, config)``) of
     the leaf at dotted ``path`` equals float64 five-point differences (helpers.numerical_grad) of

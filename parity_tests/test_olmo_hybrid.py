@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from transformers.models.olmo_hybrid import modeling_olmo_hybrid as hf_modeling
 
 import torch_attn.olmo_hybrid as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.olmo_hybrid import (
     OlmoHybridConfig,
     init_olmo_hybrid_params,
@@ -34,6 +33,7 @@ from parity_tests.model_kit import (
     assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
     assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
@@ -299,24 +299,8 @@ def test_decoding_matches_transformers_generate(padded):
     pad = np.zeros(prompts.shape, bool)
     if padded:
         pad[1, :2] = True
-    n = 8
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        with torch.no_grad():
-            theirs = model.generate(to_torch(prompts), attention_mask=to_torch((~pad).astype(np.int64)),
-                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                                    eos_token_id=None).numpy()
-    cache = qwen3_5_kv_cache(CONFIG, 2, np.float64)
-    ours, new = [prompts], prompts
-    pad = np.concatenate([pad, np.zeros((2, n), bool)], axis=1)               # the new tokens are not padding
-    for _ in range(n):
-        S = cache.length + new.shape[1]
-        mask = padding_attn_mask(pad[:, :S]) if padded else None
-        logits, _ = olmo_hybrid_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1,
-                                        attn_mask=mask)
-        new = logits[:, -1].argmax(-1)[:, None]
-        ours.append(new)
-    assert np.array_equal(np.concatenate(ours, axis=1), theirs)
+    assert_hybrid_generates_as_transformers("olmo_hybrid", olmo_hybrid_forward, qwen3_5_kv_cache, model, exact, CONFIG,
+                                            params, prompts, pad)
 
 
 def test_twin_decodes_as_ours():

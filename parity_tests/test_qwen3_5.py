@@ -32,6 +32,7 @@ from parity_tests.model_kit import (
     assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
     assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
@@ -260,21 +261,9 @@ def test_decoding_matches_transformers_generate():
     exact (its own DynamicCache with Gated DeltaNet's states)."""
     model = hf_model(5)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    prompt = [3, 14, 15, 92, 65, 35]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                    min_new_tokens=8, pad_token_id=0, eos_token_id=None)[0].tolist()
-    ours = list(prompt)
-    cache = qwen3_5_kv_cache(CONFIG, 1, np.float64)
-    new = np.array([prompt])
-    for _ in range(8):
-        logits, _ = qwen3_5_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1)
-        ours.append(int(logits[0, -1].argmax()))
-        new = np.array([[ours[-1]]])
-    assert ours == theirs
+    prompts = [[3, 14, 15, 92, 65, 35]]
+    assert_hybrid_generates_as_transformers("qwen3_5", qwen3_5_forward, qwen3_5_kv_cache, model, exact, CONFIG, params,
+                                            prompts, np.zeros((1, 6), bool))
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------

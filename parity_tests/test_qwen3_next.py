@@ -15,7 +15,6 @@ from transformers.models.qwen2_moe import modeling_qwen2_moe
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_modeling
 
 import torch_attn.qwen3_next as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.qwen3_5 import qwen3_5_kv_cache
 from numpy_attn.qwen3_next import (
     Qwen3NextConfig,
@@ -35,6 +34,7 @@ from parity_tests.model_kit import (
     assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
     assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
@@ -383,26 +383,8 @@ def test_decoding_matches_transformers_generate(padded):
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
     prompts = [[3, 14, 15, 92, 65, 35], [0, 0, 27, 18, 28, 18]] if padded else [[3, 14, 15, 92, 65, 35]]
     pad = np.array([[padded and i == 1 and t < 2 for t in range(6)] for i in range(len(prompts))])
-    n = 8
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        ids = torch.tensor(prompts)
-        with torch.no_grad():
-            theirs = model.generate(ids, attention_mask=torch.from_numpy(~pad).long(), max_new_tokens=n,
-                                    do_sample=False, min_new_tokens=n, pad_token_id=0, eos_token_id=None).tolist()
-    ours = [list(p) for p in prompts]
-    B = len(prompts)
-    cache = qwen3_5_kv_cache(CONFIG, B, np.float64)
-    new, seen = np.array(prompts), pad
-    for _ in range(n):
-        mask = padding_attn_mask(seen) if padded else None
-        logits, _ = qwen3_next_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1,
-                                       attn_mask=mask)
-        nxt = logits[:, -1].argmax(axis=-1)
-        for b in range(B):
-            ours[b].append(int(nxt[b]))
-        new, seen = nxt[:, None], np.concatenate([seen, np.zeros((B, 1), bool)], axis=1)
-    assert ours == theirs
+    assert_hybrid_generates_as_transformers("qwen3_next", qwen3_next_forward, qwen3_5_kv_cache, model, exact, CONFIG,
+                                            params, prompts, pad)
 
 
 def test_twin_decodes_as_ours():
