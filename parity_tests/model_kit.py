@@ -320,6 +320,140 @@ def assert_hybrid_decodes_as_full_forward(name, forward, kv_cache, config, param
     assert cache.length == T and cache.state_nbytes == state_bytes
 
 
+def drawn_hybrid_case(draw, config, init):
+    """(config, params, ids, dout) for a hybrid family's small_models strategy: params from
+    ``init(config, rng, np.float64)`` moved off their initial values (moved_off_init: attention
+    sharp enough to matter), then B in 1..2 sequences of T in {1, 3, 8, 70} tokens (70: two chunks
+    of the chunked delta rule) and a float64 dout, all drawn from one seed Hypothesis picks."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    params = moved_off_init(init(config, rng, np.float64), rng)
+    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+
+
+def assert_hybrid_equals_transformers(name, forward, backward, hf_run, config, params, rng, B, T, padded, pad_id,
+                                      tol):
+    """A hybrid family's logits and every parameter's gradient of sum(logits * dout) equal
+    transformers' float64 model's, ``hf_run(ids, dout, attention_mask)`` (made float64 throughout
+    by the family's ``exact``; its logits and gradients in our tree), for B random sequences of T
+    drawn from ``rng``; with sequence 0 left-padded by 3 through attention_mask if ``padded``, on
+    the positions that are not padding (transformers' padded rows read no key and are not compared,
+    and hand back no gradient). Within the family's ``tol`` (tol64: rtol 1e-10 and atol 1e-10 of
+    the largest value of the kind compared, its docstring says why). nn.Embedding(padding_idx=
+    ``pad_id``) never hands its pad row a gradient (asserted); ours has no pad id and treats that
+    row as any other: compared on the other rows."""
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    dout = rng.normal(size=(B, T, config.vocab_size))
+    mask = np.ones((B, T), bool)
+    if padded:
+        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
+        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
+    ref_logits, ref_grads = hf_run(ids, dout, mask if padded else None)
+    attn_mask = padding_attn_mask(~mask) if padded else None
+    logits, cache = forward(ids, params, config, attn_mask=attn_mask)
+    grads = backward(dout, cache)
+    keep = mask[:, :, None]
+    assert_close(f"{name}.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol(ref_logits))
+    assert not ref_grads["wte"][pad_id].any()
+    ref_grads["wte"] = np.delete(ref_grads["wte"], pad_id, axis=0)
+    grads["wte"] = np.delete(grads["wte"], pad_id, axis=0)
+    assert_tree_equals_transformers(name, grads, ref_grads, tol)
+
+
+def assert_hybrid_generates_as_transformers(name, forward, kv_cache, model, exact, config, params, prompts, pad, n=8):
+    """Greedy ids of our cached decoding (``kv_cache``: a prefill of ``prompts``, then one token at a
+    time, the padding mask grown by each new token) equal transformers' generate, ``n`` new tokens,
+    on the float64 ``model`` made exact by the family's ``exact(model, monkeypatch)`` (its own
+    DynamicCache with Gated DeltaNet's states); ``pad`` (B, T) marks left padding (attention_mask 0
+    there, read as padding by both; no mask at all where there is none). Ids: no tolerance."""
+    prompts, pad = np.asarray(prompts), np.asarray(pad, bool)
+    padded = bool(pad.any())
+    B = len(prompts)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exact(model, monkeypatch)
+        with torch.no_grad():
+            theirs = model.generate(to_torch(prompts), attention_mask=to_torch((~pad).astype(np.int64)),
+                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                    eos_token_id=None).numpy()
+    cache = kv_cache(config, B, np.float64)
+    ours, new = [prompts], prompts
+    pad = np.concatenate([pad, np.zeros((B, n), bool)], axis=1)               # the new tokens are not padding
+    for _ in range(n):
+        S = cache.length + new.shape[1]
+        mask = padding_attn_mask(pad[:, :S]) if padded else None
+        logits, _ = forward(new, params, config, kv_cache=cache, for_backward=False, logits_to_keep=1,
+                            attn_mask=mask)
+        new = logits[:, -1].argmax(-1)[:, None]
+        ours.append(new)
+    assert np.array_equal(np.concatenate(ours, axis=1), theirs), f"{name}: greedy ids differ from transformers'"
+
+
+def assert_leaf_matches_finite_differences(name, forward, grads, config, params, ids, dout, path, h):
+    """The gradient ``grads`` (our tree, from the backward of ``forward(ids, params, config)``) of
+    the leaf at dotted ``path`` equals float64 five-point differences (helpers.numerical_grad) of
+    sum(logits * dout) with step ``h``, within FD_TOL (atol 1e-8, rtol 1e-6): each family's test
+    says why its step keeps the stencil's h^4 error and the rounding 1e-16 |sum| / h below that."""
+    *parents, key = path.split(".")
+    node = params
+    for p in parents:
+        node = node[p]
+
+    def f(leaf):
+        saved = node[key]
+        node[key] = leaf
+        try:
+            return forward(ids, params, config)[0]
+        finally:
+            node[key] = saved
+    assert_close(f"{name}.fd.{path}", dict(tree_leaves(grads))[path], numerical_grad(f, node[key].copy(), dout, h=h),
+                 **FD_TOL)
+
+
+def assert_llama_cache_refused(forward, config, params):
+    """A Llama key/value cache has no place for Gated DeltaNet's state: a hybrid family's forward
+    refuses it, naming its type (no tolerance: a TypeError and its message)."""
+    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
+        forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+
+
+def assert_backward_refuses_cached_forward(forward, backward, kv_cache, config, params):
+    """The cache is for inference only: the backward of a forward that read a cached state (3 tokens
+    cached, then 1) is refused, saying so (no tolerance: a ValueError and its message)."""
+    cache = kv_cache(config, 1, np.float64)
+    forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
+    logits, fwd = forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
+    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
+        backward(np.ones_like(logits), fwd)
+
+
+def assert_twin_decodes_as_ours(name, forward, twin, kv_cache, twin_kv_cache, config, params):
+    """The twin's cache ``twin_kv_cache`` decodes 2 random sequences of 9 (a prefill of 5, then 1,
+    1 and 2 tokens) to our logits from ``kv_cache`` at every step: float64, the same steps in the
+    same order, so helpers' default tolerance; both caches then hold 9 tokens."""
+    tparams = tree_to_torch(params)
+    ids = np.random.default_rng(4).integers(0, config.vocab_size, (2, 9))
+    cache, twin_cache = kv_cache(config, 2, np.float64), twin_kv_cache(config, 2, torch.float64)
+    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
+        ours, _ = forward(ids[:, start:end], params, config, kv_cache=cache, for_backward=False)
+        with torch.no_grad():
+            theirs = twin(to_torch(ids[:, start:end]), tparams, config, kv_cache=twin_cache)
+        assert_close(f"{name}.twin decoding [{start}:{end}]", ours, to_numpy(theirs))
+    assert cache.length == twin_cache.length == 9
+
+
+def assert_checkpoint_reads_as(folder, kind, config, expected):
+    """attn_cli.hf's load_checkpoint reads the saved ``folder`` (float64: no rounding) as family
+    ``kind`` with exactly ``config``, and as the very params ``expected`` (the same leaves, each
+    equal to the bit)."""
+    got_kind, got_config, params = load_checkpoint(folder, np.float64)
+    assert got_kind == kind and got_config == config, got_config
+    got = dict(tree_leaves(params))
+    assert got.keys() == dict(tree_leaves(expected)).keys()
+    for path, leaf in tree_leaves(expected):
+        assert np.array_equal(got[path], leaf), path
+
+
 def olmo_hybrid_rstds(cache):
     """llama_rstds of an OLMo Hybrid: each block's two norms, the QK-norms of its attention layers
     only (its Gated DeltaNet layers have none; their gated norms sit inside the delta rule's output)."""

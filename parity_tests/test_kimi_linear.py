@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
 
 import torch_attn.kimi_linear as tw
-from attn_cli.hf import load_checkpoint
 from numpy_attn.kimi_linear import (
     KimiLinearConfig,
     init_kimi_linear_params,
@@ -24,21 +23,21 @@ from numpy_attn.kimi_linear import (
 )
 from numpy_attn.masks import padding_attn_mask
 from parity_tests.helpers import (
-    FD_TOL,
     assert_close,
     moved_off_init,
-    numerical_grad,
     to_numpy,
     to_torch,
-    tree_leaves,
 )
 from parity_tests.model_kit import (
     CHOICE_GAP,
     MLA_HF_NAMES,
+    assert_checkpoint_reads_as,
     assert_generate_hf_is_transformers,
     assert_hybrid_matches_twin,
+    assert_leaf_matches_finite_differences,
     assert_tree_equals_transformers,
     choice_gaps,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
     save,
@@ -197,11 +196,7 @@ def small_models(draw):
                                             max_size=n_layer))),
         linear_num_heads=draw(st.integers(1, 2)), linear_head_dim=draw(st.integers(1, 4)),
         conv_kernel=draw(st.integers(2, 4)), tie_weights=draw(st.booleans()), pad_token_id=draw(st.none() | st.just(1)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_kimi_linear_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_kimi_linear_params)
 
 
 @pytest.mark.twin_parity
@@ -235,20 +230,8 @@ def test_gradients_match_finite_differences(path):
     logits, cache = kimi_linear_forward(ids, params, config)
     assert choice_gaps(cache, params, config) > 1e-2
     grads = kimi_linear_backward(dout, cache)
-    keys = path.split(".")
-    node, gnode = params, grads
-    for key in keys[:-1]:
-        node, gnode = node[key], gnode[key]
-
-    def f(value):
-        saved = node[keys[-1]]
-        node[keys[-1]] = value
-        try:
-            return kimi_linear_forward(ids, params, config)[0]
-        finally:
-            node[keys[-1]] = saved
-    assert_close(f"kimi_linear.d{path} vs finite differences", gnode[keys[-1]],
-                 numerical_grad(f, node[keys[-1]].copy(), dout, h=H), **FD_TOL)
+    assert_leaf_matches_finite_differences("kimi_linear", kimi_linear_forward, grads, config, params, ids, dout, path,
+                                           H)
 
 
 # -- refusals ------------------------------------------------------------------------------------------
@@ -324,15 +307,9 @@ def test_checkpoint_loads_as_the_models_weights(tmp_path):
     three convolutions); attn_cli.hf reads it back as the config and the very weights the
     module's parameters give (ours_from_hf)."""
     model = hf_model(0)
-    kind, config, params = load_checkpoint(save(model, tmp_path), np.float64)
-    assert kind == "kimi_linear" and config == CONFIG, config
     tensors = {k: to_numpy(p) for k, p in model.named_parameters()}
     tensors.update({k: to_numpy(b) for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
-    ref = dict(tree_leaves(ours_from_hf(tensors, CONFIG)))
-    got = dict(tree_leaves(params))
-    assert set(got) == set(ref)
-    for path, value in ref.items():
-        np.testing.assert_array_equal(got[path], value, err_msg=path)
+    assert_checkpoint_reads_as(save(model, tmp_path), "kimi_linear", CONFIG, ours_from_hf(tensors, CONFIG))
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from transformers.models.olmo_hybrid import modeling_olmo_hybrid as hf_modeling
 
 import torch_attn.olmo_hybrid as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.olmo_hybrid import (
     OlmoHybridConfig,
     init_olmo_hybrid_params,
@@ -25,18 +24,21 @@ from numpy_attn.olmo_hybrid import (
 from numpy_attn.qwen3_5 import qwen3_5_kv_cache
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    FD_TOL,
-    assert_close,
     moved_off_init,
-    numerical_grad,
     to_numpy,
     to_torch,
-    tree_leaves,
-    tree_to_torch,
 )
 from parity_tests.model_kit import (
+    assert_backward_refuses_cached_forward,
+    assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
+    assert_leaf_matches_finite_differences,
+    assert_llama_cache_refused,
+    assert_twin_decodes_as_ours,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
     tree_from_names,
@@ -160,29 +162,11 @@ def test_matches_transformers_in_float64(seed, B, T, padded, neg):
     model = hf_model(seed, linear_allow_neg_eigval=neg)
     config = OlmoHybridConfig(**{**CONFIG.__dict__, "allow_neg_eigval": neg})
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    dout = rng.normal(size=(B, T, config.vocab_size))
-    mask = np.ones((B, T), bool)
-    if padded:
-        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
-        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None)
-    attn_mask = padding_attn_mask(~mask) if padded else None
-    logits, cache = olmo_hybrid_forward(ids, params, config, attn_mask=attn_mask)
-    grads = olmo_hybrid_backward(dout, cache)
-    keep = mask[:, :, None]
-    assert_close("olmo_hybrid.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
-    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
-    # and treats that row as any other: compared on the other rows.
-    pad = HF_SIZES["pad_token_id"]
-    assert not ref_grads["wte"][pad].any()
-    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
-    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    for path, ref in tree_leaves(ref_grads):
-        got = dict(tree_leaves(grads))[path]
-        assert_close(f"olmo_hybrid.d{path}", got, ref, **tol64(ref))
-    assert {p for p, _ in tree_leaves(grads)} == {p for p, _ in tree_leaves(ref_grads)}
+    def run_hf(ids, dout, attention_mask):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_run(exact(model, monkeypatch), ids, dout, attention_mask)
+    assert_hybrid_equals_transformers("olmo_hybrid", olmo_hybrid_forward, olmo_hybrid_backward, run_hf, config,
+                                      params, rng, B, T, padded, HF_SIZES["pad_token_id"], tol64)
 
 
 def test_default_sizes_are_transformers():
@@ -211,11 +195,7 @@ def small_models(draw):
         linear_k_heads=nk, linear_v_heads=nk * r, linear_k_dim=draw(st.integers(1, 4)),
         linear_v_dim=draw(st.integers(1, 4)), conv_kernel=draw(st.integers(2, 4)),
         allow_neg_eigval=draw(st.booleans()), attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_olmo_hybrid_params)
 
 
 @pytest.mark.twin_parity
@@ -252,20 +232,9 @@ def test_gradients_match_finite_differences(path):
     params = moved_off_init(init_olmo_hybrid_params(config, rng, np.float64), rng)
     ids = rng.integers(0, 11, (2, 6))
     dout = rng.normal(size=(2, 6, 11))
-    grads = dict(tree_leaves(olmo_hybrid_backward(dout, olmo_hybrid_forward(ids, params, config)[1])))
-    *parents, key = path.split(".")
-    node = params
-    for p in parents:
-        node = node[p]
-
-    def f(leaf):
-        saved = node[key]
-        node[key] = leaf
-        try:
-            return olmo_hybrid_forward(ids, params, config)[0]
-        finally:
-            node[key] = saved
-    assert_close(f"olmo_hybrid.fd.{path}", grads[path], numerical_grad(f, node[key].copy(), dout, h=h), **FD_TOL)
+    grads = olmo_hybrid_backward(dout, olmo_hybrid_forward(ids, params, config)[1])
+    assert_leaf_matches_finite_differences("olmo_hybrid", olmo_hybrid_forward, grads, config, params, ids, dout,
+                                           path, h)
 
 
 # -- refusals ------------------------------------------------------------------------------------------
@@ -292,22 +261,17 @@ def test_bad_config_is_refused_naming_the_value(changes, error, message):
 
 def test_wrong_cache_is_refused():
     """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
-    from numpy_attn.llama import llama_kv_cache
     config = OlmoHybridConfig(n_layer=2)
     params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
-        olmo_hybrid_forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+    assert_llama_cache_refused(olmo_hybrid_forward, config, params)
 
 
 def test_backward_refuses_a_cached_forward():
     """The cache is for inference only: a backward of a forward that read a cached state is refused."""
     config = OlmoHybridConfig(n_layer=2, layer_types=("linear_attention", "full_attention"))
     params = init_olmo_hybrid_params(config, np.random.default_rng(0), np.float64)
-    cache = qwen3_5_kv_cache(config, 1, np.float64)
-    olmo_hybrid_forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
-    logits, fwd = olmo_hybrid_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
-    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
-        olmo_hybrid_backward(np.ones_like(logits), fwd)
+    assert_backward_refuses_cached_forward(olmo_hybrid_forward, olmo_hybrid_backward, qwen3_5_kv_cache, config,
+                                           params)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -335,24 +299,8 @@ def test_decoding_matches_transformers_generate(padded):
     pad = np.zeros(prompts.shape, bool)
     if padded:
         pad[1, :2] = True
-    n = 8
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        with torch.no_grad():
-            theirs = model.generate(to_torch(prompts), attention_mask=to_torch((~pad).astype(np.int64)),
-                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                                    eos_token_id=None).numpy()
-    cache = qwen3_5_kv_cache(CONFIG, 2, np.float64)
-    ours, new = [prompts], prompts
-    pad = np.concatenate([pad, np.zeros((2, n), bool)], axis=1)               # the new tokens are not padding
-    for _ in range(n):
-        S = cache.length + new.shape[1]
-        mask = padding_attn_mask(pad[:, :S]) if padded else None
-        logits, _ = olmo_hybrid_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1,
-                                        attn_mask=mask)
-        new = logits[:, -1].argmax(-1)[:, None]
-        ours.append(new)
-    assert np.array_equal(np.concatenate(ours, axis=1), theirs)
+    assert_hybrid_generates_as_transformers("olmo_hybrid", olmo_hybrid_forward, qwen3_5_kv_cache, model, exact, CONFIG,
+                                            params, prompts, pad)
 
 
 def test_twin_decodes_as_ours():
@@ -361,15 +309,8 @@ def test_twin_decodes_as_ours():
     import torch_attn.qwen3_5 as tw_qwen3_5
     model = hf_model(4)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
-    tparams = tree_to_torch(params)
-    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
-    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), tw_qwen3_5.qwen3_5_kv_cache(CONFIG, 2, torch.float64)
-    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
-        ours, _ = olmo_hybrid_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
-        with torch.no_grad():
-            twin = tw.olmo_hybrid(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
-        assert_close(f"olmo_hybrid.twin decoding [{start}:{end}]", ours, to_numpy(twin))
-    assert cache.length == twin_cache.length == 9
+    assert_twin_decodes_as_ours("olmo_hybrid", olmo_hybrid_forward, tw.olmo_hybrid, qwen3_5_kv_cache,
+                                tw_qwen3_5.qwen3_5_kv_cache, CONFIG, params)
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------
@@ -377,15 +318,10 @@ def test_twin_decodes_as_ours():
 def test_checkpoint_reads_as_the_model(tmp_path):
     """attn_cli.hf reads a saved OlmoHybridForCausalLM folder into CONFIG and the very params the
     tests above copy from the model (float64: no rounding)."""
-    from attn_cli.hf import load_checkpoint
     model = hf_model(7)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    kind, config, params = load_checkpoint(tmp_path, np.float64)
-    assert kind == "olmo_hybrid" and config == CONFIG, config
     expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()})
-    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
-    for path, leaf in tree_leaves(expected):
-        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+    assert_checkpoint_reads_as(tmp_path, "olmo_hybrid", CONFIG, expected)
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])

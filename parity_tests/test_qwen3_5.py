@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_modeling
 
 import torch_attn.qwen3_5 as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config,
     init_qwen3_5_params,
@@ -24,19 +23,21 @@ from numpy_attn.qwen3_5 import (
 )
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    FD_TOL,
-    assert_close,
     moved_off_init,
-    numerical_grad,
     to_numpy,
     to_torch,
-    tree_leaves,
-    tree_to_torch,
 )
 from parity_tests.model_kit import (
+    assert_backward_refuses_cached_forward,
+    assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
-    assert_tree_equals_transformers,
+    assert_leaf_matches_finite_differences,
+    assert_llama_cache_refused,
+    assert_twin_decodes_as_ours,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
     tol64,
@@ -143,26 +144,11 @@ def test_matches_transformers_in_float64(seed, B, T, padded):
     rng = np.random.default_rng(seed)
     model = hf_model(seed)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    ids = rng.integers(0, CONFIG.vocab_size, (B, T))
-    dout = rng.normal(size=(B, T, CONFIG.vocab_size))
-    mask = np.ones((B, T), bool)
-    if padded:
-        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
-        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None)
-    attn_mask = padding_attn_mask(~mask) if padded else None
-    logits, cache = qwen3_5_forward(ids, params, CONFIG, attn_mask=attn_mask)
-    grads = qwen3_5_backward(dout, cache)
-    keep = mask[:, :, None]
-    assert_close("qwen3_5.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
-    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
-    # and treats that row as any other: compared on the other rows.
-    pad = HF_SIZES["pad_token_id"]
-    assert not ref_grads["wte"][pad].any()
-    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
-    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    assert_tree_equals_transformers("qwen3_5", grads, ref_grads, tol64)
+    def run_hf(ids, dout, attention_mask):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_run(exact(model, monkeypatch), ids, dout, attention_mask)
+    assert_hybrid_equals_transformers("qwen3_5", qwen3_5_forward, qwen3_5_backward, run_hf, CONFIG, params, rng,
+                                      B, T, padded, HF_SIZES["pad_token_id"], tol64)
 
 
 # -- the twin, finite differences --------------------------------------------------------------------
@@ -183,11 +169,7 @@ def small_models(draw):
         linear_k_heads=nk, linear_v_heads=nk * r, linear_k_dim=draw(st.integers(1, 4)),
         linear_v_dim=draw(st.integers(1, 4)), conv_kernel=draw(st.integers(2, 4)),
         attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_qwen3_5_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_qwen3_5_params)
 
 
 @pytest.mark.twin_parity
@@ -220,20 +202,8 @@ def test_gradients_match_finite_differences(path):
     params = moved_off_init(init_qwen3_5_params(config, rng, np.float64), rng)
     ids = rng.integers(0, 11, (2, 6))
     dout = rng.normal(size=(2, 6, 11))
-    grads = dict(tree_leaves(qwen3_5_backward(dout, qwen3_5_forward(ids, params, config)[1])))
-    *parents, key = path.split(".")
-    node = params
-    for p in parents:
-        node = node[p]
-
-    def f(leaf):
-        saved = node[key]
-        node[key] = leaf
-        try:
-            return qwen3_5_forward(ids, params, config)[0]
-        finally:
-            node[key] = saved
-    assert_close(f"qwen3_5.fd.{path}", grads[path], numerical_grad(f, node[key].copy(), dout, h=H), **FD_TOL)
+    grads = qwen3_5_backward(dout, qwen3_5_forward(ids, params, config)[1])
+    assert_leaf_matches_finite_differences("qwen3_5", qwen3_5_forward, grads, config, params, ids, dout, path, H)
 
 
 # -- refusals ------------------------------------------------------------------------------------------
@@ -262,22 +232,16 @@ def test_bad_config_is_refused_naming_the_value(changes, error, message):
 
 def test_wrong_cache_is_refused():
     """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
-    from numpy_attn.llama import llama_kv_cache
     config = Qwen3_5Config(n_layer=2, head_dim=8)
     params = init_qwen3_5_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
-        qwen3_5_forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+    assert_llama_cache_refused(qwen3_5_forward, config, params)
 
 
 def test_backward_refuses_a_cached_forward():
     """The cache is for inference only: a backward of a forward that read a cached state is refused."""
     config = Qwen3_5Config(n_layer=2, head_dim=8, layer_types=("linear_attention", "full_attention"))
     params = init_qwen3_5_params(config, np.random.default_rng(0), np.float64)
-    cache = qwen3_5_kv_cache(config, 1, np.float64)
-    qwen3_5_forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
-    logits, fwd = qwen3_5_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
-    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
-        qwen3_5_backward(np.ones_like(logits), fwd)
+    assert_backward_refuses_cached_forward(qwen3_5_forward, qwen3_5_backward, qwen3_5_kv_cache, config, params)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -297,21 +261,9 @@ def test_decoding_matches_transformers_generate():
     exact (its own DynamicCache with Gated DeltaNet's states)."""
     model = hf_model(5)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    prompt = [3, 14, 15, 92, 65, 35]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                    min_new_tokens=8, pad_token_id=0, eos_token_id=None)[0].tolist()
-    ours = list(prompt)
-    cache = qwen3_5_kv_cache(CONFIG, 1, np.float64)
-    new = np.array([prompt])
-    for _ in range(8):
-        logits, _ = qwen3_5_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1)
-        ours.append(int(logits[0, -1].argmax()))
-        new = np.array([[ours[-1]]])
-    assert ours == theirs
+    prompts = [[3, 14, 15, 92, 65, 35]]
+    assert_hybrid_generates_as_transformers("qwen3_5", qwen3_5_forward, qwen3_5_kv_cache, model, exact, CONFIG, params,
+                                            prompts, np.zeros((1, 6), bool))
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------
@@ -319,15 +271,10 @@ def test_decoding_matches_transformers_generate():
 def test_checkpoint_reads_as_the_model(tmp_path):
     """attn_cli.hf reads a saved Qwen3_5ForCausalLM folder into CONFIG and the very params the
     tests above copy from the model (float64: no rounding)."""
-    from attn_cli.hf import load_checkpoint
     model = hf_model(7)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    kind, config, params = load_checkpoint(tmp_path, np.float64)
-    assert kind == "qwen3_5" and config == CONFIG, config
     expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
-    for path, leaf in tree_leaves(expected):
-        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+    assert_checkpoint_reads_as(tmp_path, "qwen3_5", CONFIG, expected)
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])
@@ -371,12 +318,5 @@ def test_twin_decodes_as_ours():
     logits (float64: the same steps, helpers' tolerance)."""
     model = hf_model(4)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    tparams = tree_to_torch(params)
-    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
-    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), tw.qwen3_5_kv_cache(CONFIG, 2, torch.float64)
-    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
-        ours, _ = qwen3_5_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
-        with torch.no_grad():
-            twin = tw.qwen3_5(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
-        assert_close(f"qwen3_5.twin decoding [{start}:{end}]", ours, to_numpy(twin))
-    assert cache.length == twin_cache.length == 9
+    assert_twin_decodes_as_ours("qwen3_5", qwen3_5_forward, tw.qwen3_5, qwen3_5_kv_cache, tw.qwen3_5_kv_cache, CONFIG,
+                                params)

@@ -15,7 +15,6 @@ from transformers.models.qwen2_moe import modeling_qwen2_moe
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_modeling
 
 import torch_attn.qwen3_next as tw
-from numpy_attn.masks import padding_attn_mask
 from numpy_attn.qwen3_5 import qwen3_5_kv_cache
 from numpy_attn.qwen3_next import (
     Qwen3NextConfig,
@@ -26,18 +25,21 @@ from numpy_attn.qwen3_next import (
 )
 from numpy_attn.rope import rope_frequencies
 from parity_tests.helpers import (
-    FD_TOL,
-    assert_close,
     moved_off_init,
-    numerical_grad,
     to_numpy,
     to_torch,
-    tree_leaves,
-    tree_to_torch,
 )
 from parity_tests.model_kit import (
+    assert_backward_refuses_cached_forward,
+    assert_checkpoint_reads_as,
     assert_hybrid_decodes_as_full_forward,
+    assert_hybrid_equals_transformers,
+    assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
+    assert_leaf_matches_finite_differences,
+    assert_llama_cache_refused,
+    assert_twin_decodes_as_ours,
+    drawn_hybrid_case,
     float64_twin,
     randomise,
 )
@@ -187,29 +189,11 @@ def test_matches_transformers_in_float64(seed, B, T, padded, norm_topk_prob):
     model = hf_model(seed, norm_topk_prob=norm_topk_prob)
     config = Qwen3NextConfig(**{**CONFIG.__dict__, "norm_topk_prob": norm_topk_prob})
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, config)
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    dout = rng.normal(size=(B, T, config.vocab_size))
-    mask = np.ones((B, T), bool)
-    if padded:
-        mask[0, :3] = False                                                   # sequence 0: 3 pads on the left
-        dout = dout * mask[:, :, None]                                        # no gradient from padded rows
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        ref_logits, ref_grads = hf_run(exact(model, monkeypatch), ids, dout, mask if padded else None, config)
-    attn_mask = padding_attn_mask(~mask) if padded else None
-    logits, cache = qwen3_next_forward(ids, params, config, attn_mask=attn_mask)
-    grads = qwen3_next_backward(dout, cache)
-    keep = mask[:, :, None]
-    assert_close("qwen3_next.logits", np.where(keep, logits, 0), np.where(keep, ref_logits, 0), **tol64(ref_logits))
-    # nn.Embedding(padding_idx=pad_token_id) never hands its pad row a gradient; ours has no pad id
-    # and treats that row as any other: compared on the other rows.
-    pad = HF_SIZES["pad_token_id"]
-    assert not ref_grads["wte"][pad].any()
-    ref_grads["wte"] = np.delete(ref_grads["wte"], pad, axis=0)
-    grads["wte"] = np.delete(grads["wte"], pad, axis=0)
-    for path, ref in tree_leaves(ref_grads):
-        got = dict(tree_leaves(grads))[path]
-        assert_close(f"qwen3_next.d{path}", got, ref, **tol64(ref))
-    assert {p for p, _ in tree_leaves(grads)} == {p for p, _ in tree_leaves(ref_grads)}
+    def run_hf(ids, dout, attention_mask):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_run(exact(model, monkeypatch), ids, dout, attention_mask, config)
+    assert_hybrid_equals_transformers("qwen3_next", qwen3_next_forward, qwen3_next_backward, run_hf, config,
+                                      params, rng, B, T, padded, HF_SIZES["pad_token_id"], tol64)
 
 
 def test_router_in_float32_is_what_exact_removes():
@@ -272,11 +256,7 @@ def small_models(draw):
         decoder_sparse_step=draw(st.integers(1, 2)),
         mlp_only_layers=tuple(draw(st.sets(st.integers(0, n_layer - 1), max_size=1))),
         attn_bias=draw(st.booleans()), tie_weights=draw(st.booleans()))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    params = moved_off_init(init_qwen3_next_params(config, rng, np.float64), rng)
-    B, T = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 70]))
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    return config, params, ids, rng.normal(size=(B, T, config.vocab_size))
+    return drawn_hybrid_case(draw, config, init_qwen3_next_params)
 
 
 @pytest.mark.twin_parity
@@ -319,20 +299,8 @@ def test_gradients_match_finite_differences(path, norm_topk_prob):
     logits, cache = qwen3_next_forward(ids, params, config)
     p = np.sort(cache.blocks[0].mlp.router.softmax[0], axis=-1)              # (N, E) router probabilities
     assert (p[:, -2] - p[:, -3]).min() > 1e-2                                 # k = 2: no choice near a tie
-    grads = dict(tree_leaves(qwen3_next_backward(dout, cache)))
-    *parents, key = path.split(".")
-    node = params
-    for p in parents:
-        node = node[p]
-
-    def f(leaf):
-        saved = node[key]
-        node[key] = leaf
-        try:
-            return qwen3_next_forward(ids, params, config)[0]
-        finally:
-            node[key] = saved
-    assert_close(f"qwen3_next.fd.{path}", grads[path], numerical_grad(f, node[key].copy(), dout, h=H), **FD_TOL)
+    grads = qwen3_next_backward(dout, cache)
+    assert_leaf_matches_finite_differences("qwen3_next", qwen3_next_forward, grads, config, params, ids, dout, path, H)
 
 
 # -- refusals ------------------------------------------------------------------------------------------
@@ -360,11 +328,9 @@ def test_bad_config_is_refused_naming_the_value(changes, error, message):
 
 def test_wrong_cache_is_refused():
     """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
-    from numpy_attn.llama import llama_kv_cache
     config = Qwen3NextConfig(n_layer=2, head_dim=8)
     params = init_qwen3_next_params(config, np.random.default_rng(0), np.float64)
-    with pytest.raises(TypeError, match="kv_cache must be a Qwen3_5Cache .from qwen3_5_kv_cache., got KVCache"):
-        qwen3_next_forward(np.zeros((1, 2), int), params, config, kv_cache=llama_kv_cache(config, 1, np.float64))
+    assert_llama_cache_refused(qwen3_next_forward, config, params)
 
 
 def test_other_configs_are_refused():
@@ -393,11 +359,8 @@ def test_backward_refuses_a_cached_forward():
     """The cache is for inference only: a backward of a forward that read a cached state is refused."""
     config = Qwen3NextConfig(n_layer=2, head_dim=8, layer_types=("linear_attention", "full_attention"))
     params = init_qwen3_next_params(config, np.random.default_rng(0), np.float64)
-    cache = qwen3_5_kv_cache(config, 1, np.float64)
-    qwen3_next_forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
-    logits, fwd = qwen3_next_forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
-    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
-        qwen3_next_backward(np.ones_like(logits), fwd)
+    assert_backward_refuses_cached_forward(qwen3_next_forward, qwen3_next_backward, qwen3_5_kv_cache, config,
+                                           params)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -420,26 +383,8 @@ def test_decoding_matches_transformers_generate(padded):
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
     prompts = [[3, 14, 15, 92, 65, 35], [0, 0, 27, 18, 28, 18]] if padded else [[3, 14, 15, 92, 65, 35]]
     pad = np.array([[padded and i == 1 and t < 2 for t in range(6)] for i in range(len(prompts))])
-    n = 8
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        exact(model, monkeypatch)
-        ids = torch.tensor(prompts)
-        with torch.no_grad():
-            theirs = model.generate(ids, attention_mask=torch.from_numpy(~pad).long(), max_new_tokens=n,
-                                    do_sample=False, min_new_tokens=n, pad_token_id=0, eos_token_id=None).tolist()
-    ours = [list(p) for p in prompts]
-    B = len(prompts)
-    cache = qwen3_5_kv_cache(CONFIG, B, np.float64)
-    new, seen = np.array(prompts), pad
-    for _ in range(n):
-        mask = padding_attn_mask(seen) if padded else None
-        logits, _ = qwen3_next_forward(new, params, CONFIG, kv_cache=cache, for_backward=False, logits_to_keep=1,
-                                       attn_mask=mask)
-        nxt = logits[:, -1].argmax(axis=-1)
-        for b in range(B):
-            ours[b].append(int(nxt[b]))
-        new, seen = nxt[:, None], np.concatenate([seen, np.zeros((B, 1), bool)], axis=1)
-    assert ours == theirs
+    assert_hybrid_generates_as_transformers("qwen3_next", qwen3_next_forward, qwen3_5_kv_cache, model, exact, CONFIG,
+                                            params, prompts, pad)
 
 
 def test_twin_decodes_as_ours():
@@ -448,15 +393,8 @@ def test_twin_decodes_as_ours():
     from torch_attn.qwen3_5 import qwen3_5_kv_cache as twin_kv_cache
     model = hf_model(4)
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    tparams = tree_to_torch(params)
-    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9))
-    cache, twin_cache = qwen3_5_kv_cache(CONFIG, 2, np.float64), twin_kv_cache(CONFIG, 2, torch.float64)
-    for start, end in ((0, 5), (5, 6), (6, 7), (7, 9)):
-        ours, _ = qwen3_next_forward(ids[:, start:end], params, CONFIG, kv_cache=cache, for_backward=False)
-        with torch.no_grad():
-            twin = tw.qwen3_next(to_torch(ids[:, start:end]), tparams, CONFIG, kv_cache=twin_cache)
-        assert_close(f"qwen3_next.twin decoding [{start}:{end}]", ours, to_numpy(twin))
-    assert cache.length == twin_cache.length == 9
+    assert_twin_decodes_as_ours("qwen3_next", qwen3_next_forward, tw.qwen3_next, qwen3_5_kv_cache, twin_kv_cache,
+                                CONFIG, params)
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------
@@ -464,15 +402,10 @@ def test_twin_decodes_as_ours():
 def test_checkpoint_reads_as_the_model(tmp_path):
     """attn_cli.hf reads a saved Qwen3NextForCausalLM folder into CONFIG and the very params the
     tests above copy from the model (float64: no rounding)."""
-    from attn_cli.hf import load_checkpoint
     model = hf_model(7)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    kind, config, params = load_checkpoint(tmp_path, np.float64)
-    assert kind == "qwen3_next" and config == CONFIG, config
     expected = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
-    assert dict(tree_leaves(params)).keys() == dict(tree_leaves(expected)).keys()
-    for path, leaf in tree_leaves(expected):
-        assert np.array_equal(dict(tree_leaves(params))[path], leaf), path
+    assert_checkpoint_reads_as(tmp_path, "qwen3_next", CONFIG, expected)
 
 
 @pytest.mark.parametrize("cache", [[], ["--no-cache"]])
