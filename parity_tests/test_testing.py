@@ -4,6 +4,7 @@ that is wrong."""
 
 import ast
 import contextlib
+import functools
 import io
 import re
 import subprocess
@@ -79,25 +80,43 @@ def test_every_operation_has_a_pair_here():
     assert sorted(NUMPY) == sorted(TWINS) == sorted(OPERATIONS)
 
 
+def counted(fn):
+    """``fn`` with a count of its calls (``.calls``), its signature kept: the tests below see that
+    check ran the function under test on examples, not only that it raised nothing."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        wrapper.calls += 1
+        return fn(*args, **kwargs)
+    wrapper.calls = 0
+    return wrapper
+
+
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 def test_numpy_attn_passes(op, dtype):
-    check(op, *NUMPY[op], examples=FEW, seed=2, dtype=dtype)
+    forward, backward = (counted(f) for f in NUMPY[op])
+    assert check(op, forward, backward, examples=FEW, seed=2, dtype=dtype, framework="numpy") is None
+    assert forward.calls >= 1 and backward.calls >= 1
 
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_torch_twin_passes(op, dtype):
     """A torch function is recognised as such, autograd gives its backward."""
-    check(op, TWINS[op], examples=FEW, seed=3, dtype=dtype)
+    twin = counted(TWINS[op])
+    assert check(op, twin, examples=FEW, seed=3, dtype=dtype, framework="torch") is None
+    assert twin.calls >= 1
 
 
 def test_pytorch_builtin_attention_passes():
     """F.scaled_dot_product_attention (fully masked rows give 0 there too), grouped heads through
     enable_gqa."""
     def sdpa(q, k, v, **options):
+        sdpa.calls += 1
         return F.scaled_dot_product_attention(q, k, v, **options, enable_gqa=q.shape[:-2] != k.shape[:-2])
-    check("attention", sdpa, examples=FEW, seed=4)
+    sdpa.calls = 0
+    assert check("attention", sdpa, examples=FEW, seed=4) is None
+    assert sdpa.calls >= 1
 
 
 def test_torch_softmax_differs_on_fully_masked_rows():
@@ -177,9 +196,11 @@ def torch_attention_without_mask(q, k, v, attn_mask=None, is_causal=False, scale
 
 
 def test_the_implementation_written_here_passes():
-    check("softmax", *user_softmax(), examples=FEW, axis=-1)
-    check("linear", *user_linear(), examples=FEW)
-    check("attention", *user_attention(), examples=FEW)
+    for op, (forward, backward), options in (("softmax", user_softmax(), {"axis": -1}), ("linear", user_linear(), {}),
+                                              ("attention", user_attention(), {})):
+        forward, backward = counted(forward), counted(backward)
+        assert check(op, forward, backward, examples=FEW, framework="numpy", **options) is None
+        assert forward.calls >= 1 and backward.calls >= 1, op
 
 
 # -- planted bugs are caught, and the report names what is wrong -------------------------------------
