@@ -11,6 +11,7 @@ from attn_cli import term
 HELP = "check your own implementation of an operation against numpy_attn's"
 
 EXAMPLES = """examples:
+  numpy-attn check ex/softmax.py      an exercise of numpy-attn exercise: its op and functions known
   numpy-attn check mine.py:softmax_forward --op softmax --backward softmax_backward
   numpy-attn check mine.py:softmax_forward --op softmax --option axis=-1 --option masked=False
   numpy-attn check mine.py:sdpa --op attention          a torch function: autograd's backward
@@ -30,7 +31,8 @@ def add_arguments(p):
         "example agrees, 1 with the report of a smallest failing input when one does not, 2 on bad usage."),
         EXAMPLES)
     p.add_argument("target", metavar="FILE:FUNCTION",
-                   help="the Python file and the name of the forward in it, e.g. mine.py:softmax_forward")
+                   help="the Python file and the name of the forward in it, e.g. mine.py:softmax_forward; or "
+                        "an exercise file of numpy-attn exercise alone, e.g. ex/softmax.py")
     p.add_argument("--op", metavar="OP", default=None,
                    help="the operation it implements (required): softmax, linear, layer_norm, rms_norm, gelu, "
                         "attention, flash_attention or multi_head")
@@ -54,7 +56,45 @@ def load(target):
     what is missing."""
     path, sep, name = target.rpartition(":")
     if not sep or not path or not name:
-        raise ValueError(f"expected FILE:FUNCTION, e.g. mine.py:softmax_forward, got {target!r}")
+        raise ValueError(f"expected FILE:FUNCTION, e.g. mine.py:softmax_forward, got {target!r} (or an "
+                         "exercise file that numpy-attn exercise wrote, alone: it sets OPERATION)")
+    return (module := load_file(path)), function(module, path, name)
+
+
+def _is_exercise(path):
+    """The OPERATION an exercise file ``path`` sets (read, not run), or None; raises nothing."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["OPERATION"] \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
+
+
+def load_exercise(path):
+    """(operation, forward, backward) of the exercise file ``path`` that numpy-attn exercise wrote:
+    its OPERATION and numpy_attn's names of the operation's functions; ValueError naming what is
+    missing."""
+    from numpy_attn.testing import OPERATIONS
+
+    if not Path(path).is_file():
+        raise ValueError(f"no file {path!r}" + ("" if Path(path).suffix == ".py" else " (give the .py file)"))
+    op = _is_exercise(path)
+    if op is None:
+        raise ValueError(f"{path} sets no OPERATION: it is no exercise of numpy-attn exercise; give "
+                         "FILE:FUNCTION and --op, e.g. mine.py:softmax_forward --op softmax")
+    if op not in OPERATIONS:
+        raise ValueError(f"{path} sets OPERATION = {op!r}, not an operation check knows: {', '.join(OPERATIONS)}")
+    module = load_file(path)
+    forward, backward = (function(module, path, f.__name__) for f in (OPERATIONS[op].forward, OPERATIONS[op].backward))
+    return op, forward, backward
+
+
+def load_file(path):
+    """The module of the Python file ``path``, run; ValueError when it is missing or raises."""
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"no file {path!r}" + ("" if file.suffix == ".py" else " (give the .py file)"))
@@ -67,7 +107,7 @@ def load(target):
         raise ValueError(f"{path} could not be run: {type(err).__name__}: {err}") from None
     finally:
         sys.path.remove(str(file.resolve().parent))
-    return module, function(module, path, name)
+    return module
 
 
 def function(module, path, name):
@@ -98,7 +138,15 @@ def run(args):
     """The command. Returns the exit status: 0 agrees, 1 a failing example, 2 bad usage."""
     from numpy_attn.testing import OPERATIONS, CheckFailure, check
 
-    if args.op is None:
+    exercise = ":" not in args.target and _is_exercise(args.target) is not None
+    if exercise:                                    # an exercise file: its op and functions are known
+        op, forward, backward = load_exercise(args.target)
+        if args.op not in (None, op):
+            raise ValueError(f"{args.target} is the exercise of {op}, not --op {args.op}: leave --op out")
+        if args.backward is not None:
+            raise ValueError(f"{args.target} is an exercise: its backward is {backward.__name__}; leave --backward out")
+        args.op = op
+    elif args.op is None:
         raise ValueError(f"give the operation FUNCTION implements: --op OP, one of {', '.join(OPERATIONS)}")
     if args.op not in OPERATIONS:
         raise ValueError(f"--op {args.op!r} is not an operation check knows: {', '.join(OPERATIONS)}")
@@ -107,14 +155,17 @@ def run(args):
     if args.seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
     fixed = options(args.option)
-    module, forward = load(args.target)
-    backward = None if args.backward is None else function(module, args.target.rpartition(":")[0], args.backward)
+    if not exercise:
+        module, forward = load(args.target)
+        backward = None if args.backward is None else function(module, args.target.rpartition(":")[0], args.backward)
     try:
         check(args.op, forward, backward, examples=args.examples, seed=args.seed, dtype=args.dtype,
               device=args.device, **fixed)
     except CheckFailure as failure:
         print(failure)
         return 1
-    print(f"{args.op}: {args.target}{' with ' + args.backward if args.backward else ''} agrees with numpy_attn's "
-          f"on {args.examples} examples ({args.dtype}, seed {args.seed})")
+    what = (f"{args.target}'s {forward.__name__} and {backward.__name__}" if exercise else
+            f"{args.target}{' with ' + args.backward if args.backward else ''}")
+    print(f"{args.op}: {what} agree{'' if exercise else 's'} with numpy_attn's on "
+          f"{args.examples} examples ({args.dtype}, seed {args.seed})")
     return 0

@@ -366,6 +366,31 @@ def replace_file(path, data):
         _sync_folder(folder)
 
 
+def create_file(path, data):
+    """Create the file ``path`` holding ``data`` (bytes), whole or not at all, and never over an
+    existing name (FileExistsError; nothing is written then): ``data`` goes into a new hidden file
+    beside it, flushed to disk, which then takes the name by os.link (which refuses a name that
+    exists, where os.replace would write over it), with SIGINT, SIGTERM and SIGHUP held meanwhile,
+    and the hidden name is removed. Interrupted at any step, ``path`` is missing or holds all of
+    ``data``; only a cut removal of the hidden name can leave that hidden file. Where the file system
+    has no hard links, the file is created under its own name exclusively and written there
+    (``new_file``: removed again if the write fails). The new file gets the umask's permission bits."""
+    folder, name = os.path.split(os.path.abspath(path))
+    with signals_held():
+        new = _new_file(folder, name, ".new", data)
+        try:
+            try:
+                os.link(new, path)
+            except FileExistsError:
+                raise
+            except OSError:                     # no hard links here: write under the name itself
+                new_file(path, data)
+        finally:
+            _remove_quietly([new])
+        _sync_folder(folder)
+    return path
+
+
 def _keep(path):
     """A new hidden hard link to the file ``path``, or a copy where the file system has no links."""
     folder, name = os.path.split(path)

@@ -23,6 +23,7 @@ COMMANDS = {
     "generate": "generate",
     "site": "site",
     "check": "check",
+    "exercise": "exercise",
 }
 
 

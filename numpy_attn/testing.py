@@ -687,8 +687,18 @@ def _raised(what, err):
     return text
 
 
+# The report's words for a NumPy backward that raises NotImplementedError: one still to be written,
+# as numpy-attn exercise leaves it.
+NOT_WRITTEN = "the backward is not written yet"
+
+
 class _Failed(Exception):
-    """The function under test raised or returned something unusable: the text says what."""
+    """The function under test raised or returned something unusable: the text says what. ``out`` is
+    the forward's output where the forward ran and the backward failed (it is still compared), else None."""
+
+    def __init__(self, text, out=None):
+        super().__init__(text)
+        self.out = out
 
 
 def _run_numpy(op, forward, backward, case):
@@ -706,13 +716,16 @@ def _run_numpy(op, forward, backward, case):
         return out, {}
     try:
         grads = backward(case.dout.copy(), cache)
+    except NotImplementedError as err:
+        raise _Failed(f"{NOT_WRITTEN}: {getattr(backward, '__qualname__', 'it')} raised NotImplementedError"
+                      + (f" ({err})" if str(err) else ""), out) from None
     except Exception as err:
-        raise _Failed(f"backward raised {type(err).__name__}: {err}") from None
+        raise _Failed(f"backward raised {type(err).__name__}: {err}", out) from None
     try:
         return out, _flat(op.grads(grads, case), "d")
     except (TypeError, ValueError) as err:
         raise _Failed(f"backward returned {type(grads).__name__}, not what it should ({err}); "
-                      f"{op.signature}") from None
+                      f"{op.signature}", out) from None
 
 
 def _run_torch(op, forward, case, device):
@@ -740,8 +753,11 @@ def _run_torch(op, forward, case, device):
 def _report(op_name, options, who, dtype, seed, examples, low, problems, compared):
     """The text of a CheckFailure."""
     settings_text = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "none (every option drawn)"
-    lines = [f"{op_name}: the function under test disagrees with numpy_attn's ({dtype}, seed {seed}, "
-             f"examples {examples})",
+    unwritten = any(isinstance(p, str) and p.startswith(NOT_WRITTEN) for p in problems)
+    headline = f"{NOT_WRITTEN}: write it, then check again" if unwritten else \
+        "the function under test disagrees with numpy_attn's"
+    lines = [f"{op_name}: {headline} "
+             f"({dtype}, seed {seed}, examples {examples})",
              f"  function under test: {who}",
              f"  options: {settings_text}"]
     lines += [f"  wrong: {p.text}" if isinstance(p, _Mismatch) else f"  failed: {p}" for p in problems]
@@ -829,12 +845,15 @@ def _problems(op, forward, backward, case, dtype, torch_side, device):
     the names of the outputs and gradients compared."""
     low, wide = _rounded(case, dtype)
     out, grads, cache = _reference(op, wide)
+    failed = []                                      # the backward's failure: the forward is still compared
     try:
         got_out, got_grads = (_run_torch(op, forward, low, device) if torch_side
                               else _run_numpy(op, forward, backward, low))
-    except _Failed as failed:
-        return [str(failed)], []
-    expected = {"out": out, **(grads if torch_side or backward is not None else {})}
+    except _Failed as err:
+        if err.out is None:
+            return [str(err)], []
+        failed, got_out, got_grads = [str(err)], err.out, {}
+    expected = {"out": out, **(grads if (torch_side or backward is not None) and not failed else {})}
     missing = sorted(set(expected) - set(got_grads) - {"out"})
     if missing:
         return [f"the backward returned no {', '.join(missing)}; {op.signature}"], []
@@ -849,11 +868,11 @@ def _problems(op, forward, backward, case, dtype, torch_side, device):
             why = f"{own}, as numpy_attn's own tests" + ("" if why is None else f"; {why}")
             problems.append(_compare(name, got[name], want, dtype,
                                      dict(rtol=tol["rtol"] * r, atol=tol["atol"] * a), why))
-        return [p for p in problems if p], list(expected)
+        return failed + [p for p in problems if p], list(expected)
     base_out, base_grads, _ = _reference(op, low)
     baseline = {"out": base_out, **base_grads}
     for name, want in expected.items():
         terms = special.get(name, special.get("*", (1, 1, 1.0, "")))[2] if name != "out" else 0.0
         problems.append(_compare_low(name, got[name], want, baseline[name], dtype, FLOAT32_NOISE * max(terms, 1.0)
                                      if name != "out" else 0.0))
-    return [p for p in problems if p], list(expected)
+    return failed + [p for p in problems if p], list(expected)
