@@ -302,3 +302,24 @@ def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, c
 
 def _no_links(src, dst):
     raise PermissionError(1, "this file system has no hard links")
+
+
+# -- docs/testing.md ---------------------------------------------------------------------------------
+
+def test_the_pages_exercise_commands_run(tmp_path, monkeypatch):
+    """docs/testing.md's Exercises commands, in a fresh folder: each exits as the page says (the
+    check of the unfilled exercise with 1 and the report), and the last lists softmax as to do."""
+    from pathlib import Path
+
+    page = (Path(exercise.__file__).resolve().parent.parent / "docs" / "testing.md").read_text(encoding="utf-8")
+    section = page.split("## Exercises\n", 1)[1].split("\n## ", 1)[0]
+    block, = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    commands = [line.split("#", 1)[0].split() for line in block.splitlines()]
+    assert [c[:2] for c in commands] == [["numpy-attn", "exercise"]] * 2 + [["numpy-attn", "check"],
+                                                                           ["numpy-attn", "exercise"]], commands
+    monkeypatch.chdir(tmp_path)
+    results = [numpy_attn(*command[1:]) for command in commands]
+    assert [status for status, _, _ in results] == [0, 0, 1, 0], results
+    assert "the backward is not written yet" in results[2][1]
+    assert re.search(r"^  1\. softmax +softmax_backward +to do: the backward is not written yet$", results[3][1],
+                     flags=re.M), results[3][1]
