@@ -176,8 +176,9 @@ def _dependency_farm(folder):
 def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     """pip wheel of a copy of the checkout, installed in a fresh venv whose other packages are this
     environment's (linked, not downloaded); from a folder outside the checkout, the installed
-    packages answer: python -m benchmarks runs, numpy-attn runs (show, site), and the metadata
-    carries the project URLs and absolute image links. About 30 s here."""
+    packages answer: python -m benchmarks runs, numpy-attn runs (show, site, exercise and check of
+    the exercise), and the metadata carries the project URLs and absolute image links. About 30 s
+    here."""
     import email
     import os
     import shutil
@@ -229,6 +230,12 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     assert "def softmax_forward(" in run_there(fresh / "bin" / "numpy-attn", "show", "softmax")
     assert "wrote" in run_there(fresh / "bin" / "numpy-attn", "site", "site")   # no report there: warnings
     assert "<math" in (elsewhere / "site" / "softmax.html").read_text()
+    # An exercise is written from the installed numpy_attn's source, and graded: its empty backward
+    # gives exit status 1 and the report.
+    assert "wrote ex/softmax.py" in run_there(fresh / "bin" / "numpy-attn", "exercise", "softmax", "ex")
+    graded = subprocess.run([str(fresh / "bin" / "numpy-attn"), "check", "ex/softmax.py", "--examples", "5"],
+                            capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
+    assert graded.returncode == 1 and graded.stdout.startswith("softmax: the backward is not written yet"), graded
 
 
 def test_torch_attn_has_the_version_too():
