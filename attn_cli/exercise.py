@@ -44,11 +44,11 @@ LADDER = {
 }
 
 EXAMPLES = """examples:
-  numpy-attn exercise softmax ex           write ex/softmax.py: fill in softmax_backward
-  numpy-attn check ex/softmax.py           grade it (exit status 0 when it agrees)
-  numpy-attn exercise --list               the ladder
-  numpy-attn exercise --list ex            the ladder, and which of ex's exercises are done
-  numpy-attn exercise softmax ex --force   start again: write over ex/softmax.py
+  numpy-attn exercise softmax ex          writes ex/softmax.py to fill in
+  numpy-attn check ex/softmax.py          grades it: exit status 0 once right
+  numpy-attn exercise --list              the ladder
+  numpy-attn exercise --list ex           the ladder, and which are done in ex
+  numpy-attn exercise softmax ex --force  starts ex/softmax.py again
 """
 
 

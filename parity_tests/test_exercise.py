@@ -9,12 +9,15 @@ import inspect
 import io
 import os
 import re
+import signal
+import time
 
 import pytest
 
 from attn_cli import check, cli, exercise
 from numpy_attn.testing import OPERATIONS, CheckFailure
 from numpy_attn.testing import check as check_op
+from parity_tests import interrupt_kit
 from parity_tests.interrupt_kit import Interrupter, snapshot
 
 # Each check below draws few inputs: a filled exercise is numpy_attn's own backward, or one with a
@@ -298,6 +301,40 @@ def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, c
     assert {"open", "write", "fsync", "close"} <= kinds, kinds
     assert ("replace" if case == "--force" else "link") in kinds or case == "no hard links", kinds
     assert k > 5, f"only {k - 1} file-system calls: the harness does not see the write"
+
+
+def test_a_signal_during_the_write_is_held_until_it_ends(tmp_path, monkeypatch):
+    """A real SIGINT sent before the k-th file-system call of the write (new, then --force over the
+    user's file), for every k: the write ends whole, then Ctrl-C acts (KeyboardInterrupt); nothing
+    but softmax.py is left beside the user's file."""
+    new = exercise.source("softmax").encode()
+    with interrupt_kit.default_signals():
+        for force in (False, True):
+            k = 0
+            while True:
+                k += 1
+                folder = tmp_path / f"{force}-{k}"
+                folder.mkdir()
+                (folder / "notes.txt").write_text("mine")
+                if force:
+                    (folder / "softmax.py").write_text("my softmax")
+                raised = None
+                with monkeypatch.context() as m:
+                    interrupter = Interrupter(m, k, act=lambda: os.kill(os.getpid(), signal.SIGINT))
+                    try:
+                        exercise.write("softmax", str(folder), force=force)
+                        time.sleep(0.1)                  # a signal sent arrives by now at the latest
+                    except KeyboardInterrupt as err:
+                        raised = err
+                if interrupter.hit is None:              # the write made fewer than k calls
+                    assert raised is None
+                    break
+                where = f"{'--force, ' if force else ''}SIGINT before call {k} ({interrupter.hit[0]})"
+                assert raised is not None, f"{where} was lost"
+                assert (folder / "softmax.py").read_bytes() == new, where
+                assert sorted(os.listdir(folder)) == ["notes.txt", "softmax.py"], where
+                assert (folder / "notes.txt").read_text() == "mine", where
+            assert k > 5, k
 
 
 def _no_links(src, dst):
