@@ -315,17 +315,23 @@ def write(op, folder, force=False):
 def listing(folder=None, examples=50, seed=0):
     """The text of --list: the ladder, and given ``folder`` the state of each exercise there, graded
     as numpy-attn check grades it (``examples`` inputs from ``seed``)."""
+    if folder is not None and not os.path.isdir(folder):
+        raise ValueError(f"--list {folder}: no such folder (numpy-attn exercise OP {folder} writes one there)")
     lines = ["The exercises, in the order to do them (numpy-attn exercise OP DIR writes DIR/OP.py):"]
-    done = 0
+    done, following = 0, None
     for rung, op in enumerate(LADDER, 1):
         _, backward = names(op)
         state = ""
         if folder is not None:
-            state, passed = grade(os.path.join(folder, f"{op}.py"), examples, seed)
+            path = os.path.join(folder, f"{op}.py")
+            state, passed = grade(path, examples, seed)
             done += passed
+            if not passed and following is None:
+                following = (f"numpy-attn exercise {op} {folder}" if state == "not started" else
+                             f"write {backward} in {path}, then numpy-attn check {path}")
         lines.append(f"  {rung}. {op:<16} {backward:<40} {state}".rstrip())
     if folder is not None:
-        lines.append(f"{done} of {len(LADDER)} done in {folder}")
+        lines.append(f"{done} of {len(LADDER)} done in {folder}" + (f"; next: {following}" if following else ""))
     return "\n".join(lines)
 
 

@@ -177,10 +177,16 @@ def test_list_shows_the_ladder_and_what_is_done(tmp_path):
     states = {line.split()[1]: line.split(None, 3)[3] for line in text.splitlines()[1:-1]}
     assert states == {"softmax": "done", "linear": "wrong: dw", "layer_norm": "to do: the backward is not written yet",
                       "attention": "not started", "multi_head": "not started", "flash_attention": "not started"}, text
-    assert text.splitlines()[-1] == f"1 of 6 done in {tmp_path}"
+    assert text.splitlines()[-1] == (f"1 of 6 done in {tmp_path}; next: write linear_backward in "
+                                     f"{tmp_path}/linear.py, then numpy-attn check {tmp_path}/linear.py")
+    (tmp_path / "linear.py").unlink()
+    assert exercise.listing(str(tmp_path), examples=FEW).splitlines()[-1] == (
+        f"1 of 6 done in {tmp_path}; next: numpy-attn exercise linear {tmp_path}")
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["exercise", "--list", "TMP/none"], "--list TMP/none: no such folder (numpy-attn exercise OP TMP/none writes one "
+                                         "there)"),
     (["exercise", "--list", "x", "softmax"], "--list takes no OP ('softmax'): numpy-attn exercise --list [DIR]"),
     (["exercise", "softmax"], "give the operation and the folder: numpy-attn exercise OP DIR, OP one of softmax, "
                               "linear, layer_norm, attention, multi_head, flash_attention (--list shows them)"),
