@@ -97,6 +97,13 @@ def _loaded(tree):
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _defines(node):
+    """The names a top-level statement defines: a function's or class's, an assignment's targets."""
+    if isinstance(node, ast.FunctionDef | ast.ClassDef):
+        return {node.name}
+    return {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)}
+
+
 def _lines(text, node, comments_above=True):
     """The source lines of the top-level ``node``, from its decorators (and the comment lines just
     above it) to its end."""
@@ -114,12 +121,7 @@ def source(op):
     text = inspect.getsource(module)
     tree = ast.parse(text)
     forward_name, backward_name = names(op)
-    defined = {}                              # top-level name -> its node
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef):
-            defined[node.name] = node
-        elif isinstance(node, ast.Assign):
-            defined.update({t.id: node for t in node.targets if isinstance(t, ast.Name)})
+    defined = {name: node for node in tree.body for name in _defines(node)}   # top-level name -> its node
     imported = {}                             # name -> its import line
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -169,10 +171,10 @@ def source(op):
                 *_import_block(helpers, groups=False)]
     out += ["", f'OPERATION = "{op}"   # what numpy-attn check grades this file as']
     for node in tree.body:
-        name = getattr(node, "name", None)
-        if name in copied:
+        defines = _defines(node)
+        if defines & copied:
             out += ["", "", *_lines(text, node)]
-            if name == forward_name:
+            if forward_name in defines:
                 out += ["", "", *_skeleton(text, backward, op)]
     return "\n".join(out) + "\n"
 
