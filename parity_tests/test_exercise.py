@@ -7,6 +7,7 @@ import ast
 import contextlib
 import inspect
 import io
+import itertools
 import os
 import re
 import signal
@@ -309,6 +310,19 @@ def test_an_interruption_at_every_step_keeps_every_file(tmp_path, monkeypatch, c
     assert k > 5, f"only {k - 1} file-system calls: the harness does not see the write"
 
 
+def _sigint_before_call(monkeypatch, k, write):
+    """(the call before which SIGINT was sent, None when ``write`` made fewer than k file-system
+    calls; whether it ended in KeyboardInterrupt) of ``write()``."""
+    with monkeypatch.context() as m:
+        interrupter = Interrupter(m, k, act=lambda: os.kill(os.getpid(), signal.SIGINT))
+        try:
+            write()
+            time.sleep(0.1)                              # a signal sent arrives by now at the latest
+        except KeyboardInterrupt:
+            return interrupter.hit, True
+    return interrupter.hit, False
+
+
 def test_a_signal_during_the_write_is_held_until_it_ends(tmp_path, monkeypatch):
     """A real SIGINT sent before the k-th file-system call of the write (new, then --force over the
     user's file), for every k: the write ends whole, then Ctrl-C acts (KeyboardInterrupt); nothing
@@ -316,31 +330,22 @@ def test_a_signal_during_the_write_is_held_until_it_ends(tmp_path, monkeypatch):
     new = exercise.source("softmax").encode()
     with interrupt_kit.default_signals():
         for force in (False, True):
-            k = 0
-            while True:
-                k += 1
+            for k in itertools.count(1):
                 folder = tmp_path / f"{force}-{k}"
                 folder.mkdir()
                 (folder / "notes.txt").write_text("mine")
                 if force:
                     (folder / "softmax.py").write_text("my softmax")
-                raised = None
-                with monkeypatch.context() as m:
-                    interrupter = Interrupter(m, k, act=lambda: os.kill(os.getpid(), signal.SIGINT))
-                    try:
-                        exercise.write("softmax", str(folder), force=force)
-                        time.sleep(0.1)                  # a signal sent arrives by now at the latest
-                    except KeyboardInterrupt as err:
-                        raised = err
-                if interrupter.hit is None:              # the write made fewer than k calls
-                    assert raised is None
+                hit, interrupted = _sigint_before_call(
+                    monkeypatch, k, lambda folder=folder, force=force: exercise.write("softmax", str(folder), force))
+                if hit is None:
+                    assert not interrupted and k > 5, k
                     break
-                where = f"{'--force, ' if force else ''}SIGINT before call {k} ({interrupter.hit[0]})"
-                assert raised is not None, f"{where} was lost"
+                where = f"{'--force, ' if force else ''}SIGINT before call {k} ({hit[0]})"
+                assert interrupted, f"{where} was lost"
                 assert (folder / "softmax.py").read_bytes() == new, where
                 assert sorted(os.listdir(folder)) == ["notes.txt", "softmax.py"], where
                 assert (folder / "notes.txt").read_text() == "mine", where
-            assert k > 5, k
 
 
 def _no_links(src, dst):
