@@ -6,8 +6,22 @@ learned scalar per layer, and the last layers reading the keys and values of an 
     a      = attn(rms_norm(x))                    q, k = rms_norm(q), rms_norm(k) per head, scaling by w;
                                                   v = rms_norm(v) per head, no weight; scores q.k, unscaled
     x      = x + rms_norm(a)
-    x      = (x + rms_norm(geglu(rms_norm(x)))) * s    s: the layer's scalar
+    x      = x + rms_norm(geglu(rms_norm(x)))
+    x      = x + rms_norm((gelu(x @ g) * e_i) @ p)  with per-layer inputs only: e_i layer i's (below)
+    x      = x * s                                s: the layer's scalar
     logits = x @ wte^T                            (capped at final_logit_softcap, None by default)
+
+Per-layer inputs (``per_layer_input_size`` P > 0, Hugging Face's hidden_size_per_layer_input: the
+small released models E2B and E4B): every token gets, besides its embedding x0 = wte[ids] * sqrt(C),
+an input of size P for each layer i,
+
+    e      = (rms_norm(x0 @ m / sqrt(C)) + wte_pl[ids] * sqrt(P)) / sqrt(2)     (B, T, L, P): the L P
+                                                  columns read as L groups of P, normed per group
+
+which the block adds after its MLP through a P-wide gate (the sublayer above, g (C, P), p (P, C)).
+wte_pl is an embedding of its own, (per_layer_vocab_size, L P), its pad row frozen as wte's. x0
+reaches the logits through the blocks and through e, so wte's gradient adds both; each block
+leaves its de_i with the forward's PerLayerInputs, and the model undoes e once, after the blocks.
 
 What differs from Gemma 3, transformers' Gemma4TextModel read against Gemma3TextModel:
 
@@ -40,8 +54,7 @@ shared layers of six (Gemma 3's sizes otherwise), two global layers' keys are he
 of three. The cache holds one head size: a global_head_dim of its own decodes without a cache.
 
 Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
-them off): per-layer input embeddings (``hidden_size_per_layer_input`` 0: the released small E2B
-and E4B use them), the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
+them off): the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
 values its raw keys), ``use_double_wide_mlp`` and bidirectional attention. Attention has no soft
 cap; the logits' cap stays optional as in Gemma 3.
 """
@@ -54,6 +67,8 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
+from numpy_attn.embedding import embedding_backward, embedding_forward
+from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig
@@ -77,6 +92,8 @@ class Gemma4Config(LlamaConfig):
     layer_types: tuple | None = None          # per layer; None: five sliding, one global, the last global
     n_kv_shared_layers: int = 0               # the last layers that reuse an earlier layer's k and v
     pad_token_id: int | None = None           # the embedding row that gets no gradient
+    per_layer_input_size: int = 0             # P of each layer's own input per token; 0: none
+    per_layer_vocab_size: int | None = None   # rows of their embedding; None: vocab_size
     sliding_pattern = 6
 
     def __post_init__(self):
@@ -86,7 +103,8 @@ class Gemma4Config(LlamaConfig):
                 "rope_local_theta": (float, POSITIVE), "partial_rotary_factor": (float, 0.0),
                 "global_head_dim": (int | None, 1), "final_logit_softcap": (float | None, POSITIVE),
                 "sliding_window": (int, 1), "n_kv_shared_layers": (int, 0),
-                "pad_token_id": (int | None, 0)}).items():
+                "pad_token_id": (int | None, 0), "per_layer_input_size": (int, 0),
+                "per_layer_vocab_size": (int | None, 1)}).items():
             object.__setattr__(self, name, value)
         if self.partial_rotary_factor > 1:
             raise ValueError(f"{cls}.partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor!r}")
@@ -97,6 +115,11 @@ class Gemma4Config(LlamaConfig):
             raise ValueError(f"{cls}.global_head_dim must be even (RoPE turns pairs), got {self.global_hs}")
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
             raise ValueError(f"{cls}.pad_token_id = {self.pad_token_id} must be below vocab_size = {self.vocab_size}")
+        if self.per_layer_vocab_size is None:
+            object.__setattr__(self, "per_layer_vocab_size", self.vocab_size)
+        if self.per_layer_vocab_size < self.vocab_size:
+            raise ValueError(f"{cls}.per_layer_vocab_size = {self.per_layer_vocab_size} must be at least vocab_size = "
+                             f"{self.vocab_size} (every id reads a row of the per-layer embedding)")
         if self.n_kv_shared_layers >= self.n_layer:
             raise ValueError(f"{cls}.n_kv_shared_layers must be below n_layer = {self.n_layer} (a shared layer "
                              f"reads an earlier layer's keys), got {self.n_kv_shared_layers}")
@@ -140,8 +163,11 @@ class Gemma4Config(LlamaConfig):
 
 def init_gemma4_params(config, rng, dtype=np.float32):
     """{"wte", "blocks", "norm"}: each block's four norms, attention {"q", "o", "q_norm"} and, on a
-    layer that makes its own keys, {"k", "v", "k_norm"}, GeGLU "mlp" and "layer_scalar" {"w": (1,)}.
-    Linear weights from N(0, 0.02^2), every norm and the scalar at 1 (they scale by w)."""
+    layer that makes its own keys, {"k", "v", "k_norm"}, GeGLU "mlp" and "layer_scalar" {"w": (1,)};
+    with per-layer inputs each block's "per_layer" {"gate" (C, P), "proj" (P, C), "norm" (C,)} and
+    the model's "per_layer" {"wte" (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)},
+    drawn after the rest. Linear weights and embeddings from N(0, 0.02^2), every norm and the
+    scalar at 1 (they scale by w)."""
     check_rng(rng, "init_gemma4_params")
     C, nh, nkv, H = config.n_embd, config.n_head, config.n_kv_head, config.hidden
 
@@ -162,7 +188,15 @@ def init_gemma4_params(config, rng, dtype=np.float32):
                  ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}
         return {**norms, "attn": attn, "mlp": mlp, "layer_scalar": {"w": np.ones(1, dtype)}}
 
-    return _model.init_decoder_params(config, rng, dtype, init_block)
+    params = _model.init_decoder_params(config, rng, dtype, init_block)
+    P, L = config.per_layer_input_size, config.n_layer
+    if P:   # drawn last, so that a model without them draws what it drew before they existed
+        for i in range(L):
+            params["blocks"][str(i)]["per_layer"] = {"gate": linear(C, P), "proj": linear(P, C),
+                                                     "norm": {"w": np.ones(C, dtype)}}
+        params["per_layer"] = {"wte": rng.normal(0, 0.02, (config.per_layer_vocab_size, L * P)).astype(dtype),
+                               "proj": linear(C, L * P), "norm": {"w": np.ones(P, dtype)}}
+    return params
 
 
 # -- RoPE per layer type ----------------------------------------------------------------------------
@@ -283,6 +317,62 @@ def gemma4_attention_backward(dout, cache):
     return dx, dparams
 
 
+# -- per-layer inputs: each token's own input to every layer ---------------------------------------
+
+class PerLayerInputs(NamedTuple):
+    """One forward's per-layer inputs, their cache, and the gradients the blocks send back."""
+
+    value: np.ndarray        # (B, T, L, P): layer i reads value[:, :, i]
+    cache: tuple             # per_layer_inputs_forward's
+    grads: dict              # {layer: de_i (B, T, P)}, until undone
+
+
+def per_layer_inputs_forward(ids, params, config):
+    """e (B, T, L, P) for ``ids`` (B, T): (rms_norm(x0 @ m / sqrt(C)) + wte_pl[ids] * sqrt(P)) / sqrt(2),
+    x0 = wte[ids] * sqrt(C) the blocks' input. Returns ``(e, cache)``."""
+    C, L, P, eps = config.n_embd, config.n_layer, config.per_layer_input_size, config.rms_eps
+    pad, p = config.pad_token_id, params["per_layer"]
+    x, x_cache = embedding_forward(ids, params["wte"], pad)                  # (B, T) -> (B, T, C)
+    scales = tuple(x.dtype.type(c) for c in (C ** 0.5, P ** 0.5, C ** -0.5, 2 ** -0.5))   # each in the model's dtype
+    x = x * scales[0]                                                        # x0, as the first block gets it
+    t, t_cache = embedding_forward(ids, p["wte"], pad)                       # (B, T) -> (B, T, L*P)
+    t = (t * scales[1]).reshape(*ids.shape, L, P)                            # (B, T, L, P)
+    m, m_cache = linear_forward(x, **p["proj"])                              # (B, T, C) -> (B, T, L*P)
+    m, norm_cache = rms_norm_forward((m * scales[2]).reshape(*ids.shape, L, P), p["norm"]["w"], eps)   # per group
+    return (m + t) * scales[3], (x_cache, t_cache, m_cache, norm_cache, scales)
+
+
+def per_layer_inputs_backward(de, cache):
+    """Undoes per_layer_inputs_forward: de (B, T, L, P) -> (dwte (V, C), {"wte", "proj", "norm"})."""
+    x_cache, t_cache, m_cache, norm_cache, scales = cache
+    de = de * scales[3]                                                      # both terms' gradient
+    dt = (de * scales[1]).reshape(*de.shape[:2], -1)                         # (B, T, L*P)
+    dm, dnorm = rms_norm_backward(de, norm_cache)                            # (B, T, L, P)
+    dx, dproj = linear_backward((dm * scales[2]).reshape(dt.shape), m_cache)   # (B, T, C)
+    dwte = embedding_backward(dx * scales[0], x_cache)                       # x0's share of wte's gradient
+    return dwte, {"wte": embedding_backward(dt, t_cache), "proj": dproj, "norm": dnorm}
+
+
+def per_layer_forward(x, params, e, eps):
+    """The block's last sublayer: x (B, T, C), e (B, T, P) -> rms_norm((gelu(x @ g) * e) @ p) (B, T, C).
+    Returns ``(out, cache)``."""
+    g, gate_cache = linear_forward(x, **params["gate"])                      # (B, T, C) -> (B, T, P)
+    a, gelu_cache = gelu_forward(g, "tanh")                                  # (B, T, P)
+    out, proj_cache = linear_forward(a * e, **params["proj"])                # (B, T, P) -> (B, T, C)
+    out, norm_cache = rms_norm_forward(out, params["norm"]["w"], eps)        # (B, T, C)
+    return out, (gate_cache, gelu_cache, a, e, proj_cache, norm_cache)
+
+
+def per_layer_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams {"gate", "proj", "norm"}, de (B, T, P))."""
+    gate_cache, gelu_cache, a, e, proj_cache, norm_cache = cache
+    dh, dnorm = rms_norm_backward(dout, norm_cache)                          # (B, T, C)
+    dae, dproj = linear_backward(dh, proj_cache)                             # (B, T, P)
+    dg = gelu_backward(dae * e, gelu_cache)                                  # (B, T, P)
+    dx, dgate = linear_backward(dg, gate_cache)                              # (B, T, C)
+    return dx, {"gate": dgate, "proj": dproj, "norm": dnorm}, dae * a
+
+
 # -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
 
 class Gemma4BlockCache(NamedTuple):
@@ -294,13 +384,16 @@ class Gemma4BlockCache(NamedTuple):
     mlp_norm: tuple
     mlp: tuple
     mlp_post_norm: tuple
+    per_layer: tuple | None             # per_layer_forward's, with per-layer inputs
+    inputs: PerLayerInputs | None       # the model's per-layer inputs, which this block read
     unscaled: np.ndarray
     scalar: np.ndarray
 
 
 def gemma4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
-                         shared=None):
-    """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; every norm scales by w."""
+                         shared=None, per_layer=None):
+    """One block: x (B, T, C) -> (B, T, C); ``per_layer`` the model's PerLayerInputs, or None.
+    Returns ``(out, cache)``; every norm scales by w."""
     eps = config.rms_eps
     # 1-4: x + rms_norm(attn(rms_norm(x)))
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], eps)            # (B, T, C)
@@ -313,18 +406,28 @@ def gemma4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cac
     f, mlp_cache = swiglu_forward(h, params["mlp"], act="gelu_tanh")                 # (B, T, C) via (B, T, H)
     f, mlp_post_norm_cache = rms_norm_forward(f, params["mlp_post_norm"]["w"], eps)    # (B, T, C)
     x = x + f
-    # 9: times the layer's scalar
+    # 9: x + rms_norm((gelu(x @ g) * e_i) @ p), with per-layer inputs
+    per_layer_cache = None
+    if per_layer is not None:
+        f, per_layer_cache = per_layer_forward(x, params["per_layer"], per_layer.value[:, :, layer], eps)
+        x = x + f                                                                       # (B, T, C)
+    # 10: times the layer's scalar
     s = params["layer_scalar"]["w"]                                                     # (1,)
     cache = Gemma4BlockCache(attn_norm_cache, attn_cache, attn_post_norm_cache, mlp_norm_cache, mlp_cache,
-                             mlp_post_norm_cache, x, s)
+                             mlp_post_norm_cache, per_layer_cache, per_layer, x, s)
     return x * s, cache
 
 
 def gemma4_block_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams like the block's params)."""
-    # 9: undoes out = x * s.
+    # 10: undoes out = x * s.
     dscalar = {"w": np.sum(dout * cache.unscaled).reshape(1).astype(cache.scalar.dtype)}
     dout = dout * cache.scalar                                               # (B, T, C)
+    dper_layer = None
+    if cache.per_layer is not None:   # 9: branch + skip; e_i's gradient waits for the model's backward
+        dx_per_layer, dper_layer, de = per_layer_backward(dout, cache.per_layer)
+        cache.inputs.grads[cache.attn.layer] = de
+        dout = dout + dx_per_layer                                           # (B, T, C)
     # 8-5: undoes x + rms_norm(geglu(rms_norm(x))); x also fed the skip.
     df, dmlp_post_norm = rms_norm_backward(dout, cache.mlp_post_norm)        # (B, T, C)
     dh, dmlp = swiglu_backward(df, cache.mlp)                                # (B, T, C)
@@ -336,6 +439,8 @@ def gemma4_block_backward(dout, cache):
     dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)             # (B, T, C)
     dparams = {"attn_norm": dattn_norm, "attn": dattn, "attn_post_norm": dattn_post_norm,
                "mlp_norm": dmlp_norm, "mlp": dmlp, "mlp_post_norm": dmlp_post_norm, "layer_scalar": dscalar}
+    if dper_layer is not None:
+        dparams["per_layer"] = dper_layer
     return dx_attn + dx, dparams                                             # branch + skip
 
 
@@ -351,17 +456,28 @@ def gemma4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
         raise ValueError("gemma4_forward: an attn_mask together with a kv_cache is not supported (the sliding "
                          "layers hold only their window, the mask spans all past + T keys); decode without attn_mask")
     shared = SharedKV({}, {})   # this forward's keys and values, which the shared layers read
+    per_layer = None
+    if config.per_layer_input_size:   # the ids are checked again, and first, by decoder_forward
+        ids = _model.check_decoder_inputs(ids, config, Gemma4Config, positions, attn_mask, kv_cache, rng,
+                                          logits_to_keep)
+        per_layer = PerLayerInputs(*per_layer_inputs_forward(ids, params, config), {})
     return _model.decoder_forward(ids, params, config, Gemma4Config, gemma4_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, embed_scale=config.n_embd ** 0.5,
                                   logit_softcap=config.final_logit_softcap, padding_idx=config.pad_token_id,
                                   layer_options=lambda i: {"window": config.window(i), "layer": i,
-                                                           "shared": shared})
+                                                           "shared": shared, "per_layer": per_layer})
 
 
 def gemma4_backward(dlogits, cache):
     """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gemma4", dlogits, cache, gemma4_block_backward)
+    dparams = _model.decoder_backward("gemma4", dlogits, cache, gemma4_block_backward)
+    inputs = cache.blocks[0].inputs
+    if inputs is not None:   # undoes the per-layer inputs, once every block has left its de_i
+        de = np.stack([inputs.grads.pop(i) for i in range(len(cache.blocks))], axis=2)   # (B, T, L, P)
+        dwte, dparams["per_layer"] = per_layer_inputs_backward(de, inputs.cache)
+        dparams["wte"] = dparams["wte"] + dwte                               # x0 fed the blocks and e
+    return dparams
 
 
 # -- decoding: keys and values of the layers that make them, once ---------------------------------

@@ -64,11 +64,13 @@ LAYER_TYPES = (SLIDING, FULL, SLIDING, FULL, SLIDING, FULL)
 PAD = 2
 
 
-def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16):
+def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0):
     """A random transformers Gemma4ForCausalLM in float64: C = 16 (sqrt(C) = 4, exact), 4 query heads
     on 2, head size 8 (``global_head_dim`` on the global layers), window 3, the last ``n_shared`` layers reading
-    earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer input embeddings off
-    (hidden_size_per_layer_input = 0, transformers' switch), no MoE, no k = v. Every parameter far
+    earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer inputs of size
+    ``per_layer`` (hidden_size_per_layer_input; 0 turns them off; sqrt(4) = 2 exact, as transformers
+    rounds the scale to float32 first) from an embedding of 23 rows, more than the vocabulary; no
+    MoE, no k = v. Every parameter far
     from its initialisation (model_kit.randomise), each layer_scalar made a parameter drawn in
     [0.5, 1.5] so that its gradient is compared too."""
     config = transformers.Gemma4TextConfig(
@@ -76,7 +78,8 @@ def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16):
         num_key_value_heads=2, head_dim=8, global_head_dim=global_head_dim, max_position_embeddings=32,
         rms_norm_eps=1e-5,
         sliding_window=3, layer_types=list(LAYER_TYPES), num_kv_shared_layers=n_shared,
-        hidden_size_per_layer_input=0, final_logit_softcapping=softcap, pad_token_id=PAD, bos_token_id=None,
+        hidden_size_per_layer_input=per_layer, vocab_size_per_layer_input=23, final_logit_softcapping=softcap,
+        pad_token_id=PAD, bos_token_id=None,
         eos_token_id=None, attn_implementation="eager",
         rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                          FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6}})
@@ -102,7 +105,8 @@ def our_config(model):
                         rope_theta=1e6, rope_local_theta=10000.0, partial_rotary_factor=0.5,
                         final_logit_softcap=c.final_logit_softcapping, sliding_window=c.sliding_window,
                         layer_types=tuple(c.layer_types), n_kv_shared_layers=c.num_kv_shared_layers,
-                        pad_token_id=c.pad_token_id)
+                        pad_token_id=c.pad_token_id, per_layer_input_size=c.hidden_size_per_layer_input,
+                        per_layer_vocab_size=c.vocab_size_per_layer_input if c.hidden_size_per_layer_input else None)
 
 
 def hf_names(config):
@@ -120,6 +124,14 @@ def hf_names(config):
             names[f"blocks.{i}.attn.{norm}.w"] = (f"{layer}.self_attn.{norm}.weight", False)
         for proj in ("gate", "up", "down"):
             names[f"blocks.{i}.mlp.{proj}.w"] = (f"{layer}.mlp.{proj}_proj.weight", True)
+        if config.per_layer_input_size:
+            names[f"blocks.{i}.per_layer.gate.w"] = (f"{layer}.per_layer_input_gate.weight", True)
+            names[f"blocks.{i}.per_layer.proj.w"] = (f"{layer}.per_layer_projection.weight", True)
+            names[f"blocks.{i}.per_layer.norm.w"] = (f"{layer}.post_per_layer_input_norm.weight", False)
+    if config.per_layer_input_size:
+        names["per_layer.wte"] = ("model.embed_tokens_per_layer.weight", False)
+        names["per_layer.proj.w"] = ("model.per_layer_model_projection.weight", True)
+        names["per_layer.norm.w"] = ("model.per_layer_projection_norm.weight", False)
     return names
 
 
@@ -189,12 +201,14 @@ def ids_with_pad(V, B=2, T=7, seed=0):
 # |value| (test_hf.py's analysis: a path of K ~ 10^3 roundings of u = 1.1e-16 through norms of
 # rstd R ~ 10 leaves K u R ~ 1e-12 relative; 1e-10 keeps a factor 100 of margin and still fails
 # on any wrong formula, which moves the logits by 1e-3 or more).
-@pytest.mark.parametrize("n_shared,softcap", [(2, None), (1, 3.0), (0, None)])
-def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap):
+@pytest.mark.parametrize("n_shared,softcap,per_layer", [(2, None, 0), (1, 3.0, 0), (0, None, 0), (2, None, 4),
+                                                       (0, 3.0, 4)])
+def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer):
     """T = 7 > the window 3: logits, and the gradient of sum(logits * dlogits) for every parameter
     of transformers' model (shared layers' missing k, v and k-norm included by their absence),
-    against transformers' autograd; the shared-from layers' k and v gradients hold both uses."""
-    model = hf_gemma4(n_shared=n_shared, softcap=softcap)
+    against transformers' autograd; the shared-from layers' k and v gradients hold both uses, and
+    with per-layer inputs wte's holds the blocks' share and theirs."""
+    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer)
     config = our_config(model)
     model = exact_hf_gemma4(model, config, monkeypatch)
     params = params_from_hf(model, config)
@@ -209,6 +223,30 @@ def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, sof
     for name, g in theirs.items():
         compare(f"gemma4 d{name}", ours[name], g, np.float64, scale=scale)
     assert np.all(ours["model.embed_tokens.weight"][PAD] != 0)   # the head's share reaches the pad row
+    if per_layer:   # the per-layer embedding's pad row and the rows no id reads get nothing
+        unread = [PAD] + sorted(set(range(23)) - set(ids.ravel().tolist()))
+        assert not np.any(ours["model.embed_tokens_per_layer.weight"][unread])
+
+
+def test_per_layer_inputs_change_what_the_model_computes(monkeypatch):
+    """The comparison above can fail on them: the same weights with the per-layer inputs left out
+    of each block (its per_layer params dropped, the model's too), or each layer reading its
+    neighbour's input, give other logits than transformers'."""
+    model = hf_gemma4(per_layer=4)
+    config = our_config(model)
+    model = exact_hf_gemma4(model, config, monkeypatch)
+    params = params_from_hf(model, config)
+    ids = ids_with_pad(config.vocab_size)
+    hf_logits, _ = hf_logits_and_grads(model, ids, None, np.zeros((2, 7, config.vocab_size)))
+    logits, _ = gemma4_forward(ids, params, config)
+    compare("gemma4 logits", logits, hf_logits, np.float64)
+    rolled = {**params, "per_layer": {**params["per_layer"],
+                                      "wte": np.roll(params["per_layer"]["wte"], config.per_layer_input_size, 1)}}
+    assert np.abs(gemma4_forward(ids, rolled, config)[0] - hf_logits).max() > 1e-3
+    off = Gemma4Config(**{**config.__dict__, "per_layer_input_size": 0, "per_layer_vocab_size": None})
+    plain = {key: value for key, value in params.items() if key != "per_layer"}
+    plain["blocks"] = {i: {k: v for k, v in block.items() if k != "per_layer"} for i, block in params["blocks"].items()}
+    assert np.abs(gemma4_forward(ids, plain, off)[0] - hf_logits).max() > 1e-3
 
 
 def test_shared_layers_change_what_the_model_computes(monkeypatch):
@@ -229,12 +267,14 @@ def test_shared_layers_change_what_the_model_computes(monkeypatch):
     assert np.abs(logits - hf_logits).max() > 1e-3
 
 
-def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD):
-    """A small random config (sliding and global alternating, ending global) and params far from init."""
+def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0):
+    """A small random config (sliding and global alternating, ending global; per-layer inputs of
+    size ``per_layer`` from 13 rows) and params far from init."""
     types_ = tuple((FULL, SLIDING)[(n_layer - 1 - i) % 2] for i in range(n_layer))
     config = Gemma4Config(vocab_size=11, block_size=8, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           global_head_dim=6, hidden=12, sliding_window=2, layer_types=types_,
-                          n_kv_shared_layers=n_shared, pad_token_id=pad, partial_rotary_factor=0.7)
+                          n_kv_shared_layers=n_shared, pad_token_id=pad, partial_rotary_factor=0.7,
+                          per_layer_input_size=per_layer, per_layer_vocab_size=13 if per_layer else None)
     rng = np.random.default_rng(seed)
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
                       init_gemma4_params(config, rng, dtype))
@@ -248,10 +288,11 @@ def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD):
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(2, 4), T=st.integers(1, 6), data=st.data())
 def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     """Logits against the twin's and every gradient (by path) against autograd's, float64, with
-    up to n_layer - 2 shared layers (each type keeps a layer before them). float64: the rstd-scaled
-    tolerance of layer_norm_tol (the norms amplify rounding by up to their rstd)."""
+    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs on or
+    off. float64: the rstd-scaled tolerance of layer_norm_tol (the norms amplify rounding by up to
+    their rstd)."""
     n_shared = data.draw(st.integers(0, n_layer - 2))
-    config, params, ids, dout = random_case(seed, n_layer, n_shared, T)
+    config, params, ids, dout = random_case(seed, n_layer, n_shared, T, per_layer=data.draw(st.sampled_from([0, 3])))
     logits, cache = gemma4_forward(ids, params, config)
     dparams = gemma4_backward(dout, cache)
     twin_logits, grads = autograd(lambda params: tw.gemma4(to_torch(ids), params, config), {"params": params}, dout)
@@ -263,11 +304,12 @@ def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     assert_tree_close("gemma4", dparams, grads["params"], **tol)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_backward_matches_finite_differences(seed):
-    """A directional derivative through every parameter (shared layers' sources included) in float64;
-    no pad id (its embedding row's gradient is left out on purpose, so it is no derivative)."""
-    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None)
+@pytest.mark.parametrize("seed,per_layer", [(0, 0), (1, 0), (2, 3)])
+def test_backward_matches_finite_differences(seed, per_layer):
+    """A directional derivative through every parameter (shared layers' sources and the per-layer
+    inputs' included) in float64; no pad id (its embedding rows' gradient is left out on purpose,
+    so it is no derivative)."""
+    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None, per_layer=per_layer)
     assert_backward_matches_finite_differences(
         "gemma4", lambda p: gemma4_forward(ids, p, config), gemma4_backward, params, dout, seed, gemma4_rstds)
 
@@ -283,6 +325,9 @@ def test_backward_matches_finite_differences(seed):
     ({"global_head_dim": 5}, ValueError, "global_head_dim must be even"),
     ({"n_kv_shared_layers": -1}, ValueError, "n_kv_shared_layers"),
     ({"global_head_dim": 2.0}, TypeError, "global_head_dim"),
+    ({"per_layer_input_size": -1}, ValueError, "per_layer_input_size"),
+    ({"per_layer_input_size": 2, "per_layer_vocab_size": 10}, ValueError,
+     "per_layer_vocab_size = 10 must be at least vocab_size = 11"),
 ])
 def test_bad_config_refused(changes, error, message):
     """Each check names the field and the value at fault."""
@@ -291,23 +336,24 @@ def test_bad_config_refused(changes, error, message):
         Gemma4Config(**{**base, **changes})
 
 
-def decode_case(n_shared=2):
-    """Six layers (sliding, global alternating), the last ``n_shared`` shared, one head size, window 2."""
+def decode_case(n_shared=2, per_layer=0):
+    """Six layers (sliding, global alternating), the last ``n_shared`` shared, one head size, window 2,
+    per-layer inputs of size ``per_layer``."""
     config = Gemma4Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           hidden=12, sliding_window=2, layer_types=LAYER_TYPES, n_kv_shared_layers=n_shared,
-                          partial_rotary_factor=0.5)
+                          partial_rotary_factor=0.5, per_layer_input_size=per_layer)
     rng = np.random.default_rng(3)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma4_params(config, rng, np.float64))
     return config, params, rng.integers(0, config.vocab_size, (2, 12))
 
 
-@pytest.mark.parametrize("n_shared", [2, 0])
-def test_cached_decoding_equals_full_forward(n_shared):
+@pytest.mark.parametrize("n_shared,per_layer", [(2, 0), (0, 0), (2, 3)])
+def test_cached_decoding_equals_full_forward(n_shared, per_layer):
     """A prefill of 3 tokens (past the window 2), then one token at a time up to 12: every position's
     logits equal the full forward's (reorder_tol: the same sums, some in another order); the shared
     layers read their source's keys, the held ones included, and hold none themselves; the sliding
-    layers stop growing at their window."""
-    config, params, ids = decode_case(n_shared)
+    layers stop growing at their window; each step's per-layer inputs are its own tokens'."""
+    config, params, ids = decode_case(n_shared, per_layer)
     full, full_cache = gemma4_forward(ids, params, config)
     kv_cache = gemma4_kv_cache(config, 2, np.float64)
     sizes = [3] + [1] * 9
@@ -360,11 +406,12 @@ def test_cache_refusals():
         gemma4_backward(np.ones_like(logits), cache)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_checkpoint_reads_transformers_weights(tmp_path, dtype):
+@pytest.mark.parametrize("dtype,per_layer", [(np.float64, 0), (np.float32, 0), (np.float64, 4)])
+def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer):
     """The folder save_pretrained writes, loaded by attn_cli.hf: the config this test builds by hand
-    and every weight (the shared layers' missing k, v and k-norm, layer_scalar), in ``dtype``."""
-    model = hf_gemma4(softcap=3.0)
+    and every weight (the shared layers' missing k, v and k-norm, layer_scalar, the per-layer
+    inputs'), in ``dtype``."""
+    model = hf_gemma4(softcap=3.0, per_layer=per_layer)
     model.save_pretrained(tmp_path, safe_serialization=True)
     kind, config, params = load_checkpoint(tmp_path, dtype)
     assert kind == "gemma4" and config == our_config(model), config
@@ -375,13 +422,14 @@ def test_checkpoint_reads_transformers_weights(tmp_path, dtype):
         assert got[path].dtype == dtype and np.array_equal(got[path], value.astype(dtype)), path
 
 
-@pytest.mark.parametrize("global_head_dim,options", [(8, []), (16, ["--no-cache"]), (8, ["--no-cache"])])
-def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options):
+@pytest.mark.parametrize("global_head_dim,options,per_layer", [(8, [], 0), (16, ["--no-cache"], 0),
+                                                               (8, ["--no-cache"], 0), (8, [], 4)])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer):
     """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
     (use_cache=True), with our key/value cache (one head size: gemma4_kv_cache's) and without (a
-    global head size of its own). hf_gemma4's output_hidden_states makes generate return a record:
-    its sequences are the ids (model_kit.hf_greedy reads a plain tensor)."""
-    model = hf_gemma4(global_head_dim=global_head_dim).to(torch.float32)
+    global head size of its own), with per-layer inputs or not. hf_gemma4's output_hidden_states
+    makes generate return a record: its sequences are the ids (model_kit.hf_greedy reads a plain tensor)."""
+    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer).to(torch.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *options]) == 0
@@ -391,11 +439,10 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
         theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, min_new_tokens=10,
                                 do_sample=False, pad_token_id=0, eos_token_id=None, use_cache=True,
                                 return_dict_in_generate=True).sequences[0].tolist()
-    assert ours == theirs, f"gemma4 {global_head_dim} {options}: greedy ids differ from transformers'"
+    assert ours == theirs, f"gemma4 {global_head_dim} {options} {per_layer}: greedy ids differ from transformers'"
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"hidden_size_per_layer_input": 4}, "hidden_size_per_layer_input = 4 is not supported"),
     ({"enable_moe_block": True}, "enable_moe_block = True is not supported"),
     ({"attention_k_eq_v": True}, "attention_k_eq_v = True is not supported"),
     ({"use_double_wide_mlp": True}, "use_double_wide_mlp = True is not supported"),
@@ -404,6 +451,9 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
      "rope_parameters.sliding_attention must be an unscaled rope of kind default"),
     ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config may set only a global layer's head_dim"),
     ({"num_kv_shared_layers": 6}, "n_kv_shared_layers must be below n_layer = 6"),
+    ({"hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 18},
+     "per_layer_vocab_size = 18 must be at least vocab_size = 19"),
+    ({"hidden_size_per_layer_input": -1}, "hidden_size_per_layer_input"),
 ])
 def test_unsupported_folder_refused(tmp_path, capsys, changes, message):
     """A config.json switching on what numpy_attn.gemma4 leaves off is refused naming the key."""

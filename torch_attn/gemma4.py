@@ -1,10 +1,12 @@
 """Gemma 4 (text) in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/gemma4.py: blocks x + rms_norm(attn(rms_norm(x))) and
-x + rms_norm(geglu(rms_norm(x))), times the layer's scalar, every norm scaling by w; q and k
+x + rms_norm(geglu(rms_norm(x))) (then x + rms_norm((gelu(x @ g) * e_i) @ p) with per-layer
+inputs), times the layer's scalar, every norm scaling by w; q and k
 RMS-normed per head, v too without weight, scores unscaled; the global layers' wider heads turning
 only their first pairs; the last n_kv_shared_layers layers attending over an earlier layer's keys
-and values (autograd adds both uses' gradients by itself).
+and values (autograd adds both uses' gradients by itself, as it adds wte's through the blocks and
+through the per-layer inputs).
 """
 
 from dataclasses import dataclass
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from torch_attn import _model
+from torch_attn.embedding import embedding
+from torch_attn.gelu import gelu
 from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
 from torch_attn.multi_head import merge_heads, split_heads
@@ -57,11 +61,30 @@ def gemma4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
     return linear(merge_heads(y), **params["o"])                              # (B, T, C)
 
 
+# -- per-layer inputs: each token's own input to every layer ---------------------------------------
+
+def per_layer_inputs(ids, params, config):
+    """e (B, T, L, P) for ``ids`` (B, T): (rms_norm(x0 @ m / sqrt(C)) + wte_pl[ids] * sqrt(P)) / sqrt(2)."""
+    C, L, P, eps = config.n_embd, config.n_layer, config.per_layer_input_size, config.rms_eps
+    p, pad = params["per_layer"], config.pad_token_id
+    c, root_p, inv_c, half = (torch.tensor(v, dtype=p["wte"].dtype) for v in (C ** 0.5, P ** 0.5, C ** -0.5, 2 ** -0.5))
+    x = embedding(ids, params["wte"], pad) * c                                # x0 (B, T, C)
+    t = (embedding(ids, p["wte"], pad) * root_p).reshape(*ids.shape, L, P)    # (B, T, L, P)
+    m = rms_norm((linear(x, **p["proj"]) * inv_c).reshape(*ids.shape, L, P), p["norm"]["w"], eps)   # per group
+    return (m + t) * half                                                     # (B, T, L, P)
+
+
+def per_layer(x, params, e, eps):
+    """The block's last sublayer: x (B, T, C), e (B, T, P) -> rms_norm((gelu(x @ g) * e) @ p) (B, T, C)."""
+    a = gelu(linear(x, **params["gate"]), approximate="tanh")                 # (B, T, P)
+    return rms_norm(linear(a * e, **params["proj"]), params["norm"]["w"], eps)
+
+
 # -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
 
 def gemma4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
-                 shared=None):
-    """One block: x (B, T, C) -> (B, T, C)."""
+                 shared=None, inputs=None):
+    """One block: x (B, T, C) -> (B, T, C); ``inputs`` the per-layer inputs (B, T, L, P), or None."""
     eps = config.rms_eps
     h = rms_norm(x, params["attn_norm"]["w"], eps)                            # (B, T, C)
     a = gemma4_attention(h, params["attn"], config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
@@ -70,6 +93,8 @@ def gemma4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
     h = rms_norm(x, params["mlp_norm"]["w"], eps)                             # (B, T, C)
     f = swiglu(h, params["mlp"], act="gelu_tanh")                             # (B, T, C) via (B, T, H)
     x = x + rms_norm(f, params["mlp_post_norm"]["w"], eps)
+    if inputs is not None:
+        x = x + per_layer(x, params["per_layer"], inputs[:, :, layer], eps)   # (B, T, C)
     return x * params["layer_scalar"]["w"]                                    # (B, T, C)
 
 
@@ -79,10 +104,12 @@ def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as gemma3's."""
     shared = {}   # this forward's keys and values, which the shared layers read
+    inputs = per_layer_inputs(ids, params, config) if config.per_layer_input_size else None
     return _model.decoder(ids, params, config, gemma4_block, positions=positions, attn_mask=attn_mask,
                           kv_cache=kv_cache, logits_to_keep=logits_to_keep, embed_scale=config.n_embd ** 0.5,
                           logit_softcap=config.final_logit_softcap, padding_idx=config.pad_token_id,
-                          layer_options=lambda i: {"window": config.window(i), "layer": i, "shared": shared})
+                          layer_options=lambda i: {"window": config.window(i), "layer": i, "shared": shared,
+                                                                    "inputs": inputs})
 
 
 # -- decoding: keys and values of the layers that make them, once ---------------------------------

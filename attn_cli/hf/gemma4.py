@@ -1,6 +1,7 @@
 """Gemma4ForCausalLM folders (the text model, model_type gemma4_text) -> numpy_attn.gemma4's
 Gemma4Config: Gemma 2's keys without the score scale and caps on the scores, the global layers'
-head size from per_layer_config, RoPE per layer type, shared key/value layers and each layer's scalar.
+head size from per_layer_config, RoPE per layer type, shared key/value layers, each layer's scalar
+and the per-layer inputs.
 What numpy_attn.gemma4 leaves off is refused naming its key."""
 
 from attn_cli.hf.config import Reader
@@ -12,6 +13,7 @@ from numpy_attn.gemma4 import Gemma4Config
 SCORE_KEYS = ("query_pre_attn_scalar", "attn_logit_softcapping")
 KEYS = {**{key: rule for key, rule in GEMMA2_KEYS.items() if key not in SCORE_KEYS},
         "num_kv_shared_layers": ("int", 0, False), "hidden_size_per_layer_input": ("int or null", 0, False),
+        "vocab_size_per_layer_input": ("int", 1, False),
         "attention_k_eq_v": ("bool", None, False), "enable_moe_block": ("bool", None, False),
         "use_double_wide_mlp": ("bool", None, False), "per_layer_config": ("object or null", None, False),
         "pad_token_id": ("int or null", 0, False), "global_head_dim": ("int", 1, False),
@@ -19,10 +21,10 @@ KEYS = {**{key: rule for key, rule in GEMMA2_KEYS.items() if key not in SCORE_KE
 # transformers' Gemma4TextConfig's values for keys left out, where they are not Llama's.
 DEFAULTS = {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 131072, "tie_word_embeddings": True,
             "rms_norm_eps": 1e-6, "sliding_window": 512, "final_logit_softcapping": None, "pad_token_id": 0,
-            "hidden_size_per_layer_input": 256, "num_hidden_layers": 30}
+            "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_hidden_layers": 30}
 # Each switch transformers has and numpy_attn.gemma4 leaves off: key -> the values read ("vision"
 # makes only image tokens see each other: text alone stays causal).
-OFF = {"hidden_size_per_layer_input": (0, None), "attention_k_eq_v": (False,), "enable_moe_block": (False,),
+OFF = {"attention_k_eq_v": (False,), "enable_moe_block": (False,),
        "use_double_wide_mlp": (False,), "use_bidirectional_attention": (None, "vision")}
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
@@ -37,7 +39,8 @@ def gemma4_config(hf):
       without it global_head_dim (default 512), as transformers builds it;
     - ``rope_parameters`` per layer type: the sliding layers' of the default kind, the global
       layers' default or proportional (its partial_rotary_factor), neither scaled;
-    - num_kv_shared_layers and pad_token_id; the switches of OFF refused unless off."""
+    - num_kv_shared_layers and pad_token_id; hidden_size_per_layer_input (0 or null: none) and
+      vocab_size_per_layer_input; the switches of OFF refused unless off."""
     hf = {**DEFAULTS, **hf}
     for key, allowed in OFF.items():
         if hf.get(key, allowed[0]) not in allowed:
@@ -74,6 +77,7 @@ def gemma4_config(hf):
                               f"got {_short(hf['per_layer_config'])}")
     base = llama_config({**hf, "hidden_act": "silu", "rope_parameters": None, "rope_scaling": None}, Gemma4Config)
     cap = hf.get("final_logit_softcapping")
+    per_layer = hf["hidden_size_per_layer_input"] or 0
     return Gemma4Config(**{
         **{key: getattr(base, key) for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head",
                                                "n_embd", "head_dim", "hidden", "rms_eps", "tie_weights")},
@@ -82,7 +86,9 @@ def gemma4_config(hf):
         "rope_theta": float(full.get("rope_theta", 1e6)),
         "rope_local_theta": float(settings["sliding_attention"].get("rope_theta", 1e4)),
         "partial_rotary_factor": float(partial), "global_head_dim": global_hs,
-        "n_kv_shared_layers": hf.get("num_kv_shared_layers", 0), "pad_token_id": hf.get("pad_token_id")})
+        "n_kv_shared_layers": hf.get("num_kv_shared_layers", 0), "pad_token_id": hf.get("pad_token_id"),
+        "per_layer_input_size": per_layer,
+        "per_layer_vocab_size": hf["vocab_size_per_layer_input"] if per_layer else None})
 
 
 def base_hs(hf):
@@ -92,9 +98,11 @@ def base_hs(hf):
 
 def gemma4_params(tensors, config):
     """Each block's four norms, q, o and q-norm, k, v and k-norm on a layer that makes its keys
-    (a shared layer's, where the file holds them, dropped: transformers ignores them too), GeGLU
-    and layer_scalar (1,); every linear weight transposed to (in, out)."""
+    (a shared layer's, where the file holds them, dropped: transformers ignores them too), GeGLU,
+    the per-layer inputs' gate, projection and norm where it has them, and layer_scalar (1,); the
+    model's per-layer embedding, projection and norm; every linear weight transposed to (in, out)."""
     C, H, nh, nkv = config.n_embd, config.hidden, config.n_head, config.n_kv_head
+    L, P = config.n_layer, config.per_layer_input_size
     norms = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
              "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
     params = {"wte": tensors.take("model.embed_tokens.weight", (config.vocab_size, C)), "blocks": {}}
@@ -116,15 +124,27 @@ def gemma4_params(tensors, config):
         block["mlp"] = {"gate": read_linear(tensors, p + "mlp.gate_proj", C, H),
                         "up": read_linear(tensors, p + "mlp.up_proj", C, H),
                         "down": read_linear(tensors, p + "mlp.down_proj", H, C)}
+        if P:
+            block["per_layer"] = {"gate": read_linear(tensors, p + "per_layer_input_gate", C, P),
+                                  "proj": read_linear(tensors, p + "per_layer_projection", P, C),
+                                  "norm": {"w": tensors.take(p + "post_per_layer_input_norm.weight", (C,))}}
         block["layer_scalar"] = {"w": tensors.take(p + "layer_scalar", (1,))}
         params["blocks"][str(i)] = block
+    if P:
+        params["per_layer"] = {"wte": tensors.take("model.embed_tokens_per_layer.weight",
+                                                   (config.per_layer_vocab_size, L * P)),
+                               "proj": read_linear(tensors, "model.per_layer_model_projection", C, L * P),
+                               "norm": {"w": tensors.take("model.per_layer_projection_norm.weight", (P,))}}
     return with_norm_and_head(params, tensors, config)
 
 
 def gemma4_parameter_count(hf):
-    """A lower bound on the parameters config.json implies: the embedding and each layer's MLP and norms."""
-    C = hf["hidden_size"]
-    return hf["vocab_size"] * C + hf["num_hidden_layers"] * (3 * C * hf["intermediate_size"] + 4 * C) + C
+    """A lower bound on the parameters config.json implies: the embedding, each layer's MLP and
+    norms, and the per-layer inputs' embedding (of DEFAULTS' sizes where config.json has none)."""
+    hf = {**DEFAULTS, **hf}
+    C, L, P = hf["hidden_size"], hf["num_hidden_layers"], hf["hidden_size_per_layer_input"] or 0
+    return hf["vocab_size"] * C + L * (3 * C * hf["intermediate_size"] + 4 * C) + C \
+        + hf["vocab_size_per_layer_input"] * L * P
 
 
 READER = Reader(KEYS, gemma4_config, gemma4_params, gemma4_parameter_count, defaults=DEFAULTS)
