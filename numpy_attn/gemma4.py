@@ -51,7 +51,9 @@ Decoding: ``gemma4_kv_cache`` holds the keys and values of the layers that make 
 shared layer holds none and attends over what its source returned this step, the held tokens and
 the new ones (a sliding source's last window, as transformers' shared layers read it). With two
 shared layers of six (Gemma 3's sizes otherwise), two global layers' keys are held a token instead
-of three. The cache holds one head size: a global_head_dim of its own decodes without a cache.
+of three. A global_head_dim of its own (512 against 256 in the released models) puts the layers of
+each head size in a KVCache of their own (one allocation holds one head size): those of layer 0's
+in the Gemma4Cache itself, the others in its ``wide``.
 
 Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
 them off): the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
@@ -484,42 +486,58 @@ def gemma4_backward(dlogits, cache):
 
 @dataclass
 class Gemma4Cache(KVCache):
-    """KVCache's slots for the layers that make keys and values (its ``windows``, one per such layer:
-    a sliding one keeps its last window); a shared layer holds none, it reads its source's."""
+    """KVCache's slots for the layers that make keys and values of layer 0's head size (its
+    ``windows``, one per such layer: a sliding one keeps its last window), and ``wide``, a KVCache
+    for those of the other head size (None where every layer has the same); a shared layer holds
+    none, it reads its source's."""
 
-    sources: tuple = ()    # per layer: its index among the layers that make keys, None on a shared layer
+    sources: tuple = ()    # per layer: (0, j) slot j here, (1, j) slot j of wide, None on a shared layer
+    wide: KVCache | None = None
 
     @property
     def n_layer(self):
         return len(self.sources)
 
     @property
+    def bytes_per_token(self):
+        """Bytes each further token adds: the full layers' of both head sizes."""
+        return super().bytes_per_token + (0 if self.wide is None else self.wide.bytes_per_token)
+
+    @property
     def bytes_held(self):
         """Bytes of the tokens held now: the layers that make keys, every sequence."""
-        return sum(super(Gemma4Cache, self).layer(j).held * super(Gemma4Cache, self).layer(j).bytes_per_token
-                   for j in range(len(self.windows))) * self.dims[0]
+        own = sum(super(Gemma4Cache, self).layer(j).held * super(Gemma4Cache, self).layer(j).bytes_per_token
+                  for j in range(len(self.windows))) * self.dims[0]
+        return own + (0 if self.wide is None else self.wide.bytes_held)
+
+    @property
+    def nbytes(self):
+        """Bytes of both allocations."""
+        return super().nbytes + (0 if self.wide is None else self.wide.nbytes)
 
     def layer(self, i):
-        """Layer i's keys and values (KVCache.layer), or None on a shared layer."""
+        """Layer i's keys and values (KVCache.layer, here or in ``wide``), or None on a shared layer."""
         if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < self.n_layer:
             raise ValueError(f"layer must be an integer in [0, {self.n_layer}), got {i!r}")
-        j = self.sources[i]
-        return None if j is None else super().layer(j)
+        if self.sources[i] is None:
+            return None
+        part, j = self.sources[i]
+        return super().layer(j) if part == 0 else self.wide.layer(j)
 
 
 def gemma4_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty cache for decoding B sequences of up to ``max_len`` (default block_size) tokens: a
-    global layer that makes keys holds them all, a sliding one its last window, a shared one none.
-    One head size for all (init_kv_cache's): a global_head_dim of its own is refused."""
-    if config.global_hs != config.hs:
-        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
-                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    global layer that makes keys holds them all, a sliding one its last window, a shared one none;
+    the layers of another head size than layer 0's in a second allocation, ``wide``."""
     max_len = config.block_size if max_len is None else max_len
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
-    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype,
-                       windows=[config.window(i) for i in makers])
-    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
-    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
+    parts = ([i for i in makers if config.layer_hs(i) == config.layer_hs(0)],
+             [i for i in makers if config.layer_hs(i) != config.layer_hs(0)])
+    own, wide = (init_kv_cache(len(part), B, config.n_kv_head, max_len, config.layer_hs(part[0]), dtype,
+                               windows=[config.window(i) for i in part]) if part else None for part in parts)
+    sources = tuple(None if i not in makers else (0, parts[0].index(i)) if i in parts[0] else (1, parts[1].index(i))
+                    for i in range(config.n_layer))
+    return Gemma4Cache(own.buffer_k, own.buffer_v, own.lengths, own.windows, own.dims, None, sources, wide)
 
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).

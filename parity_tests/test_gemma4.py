@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from transformers.models.gemma4 import modeling_gemma4
 
 import torch_attn.gemma4 as tw
-from attn_cli import cli
+from attn_cli import cli, decoding
 from attn_cli.hf import load_checkpoint
 from numpy_attn.gemma2 import gemma2_kv_cache
 from numpy_attn.gemma3 import Gemma3Config
@@ -336,24 +336,26 @@ def test_bad_config_refused(changes, error, message):
         Gemma4Config(**{**base, **changes})
 
 
-def decode_case(n_shared=2, per_layer=0):
-    """Six layers (sliding, global alternating), the last ``n_shared`` shared, one head size, window 2,
-    per-layer inputs of size ``per_layer``."""
+def decode_case(n_shared=2, per_layer=0, global_head_dim=None):
+    """Six layers (sliding, global alternating), the last ``n_shared`` shared, head size 4 (the
+    global layers' ``global_head_dim``, None: the same), window 2, per-layer inputs of size ``per_layer``."""
     config = Gemma4Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           hidden=12, sliding_window=2, layer_types=LAYER_TYPES, n_kv_shared_layers=n_shared,
-                          partial_rotary_factor=0.5, per_layer_input_size=per_layer)
+                          partial_rotary_factor=0.5, per_layer_input_size=per_layer, global_head_dim=global_head_dim)
     rng = np.random.default_rng(3)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma4_params(config, rng, np.float64))
     return config, params, rng.integers(0, config.vocab_size, (2, 12))
 
 
-@pytest.mark.parametrize("n_shared,per_layer", [(2, 0), (0, 0), (2, 3)])
-def test_cached_decoding_equals_full_forward(n_shared, per_layer):
+@pytest.mark.parametrize("n_shared,per_layer,global_head_dim", [(2, 0, None), (0, 0, None), (2, 3, None), (2, 0, 6),
+                                                                (0, 3, 6)])
+def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_dim):
     """A prefill of 3 tokens (past the window 2), then one token at a time up to 12: every position's
     logits equal the full forward's (reorder_tol: the same sums, some in another order); the shared
     layers read their source's keys, the held ones included, and hold none themselves; the sliding
-    layers stop growing at their window; each step's per-layer inputs are its own tokens'."""
-    config, params, ids = decode_case(n_shared, per_layer)
+    layers stop growing at their window; each step's per-layer inputs are its own tokens'; a global
+    head size of its own is held in the cache's second allocation (``wide``), at that size."""
+    config, params, ids = decode_case(n_shared, per_layer, global_head_dim)
     full, full_cache = gemma4_forward(ids, params, config)
     kv_cache = gemma4_kv_cache(config, 2, np.float64)
     sizes = [3] + [1] * 9
@@ -363,6 +365,11 @@ def test_cached_decoding_equals_full_forward(n_shared, per_layer):
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
     assert [kv_cache.layer(i) is None for i in range(config.n_layer)] == [i not in makers for i in range(6)]
     assert [kv_cache.layer(i).held for i in makers] == [2 if config.window(i) else 12 for i in makers]
+    assert [kv_cache.layer(i).k.shape[-1] for i in makers] == [config.layer_hs(i) for i in makers]
+    assert (kv_cache.wide is None) == (config.global_hs == config.hs)
+    assert kv_cache.bytes_per_token == sum(2 * config.n_kv_head * config.layer_hs(i) * 8 for i in makers
+                                           if not config.window(i))
+    assert decoding.cache_bytes(gemma4_kv_cache(config, 2, np.float64, 1), 16) == kv_cache.nbytes
     assert kv_cache.bytes_held == 2 * sum(kv_cache.layer(i).held * kv_cache.layer(i).bytes_per_token for i in makers)
     tparams = tree_map(to_torch, params)
     twin_cache = tw.gemma4_kv_cache(config, 2, torch.float64)
@@ -389,17 +396,14 @@ def test_cache_bytes_per_token_against_gemma3():
 
 
 def test_cache_refusals():
-    """A cache of another kind, an attn_mask beside a cache, a global head size of its own, and a
-    backward after cached keys, each refused naming what is at fault."""
+    """A cache of another kind, an attn_mask beside a cache and a backward after cached keys, each
+    refused naming what is at fault."""
     config, params, ids = decode_case()
     with pytest.raises(TypeError, match="kv_cache must be a Gemma4Cache .*, got object"):
         gemma4_forward(ids, params, config, kv_cache=object())
     kv_cache = gemma4_kv_cache(config, 2, np.float64)
     with pytest.raises(ValueError, match="an attn_mask together with a kv_cache is not supported"):
         gemma4_forward(ids, params, config, kv_cache=kv_cache, attn_mask=np.ones((2, 4, 12, 12), bool))
-    wide = Gemma4Config(**{**config.__dict__, "global_head_dim": 6})
-    with pytest.raises(ValueError, match="global_head_dim = 6 differs from head_dim = 4"):
-        gemma4_kv_cache(wide, 2)
     gemma4_forward(ids[:, :3], params, config, kv_cache=kv_cache)
     logits, cache = gemma4_forward(ids[:, 3:5], params, config, kv_cache=kv_cache)
     with pytest.raises(ValueError, match="backward"):
@@ -423,11 +427,12 @@ def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer):
 
 
 @pytest.mark.parametrize("global_head_dim,options,per_layer", [(8, [], 0), (16, ["--no-cache"], 0),
-                                                               (8, ["--no-cache"], 0), (8, [], 4)])
+                                                               (8, ["--no-cache"], 0), (8, [], 4), (16, [], 0),
+                                                               (16, [], 4)])
 def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer):
     """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
-    (use_cache=True), with our key/value cache (one head size: gemma4_kv_cache's) and without (a
-    global head size of its own), with per-layer inputs or not. hf_gemma4's output_hidden_states
+    (use_cache=True), with our key/value cache and without, a global head size of its own or not,
+    with per-layer inputs or not. hf_gemma4's output_hidden_states
     makes generate return a record: its sequences are the ids (model_kit.hf_greedy reads a plain tensor)."""
     model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer).to(torch.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)

@@ -116,36 +116,50 @@ def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
 
 @dataclass
 class Gemma4Cache(KVCache):
-    """KVCache's slots for the layers that make keys and values; a shared layer holds none."""
+    """KVCache's slots for the layers that make keys and values of layer 0's head size, ``wide``
+    for those of the other; a shared layer holds none."""
 
-    sources: tuple = ()
+    sources: tuple = ()    # per layer: (0, j) here, (1, j) in wide, None on a shared layer
+    wide: KVCache | None = None
 
     @property
     def n_layer(self):
         return len(self.sources)
 
     @property
+    def bytes_per_token(self):
+        return super().bytes_per_token + (0 if self.wide is None else self.wide.bytes_per_token)
+
+    @property
     def bytes_held(self):
-        return sum(LayerKVCache(self, j).held * LayerKVCache(self, j).bytes_per_token
-                   for j in range(len(self.windows))) * self.dims[0]
+        own = sum(LayerKVCache(self, j).held * LayerKVCache(self, j).bytes_per_token
+                  for j in range(len(self.windows))) * self.dims[0]
+        return own + (0 if self.wide is None else self.wide.bytes_held)
+
+    @property
+    def nbytes(self):
+        return super().nbytes + (0 if self.wide is None else self.wide.nbytes)
 
     def layer(self, i):
-        """Layer i's keys and values, or None on a shared layer."""
-        j = self.sources[i]
-        return None if j is None else LayerKVCache(self, j)
+        """Layer i's keys and values, here or in ``wide``, or None on a shared layer."""
+        if self.sources[i] is None:
+            return None
+        part, j = self.sources[i]
+        return LayerKVCache(self, j) if part == 0 else self.wide.layer(j)
 
 
 def gemma4_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
-    """An empty cache: a layer that makes keys holds them (a sliding one its last window), a shared one none."""
-    if config.global_hs != config.hs:
-        raise ValueError(f"gemma4_kv_cache: global_head_dim = {config.global_hs} differs from head_dim = "
-                         f"{config.hs}, and the cache holds one head size; decode without a cache")
+    """An empty cache: a layer that makes keys holds them (a sliding one its last window), a shared
+    one none; the layers of another head size than layer 0's in ``wide``."""
     max_len = config.block_size if max_len is None else max_len
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
-    kv = init_kv_cache(len(makers), B, config.n_kv_head, max_len, config.hs, dtype, device,
-                       windows=[config.window(i) for i in makers])
-    sources = tuple(makers.index(i) if i in makers else None for i in range(config.n_layer))
-    return Gemma4Cache(kv.buffer_k, kv.buffer_v, kv.lengths, kv.windows, kv.dims, None, sources)
+    parts = ([i for i in makers if config.layer_hs(i) == config.layer_hs(0)],
+             [i for i in makers if config.layer_hs(i) != config.layer_hs(0)])
+    own, wide = (init_kv_cache(len(part), B, config.n_kv_head, max_len, config.layer_hs(part[0]), dtype, device,
+                               windows=[config.window(i) for i in part]) if part else None for part in parts)
+    sources = tuple(None if i not in makers else (0, parts[0].index(i)) if i in parts[0] else (1, parts[1].index(i))
+                    for i in range(config.n_layer))
+    return Gemma4Cache(own.buffer_k, own.buffer_v, own.lengths, own.windows, own.dims, None, sources, wide)
 
 
 # Equals Hugging Face's transformers Gemma4ForCausalLM(...).logits holding the same weights;
