@@ -51,14 +51,19 @@ Decoding: ``gemma4_kv_cache`` holds the keys and values of the layers that make 
 shared layer holds none and attends over what its source returned this step, the held tokens and
 the new ones (a sliding source's last window, as transformers' shared layers read it). With two
 shared layers of six (Gemma 3's sizes otherwise), two global layers' keys are held a token instead
-of three. A global_head_dim of its own (512 against 256 in the released models) puts the layers of
-each head size in a KVCache of their own (one allocation holds one head size): those of layer 0's
-in the Gemma4Cache itself, the others in its ``wide``.
+of three. A global_head_dim of its own (512 against 256 in the released models), or global_n_kv_head,
+puts the layers of each head size and count in a KVCache of their own (one allocation holds one):
+those of layer 0's in the Gemma4Cache itself, the others in its ``wide``.
+
+Keys as values (``attention_k_eq_v``, the large released models'): a global layer has no v
+projection; its values are its keys as projected, before the k-norm and the rotation, RMS-normed
+without weight as values are, so k's projection gets the gradients of both uses. Such models give
+their global layers fewer key/value heads of their own (``global_n_kv_head``, Hugging Face's
+num_global_key_value_heads), which the cache's ``wide`` then holds at their count.
 
 Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
-them off): the MoE block (``enable_moe_block``), ``attention_k_eq_v`` (a global layer's
-values its raw keys), ``use_double_wide_mlp`` and bidirectional attention. Attention has no soft
-cap; the logits' cap stays optional as in Gemma 3.
+them off): the MoE block (``enable_moe_block``), ``use_double_wide_mlp`` and bidirectional
+attention. Attention has no soft cap; the logits' cap stays optional as in Gemma 3.
 """
 
 from dataclasses import dataclass
@@ -96,6 +101,8 @@ class Gemma4Config(LlamaConfig):
     pad_token_id: int | None = None           # the embedding row that gets no gradient
     per_layer_input_size: int = 0             # P of each layer's own input per token; 0: none
     per_layer_vocab_size: int | None = None   # rows of their embedding; None: vocab_size
+    attention_k_eq_v: bool = False            # a global layer's values are its keys before their norm
+    global_n_kv_head: int | None = None       # a global layer's key/value heads; None: n_kv_head's
     sliding_pattern = 6
 
     def __post_init__(self):
@@ -106,7 +113,8 @@ class Gemma4Config(LlamaConfig):
                 "global_head_dim": (int | None, 1), "final_logit_softcap": (float | None, POSITIVE),
                 "sliding_window": (int, 1), "n_kv_shared_layers": (int, 0),
                 "pad_token_id": (int | None, 0), "per_layer_input_size": (int, 0),
-                "per_layer_vocab_size": (int | None, 1)}).items():
+                "per_layer_vocab_size": (int | None, 1), "attention_k_eq_v": (bool, None),
+                "global_n_kv_head": (int | None, 1)}).items():
             object.__setattr__(self, name, value)
         if self.partial_rotary_factor > 1:
             raise ValueError(f"{cls}.partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor!r}")
@@ -117,6 +125,9 @@ class Gemma4Config(LlamaConfig):
             raise ValueError(f"{cls}.global_head_dim must be even (RoPE turns pairs), got {self.global_hs}")
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
             raise ValueError(f"{cls}.pad_token_id = {self.pad_token_id} must be below vocab_size = {self.vocab_size}")
+        if self.n_head % self.global_nkv:
+            raise ValueError(f"{cls}.n_head = {self.n_head} must be a multiple of global_n_kv_head = "
+                             f"{self.global_n_kv_head} (each key/value head serves a group of queries)")
         if self.per_layer_vocab_size is None:
             object.__setattr__(self, "per_layer_vocab_size", self.vocab_size)
         if self.per_layer_vocab_size < self.vocab_size:
@@ -140,6 +151,19 @@ class Gemma4Config(LlamaConfig):
     def global_hs(self):
         """A global layer's head size: global_head_dim, or hs."""
         return self.hs if self.global_head_dim is None else self.global_head_dim
+
+    @property
+    def global_nkv(self):
+        """A global layer's key/value heads: global_n_kv_head, or n_kv_head."""
+        return self.n_kv_head if self.global_n_kv_head is None else self.global_n_kv_head
+
+    def layer_nkv(self, i):
+        """Layer i's key/value heads: n_kv_head on a sliding layer, global_nkv on a global one."""
+        return self.n_kv_head if self.layer_types[i] == "sliding_attention" else self.global_nkv
+
+    def k_eq_v(self, i):
+        """Whether layer i's values are its keys (attention_k_eq_v, on a global layer)."""
+        return self.attention_k_eq_v and self.layer_types[i] == "full_attention"
 
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a global one."""
@@ -165,22 +189,24 @@ class Gemma4Config(LlamaConfig):
 
 def init_gemma4_params(config, rng, dtype=np.float32):
     """{"wte", "blocks", "norm"}: each block's four norms, attention {"q", "o", "q_norm"} and, on a
-    layer that makes its own keys, {"k", "v", "k_norm"}, GeGLU "mlp" and "layer_scalar" {"w": (1,)};
-    with per-layer inputs each block's "per_layer" {"gate" (C, P), "proj" (P, C), "norm" (C,)} and
-    the model's "per_layer" {"wte" (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)},
-    drawn after the rest. Linear weights and embeddings from N(0, 0.02^2), every norm and the
-    scalar at 1 (they scale by w)."""
+    layer that makes its own keys, {"k", "v", "k_norm"} (no "v" where its values are its keys),
+    GeGLU "mlp" and "layer_scalar" {"w": (1,)}; with per-layer inputs each block's "per_layer"
+    {"gate" (C, P), "proj" (P, C), "norm" (C,)} and the model's "per_layer" {"wte"
+    (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)}, drawn after the rest. Linear
+    weights and embeddings from N(0, 0.02^2), every norm and the scalar at 1 (they scale by w)."""
     check_rng(rng, "init_gemma4_params")
-    C, nh, nkv, H = config.n_embd, config.n_head, config.n_kv_head, config.hidden
+    C, nh, H = config.n_embd, config.n_head, config.hidden
 
     def linear(C_in, C_out):
         return {"w": rng.normal(0, 0.02, (C_in, C_out)).astype(dtype)}
 
     def init_block(i):
-        hs = config.layer_hs(i)
+        hs, nkv = config.layer_hs(i), config.layer_nkv(i)
         attn = {"q": linear(C, nh * hs)}
         if config.kv_source(i) == i:
-            attn.update(k=linear(C, nkv * hs), v=linear(C, nkv * hs))
+            attn["k"] = linear(C, nkv * hs)
+            if not config.k_eq_v(i):
+                attn["v"] = linear(C, nkv * hs)
         attn["o"] = linear(nh * hs, C)
         attn["q_norm"] = {"w": np.ones(hs, dtype)}                                      # (hs,)
         if config.kv_source(i) == i:
@@ -262,9 +288,10 @@ class Gemma4AttentionCache(NamedTuple):
 def gemma4_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None,
                              layer=0, shared=None):
     """x (B, T, C) -> (B, T, C): q RMS-normed per head (w) and rotated; k, v made here (k normed
-    and rotated, v normed without weight) and kept in ``shared`` for the layers that reuse them, or
-    on a shared layer read from ``shared``; attention with scale 1. Returns ``(out, cache)``."""
-    nh, nkv, eps = config.n_head, config.n_kv_head, config.rms_eps
+    and rotated, v normed without weight; v the projected k where the layer's values are its keys)
+    and kept in ``shared`` for the layers that reuse them, or on a shared layer read from
+    ``shared``; attention with scale 1. Returns ``(out, cache)``."""
+    nh, nkv, eps = config.n_head, config.layer_nkv(layer), config.rms_eps
     source = config.kv_source(layer)
     q, q_cache = linear_forward(x, **params["q"])                             # (B, T, C) -> (B, T, nh*hs)
     q = split_heads(q, nh)                                                    # (B, nh, T, hs)
@@ -273,7 +300,10 @@ def gemma4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     k_cache = v_cache = k_norm_cache = v_norm_cache = k_rope_cache = None
     if source == layer:
         k, k_cache = linear_forward(x, **params["k"])                         # (B, T, C) -> (B, T, nkv*hs)
-        v, v_cache = linear_forward(x, **params["v"])                         # (B, T, C) -> (B, T, nkv*hs)
+        if config.k_eq_v(layer):   # the values are the keys as projected (v_cache None: no v weight)
+            v = k
+        else:
+            v, v_cache = linear_forward(x, **params["v"])                     # (B, T, C) -> (B, T, nkv*hs)
         k, v = split_heads(k, nkv), split_heads(v, nkv)                       # (B, nkv, T, hs)
         k, k_norm_cache = rms_norm_forward(k, params["k_norm"]["w"], eps)
         v, v_norm_cache = rms_norm_forward(v, np.ones(v.shape[-1], v.dtype), eps)   # no weight: scale 1
@@ -312,10 +342,14 @@ def gemma4_attention_backward(dout, cache):
         dk = gemma4_rotate_backward(dk, cache.k_rope)
         dk, dk_norm = rms_norm_backward(dk, cache.k_norm)
         dv, _ = rms_norm_backward(dv, cache.v_norm)                           # its weight is no parameter
+        if cache.v is None:   # the values were the projected keys: both uses' gradients add
+            dk, dv = dk + dv, None
         dx_k, dparams["k"] = linear_backward(merge_heads(dk), cache.k)
-        dx_v, dparams["v"] = linear_backward(merge_heads(dv), cache.v)
+        dx = dx + dx_k                                                        # x fed q and k
+        if dv is not None:
+            dx_v, dparams["v"] = linear_backward(merge_heads(dv), cache.v)
+            dx = dx + dx_v                                                    # and v
         dparams["k_norm"] = dk_norm
-        dx = dx + dx_k + dx_v                                                 # x fed q, k and v
     return dx, dparams
 
 
@@ -486,9 +520,9 @@ def gemma4_backward(dlogits, cache):
 
 @dataclass
 class Gemma4Cache(KVCache):
-    """KVCache's slots for the layers that make keys and values of layer 0's head size (its
-    ``windows``, one per such layer: a sliding one keeps its last window), and ``wide``, a KVCache
-    for those of the other head size (None where every layer has the same); a shared layer holds
+    """KVCache's slots for the layers that make keys and values of layer 0's head size and count
+    (its ``windows``, one per such layer: a sliding one keeps its last window), and ``wide``, a
+    KVCache for those of the other (None where every layer has the same); a shared layer holds
     none, it reads its source's."""
 
     sources: tuple = ()    # per layer: (0, j) slot j here, (1, j) slot j of wide, None on a shared layer
@@ -528,12 +562,12 @@ class Gemma4Cache(KVCache):
 def gemma4_kv_cache(config, B, dtype=np.float32, max_len=None):
     """An empty cache for decoding B sequences of up to ``max_len`` (default block_size) tokens: a
     global layer that makes keys holds them all, a sliding one its last window, a shared one none;
-    the layers of another head size than layer 0's in a second allocation, ``wide``."""
+    the layers of another head size or count than layer 0's in a second allocation, ``wide``."""
     max_len = config.block_size if max_len is None else max_len
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
-    parts = ([i for i in makers if config.layer_hs(i) == config.layer_hs(0)],
-             [i for i in makers if config.layer_hs(i) != config.layer_hs(0)])
-    own, wide = (init_kv_cache(len(part), B, config.n_kv_head, max_len, config.layer_hs(part[0]), dtype,
+    shape = lambda i: (config.layer_nkv(i), config.layer_hs(i))   # noqa: E731
+    parts = ([i for i in makers if shape(i) == shape(0)], [i for i in makers if shape(i) != shape(0)])
+    own, wide = (init_kv_cache(len(part), B, config.layer_nkv(part[0]), max_len, config.layer_hs(part[0]), dtype,
                                windows=[config.window(i) for i in part]) if part else None for part in parts)
     sources = tuple(None if i not in makers else (0, parts[0].index(i)) if i in parts[0] else (1, parts[1].index(i))
                     for i in range(config.n_layer))

@@ -64,13 +64,14 @@ LAYER_TYPES = (SLIDING, FULL, SLIDING, FULL, SLIDING, FULL)
 PAD = 2
 
 
-def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0):
+def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0, k_eq_v=False):
     """A random transformers Gemma4ForCausalLM in float64: C = 16 (sqrt(C) = 4, exact), 4 query heads
     on 2, head size 8 (``global_head_dim`` on the global layers), window 3, the last ``n_shared`` layers reading
     earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer inputs of size
     ``per_layer`` (hidden_size_per_layer_input; 0 turns them off; sqrt(4) = 2 exact, as transformers
-    rounds the scale to float32 first) from an embedding of 23 rows, more than the vocabulary; no
-    MoE, no k = v. Every parameter far
+    rounds the scale to float32 first) from an embedding of 23 rows, more than the vocabulary;
+    ``k_eq_v`` (attention_k_eq_v): the global layers' values their keys, with one key/value head
+    (num_global_key_value_heads, which transformers reads with it only); no MoE. Every parameter far
     from its initialisation (model_kit.randomise), each layer_scalar made a parameter drawn in
     [0.5, 1.5] so that its gradient is compared too."""
     config = transformers.Gemma4TextConfig(
@@ -80,7 +81,8 @@ def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0)
         sliding_window=3, layer_types=list(LAYER_TYPES), num_kv_shared_layers=n_shared,
         hidden_size_per_layer_input=per_layer, vocab_size_per_layer_input=23, final_logit_softcapping=softcap,
         pad_token_id=PAD, bos_token_id=None,
-        eos_token_id=None, attn_implementation="eager",
+        eos_token_id=None, attn_implementation="eager", attention_k_eq_v=k_eq_v,
+        num_global_key_value_heads=1 if k_eq_v else None,
         rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                          FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6}})
     # With per-layer inputs off, transformers 5.24's forward slices their None before the first shared
@@ -98,15 +100,19 @@ def our_config(model):
     """Our Gemma4Config for transformers' ``model`` (the sizes hf_gemma4 sets)."""
     c = model.config
     head_dims = {layer.self_attn.layer_type: layer.self_attn.head_dim for layer in model.model.layers}
+    kv_heads = {layer.self_attn.layer_type: c.num_attention_heads // layer.self_attn.num_key_value_groups
+                for layer in model.model.layers}
     return Gemma4Config(vocab_size=c.vocab_size, block_size=c.max_position_embeddings, n_layer=c.num_hidden_layers,
-                        n_head=c.num_attention_heads, n_kv_head=c.num_key_value_heads, n_embd=c.hidden_size,
+                        n_head=c.num_attention_heads, n_kv_head=kv_heads[SLIDING], n_embd=c.hidden_size,
                         head_dim=head_dims[SLIDING], global_head_dim=head_dims[FULL], hidden=c.intermediate_size,
                         rms_eps=c.rms_norm_eps,
                         rope_theta=1e6, rope_local_theta=10000.0, partial_rotary_factor=0.5,
                         final_logit_softcap=c.final_logit_softcapping, sliding_window=c.sliding_window,
                         layer_types=tuple(c.layer_types), n_kv_shared_layers=c.num_kv_shared_layers,
                         pad_token_id=c.pad_token_id, per_layer_input_size=c.hidden_size_per_layer_input,
-                        per_layer_vocab_size=c.vocab_size_per_layer_input if c.hidden_size_per_layer_input else None)
+                        per_layer_vocab_size=c.vocab_size_per_layer_input if c.hidden_size_per_layer_input else None,
+                        attention_k_eq_v=c.attention_k_eq_v,
+                        global_n_kv_head=None if kv_heads[FULL] == kv_heads[SLIDING] else kv_heads[FULL])
 
 
 def hf_names(config):
@@ -118,7 +124,8 @@ def hf_names(config):
             names[f"blocks.{i}.{ours}.w"] = (f"{layer}.{theirs}.weight", False)
         names[f"blocks.{i}.layer_scalar.w"] = (f"{layer}.layer_scalar", False)
         made_here = config.kv_source(i) == i
-        for proj in ("q", "k", "v", "o") if made_here else ("q", "o"):
+        for proj in ("q", "k", "v", "o") if made_here and not config.k_eq_v(i) else ("q", "k", "o") if made_here \
+                else ("q", "o"):
             names[f"blocks.{i}.attn.{proj}.w"] = (f"{layer}.self_attn.{proj}_proj.weight", True)
         for norm in ("q_norm", "k_norm") if made_here else ("q_norm",):
             names[f"blocks.{i}.attn.{norm}.w"] = (f"{layer}.self_attn.{norm}.weight", False)
@@ -201,14 +208,17 @@ def ids_with_pad(V, B=2, T=7, seed=0):
 # |value| (test_hf.py's analysis: a path of K ~ 10^3 roundings of u = 1.1e-16 through norms of
 # rstd R ~ 10 leaves K u R ~ 1e-12 relative; 1e-10 keeps a factor 100 of margin and still fails
 # on any wrong formula, which moves the logits by 1e-3 or more).
-@pytest.mark.parametrize("n_shared,softcap,per_layer", [(2, None, 0), (1, 3.0, 0), (0, None, 0), (2, None, 4),
-                                                       (0, 3.0, 4)])
-def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer):
+@pytest.mark.parametrize("n_shared,softcap,per_layer,k_eq_v", [(2, None, 0, False), (1, 3.0, 0, False),
+                                                              (0, None, 0, False), (2, None, 4, False),
+                                                              (0, 3.0, 4, False), (2, None, 0, True),
+                                                              (0, None, 4, True)])
+def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer, k_eq_v):
     """T = 7 > the window 3: logits, and the gradient of sum(logits * dlogits) for every parameter
     of transformers' model (shared layers' missing k, v and k-norm included by their absence),
     against transformers' autograd; the shared-from layers' k and v gradients hold both uses, and
-    with per-layer inputs wte's holds the blocks' share and theirs."""
-    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer)
+    with per-layer inputs wte's holds the blocks' share and theirs, and with k = v a global layer's
+    k projection holds both its uses'."""
+    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer, k_eq_v=k_eq_v)
     config = our_config(model)
     model = exact_hf_gemma4(model, config, monkeypatch)
     params = params_from_hf(model, config)
@@ -267,14 +277,16 @@ def test_shared_layers_change_what_the_model_computes(monkeypatch):
     assert np.abs(logits - hf_logits).max() > 1e-3
 
 
-def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0):
+def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0, k_eq_v=False):
     """A small random config (sliding and global alternating, ending global; per-layer inputs of
-    size ``per_layer`` from 13 rows) and params far from init."""
+    size ``per_layer`` from 13 rows; with ``k_eq_v`` the global layers' values their keys, on one
+    key/value head) and params far from init."""
     types_ = tuple((FULL, SLIDING)[(n_layer - 1 - i) % 2] for i in range(n_layer))
     config = Gemma4Config(vocab_size=11, block_size=8, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           global_head_dim=6, hidden=12, sliding_window=2, layer_types=types_,
                           n_kv_shared_layers=n_shared, pad_token_id=pad, partial_rotary_factor=0.7,
-                          per_layer_input_size=per_layer, per_layer_vocab_size=13 if per_layer else None)
+                          per_layer_input_size=per_layer, per_layer_vocab_size=13 if per_layer else None,
+                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None)
     rng = np.random.default_rng(seed)
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
                       init_gemma4_params(config, rng, dtype))
@@ -288,11 +300,12 @@ def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(2, 4), T=st.integers(1, 6), data=st.data())
 def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     """Logits against the twin's and every gradient (by path) against autograd's, float64, with
-    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs on or
-    off. float64: the rstd-scaled tolerance of layer_norm_tol (the norms amplify rounding by up to
+    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs and
+    k = v on or off. float64: the rstd-scaled tolerance of layer_norm_tol (the norms amplify rounding by up to
     their rstd)."""
     n_shared = data.draw(st.integers(0, n_layer - 2))
-    config, params, ids, dout = random_case(seed, n_layer, n_shared, T, per_layer=data.draw(st.sampled_from([0, 3])))
+    config, params, ids, dout = random_case(seed, n_layer, n_shared, T, per_layer=data.draw(st.sampled_from([0, 3])),
+                                            k_eq_v=data.draw(st.booleans()))
     logits, cache = gemma4_forward(ids, params, config)
     dparams = gemma4_backward(dout, cache)
     twin_logits, grads = autograd(lambda params: tw.gemma4(to_torch(ids), params, config), {"params": params}, dout)
@@ -304,12 +317,12 @@ def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     assert_tree_close("gemma4", dparams, grads["params"], **tol)
 
 
-@pytest.mark.parametrize("seed,per_layer", [(0, 0), (1, 0), (2, 3)])
-def test_backward_matches_finite_differences(seed, per_layer):
+@pytest.mark.parametrize("seed,per_layer,k_eq_v", [(0, 0, False), (1, 0, False), (2, 3, False), (3, 0, True)])
+def test_backward_matches_finite_differences(seed, per_layer, k_eq_v):
     """A directional derivative through every parameter (shared layers' sources and the per-layer
-    inputs' included) in float64; no pad id (its embedding rows' gradient is left out on purpose,
+    inputs' included; k = v's keys) in float64; no pad id (its embedding rows' gradient is left out on purpose,
     so it is no derivative)."""
-    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None, per_layer=per_layer)
+    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None, per_layer=per_layer, k_eq_v=k_eq_v)
     assert_backward_matches_finite_differences(
         "gemma4", lambda p: gemma4_forward(ids, p, config), gemma4_backward, params, dout, seed, gemma4_rstds)
 
@@ -326,6 +339,9 @@ def test_backward_matches_finite_differences(seed, per_layer):
     ({"n_kv_shared_layers": -1}, ValueError, "n_kv_shared_layers"),
     ({"global_head_dim": 2.0}, TypeError, "global_head_dim"),
     ({"per_layer_input_size": -1}, ValueError, "per_layer_input_size"),
+    ({"n_head": 4, "n_kv_head": 2, "global_n_kv_head": 3}, ValueError,
+     "n_head = 4 must be a multiple of global_n_kv_head = 3"),
+    ({"attention_k_eq_v": 1}, TypeError, "attention_k_eq_v"),
     ({"per_layer_input_size": 2, "per_layer_vocab_size": 10}, ValueError,
      "per_layer_vocab_size = 10 must be at least vocab_size = 11"),
 ])
@@ -336,26 +352,30 @@ def test_bad_config_refused(changes, error, message):
         Gemma4Config(**{**base, **changes})
 
 
-def decode_case(n_shared=2, per_layer=0, global_head_dim=None):
+def decode_case(n_shared=2, per_layer=0, global_head_dim=None, k_eq_v=False):
     """Six layers (sliding, global alternating), the last ``n_shared`` shared, head size 4 (the
-    global layers' ``global_head_dim``, None: the same), window 2, per-layer inputs of size ``per_layer``."""
+    global layers' ``global_head_dim``, None: the same), window 2, per-layer inputs of size
+    ``per_layer``, with ``k_eq_v`` the global layers' values their keys, on one key/value head."""
     config = Gemma4Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           hidden=12, sliding_window=2, layer_types=LAYER_TYPES, n_kv_shared_layers=n_shared,
-                          partial_rotary_factor=0.5, per_layer_input_size=per_layer, global_head_dim=global_head_dim)
+                          partial_rotary_factor=0.5, per_layer_input_size=per_layer, global_head_dim=global_head_dim,
+                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None)
     rng = np.random.default_rng(3)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma4_params(config, rng, np.float64))
     return config, params, rng.integers(0, config.vocab_size, (2, 12))
 
 
-@pytest.mark.parametrize("n_shared,per_layer,global_head_dim", [(2, 0, None), (0, 0, None), (2, 3, None), (2, 0, 6),
-                                                                (0, 3, 6)])
-def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_dim):
+@pytest.mark.parametrize("n_shared,per_layer,global_head_dim,k_eq_v", [
+    (2, 0, None, False), (0, 0, None, False), (2, 3, None, False), (2, 0, 6, False), (0, 3, 6, False),
+    (2, 0, None, True), (0, 0, 6, True)])
+def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_dim, k_eq_v):
     """A prefill of 3 tokens (past the window 2), then one token at a time up to 12: every position's
     logits equal the full forward's (reorder_tol: the same sums, some in another order); the shared
     layers read their source's keys, the held ones included, and hold none themselves; the sliding
     layers stop growing at their window; each step's per-layer inputs are its own tokens'; a global
-    head size of its own is held in the cache's second allocation (``wide``), at that size."""
-    config, params, ids = decode_case(n_shared, per_layer, global_head_dim)
+    head size (or key/value head count: k = v's) of its own is held in the cache's second
+    allocation (``wide``), at that size."""
+    config, params, ids = decode_case(n_shared, per_layer, global_head_dim, k_eq_v)
     full, full_cache = gemma4_forward(ids, params, config)
     kv_cache = gemma4_kv_cache(config, 2, np.float64)
     sizes = [3] + [1] * 9
@@ -365,9 +385,10 @@ def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_di
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
     assert [kv_cache.layer(i) is None for i in range(config.n_layer)] == [i not in makers for i in range(6)]
     assert [kv_cache.layer(i).held for i in makers] == [2 if config.window(i) else 12 for i in makers]
-    assert [kv_cache.layer(i).k.shape[-1] for i in makers] == [config.layer_hs(i) for i in makers]
-    assert (kv_cache.wide is None) == (config.global_hs == config.hs)
-    assert kv_cache.bytes_per_token == sum(2 * config.n_kv_head * config.layer_hs(i) * 8 for i in makers
+    assert [kv_cache.layer(i).k.shape[1::2] for i in makers] == [(config.layer_nkv(i), config.layer_hs(i))
+                                                                  for i in makers]
+    assert (kv_cache.wide is None) == (config.global_hs == config.hs and config.global_nkv == config.n_kv_head)
+    assert kv_cache.bytes_per_token == sum(2 * config.layer_nkv(i) * config.layer_hs(i) * 8 for i in makers
                                            if not config.window(i))
     assert decoding.cache_bytes(gemma4_kv_cache(config, 2, np.float64, 1), 16) == kv_cache.nbytes
     assert kv_cache.bytes_held == 2 * sum(kv_cache.layer(i).held * kv_cache.layer(i).bytes_per_token for i in makers)
@@ -410,12 +431,13 @@ def test_cache_refusals():
         gemma4_backward(np.ones_like(logits), cache)
 
 
-@pytest.mark.parametrize("dtype,per_layer", [(np.float64, 0), (np.float32, 0), (np.float64, 4)])
-def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer):
+@pytest.mark.parametrize("dtype,per_layer,k_eq_v", [(np.float64, 0, False), (np.float32, 0, False),
+                                                    (np.float64, 4, False), (np.float64, 0, True)])
+def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_v):
     """The folder save_pretrained writes, loaded by attn_cli.hf: the config this test builds by hand
     and every weight (the shared layers' missing k, v and k-norm, layer_scalar, the per-layer
-    inputs'), in ``dtype``."""
-    model = hf_gemma4(softcap=3.0, per_layer=per_layer)
+    inputs', k = v's missing v and its global layers' one key/value head), in ``dtype``."""
+    model = hf_gemma4(softcap=3.0, per_layer=per_layer, k_eq_v=k_eq_v)
     model.save_pretrained(tmp_path, safe_serialization=True)
     kind, config, params = load_checkpoint(tmp_path, dtype)
     assert kind == "gemma4" and config == our_config(model), config
@@ -426,15 +448,16 @@ def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer):
         assert got[path].dtype == dtype and np.array_equal(got[path], value.astype(dtype)), path
 
 
-@pytest.mark.parametrize("global_head_dim,options,per_layer", [(8, [], 0), (16, ["--no-cache"], 0),
-                                                               (8, ["--no-cache"], 0), (8, [], 4), (16, [], 0),
-                                                               (16, [], 4)])
-def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer):
+@pytest.mark.parametrize("global_head_dim,options,per_layer,k_eq_v", [
+    (8, [], 0, False), (16, ["--no-cache"], 0, False), (8, ["--no-cache"], 0, False), (8, [], 4, False),
+    (16, [], 0, False), (16, [], 4, False), (16, [], 0, True), (8, [], 4, True)])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer, k_eq_v):
     """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
     (use_cache=True), with our key/value cache and without, a global head size of its own or not,
-    with per-layer inputs or not. hf_gemma4's output_hidden_states
-    makes generate return a record: its sequences are the ids (model_kit.hf_greedy reads a plain tensor)."""
-    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer).to(torch.float32)
+    with per-layer inputs or not, with k = v (one key/value head on the global layers) or not.
+    hf_gemma4's output_hidden_states makes generate return a record: its sequences are the ids
+    (model_kit.hf_greedy reads a plain tensor)."""
+    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer, k_eq_v=k_eq_v).to(torch.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *options]) == 0
@@ -444,12 +467,11 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
         theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, min_new_tokens=10,
                                 do_sample=False, pad_token_id=0, eos_token_id=None, use_cache=True,
                                 return_dict_in_generate=True).sequences[0].tolist()
-    assert ours == theirs, f"gemma4 {global_head_dim} {options} {per_layer}: greedy ids differ from transformers'"
+    assert ours == theirs, f"gemma4 {global_head_dim} {options} {per_layer} {k_eq_v}: greedy ids differ"
 
 
 @pytest.mark.parametrize("changes,message", [
     ({"enable_moe_block": True}, "enable_moe_block = True is not supported"),
-    ({"attention_k_eq_v": True}, "attention_k_eq_v = True is not supported"),
     ({"use_double_wide_mlp": True}, "use_double_wide_mlp = True is not supported"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention = 'all' is not supported"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
@@ -459,6 +481,10 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
     ({"hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 18},
      "per_layer_vocab_size = 18 must be at least vocab_size = 19"),
     ({"hidden_size_per_layer_input": -1}, "hidden_size_per_layer_input"),
+    ({"per_layer_config": {"1": {"head_dim": 16, "num_key_value_heads": 1}, "3": {"head_dim": 16}}},
+     "per_layer_config gives the global layers different num_key_value_heads"),
+    ({"per_layer_config": None, "attention_k_eq_v": True, "num_global_key_value_heads": 3},
+     "n_head = 4 must be a multiple of global_n_kv_head = 3"),
 ])
 def test_unsupported_folder_refused(tmp_path, capsys, changes, message):
     """A config.json switching on what numpy_attn.gemma4 leaves off is refused naming the key."""

@@ -6,7 +6,7 @@ inputs), times the layer's scalar, every norm scaling by w; q and k
 RMS-normed per head, v too without weight, scores unscaled; the global layers' wider heads turning
 only their first pairs; the last n_kv_shared_layers layers attending over an earlier layer's keys
 and values (autograd adds both uses' gradients by itself, as it adds wte's through the blocks and
-through the per-layer inputs).
+through the per-layer inputs, and k's projection's as keys and as values where they are one).
 """
 
 from dataclasses import dataclass
@@ -42,14 +42,15 @@ def gemma4_rotate(x, positions, config, window):
 
 def gemma4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None, layer=0,
                      shared=None):
-    """x (B, T, C) -> (B, T, C); k, v made here and kept in ``shared``, or read from it on a shared layer."""
-    nh, nkv, eps = config.n_head, config.n_kv_head, config.rms_eps
+    """x (B, T, C) -> (B, T, C); k, v made here (v the projected k where the layer's values are its
+    keys) and kept in ``shared``, or read from it on a shared layer."""
+    nh, nkv, eps = config.n_head, config.layer_nkv(layer), config.rms_eps
     source = config.kv_source(layer)
     q = split_heads(linear(x, **params["q"]), nh)                             # (B, nh, T, hs)
     q = gemma4_rotate(rms_norm(q, params["q_norm"]["w"], eps), positions, config, window)
     if source == layer:
         k = split_heads(linear(x, **params["k"]), nkv)                        # (B, nkv, T, hs)
-        v = split_heads(linear(x, **params["v"]), nkv)                        # (B, nkv, T, hs)
+        v = k if config.k_eq_v(layer) else split_heads(linear(x, **params["v"]), nkv)   # (B, nkv, T, hs)
         k = gemma4_rotate(rms_norm(k, params["k_norm"]["w"], eps), positions, config, window)
         v = rms_norm(v, torch.ones(v.shape[-1], dtype=v.dtype, device=v.device), eps)   # no weight
         if kv_cache is not None:   # decoding: the held tokens' keys and values, then the new ones
@@ -116,8 +117,8 @@ def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
 
 @dataclass
 class Gemma4Cache(KVCache):
-    """KVCache's slots for the layers that make keys and values of layer 0's head size, ``wide``
-    for those of the other; a shared layer holds none."""
+    """KVCache's slots for the layers that make keys and values of layer 0's head size and count,
+    ``wide`` for those of the other; a shared layer holds none."""
 
     sources: tuple = ()    # per layer: (0, j) here, (1, j) in wide, None on a shared layer
     wide: KVCache | None = None
@@ -150,13 +151,13 @@ class Gemma4Cache(KVCache):
 
 def gemma4_kv_cache(config, B, dtype=torch.float32, max_len=None, device=None):
     """An empty cache: a layer that makes keys holds them (a sliding one its last window), a shared
-    one none; the layers of another head size than layer 0's in ``wide``."""
+    one none; the layers of another head size or count than layer 0's in ``wide``."""
     max_len = config.block_size if max_len is None else max_len
     makers = [i for i in range(config.n_layer) if config.kv_source(i) == i]
-    parts = ([i for i in makers if config.layer_hs(i) == config.layer_hs(0)],
-             [i for i in makers if config.layer_hs(i) != config.layer_hs(0)])
-    own, wide = (init_kv_cache(len(part), B, config.n_kv_head, max_len, config.layer_hs(part[0]), dtype, device,
-                               windows=[config.window(i) for i in part]) if part else None for part in parts)
+    shape = lambda i: (config.layer_nkv(i), config.layer_hs(i))   # noqa: E731
+    parts = ([i for i in makers if shape(i) == shape(0)], [i for i in makers if shape(i) != shape(0)])
+    own, wide = (init_kv_cache(len(part), B, config.layer_nkv(part[0]), max_len, config.layer_hs(part[0]), dtype,
+                               device, windows=[config.window(i) for i in part]) if part else None for part in parts)
     sources = tuple(None if i not in makers else (0, parts[0].index(i)) if i in parts[0] else (1, parts[1].index(i))
                     for i in range(config.n_layer))
     return Gemma4Cache(own.buffer_k, own.buffer_v, own.lengths, own.windows, own.dims, None, sources, wide)
