@@ -61,9 +61,12 @@ without weight as values are, so k's projection gets the gradients of both uses.
 their global layers fewer key/value heads of their own (``global_n_kv_head``, Hugging Face's
 num_global_key_value_heads), which the cache's ``wide`` then holds at their count.
 
+A double-wide MLP (``double_wide_mlp``, Hugging Face's use_double_wide_mlp): the GeGLU of the
+shared layers (those reading another layer's keys) is 2 H wide, the others' H.
+
 Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
-them off): the MoE block (``enable_moe_block``), ``use_double_wide_mlp`` and bidirectional
-attention. Attention has no soft cap; the logits' cap stays optional as in Gemma 3.
+them off): the MoE block (``enable_moe_block``) and bidirectional attention. Attention has no
+soft cap; the logits' cap stays optional as in Gemma 3.
 """
 
 from dataclasses import dataclass
@@ -103,6 +106,7 @@ class Gemma4Config(LlamaConfig):
     per_layer_vocab_size: int | None = None   # rows of their embedding; None: vocab_size
     attention_k_eq_v: bool = False            # a global layer's values are its keys before their norm
     global_n_kv_head: int | None = None       # a global layer's key/value heads; None: n_kv_head's
+    double_wide_mlp: bool = False             # the shared layers' MLP of width 2 * hidden
     sliding_pattern = 6
 
     def __post_init__(self):
@@ -114,7 +118,7 @@ class Gemma4Config(LlamaConfig):
                 "sliding_window": (int, 1), "n_kv_shared_layers": (int, 0),
                 "pad_token_id": (int | None, 0), "per_layer_input_size": (int, 0),
                 "per_layer_vocab_size": (int | None, 1), "attention_k_eq_v": (bool, None),
-                "global_n_kv_head": (int | None, 1)}).items():
+                "global_n_kv_head": (int | None, 1), "double_wide_mlp": (bool, None)}).items():
             object.__setattr__(self, name, value)
         if self.partial_rotary_factor > 1:
             raise ValueError(f"{cls}.partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor!r}")
@@ -165,6 +169,10 @@ class Gemma4Config(LlamaConfig):
         """Whether layer i's values are its keys (attention_k_eq_v, on a global layer)."""
         return self.attention_k_eq_v and self.layer_types[i] == "full_attention"
 
+    def layer_hidden(self, i):
+        """Layer i's MLP width: hidden, twice that on a shared layer with double_wide_mlp."""
+        return 2 * self.hidden if self.double_wide_mlp and self.kv_source(i) != i else self.hidden
+
     def window(self, i):
         """Layer i's window: sliding_window for a sliding layer, None for a global one."""
         return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
@@ -190,12 +198,13 @@ class Gemma4Config(LlamaConfig):
 def init_gemma4_params(config, rng, dtype=np.float32):
     """{"wte", "blocks", "norm"}: each block's four norms, attention {"q", "o", "q_norm"} and, on a
     layer that makes its own keys, {"k", "v", "k_norm"} (no "v" where its values are its keys),
-    GeGLU "mlp" and "layer_scalar" {"w": (1,)}; with per-layer inputs each block's "per_layer"
-    {"gate" (C, P), "proj" (P, C), "norm" (C,)} and the model's "per_layer" {"wte"
-    (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)}, drawn after the rest. Linear
+    GeGLU "mlp" (config.layer_hidden(i) wide) and "layer_scalar" {"w": (1,)}; with per-layer
+    inputs each block's "per_layer" {"gate" (C, P), "proj" (P, C), "norm" (C,)} and the model's
+    "per_layer" {"wte" (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)}, drawn after
+    the rest. Linear
     weights and embeddings from N(0, 0.02^2), every norm and the scalar at 1 (they scale by w)."""
     check_rng(rng, "init_gemma4_params")
-    C, nh, H = config.n_embd, config.n_head, config.hidden
+    C, nh = config.n_embd, config.n_head
 
     def linear(C_in, C_out):
         return {"w": rng.normal(0, 0.02, (C_in, C_out)).astype(dtype)}
@@ -211,6 +220,7 @@ def init_gemma4_params(config, rng, dtype=np.float32):
         attn["q_norm"] = {"w": np.ones(hs, dtype)}                                      # (hs,)
         if config.kv_source(i) == i:
             attn["k_norm"] = {"w": np.ones(hs, dtype)}                                  # (hs,)
+        H = config.layer_hidden(i)
         mlp = {"gate": linear(C, H), "up": linear(C, H), "down": linear(H, C)}
         norms = {name: {"w": np.ones(C, dtype)} for name in
                  ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}

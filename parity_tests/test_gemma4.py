@@ -64,14 +64,15 @@ LAYER_TYPES = (SLIDING, FULL, SLIDING, FULL, SLIDING, FULL)
 PAD = 2
 
 
-def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0, k_eq_v=False):
+def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0, k_eq_v=False, double_wide=False):
     """A random transformers Gemma4ForCausalLM in float64: C = 16 (sqrt(C) = 4, exact), 4 query heads
     on 2, head size 8 (``global_head_dim`` on the global layers), window 3, the last ``n_shared`` layers reading
     earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer inputs of size
     ``per_layer`` (hidden_size_per_layer_input; 0 turns them off; sqrt(4) = 2 exact, as transformers
     rounds the scale to float32 first) from an embedding of 23 rows, more than the vocabulary;
     ``k_eq_v`` (attention_k_eq_v): the global layers' values their keys, with one key/value head
-    (num_global_key_value_heads, which transformers reads with it only); no MoE. Every parameter far
+    (num_global_key_value_heads, which transformers reads with it only); ``double_wide``
+    (use_double_wide_mlp): the shared layers' MLP 40 wide; no MoE. Every parameter far
     from its initialisation (model_kit.randomise), each layer_scalar made a parameter drawn in
     [0.5, 1.5] so that its gradient is compared too."""
     config = transformers.Gemma4TextConfig(
@@ -82,7 +83,7 @@ def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0,
         hidden_size_per_layer_input=per_layer, vocab_size_per_layer_input=23, final_logit_softcapping=softcap,
         pad_token_id=PAD, bos_token_id=None,
         eos_token_id=None, attn_implementation="eager", attention_k_eq_v=k_eq_v,
-        num_global_key_value_heads=1 if k_eq_v else None,
+        num_global_key_value_heads=1 if k_eq_v else None, use_double_wide_mlp=double_wide,
         rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                          FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6}})
     # With per-layer inputs off, transformers 5.24's forward slices their None before the first shared
@@ -112,7 +113,8 @@ def our_config(model):
                         pad_token_id=c.pad_token_id, per_layer_input_size=c.hidden_size_per_layer_input,
                         per_layer_vocab_size=c.vocab_size_per_layer_input if c.hidden_size_per_layer_input else None,
                         attention_k_eq_v=c.attention_k_eq_v,
-                        global_n_kv_head=None if kv_heads[FULL] == kv_heads[SLIDING] else kv_heads[FULL])
+                        global_n_kv_head=None if kv_heads[FULL] == kv_heads[SLIDING] else kv_heads[FULL],
+                        double_wide_mlp=c.use_double_wide_mlp)
 
 
 def hf_names(config):
@@ -208,17 +210,17 @@ def ids_with_pad(V, B=2, T=7, seed=0):
 # |value| (test_hf.py's analysis: a path of K ~ 10^3 roundings of u = 1.1e-16 through norms of
 # rstd R ~ 10 leaves K u R ~ 1e-12 relative; 1e-10 keeps a factor 100 of margin and still fails
 # on any wrong formula, which moves the logits by 1e-3 or more).
-@pytest.mark.parametrize("n_shared,softcap,per_layer,k_eq_v", [(2, None, 0, False), (1, 3.0, 0, False),
-                                                              (0, None, 0, False), (2, None, 4, False),
-                                                              (0, 3.0, 4, False), (2, None, 0, True),
-                                                              (0, None, 4, True)])
-def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer, k_eq_v):
+@pytest.mark.parametrize("n_shared,softcap,per_layer,k_eq_v,double_wide", [
+    (2, None, 0, False, False), (1, 3.0, 0, False, False), (0, None, 0, False, False), (2, None, 4, False, False),
+    (0, 3.0, 4, False, False), (2, None, 0, True, False), (0, None, 4, True, False), (2, None, 0, False, True),
+    (1, None, 4, True, True)])
+def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer, k_eq_v, double_wide):
     """T = 7 > the window 3: logits, and the gradient of sum(logits * dlogits) for every parameter
     of transformers' model (shared layers' missing k, v and k-norm included by their absence),
     against transformers' autograd; the shared-from layers' k and v gradients hold both uses, and
     with per-layer inputs wte's holds the blocks' share and theirs, and with k = v a global layer's
-    k projection holds both its uses'."""
-    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer, k_eq_v=k_eq_v)
+    k projection holds both its uses'; with a double-wide MLP the shared layers' is 2 H wide."""
+    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide)
     config = our_config(model)
     model = exact_hf_gemma4(model, config, monkeypatch)
     params = params_from_hf(model, config)
@@ -277,16 +279,18 @@ def test_shared_layers_change_what_the_model_computes(monkeypatch):
     assert np.abs(logits - hf_logits).max() > 1e-3
 
 
-def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0, k_eq_v=False):
+def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0, k_eq_v=False,
+                double_wide=False):
     """A small random config (sliding and global alternating, ending global; per-layer inputs of
     size ``per_layer`` from 13 rows; with ``k_eq_v`` the global layers' values their keys, on one
-    key/value head) and params far from init."""
+    key/value head; with ``double_wide`` the shared layers' MLP twice as wide) and params far from init."""
     types_ = tuple((FULL, SLIDING)[(n_layer - 1 - i) % 2] for i in range(n_layer))
     config = Gemma4Config(vocab_size=11, block_size=8, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           global_head_dim=6, hidden=12, sliding_window=2, layer_types=types_,
                           n_kv_shared_layers=n_shared, pad_token_id=pad, partial_rotary_factor=0.7,
                           per_layer_input_size=per_layer, per_layer_vocab_size=13 if per_layer else None,
-                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None)
+                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None,
+                          double_wide_mlp=double_wide)
     rng = np.random.default_rng(seed)
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
                       init_gemma4_params(config, rng, dtype))
@@ -300,12 +304,13 @@ def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(2, 4), T=st.integers(1, 6), data=st.data())
 def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     """Logits against the twin's and every gradient (by path) against autograd's, float64, with
-    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs and
-    k = v on or off. float64: the rstd-scaled tolerance of layer_norm_tol (the norms amplify rounding by up to
-    their rstd)."""
+    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs, k = v
+    and the double-wide MLP on or off. float64: the rstd-scaled tolerance of layer_norm_tol (the
+    norms amplify rounding by up to their rstd)."""
     n_shared = data.draw(st.integers(0, n_layer - 2))
-    config, params, ids, dout = random_case(seed, n_layer, n_shared, T, per_layer=data.draw(st.sampled_from([0, 3])),
-                                            k_eq_v=data.draw(st.booleans()))
+    switches = {"per_layer": data.draw(st.sampled_from([0, 3])), "k_eq_v": data.draw(st.booleans()),
+                "double_wide": data.draw(st.booleans())}
+    config, params, ids, dout = random_case(seed, n_layer, n_shared, T, **switches)
     logits, cache = gemma4_forward(ids, params, config)
     dparams = gemma4_backward(dout, cache)
     twin_logits, grads = autograd(lambda params: tw.gemma4(to_torch(ids), params, config), {"params": params}, dout)
@@ -342,6 +347,7 @@ def test_backward_matches_finite_differences(seed, per_layer, k_eq_v):
     ({"n_head": 4, "n_kv_head": 2, "global_n_kv_head": 3}, ValueError,
      "n_head = 4 must be a multiple of global_n_kv_head = 3"),
     ({"attention_k_eq_v": 1}, TypeError, "attention_k_eq_v"),
+    ({"double_wide_mlp": None}, TypeError, "double_wide_mlp"),
     ({"per_layer_input_size": 2, "per_layer_vocab_size": 10}, ValueError,
      "per_layer_vocab_size = 10 must be at least vocab_size = 11"),
 ])
@@ -431,13 +437,15 @@ def test_cache_refusals():
         gemma4_backward(np.ones_like(logits), cache)
 
 
-@pytest.mark.parametrize("dtype,per_layer,k_eq_v", [(np.float64, 0, False), (np.float32, 0, False),
-                                                    (np.float64, 4, False), (np.float64, 0, True)])
-def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_v):
+@pytest.mark.parametrize("dtype,per_layer,k_eq_v,double_wide", [
+    (np.float64, 0, False, False), (np.float32, 0, False, False), (np.float64, 4, False, False),
+    (np.float64, 0, True, False), (np.float64, 0, False, True)])
+def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_v, double_wide):
     """The folder save_pretrained writes, loaded by attn_cli.hf: the config this test builds by hand
     and every weight (the shared layers' missing k, v and k-norm, layer_scalar, the per-layer
-    inputs', k = v's missing v and its global layers' one key/value head), in ``dtype``."""
-    model = hf_gemma4(softcap=3.0, per_layer=per_layer, k_eq_v=k_eq_v)
+    inputs', k = v's missing v and its global layers' one key/value head, the double-wide MLP), in
+    ``dtype``."""
+    model = hf_gemma4(softcap=3.0, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide)
     model.save_pretrained(tmp_path, safe_serialization=True)
     kind, config, params = load_checkpoint(tmp_path, dtype)
     assert kind == "gemma4" and config == our_config(model), config
@@ -448,16 +456,20 @@ def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_
         assert got[path].dtype == dtype and np.array_equal(got[path], value.astype(dtype)), path
 
 
-@pytest.mark.parametrize("global_head_dim,options,per_layer,k_eq_v", [
-    (8, [], 0, False), (16, ["--no-cache"], 0, False), (8, ["--no-cache"], 0, False), (8, [], 4, False),
-    (16, [], 0, False), (16, [], 4, False), (16, [], 0, True), (8, [], 4, True)])
-def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer, k_eq_v):
+@pytest.mark.parametrize("global_head_dim,options,per_layer,k_eq_v,double_wide", [
+    (8, [], 0, False, False), (16, ["--no-cache"], 0, False, False), (8, ["--no-cache"], 0, False, False),
+    (8, [], 4, False, False), (16, [], 0, False, False), (16, [], 4, False, False), (16, [], 0, True, False),
+    (8, [], 4, True, False), (16, [], 0, False, True)])
+def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer, k_eq_v,
+                                                     double_wide):
     """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
     (use_cache=True), with our key/value cache and without, a global head size of its own or not,
-    with per-layer inputs or not, with k = v (one key/value head on the global layers) or not.
+    with per-layer inputs or not, with k = v (one key/value head on the global layers) or not, with
+    a double-wide MLP or not.
     hf_gemma4's output_hidden_states makes generate return a record: its sequences are the ids
     (model_kit.hf_greedy reads a plain tensor)."""
-    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer, k_eq_v=k_eq_v).to(torch.float32)
+    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer, k_eq_v=k_eq_v,
+                      double_wide=double_wide).to(torch.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *options]) == 0
@@ -472,7 +484,7 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
 
 @pytest.mark.parametrize("changes,message", [
     ({"enable_moe_block": True}, "enable_moe_block = True is not supported"),
-    ({"use_double_wide_mlp": True}, "use_double_wide_mlp = True is not supported"),
+    ({"use_double_wide_mlp": True}, "tensor 'model.layers.4.mlp.gate_proj.weight' has shape"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention = 'all' is not supported"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
      "rope_parameters.sliding_attention must be an unscaled rope of kind default"),

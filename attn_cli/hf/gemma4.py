@@ -1,7 +1,8 @@
 """Gemma4ForCausalLM folders (the text model, model_type gemma4_text) -> numpy_attn.gemma4's
 Gemma4Config: Gemma 2's keys without the score scale and caps on the scores, the global layers'
 head size (and with keys as values their key/value heads) from per_layer_config, RoPE per layer
-type, shared key/value layers, each layer's scalar, the per-layer inputs and keys as values.
+type, shared key/value layers, each layer's scalar, the per-layer inputs, keys as values and the
+shared layers' double-wide MLP.
 What numpy_attn.gemma4 leaves off is refused naming its key."""
 
 from attn_cli.hf.config import Reader
@@ -24,8 +25,7 @@ DEFAULTS = {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings"
             "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_hidden_layers": 30}
 # Each switch transformers has and numpy_attn.gemma4 leaves off: key -> the values read ("vision"
 # makes only image tokens see each other: text alone stays causal).
-OFF = {"enable_moe_block": (False,),
-       "use_double_wide_mlp": (False,), "use_bidirectional_attention": (None, "vision")}
+OFF = {"enable_moe_block": (False,), "use_bidirectional_attention": (None, "vision")}
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 
@@ -41,7 +41,7 @@ def gemma4_config(hf):
     - ``rope_parameters`` per layer type: the sliding layers' of the default kind, the global
       layers' default or proportional (its partial_rotary_factor), neither scaled;
     - num_kv_shared_layers and pad_token_id; hidden_size_per_layer_input (0 or null: none) and
-      vocab_size_per_layer_input; attention_k_eq_v; the switches of OFF refused unless off."""
+      vocab_size_per_layer_input; attention_k_eq_v; use_double_wide_mlp; the switches of OFF refused unless off."""
     hf = {**DEFAULTS, **hf}
     for key, allowed in OFF.items():
         if hf.get(key, allowed[0]) not in allowed:
@@ -97,7 +97,8 @@ def gemma4_config(hf):
         "per_layer_input_size": per_layer,
         "per_layer_vocab_size": hf["vocab_size_per_layer_input"] if per_layer else None,
         "attention_k_eq_v": bool(hf.get("attention_k_eq_v", False)),
-        "global_n_kv_head": None if global_nkv == base.n_kv_head else global_nkv})
+        "global_n_kv_head": None if global_nkv == base.n_kv_head else global_nkv,
+        "double_wide_mlp": bool(hf.get("use_double_wide_mlp", False))})
 
 
 def base_hs(hf):
@@ -110,7 +111,7 @@ def gemma4_params(tensors, config):
     (a shared layer's, where the file holds them, dropped: transformers ignores them too), GeGLU,
     the per-layer inputs' gate, projection and norm where it has them, and layer_scalar (1,); the
     model's per-layer embedding, projection and norm; every linear weight transposed to (in, out)."""
-    C, H, nh = config.n_embd, config.hidden, config.n_head
+    C, nh = config.n_embd, config.n_head
     L, P = config.n_layer, config.per_layer_input_size
     norms = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
              "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
@@ -131,6 +132,7 @@ def gemma4_params(tensors, config):
             attn["k_norm"] = {"w": tensors.take(p + "self_attn.k_norm.weight", (hs,))}
         block = {ours: {"w": tensors.take(f"{p}{theirs}.weight", (C,))} for ours, theirs in norms.items()}
         block["attn"] = attn
+        H = config.layer_hidden(i)   # twice hidden on a shared layer with use_double_wide_mlp
         block["mlp"] = {"gate": read_linear(tensors, p + "mlp.gate_proj", C, H),
                         "up": read_linear(tensors, p + "mlp.up_proj", C, H),
                         "down": read_linear(tensors, p + "mlp.down_proj", H, C)}
