@@ -64,12 +64,24 @@ num_global_key_value_heads), which the cache's ``wide`` then holds at their coun
 A double-wide MLP (``double_wide_mlp``, Hugging Face's use_double_wide_mlp): the GeGLU of the
 shared layers (those reading another layer's keys) is 2 H wide, the others' H.
 
-Off here, refused by attn_cli's reader (transformers has a switch for each, and the test keeps
-them off): the MoE block (``enable_moe_block``) and bidirectional attention. Attention has no
+A mixture of experts beside the MLP (``enable_moe``, Hugging Face's enable_moe_block: the 26B-A4B
+model's): the block's dense GeGLU output f and the experts' output on the same x add before the
+MLP's post-norm, each normed by a norm of its own (dense_post_norm, post_norm; norm before the experts):
+
+    f      = rms_norm(f) + rms_norm(experts(rms_norm(x)))
+    router: p = softmax(rms_norm(x) * scale / sqrt(C) @ w)           over all E experts, no weight in the norm
+            the k largest p, divided by their sum, each times its expert's expert_scale
+    expert: (gelu_tanh(x @ gate) * (x @ up)) @ down                  moe_hidden wide
+
+numpy_attn/moe.py's loop over the experts runs them; the choice has no gradient, the weights do.
+
+Off here, refused by attn_cli's reader (transformers has a switch, and the test keeps it off):
+bidirectional attention. Attention has no
 soft cap; the logits' cap stays optional as in Gemma 3.
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -82,9 +94,11 @@ from numpy_attn.gelu import gelu_backward, gelu_forward
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig
+from numpy_attn.moe import experts_backward, experts_forward, top_k
 from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import rope_backward, rope_forward
+from numpy_attn.softmax import softmax_backward, softmax_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
 
@@ -107,6 +121,10 @@ class Gemma4Config(LlamaConfig):
     attention_k_eq_v: bool = False            # a global layer's values are its keys before their norm
     global_n_kv_head: int | None = None       # a global layer's key/value heads; None: n_kv_head's
     double_wide_mlp: bool = False             # the shared layers' MLP of width 2 * hidden
+    enable_moe: bool = False                  # a mixture of experts beside each block's MLP
+    n_experts: int | None = None              # E, with enable_moe
+    experts_per_token: int | None = None      # k of them per token
+    moe_hidden: int | None = None             # each expert's GeGLU width
     sliding_pattern = 6
 
     def __post_init__(self):
@@ -118,7 +136,9 @@ class Gemma4Config(LlamaConfig):
                 "sliding_window": (int, 1), "n_kv_shared_layers": (int, 0),
                 "pad_token_id": (int | None, 0), "per_layer_input_size": (int, 0),
                 "per_layer_vocab_size": (int | None, 1), "attention_k_eq_v": (bool, None),
-                "global_n_kv_head": (int | None, 1), "double_wide_mlp": (bool, None)}).items():
+                "global_n_kv_head": (int | None, 1), "double_wide_mlp": (bool, None), "enable_moe": (bool, None),
+                "n_experts": (int | None, 1), "experts_per_token": (int | None, 1),
+                "moe_hidden": (int | None, 1)}).items():
             object.__setattr__(self, name, value)
         if self.partial_rotary_factor > 1:
             raise ValueError(f"{cls}.partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor!r}")
@@ -132,6 +152,12 @@ class Gemma4Config(LlamaConfig):
         if self.n_head % self.global_nkv:
             raise ValueError(f"{cls}.n_head = {self.n_head} must be a multiple of global_n_kv_head = "
                              f"{self.global_n_kv_head} (each key/value head serves a group of queries)")
+        if self.enable_moe and None in (self.n_experts, self.experts_per_token, self.moe_hidden):
+            raise ValueError(f"{cls}.enable_moe needs n_experts, experts_per_token and moe_hidden, got "
+                             f"{self.n_experts!r}, {self.experts_per_token!r}, {self.moe_hidden!r}")
+        if self.enable_moe and self.experts_per_token > self.n_experts:
+            raise ValueError(f"{cls}.experts_per_token = {self.experts_per_token} must be at most n_experts = "
+                             f"{self.n_experts}")
         if self.per_layer_vocab_size is None:
             object.__setattr__(self, "per_layer_vocab_size", self.vocab_size)
         if self.per_layer_vocab_size < self.vocab_size:
@@ -198,7 +224,9 @@ class Gemma4Config(LlamaConfig):
 def init_gemma4_params(config, rng, dtype=np.float32):
     """{"wte", "blocks", "norm"}: each block's four norms, attention {"q", "o", "q_norm"} and, on a
     layer that makes its own keys, {"k", "v", "k_norm"} (no "v" where its values are its keys),
-    GeGLU "mlp" (config.layer_hidden(i) wide) and "layer_scalar" {"w": (1,)}; with per-layer
+    GeGLU "mlp" (config.layer_hidden(i) wide), with enable_moe "moe" {"router" {"w" (C, E), "scale"
+    (C,), "expert_scale" (E,)}, "experts" {"gate", "up" (E, C, h), "down" (E, h, C)}, "dense_post_norm",
+    "norm", "post_norm"}, and "layer_scalar" {"w": (1,)}; with per-layer
     inputs each block's "per_layer" {"gate" (C, P), "proj" (P, C), "norm" (C,)} and the model's
     "per_layer" {"wte" (per_layer_vocab_size, L*P), "proj" (C, L*P), "norm" (P,)}, drawn after
     the rest. Linear
@@ -224,7 +252,16 @@ def init_gemma4_params(config, rng, dtype=np.float32):
         mlp = {"gate": linear(C, H), "up": linear(C, H), "down": linear(H, C)}
         norms = {name: {"w": np.ones(C, dtype)} for name in
                  ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}
-        return {**norms, "attn": attn, "mlp": mlp, "layer_scalar": {"w": np.ones(1, dtype)}}
+        block = {**norms, "attn": attn, "mlp": mlp}
+        if config.enable_moe:
+            E, h = config.n_experts, config.moe_hidden
+            block["moe"] = {"router": {"w": rng.normal(0, 0.02, (C, E)).astype(dtype), "scale": np.ones(C, dtype),
+                                       "expert_scale": np.ones(E, dtype)},
+                            "experts": {"gate": {"w": rng.normal(0, 0.02, (E, C, h)).astype(dtype)},
+                                        "up": {"w": rng.normal(0, 0.02, (E, C, h)).astype(dtype)},
+                                        "down": {"w": rng.normal(0, 0.02, (E, h, C)).astype(dtype)}},
+                            **{name: {"w": np.ones(C, dtype)} for name in ("dense_post_norm", "norm", "post_norm")}}
+        return {**block, "layer_scalar": {"w": np.ones(1, dtype)}}
 
     params = _model.init_decoder_params(config, rng, dtype, init_block)
     P, L = config.per_layer_input_size, config.n_layer
@@ -369,11 +406,11 @@ class PerLayerInputs(NamedTuple):
     """One forward's per-layer inputs, their cache, and the gradients the blocks send back."""
 
     value: np.ndarray        # (B, T, L, P): layer i reads value[:, :, i]
-    cache: tuple             # per_layer_inputs_forward's
+    cache: tuple             # gemma4_per_layer_inputs_forward's
     grads: dict              # {layer: de_i (B, T, P)}, until undone
 
 
-def per_layer_inputs_forward(ids, params, config):
+def gemma4_per_layer_inputs_forward(ids, params, config):
     """e (B, T, L, P) for ``ids`` (B, T): (rms_norm(x0 @ m / sqrt(C)) + wte_pl[ids] * sqrt(P)) / sqrt(2),
     x0 = wte[ids] * sqrt(C) the blocks' input. Returns ``(e, cache)``."""
     C, L, P, eps = config.n_embd, config.n_layer, config.per_layer_input_size, config.rms_eps
@@ -388,8 +425,8 @@ def per_layer_inputs_forward(ids, params, config):
     return (m + t) * scales[3], (x_cache, t_cache, m_cache, norm_cache, scales)
 
 
-def per_layer_inputs_backward(de, cache):
-    """Undoes per_layer_inputs_forward: de (B, T, L, P) -> (dwte (V, C), {"wte", "proj", "norm"})."""
+def gemma4_per_layer_inputs_backward(de, cache):
+    """Undoes gemma4_per_layer_inputs_forward: de (B, T, L, P) -> (dwte (V, C), {"wte", "proj", "norm"})."""
     x_cache, t_cache, m_cache, norm_cache, scales = cache
     de = de * scales[3]                                                      # both terms' gradient
     dt = (de * scales[1]).reshape(*de.shape[:2], -1)                         # (B, T, L*P)
@@ -399,7 +436,7 @@ def per_layer_inputs_backward(de, cache):
     return dwte, {"wte": embedding_backward(dt, t_cache), "proj": dproj, "norm": dnorm}
 
 
-def per_layer_forward(x, params, e, eps):
+def gemma4_per_layer_forward(x, params, e, eps):
     """The block's last sublayer: x (B, T, C), e (B, T, P) -> rms_norm((gelu(x @ g) * e) @ p) (B, T, C).
     Returns ``(out, cache)``."""
     g, gate_cache = linear_forward(x, **params["gate"])                      # (B, T, C) -> (B, T, P)
@@ -409,7 +446,7 @@ def per_layer_forward(x, params, e, eps):
     return out, (gate_cache, gelu_cache, a, e, proj_cache, norm_cache)
 
 
-def per_layer_backward(dout, cache):
+def gemma4_per_layer_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), dparams {"gate", "proj", "norm"}, de (B, T, P))."""
     gate_cache, gelu_cache, a, e, proj_cache, norm_cache = cache
     dh, dnorm = rms_norm_backward(dout, norm_cache)                          # (B, T, C)
@@ -417,6 +454,80 @@ def per_layer_backward(dout, cache):
     dg = gelu_backward(dae * e, gelu_cache)                                  # (B, T, P)
     dx, dgate = linear_backward(dg, gate_cache)                              # (B, T, C)
     return dx, {"gate": dgate, "proj": dproj, "norm": dnorm}, dae * a
+
+
+# -- the mixture of experts beside the MLP --------------------------------------------------------
+
+class Gemma4RouterCache(NamedTuple):
+    """The router's steps in forward order, and what the weights' backward needs."""
+
+    norm: tuple
+    linear: tuple
+    softmax: tuple
+    indices: np.ndarray      # (N, k) the chosen experts
+    shares: np.ndarray       # (N, k) their probabilities divided by their sum
+    total: np.ndarray        # (N, 1) that sum
+    scales: np.ndarray       # (N, k) their expert_scale
+    E: int
+
+
+def gemma4_router_forward(x, router, k, eps):
+    """x (N, C) -> (weights (N, k), indices (N, k), cache): p = softmax(rms_norm(x) * scale / sqrt(C)
+    @ w) over all E; the k largest p divided by their sum, times their experts' expert_scale."""
+    C = x.shape[-1]
+    n, norm_cache = rms_norm_forward(x, router["scale"] * x.dtype.type(C ** -0.5), eps)   # (N, C)
+    scores, linear_cache = linear_forward(n, router["w"])                    # (N, C) -> (N, E)
+    p, softmax_cache = softmax_forward(scores, axis=-1)                      # (N, E)
+    indices = top_k(p, k)                                                    # (N, k)
+    chosen = np.take_along_axis(p, indices, axis=-1)                         # (N, k)
+    total = chosen.sum(axis=-1, keepdims=True)                               # (N, 1)
+    shares = chosen / total                                                  # (N, k), summing to 1
+    scales = router["expert_scale"][indices]                                 # (N, k)
+    return shares * scales, indices, Gemma4RouterCache(norm_cache, linear_cache, softmax_cache, indices, shares,
+                                                       total, scales, p.shape[-1])
+
+
+def gemma4_router_backward(dweights, cache):
+    """Gradients: dweights (N, k) -> (dx (N, C), {"w", "scale", "expert_scale"}); the choice has none."""
+    dexpert_scale = np.zeros(cache.E, dweights.dtype)                        # (E,)
+    np.add.at(dexpert_scale, cache.indices, dweights * cache.shares)         # an expert's uses add
+    dshares = dweights * cache.scales                                        # (N, k)
+    # Undoes shares = chosen / total, total their sum: each chosen p moves every share.
+    dchosen = (dshares - (dshares * cache.shares).sum(axis=-1, keepdims=True)) / cache.total
+    dp = np.zeros(dchosen.shape[:-1] + (cache.E,), dchosen.dtype)            # (N, E): the others get none
+    np.put_along_axis(dp, cache.indices, dchosen, axis=-1)
+    dscores = softmax_backward(dp, cache.softmax)                            # (N, E)
+    dn, dlinear = linear_backward(dscores, cache.linear)                     # (N, C)
+    dx, dnorm = rms_norm_backward(dn, cache.norm)                            # its weight: scale / sqrt(C)
+    C = dx.shape[-1]
+    return dx, {"w": dlinear["w"], "scale": dnorm["w"] * dx.dtype.type(C ** -0.5), "expert_scale": dexpert_scale}
+
+
+def gemma4_moe_forward(x, f, params, config):
+    """The MLP's output f (B, T, C) and the experts' on the block's x (B, T, C), each normed, added
+    -> (B, T, C). Returns ``(out, cache)``."""
+    eps, C = config.rms_eps, config.n_embd
+    f, dense_cache = rms_norm_forward(f, params["dense_post_norm"]["w"], eps)           # (B, T, C)
+    flat = x.reshape(-1, C)                                                             # (N, C), N = B T
+    weights, indices, router_cache = gemma4_router_forward(flat, params["router"], config.experts_per_token, eps)
+    h, norm_cache = rms_norm_forward(flat, params["norm"]["w"], eps)                    # (N, C)
+    h, experts_cache = experts_forward(h, weights, indices, params["experts"],
+                                       partial(swiglu_forward, act="gelu_tanh"))   # (N, C)
+    h, post_norm_cache = rms_norm_forward(h.reshape(x.shape), params["post_norm"]["w"], eps)   # (B, T, C)
+    return f + h, (dense_cache, router_cache, norm_cache, experts_cache, post_norm_cache)
+
+
+def gemma4_moe_backward(dout, cache):
+    """Gradients: dout (B, T, C) -> (df (B, T, C), dx (B, T, C), dparams like the block's "moe")."""
+    dense_cache, router_cache, norm_cache, experts_cache, post_norm_cache = cache
+    df, ddense = rms_norm_backward(dout, dense_cache)                        # (B, T, C)
+    dh, dpost_norm = rms_norm_backward(dout, post_norm_cache)                # (B, T, C)
+    dh, dweights, dexperts = experts_backward(dh.reshape(-1, dh.shape[-1]), experts_cache, swiglu_backward)
+    dx, dnorm = rms_norm_backward(dh, norm_cache)                            # (N, C)
+    dx_router, drouter = gemma4_router_backward(dweights, router_cache)      # (N, C)
+    dparams = {"router": drouter, "experts": dexperts, "dense_post_norm": ddense, "norm": dnorm,
+               "post_norm": dpost_norm}
+    return df, (dx + dx_router).reshape(dout.shape), dparams                 # x fed the router and the experts
 
 
 # -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
@@ -429,8 +540,9 @@ class Gemma4BlockCache(NamedTuple):
     attn_post_norm: tuple
     mlp_norm: tuple
     mlp: tuple
+    moe: tuple | None                   # gemma4_moe_forward's, with enable_moe
     mlp_post_norm: tuple
-    per_layer: tuple | None             # per_layer_forward's, with per-layer inputs
+    per_layer: tuple | None             # gemma4_per_layer_forward's, with per-layer inputs
     inputs: PerLayerInputs | None       # the model's per-layer inputs, which this block read
     unscaled: np.ndarray
     scalar: np.ndarray
@@ -450,17 +562,20 @@ def gemma4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cac
     # 5-8: x + rms_norm(geglu(rms_norm(x)))
     h, mlp_norm_cache = rms_norm_forward(x, params["mlp_norm"]["w"], eps)              # (B, T, C)
     f, mlp_cache = swiglu_forward(h, params["mlp"], act="gelu_tanh")                 # (B, T, C) via (B, T, H)
+    moe_cache = None
+    if config.enable_moe:   # the experts beside the MLP, on the same x
+        f, moe_cache = gemma4_moe_forward(x, f, params["moe"], config)                  # (B, T, C)
     f, mlp_post_norm_cache = rms_norm_forward(f, params["mlp_post_norm"]["w"], eps)    # (B, T, C)
     x = x + f
     # 9: x + rms_norm((gelu(x @ g) * e_i) @ p), with per-layer inputs
     per_layer_cache = None
     if per_layer is not None:
-        f, per_layer_cache = per_layer_forward(x, params["per_layer"], per_layer.value[:, :, layer], eps)
+        f, per_layer_cache = gemma4_per_layer_forward(x, params["per_layer"], per_layer.value[:, :, layer], eps)
         x = x + f                                                                       # (B, T, C)
     # 10: times the layer's scalar
     s = params["layer_scalar"]["w"]                                                     # (1,)
     cache = Gemma4BlockCache(attn_norm_cache, attn_cache, attn_post_norm_cache, mlp_norm_cache, mlp_cache,
-                             mlp_post_norm_cache, per_layer_cache, per_layer, x, s)
+                             moe_cache, mlp_post_norm_cache, per_layer_cache, per_layer, x, s)
     return x * s, cache
 
 
@@ -471,20 +586,27 @@ def gemma4_block_backward(dout, cache):
     dout = dout * cache.scalar                                               # (B, T, C)
     dper_layer = None
     if cache.per_layer is not None:   # 9: branch + skip; e_i's gradient waits for the model's backward
-        dx_per_layer, dper_layer, de = per_layer_backward(dout, cache.per_layer)
+        dx_per_layer, dper_layer, de = gemma4_per_layer_backward(dout, cache.per_layer)
         cache.inputs.grads[cache.attn.layer] = de
         dout = dout + dx_per_layer                                           # (B, T, C)
     # 8-5: undoes x + rms_norm(geglu(rms_norm(x))); x also fed the skip.
     df, dmlp_post_norm = rms_norm_backward(dout, cache.mlp_post_norm)        # (B, T, C)
+    dx_moe = dmoe = None
+    if cache.moe is not None:   # the experts' share goes to x directly
+        df, dx_moe, dmoe = gemma4_moe_backward(df, cache.moe)
     dh, dmlp = swiglu_backward(df, cache.mlp)                                # (B, T, C)
     dx_mlp, dmlp_norm = rms_norm_backward(dh, cache.mlp_norm)                # (B, T, C)
     dx = dx_mlp + dout                                                       # branch + skip
+    if dx_moe is not None:
+        dx = dx + dx_moe
     # 4-1: undoes x + rms_norm(attn(rms_norm(x))) in the same way.
     da, dattn_post_norm = rms_norm_backward(dx, cache.attn_post_norm)        # (B, T, C)
     dh, dattn = gemma4_attention_backward(da, cache.attn)                    # (B, T, C)
     dx_attn, dattn_norm = rms_norm_backward(dh, cache.attn_norm)             # (B, T, C)
     dparams = {"attn_norm": dattn_norm, "attn": dattn, "attn_post_norm": dattn_post_norm,
                "mlp_norm": dmlp_norm, "mlp": dmlp, "mlp_post_norm": dmlp_post_norm, "layer_scalar": dscalar}
+    if dmoe is not None:
+        dparams["moe"] = dmoe
     if dper_layer is not None:
         dparams["per_layer"] = dper_layer
     return dx_attn + dx, dparams                                             # branch + skip
@@ -506,7 +628,7 @@ def gemma4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
     if config.per_layer_input_size:   # the ids are checked again, and first, by decoder_forward
         ids = _model.check_decoder_inputs(ids, config, Gemma4Config, positions, attn_mask, kv_cache, rng,
                                           logits_to_keep)
-        per_layer = PerLayerInputs(*per_layer_inputs_forward(ids, params, config), {})
+        per_layer = PerLayerInputs(*gemma4_per_layer_inputs_forward(ids, params, config), {})
     return _model.decoder_forward(ids, params, config, Gemma4Config, gemma4_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, embed_scale=config.n_embd ** 0.5,
@@ -521,7 +643,7 @@ def gemma4_backward(dlogits, cache):
     inputs = cache.blocks[0].inputs
     if inputs is not None:   # undoes the per-layer inputs, once every block has left its de_i
         de = np.stack([inputs.grads.pop(i) for i in range(len(cache.blocks))], axis=2)   # (B, T, L, P)
-        dwte, dparams["per_layer"] = per_layer_inputs_backward(de, inputs.cache)
+        dwte, dparams["per_layer"] = gemma4_per_layer_inputs_backward(de, inputs.cache)
         dparams["wte"] = dparams["wte"] + dwte                               # x0 fed the blocks and e
     return dparams
 

@@ -64,7 +64,8 @@ LAYER_TYPES = (SLIDING, FULL, SLIDING, FULL, SLIDING, FULL)
 PAD = 2
 
 
-def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0, k_eq_v=False, double_wide=False):
+def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0, k_eq_v=False, double_wide=False,
+              moe=False):
     """A random transformers Gemma4ForCausalLM in float64: C = 16 (sqrt(C) = 4, exact), 4 query heads
     on 2, head size 8 (``global_head_dim`` on the global layers), window 3, the last ``n_shared`` layers reading
     earlier ones' keys and values, pad id 2 in a vocabulary of 19; per-layer inputs of size
@@ -72,7 +73,8 @@ def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0,
     rounds the scale to float32 first) from an embedding of 23 rows, more than the vocabulary;
     ``k_eq_v`` (attention_k_eq_v): the global layers' values their keys, with one key/value head
     (num_global_key_value_heads, which transformers reads with it only); ``double_wide``
-    (use_double_wide_mlp): the shared layers' MLP 40 wide; no MoE. Every parameter far
+    (use_double_wide_mlp): the shared layers' MLP 40 wide; ``moe`` (enable_moe_block): 4 experts
+    of width 6 beside each MLP, 2 per token (transformers' loop over them, "eager"). Every parameter far
     from its initialisation (model_kit.randomise), each layer_scalar made a parameter drawn in
     [0.5, 1.5] so that its gradient is compared too."""
     config = transformers.Gemma4TextConfig(
@@ -84,6 +86,8 @@ def hf_gemma4(seed=0, n_shared=2, softcap=None, global_head_dim=16, per_layer=0,
         pad_token_id=PAD, bos_token_id=None,
         eos_token_id=None, attn_implementation="eager", attention_k_eq_v=k_eq_v,
         num_global_key_value_heads=1 if k_eq_v else None, use_double_wide_mlp=double_wide,
+        enable_moe_block=moe, num_experts=4 if moe else None, top_k_experts=2 if moe else None,
+        moe_intermediate_size=6 if moe else None, experts_implementation="eager",
         rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                          FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6}})
     # With per-layer inputs off, transformers 5.24's forward slices their None before the first shared
@@ -114,11 +118,14 @@ def our_config(model):
                         per_layer_vocab_size=c.vocab_size_per_layer_input if c.hidden_size_per_layer_input else None,
                         attention_k_eq_v=c.attention_k_eq_v,
                         global_n_kv_head=None if kv_heads[FULL] == kv_heads[SLIDING] else kv_heads[FULL],
-                        double_wide_mlp=c.use_double_wide_mlp)
+                        double_wide_mlp=c.use_double_wide_mlp, enable_moe=c.enable_moe_block, n_experts=c.num_experts,
+                        experts_per_token=c.top_k_experts, moe_hidden=c.moe_intermediate_size)
 
 
 def hf_names(config):
-    """{our path: (Hugging Face's name, transposed)} for every parameter of ``config``'s model."""
+    """{our path: (Hugging Face's name, transposed)} for every parameter of ``config``'s model:
+    transposed swaps the last two axes (an expert's (E, out, in) too); an expert's gate and up are
+    the first and second half of Hugging Face's (E, 2h, C) gate_up_proj ("name[0]", "name[1]")."""
     names = {"wte": ("model.embed_tokens.weight", False), "norm.w": ("model.norm.weight", False)}
     for i in range(config.n_layer):
         layer = f"model.layers.{i}"
@@ -133,6 +140,18 @@ def hf_names(config):
             names[f"blocks.{i}.attn.{norm}.w"] = (f"{layer}.self_attn.{norm}.weight", False)
         for proj in ("gate", "up", "down"):
             names[f"blocks.{i}.mlp.{proj}.w"] = (f"{layer}.mlp.{proj}_proj.weight", True)
+        if config.enable_moe:
+            moe = f"blocks.{i}.moe"
+            names[f"{moe}.router.w"] = (f"{layer}.router.proj.weight", True)
+            names[f"{moe}.router.scale"] = (f"{layer}.router.scale", False)
+            names[f"{moe}.router.expert_scale"] = (f"{layer}.router.per_expert_scale", False)
+            names[f"{moe}.experts.gate.w"] = (f"{layer}.experts.gate_up_proj[0]", True)
+            names[f"{moe}.experts.up.w"] = (f"{layer}.experts.gate_up_proj[1]", True)
+            names[f"{moe}.experts.down.w"] = (f"{layer}.experts.down_proj", True)
+            moe_norms = {"dense_post_norm": "post_feedforward_layernorm_1", "norm": "pre_feedforward_layernorm_2",
+                         "post_norm": "post_feedforward_layernorm_2"}
+            for ours, theirs in moe_norms.items():
+                names[f"{moe}.{ours}.w"] = (f"{layer}.{theirs}.weight", False)
         if config.per_layer_input_size:
             names[f"blocks.{i}.per_layer.gate.w"] = (f"{layer}.per_layer_input_gate.weight", True)
             names[f"blocks.{i}.per_layer.proj.w"] = (f"{layer}.per_layer_projection.weight", True)
@@ -147,21 +166,26 @@ def hf_names(config):
 def params_from_hf(model, config):
     """Our params tree holding ``model``'s weights (linear weights transposed to (in, out))."""
     state = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    for name in [name for name in state if name.endswith("gate_up_proj")]:   # (E, 2h, C): gate's h rows, up's
+        state[name + "[0]"], state[name + "[1]"] = np.split(state.pop(name), 2, axis=1)
     params = {}
     for path, (name, transposed) in hf_names(config).items():
         node = params
         *parents, leaf = path.split(".")
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = state[name].T.copy() if transposed else state[name].copy()
+        node[leaf] = np.swapaxes(state[name], -1, -2).copy() if transposed else state[name].copy()
     return params
 
 
 def to_hf(grads, config):
     """Our gradient tree under Hugging Face's names, weights transposed back."""
     leaves = dict(tree_leaves(grads))
-    return {name: leaves[path].T if transposed else leaves[path]
-            for path, (name, transposed) in hf_names(config).items()}
+    out = {name: np.swapaxes(leaves[path], -1, -2) if transposed else leaves[path]
+           for path, (name, transposed) in hf_names(config).items()}
+    for name in [name[:-3] for name in out if name.endswith("gate_up_proj[0]")]:
+        out[name] = np.concatenate([out.pop(name + "[0]"), out.pop(name + "[1]")], axis=1)   # (E, 2h, C)
+    return out
 
 
 def exact_hf_gemma4(model, config, monkeypatch):
@@ -194,6 +218,16 @@ def exact_hf_gemma4(model, config, monkeypatch):
             module.forward = types.MethodType(rms_norm, module)
         if isinstance(module, modeling_gemma4.Gemma4TextRotaryEmbedding):
             module.forward = types.MethodType(rotary, module)
+    def router(self, h):   # the router's softmax, in float32 there, in the model's dtype
+        h = self.norm(h) * self.scale * self.scalar_root_size
+        probabilities = torch.softmax(self.proj(h), dim=-1)                 # (N, E)
+        weights, indices = torch.topk(probabilities, k=self.config.top_k_experts, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return probabilities, weights * self.per_expert_scale[indices], indices
+
+    for module in model.modules():
+        if isinstance(module, modeling_gemma4.Gemma4TextRouter):
+            module.forward = types.MethodType(router, module)
     monkeypatch.setattr(modeling_gemma4, "eager_attention_forward", attention)
     return model
 
@@ -210,17 +244,21 @@ def ids_with_pad(V, B=2, T=7, seed=0):
 # |value| (test_hf.py's analysis: a path of K ~ 10^3 roundings of u = 1.1e-16 through norms of
 # rstd R ~ 10 leaves K u R ~ 1e-12 relative; 1e-10 keeps a factor 100 of margin and still fails
 # on any wrong formula, which moves the logits by 1e-3 or more).
-@pytest.mark.parametrize("n_shared,softcap,per_layer,k_eq_v,double_wide", [
-    (2, None, 0, False, False), (1, 3.0, 0, False, False), (0, None, 0, False, False), (2, None, 4, False, False),
-    (0, 3.0, 4, False, False), (2, None, 0, True, False), (0, None, 4, True, False), (2, None, 0, False, True),
-    (1, None, 4, True, True)])
-def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer, k_eq_v, double_wide):
+@pytest.mark.parametrize("n_shared,softcap,per_layer,k_eq_v,double_wide,moe", [
+    (2, None, 0, False, False, False), (1, 3.0, 0, False, False, False), (0, None, 0, False, False, False),
+    (2, None, 4, False, False, False), (0, 3.0, 4, False, False, False), (2, None, 0, True, False, False),
+    (0, None, 4, True, False, False), (2, None, 0, False, True, False), (1, None, 4, True, True, False),
+    (2, None, 0, False, False, True), (0, 3.0, 4, True, False, True)])
+def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, softcap, per_layer, k_eq_v, double_wide,
+                                                      moe):
     """T = 7 > the window 3: logits, and the gradient of sum(logits * dlogits) for every parameter
     of transformers' model (shared layers' missing k, v and k-norm included by their absence),
     against transformers' autograd; the shared-from layers' k and v gradients hold both uses, and
     with per-layer inputs wte's holds the blocks' share and theirs, and with k = v a global layer's
-    k projection holds both its uses'; with a double-wide MLP the shared layers' is 2 H wide."""
-    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide)
+    k projection holds both its uses'; with a double-wide MLP the shared layers' is 2 H wide; with
+    the experts their router's weights, scales and the experts' own."""
+    model = hf_gemma4(n_shared=n_shared, softcap=softcap, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide,
+                      moe=moe)
     config = our_config(model)
     model = exact_hf_gemma4(model, config, monkeypatch)
     params = params_from_hf(model, config)
@@ -280,17 +318,19 @@ def test_shared_layers_change_what_the_model_computes(monkeypatch):
 
 
 def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer=0, k_eq_v=False,
-                double_wide=False):
+                double_wide=False, moe=False):
     """A small random config (sliding and global alternating, ending global; per-layer inputs of
     size ``per_layer`` from 13 rows; with ``k_eq_v`` the global layers' values their keys, on one
-    key/value head; with ``double_wide`` the shared layers' MLP twice as wide) and params far from init."""
+    key/value head; with ``double_wide`` the shared layers' MLP twice as wide; with ``moe`` 3 experts
+    of width 5, 2 per token) and params far from init."""
     types_ = tuple((FULL, SLIDING)[(n_layer - 1 - i) % 2] for i in range(n_layer))
     config = Gemma4Config(vocab_size=11, block_size=8, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           global_head_dim=6, hidden=12, sliding_window=2, layer_types=types_,
                           n_kv_shared_layers=n_shared, pad_token_id=pad, partial_rotary_factor=0.7,
                           per_layer_input_size=per_layer, per_layer_vocab_size=13 if per_layer else None,
                           attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None,
-                          double_wide_mlp=double_wide)
+                          double_wide_mlp=double_wide, enable_moe=moe, n_experts=3 if moe else None,
+                          experts_per_token=2 if moe else None, moe_hidden=5 if moe else None)
     rng = np.random.default_rng(seed)
     params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
                       init_gemma4_params(config, rng, dtype))
@@ -304,12 +344,12 @@ def random_case(seed, n_layer, n_shared, T, dtype=np.float64, pad=PAD, per_layer
 @given(seed=st.integers(0, 2**32 - 1), n_layer=st.integers(2, 4), T=st.integers(1, 6), data=st.data())
 def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     """Logits against the twin's and every gradient (by path) against autograd's, float64, with
-    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs, k = v
-    and the double-wide MLP on or off. float64: the rstd-scaled tolerance of layer_norm_tol (the
+    up to n_layer - 2 shared layers (each type keeps a layer before them), per-layer inputs, k = v,
+    the double-wide MLP and the experts on or off. float64: the rstd-scaled tolerance of layer_norm_tol (the
     norms amplify rounding by up to their rstd)."""
     n_shared = data.draw(st.integers(0, n_layer - 2))
     switches = {"per_layer": data.draw(st.sampled_from([0, 3])), "k_eq_v": data.draw(st.booleans()),
-                "double_wide": data.draw(st.booleans())}
+                "double_wide": data.draw(st.booleans()), "moe": data.draw(st.booleans())}
     config, params, ids, dout = random_case(seed, n_layer, n_shared, T, **switches)
     logits, cache = gemma4_forward(ids, params, config)
     dparams = gemma4_backward(dout, cache)
@@ -322,12 +362,13 @@ def test_forward_and_backward_match_twin(seed, n_layer, T, data):
     assert_tree_close("gemma4", dparams, grads["params"], **tol)
 
 
-@pytest.mark.parametrize("seed,per_layer,k_eq_v", [(0, 0, False), (1, 0, False), (2, 3, False), (3, 0, True)])
-def test_backward_matches_finite_differences(seed, per_layer, k_eq_v):
+@pytest.mark.parametrize("seed,per_layer,k_eq_v,moe", [(0, 0, False, False), (1, 0, False, False),
+                                                       (2, 3, False, False), (3, 0, True, False), (4, 0, False, True)])
+def test_backward_matches_finite_differences(seed, per_layer, k_eq_v, moe):
     """A directional derivative through every parameter (shared layers' sources and the per-layer
-    inputs' included; k = v's keys) in float64; no pad id (its embedding rows' gradient is left out on purpose,
-    so it is no derivative)."""
-    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None, per_layer=per_layer, k_eq_v=k_eq_v)
+    inputs' included; k = v's keys; the router and experts) in float64; no pad id (its embedding
+    rows' gradient is left out on purpose, so it is no derivative)."""
+    config, params, ids, dout = random_case(seed, 4, 2, 5, pad=None, per_layer=per_layer, k_eq_v=k_eq_v, moe=moe)
     assert_backward_matches_finite_differences(
         "gemma4", lambda p: gemma4_forward(ids, p, config), gemma4_backward, params, dout, seed, gemma4_rstds)
 
@@ -348,6 +389,9 @@ def test_backward_matches_finite_differences(seed, per_layer, k_eq_v):
      "n_head = 4 must be a multiple of global_n_kv_head = 3"),
     ({"attention_k_eq_v": 1}, TypeError, "attention_k_eq_v"),
     ({"double_wide_mlp": None}, TypeError, "double_wide_mlp"),
+    ({"enable_moe": True, "n_experts": 4}, ValueError, "enable_moe needs n_experts, experts_per_token and moe_hidden"),
+    ({"enable_moe": True, "n_experts": 2, "experts_per_token": 3, "moe_hidden": 4}, ValueError,
+     "experts_per_token = 3 must be at most n_experts = 2"),
     ({"per_layer_input_size": 2, "per_layer_vocab_size": 10}, ValueError,
      "per_layer_vocab_size = 10 must be at least vocab_size = 11"),
 ])
@@ -358,30 +402,33 @@ def test_bad_config_refused(changes, error, message):
         Gemma4Config(**{**base, **changes})
 
 
-def decode_case(n_shared=2, per_layer=0, global_head_dim=None, k_eq_v=False):
+def decode_case(n_shared=2, per_layer=0, global_head_dim=None, k_eq_v=False, moe=False):
     """Six layers (sliding, global alternating), the last ``n_shared`` shared, head size 4 (the
     global layers' ``global_head_dim``, None: the same), window 2, per-layer inputs of size
-    ``per_layer``, with ``k_eq_v`` the global layers' values their keys, on one key/value head."""
+    ``per_layer``, with ``k_eq_v`` the global layers' values their keys, on one key/value head, with
+    ``moe`` 3 experts of width 5 beside each MLP, 2 per token."""
     config = Gemma4Config(vocab_size=11, block_size=16, n_layer=6, n_head=4, n_kv_head=2, n_embd=8, head_dim=4,
                           hidden=12, sliding_window=2, layer_types=LAYER_TYPES, n_kv_shared_layers=n_shared,
                           partial_rotary_factor=0.5, per_layer_input_size=per_layer, global_head_dim=global_head_dim,
-                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None)
+                          attention_k_eq_v=k_eq_v, global_n_kv_head=1 if k_eq_v else None, enable_moe=moe,
+                          n_experts=3 if moe else None, experts_per_token=2 if moe else None,
+                          moe_hidden=5 if moe else None)
     rng = np.random.default_rng(3)
     params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma4_params(config, rng, np.float64))
     return config, params, rng.integers(0, config.vocab_size, (2, 12))
 
 
-@pytest.mark.parametrize("n_shared,per_layer,global_head_dim,k_eq_v", [
-    (2, 0, None, False), (0, 0, None, False), (2, 3, None, False), (2, 0, 6, False), (0, 3, 6, False),
-    (2, 0, None, True), (0, 0, 6, True)])
-def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_dim, k_eq_v):
+@pytest.mark.parametrize("n_shared,per_layer,global_head_dim,k_eq_v,moe", [
+    (2, 0, None, False, False), (0, 0, None, False, False), (2, 3, None, False, False), (2, 0, 6, False, False),
+    (0, 3, 6, False, False), (2, 0, None, True, False), (0, 0, 6, True, False), (2, 3, 6, True, True)])
+def test_cached_decoding_equals_full_forward(n_shared, per_layer, global_head_dim, k_eq_v, moe):
     """A prefill of 3 tokens (past the window 2), then one token at a time up to 12: every position's
     logits equal the full forward's (reorder_tol: the same sums, some in another order); the shared
     layers read their source's keys, the held ones included, and hold none themselves; the sliding
     layers stop growing at their window; each step's per-layer inputs are its own tokens'; a global
     head size (or key/value head count: k = v's) of its own is held in the cache's second
     allocation (``wide``), at that size."""
-    config, params, ids = decode_case(n_shared, per_layer, global_head_dim, k_eq_v)
+    config, params, ids = decode_case(n_shared, per_layer, global_head_dim, k_eq_v, moe)
     full, full_cache = gemma4_forward(ids, params, config)
     kv_cache = gemma4_kv_cache(config, 2, np.float64)
     sizes = [3] + [1] * 9
@@ -437,15 +484,15 @@ def test_cache_refusals():
         gemma4_backward(np.ones_like(logits), cache)
 
 
-@pytest.mark.parametrize("dtype,per_layer,k_eq_v,double_wide", [
-    (np.float64, 0, False, False), (np.float32, 0, False, False), (np.float64, 4, False, False),
-    (np.float64, 0, True, False), (np.float64, 0, False, True)])
-def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_v, double_wide):
+@pytest.mark.parametrize("dtype,per_layer,k_eq_v,double_wide,moe", [
+    (np.float64, 0, False, False, False), (np.float32, 0, False, False, False), (np.float64, 4, False, False, False),
+    (np.float64, 0, True, False, False), (np.float64, 0, False, True, False), (np.float64, 0, False, False, True)])
+def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_v, double_wide, moe):
     """The folder save_pretrained writes, loaded by attn_cli.hf: the config this test builds by hand
     and every weight (the shared layers' missing k, v and k-norm, layer_scalar, the per-layer
-    inputs', k = v's missing v and its global layers' one key/value head, the double-wide MLP), in
-    ``dtype``."""
-    model = hf_gemma4(softcap=3.0, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide)
+    inputs', k = v's missing v and its global layers' one key/value head, the double-wide MLP, the
+    router and experts), in ``dtype``."""
+    model = hf_gemma4(softcap=3.0, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide, moe=moe)
     model.save_pretrained(tmp_path, safe_serialization=True)
     kind, config, params = load_checkpoint(tmp_path, dtype)
     assert kind == "gemma4" and config == our_config(model), config
@@ -456,20 +503,21 @@ def test_checkpoint_reads_transformers_weights(tmp_path, dtype, per_layer, k_eq_
         assert got[path].dtype == dtype and np.array_equal(got[path], value.astype(dtype)), path
 
 
-@pytest.mark.parametrize("global_head_dim,options,per_layer,k_eq_v,double_wide", [
-    (8, [], 0, False, False), (16, ["--no-cache"], 0, False, False), (8, ["--no-cache"], 0, False, False),
-    (8, [], 4, False, False), (16, [], 0, False, False), (16, [], 4, False, False), (16, [], 0, True, False),
-    (8, [], 4, True, False), (16, [], 0, False, True)])
+@pytest.mark.parametrize("global_head_dim,options,per_layer,k_eq_v,double_wide,moe", [
+    (8, [], 0, False, False, False), (16, ["--no-cache"], 0, False, False, False),
+    (8, ["--no-cache"], 0, False, False, False), (8, [], 4, False, False, False), (16, [], 0, False, False, False),
+    (16, [], 4, False, False, False), (16, [], 0, True, False, False), (8, [], 4, True, False, False),
+    (16, [], 0, False, True, False), (16, [], 4, True, False, True)])
 def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_head_dim, options, per_layer, k_eq_v,
-                                                     double_wide):
+                                                     double_wide, moe):
     """``numpy-attn generate --hf DIR --ids 3,1,4,1,5``: the 10 greedy ids of transformers' generate
     (use_cache=True), with our key/value cache and without, a global head size of its own or not,
     with per-layer inputs or not, with k = v (one key/value head on the global layers) or not, with
-    a double-wide MLP or not.
+    a double-wide MLP or not, with experts or not.
     hf_gemma4's output_hidden_states makes generate return a record: its sequences are the ids
     (model_kit.hf_greedy reads a plain tensor)."""
-    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer, k_eq_v=k_eq_v,
-                      double_wide=double_wide).to(torch.float32)
+    model = hf_gemma4(global_head_dim=global_head_dim, per_layer=per_layer, k_eq_v=k_eq_v, double_wide=double_wide,
+                      moe=moe).to(torch.float32)
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "3,1,4,1,5", "--max-new-tokens", "10",
                      "--temperature", "0", *options]) == 0
@@ -483,7 +531,10 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, global_he
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"enable_moe_block": True}, "enable_moe_block = True is not supported"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 6},
+     "tensor 'model.layers.0.experts.gate_up_proj' is missing"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 6},
+     "experts_per_token = 5 must be at most n_experts = 4"),
     ({"use_double_wide_mlp": True}, "tensor 'model.layers.4.mlp.gate_proj.weight' has shape"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention = 'all' is not supported"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},

@@ -1,7 +1,8 @@
 """Gemma 4 (text) in plain PyTorch; autograd supplies the backward.
 
 Twin of numpy_attn/gemma4.py: blocks x + rms_norm(attn(rms_norm(x))) and
-x + rms_norm(geglu(rms_norm(x))) (then x + rms_norm((gelu(x @ g) * e_i) @ p) with per-layer
+x + rms_norm(geglu(rms_norm(x))) (the experts' output added to the GeGLU's, each normed, with
+a mixture of experts; then x + rms_norm((gelu(x @ g) * e_i) @ p) with per-layer
 inputs), times the layer's scalar, every norm scaling by w; q and k
 RMS-normed per head, v too without weight, scores unscaled; the global layers' wider heads turning
 only their first pairs; the last n_kv_shared_layers layers attending over an earlier layer's keys
@@ -10,6 +11,7 @@ through the per-layer inputs, and k's projection's as keys and as values where t
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -18,6 +20,7 @@ from torch_attn.embedding import embedding
 from torch_attn.gelu import gelu
 from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
+from torch_attn.moe import experts, top_k
 from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.rope import rope
@@ -64,7 +67,7 @@ def gemma4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
 
 # -- per-layer inputs: each token's own input to every layer ---------------------------------------
 
-def per_layer_inputs(ids, params, config):
+def gemma4_per_layer_inputs(ids, params, config):
     """e (B, T, L, P) for ``ids`` (B, T): (rms_norm(x0 @ m / sqrt(C)) + wte_pl[ids] * sqrt(P)) / sqrt(2)."""
     C, L, P, eps = config.n_embd, config.n_layer, config.per_layer_input_size, config.rms_eps
     p, pad = params["per_layer"], config.pad_token_id
@@ -75,10 +78,33 @@ def per_layer_inputs(ids, params, config):
     return (m + t) * half                                                     # (B, T, L, P)
 
 
-def per_layer(x, params, e, eps):
+def gemma4_per_layer(x, params, e, eps):
     """The block's last sublayer: x (B, T, C), e (B, T, P) -> rms_norm((gelu(x @ g) * e) @ p) (B, T, C)."""
     a = gelu(linear(x, **params["gate"]), approximate="tanh")                 # (B, T, P)
     return rms_norm(linear(a * e, **params["proj"]), params["norm"]["w"], eps)
+
+
+# -- the mixture of experts beside the MLP --------------------------------------------------------
+
+def gemma4_router(x, router, k, eps):
+    """x (N, C) -> (weights (N, k), indices (N, k)): p = softmax(rms_norm(x) * scale / sqrt(C) @ w)
+    over all E; the k largest p divided by their sum, times their experts' expert_scale."""
+    C = x.shape[-1]
+    p = torch.softmax(linear(rms_norm(x, router["scale"] * C ** -0.5, eps), router["w"]), dim=-1)   # (N, E)
+    indices = top_k(p, k)                                                     # (N, k)
+    chosen = torch.gather(p, -1, indices)                                     # (N, k)
+    return chosen / chosen.sum(dim=-1, keepdim=True) * router["expert_scale"][indices], indices
+
+
+def gemma4_moe(x, f, params, config):
+    """The MLP's output f (B, T, C) and the experts' on the block's x (B, T, C), each normed, added."""
+    eps, C = config.rms_eps, config.n_embd
+    flat = x.reshape(-1, C)                                                   # (N, C)
+    weights, indices = gemma4_router(flat, params["router"], config.experts_per_token, eps)
+    h = experts(rms_norm(flat, params["norm"]["w"], eps), weights, indices, params["experts"],
+                partial(swiglu, act="gelu_tanh"))   # (N, C)
+    return rms_norm(f, params["dense_post_norm"]["w"], eps) + rms_norm(h.reshape(x.shape), params["post_norm"]["w"],
+                                                                       eps)
 
 
 # -- the block: a norm before and after each sublayer, then the layer's scalar ----------------------
@@ -93,9 +119,11 @@ def gemma4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
     x = x + rms_norm(a, params["attn_post_norm"]["w"], eps)
     h = rms_norm(x, params["mlp_norm"]["w"], eps)                             # (B, T, C)
     f = swiglu(h, params["mlp"], act="gelu_tanh")                             # (B, T, C) via (B, T, H)
+    if config.enable_moe:
+        f = gemma4_moe(x, f, params["moe"], config)                           # (B, T, C)
     x = x + rms_norm(f, params["mlp_post_norm"]["w"], eps)
     if inputs is not None:
-        x = x + per_layer(x, params["per_layer"], inputs[:, :, layer], eps)   # (B, T, C)
+        x = x + gemma4_per_layer(x, params["per_layer"], inputs[:, :, layer], eps)   # (B, T, C)
     return x * params["layer_scalar"]["w"]                                    # (B, T, C)
 
 
@@ -105,7 +133,7 @@ def gemma4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as gemma3's."""
     shared = {}   # this forward's keys and values, which the shared layers read
-    inputs = per_layer_inputs(ids, params, config) if config.per_layer_input_size else None
+    inputs = gemma4_per_layer_inputs(ids, params, config) if config.per_layer_input_size else None
     return _model.decoder(ids, params, config, gemma4_block, positions=positions, attn_mask=attn_mask,
                           kv_cache=kv_cache, logits_to_keep=logits_to_keep, embed_scale=config.n_embd ** 0.5,
                           logit_softcap=config.final_logit_softcap, padding_idx=config.pad_token_id,

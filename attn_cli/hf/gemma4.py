@@ -1,8 +1,8 @@
 """Gemma4ForCausalLM folders (the text model, model_type gemma4_text) -> numpy_attn.gemma4's
 Gemma4Config: Gemma 2's keys without the score scale and caps on the scores, the global layers'
 head size (and with keys as values their key/value heads) from per_layer_config, RoPE per layer
-type, shared key/value layers, each layer's scalar, the per-layer inputs, keys as values and the
-shared layers' double-wide MLP.
+type, shared key/value layers, each layer's scalar, the per-layer inputs, keys as values, the
+shared layers' double-wide MLP and the experts beside the MLP.
 What numpy_attn.gemma4 leaves off is refused naming its key."""
 
 from attn_cli.hf.config import Reader
@@ -14,7 +14,9 @@ from numpy_attn.gemma4 import Gemma4Config
 SCORE_KEYS = ("query_pre_attn_scalar", "attn_logit_softcapping")
 KEYS = {**{key: rule for key, rule in GEMMA2_KEYS.items() if key not in SCORE_KEYS},
         "num_kv_shared_layers": ("int", 0, False), "hidden_size_per_layer_input": ("int or null", 0, False),
-        "vocab_size_per_layer_input": ("int", 1, False), "num_global_key_value_heads": ("int or null", 1, False),
+        "vocab_size_per_layer_input": ("int", 1, False), "num_experts": ("int or null", 1, False),
+        "top_k_experts": ("int or null", 1, False), "moe_intermediate_size": ("int or null", 1, False),
+        "num_global_key_value_heads": ("int or null", 1, False),
         "attention_k_eq_v": ("bool", None, False), "enable_moe_block": ("bool", None, False),
         "use_double_wide_mlp": ("bool", None, False), "per_layer_config": ("object or null", None, False),
         "pad_token_id": ("int or null", 0, False), "global_head_dim": ("int", 1, False),
@@ -25,7 +27,7 @@ DEFAULTS = {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings"
             "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_hidden_layers": 30}
 # Each switch transformers has and numpy_attn.gemma4 leaves off: key -> the values read ("vision"
 # makes only image tokens see each other: text alone stays causal).
-OFF = {"enable_moe_block": (False,), "use_bidirectional_attention": (None, "vision")}
+OFF = {"use_bidirectional_attention": (None, "vision")}
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 
@@ -41,7 +43,8 @@ def gemma4_config(hf):
     - ``rope_parameters`` per layer type: the sliding layers' of the default kind, the global
       layers' default or proportional (its partial_rotary_factor), neither scaled;
     - num_kv_shared_layers and pad_token_id; hidden_size_per_layer_input (0 or null: none) and
-      vocab_size_per_layer_input; attention_k_eq_v; use_double_wide_mlp; the switches of OFF refused unless off."""
+      vocab_size_per_layer_input; attention_k_eq_v; use_double_wide_mlp; enable_moe_block with
+      num_experts, top_k_experts and moe_intermediate_size; the switches of OFF refused unless off."""
     hf = {**DEFAULTS, **hf}
     for key, allowed in OFF.items():
         if hf.get(key, allowed[0]) not in allowed:
@@ -98,7 +101,10 @@ def gemma4_config(hf):
         "per_layer_vocab_size": hf["vocab_size_per_layer_input"] if per_layer else None,
         "attention_k_eq_v": bool(hf.get("attention_k_eq_v", False)),
         "global_n_kv_head": None if global_nkv == base.n_kv_head else global_nkv,
-        "double_wide_mlp": bool(hf.get("use_double_wide_mlp", False))})
+        "double_wide_mlp": bool(hf.get("use_double_wide_mlp", False)),
+        "enable_moe": bool(hf.get("enable_moe_block", False)),
+        **({"n_experts": hf.get("num_experts"), "experts_per_token": hf.get("top_k_experts"),
+            "moe_hidden": hf.get("moe_intermediate_size")} if hf.get("enable_moe_block") else {})})
 
 
 def base_hs(hf):
@@ -136,6 +142,8 @@ def gemma4_params(tensors, config):
         block["mlp"] = {"gate": read_linear(tensors, p + "mlp.gate_proj", C, H),
                         "up": read_linear(tensors, p + "mlp.up_proj", C, H),
                         "down": read_linear(tensors, p + "mlp.down_proj", H, C)}
+        if config.enable_moe:
+            block["moe"] = read_moe(tensors, p, config)
         if P:
             block["per_layer"] = {"gate": read_linear(tensors, p + "per_layer_input_gate", C, P),
                                   "proj": read_linear(tensors, p + "per_layer_projection", P, C),
@@ -148,6 +156,24 @@ def gemma4_params(tensors, config):
                                "proj": read_linear(tensors, "model.per_layer_model_projection", C, L * P),
                                "norm": {"w": tensors.take("model.per_layer_projection_norm.weight", (P,))}}
     return with_norm_and_head(params, tensors, config)
+
+
+def read_moe(tensors, p, config):
+    """Layer ``p``'s router (proj transposed, scale, per_expert_scale), experts (the (E, 2h, C)
+    gate_up_proj split into gate and up and, as down_proj, each expert's weight turned to (in, out))
+    and the three norms around them."""
+    C, E, h = config.n_embd, config.n_experts, config.moe_hidden
+    gate_up = tensors.take(p + "experts.gate_up_proj", (E, 2 * h, C))
+    down = tensors.take(p + "experts.down_proj", (E, C, h))
+    norms = {"dense_post_norm": "post_feedforward_layernorm_1", "norm": "pre_feedforward_layernorm_2",
+             "post_norm": "post_feedforward_layernorm_2"}
+    return {"router": {"w": read_linear(tensors, p + "router.proj", C, E)["w"],
+                       "scale": tensors.take(p + "router.scale", (C,)),
+                       "expert_scale": tensors.take(p + "router.per_expert_scale", (E,))},
+            "experts": {"gate": {"w": gate_up[:, :h].transpose(0, 2, 1).copy()},      # (E, C, h)
+                        "up": {"w": gate_up[:, h:].transpose(0, 2, 1).copy()},        # (E, C, h)
+                        "down": {"w": down.transpose(0, 2, 1).copy()}},               # (E, h, C)
+            **{ours: {"w": tensors.take(f"{p}{theirs}.weight", (C,))} for ours, theirs in norms.items()}}
 
 
 def gemma4_parameter_count(hf):
