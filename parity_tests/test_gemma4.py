@@ -278,16 +278,21 @@ def test_logits_and_every_gradient_equal_transformers(monkeypatch, n_shared, sof
         assert not np.any(ours["model.embed_tokens_per_layer.weight"][unread])
 
 
+def transformers_logits(monkeypatch, **options):
+    """(config, params, ids, logits) of hf_gemma4(**options), the logits transformers' (exact_hf_gemma4)."""
+    model = hf_gemma4(**options)
+    config = our_config(model)
+    model = exact_hf_gemma4(model, config, monkeypatch)
+    ids = ids_with_pad(config.vocab_size)
+    hf_logits, _ = hf_logits_and_grads(model, ids, None, np.zeros((2, 7, config.vocab_size)))
+    return config, params_from_hf(model, config), ids, hf_logits
+
+
 def test_per_layer_inputs_change_what_the_model_computes(monkeypatch):
     """The comparison above can fail on them: the same weights with the per-layer inputs left out
     of each block (its per_layer params dropped, the model's too), or each layer reading its
     neighbour's input, give other logits than transformers'."""
-    model = hf_gemma4(per_layer=4)
-    config = our_config(model)
-    model = exact_hf_gemma4(model, config, monkeypatch)
-    params = params_from_hf(model, config)
-    ids = ids_with_pad(config.vocab_size)
-    hf_logits, _ = hf_logits_and_grads(model, ids, None, np.zeros((2, 7, config.vocab_size)))
+    config, params, ids, hf_logits = transformers_logits(monkeypatch, per_layer=4)
     logits, _ = gemma4_forward(ids, params, config)
     compare("gemma4 logits", logits, hf_logits, np.float64)
     rolled = {**params, "per_layer": {**params["per_layer"],
@@ -302,12 +307,7 @@ def test_per_layer_inputs_change_what_the_model_computes(monkeypatch):
 def test_shared_layers_change_what_the_model_computes(monkeypatch):
     """The comparison above can fail: the same weights with each shared layer computing its own
     keys (none shared, the shared layers' k, v made from their q's) give other logits than transformers'."""
-    model = hf_gemma4(n_shared=2)
-    config = our_config(model)
-    model = exact_hf_gemma4(model, config, monkeypatch)
-    params = params_from_hf(model, config)
-    ids = ids_with_pad(config.vocab_size)
-    hf_logits, _ = hf_logits_and_grads(model, ids, None, np.zeros((2, 7, config.vocab_size)))
+    config, params, ids, hf_logits = transformers_logits(monkeypatch, n_shared=2)
     unshared = Gemma4Config(**{**config.__dict__, "n_kv_shared_layers": 0})
     for i in (4, 5):
         attn = params["blocks"][str(i)]["attn"]
