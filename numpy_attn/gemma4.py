@@ -55,18 +55,18 @@ of three. A global_head_dim of its own (512 against 256 in the released models),
 puts the layers of each head size and count in a KVCache of their own (one allocation holds one):
 those of layer 0's in the Gemma4Cache itself, the others in its ``wide``.
 
-Keys as values (``attention_k_eq_v``, the large released models'): a global layer has no v
+Keys as values (``attention_k_eq_v``): a global layer has no v
 projection; its values are its keys as projected, before the k-norm and the rotation, RMS-normed
-without weight as values are, so k's projection gets the gradients of both uses. Such models give
-their global layers fewer key/value heads of their own (``global_n_kv_head``, Hugging Face's
-num_global_key_value_heads), which the cache's ``wide`` then holds at their count.
+without weight as values are, so k's projection gets the gradients of both uses. With it the global
+layers may have a key/value head count of their own (``global_n_kv_head``, Hugging Face's
+num_global_key_value_heads, which transformers reads only then), which the cache's ``wide`` holds.
 
 A double-wide MLP (``double_wide_mlp``, Hugging Face's use_double_wide_mlp): the GeGLU of the
 shared layers (those reading another layer's keys) is 2 H wide, the others' H.
 
-A mixture of experts beside the MLP (``enable_moe``, Hugging Face's enable_moe_block: the 26B-A4B
-model's): the block's dense GeGLU output f and the experts' output on the same x add before the
-MLP's post-norm, each normed by a norm of its own (dense_post_norm, post_norm; norm before the experts):
+A mixture of experts beside the MLP (``enable_moe``, Hugging Face's enable_moe_block): the block's
+dense GeGLU output f and the experts' output on the same x add before the MLP's post-norm, each
+normed by a norm of its own (dense_post_norm, post_norm; norm before the experts):
 
     f      = rms_norm(f) + rms_norm(experts(rms_norm(x)))
     router: p = softmax(rms_norm(x) * scale / sqrt(C) @ w)           over all E experts, no weight in the norm
@@ -76,8 +76,7 @@ MLP's post-norm, each normed by a norm of its own (dense_post_norm, post_norm; n
 numpy_attn/moe.py's loop over the experts runs them; the choice has no gradient, the weights do.
 
 Off here, refused by attn_cli's reader (transformers has a switch, and the test keeps it off):
-bidirectional attention. Attention has no
-soft cap; the logits' cap stays optional as in Gemma 3.
+bidirectional attention. Attention has no soft cap; the logits' cap stays optional as in Gemma 3.
 """
 
 from dataclasses import dataclass
