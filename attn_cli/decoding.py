@@ -94,14 +94,16 @@ def cache_bytes(one, max_len):
     """Bytes of ``one`` (a cache of one slot) grown to max_len slots: every key/value layer's bytes a
     token times its slots (max_len, or min(window, max_len) on a sliding layer), times the batch, and
     the states of a fixed size a cache may hold besides (``state_nbytes``: Qwen3.5's Gated DeltaNet
-    layers). A cache without sliding layers (MLA's) grows by its bytes_per_token a slot."""
+    layers) and the layers of a second head size it holds in a cache of their own (``wide``: Gemma
+    4's wider global heads). A cache without sliding layers (MLA's) grows by its bytes_per_token a slot."""
     windows = getattr(one, "windows", None)
     if windows is None:
         return one.bytes_per_token * max_len
     B, nkv, _, hs = one.dims
     layer_bytes = nkv * (hs + one.v_hs) * one.buffer_k.itemsize             # one key/value layer, a token
+    wide = getattr(one, "wide", None)
     return B * sum(layer_bytes * (max_len if w is None else min(w, max_len)) for w in windows) + \
-        getattr(one, "state_nbytes", 0)
+        getattr(one, "state_nbytes", 0) + (0 if wide is None else cache_bytes(wide, max_len))
 
 
 def _windows_text(one):

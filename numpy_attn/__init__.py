@@ -126,8 +126,10 @@ from numpy_attn.gemma3 import (
 )
 from numpy_attn.gemma4 import (
     Gemma4Config, gemma4_attention_backward, gemma4_attention_forward, gemma4_backward, gemma4_block_backward,
-    gemma4_block_forward, gemma4_forward, gemma4_kv_cache, gemma4_rotate_backward, gemma4_rotate_forward,
-    init_gemma4_params,
+    gemma4_block_forward, gemma4_forward, gemma4_kv_cache, gemma4_moe_backward, gemma4_moe_forward,
+    gemma4_per_layer_backward, gemma4_per_layer_forward, gemma4_per_layer_inputs_backward,
+    gemma4_per_layer_inputs_forward, gemma4_rotate_backward, gemma4_rotate_forward, gemma4_router_backward,
+    gemma4_router_forward, init_gemma4_params,
 )
 from numpy_attn.gpt import GPTConfig, gpt_backward, gpt_forward, gpt_kv_cache, init_gpt_params
 from numpy_attn.gpt_oss import (

@@ -1104,9 +1104,14 @@ def gemma_rstds(cache):
 
 def gemma4_rstds(cache):
     """The rstd of every RMS norm of a Gemma 4 model (their caches are (xhat, rstd, scale, dtype)):
-    the final one, each block's four, the q-, k- and v-norms."""
+    the final one, each block's four, the q-, k- and v-norms, and with per-layer inputs each
+    block's norm of its sublayer and the inputs' own norm, and with experts their four."""
     rstds = [cache.norm[1]] + [getattr(c, name)[1] for c in cache.blocks for name in GEMMA_NORMS]
-    return rstds + [n[1] for c in cache.blocks for n in (c.attn.q_norm, c.attn.k_norm, c.attn.v_norm) if n]
+    rstds += [n[1] for c in cache.blocks for n in (c.attn.q_norm, c.attn.k_norm, c.attn.v_norm) if n]
+    if cache.blocks[0].inputs is not None:
+        rstds += [c.per_layer[-1][1] for c in cache.blocks] + [cache.blocks[0].inputs.cache[3][1]]
+    moes = [c.moe for c in cache.blocks if c.moe is not None]   # the three norms and the router's
+    return rstds + [n[1] for moe in moes for n in (moe[0], moe[1].norm, moe[2], moe[4])]
 
 
 def next_token_dlogits(logits, ids):
