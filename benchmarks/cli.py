@@ -30,7 +30,6 @@ from pathlib import Path
 from attn_cli.checkpoint import Terminated, termination_raises
 from attn_cli.decoding import memory_limits
 from attn_cli.hf.files import bytes_text
-from attn_cli.term import Progress
 from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
 from benchmarks.machine import ROOT, USABLE_CPUS
@@ -193,7 +192,8 @@ def build_parser():
                    "--markdown, --plot)")
     p.add_argument("--list", action="store_true",
                    help="list the ops, their files and built-ins, and whether they can run; then exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr (it is drawn only where stderr is a terminal)")
     return p
 
 
@@ -357,11 +357,11 @@ def _finish_rows(timed, sizes, peaks, checks, dtype):
         op, size = registry.OPS[r["op"]], sizes[r["T"]]
         flops = op.count_flops(size, r["mode"])
         gflops = flops / r["time_s"]["median"] / 1e9
-        peak = peaks[_library(r["impl"]), r["device"]]["gflops"]
         parity_check = None if r["revision"] else checks[r["op"], r["T"]][r["impl"], r["device"]]
         rows.append(dict(r, S=size.S, B=size.B, nh=size.nh, hs=size.hs, dtype=dtype,
                          status="ok", reason=None, flops=flops, gflops=gflops,
-                         peak_fraction=gflops / peak, parity=parity_check))
+                         parity=parity_check))
+        rows[-1]["peak_fraction"] = report.peak_share(rows[-1], list(peaks.values()))
     numpy_time = {(r["op"], r["mode"], r["T"]): r["time_s"]
                   for r in rows if r["impl"] == "numpy" and not r["revision"]}
     for r in rows:
@@ -377,7 +377,7 @@ def measure(ops, args, argv):
     import torch
 
     started = time.monotonic()
-    load_before = machine.load_average()
+    load = machine.LoadWatch()
     s = _settings(args)
     cuda_reason = None if torch.cuda.is_available() else (
         "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
@@ -392,8 +392,7 @@ def measure(ops, args, argv):
                     workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
     timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
         len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
-    progress = Progress(len(runnable) * len(seq_lens) + len(workers) + timed_steps,
-                               enabled=not args.no_progress)
+    progress = report.progress_bar(len(runnable) * len(seq_lens) + len(workers) + timed_steps, args.no_progress)
 
     checks = _check_parity(runnable, sizes, args, s["threads"], progress)
     job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
@@ -412,7 +411,7 @@ def measure(ops, args, argv):
         command="python -m benchmarks " + shlex.join(argv),
         started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         duration_s=round(time.monotonic() - started, 1),
-        **machine.facts(load_before),
+        **machine.facts(load, s["threads"]),
         config=dict(ops=[op.name for op in ops], impls=args.impls, device=args.device,
                     modes=args.modes, seq_lens=seq_lens, batch=s["batch"], heads=s["heads"],
                     head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
@@ -457,6 +456,10 @@ def _read_results(path):
                 isinstance(results.get("rows"), list) and isinstance(results.get("config"), dict)
                 and ("workers" in results or report.is_decode(results)))):
         raise ValueError(f"--from-json {path} is not a results file of python -m benchmarks --json")
+    missing = report.missing_machine_facts(results)
+    if missing:   # its figures cannot be compared with any other run's
+        raise ValueError(f"--from-json {path} does not name the machine it ran on: no {', '.join(missing)} "
+                         "(recorded by every run since 2026-12)")
     return results
 
 
