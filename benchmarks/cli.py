@@ -152,8 +152,8 @@ def build_parser():
                    help="untimed calls before sampling (the first call pays for allocation and "
                    "lazy initialisation; the last one sizes the blocks of calls timed); default 1")
     p.add_argument("--peak-size", type=_number(int, 1, 32768), metavar="N",
-                   help=f"N of the N x N matmul that measures each CPU library's peak GFLOP/s "
-                   f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
+                   help=f"N of the N x N matmul that, with the matmuls of the run's sizes, measures the "
+                   f"peak GFLOP/s that %% peak divides by (CUDA uses max(N, 8192)); default {f['peak_size']}")
     p.add_argument("--tolerance", type=_number(float, 0, 1), metavar="REL",
                    help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
                    "default 1e-4 for float32, 1e-9 for float64, 8 ulps at 1 for float16 (7.8e-3) "
@@ -378,34 +378,38 @@ def measure(ops, args, argv):
 
     started = time.monotonic()
     load = machine.LoadWatch()
-    s = _settings(args)
-    cuda_reason = None if torch.cuda.is_available() else (
-        "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
-    runnable, unavailable = _plan(ops, args, cuda_reason)
-    seq_lens = sorted(set(s["seq_lens"]))
-    sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
-    workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
-    for name, targets in runnable.items():
-        for T in seq_lens:
-            for impl, device in targets:
-                for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
-                    workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
-    timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
-        len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
-    progress = report.progress_bar(len(runnable) * len(seq_lens) + len(workers) + timed_steps, args.no_progress)
+    try:                                           # the sampling thread ends with the run, failed or not
+        s = _settings(args)
+        cuda_reason = None if torch.cuda.is_available() else (
+            "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
+        runnable, unavailable = _plan(ops, args, cuda_reason)
+        seq_lens = sorted(set(s["seq_lens"]))
+        sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
+        workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
+        for name, targets in runnable.items():
+            for T in seq_lens:
+                for impl, device in targets:
+                    for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
+                        workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
+        timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
+            len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
+        progress = report.progress_bar(len(runnable) * len(seq_lens) + len(workers) + timed_steps, args.no_progress)
 
-    checks = _check_parity(runnable, sizes, args, s["threads"], progress)
-    job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
-               min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
-               size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
-    with revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
-        against = (args.against, folder) if args.against else None
-        if args.interleave:
-            envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
-                                                   progress, against)
-        else:
-            envs, peaks, timed = _time(workers, job, s["peak_size"], progress, against)
-    rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
+        checks = _check_parity(runnable, sizes, args, s["threads"], progress)
+        job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
+                   min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
+                   size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
+        with revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
+            against = (args.against, folder) if args.against else None
+            if args.interleave:
+                envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
+                                                       progress, against)
+            else:
+                envs, peaks, timed = _time(workers, job, s["peak_size"], progress, against)
+        rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
+    except BaseException:
+        load.stop()
+        raise
     return dict(
         schema=1,
         command="python -m benchmarks " + shlex.join(argv),

@@ -468,7 +468,7 @@ def write_plot(results, path):
         ax_time.set(xscale="log", yscale="log", xlabel="sequence length T (= S)",
                     ylabel="median time per call (ms)", title=f"{op}: time")
         ax_peak.set(xscale="log", xlabel="sequence length T (= S)",
-                    ylabel="% of the library's matmul peak", title=f"{op}: share of matmul peak")
+                    ylabel="% of the device's fastest matmul", title=f"{op}: share of matmul peak")
         for ax in (ax_time, ax_peak):
             ax.grid(True, which="both", alpha=0.3)
             ax.set_xticks(seq_lens, [str(T) for T in seq_lens])   # the measured T, not 10^k

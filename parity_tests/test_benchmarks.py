@@ -78,6 +78,17 @@ def test_tiny_run_json_has_every_row_measured_and_checked(tiny_run):
     assert any(p["user_api"] == "blas" and p["num_threads"] == 1 for p in numpy_env["threadpools"])
 
 
+def test_tiny_run_json_names_its_machine_and_its_peak(tiny_run):
+    """The file --json writes holds what --from-json asks of it (CPU, vector extensions, BLAS
+    kernel, threads, load), and each peak the matmul shapes it took the fastest of."""
+    results = json.loads(tiny_run[2]["json"].read_text())
+    assert report.missing_machine_facts(results) == []
+    for peak in results["peaks"]:
+        assert peak["gflops"] == max(s["gflops"] for s in peak["shapes"]) and len(peak["shapes"]) > 1, peak
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    assert all(r["peak_fraction"] == report.peak_share(r, results["peaks"]) for r in ok)
+
+
 def test_tiny_run_reports_cuda_rows_instead_of_dropping_them(tiny_run):
     _, stdout, paths = tiny_run
     results = json.loads(paths["json"].read_text())
