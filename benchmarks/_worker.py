@@ -155,9 +155,9 @@ def main():
         for row in timed(job):
             _emit(out, "row", **row)
         return 0
+    shapes = measure.gemm_shapes(job["size"], sorted({case["T"] for case in job["cases"]}), job["peak_n"])
     _emit(out, "peak", **measure.matmul_peak(
-        library, job["peak_n"], np.dtype(job["dtype"]), device, job["repeats"],
-        job["min_time"], job["threads"]))
+        library, shapes, np.dtype(job["dtype"]), device, job["repeats"], job["min_time"], job["threads"]))
     if job.get("serve"):
         _serve(job, out, sys.stdin)
     else:

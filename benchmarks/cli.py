@@ -30,7 +30,6 @@ from pathlib import Path
 from attn_cli.checkpoint import Terminated, termination_raises
 from attn_cli.decoding import memory_limits
 from attn_cli.hf.files import bytes_text
-from attn_cli.term import Progress
 from benchmarks import calls, decode, decode_cache, decode_hf, machine, parity, registry, report
 from benchmarks import measure as sampling
 from benchmarks.machine import ROOT, USABLE_CPUS
@@ -153,8 +152,8 @@ def build_parser():
                    help="untimed calls before sampling (the first call pays for allocation and "
                    "lazy initialisation; the last one sizes the blocks of calls timed); default 1")
     p.add_argument("--peak-size", type=_number(int, 1, 32768), metavar="N",
-                   help=f"N of the N x N matmul that measures each CPU library's peak GFLOP/s "
-                   f"(CUDA uses max(N, 8192)); default {f['peak_size']}")
+                   help=f"N of the N x N matmul that, with the matmuls of the run's sizes, measures the "
+                   f"peak GFLOP/s that %% peak divides by (CUDA uses max(N, 8192)); default {f['peak_size']}")
     p.add_argument("--tolerance", type=_number(float, 0, 1), metavar="REL",
                    help="parity tolerance on max |torch - numpy| / max(max |numpy|, 1) per tensor; "
                    "default 1e-4 for float32, 1e-9 for float64, 8 ulps at 1 for float16 (7.8e-3) "
@@ -193,7 +192,8 @@ def build_parser():
                    "--markdown, --plot)")
     p.add_argument("--list", action="store_true",
                    help="list the ops, their files and built-ins, and whether they can run; then exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr (it is drawn only where stderr is a terminal)")
     return p
 
 
@@ -357,11 +357,11 @@ def _finish_rows(timed, sizes, peaks, checks, dtype):
         op, size = registry.OPS[r["op"]], sizes[r["T"]]
         flops = op.count_flops(size, r["mode"])
         gflops = flops / r["time_s"]["median"] / 1e9
-        peak = peaks[_library(r["impl"]), r["device"]]["gflops"]
         parity_check = None if r["revision"] else checks[r["op"], r["T"]][r["impl"], r["device"]]
         rows.append(dict(r, S=size.S, B=size.B, nh=size.nh, hs=size.hs, dtype=dtype,
                          status="ok", reason=None, flops=flops, gflops=gflops,
-                         peak_fraction=gflops / peak, parity=parity_check))
+                         parity=parity_check))
+        rows[-1]["peak_fraction"] = report.peak_share(rows[-1], list(peaks.values()))
     numpy_time = {(r["op"], r["mode"], r["T"]): r["time_s"]
                   for r in rows if r["impl"] == "numpy" and not r["revision"]}
     for r in rows:
@@ -377,42 +377,45 @@ def measure(ops, args, argv):
     import torch
 
     started = time.monotonic()
-    load_before = machine.load_average()
-    s = _settings(args)
-    cuda_reason = None if torch.cuda.is_available() else (
-        "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
-    runnable, unavailable = _plan(ops, args, cuda_reason)
-    seq_lens = sorted(set(s["seq_lens"]))
-    sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
-    workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
-    for name, targets in runnable.items():
-        for T in seq_lens:
-            for impl, device in targets:
-                for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
-                    workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
-    timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
-        len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
-    progress = Progress(len(runnable) * len(seq_lens) + len(workers) + timed_steps,
-                               enabled=not args.no_progress)
+    load = machine.LoadWatch()
+    try:                                           # the sampling thread ends with the run, failed or not
+        s = _settings(args)
+        cuda_reason = None if torch.cuda.is_available() else (
+            "torch.cuda.is_available() is False" + ("" if torch.version.cuda else " (CPU-only torch build)"))
+        runnable, unavailable = _plan(ops, args, cuda_reason)
+        seq_lens = sorted(set(s["seq_lens"]))
+        sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
+        workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
+        for name, targets in runnable.items():
+            for T in seq_lens:
+                for impl, device in targets:
+                    for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
+                        workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
+        timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
+            len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
+        progress = report.progress_bar(len(runnable) * len(seq_lens) + len(workers) + timed_steps, args.no_progress)
 
-    checks = _check_parity(runnable, sizes, args, s["threads"], progress)
-    job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
-               min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
-               size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
-    with revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
-        against = (args.against, folder) if args.against else None
-        if args.interleave:
-            envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
-                                                   progress, against)
-        else:
-            envs, peaks, timed = _time(workers, job, s["peak_size"], progress, against)
-    rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
+        checks = _check_parity(runnable, sizes, args, s["threads"], progress)
+        job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
+                   min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
+                   size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
+        with revision_tree(args.against) if args.against else contextlib.nullcontext() as folder:
+            against = (args.against, folder) if args.against else None
+            if args.interleave:
+                envs, peaks, timed = _time_interleaved(workers, job, s["peak_size"], args.interleave,
+                                                       progress, against)
+            else:
+                envs, peaks, timed = _time(workers, job, s["peak_size"], progress, against)
+        rows = _finish_rows(timed, sizes, peaks, checks, args.dtype) + unavailable
+    except BaseException:
+        load.stop()
+        raise
     return dict(
         schema=1,
         command="python -m benchmarks " + shlex.join(argv),
         started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         duration_s=round(time.monotonic() - started, 1),
-        **machine.facts(load_before),
+        **machine.facts(load, s["threads"]),
         config=dict(ops=[op.name for op in ops], impls=args.impls, device=args.device,
                     modes=args.modes, seq_lens=seq_lens, batch=s["batch"], heads=s["heads"],
                     head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
@@ -457,6 +460,10 @@ def _read_results(path):
                 isinstance(results.get("rows"), list) and isinstance(results.get("config"), dict)
                 and ("workers" in results or report.is_decode(results)))):
         raise ValueError(f"--from-json {path} is not a results file of python -m benchmarks --json")
+    missing = report.missing_machine_facts(results)
+    if missing:   # its figures cannot be compared with any other run's
+        raise ValueError(f"--from-json {path} does not name the machine it ran on: no {', '.join(missing)} "
+                         "(recorded by every run since 2026-12)")
     return results
 
 

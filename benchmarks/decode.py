@@ -17,8 +17,7 @@ import time
 
 import numpy as np
 
-from attn_cli.term import Progress
-from benchmarks import machine, measure
+from benchmarks import machine, measure, report
 from benchmarks.workers import Worker
 from numpy_attn.gpt import GPTConfig, gpt_forward, gpt_kv_cache, init_gpt_params
 
@@ -74,7 +73,7 @@ def greedy_twin(params, config, prompt, new_tokens, cache):
 def run(args, argv):
     """Timing of every (library, prompt length, cached or not) in one worker per library, then
     the tokens of all four paths compared: the results dict."""
-    started = time.monotonic()
+    started, load = time.monotonic(), machine.LoadWatch()
     base = QUICK if args.quick else FULL
     config = base["config"]
     threads = threads_of(args)
@@ -84,15 +83,17 @@ def run(args, argv):
     prompt_lens = [P for P in (args.seq_lens or base["prompt_lens"]) if P + new <= config.block_size]
     if not prompt_lens:
         raise ValueError(f"no prompt length P with P + {new} new tokens <= block_size = {config.block_size}")
-    progress = Progress(len(prompt_lens) * 4, enabled=not args.no_progress)
+    progress = report.progress_bar(len(prompt_lens) * 4, args.no_progress)
     job = dict(device="cpu", threads=threads, dtype=args.dtype, repeats=repeats, min_time=min_time,
                decode=dict(config=dataclasses.asdict(config), prompt_lens=prompt_lens, new_tokens=new,
                            seed=args.seed))
-    timed = {}                                     # (impl, P, cache) -> row of a worker
+    timed, envs = {}, []                           # (impl, P, cache) -> row of a worker; envs
     for library in ("numpy", "torch"):
         with Worker(dict(job, library=library), progress) as worker:
             for record in worker.records():
-                if record["kind"] == "row":
+                if record["kind"] == "env":
+                    envs.append(record)
+                elif record["kind"] == "row":
                     timed[record["impl"], record["P"], record["cache"]] = record
     rows = []
     for P in prompt_lens:
@@ -107,7 +108,7 @@ def run(args, argv):
                              time_s=dict(cached=times[True], uncached=times[False])))
     return dict(schema=1, command="python -m benchmarks " + " ".join(argv),
                 started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                duration_s=round(time.monotonic() - started, 1), machine=machine.machine(),
+                duration_s=round(time.monotonic() - started, 1), **machine.facts(load, threads), workers=envs,
                 config=dict(model=dataclasses.asdict(config), dtype=args.dtype, threads=threads,
                             repeats=repeats, min_time=min_time, seed=args.seed, quick=args.quick),
                 rows=rows)
@@ -149,12 +150,12 @@ def threads_of(args):
     return args.threads or (1 if args.quick else machine.USABLE_CPUS)
 
 
-def run_results(run, argv, started, load_before, envs, config, rows):
+def run_results(run, argv, started, load, envs, config, rows):
     """The results dict of a decode run beside this one (decode_cache.py, decode_hf.py): the run, the
     machine and every worker's BLAS and threads, the rows."""
     return dict(schema=1, run=run, command="python -m benchmarks " + " ".join(argv),
                 started_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                duration_s=round(time.monotonic() - started, 1), **machine.facts(load_before),
+                duration_s=round(time.monotonic() - started, 1), **machine.facts(load, config["threads"]),
                 workers=envs, config=config, rows=rows)
 
 
@@ -171,9 +172,11 @@ def table_lines(results):
     """The report: one line per library and prompt length."""
     c = results["config"]
     m = c["model"]
-    lines = [f"decode: greedy generation, GPT V={m['vocab_size']} block_size={m['block_size']} "
+    lines = [*(report.machine_lines(results) if "workers" in results else []),
+             f"decode: greedy generation, GPT V={m['vocab_size']} block_size={m['block_size']} "
              f"n_layer={m['n_layer']} n_head={m['n_head']} n_embd={m['n_embd']}, {c['dtype']}, "
-             f"{c['threads']} thread(s); tokens/s = new tokens / median time",
+             f"{c['threads']} thread(s); tokens/s = new tokens / median time; cached/uncached: tokens/s with "
+             "the key/value cache over without it (above 1: the cache is faster)",
              "",
              f"{'impl':<6} {'P':>5} {'new':>4} {'cached tok/s':>13} {'uncached tok/s':>15} "
              f"{'cached/uncached':>16}  same tokens"]

@@ -41,7 +41,6 @@ import time
 
 import numpy as np
 
-from attn_cli.term import Progress
 from benchmarks import machine, measure, parity, report
 from benchmarks.decode import greedy, greedy_torch, run_results, threads_of, tree_map
 from benchmarks.workers import Worker
@@ -184,7 +183,7 @@ def _decode_from(generate, forward, params, config, prompt, new_tokens, prefille
 
 def run_sliding(args, argv):
     """Tokens checked in the parent, then both workers' timings: the results dict."""
-    started, load_before = time.monotonic(), machine.load_average()
+    started, load = time.monotonic(), machine.LoadWatch()
     size = SLIDING["quick" if args.quick else "full"]
     windows = args.seq_lens or size["windows"]
     threads, repeats = threads_of(args), args.repeats or SLIDING_REPEATS
@@ -207,7 +206,7 @@ def run_sliding(args, argv):
                          same_tokens=same, **checks))
     config = dict(model=size["model"], windows=windows, dtype=args.dtype, threads=threads, repeats=repeats,
                   seed=args.seed, quick=args.quick)
-    return run_results("decode_sliding", argv, started, load_before, envs, config, rows)
+    return run_results("decode_sliding", argv, started, load, envs, config, rows)
 
 
 def _tok_s_iqr(r):
@@ -375,7 +374,7 @@ def _mla_time(job):
 
 def run_mla(args, argv):
     """Parity in the parent, then both workers' timings: the results dict."""
-    started, load_before = time.monotonic(), machine.load_average()
+    started, load = time.monotonic(), machine.LoadWatch()
     size = MLA["quick" if args.quick else "full"]
     config, dtype = MLAConfig(**size["model"]), np.dtype(args.dtype)
     contexts = args.seq_lens or size["contexts"]
@@ -398,7 +397,7 @@ def run_mla(args, argv):
     run_config = dict(model=size["model"], n_kv_head=size["n_kv_head"], head_size=config.v_head_dim,
                       contexts=contexts, dtype=args.dtype, threads=threads, repeats=repeats, seed=args.seed,
                       quick=args.quick, tolerance=tol)
-    return run_results("decode_mla", argv, started, load_before, envs, run_config, rows)
+    return run_results("decode_mla", argv, started, load, envs, run_config, rows)
 
 
 MLA_COLUMNS = [("S", "S"), ("variant", "variant"), ("impl", "impl"), ("tok/s", _tok_s), ("IQR tok/s", _tok_s_iqr),
@@ -474,7 +473,7 @@ def _pools(threads):
 
 def _time_workers(job, steps, no_progress):
     """The NumPy worker, then the torch one: (their env records, their rows)."""
-    progress = Progress(steps, enabled=not no_progress)
+    progress = report.progress_bar(steps, no_progress)
     envs, rows = [], []
     for library in ("numpy", "torch"):
         with Worker(dict(job, library=library)) as worker:

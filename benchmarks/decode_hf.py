@@ -27,7 +27,6 @@ import time
 
 import numpy as np
 
-from attn_cli.term import Progress
 from benchmarks import machine, parity, report
 from benchmarks.decode import run_results, threads_of
 from benchmarks.workers import Worker, revision_tree
@@ -104,7 +103,7 @@ def run(args, argv):
 
     from attn_cli.hf import checkpoint_bytes
 
-    started, load_before = time.monotonic(), machine.load_average()
+    started, load = time.monotonic(), machine.LoadWatch()
     if not args.hf:
         raise ValueError("--ops decode_hf needs --hf DIR, a Hugging Face model folder (config.json and safetensors)")
     base = QUICK if args.quick else FULL
@@ -114,7 +113,7 @@ def run(args, argv):
     folder_bytes = checkpoint_bytes(args.hf)                   # also refuses a folder without weights, now
     job = dict(device="cpu", threads=threads, dtype="float32", serve=True, decode_hf=dict(folder=str(args.hf)))
     impls = {"numpy-attn": dict(library="numpy"), "transformers": dict(library="torch")}
-    progress = Progress(1 + rounds, enabled=not args.no_progress)
+    progress = report.progress_bar(1 + rounds, args.no_progress)
     with contextlib.ExitStack() as stack:
         if args.against:
             impls[f"numpy-attn@{args.against}"] = dict(library="numpy", pythonpath=stack.enter_context(
@@ -171,7 +170,7 @@ def run(args, argv):
     config = dict(model=dict(folder=str(args.hf), **model), threads=threads, repeats=rounds, new_tokens=[n1, n2],
                   prompt_lens=prompt_lens, seed=args.seed, against=args.against, checkpoint_bytes=folder_bytes,
                   dtype="float32")
-    return run_results("decode_hf", argv, started, load_before, envs, config, rows)
+    return run_results("decode_hf", argv, started, load, envs, config, rows)
 
 
 def _record(worker, kind):
@@ -191,7 +190,8 @@ def table_lines(results):
              "every other round; medians over the rounds, ratios paired within a round (median [IQR])", "",
              f"decode_hf: {m['folder']} ({m['family']}, V={m['vocab_size']}, context {m['block_size']}), float32, "
              f"greedy; per token = (t({n2} new) - t({n1} new)) / {n2 - n1}; prefill = t(1 new) of a P-token "
-             f"prompt; checkpoint {c['checkpoint_bytes'] / 2**20:.1f} MiB", ""]
+             f"prompt; checkpoint {c['checkpoint_bytes'] / 2**20:.1f} MiB; /transformers: this row's time over "
+             "transformers' (below 1: faster than transformers, above 1: slower)", ""]
     header = ["impl", "P", "ms/token", "tok/s", "/transformers", "prefill s", "/transformers", "peak RSS MiB",
               "RSS/ckpt", "same ids"]
     rows = [[r["impl"], str(r["P"]), f"{r['ms_per_token']:.2f}", f"{r['tokens_per_s']:.1f}",

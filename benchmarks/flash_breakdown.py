@@ -525,7 +525,7 @@ def report_lines(res):
     if "floor" in res:
         rounds = len(next(iter(res["floor"].values()))["times_s"])
         lines.append(f"NumPy's floor, one thread each, {rounds} rounds taking turns (ratio: median over "
-                     "rounds of time / F.sdpa's time in the same round):")
+                     "rounds of time / F.sdpa's time in the same round; above 1: slower than F.sdpa):")
         for name, r in res["floor"].items():
             lines.append(f"  {name:66} {1e3 * r['median_s']:8.1f} ms  {r['over_sdpa']:.3f}")
     lb = res["lower_bound"]

@@ -6,6 +6,8 @@ capability), the git commit measured, and the load average. Every run's header i
 import os
 import platform
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]     # the checkout (or the folder holding the packages)
@@ -102,15 +104,67 @@ def load_average():
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
-def facts(load_before):
-    """The part of a results dict that says where and on what it ran: the load average before
-    (``load_before``) and now, the machine, the git commit, the versions."""
+# The load average counts the threads that are running or waiting for a CPU. A timed process
+# keeps its own --threads busy, and a BLAS or OpenMP call ends when its slowest thread does, so
+# one other runnable thread on any of its cores stretches the whole call. Others' load L per CPU
+# means each core is wanted by someone else about L of the time: at 0.5 every second time slice
+# of a core is shared, which on the 2-core machines here moved a median by 10-20% between runs
+# minutes apart, as much as the differences being measured. Below it the drift stays within the
+# quartiles; above it a ratio of two rows timed one after the other cannot be trusted.
+BUSY_LOAD_PER_CPU = 0.5
+LOAD_SAMPLE_S = 5.0      # one getloadavg() every 5 s: the average itself moves slower than that
+
+
+class LoadWatch:
+    """The load average before a run, sampled every LOAD_SAMPLE_S seconds while it runs (by a
+    daemon thread, so a run of minutes keeps a handful of readings), and after: ``stop()``."""
+
+    def __init__(self):
+        self.before, self.during = load_average(), []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        while not self._stopped.wait(LOAD_SAMPLE_S):
+            self.during.append(load_average())
+
+    def stop(self):
+        """(before, [during], after) once sampling has stopped."""
+        self._stopped.set()
+        self._thread.join()
+        return self.before, [x for x in self.during if x is not None], load_average()
+
+
+def load_report(before, during, after, threads, cpus):
+    """The ``load_average`` entry of a results dict: the readings, the load of other processes per
+    CPU (the largest reading less the run's own ``threads``, which are runnable while it times,
+    and in the minute after), and a warning, once, where that is above BUSY_LOAD_PER_CPU."""
+    readings = [x - (threads if i else 0) for i, x in enumerate([before, *during, after]) if x is not None]
+    others = max(0.0, *readings) / max(cpus or 1, 1) if readings else None
+    warning = None
+    if others is not None and others > BUSY_LOAD_PER_CPU:
+        warning = (f"the machine was busy: other processes kept {others:.2f} threads per CPU runnable "
+                   f"(above {BUSY_LOAD_PER_CPU}, beside this run's {threads}), so the times drift between "
+                   "rows timed one after the other; rerun with --interleave (ratios paired within a round), "
+                   "fewer --threads, or on a quiet machine")
+    return dict(before=before, during=during, after=after, threads=threads, cpus=cpus,
+                others_per_cpu=None if others is None else round(others, 2), threshold=BUSY_LOAD_PER_CPU,
+                warning=warning)
+
+
+def facts(load, threads):
+    """The part of a results dict that says where and on what it ran: the load average (``load``,
+    the run's LoadWatch, is stopped here) with its warning, the machine, the git commit, the
+    versions. The warning is also printed on stderr, once."""
     import numpy as np
     import threadpoolctl
     import torch
 
     # Other processes' load makes timings noisy (threads wait for descheduled siblings).
-    return dict(load_average=dict(before=load_before, after=load_average()), machine=machine(),
-                git=git_state(),
+    load_average = load_report(*load.stop(), threads, USABLE_CPUS)
+    if load_average["warning"]:
+        print(f"python -m benchmarks: warning: {load_average['warning']}", file=sys.stderr)
+    return dict(load_average=load_average, machine=machine(), git=git_state(),
                 versions=dict(python=platform.python_version(), numpy=np.__version__,
                               torch=torch.__version__, threadpoolctl=threadpoolctl.__version__))

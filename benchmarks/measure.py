@@ -124,19 +124,52 @@ def cuda_peak_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
-def matmul_peak(library, n, dtype, device, repeats, min_time, threads):
-    """GFLOP/s of an (n, n) @ (n, n) matmul: the ceiling the op rows are compared against.
+# Largest operand (elements) of a matmul shape taken from the run's sizes: a T = 8192 score
+# matrix is 256 MiB per head, and its shape's rate is reached well below that.
+GEMM_ELEMENTS = 2**24
+
+
+def gemm_shapes(size, seq_lens, n):
+    """The matmuls the run's ops perform, as (batch, m, k, n): the n x n square of --peak-size,
+    then per T attention's q @ k^T (T, hs) @ (hs, S) and p @ v (T, S) @ (S, hs), one per head, and
+    the projections of multi_head, block and gpt_step, (B*T, C) @ (C, C) and (C, 4C). A shape whose
+    operands exceed GEMM_ELEMENTS is left out and a batch of heads cut to fit it. ``size`` holds
+    B, nh, hs; S = T."""
+    B, nh, hs = size["B"], size["nh"], size["hs"]
+    C = nh * hs
+    shapes = [(1, n, n, n)]
+    for T in seq_lens:
+        for batch, m, k, w in ((B * nh, T, hs, T), (B * nh, T, T, hs), (1, B * T, C, C), (1, B * T, C, 4 * C)):
+            largest = max(m * k, k * w, m * w)
+            if largest <= GEMM_ELEMENTS and (shape := (min(batch, GEMM_ELEMENTS // largest), m, k, w)) not in shapes:
+                shapes.append(shape)
+    return shapes
+
+
+def matmul_peak(library, shapes, dtype, device, repeats, min_time, threads):
+    """The ceiling the op rows are compared against: the fastest of the matmul ``shapes``
+    ((batch, m, k, n) each, ``gemm_shapes``), in GFLOP/s of its fastest sample. The fastest, not
+    the median: a ceiling is what the machine can do, and a sample slowed by another process says
+    nothing about that (the rows keep their medians, so none of them can pass a fair ceiling).
 
     NumPy's is the matmul numpy_attn computes in: float32 for float16 and bfloat16 (NumPy has no
     BLAS for them; a float16 ``a @ b`` is a generic loop that no operation here runs). torch's is
     in ``dtype``, as its kernels are called with it."""
     rng = np.random.default_rng(0)
     dtype = calls.opmath(dtype) if library == "numpy" else np.dtype(dtype)
-    a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
-    if library == "numpy":
-        stats = time_numpy(lambda: a @ b, repeats, min_time, warmup=1)
-    else:
-        ta, tb = calls.to_tensor(a, device), calls.to_tensor(b, device)
-        stats = time_torch(lambda: ta @ tb, repeats, min_time, 1, threads, device)
-    return dict(library=library, device=device, n=n, dtype=str(np.dtype(dtype)),
-                gflops=2 * n**3 / stats["median"] / 1e9, time_s=stats)
+    measured = []
+    for batch, m, k, n in shapes:
+        a = rng.standard_normal((batch, m, k)).astype(dtype)
+        b = rng.standard_normal((batch, k, n)).astype(dtype)
+        a, b = (a[0], b[0]) if batch == 1 else (a, b)
+        if library == "numpy":
+            stats = time_numpy(lambda a=a, b=b: a @ b, repeats, min_time, warmup=1)
+        else:
+            ta, tb = calls.to_tensor(a, device), calls.to_tensor(b, device)
+            stats = time_torch(lambda ta=ta, tb=tb: ta @ tb, repeats, min_time, 1, threads, device)
+        measured.append(dict(shape=[batch, m, k, n], gflops=2 * batch * m * k * n / stats["min"] / 1e9,
+                             time_s=stats))
+        del a, b
+    best = max(measured, key=lambda x: x["gflops"])
+    return dict(library=library, device=device, n=shapes[0][1], dtype=str(np.dtype(dtype)),
+                gflops=best["gflops"], shape=best["shape"], shapes=measured)

@@ -12,12 +12,21 @@ import json
 import math
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 from attn_cli.checkpoint import replace_file, signals_held
+from attn_cli.term import Progress
 
 IMPL_ORDER = {"numpy": 0, "twin": 1, "builtin": 2}
+
+def progress_bar(total, no_progress):
+    """The progress bar of a run: on stderr, only where stderr is a terminal (and not
+    --no-progress). A log or a pipe gets none: a line per step there buried the warnings and the
+    files written among hundreds of lines."""
+    return Progress(total, enabled=not no_progress and sys.stderr.isatty())
+
 
 def _blas(env):
     """'openblas 0.3.31 SkylakeX, num_threads=2 (pthreads)' for each BLAS pool a worker saw."""
@@ -42,8 +51,9 @@ def machine_lines(results):
     lines = [
         f"machine: {m['cpu']}, {m['physical_cores']} cores / {m['logical_cpus']} logical CPUs "
         f"({m['usable_cpus']} usable), {m['memory_gib']} GiB, {m['os']}"
-        + (f"; load average {load['before']} before the run, {load['after']} after"
-           if (load := results.get("load_average")) else ""),
+        + (f"; load average {load['before']} before the run, "
+           + (f"{min(load['during'])}-{max(load['during'])} during it, " if load.get("during") else "")
+           + f"{load['after']} after" if (load := results.get("load_average")) else ""),
         "vector extensions: " + _vector_extensions(m),
         f"python {results['versions']['python']}, numpy {results['versions']['numpy']}, "
         f"torch {results['versions']['torch']}"
@@ -51,6 +61,8 @@ def machine_lines(results):
            + (" with uncommitted changes" if results["git"]["dirty"] else "")
            if results.get("git") else ""),
     ]
+    if (results.get("load_average") or {}).get("warning"):
+        lines.append(f"warning: {results['load_average']['warning']}")
     for env in results["workers"]:
         where = f"{env['library']} {env['device']}" + (f" @{env['revision']}" if env.get("revision") else "")
         if env.get("cpus") is not None:
@@ -73,9 +85,7 @@ def header_lines(results):
     if results.get("environment"):
         lines.append("thread/BLAS environment variables set by the user: "
                      + ", ".join(f"{k}={v}" for k, v in results["environment"].items()))
-    for peak in results["peaks"]:
-        lines.append(f"matmul peak {peak['library']} {peak['device']}: {peak['gflops']:.1f} GFLOP/s "
-                     f"({peak['n']}x{peak['n']} {peak['dtype']}, median)")
+    lines += peak_lines(results["peaks"])
     lines += [
         f"threads: {cfg['threads']} per timed process; sizes B={cfg['batch']} nh={cfg['heads']} "
         f"hs={cfg['head_size']} T=S in {cfg['seq_lens']}, {cfg['dtype']}; "
@@ -89,6 +99,60 @@ def header_lines(results):
         "parity: max relative error against NumPy at this size; mem: peak extra bytes "
         "(NumPy: tracemalloc, CUDA: max_memory_allocated, torch CPU: not measured)",
     ]
+    return lines
+
+
+def _fastest(peak):
+    """GFLOP/s of a peak record's fastest matmul. Runs since 2026-12 time every matmul shape of
+    their sizes and keep the fastest, by its fastest sample; older ones timed one square matmul and
+    kept its median, so their rate is re-derived from that matmul's fastest sample."""
+    if "shapes" in peak:
+        return peak["gflops"]
+    t = peak.get("time_s") or {}
+    return 2 * peak["n"] ** 3 / t["min"] / 1e9 if t.get("min") else peak["gflops"]
+
+
+def _shape_text(shape):
+    """'2048x64 @ 64x2048 (x4)' for the matmul (batch, m, k, n)."""
+    batch, m, k, n = shape
+    return f"{m}x{k} @ {k}x{n}" + (f" (x{batch})" if batch > 1 else "")
+
+
+def ceiling(peaks, library, device):
+    """The peak record a row of ``library`` on ``device`` is measured against: the fastest matmul
+    that any library ran on that device in the dtype ``library`` computes in. The machine's, not
+    the library's: on one CPU OpenBLAS and torch's kernels reach different rates, and a row of one
+    may pass the other's. None where that library's peak was not measured."""
+    own = next((p for p in peaks if (p["library"], p["device"]) == (library, device)), None)
+    if own is None:
+        return None
+    return max((p for p in peaks if (p["device"], p["dtype"]) == (device, own["dtype"])), key=_fastest)
+
+
+def peak_share(r, peaks):
+    """A timed row's GFLOP/s over its ceiling's (a fraction; above 1 the ceiling is wrong), or None."""
+    top = ceiling(peaks, "numpy" if r["impl"] == "numpy" else "torch", r["device"])
+    return r["gflops"] / _fastest(top) if top and r.get("gflops") else None
+
+
+def peak_lines(peaks):
+    """Each library's matmul peak, then the ceiling that each (device, dtype)'s % peak divides by."""
+    lines = []
+    for p in peaks:
+        if "shapes" in p:
+            lines.append(f"matmul peak {p['library']} {p['device']}: {p['gflops']:.1f} GFLOP/s, the fastest of "
+                         f"{len(p['shapes'])} matmul shapes of this run's sizes ({_shape_text(p['shape'])} "
+                         f"{p['dtype']}, its fastest sample)")
+        else:
+            lines.append(f"matmul peak {p['library']} {p['device']}: {p['gflops']:.1f} GFLOP/s ({p['n']}x{p['n']} "
+                         f"{p['dtype']}, median; {_fastest(p):.1f} in its fastest sample)")
+    tops = {(p["device"], p["dtype"]): max((q for q in peaks if (q["device"], q["dtype"]) == (p["device"], p["dtype"])),
+                                           key=_fastest) for p in peaks}
+    if tops:
+        lines.append("% peak: a row's GFLOP/s (of its median time) over the fastest matmul measured on its device in "
+                     "the dtype it computes in, whichever library ran it: " + "; ".join(
+                         f"{device} {dtype} {_fastest(p):.1f} GFLOP/s ({p['library']})"
+                         for (device, dtype), p in tops.items()))
     return lines
 
 
@@ -121,7 +185,7 @@ COLUMNS = [  # (title, value of a row as text)
     ("median ms", lambda r: _num(r["time_s"]["median"] * 1e3)),
     ("IQR ms", lambda r: f"{_num(r['time_s']['q25'] * 1e3)}-{_num(r['time_s']['q75'] * 1e3)}"),
     ("GFLOP/s", lambda r: _num(r["gflops"])),
-    ("% peak", lambda r: _num(100 * r["peak_fraction"], 2) if r["peak_fraction"] else "-"),
+    ("% peak", lambda r: "-" if not r["share"] else "over" if r["share"] > 1 else _num(100 * r["share"], 2)),
     ("mem MiB", lambda r: _num(r["peak_mem_bytes"] / 2**20) if r["peak_mem_bytes"] is not None else "n/a"),
     ("np/this", lambda r: _num(r["numpy_over_this"])),
     ("parity", lambda r: "ref" if impl_label(r) == "numpy" else
@@ -144,7 +208,8 @@ def _ratio(r):
 
 def timed_rows(results):
     """The measured rows, sorted for reading: op, mode, T, then numpy, twin, built-in."""
-    rows = [r for r in results["rows"] if r["status"] == "ok"]
+    peaks = results.get("peaks", [])
+    rows = [dict(r, share=peak_share(r, peaks)) for r in results["rows"] if r["status"] == "ok"]
     ops = list(dict.fromkeys(r["op"] for r in results["rows"]))
     return sorted(rows, key=lambda r: (ops.index(r["op"]), r["mode"], r["T"],
                                        IMPL_ORDER[r["impl"]], r.get("revision") or "", r["device"]))
@@ -162,24 +227,38 @@ def layout(titles, rows, markdown, left):
 
 def table_lines(results, markdown=False):
     """The table of rows, the table of ratios, then one line per reason something did not run."""
-    rows = [[text(r) for _, text in COLUMNS] for r in timed_rows(results)]
+    timed = timed_rows(results)
+    rows = [[text(r) for _, text in COLUMNS] for r in timed]
     lines = layout([title for title, _ in COLUMNS], rows, markdown, left=5)
+    over = [r for r in timed if r["share"] and r["share"] > 1]
+    if over:   # a share above 100% is never printed: it is the ceiling that is wrong
+        which = ", ".join(f"{r['op']} {r['mode']} T={r['T']} {impl_label(r)}" for r in over)
+        lines += ["", f"% peak 'over': {len(over)} row(s) ran faster than the matmul peak of their device "
+                  f"and dtype ({which}), "
+                  "so that peak is wrong (too low: measured while the machine was busy, or on shapes slower "
+                  "than the op's) and no share of it is printed"]
     ratios = ratio_rows(results)
     if ratios:
         titles, ratios = ratios
         paired = any(r.get("numpy_over_this_paired") for r in results["rows"])
-        lines += ["", "np/this (as above) by T" + (", paired: the median over rounds of the ratio "
-                                                   "within a round (quartiles)" if paired else "") + ":", ""]
+        lines += ["", "np/this by T: NumPy's time over the row's (above 1: the row is faster than NumPy; below 1: "
+                  "slower)" + (", paired: the median over rounds of the ratio within a round (quartiles)"
+                               if paired else "") + ":", ""]
         lines += layout(titles, ratios, markdown, left=3)
     speedups = causal_speedup_lines(results)
     lines += [""] * bool(speedups) + speedups
     return lines + [""] * bool(unavailable_lines(results)) + unavailable_lines(results)
 
 
+def faster_or_slower(ratio):
+    """'2.00x faster' for a time ratio (the other's time over this one's) of 2, '3.00x slower' for 1/3."""
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+
 def causal_speedup_lines(results):
     """'causal speed-up: ...' lines, one per implementation, mode and T that ran an op both plain
-    and causal (OP and OP_causal): its time without the mask over its time with it, of the
-    medians and, interleaved, paired within rounds."""
+    and causal (OP and OP_causal): how much faster (or slower) the causal run was, from its time
+    without the mask over its time with it, of the medians and, interleaved, paired within rounds."""
     rows = {(r["op"], r["mode"], r["T"], impl_label(r), r["device"]): r for r in timed_rows(results)}
     lines = []
     for (op, mode, T, impl, device), plain in rows.items():
@@ -187,9 +266,12 @@ def causal_speedup_lines(results):
         if causal is None:
             continue
         a, b = plain["time_s"], causal["time_s"]
-        text = f"causal speed-up: {op} {mode} T={T} {impl} {device}: {a['median'] / b['median']:.2f}x"
+        ratio = a["median"] / b["median"]
+        text = (f"causal speed-up: {op} {mode} T={T} {impl} {device}: causal {faster_or_slower(ratio)} than "
+                f"without the mask (time without / with {ratio:.2f}, above 1: causal faster")
         if "rounds" in a and "rounds" in b:
-            text += f" (paired {_paired_text(paired_ratios(a['rounds'], b['rounds']))})"
+            text += f"; paired {_paired_text(paired_ratios(a['rounds'], b['rounds']))}"
+        text += ")"
         lines.append(text)
     return lines
 
@@ -220,6 +302,32 @@ def unavailable_lines(results):
                 f"{target} ({'every op' if set(ops) == every else ', '.join(ops)})"
                 for target, ops in targets.items())
             for reason, targets in by_reason.items()]
+
+
+def missing_machine_facts(results):
+    """What ``results`` lacks of the description of the machine it ran on, which every figure in
+    it depends on: the CPU, its vector extensions, the BLAS kernel, the thread count and the load
+    average ([] when complete). Vector extensions may come from /proc/cpuinfo's flags or from the
+    SIMD targets NumPy or torch chose, where the machine had no /proc/cpuinfo."""
+    if is_breakdown(results):          # python -m benchmarks.flash_breakdown: 1 and 2 threads, its own keys
+        facts = {"BLAS kernel": any(b.get("architecture") for b in results.get("blas") or []),
+                 "load": bool(results.get("load"))}
+    elif is_former_flash_kernel(results):
+        env = results.get("environment") or {}
+        m = env.get("machine") or {}
+        facts = {"CPU": m.get("cpu"), "vector extensions": m.get("vector_extensions") or env.get("numpy_simd"),
+                 "BLAS kernel": any(b.get("architecture") for b in env.get("blas") or []),
+                 "thread count": env.get("threads"), "load": results.get("load_average")}
+    else:
+        m, workers = results.get("machine") or {}, results.get("workers") or []
+        facts = {"CPU": m.get("cpu"),
+                 "vector extensions": m.get("vector_extensions") or any(
+                     w.get("numpy_simd") or w.get("torch_cpu_capability") for w in workers),
+                 "BLAS kernel": any(p.get("user_api") == "blas" and p.get("architecture")
+                                    for w in workers for p in w.get("threadpools") or []),
+                 "thread count": (results.get("config") or {}).get("threads"),
+                 "load": (results.get("load_average") or {}).get("before") is not None}
+    return [name for name, value in facts.items() if not value]
 
 
 def is_decode(results):
@@ -263,10 +371,12 @@ def former_flash_kernel_lines(res):
         lines.append(f"{r['case']:>11} T={r['T']:<5} n={r['samples']}  {medians}  kernel/sdpa "
                      f"{r['kernel_over_sdpa']:.3f} (paired {_paired_text(r['kernel_over_sdpa_paired'])}){old}{memory}")
     d = res["derived"]
-    return lines + [f"causal forward speed-up over non-causal: {d['causal_speedup']:.2f}x "
-                    f"(paired {_paired_text(d['causal_speedup_paired'])})",
+    return lines + [f"causal forward speed-up over non-causal: causal {faster_or_slower(d['causal_speedup'])} "
+                    f"(non-causal time / causal {d['causal_speedup']:.2f}; paired "
+                    f"{_paired_text(d['causal_speedup_paired'])})",
                     "ratios: of the medians; paired: the median over rounds of the ratio within a round, "
-                    "with its quartiles, which holds when the machine's speed drifts between rounds"]
+                    "with its quartiles, which holds when the machine's speed drifts between rounds; "
+                    "kernel/sdpa and new/old are times over times (above 1: the kernel, or the new one, is slower)"]
 
 
 def is_op_run(results):
@@ -290,7 +400,17 @@ def write_markdown(results, path, report_lines=None):
     replace_file(path, ("\n".join(lines) + "\n").encode())
 
 
+def _within_peak(share):
+    """``share`` where it is one (at most 1), else None: a row past its peak has no share of it."""
+    return share if share is not None and share <= 1 else None
+
+
 def write_json(results, path):
+    """``results`` as JSON at ``path``; ValueError, before writing, where it does not name its
+    machine (``missing_machine_facts``): --from-json would refuse the file."""
+    missing = missing_machine_facts(results)
+    if missing:
+        raise ValueError(f"the results do not name their machine's {', '.join(missing)}: {path} not written")
     replace_file(path, (json.dumps(results, indent=1) + "\n").encode())
 
 
@@ -308,6 +428,8 @@ def write_csv(results, path):
         writer.writerow({**r, **{f"{k}_s": v for k, v in t.items() if k != "rounds"},
                          "samples": t.get("samples"),
                          "numpy_over_this_paired": (r.get("numpy_over_this_paired") or {}).get("median"),
+                         "peak_fraction": (_within_peak(peak_share(r, results["peaks"]))
+                                           if r["status"] == "ok" else None),
                          "parity_max_rel_err": (r.get("parity") or {}).get("max_rel_err")})
     replace_file(path, text.getvalue().encode())
 
@@ -341,11 +463,12 @@ def write_plot(results, path):
                           label=f"{impl} {device} {mode}")
                 T = [r["T"] for r in pts]
                 ax_time.plot(T, [r["time_s"]["median"] * 1e3 for r in pts], **kw)
-                ax_peak.plot(T, [100 * (r["peak_fraction"] or 0) for r in pts], **kw)
+                ax_peak.plot(T, [100 * _within_peak(r["share"]) if _within_peak(r["share"]) else math.nan
+                                 for r in pts], **kw)
         ax_time.set(xscale="log", yscale="log", xlabel="sequence length T (= S)",
                     ylabel="median time per call (ms)", title=f"{op}: time")
         ax_peak.set(xscale="log", xlabel="sequence length T (= S)",
-                    ylabel="% of the library's matmul peak", title=f"{op}: share of matmul peak")
+                    ylabel="% of the device's fastest matmul", title=f"{op}: share of matmul peak")
         for ax in (ax_time, ax_peak):
             ax.grid(True, which="both", alpha=0.3)
             ax.set_xticks(seq_lens, [str(T) for T in seq_lens])   # the measured T, not 10^k

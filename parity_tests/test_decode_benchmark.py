@@ -15,7 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks import cli, decode, decode_cache, decode_hf
+from benchmarks import cli, decode, decode_cache, decode_hf, report
 from benchmarks.decode import greedy_numpy, greedy_twin
 from benchmarks.machine import machine as this_machine
 from numpy_attn.gpt import GPTConfig, init_gpt_params
@@ -47,7 +47,9 @@ def test_decode_benchmark_runs(tmp_path):
         status = cli.main(["--ops", "decode", "--quick", "--seq-lens", "3", "--repeats", "1",
                            "--min-time", "0", "--no-progress", "--json", str(out)])
     assert status == 0, stdout.getvalue()
-    rows = json.loads(out.read_text())["rows"]
+    results = json.loads(out.read_text())
+    assert report.missing_machine_facts(results) == []             # --from-json reads it again
+    rows = results["rows"]
     assert [(r["impl"], r["P"]) for r in rows] == [("numpy", 3), ("twin", 3)], rows
     assert all(r["same_tokens"] and r["cached_tokens_per_s"] > 0 for r in rows), rows
     assert "cached/uncached" in stdout.getvalue()
