@@ -147,9 +147,9 @@ DEFAULT_LR, DEFAULT_WEIGHT_DECAY = 1e-2, 0.01   # AdamW's, as --lr and --weight-
 AGREEMENT = {"float32": (20, 4), "float64": (20, 4), "bfloat16": (1, 2), "float16": (1, 2)}
 # After those steps the difference depends on the machine; the largest measured, with the defaults.
 DRIFT = {"float32": ("the largest difference measured over the default 500 steps was 3.8e-1 (step "
-                     "491) on an Intel AVX-512 machine, where it was 1.4e-1 by step 300 and 6.3e-2 "
-                     "by step 150 with OpenBLAS's SkylakeX kernel and with its Haswell one, and "
-                     "8.8e-2 over 300 steps on another machine"),
+                     "491) on an Intel AVX-512 machine (1.4e-1 by step 300; by step 150 6.3e-2, "
+                     "with OpenBLAS's SkylakeX kernel and with its Haswell one alike), and 8.8e-2 "
+                     "over 300 steps on another machine"),
          "float64": "6.7e-11 by step 60 and 8.3e-4 by step 100 on the Intel machine"}
 
 
