@@ -2,7 +2,8 @@
 
 Each command module owns its options and its work: ``HELP`` (one line for the command list),
 ``add_arguments(parser)`` and ``run(args) -> exit status``. Modules are imported when the parser is
-built; torch and matplotlib are imported only inside the commands that need them.
+built; torch and matplotlib are imported only inside the commands that need them. A third-party
+module missing where it is imported ends the command with one line saying what to install.
 """
 
 import argparse
@@ -12,7 +13,7 @@ import os
 import sys
 import textwrap
 
-from numpy_attn import __version__
+from attn_cli.environment import missing_module_line, needs_environment
 
 # name -> module in attn_cli, in the order ``numpy-attn --help`` lists them.
 COMMANDS = {
@@ -25,6 +26,10 @@ COMMANDS = {
     "check": "check",
     "exercise": "exercise",
 }
+
+# What the README's set-up installs for the commands: torch for the comparisons, matplotlib
+# and pygments for the pictures and pages.
+EXTRAS = "torch,plots"
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -60,6 +65,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser():
+    # Imported here, so that a missing NumPy reaches main's one line.
+    from numpy_attn import __version__
+
     parser = argparse.ArgumentParser(
         prog="numpy-attn",
         formatter_class=HelpFormatter,
@@ -101,7 +109,8 @@ def _quiet_closed_pipe():
 
 
 def main(argv=None):
-    parser = build_parser()
+    with needs_environment("numpy-attn", EXTRAS):
+        parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:      # the command's own usage and error, exit status 2, as argparse's parse_args
         command = parser.commands.get(args.command, parser)
@@ -117,7 +126,9 @@ def main(argv=None):
         _quiet_closed_pipe()
         return 0
     except (TokenizerUnavailable, ImportError, ValueError, TypeError, OSError) as err:
-        print(f"numpy-attn {args.command}: error: {err}", file=sys.stderr)
+        missing = (missing_module_line(err, f"numpy-attn {args.command}", EXTRAS)
+                   if isinstance(err, ModuleNotFoundError) else None)
+        print(missing or f"numpy-attn {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -1,5 +1,9 @@
 """Entry point: ``python -m benchmarks`` (see benchmarks/cli.py for the options)."""
 
-from benchmarks.cli import main
+from attn_cli.environment import needs_environment
 
-raise SystemExit(main())
+with needs_environment("python -m benchmarks", "benchmarks,plots"):
+    from benchmarks.cli import main
+
+    status = main()
+raise SystemExit(status)

@@ -279,26 +279,11 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         raise ValueError(f"k and v lengths differ: k {k.shape}, v {v.shape}")
     if k.shape[:-2] != v.shape[:-2]:
         raise ValueError(f"k and v leading dimensions differ: k {k.shape}, v {v.shape}")
-    # Head axes that differ are grouped-query heads, unless broadcasting and one of them is 1.
-    gqa = (min(q.ndim, k.ndim) >= 3 and q.shape[-3] != k.shape[-3]
-           and (not broadcast or min(q.shape[-3], k.shape[-3]) > 1))
-    if broadcast:   # the head axis by grouped-query attention, or else every leading axis broadcasts
-        lead = (q.shape[:-3], k.shape[:-3]) if gqa else (q.shape[:-2], k.shape[:-2])
-        try:
-            np.broadcast_shapes(*lead)
-            fits = True
-        except ValueError:
-            fits = False
-    else:
-        fits = q.shape[:-2] == k.shape[:-2] or (gqa and q.ndim == k.ndim and q.shape[:-3] == k.shape[:-3])
-    if not fits:
-        rule = "or ones that broadcast, " if broadcast else ""
-        raise ValueError(f"q {q.shape} and k {k.shape} must have the same leading dimensions, "
-                         f"{rule}or differ only in the head axis -3 (grouped-query attention)")
-    if gqa and q.shape[-3] % k.shape[-3]:
-        raise ValueError(f"grouped-query attention needs the query head count {q.shape[-3]} to "
-                         f"be a multiple of the key/value head count {k.shape[-3]}: "
-                         f"q {q.shape}, k {k.shape}")
+    error = _heads_error(q.shape, k.shape, broadcast)
+    if error:
+        raise ValueError(error + layout_hint(q.shape, k.shape,
+                                             lambda qs, ks: not _heads_error(qs, ks, broadcast)))
+    gqa = _grouped(q.shape, k.shape, broadcast)
     for name, a in (("q", q), ("k", k), ("v", v)):
         check_finite(name, a)
     if attn_mask is not None:
@@ -329,6 +314,53 @@ def check_attention_inputs(q, k, v, attn_mask=None, is_causal=False, dropout_p=0
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
     if dropout_p > 0 and not isinstance(rng, np.random.Generator):
         raise TypeError(f"dropout_p = {dropout_p} needs rng, an np.random.Generator, got {rng!r}")
+
+
+def _heads_error(q_shape, k_shape, broadcast):
+    """What is wrong with q's and k's leading dimensions and head axes (-3), or None when they fit
+    (check_attention_inputs' rule)."""
+    gqa = _grouped(q_shape, k_shape, broadcast)
+    if broadcast:   # the head axis by grouped-query attention, or else every leading axis broadcasts
+        lead = (q_shape[:-3], k_shape[:-3]) if gqa else (q_shape[:-2], k_shape[:-2])
+        try:
+            np.broadcast_shapes(*lead)
+            fits = True
+        except ValueError:
+            fits = False
+    else:
+        fits = (q_shape[:-2] == k_shape[:-2]
+                or (gqa and len(q_shape) == len(k_shape) and q_shape[:-3] == k_shape[:-3]))
+    if not fits:
+        rule = "or ones that broadcast, " if broadcast else ""
+        return (f"q {q_shape} and k {k_shape} must have the same leading dimensions, "
+                f"{rule}or differ only in the head axis -3 (grouped-query attention)")
+    if gqa and q_shape[-3] % k_shape[-3]:
+        return (f"grouped-query attention needs the query head count {q_shape[-3]} to "
+                f"be a multiple of the key/value head count {k_shape[-3]}: "
+                f"q {q_shape}, k {k_shape}")
+    return None
+
+
+def _grouped(q_shape, k_shape, broadcast):
+    """Whether the head axes (-3) differ as grouped-query heads: they differ, and with
+    ``broadcast`` neither is 1 (a 1 broadcasts)."""
+    return (min(len(q_shape), len(k_shape)) >= 3 and q_shape[-3] != k_shape[-3]
+            and (not broadcast or min(q_shape[-3], k_shape[-3]) > 1))
+
+
+def layout_hint(q_shape, k_shape, fits):
+    """For shapes an attention refuses: the advice to swap the length and head axes where
+    ``fits(q_shape, k_shape)`` holds with them swapped, as it does for (B, T, nh, hs) arrays (the
+    layout of x.reshape(B, T, nh, hs) before its transpose); else ""."""
+    if min(len(q_shape), len(k_shape)) < 3:
+        return ""
+    if not fits(*[s[:-3] + (s[-2], s[-3], s[-1]) for s in (q_shape, k_shape)]):
+        return ""
+    four = len(q_shape) == len(k_shape) == 4
+    lead, axes = ("B, ", "1, 2") if four else ("..., ", "-3, -2")
+    return (f"; these shapes fit as ({lead}T, nh, hs), length before heads: attention takes "
+            f"({lead}nh, T, hs), so pass q.swapaxes({axes}) (torch: q.transpose({axes})), and the "
+            f"same for k and v")
 
 
 def check_no_past(op, attended, past):

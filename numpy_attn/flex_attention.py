@@ -53,6 +53,7 @@ from numpy_attn._checks import (
     check_scale,
     check_sinks,
     check_softcap,
+    layout_hint,
     opmath,
     upcast,
 )
@@ -533,10 +534,11 @@ def _check_flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, sin
         raise ValueError(f"flex_attention: q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) "
                          f"do not fit: q {q.shape}, k {k.shape}, v {v.shape}")
     Hq, Hkv = q.shape[1], k.shape[1]
+    hint = layout_hint(q.shape, k.shape, lambda qs, ks: qs[1] % ks[1] == 0)   # q of (B, L, Hq, E)?
     if Hq != Hkv and not enable_gqa:
-        raise ValueError(f"flex_attention: q has {Hq} heads and k, v {Hkv}: pass enable_gqa=True")
+        raise ValueError(f"flex_attention: q has {Hq} heads and k, v {Hkv}: pass enable_gqa=True{hint}")
     if Hq % Hkv:
-        raise ValueError(f"flex_attention: q's {Hq} heads are not a multiple of k's {Hkv}")
+        raise ValueError(f"flex_attention: q's {Hq} heads are not a multiple of k's {Hkv}{hint}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
     check_scale(scale, "flex_attention", dtype=q.dtype)

@@ -10,6 +10,7 @@ Profiles, chosen by HYPOTHESIS_PROFILE (or ``ci`` when the CI variable is set):
 import json
 import os
 import runpy
+import sys
 from pathlib import Path
 
 # Before NumPy or torch is imported: on small arrays extra threads only cost time, so one thread
@@ -20,10 +21,20 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 THREADS = int(os.environ["OMP_NUM_THREADS"])
 
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-from attn_cli.checkpoint import replace_file  # noqa: E402
-from parity_tests import helpers  # noqa: E402
+from attn_cli.environment import missing_module_line  # noqa: E402  (the standard library only)
+
+try:   # a package missing (pytest run outside the environment): one line saying what to install
+    from hypothesis import HealthCheck, Phase, settings
+
+    from attn_cli.checkpoint import replace_file
+    from parity_tests import helpers
+except ModuleNotFoundError as _missing:
+    if missing_module_line(_missing, "python -m pytest", "tests") is None:
+        raise
+    # pytest reports an exception here with a traceback, pytest.exit too; SystemExit it lets pass.
+    print(missing_module_line(_missing, "python -m pytest", "tests"), file=sys.stderr)
+    raise SystemExit(2) from None
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", max_examples=40, **_common)

@@ -19,7 +19,8 @@ from numpy_attn.attention import (
     scaled_dot_product_attention_forward,
 )
 from numpy_attn.attention_sinks import attention_sinks_forward
-from numpy_attn.flex_attention import soft_cap
+from numpy_attn.flash_attention import flash_attention_forward
+from numpy_attn.flex_attention import flex_attention_forward, soft_cap
 from numpy_attn.linear import linear_forward
 from parity_tests import strategies as S
 from parity_tests.attention_kit import (
@@ -899,6 +900,49 @@ def test_bad_input():
     with pytest.raises(TypeError, match="must share one dtype"):
         sdpa(q.astype(np.float32), k, v)
 
+
+# (B, T, nh, hs) arrays, as x.reshape(B, T, nh, hs) gives them before its transpose, whose length
+# axis attention reads as heads: (q's shape, k's shape), T != S, so that the head check trips.
+BTHD = [((2, 6, 4, 8), (2, 4, 2, 8)),     # grouped-query heads, 6 "heads" not a multiple of 4
+        ((2, 5, 4, 8), (2, 7, 4, 8)),     # as many heads, lengths 5 and 7
+        ((6, 4, 8), (4, 2, 8))]           # no batch axis
+
+
+def bthd_attentions():
+    """(name, call(q, k, v)) of every attention whose heads are axis -3 (flex_attention: 4-D)."""
+    return [("sdpa", scaled_dot_product_attention_forward), ("flash", flash_attention_forward),
+            ("flex", lambda q, k, v: flex_attention_forward(q, k, v, enable_gqa=True))]
+
+
+@pytest.mark.parametrize("q_shape, k_shape", BTHD)
+@pytest.mark.parametrize("name, attend", bthd_attentions())
+def test_length_before_heads_is_named_with_its_transpose(q_shape, k_shape, name, attend):
+    """Arrays laid out (B, T, nh, hs) get the shape error attention has always given them, naming
+    the layout it expects and the transpose that gives it; the transposed arrays then run and
+    equal PyTorch's built-in on them."""
+    if name == "flex" and len(q_shape) != 4:
+        return
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal(q_shape), rng.standard_normal(k_shape), rng.standard_normal(k_shape)
+    axes = "1, 2" if len(q_shape) == 4 else "-3, -2"
+    with pytest.raises(ValueError, match=re.escape(f"attention takes ({'B, ' if len(q_shape) == 4 else '..., '}"
+                                                   f"nh, T, hs), so pass q.swapaxes({axes}) (torch: "
+                                                   f"q.transpose({axes}))")):
+        attend(q, k, v)
+    out = attend(*(a.swapaxes(-3, -2) for a in (q, k, v)))[0]
+    expected = F.scaled_dot_product_attention(*(torch.tensor(a).transpose(-3, -2) for a in (q, k, v)),
+                                              enable_gqa=True)
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, attend", bthd_attentions())
+def test_shapes_that_no_transpose_fits_get_no_layout_advice(name, attend):
+    """Wrong shapes that swapping length and heads does not mend: the error alone."""
+    q = np.zeros((2, 4, 3, 8))
+    for k_shape in ((2, 3, 5, 8), (3, 4, 5, 8)):
+        with pytest.raises(ValueError) as error:
+            attend(q, np.zeros(k_shape), np.zeros(k_shape))
+        assert "swapaxes" not in str(error.value), str(error.value)
 
 def test_non_finite_inputs_are_refused_by_name():
     """NaN or inf in q, k or v is refused naming the argument and its shape, not the scores;

@@ -61,3 +61,21 @@ def test_every_public_function_is_importable_from_the_package():
                 missing.append(f"{op.name}.{name}")
     assert not missing, f"not importable from numpy_attn: {missing}"
     assert "softmax_forward" in dir(numpy_attn)
+
+
+def test_the_first_screen_sets_up_runs_and_tests():
+    """A newcomer's first screen: the set-up, the main job and the tests, each with its time,
+    before the Python example that needs that environment."""
+    first = "\n".join(README.splitlines()[:40])
+    example = first.index("```python")
+    for command in ("python3 -m venv .venv", "pip install -q -c constraints.txt -e '.[tests]'",
+                    "numpy-attn train", "python -m pytest -m twin_parity", "-k "):
+        assert 0 <= first.find(command) < example, f"{command!r} is not on the first screen before the example"
+    commands = first.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert all(re.search(r"# .*~\d+ (s|min)", line) for line in commands), commands
+
+
+def test_the_benchmarks_section_links_every_run():
+    section = README.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
+    assert "(benchmarks/results/README.md)" in section
+    assert (ROOT / "benchmarks" / "results" / "README.md").is_file()

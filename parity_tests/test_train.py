@@ -220,6 +220,79 @@ def test_the_end_of_a_run_compares_like_with_like(run):
     assert re.search(r"held-out loss [\d.]+; the training text measured the same way [\d.]+", text), text
 
 
+
+# -- --compare-torch: what it says to expect, and whether the run met it ----------------------------
+
+def _spacing_at(value, dtype):
+    """The spacing (ulp) of ``dtype`` at ``value``."""
+    if dtype in train.MIXED:
+        return ulp(value, dtype)
+    return float(np.spacing(np.abs(np.asarray(value, dtype=dtype))))
+
+
+def _agreement_claim(stdout):
+    """(spacings, step, bound, verdict) of the summary's check of the first steps."""
+    text = " ".join(stdout.split())
+    found = re.search(r"differ by at most ([\d.e+-]+) spacings of the \w+ loss \(step (\d+)\), "
+                      r"(within|more than) the (\d+) that rounding allows", text)
+    assert found, text
+    return float(found[1]), int(found[2]), int(found[4]), found[3]
+
+
+@needs_vocab
+def test_compare_torch_says_what_to_expect_and_whether_the_run_met_it(run):
+    """The note before training states AGREEMENT's bound; the summary measures the run's first
+    steps against that same bound, in spacings of each step's loss recomputed from the per-step
+    lines, and calls the run within it."""
+    _, stdout = run
+    steps, allowed = train.AGREEMENT["float32"]
+    text = " ".join(stdout.split())
+    assert f"agree within {allowed} spacings (ulps) of the float32 loss for the first {steps} steps" in text, text
+    spacings, step, bound, verdict = _agreement_claim(stdout)
+    assert bound == allowed and verdict == "within" and "as expected" in text, text
+    lines = re.findall(r"^step +(\d+)  loss \S+  torch \S+  diff (\S+)", stdout, re.M)
+    diffs = {int(n): abs(float(d)) for n, d in lines}
+    losses = _step_losses(stdout)
+    recomputed = [diffs[n] / _spacing_at(losses[n][0], "float32") for n in sorted(diffs)[:steps]]
+    # The per-step lines round the difference to 3 digits and the loss to 4 decimals.
+    assert abs(spacings - max(recomputed)) <= 0.01 * max(recomputed) + 1e-9, (spacings, recomputed)
+    assert step == 1 + int(np.argmax(recomputed)), (step, recomputed)
+
+
+@needs_vocab
+def test_compare_torch_calls_a_disagreeing_twin_so(tmp_path, monkeypatch):
+    """A torch twin whose loss is off by 1e-4 (about 200 float32 spacings of a loss near 4) from
+    step 1 is reported as disagreeing, not as the expected drift."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    step = train._TorchTwin.step
+    monkeypatch.setattr(train._TorchTwin, "step", lambda self, *a: step(self, *a) + 1e-4)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["train", "--text", str(corpus), "--out", str(tmp_path / "out"),
+                         "--compare-torch", *TINY]) == 0
+    spacings, _, bound, verdict = _agreement_claim(out.getvalue())
+    assert verdict == "more than" and spacings > bound, out.getvalue()
+    assert "the twins disagree" in " ".join(out.getvalue().split())
+
+
+@pytest.mark.parametrize("dtype", train.DTYPES)
+def test_the_note_and_the_check_use_one_bound(dtype):
+    """_drift_note states the bound _agreement checks, for every dtype; differences just within
+    and just beyond it get the two verdicts."""
+    steps, allowed = train.AGREEMENT[dtype]
+    note = " ".join(train._drift_note(dtype).split())
+    assert f"within {allowed} spacings" in note, note
+    assert (f"the first {steps} steps" if steps > 1 else "step 1") in note, note
+    loss = 5.0                                            # spacing: eps x 4
+    spacing = _spacing_at(loss, dtype)
+    ours = [loss] * (steps + 10)
+    late = [loss] * steps + [loss + 0.5] * 10             # drift after the window is not judged
+    for shift, verdict in ((allowed * 0.9, "within"), (allowed * 1.5, "more than")):
+        twin = [x + shift * spacing for x in late[:steps]] + late[steps:]
+        assert f"{verdict} the {allowed} that rounding allows" in train._agreement(ours, twin, dtype)
+
+
 # -- mixed precision: --dtype bfloat16 and float16 ------------------------------------------------
 
 MIXED_STEPS = 20
