@@ -207,6 +207,12 @@ def _builtin_sdpa(t, static):
     return F.scaled_dot_product_attention(t["q"], t["k"], t["v"], is_causal=static["is_causal"])
 
 
+def _builtin_sdpa_decode(t, static):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(t["q"], t["k"], t["v"])
+
+
 def _builtin_mha(t, static):
     """F.multi_head_attention_forward, the function behind nn.MultiheadAttention.
 
@@ -362,6 +368,151 @@ def _flex_ops():
                      dense_scores=suffix == "_dense")
 
 
+# -- linear attention against softmax attention: prefill against T, one decode step against S ---
+
+DELTA_CHUNK = 64           # the chunked delta rule's chunk (transformers' default)
+
+
+def _unit_rows(rng, shape):
+    """Rows of unit L2 norm, in float64: the models L2-normalise q and k before the delta rule."""
+    import numpy as np
+
+    x = rng.standard_normal(shape)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True))
+
+
+def _delta_inputs(rng, B, nh, T, hs, dtype):
+    """q, k (unit rows), v, g (log-decays in [log 0.6, log 0.99]) and beta in (0, 1), as a
+    Gated DeltaNet hands them to the delta rule: each step's map of the state has norm <= 1."""
+    import numpy as np
+
+    return {
+        "q": _unit_rows(rng, (B, nh, T, hs)).astype(dtype),
+        "k": _unit_rows(rng, (B, nh, T, hs)).astype(dtype),
+        "v": _normal(rng, (B, nh, T, hs), dtype),
+        "g": np.log(rng.uniform(0.6, 0.99, (B, nh, T))).astype(dtype),   # one decay per head and step
+        "beta": rng.uniform(0.05, 0.95, (B, nh, T)).astype(dtype),
+    }
+
+
+def _delta_prefill_inputs(z, dtype, rng):
+    return _delta_inputs(rng, z.B, z.nh, z.T, z.hs, dtype), {}
+
+
+def _delta_prefill_forward(q, k, v, g, beta):
+    """The chunked delta rule from a zero state: the outputs (the final state is left to decoding)."""
+    from numpy_attn.chunked_delta_rule import chunked_delta_rule_forward
+
+    o, _, cache = chunked_delta_rule_forward(q, k, v, g, beta, chunk_size=DELTA_CHUNK)
+    return o, cache
+
+
+def _delta_prefill_backward(do, cache):
+    """(dq, dk, dv, dg, dbeta): no gradient reaches the final state."""
+    from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward
+
+    grads = chunked_delta_rule_backward(do, None, cache)
+    return tuple(grads[name] for name in ("q", "k", "v", "g", "beta"))
+
+
+def _delta_prefill_twin(q, k, v, g, beta):
+    from torch_attn.chunked_delta_rule import chunked_delta_rule
+
+    return chunked_delta_rule(q, k, v, g, beta, chunk_size=DELTA_CHUNK)[0]
+
+
+def _delta_prefill_flops(z):
+    """Per chunk of C steps and head (dk = dv = hs): the pairwise products A and P (2 C^2 hs each),
+    the two unit triangular solves (C^2 hs each), P @ u (2 C^2 hs) and the three products with the
+    state (2 C hs^2 each); the tail's padding counts, as it is computed."""
+    C = DELTA_CHUNK
+    steps = -(-z.T // C) * C
+    return z.B * z.nh * steps * (8 * C * z.hs + 6 * z.hs * z.hs)
+
+
+def _decode_attention_inputs(z, dtype, rng):
+    """One new token's query and the S = T keys and values a key/value cache holds (its own
+    included): what one decode step of softmax attention reads."""
+    diff = {
+        "q": _normal(rng, (z.B, z.nh, 1, z.hs), dtype),
+        "k": _normal(rng, (z.B, z.nh, z.S, z.hs), dtype),
+        "v": _normal(rng, (z.B, z.nh, z.S, z.hs), dtype),
+    }
+    return diff, {}
+
+
+def _decode_attention_forward(q, k, v):
+    """Attention of the new token over the held keys (the cache's write of one token is left out:
+    it copies 2 hs numbers per head, against the 2 S hs this reads)."""
+    from numpy_attn.attention import scaled_dot_product_attention_forward
+
+    return scaled_dot_product_attention_forward(q, k, v)
+
+
+def _decode_attention_backward(dout, cache):
+    from numpy_attn.attention import scaled_dot_product_attention_backward
+
+    return scaled_dot_product_attention_backward(dout, cache)
+
+
+def _decode_attention_twin(q, k, v):
+    from torch_attn.attention import scaled_dot_product_attention
+
+    return scaled_dot_product_attention(q, k, v)
+
+
+def _decode_delta_inputs(z, dtype, rng):
+    """One new token and the recurrent state (B, nh, hs, hs) left by the tokens before it: the
+    same arrays whatever T, the tokens held (the state's values, a normal draw, do not matter to
+    the time)."""
+    diff = _delta_inputs(rng, z.B, z.nh, 1, z.hs, dtype)
+    diff["initial_state"] = _normal(rng, (z.B, z.nh, z.hs, z.hs), dtype)
+    return diff, {}
+
+
+def _decode_delta_forward(q, k, v, g, beta, initial_state):
+    """One step of the recurrence: the new token's output (the new state is kept in the cache)."""
+    from numpy_attn.gated_delta_rule import gated_delta_rule_forward
+
+    o, _, cache = gated_delta_rule_forward(q, k, v, g, beta, initial_state)
+    return o, cache
+
+
+def _decode_delta_backward(do, cache):
+    """(dq, dk, dv, dg, dbeta, dinitial_state)."""
+    from numpy_attn.gated_delta_rule import gated_delta_rule_backward
+
+    grads = gated_delta_rule_backward(do, None, cache)
+    return tuple(grads[name] for name in ("q", "k", "v", "g", "beta", "initial_state"))
+
+
+def _decode_delta_twin(q, k, v, g, beta, initial_state):
+    from torch_attn.gated_delta_rule import gated_delta_rule
+
+    return gated_delta_rule(q, k, v, g, beta, initial_state)[0]
+
+
+def _linear_attention_ops():
+    """Prefill: the chunked delta rule against T, beside attention_causal (the same T, B, nh, hs).
+    Decoding one token with T tokens held: softmax attention reads a cache of T keys and values,
+    the delta rule steps a (hs, hs) state per head whatever T. Their fwd+bwd is the gradient
+    through that one step."""
+    yield Op("delta_rule", stem="chunked_delta_rule", forward=_delta_prefill_forward,
+             backward=_delta_prefill_backward, twin=_delta_prefill_twin, builtin=None,
+             inputs=_delta_prefill_inputs, call_builtin=None, flops=_delta_prefill_flops,
+             dense_scores=False)
+    yield Op("decode_step_attention", stem="kv_cache", forward=_decode_attention_forward,
+             backward=_decode_attention_backward, twin=_decode_attention_twin,
+             builtin="F.scaled_dot_product_attention", inputs=_decode_attention_inputs,
+             call_builtin=_builtin_sdpa_decode, flops=lambda z: 4 * z.B * z.nh * z.S * z.hs,
+             dense_scores=False)
+    # decay, read S^T k, write k u^T, read S^T q: 7 hs^2 per head
+    yield Op("decode_step_delta_rule", stem="gated_delta_rule", forward=_decode_delta_forward,
+             backward=_decode_delta_backward, twin=_decode_delta_twin, builtin=None,
+             inputs=_decode_delta_inputs, call_builtin=None, flops=lambda z: 7 * z.B * z.nh * z.hs * z.hs,
+             dense_scores=False)
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 def _attention_flops(z):
@@ -414,6 +565,7 @@ OPS = {op.name: op for op in (
        # forward: the loss; forward+backward: the loss and every parameter's gradient
        flops=lambda z: GPT_LAYERS * _block_flops(z) + 2 * z.B * z.T * z.C * GPT_VOCAB),
     *_flex_ops(),
+    *_linear_attention_ops(),
 )}
 
 

@@ -41,7 +41,8 @@ the UT transform's lines vectorised over the chunks. The triangular solve's back
 with the transpose: (I + A) X = R gives dR = (I + A)^-T dX, by back substitution, and
 dA = -dR X^T kept strictly lower. The cumulative sums' backward is a reversed cumulative sum.
 
-float32 and float64 only: transformers computes this in float32 whatever its inputs.
+float16 and bfloat16 are computed in float32 and rounded once: transformers computes this in float32
+whatever its inputs.
 """
 
 from typing import NamedTuple

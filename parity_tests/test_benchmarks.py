@@ -644,6 +644,27 @@ def test_flop_counts_follow_the_stated_convention():
     assert registry.OPS["block"].count_flops(z, "fwd") == 24 * 4 * 512 * C * C + 2 * 4 * 512 * 512 * C
 
 
+
+def test_linear_attention_rows_count_their_flops_and_hold_what_decoding_holds():
+    """The chunked delta rule's prefill counts its padded chunks; a decode step of softmax attention
+    reads the T tokens held, the delta rule's step the same (hs, hs) state whatever T."""
+    z = Size(B=4, nh=8, T=1000, hs=64)
+    steps = 16 * registry.DELTA_CHUNK                         # 1000 steps padded to 16 chunks of 64
+    assert registry.OPS["delta_rule"].count_flops(z, "fwd") == 4 * 8 * steps * (8 * 64 * 64 + 6 * 64 * 64)
+    assert registry.OPS["decode_step_attention"].count_flops(z, "fwd") == 4 * 4 * 8 * 1000 * 64
+    assert registry.OPS["decode_step_delta_rule"].count_flops(z, "fwd") == 7 * 4 * 8 * 64 * 64
+    rng = np.random.default_rng(0)
+    for T in (8, 32):
+        small = Size(B=1, nh=2, T=T, hs=4)
+        attention, _ = registry.OPS["decode_step_attention"].inputs(small, np.float32, rng)
+        delta, _ = registry.OPS["decode_step_delta_rule"].inputs(small, np.float32, rng)
+        assert attention["q"].shape == (1, 2, 1, 4) and attention["k"].shape == attention["v"].shape == (1, 2, T, 4)
+        assert {k: a.shape for k, a in delta.items()} == dict(q=(1, 2, 1, 4), k=(1, 2, 1, 4), v=(1, 2, 1, 4),
+                                                                g=(1, 2, 1), beta=(1, 2, 1), initial_state=(1, 2, 4, 4))
+    prefill, _ = registry.OPS["delta_rule"].inputs(Size(B=2, nh=2, T=16, hs=4), np.float64, rng)
+    np.testing.assert_allclose(np.linalg.norm(prefill["k"], axis=-1), 1.0)     # as the models normalise them
+    assert (prefill["g"] < 0).all() and ((prefill["beta"] > 0) & (prefill["beta"] < 1)).all()
+
 def test_numpy_worker_never_imports_torch():
     """The NumPy timing process must not load torch: its thread pool would disturb the timings."""
     job = dict(library="numpy", device="cpu", threads=1, dtype="float32", seed=0, repeats=2,

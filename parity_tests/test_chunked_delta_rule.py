@@ -3,6 +3,8 @@ delta rule a chunk at a time, with a scalar decay per head (Gated DeltaNet) or o
 (Kimi Delta Attention), against the twin and autograd, finite differences, the recurrence itself
 (chunk size 1: each chunk one step), left padding, and transformers' chunked fallbacks."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -18,11 +20,15 @@ from numpy_attn.gated_delta_rule import (
     gated_delta_rule_parallel_forward,
 )
 from parity_tests import strategies as S
+from parity_tests.delta_kit import autograd_both, budget_tensors, transformers_delta_rule
 from parity_tests.helpers import (
     BFLOAT16,
+    LOW_DTYPES,
     assert_close,
+    assert_error_budget,
     directional_derivative,
     directional_tol,
+    round_to,
     to_numpy,
     to_torch,
     tree_dot,
@@ -234,6 +240,31 @@ def test_low_precision_computes_in_float32_and_rounds_once(dtype):
         assert grads[name].dtype == low, f"d{name}: {grads[name].dtype}"
         np.testing.assert_array_equal(grads[name], grads32[name].astype(low), err_msg=f"d{name}")
 
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=delta_cases(dtype=np.float64).map(lambda case: {**case, "mask": None}))
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against the twin in float64 on the same rounded
+    inputs, do and dstate (zeros where none was drawn) (the truth), within twice the error of
+    PyTorch's chunked runs in the low dtype: transformers' fallback for the kind of g at the same
+    chunk size, and for ours the twin too (each casts up to float32 and rounds once), for o, the
+    final state and every input's gradient."""
+    B, nh, _, dk = case["q"].shape
+    if case["dstate"] is None:
+        case = {**case, "dstate": np.zeros((B, nh, dk, case["v"].shape[-1]))}
+    C = case["chunk_size"]
+    rounded = {name: x if name == "chunk_size" or x is None else round_to(x, dtype) for name, x in case.items()}
+    arrays = {name: rounded[name] for name in NAMES}
+    ours = numpy_run(rounded)
+    twin = autograd_both(partial(chunked_delta_rule, chunk_size=C), arrays, rounded["do"], rounded["dstate"])
+    theirs = autograd_both(transformers_delta_rule(C), arrays, rounded["do"], rounded["dstate"])
+    wide = {name: None if x is None else x.astype(np.float64) for name, x in arrays.items()}
+    truth = autograd_both(partial(chunked_delta_rule, chunk_size=C), wide, rounded["do"].astype(np.float64),
+                          rounded["dstate"].astype(np.float64))
+    for who, (got, yardsticks) in {"numpy": (ours, [theirs, twin]), "twin": (twin, [theirs])}.items():
+        assert_error_budget(f"chunked_delta_rule[{who}]", dtype, budget_tensors(got, yardsticks, truth))
 
 @given(case=delta_cases(dtype=np.float64).map(lambda case: {**case, "mask": None}), data=st.data())
 def test_left_padding_never_reaches_the_state(case, data):

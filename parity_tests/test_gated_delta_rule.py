@@ -19,13 +19,17 @@ from numpy_attn.gated_delta_rule import (
     gated_delta_rule_parallel_forward,
 )
 from parity_tests import strategies as S
+from parity_tests.delta_kit import autograd_both, budget_tensors, transformers_delta_rule
 from parity_tests.helpers import (
     BFLOAT16,
+    LOW_DTYPES,
     assert_bad_dout_refused,
     assert_close,
+    assert_error_budget,
     directional_derivative,
     directional_tol,
     ramp,
+    round_to,
     to_numpy,
     to_torch,
 )
@@ -282,6 +286,31 @@ def test_low_precision_computes_in_float32_and_rounds_once(dtype):
     for name in INPUTS:
         assert grads[name].dtype == low, f"d{name}: {grads[name].dtype}"
         np.testing.assert_array_equal(grads[name], grads32[name].astype(low), err_msg=f"d{name}")
+
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against PyTorch's low-precision runs -------
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@given(case=delta_rules(masked=False))
+@example(case=_edge_case(per_channel=False, T=3))
+@example(case=_edge_case(per_channel=True, T=3))
+def test_low_precision_meets_the_error_budget(dtype, case):
+    """Ours and the twin in float16 and bfloat16 against the twin in float64 on the same rounded
+    inputs, do and dstate (the truth), within twice the error of PyTorch's runs of the recurrence in
+    the low dtype: transformers' fallback for the kind of g, and for ours the twin too (each casts up
+    to float32 and rounds once), for o, the final state and every input's gradient."""
+    rounded = {name: None if x is None else round_to(x, dtype) for name, x in case.items() if name != "mask"}
+    arrays = _inputs(rounded)
+    o, state, cache = gated_delta_rule_forward(**arrays)
+    ours = (o, state, gated_delta_rule_backward(rounded["do"], rounded["dstate"], cache))
+    twin = autograd_both(gated_delta_rule, arrays, rounded["do"], rounded["dstate"])
+    theirs = autograd_both(transformers_delta_rule(), arrays, rounded["do"], rounded["dstate"])
+    wide = {name: None if x is None else x.astype(np.float64) for name, x in rounded.items()}
+    truth = autograd_both(gated_delta_rule, _inputs(wide), wide["do"], wide["dstate"])
+    for who, (got, yardsticks) in {"numpy": (ours, [theirs, twin]), "twin": (twin, [theirs])}.items():
+        assert_error_budget(f"gated_delta_rule[{who}]", dtype, budget_tensors(got, yardsticks, truth))
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------

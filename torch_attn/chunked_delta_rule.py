@@ -5,15 +5,20 @@ Twin of numpy_attn/chunked_delta_rule.py: S_t = (I - beta_t k_t k_t^T) D_t S_(t-
 o_t = scale * S_t^T q_t, the state S (B, nh, dk, dv) stored as transformers stores it (rows the key
 channels); inside a chunk of C steps the UT transform (I + A) W = beta K exp(G), (I + A) U = beta V,
 solved here with torch.linalg.solve_triangular (unit lower triangular), then the chunks in turn.
+float16 and bfloat16 compute in float32 and round once.
 """
 
 import torch
 import torch.nn.functional as F
 
+from torch_attn._opmath import upcast
+
 
 def chunked_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=None, chunk_size=64):
     """The gated delta rule on q, k (B, nh, T, dk), v (B, nh, T, dv), g (B, nh, T) or (B, nh, T, dk),
     beta (B, nh, T), from ``initial_state`` (B, nh, dk, dv) or zeros -> (o (B, nh, T, dv), state)."""
+    dtype = q.dtype
+    q, k, v, g, beta, initial_state = (upcast(x) for x in (q, k, v, g, beta, initial_state))   # float32 for 16 bits
     B, nh, T, dk = k.shape
     dv = v.shape[-1]
     C = chunk_size
@@ -53,7 +58,7 @@ def chunked_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=No
         S = chunk_decay[:, :, n] * S + Kd[:, :, n].transpose(-1, -2) @ u_n   # (B, nh, dk, dv)
     o = torch.stack(o, dim=2).reshape(B, nh, N * C, dv)[:, :, :T]   # (B, nh, N, C, dv) -> (B, nh, T, dv)
     o = o * keep[..., None]                                   # a masked step's output is 0
-    return o, S
+    return o.to(dtype), S.to(dtype)
 
 
 def _chunks(x, N, C):
