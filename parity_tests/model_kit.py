@@ -86,6 +86,7 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
+from torch_attn.moe import deepseek_router
 
 # -- transformers' models, saved and compared ----------------------------------------------------------
 
@@ -1265,6 +1266,65 @@ def mla_hf_rotary(config, x, positions):
     angles = torch.cat((angles, angles), dim=-1)
     factor = rope_attention_factor(config.rope_scaling)
     return angles.cos() * factor, angles.sin() * factor
+
+
+def exact_hf_deepseek(model, config, prefix, indexer=None):
+    """Make a float64 transformers DeepSeek model (``prefix`` "DeepseekV3", "DeepseekV32") compute
+    in float64 throughout: its RMS norms cast to float32, its rotary angles are computed in float32,
+    and its router computes its logits in float32 (transformers keeps the router in float32 whatever
+    the model's dtype). The norms and angles are swapped for the same formulas in float64 (the angles
+    as mla_hf_rotary), the router for the twin's (torch_attn/moe.py; the float32 tests run
+    transformers' own), and ``indexer`` (DeepSeek-V3.2's, whose scores are float32) for its
+    float64_twin; so every other part (MLA's projections and layout, YaRN's scale, the experts and
+    their weighting, the shared expert, the residuals, the head) is compared at float64 precision."""
+    def rms_norm(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        B, T = x.shape[:2]
+        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
+
+    def router(self, h):
+        weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
+                                           self.e_score_correction_bias, **config.routing)
+        return None, weights, indices
+
+    patches = {f"{prefix}RMSNorm": rms_norm, f"{prefix}RotaryEmbedding": rotary, f"{prefix}TopkRouter": router,
+               f"{prefix}Indexer": indexer}
+    for module in model.modules():
+        patched = patches.get(type(module).__name__)
+        if patched is not None:
+            module.forward = types.MethodType(patched, module)
+    return model
+
+
+def deepseek_to_hf_names(grads, config):
+    """Our gradient tree of a DeepSeek model under transformers' parameter names: weights
+    transposed, each expert's gate and up stacked into gate_up_proj (E, 2H, C), down into down_proj
+    (E, C, H), DeepSeek-V3.2's indexer under self_attn.indexer; the selection bias is a buffer
+    there, left out."""
+    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"],
+           "lm_head.weight": grads["head"]["w"].T}
+    for i, block in grads["blocks"].items():
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = block["attn_norm"]["w"]
+        out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
+        for path, g in tree_leaves(block["attn"]):
+            *names, key = path.split(".")
+            module = "indexer." + names[1] if names[0] == "indexer" else MLA_HF_NAMES[names[0]]
+            out[f"{p}self_attn.{module}.{'bias' if key == 'b' else 'weight'}"] = g.T
+        mlp = block["mlp"]
+        networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
+        for where, net in networks.items():
+            for name in ("gate", "up", "down"):
+                out[f"{p}{where}.{name}_proj.weight"] = net[name]["w"].T
+        if "router" in mlp:
+            experts = mlp["experts"]
+            out[p + "mlp.gate.weight"] = mlp["router"]["w"].T
+            out[p + "mlp.experts.gate_up_proj"] = np.concatenate(
+                [experts["gate"]["w"].transpose(0, 2, 1), experts["up"]["w"].transpose(0, 2, 1)], axis=1)
+            out[p + "mlp.experts.down_proj"] = experts["down"]["w"].transpose(0, 2, 1)
+    return out
 
 
 # -- loading a damaged checkpoint ---------------------------------------------------------------------

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import shutil
 import tempfile
-import types
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +62,6 @@ from parity_tests.model_kit import (
     CHOICE_GAP,
     DTYPES,
     JSON,
-    MLA_HF_NAMES,
     SCALINGS,
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
@@ -71,11 +69,12 @@ from parity_tests.model_kit import (
     choice_gaps,
     compare,
     decided_tokens,
+    deepseek_to_hf_names,
     deepseek_v3_rstds,
+    exact_hf_deepseek,
     hf_greedy,
     hf_llama_model,
     hf_logits_and_grads,
-    mla_hf_rotary,
     next_token_dlogits,
     random_ids,
     randomise,
@@ -84,7 +83,6 @@ from parity_tests.model_kit import (
     token_gaps,
 )
 from parity_tests.model_kit import mla_rstds as mla_rstds
-from torch_attn.moe import deepseek_router
 
 
 def _tol(cache, expected):
@@ -228,59 +226,8 @@ def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
 
 
 def exact_hf_deepseek_v3(model, config):
-    """Make a float64 DeepseekV3ForCausalLM compute in float64 throughout: its RMS norms cast to
-    float32, its rotary angles are computed in float32, and its router computes its logits in
-    float32 (transformers keeps the router in float32 whatever the model's dtype). The norms and
-    angles are swapped for the same formulas in float64 (the angles as test_mla.hf_rotary), the
-    router for the twin's (torch_attn/moe.py; the float32 test runs transformers' own), so every
-    other part (MLA's projections and layout, YaRN's scale, the experts and their weighting, the
-    shared expert, the residuals, the head) is compared at float64 precision."""
-    def rms_norm(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        B, T = x.shape[:2]
-        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
-
-    def router(self, h):
-        weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
-                                           self.e_score_correction_bias, **config.routing)
-        return None, weights, indices
-
-    for module in model.modules():
-        name = type(module).__name__
-        patched = {"DeepseekV3RMSNorm": rms_norm, "DeepseekV3RotaryEmbedding": rotary,
-                   "DeepseekV3TopkRouter": router}.get(name)
-        if patched is not None:
-            module.forward = types.MethodType(patched, module)
-    return model
-
-
-def to_hf_names(grads, config):
-    """Our gradient tree under transformers' parameter names: weights transposed, each expert's gate
-    and up stacked into gate_up_proj (E, 2H, C), down into down_proj (E, C, H); the selection bias
-    is a buffer there, left out."""
-    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"],
-           "lm_head.weight": grads["head"]["w"].T}
-    for i, block in grads["blocks"].items():
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = block["attn_norm"]["w"]
-        out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
-        for path, g in tree_leaves(block["attn"]):
-            name, key = path.split(".")
-            out[f"{p}self_attn.{MLA_HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
-        mlp = block["mlp"]
-        networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
-        for where, net in networks.items():
-            for name in ("gate", "up", "down"):
-                out[f"{p}{where}.{name}_proj.weight"] = net[name]["w"].T
-        if "router" in mlp:
-            experts = mlp["experts"]
-            out[p + "mlp.gate.weight"] = mlp["router"]["w"].T
-            out[p + "mlp.experts.gate_up_proj"] = np.concatenate(
-                [experts["gate"]["w"].transpose(0, 2, 1), experts["up"]["w"].transpose(0, 2, 1)], axis=1)
-            out[p + "mlp.experts.down_proj"] = experts["down"]["w"].transpose(0, 2, 1)
-    return out
+    """A float64 DeepseekV3ForCausalLM computing in float64 throughout (model_kit.exact_hf_deepseek)."""
+    return exact_hf_deepseek(model, config, "DeepseekV3")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -312,7 +259,7 @@ def test_checkpoint_matches_transformers(tmp_path, variant, dtype):
         for block in grads["blocks"].values():
             if "router" in block["mlp"]:
                 assert not block["mlp"]["selection_bias"].any(), f"{source}: selection_bias has a gradient"
-        grads = to_hf_names(grads, config)
+        grads = deepseek_to_hf_names(grads, config)
         assert grads.keys() == theirs.keys(), (source, sorted(grads), sorted(theirs))
         for hf_name, g in theirs.items():
             compare(f"deepseek_v3 checkpoint {variant} d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
@@ -366,8 +313,8 @@ def test_low_precision_meets_the_error_budget(tmp_path_factory, dtype, variant, 
     model = hf_deepseek_v3(np.float64, variant, seed, first_k_dense_replace=2)
     assert_checkpoint_meets_error_budget(
         "deepseek_v3", dtype, model, tmp_path_factory.mktemp("deepseek_v3"), seed, deepseek_v3_forward,
-        deepseek_v3_backward, tw.deepseek_v3, to_hf_names, lambda model, config, _: exact_hf_deepseek_v3(model, config),
-        compared=decided_by_the_model)
+        deepseek_v3_backward, tw.deepseek_v3, deepseek_to_hf_names,
+        lambda model, config, _: exact_hf_deepseek_v3(model, config), compared=decided_by_the_model)
 
 
 # -- decoding: absorbed (the default) and naive, against the full forward and each other -----------------
