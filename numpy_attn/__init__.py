@@ -57,6 +57,7 @@ Reading order, leaf to root:
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     lightning_indexer  DeepSeek Sparse Attention's indexer: ReLU scores, top-k keys per query, its KL loss
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
+    deepseek_v32       DeepSeek-V3.2: DeepSeek-V3 whose MLA attends over the lightning indexer's top-k keys
     llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
     kimi_linear        Kimi Linear: Kimi Delta Attention in three layers of four, MLA without positions, experts
 
@@ -90,6 +91,11 @@ from numpy_attn.deepseek_v3 import (
     DeepseekV3Config, deepseek_moe_mlp_forward, deepseek_v3_attention_backward, deepseek_v3_attention_forward,
     deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
     deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
+)
+from numpy_attn.deepseek_v32 import (
+    DeepseekV32Config, deepseek_v32_attention_backward, deepseek_v32_attention_forward, deepseek_v32_backward,
+    deepseek_v32_forward, deepseek_v32_indexer_loss, deepseek_v32_indexer_loss_backward, deepseek_v32_kv_cache,
+    init_deepseek_v32_params,
 )
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
@@ -144,7 +150,7 @@ from numpy_attn.llama import (
     llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
 )
 from numpy_attn.lightning_indexer import (
-    lightning_indexer_backward, lightning_indexer_forward, lightning_indexer_loss_backward,
+    indexer_keys, lightning_indexer_backward, lightning_indexer_forward, lightning_indexer_loss_backward,
     lightning_indexer_loss_forward,
 )
 from numpy_attn.llama4 import (

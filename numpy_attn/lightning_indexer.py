@@ -129,10 +129,8 @@ def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=No
     q_r, q_rope_cache = rope_forward(q[..., :rope_dim], q_pos, rope_theta, rope_layout, rope_scaling)
     q = np.concatenate([q_r, q[..., rope_dim:]], axis=-1)                 # (B, nh, T, D)
     # The keys: one head from x, layer-normed, then turned alike.
-    k, k_cache = linear_forward(x, params["wk"]["w"])                     # (B, T, C) -> (B, S, D)
-    k, k_norm_cache = layer_norm_forward(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
-    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
-    k = np.concatenate([k_r, k[..., rope_dim:]], axis=-1)                 # (B, T, D)
+    k, (k_cache, k_norm_cache, k_rope_cache) = indexer_keys(x, params, rope_dim, positions, rope_theta,
+                                                            rope_scaling, rope_layout)   # (B, T, D)
     if P:   # decoding: the earlier tokens' keys come first
         k = np.concatenate([past_keys, k], axis=1)                        # (B, P, D) + (B, T, D) -> (B, S, D)
     # Each head's ReLU'd scores, summed with the query's weight per head.
@@ -186,6 +184,15 @@ def lightning_indexer_backward(dscores, cache):
     dx = dx_k + dx_w                                                                   # x feeds the keys and w
     dparams = {"wq_b": dwq_b, "wk": dwk, "k_norm": dk_norm, "weights_proj": dweights_proj}
     return dx, dq_latent, dparams
+
+
+def indexer_keys(x, params, rope_dim, positions, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
+    """The rotated keys of x's tokens: x (B, T, C) -> (B, T, D), what a decoder caches, and the
+    caches of wk, k_norm and the rope (unchecked: lightning_indexer_forward checks its inputs)."""
+    k, k_cache = linear_forward(x, params["wk"]["w"])                     # (B, T, C) -> (B, T, D)
+    k, k_norm_cache = layer_norm_forward(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
+    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
+    return np.concatenate([k_r, k[..., rope_dim:]], axis=-1), (k_cache, k_norm_cache, k_rope_cache)   # (B, T, D)
 
 
 def _visible(B, T, P, attn_mask, is_causal):

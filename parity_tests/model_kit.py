@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import numpy_attn.deepseek_v3 as deepseek_v3
+import numpy_attn.deepseek_v32 as deepseek_v32
 import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gemma4 as gemma4
@@ -38,6 +39,7 @@ import numpy_attn.olmo_hybrid as olmo_hybrid
 import numpy_attn.qwen3_5 as qwen3_5
 import numpy_attn.qwen3_next as qwen3_next
 import torch_attn.deepseek_v3 as tw_deepseek_v3
+import torch_attn.deepseek_v32 as tw_deepseek_v32
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gemma4 as tw_gemma4
@@ -1130,6 +1132,11 @@ def deepseek_v3_rstds(cache):
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1], *mla_rstds(c.attn))]
 
 
+def deepseek_v32_rstds(cache):
+    """deepseek_v3_rstds of DeepSeek-V3.2's cache, whose attention caches hold MLA's under .mla."""
+    return deepseek_v3_rstds(cache._replace(blocks=[b._replace(attn=b.attn.mla) for b in cache.blocks]))
+
+
 def kimi_linear_rstds(cache):
     """The rstd of the model's RMS norms: the final one, each block's two, MLA's latent and query
     norms on the MLA blocks."""
@@ -1163,13 +1170,14 @@ def encoder_layer_grads(layer):
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
     (llama, qwen3, qwen3_5, qwen3_next, olmo2, olmo_hybrid, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3,
-    llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with
-    a final cap of 0.5, so that the cap after the head bends the logits, gpt-oss with sinks and
-    experts, DeepSeek-V3 with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention
-    layer, Qwen3-Next too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE
-    layer of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its
-    keys, Kimi Linear with a KDA layer and an MLA layer with experts, OLMo Hybrid with a Gated DeltaNet
-    layer and an attention layer."""
+    deepseek_v32, llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from
+    ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the head bends the logits,
+    gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block, DeepSeek-V3.2 too with an
+    indexer keeping 2 keys, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Qwen3-Next
+    too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2
+    and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys, Kimi Linear
+    with a KDA layer and an MLA layer with experts, OLMo Hybrid with a Gated DeltaNet layer and an
+    attention layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -1213,6 +1221,12 @@ def small_family_model(name, seed):
                                                      topk_group=1, num_experts_per_tok=2, moe_hidden=3,
                                                      first_k_dense_replace=1),
                         deepseek_v3.init_deepseek_v3_params, deepseek_v3_rstds),
+        "deepseek_v32": (deepseek_v32.deepseek_v32_forward, deepseek_v32.deepseek_v32_backward,
+                         tw_deepseek_v32.deepseek_v32,
+                         deepseek_v32.DeepseekV32Config(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                        topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                        first_k_dense_replace=1, index_topk=2),
+                         deepseek_v32.init_deepseek_v32_params, deepseek_v32_rstds),
         "llama4": (llama4.llama4_forward, llama4.llama4_backward, tw_llama4.llama4,
                    llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
                                        attention_chunk_size=2, floor_scale=2, attn_scale=0.5),

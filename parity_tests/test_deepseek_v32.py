@@ -62,7 +62,7 @@ from parity_tests.model_kit import (
     choice_gaps,
     compare,
     deepseek_to_hf_names,
-    deepseek_v3_rstds,
+    deepseek_v32_rstds,
     exact_hf_deepseek,
     float64_twin,
     next_token_dlogits,
@@ -92,14 +92,9 @@ def _tol(cache, expected):
     """test_deepseek_v3._tol's bound: the dtype's tolerance times the largest rstd, atol also times
     the largest |value| compared."""
     tol = TOLERANCES[expected.dtype]
-    rstd = max([1.0] + [float(r.max()) for r in deepseek_v3_rstds(_as_mla(cache))])
+    rstd = max([1.0] + [float(r.max()) for r in deepseek_v32_rstds(cache)])
     scale = max(1.0, float(np.abs(expected).max()))
     return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
-
-
-def _as_mla(cache):
-    """The model's cache with each block's MLA cache where deepseek_v3's has it (for its rstds)."""
-    return cache._replace(blocks=[b._replace(attn=b.attn.mla) for b in cache.blocks])
 
 
 def assert_separated(label, cache, params, config):
@@ -180,7 +175,7 @@ def test_backward_matches_finite_differences(case, seed):
     _, cache = deepseek_v32_forward(ids, params, config)
     assume(choice_gaps(cache, params, config) > 1e-2 and index_gap(cache, config.index_topk) > 1e-2)
     grads = deepseek_v32_backward(dout, cache)
-    h = 1e-4 / max([1.0] + [float(r.max()) for r in deepseek_v3_rstds(_as_mla(cache))])
+    h = 1e-4 / max([1.0] + [float(r.max()) for r in deepseek_v32_rstds(cache)])
     numeric = directional_derivative(lambda p: np.sum(deepseek_v32_forward(ids, p, config)[0] * dout),
                                      params, direction, h=h)
     assert_close("deepseek_v32 directional derivative vs finite differences",
@@ -316,7 +311,7 @@ def test_checkpoint_matches_transformers(tmp_path, dtype):
     assert same == rows, f"deepseek_v32: {rows - same} of {rows} rows select other keys than transformers"
     assert any((b.attn.selected.sum(-1) < np.isfinite(b.attn.scores).sum(-1)).any() for b in cache.blocks)
     theirs = {k: to_numpy(p.grad) for k, p in model.named_parameters() if p.grad is not None}
-    rstds = deepseek_v3_rstds(_as_mla(cache))
+    rstds = deepseek_v32_rstds(cache)
     compare("deepseek_v32 checkpoint logits", logits, to_numpy(out[0].detach()), dtype, rstds)
     tparams = tree_to_torch(params, requires_grad=True)
     (tw.deepseek_v32(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()

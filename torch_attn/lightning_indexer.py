@@ -54,8 +54,7 @@ def lightning_indexer(x, q_latent, params, top_k, rope_dim, positions=None, attn
 
 
 def indexer_keys(x, params, rope_dim, positions, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
-    """The rotated keys of x's tokens: x (B, T, C) -> (B, T, D), what a decoder caches (the NumPy
-    side returns them in its cache, k_rot)."""
+    """The rotated keys of x's tokens: x (B, T, C) -> (B, T, D), what a decoder caches."""
     k = linear(x, params["wk"]["w"])                                      # (B, T, C) -> (B, T, D)
     k = layer_norm(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
     k_r = rotate(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)

@@ -42,7 +42,8 @@ def _deepseek_v32_parameter_count(hf):
     C, rq = hf["hidden_size"], hf.get("q_lora_rank", 1536)
     nh, D = (hf.get(key, INDEX_DEFAULTS[key]) for key in ("index_n_heads", "index_head_dim"))
     dense = {"first_k_dense_replace": _first_dense(hf)}                   # mlp_layer_types' when given
-    return deepseek_v3_parameter_count({**hf, **dense}) + hf["num_hidden_layers"] * (rq * nh * D + C * D + 2 * D + C * nh)
+    indexer = rq * nh * D + C * D + 2 * D + C * nh
+    return deepseek_v3_parameter_count({**hf, **dense}) + hf["num_hidden_layers"] * indexer
 
 
 def _deepseek_v32_params(tensors, config):
