@@ -1312,6 +1312,48 @@ def exact_hf_deepseek(model, config, prefix, indexer=None):
     return model
 
 
+def randomise_deepseek(model, seed):
+    """A transformers DeepSeek model (V3, V3.2) with every parameter far from its initialisation
+    (randomise) and the selection bias, a buffer, U(-0.1, 0.1), so that it moves the choice."""
+    model = randomise(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                E = module.e_score_correction_bias.shape[0]
+                module.e_score_correction_bias.copy_(torch.rand(E, generator=g) * 0.2 - 0.1)
+    return model
+
+
+@st.composite
+def deepseek_sizes(draw):
+    """A tiny DeepSeek config's drawn sizes (DeepseekV3Config's keywords): 1 or 2 heads, rotary
+    width 2 or 4, up to 3 blocks (0 to 2 of them dense), 1 or 2 groups of 2 or 3 experts, any
+    valid topk_group and num_experts_per_tok."""
+    G, per_group = draw(S.dim(1, 2)), draw(S.dim(2, 3))
+    topk_group = draw(S.dim(1, G))
+    dr, n_head = draw(st.sampled_from([2, 4])), draw(S.dim(1, 2))
+    return dict(vocab_size=draw(S.dim(2, 7)), block_size=6, n_layer=draw(S.dim(1, 3)), n_head=n_head,
+                n_kv_head=n_head, n_embd=draw(S.dim(2, 6)), head_dim=dr, hidden=draw(S.dim(1, 4)),
+                kv_lora_rank=draw(S.dim(1, 4)), qk_nope_head_dim=draw(S.dim(1, 3)), qk_rope_head_dim=dr,
+                v_head_dim=draw(S.dim(1, 3)), moe_hidden=draw(S.dim(1, 3)), n_routed_experts=G * per_group,
+                num_experts_per_tok=draw(S.dim(1, topk_group * per_group)), n_group=G, topk_group=topk_group,
+                first_k_dense_replace=draw(st.integers(0, 2)), attn_bias=draw(st.booleans()))
+
+
+@st.composite
+def deepseek_models(draw, config_class, init, dtype=None, **switches):
+    """(config, params, ids, dout): config_class of deepseek_sizes and ``switches`` (each a
+    strategy: the family's own fields), params from ``init`` moved by U(-0.5, 0.5), ids (1 or 2
+    rows of up to 6), dout."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    config = config_class(**draw(deepseek_sizes()), **{name: draw(s) for name, s in switches.items()})
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype), init(config, rng, dtype))
+    ids = draw(S.token_ids(config.vocab_size, (draw(S.dim(1, 2)), draw(S.dim(1, 6)))))
+    return config, params, ids, draw(S.arrays(dtype, ids.shape + (config.vocab_size,), 2.0))
+
+
 def deepseek_to_hf_names(grads, config):
     """Our gradient tree of a DeepSeek model under transformers' parameter names: weights
     transposed, each expert's gate and up stacked into gate_up_proj (E, 2H, C), down into down_proj

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import transformers
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -69,6 +68,7 @@ from parity_tests.model_kit import (
     choice_gaps,
     compare,
     decided_tokens,
+    deepseek_models,
     deepseek_to_hf_names,
     deepseek_v3_rstds,
     exact_hf_deepseek,
@@ -77,7 +77,7 @@ from parity_tests.model_kit import (
     hf_logits_and_grads,
     next_token_dlogits,
     random_ids,
-    randomise,
+    randomise_deepseek,
     router_calls,
     save,
     token_gaps,
@@ -109,33 +109,16 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "mscale_all_dim": 0.8}
 
 
-@st.composite
-def models(draw, dtype=None):
-    """(config, params, ids, dout): tiny configs of every switch (low-rank query or not, both rotary
-    layouts, biases, tied head, 0 to 2 dense blocks, groups, normalised weights or not, every
-    scaling YaRN's with mscale included); params from init_deepseek_v3_params moved by U(-0.5, 0.5)
-    and the selection bias drawn, so that it moves the choice."""
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    G, per_group = draw(S.dim(1, 2)), draw(S.dim(2, 3))
-    E = G * per_group
-    topk_group = draw(S.dim(1, G))
-    dr = draw(st.sampled_from([2, 4]))
-    n_head = draw(S.dim(1, 2))
-    config = DeepseekV3Config(
-        vocab_size=draw(S.dim(2, 7)), block_size=6, n_layer=draw(S.dim(1, 3)), n_head=n_head, n_kv_head=n_head,
-        n_embd=draw(S.dim(2, 6)), head_dim=dr, hidden=draw(S.dim(1, 4)), rms_eps=draw(st.sampled_from([1e-6, 1e-5])),
-        rope_scaling=draw(st.sampled_from([*SCALINGS, YARN])), attn_bias=draw(st.booleans()),
-        tie_weights=draw(st.booleans()), q_lora_rank=draw(st.none() | S.dim(1, 4)), kv_lora_rank=draw(S.dim(1, 4)),
-        qk_nope_head_dim=draw(S.dim(1, 3)), qk_rope_head_dim=dr, v_head_dim=draw(S.dim(1, 3)),
-        rope_interleave=draw(st.booleans()), moe_hidden=draw(S.dim(1, 3)), n_routed_experts=E,
-        n_shared_experts=draw(S.dim(1, 2)), num_experts_per_tok=draw(S.dim(1, topk_group * per_group)),
-        n_group=G, topk_group=topk_group, norm_topk_prob=draw(st.booleans()),
-        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), first_k_dense_replace=draw(st.integers(0, 2)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_deepseek_v3_params(config, rng, dtype))
-    ids = draw(S.token_ids(config.vocab_size, (draw(S.dim(1, 2)), draw(S.dim(1, 6)))))
-    return config, params, ids, draw(S.arrays(dtype, ids.shape + (config.vocab_size,), 2.0))
+def models(dtype=None):
+    """(config, params, ids, dout): model_kit.deepseek_models with every switch (low-rank query or
+    not, both rotary layouts, biases, tied head, 2 shared experts or 1, normalised weights or not,
+    every scaling YaRN's with mscale included) and the selection bias drawn, so that it moves the
+    choice (init_deepseek_v3_params' params moved by U(-0.5, 0.5))."""
+    return deepseek_models(
+        DeepseekV3Config, init_deepseek_v3_params, dtype, rms_eps=st.sampled_from([1e-6, 1e-5]),
+        rope_scaling=st.sampled_from([*SCALINGS, YARN]), tie_weights=st.booleans(),
+        q_lora_rank=st.none() | S.dim(1, 4), rope_interleave=st.booleans(), n_shared_experts=S.dim(1, 2),
+        norm_topk_prob=st.booleans(), routed_scaling_factor=st.sampled_from([1.0, 2.5]))
 
 
 def _pinned():
@@ -216,13 +199,7 @@ def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
         kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, routed_scaling_factor=2.5,
         max_position_embeddings=32, rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", experts_implementation="eager", **{**CHECKPOINTS[variant], **changes})
-    model = randomise(transformers.DeepseekV3ForCausalLM(config), seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for module in model.modules():
-            if hasattr(module, "e_score_correction_bias"):
-                module.e_score_correction_bias.copy_(torch.rand(8, generator=g) * 0.2 - 0.1)
-    return model.to(DTYPES[dtype]).eval()
+    return randomise_deepseek(transformers.DeepseekV3ForCausalLM(config), seed).to(DTYPES[dtype]).eval()
 
 
 def exact_hf_deepseek_v3(model, config):

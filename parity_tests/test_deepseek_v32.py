@@ -61,13 +61,14 @@ from parity_tests.model_kit import (
     assert_generate_hf_is_transformers,
     choice_gaps,
     compare,
+    deepseek_models,
     deepseek_to_hf_names,
     deepseek_v32_rstds,
     exact_hf_deepseek,
     float64_twin,
     next_token_dlogits,
     random_ids,
-    randomise,
+    randomise_deepseek,
     save,
 )
 from torch_attn.lightning_indexer import lightning_indexer_loss
@@ -107,29 +108,11 @@ def assert_separated(label, cache, params, config):
 
 # -- the NumPy model against its twin -----------------------------------------------------------------
 
-@st.composite
-def models(draw, dtype=None):
-    """(config, params, ids, dout): tiny configs (both kinds of network, groups, 1 to 3 index heads,
-    index_topk from 1 to past T); params from init_deepseek_v32_params moved by U(-0.5, 0.5)."""
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    G, per_group = draw(S.dim(1, 2)), draw(S.dim(2, 3))
-    E = G * per_group
-    topk_group = draw(S.dim(1, G))
-    dr = draw(st.sampled_from([2, 4]))
-    n_head = draw(S.dim(1, 2))
-    config = DeepseekV32Config(
-        vocab_size=draw(S.dim(2, 7)), block_size=6, n_layer=draw(S.dim(1, 3)), n_head=n_head, n_kv_head=n_head,
-        n_embd=draw(S.dim(2, 6)), head_dim=dr, hidden=draw(S.dim(1, 4)), attn_bias=draw(st.booleans()),
-        q_lora_rank=draw(S.dim(1, 4)), kv_lora_rank=draw(S.dim(1, 4)), qk_nope_head_dim=draw(S.dim(1, 3)),
-        qk_rope_head_dim=dr, v_head_dim=draw(S.dim(1, 3)), moe_hidden=draw(S.dim(1, 3)), n_routed_experts=E,
-        n_shared_experts=1, num_experts_per_tok=draw(S.dim(1, topk_group * per_group)), n_group=G,
-        topk_group=topk_group, first_k_dense_replace=draw(st.integers(0, 2)), index_topk=draw(S.dim(1, 7)),
-        index_head_dim=dr + draw(st.integers(0, 2)), index_n_heads=draw(S.dim(1, 3)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_deepseek_v32_params(config, rng, dtype))
-    ids = draw(S.token_ids(config.vocab_size, (draw(S.dim(1, 2)), draw(S.dim(1, 6)))))
-    return config, params, ids, draw(S.arrays(dtype, ids.shape + (config.vocab_size,), 2.0))
+def models(dtype=None):
+    """(config, params, ids, dout): model_kit.deepseek_models with the indexer's sizes drawn (1 to 3
+    heads, a width of dr to dr + 2, index_topk from 1 to past T) and a low-rank query."""
+    return deepseek_models(DeepseekV32Config, init_deepseek_v32_params, dtype, q_lora_rank=S.dim(1, 4),
+                           index_topk=S.dim(1, 7), index_head_dim=st.integers(4, 6), index_n_heads=S.dim(1, 3))
 
 
 def _pinned():
@@ -245,13 +228,7 @@ def hf_deepseek_v32(dtype, seed=0, **changes):
         first_k_dense_replace=1, n_shared_experts=2, index_topk=3, index_head_dim=8, index_n_heads=8,
         max_position_embeddings=32, rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", experts_implementation="eager"), **changes})
-    model = randomise(transformers.DeepseekV32ForCausalLM(config), seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for module in model.modules():
-            if hasattr(module, "e_score_correction_bias"):
-                module.e_score_correction_bias.copy_(torch.rand(8, generator=g) * 0.2 - 0.1)
-    return model.to(DTYPES[dtype]).eval()
+    return randomise_deepseek(transformers.DeepseekV32ForCausalLM(config), seed).to(DTYPES[dtype]).eval()
 
 
 def exact_hf_deepseek_v32(model, config):
