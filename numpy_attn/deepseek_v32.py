@@ -62,6 +62,7 @@ class DeepseekV32Config(DeepseekV3Config):
     """DeepseekV3Config's fields and checks (q_lora_rank required: the indexer reads the query
     latent), and the indexer's sizes under Hugging Face's names; a toy by default."""
 
+    INDEXER_ROPE_LAYOUT = "half"         # the indexer's rotary pairs (a class constant, not a field)
     index_topk: int = 4                  # the keys each query attends to
     index_head_dim: int = 6              # the indexer's D (>= qk_rope_head_dim: rope on its first dr channels)
     index_n_heads: int = 2               # the indexer's heads
@@ -82,9 +83,10 @@ class DeepseekV32Config(DeepseekV3Config):
 
     @cached_property
     def indexer(self):
-        """lightning_indexer_forward's keywords: top_k, rope on the first dr channels, half-split."""
+        """lightning_indexer_forward's keywords: top_k, rope on the first dr channels, paired as
+        INDEXER_ROPE_LAYOUT says."""
         return {"top_k": self.index_topk, "rope_dim": self.qk_rope_head_dim, "rope_theta": self.rope_theta,
-                "rope_scaling": self.rope_scaling, "rope_layout": "half"}
+                "rope_scaling": self.rope_scaling, "rope_layout": self.INDEXER_ROPE_LAYOUT}
 
 
 def init_deepseek_v32_params(config, rng, dtype=np.float32):
@@ -105,7 +107,8 @@ def init_deepseek_v32_params(config, rng, dtype=np.float32):
 # -- the attention: MLA over the indexer's selection -----------------------------------------------
 
 class DSACache(NamedTuple):
-    """MLA's cache, and what the indexer's loss needs: its scores (B, T, S), selection and cache."""
+    """MLA's cache, and what the indexer's loss needs: its scores (B, T, S), selection and cache
+    (scores and cache None in a block without an indexer)."""
 
     mla: tuple
     scores: np.ndarray
@@ -127,20 +130,32 @@ def _select(h, params, config, positions, past_keys=None):
     return lightning_indexer_forward(x, c_q, indexer, positions=positions, past_keys=past_keys, **config.indexer)
 
 
-def deepseek_v32_attention_forward(h, params, config, positions, *, attn_mask=None, kv_cache=None):
+def deepseek_v32_attention_forward(h, params, config, positions, *, attn_mask=None, kv_cache=None, selection=None):
     """MLA over each query's selected keys: h (B, T, C) -> (B, T, C), ``kv_cache`` this block's
     layer of a deepseek_v32_kv_cache (absorbed decoding, inference only: no cache then). Returns
-    ``(out, cache)``. ``attn_mask`` must be None (the model takes none)."""
+    ``(out, cache)``. ``attn_mask`` must be None (the model takes none). ``selection``, a dict the
+    model's forward shares with its blocks: a block with an indexer leaves its selection there, a
+    block without one (GLM-5's "shared" layers) attends over the last one left."""
     if attn_mask is not None:
         raise ValueError("deepseek_v32_attention_forward: attn_mask is not supported (the model attends causally)")
     mla_params = {name: layer for name, layer in params.items() if name != "indexer"}
-    if kv_cache is not None:   # decoding: score the cached indexer keys, then MLA absorbed over the latents
-        keys = kv_cache.cache.index_keys[kv_cache.index]                     # (B, max_len, D) this layer's slots
-        P, T = kv_cache.length, h.shape[1]
-        _, selected, indexer_cache = _select(h, params, config, positions, keys[:, :P])   # (B, T, P + T)
-        keys[:, P:P + T] = indexer_cache.k_rot[:, P:]                        # the new tokens' keys
+    scores = indexer_cache = None
+    if "indexer" in params:
+        P, T = (0 if kv_cache is None else kv_cache.length), h.shape[1]
+        keys = None if kv_cache is None else kv_cache.cache.index_keys[kv_cache.index]   # (B, max_len, D) its slots
+        scores, selected, indexer_cache = _select(h, params, config, positions,
+                                                  None if keys is None else keys[:, :P])   # (B, T, P + T)
+        if keys is not None:   # decoding: the new tokens' keys join the cached ones
+            keys[:, P:P + T] = indexer_cache.k_rot[:, P:]
+        if selection is not None:
+            selection["selected"] = selected
+    elif selection is None or "selected" not in selection:
+        raise ValueError("deepseek_v32_attention_forward: a block without an indexer attends over an earlier "
+                         "block's selection, and no earlier block selected keys")
+    else:
+        selected = selection["selected"]                                      # (B, T, S) an earlier block's
+    if kv_cache is not None:   # decoding: MLA absorbed over the latents
         return _absorbed_attention(h, mla_params, config.mla, positions, kv_cache, selected[:, None]), None
-    scores, selected, indexer_cache = _select(h, params, config, positions)  # (B, T, S)
     out, mla_cache = mla_forward(h, mla_params, config.mla, positions, attn_mask=selected[:, None])   # (B, T, C)
     return out, DSACache(mla_cache, scores, selected, indexer_cache)
 
@@ -151,7 +166,8 @@ def deepseek_v32_attention_backward(dout, cache):
     if cache is None:
         raise ValueError("deepseek_v32_backward: the forward decoded from a cache, which is for inference only")
     dx, dparams = mla_backward(dout, cache.mla)
-    dparams["indexer"] = _zeros_like_indexer(cache.indexer, dout.dtype)
+    if cache.indexer is not None:
+        dparams["indexer"] = _zeros_like_indexer(cache.indexer, dout.dtype)
     return dx, dparams
 
 
@@ -168,9 +184,12 @@ DEEPSEEK_V32_ATTENTION = _model.Sublayer(deepseek_v32_attention_forward, deepsee
 
 # -- the model ------------------------------------------------------------------------------------
 
-def _layer_options(config):
-    """Block i's options for decoder_forward: DSA and a dense or a mixture-of-experts network."""
-    return lambda i: {"attention": DEEPSEEK_V32_ATTENTION, "mlp": DEEPSEEK_MOE if config.is_moe(i) else SWIGLU_MLP}
+def dsa_layer_options(config):
+    """Block i's options for decoder_forward: DSA, sharing one forward's selection between the
+    blocks, and a dense or a mixture-of-experts network."""
+    selection = {}
+    return lambda i: {"attention": DEEPSEEK_V32_ATTENTION, "selection": selection,
+                      "mlp": DEEPSEEK_MOE if config.is_moe(i) else SWIGLU_MLP}
 
 
 def deepseek_v32_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
@@ -178,12 +197,19 @@ def deepseek_v32_forward(ids, params, config, *, positions=None, attn_mask=None,
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with
     DeepSeek-V3.2's blocks; ``kv_cache`` from deepseek_v32_kv_cache. Causal only: ``attn_mask``
     is refused. Returns ``(logits, cache)``."""
+    return dsa_decoder_forward("deepseek_v32_forward", DeepseekV32Config, ids, params, config, positions=positions,
+                               attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                               for_backward=for_backward)
+
+
+def dsa_decoder_forward(name, config_class, ids, params, config, *, attn_mask, kv_cache, **keywords):
+    """decoder_forward with DSA's blocks (dsa_layer_options) for the forward ``name`` of a family
+    whose config is a ``config_class`` (DeepSeek-V3.2's, GLM-5's): attn_mask refused, the cache checked."""
     if attn_mask is not None:
-        raise ValueError("deepseek_v32_forward: attn_mask is not supported (the model here is causal only)")
+        raise ValueError(f"{name}: attn_mask is not supported (the model here is causal only)")
     _check_deepseek_v32_kv_cache(kv_cache, config)
-    return _model.decoder_forward(ids, params, config, DeepseekV32Config, llama_block_forward, positions=positions,
-                                  attn_mask=None, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                  for_backward=for_backward, layer_options=_layer_options(config))
+    return _model.decoder_forward(ids, params, config, config_class, llama_block_forward, attn_mask=None,
+                                  kv_cache=kv_cache, layer_options=dsa_layer_options(config), **keywords)
 
 
 def deepseek_v32_backward(dlogits, cache):
@@ -199,26 +225,28 @@ def deepseek_v32_indexer_loss(cache):
     probabilities summed over its heads, a constant. Returns ``(loss, loss_cache)``: loss () summed
     over the blocks."""
     losses, caches = [], []
-    for block in cache.blocks:
+    for i, block in enumerate(cache.blocks):
         dsa = block.attn
         if not isinstance(dsa, DSACache):
             raise ValueError("deepseek_v32_indexer_loss: the cache must come from deepseek_v32_forward without a "
                              "kv_cache")
+        if dsa.indexer is None:   # a block without an indexer (GLM-5's shared layers)
+            continue
         p = dsa.mla.sdpa.weights.sum(axis=1).astype(dsa.scores.dtype)              # (B, nh, T, S) -> (B, T, S)
         loss, loss_cache = lightning_indexer_loss_forward(dsa.scores, p, dsa.selected)
         losses.append(loss)
-        caches.append((loss_cache, dsa.indexer))
-    return np.asarray(sum(losses), dtype=cache.blocks[0].attn.scores.dtype), caches
+        caches.append((str(i), loss_cache, dsa.indexer))
+    return np.asarray(sum(losses), dtype=caches[0][1].p.dtype), caches
 
 
 def deepseek_v32_indexer_loss_backward(dloss, loss_cache):
     """Gradients of the indexers' loss: dloss () -> {"0": dparams of blocks.0.attn.indexer, ...};
     only the indexers' parameters get one (their inputs h and c_q are detached, as the report)."""
     grads = {}
-    for i, (kl_cache, indexer_cache) in enumerate(loss_cache):
+    for i, kl_cache, indexer_cache in loss_cache:
         check_dout("deepseek_v32_indexer_loss_backward", dloss, (), kl_cache.p.dtype, name="dloss")
         dscores = lightning_indexer_loss_backward(dloss, kl_cache)            # (B, T, S)
-        _, _, grads[str(i)] = lightning_indexer_backward(dscores, indexer_cache)
+        _, _, grads[i] = lightning_indexer_backward(dscores, indexer_cache)
     return grads
 
 

@@ -30,6 +30,7 @@ import numpy_attn.deepseek_v32 as deepseek_v32
 import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gemma4 as gemma4
+import numpy_attn.glm_moe_dsa as glm_moe_dsa
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.kimi_linear as kimi_linear
 import numpy_attn.llama as llama
@@ -43,6 +44,7 @@ import torch_attn.deepseek_v32 as tw_deepseek_v32
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gemma4 as tw_gemma4
+import torch_attn.glm_moe_dsa as tw_glm_moe_dsa
 import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.kimi_linear as tw_kimi_linear
 import torch_attn.llama as tw_llama
@@ -55,6 +57,7 @@ import torch_attn.qwen3_next as tw_qwen3_next
 from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
+from numpy_attn._family import families
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
@@ -68,6 +71,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
+    TOLERANCES,
     assert_close,
     assert_error_budget,
     assert_tree_close,
@@ -1170,14 +1174,14 @@ def encoder_layer_grads(layer):
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
     (llama, qwen3, qwen3_5, qwen3_next, olmo2, olmo_hybrid, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3,
-    deepseek_v32, llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from
+    deepseek_v32, glm_moe_dsa, llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from
     ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the head bends the logits,
     gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block, DeepSeek-V3.2 too with an
-    indexer keeping 2 keys, Qwen3.5 with a Gated DeltaNet layer and an attention layer, Qwen3-Next
-    too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2
-    and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its keys, Kimi Linear
-    with a KDA layer and an MLA layer with experts, OLMo Hybrid with a Gated DeltaNet layer and an
-    attention layer."""
+    indexer keeping 2 keys, GLM-5 too with a shared indexer layer after a full one, Qwen3.5 with a
+    Gated DeltaNet layer and an attention layer, Qwen3-Next too with a MoE block after its Gated
+    DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2 and a NoPE layer, Gemma 4 with a
+    wider global layer and a last one reading its keys, Kimi Linear with a KDA layer and an MLA layer
+    with experts, OLMo Hybrid with a Gated DeltaNet layer and an attention layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -1227,6 +1231,12 @@ def small_family_model(name, seed):
                                                         topk_group=1, num_experts_per_tok=2, moe_hidden=3,
                                                         first_k_dense_replace=1, index_topk=2),
                          deepseek_v32.init_deepseek_v32_params, deepseek_v32_rstds),
+        "glm_moe_dsa": (glm_moe_dsa.glm_moe_dsa_forward, glm_moe_dsa.glm_moe_dsa_backward, tw_glm_moe_dsa.glm_moe_dsa,
+                        glm_moe_dsa.GlmMoeDsaConfig(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                    topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                    first_k_dense_replace=1, index_topk=2,
+                                                    indexer_types=("full", "shared")),
+                        glm_moe_dsa.init_glm_moe_dsa_params, deepseek_v32_rstds),
         "llama4": (llama4.llama4_forward, llama4.llama4_backward, tw_llama4.llama4,
                    llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
                                        attention_chunk_size=2, floor_scale=2, attn_scale=0.5),
@@ -1381,6 +1391,137 @@ def deepseek_to_hf_names(grads, config):
                 [experts["gate"]["w"].transpose(0, 2, 1), experts["up"]["w"].transpose(0, 2, 1)], axis=1)
             out[p + "mlp.experts.down_proj"] = experts["down"]["w"].transpose(0, 2, 1)
     return out
+
+
+# -- DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): the keys each query selects ------------------------
+
+INDEX_GAP = 1e-6   # far above float32's rounding of scores of a few units (~1e-7 relative)
+
+
+def index_gap(cache, top_k):
+    """The smallest gap, over every block with an indexer and row that drops a visible key, between
+    the k-th and the next score (inf when no row drops one)."""
+    gaps = [np.inf]
+    for block in cache.blocks:
+        if block.attn.scores is None:   # a block without an indexer (GLM-5's shared layers)
+            continue
+        ranked = -np.sort(-block.attn.scores, axis=-1)                       # (B, T, S), best first
+        if ranked.shape[-1] > top_k:
+            dropped = np.isfinite(ranked[..., top_k])                         # (B, T) rows that drop a key
+            kept = ranked[dropped]                                            # (rows, S)
+            gaps += [float(g) for g in kept[:, top_k - 1] - kept[:, top_k]]
+    return min(gaps)
+
+
+def dsa_tol(cache, expected):
+    """test_deepseek_v3._tol's bound: the dtype's tolerance times the largest rstd, atol also times
+    the largest |value| compared."""
+    tol = TOLERANCES[expected.dtype]
+    rstd = max([1.0] + [float(r.max()) for r in deepseek_v32_rstds(cache)])
+    scale = max(1.0, float(np.abs(expected).max()))
+    return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
+
+
+def assert_dsa_separated(label, cache, params, config):
+    """The experts and the keys each token chose are far from a tie: two programs whose scores
+    differ by rounding choose alike (test_deepseek_v32.py's docstring)."""
+    found = choice_gaps(cache, params, config)
+    assert found > CHOICE_GAP, f"{label}: a top-k boundary of the router is {found:.2e} from a tie"
+    found = index_gap(cache, config.index_topk)
+    assert found > INDEX_GAP, f"{label}: a top-k boundary of the indexer is {found:.2e} from a tie"
+
+
+def hf_selections(model, run):
+    """transformers' top-k key indices of every indexer (B, T, k), in layer order, during ``run()``."""
+    found = []
+    hooks = [m.register_forward_hook(lambda m, args, out: found.append(to_numpy(out.long())))
+             for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def selection_agreement(cache, hf_indices):
+    """(rows whose selected keys equal transformers', rows) over the blocks with an indexer:
+    transformers' indices as a mask of the visible keys (its topk returns hidden ones where a row
+    has fewer than k, which its mask hides)."""
+    same = rows = 0
+    blocks = [b for b in cache.blocks if b.attn.scores is not None]
+    for block, indices in zip(blocks, hf_indices, strict=True):
+        visible = np.isfinite(block.attn.scores)
+        theirs = np.zeros(visible.shape, bool)
+        np.put_along_axis(theirs, indices, True, axis=-1)
+        same += int((block.attn.selected == (theirs & visible)).all(axis=-1).sum())
+        rows += visible.shape[0] * visible.shape[1]
+    return same, rows
+
+
+def assert_dsa_checkpoint_matches_transformers(name, config_class, model, folder, dtype, exact, twin):
+    """The folder save_pretrained writes from ``model``, loaded by attn_cli.hf as family ``name``:
+    every row's selected keys equal transformers' top-k indices, logits, and every gradient of the
+    next-token loss (the family's backward and ``twin``'s autograd) against transformers' autograd
+    (``exact(model, config)`` first in float64) with test_hf.py's tolerances; the indexers'
+    parameters get none there (no_grad) and zeros here."""
+    family = families()[name]
+    kind, config, params = load_checkpoint(save(model, folder), dtype)
+    assert kind == name and type(config) is config_class, config
+    if dtype == np.float64:
+        model = exact(model, config)
+    ids = random_ids(config.vocab_size)
+    logits, cache = family.forward(ids, params, config)
+    assert_dsa_separated(f"{name} checkpoint", cache, params, config)
+    dlogits = next_token_dlogits(logits, ids)
+    model.zero_grad()
+    out = []
+    hf_indices = hf_selections(model, lambda: out.append(model(input_ids=to_torch(ids)).logits))
+    (out[0] * to_torch(dlogits)).sum().backward()
+    same, rows = selection_agreement(cache, hf_indices)
+    assert same == rows, f"{name}: {rows - same} of {rows} rows select other keys than transformers"
+    assert any((b.attn.selected.sum(-1) < np.isfinite(b.attn.scores).sum(-1)).any()
+               for b in cache.blocks if b.attn.scores is not None), f"{name}: no key dropped"
+    theirs = {k: to_numpy(p.grad) for k, p in model.named_parameters() if p.grad is not None}
+    rstds = deepseek_v32_rstds(cache)
+    compare(f"{name} checkpoint logits", logits, to_numpy(out[0].detach()), dtype, rstds)
+    tparams = tree_to_torch(params, requires_grad=True)
+    (twin(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
+    ours = family.backward(dlogits, cache)
+    twin_grads = tree_map(lambda t: np.zeros(t.shape, dtype) if t.grad is None else to_numpy(t.grad), tparams)
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for source, grads in (("twin", twin_grads), ("backward", ours)):
+        named = deepseek_to_hf_names(grads, config)
+        indexer = {hf_name for hf_name in named if ".indexer." in hf_name}
+        assert indexer and not any(named[hf_name].any() for hf_name in indexer), f"{source}: an indexer has a gradient"
+        assert named.keys() - indexer == theirs.keys(), (source, sorted(named.keys() - indexer ^ theirs.keys()))
+        for hf_name, g in theirs.items():
+            compare(f"{name} checkpoint d{hf_name} ({source})", named[hf_name], g, dtype, rstds, scale)
+
+
+def assert_dsa_decodes_as_full_forward(name, model, folder, dtype, twin, twin_kv_cache):
+    """``model`` saved and loaded: a prefill of 3 tokens, then one token at a time up to 10, every
+    position's logits equal the full forward's, and ``twin`` decodes the same (test_deepseek_v3's
+    bound: the absorbed path reassociates MLA's products). The cache holds rkv + dr + index_head_dim
+    numbers a token and layer."""
+    family = families()[name]
+    _, config, params = load_checkpoint(save(model, folder), dtype)
+    ids = random_ids(config.vocab_size, B=2, T=10, seed=1)
+    full, full_cache = family.forward(ids, params, config)
+    assert_dsa_separated(f"{name} decode", full_cache, params, config)
+    tol = dsa_tol(full_cache, full)
+    sizes, tparams = [3] + [1] * 7, tree_map(to_torch, params)
+    kv_cache = family.kv_cache(config, 2, dtype)
+    ours = decode_in_steps(lambda chunk: family.forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
+    assert_close(f"{name} decode logits vs full forward", ours, full, **tol)
+    assert kv_cache.length == 10, kv_cache.length
+    twin_cache = twin_kv_cache(config, 2, tparams["wte"].dtype)
+    twin_logits = decode_in_steps(
+        lambda chunk: to_numpy(twin(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
+    assert_close(f"{name} decode twin logits", twin_logits, ours, **tol)
+    itemsize = np.dtype(dtype).itemsize
+    per_token = config.n_layer * (config.kv_lora_rank + config.qk_rope_head_dim + config.index_head_dim) * itemsize
+    assert family.kv_cache(config, 1, dtype).bytes_per_token == per_token
 
 
 # -- loading a damaged checkpoint ---------------------------------------------------------------------

@@ -41,10 +41,8 @@ from numpy_attn.deepseek_v32 import (
 )
 from parity_tests import strategies as S
 from parity_tests.helpers import (
-    TOLERANCES,
     assert_close,
     autograd,
-    decode_in_steps,
     directional_derivative,
     directional_tol,
     to_numpy,
@@ -52,61 +50,28 @@ from parity_tests.helpers import (
     tree_dot,
     tree_leaves,
     tree_map,
-    tree_to_torch,
 )
 from parity_tests.model_kit import (
     CHOICE_GAP,
     DTYPES,
+    INDEX_GAP,
     assert_changed_config_refused,
+    assert_dsa_checkpoint_matches_transformers,
+    assert_dsa_decodes_as_full_forward,
     assert_generate_hf_is_transformers,
     choice_gaps,
-    compare,
     deepseek_models,
-    deepseek_to_hf_names,
     deepseek_v32_rstds,
+    dsa_tol,
     exact_hf_deepseek,
     float64_twin,
-    next_token_dlogits,
+    index_gap,
     random_ids,
     randomise_deepseek,
     save,
 )
 from torch_attn.lightning_indexer import lightning_indexer_loss
 
-INDEX_GAP = 1e-6   # far above float32's rounding of scores of a few units (~1e-7 relative)
-
-
-def index_gap(cache, top_k):
-    """The smallest gap, over every block and row that drops a visible key, between the k-th and
-    the next score (inf when no row drops one)."""
-    gaps = [np.inf]
-    for block in cache.blocks:
-        ranked = -np.sort(-block.attn.scores, axis=-1)                       # (B, T, S), best first
-        if ranked.shape[-1] > top_k:
-            dropped = np.isfinite(ranked[..., top_k])                         # (B, T) rows that drop a key
-            kept = ranked[dropped]                                            # (rows, S)
-            gaps += [float(g) for g in kept[:, top_k - 1] - kept[:, top_k]]
-    return min(gaps)
-
-
-def _tol(cache, expected):
-    """test_deepseek_v3._tol's bound: the dtype's tolerance times the largest rstd, atol also times
-    the largest |value| compared."""
-    tol = TOLERANCES[expected.dtype]
-    rstd = max([1.0] + [float(r.max()) for r in deepseek_v32_rstds(cache)])
-    scale = max(1.0, float(np.abs(expected).max()))
-    return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
-
-
-def assert_separated(label, cache, params, config):
-    """The experts and the keys each token chose are far from a tie (see the module docstring)."""
-    found = choice_gaps(cache, params, config)
-    assert found > CHOICE_GAP, f"{label}: a top-k boundary of the router is {found:.2e} from a tie"
-    found = index_gap(cache, config.index_topk)
-    assert found > INDEX_GAP, f"{label}: a top-k boundary of the indexer is {found:.2e} from a tie"
-
-
-# -- the NumPy model against its twin -----------------------------------------------------------------
 
 def models(dtype=None):
     """(config, params, ids, dout): model_kit.deepseek_models with the indexer's sizes drawn (1 to 3
@@ -138,12 +103,12 @@ def test_forward_and_backward_match_twin(case):
     dparams = deepseek_v32_backward(dout, cache)
     twin_logits, grads = autograd(lambda params: tw.deepseek_v32(to_torch(ids), params, config), {"params": params},
                                   dout)
-    assert_close("deepseek_v32.logits", logits, twin_logits, **_tol(cache, twin_logits))
+    assert_close("deepseek_v32.logits", logits, twin_logits, **dsa_tol(cache, twin_logits))
     for path, g in tree_leaves(grads["params"]):
         ours = dict(tree_leaves(dparams))[path]
         if ".indexer." in path:
             assert not ours.any() and not g.any(), f"deepseek_v32.{path}: the indexer got a gradient"
-        assert_close(f"deepseek_v32.{path}", ours, g, **_tol(cache, g))
+        assert_close(f"deepseek_v32.{path}", ours, g, **dsa_tol(cache, g))
 
 
 @given(case=models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
@@ -239,69 +204,14 @@ def exact_hf_deepseek_v32(model, config):
     return exact_hf_deepseek(model, config, "DeepseekV32", indexer)
 
 
-def hf_selections(model, run):
-    """transformers' top-k key indices of every layer's indexer (B, T, k) during ``run()``."""
-    found = []
-    hooks = [m.register_forward_hook(lambda m, args, out: found.append(to_numpy(out.long())))
-             for m in model.modules() if type(m).__name__ == "DeepseekV32Indexer"]
-    try:
-        run()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return found
-
-
-def selection_agreement(cache, hf_indices):
-    """(rows whose selected keys equal transformers', rows): transformers' indices as a mask of the
-    visible keys (its topk returns hidden ones where a row has fewer than k, which its mask hides)."""
-    same = rows = 0
-    for block, indices in zip(cache.blocks, hf_indices, strict=True):
-        visible = np.isfinite(block.attn.scores)
-        theirs = np.zeros(visible.shape, bool)
-        np.put_along_axis(theirs, indices, True, axis=-1)
-        same += int((block.attn.selected == (theirs & visible)).all(axis=-1).sum())
-        rows += visible.shape[0] * visible.shape[1]
-    return same, rows
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_checkpoint_matches_transformers(tmp_path, dtype):
     """The folder save_pretrained writes, loaded by attn_cli.hf: every row's selected keys equal
     transformers' top-k indices, logits, and every gradient of the next-token loss (our backward and
     the twin's autograd) against transformers' autograd with test_hf.py's tolerances; the indexer's
     parameters get none there (no_grad) and zeros here."""
-    model = hf_deepseek_v32(dtype)
-    kind, config, params = load_checkpoint(save(model, tmp_path), dtype)
-    assert kind == "deepseek_v32" and type(config) is DeepseekV32Config, config
-    if dtype == np.float64:
-        model = exact_hf_deepseek_v32(model, config)
-    ids = random_ids(config.vocab_size)
-    logits, cache = deepseek_v32_forward(ids, params, config)
-    assert_separated("deepseek_v32 checkpoint", cache, params, config)
-    dlogits = next_token_dlogits(logits, ids)
-    model.zero_grad()
-    out = []
-    hf_indices = hf_selections(model, lambda: out.append(model(input_ids=to_torch(ids)).logits))
-    (out[0] * to_torch(dlogits)).sum().backward()
-    same, rows = selection_agreement(cache, hf_indices)
-    assert same == rows, f"deepseek_v32: {rows - same} of {rows} rows select other keys than transformers"
-    assert any((b.attn.selected.sum(-1) < np.isfinite(b.attn.scores).sum(-1)).any() for b in cache.blocks)
-    theirs = {k: to_numpy(p.grad) for k, p in model.named_parameters() if p.grad is not None}
-    rstds = deepseek_v32_rstds(cache)
-    compare("deepseek_v32 checkpoint logits", logits, to_numpy(out[0].detach()), dtype, rstds)
-    tparams = tree_to_torch(params, requires_grad=True)
-    (tw.deepseek_v32(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
-    ours = deepseek_v32_backward(dlogits, cache)
-    twin = tree_map(lambda t: np.zeros(t.shape, dtype) if t.grad is None else to_numpy(t.grad), tparams)
-    scale = max(float(np.abs(g).max()) for g in theirs.values())
-    for source, grads in (("twin", twin), ("backward", ours)):
-        named = deepseek_to_hf_names(grads, config)
-        indexer = {name for name in named if ".indexer." in name}
-        assert indexer and not any(named[name].any() for name in indexer), f"{source}: the indexer has a gradient"
-        assert named.keys() - indexer == theirs.keys(), (source, sorted(named.keys() - indexer ^ theirs.keys()))
-        for hf_name, g in theirs.items():
-            compare(f"deepseek_v32 checkpoint d{hf_name} ({source})", named[hf_name], g, dtype, rstds, scale)
+    assert_dsa_checkpoint_matches_transformers("deepseek_v32", DeepseekV32Config, hf_deepseek_v32(dtype), tmp_path,
+                                               dtype, exact_hf_deepseek_v32, tw.deepseek_v32)
 
 
 def test_float64_steps_are_the_ones_transformers_keeps_in_float32(tmp_path):
@@ -325,24 +235,8 @@ def test_cached_decoding_equals_full_forward(tmp_path, dtype):
     full forward's, and the twin decodes the same (test_deepseek_v3's bound: the absorbed path
     reassociates MLA's products). The cache holds rkv + dr + index_head_dim numbers a token and
     layer."""
-    _, config, params = load_checkpoint(save(hf_deepseek_v32(dtype), tmp_path), dtype)
-    ids = random_ids(config.vocab_size, B=2, T=10, seed=1)
-    full, full_cache = deepseek_v32_forward(ids, params, config)
-    assert_separated("deepseek_v32 decode", full_cache, params, config)
-    tol = _tol(full_cache, full)
-    sizes, tparams = [3] + [1] * 7, tree_map(to_torch, params)
-    kv_cache = deepseek_v32_kv_cache(config, 2, dtype)
-    ours = decode_in_steps(lambda chunk: deepseek_v32_forward(chunk, params, config, kv_cache=kv_cache)[0],
-                           ids, sizes)
-    assert_close("deepseek_v32 decode logits vs full forward", ours, full, **tol)
-    assert kv_cache.length == 10, kv_cache.length
-    twin_cache = tw.deepseek_v32_kv_cache(config, 2, tparams["wte"].dtype)
-    twin = decode_in_steps(
-        lambda chunk: to_numpy(tw.deepseek_v32(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
-    assert_close("deepseek_v32 decode twin logits", twin, ours, **tol)
-    itemsize = np.dtype(dtype).itemsize
-    per_token = config.n_layer * (config.kv_lora_rank + config.qk_rope_head_dim + config.index_head_dim) * itemsize
-    assert deepseek_v32_kv_cache(config, 1, dtype).bytes_per_token == per_token
+    assert_dsa_decodes_as_full_forward("deepseek_v32", hf_deepseek_v32(dtype), tmp_path, dtype,
+                                       tw.deepseek_v32, tw.deepseek_v32_kv_cache)
 
 
 def test_decoding_refuses_a_foreign_cache_and_the_backward():

@@ -34,38 +34,47 @@ def _select(h, params, config, positions, past_keys=None):
     c_q = rms_norm(c_q, cast(params["q_a_norm"])["w"], config.mla.rms_eps)    # (B, T, rq)
     indexer = {name: cast(layer) for name, layer in params["indexer"].items()}
     _, selected = lightning_indexer(x, c_q, indexer, positions=positions, past_keys=past_keys, **config.indexer)
-    keys = indexer_keys(x, indexer, config.qk_rope_head_dim, positions, config.rope_theta, config.rope_scaling)
+    keys = indexer_keys(x, indexer, config.qk_rope_head_dim, positions, config.rope_theta, config.rope_scaling,
+                        config.INDEXER_ROPE_LAYOUT)
     return selected, keys
 
 
-def deepseek_v32_attention(h, params, config, positions, *, attn_mask=None, kv_cache=None):
+def deepseek_v32_attention(h, params, config, positions, *, attn_mask=None, kv_cache=None, selection=None):
     """MLA over each query's selected keys: h (B, T, C) -> (B, T, C), absorbed decoding from a
-    deepseek_v32_kv_cache's layer."""
+    deepseek_v32_kv_cache's layer; a block without an indexer attends over ``selection``'s."""
     if attn_mask is not None:
         raise ValueError("deepseek_v32_attention: attn_mask is not supported (the model attends causally)")
     mla_params = {name: layer for name, layer in params.items() if name != "indexer"}
-    if kv_cache is not None:   # decoding: score the cached indexer keys, then MLA absorbed over the latents
-        keys = kv_cache.cache.index_keys[kv_cache.index]                     # (B, max_len, D) this layer's slots
-        P, T = kv_cache.length, h.shape[1]
-        selected, new_keys = _select(h, params, config, positions, keys[:, :P])   # (B, T, P + T)
-        keys[:, P:P + T] = new_keys
+    if "indexer" in params:
+        P, T = (0 if kv_cache is None else kv_cache.length), h.shape[1]
+        keys = None if kv_cache is None else kv_cache.cache.index_keys[kv_cache.index]   # (B, max_len, D) its slots
+        selected, new_keys = _select(h, params, config, positions, None if keys is None else keys[:, :P])
+        if keys is not None:   # decoding: the new tokens' keys join the cached ones
+            keys[:, P:P + T] = new_keys
+        if selection is not None:
+            selection["selected"] = selected
+    else:
+        selected = selection["selected"]                                      # (B, T, S) an earlier block's
+    if kv_cache is not None:   # decoding: MLA absorbed over the latents
         return _absorbed_attention(h, mla_params, config.mla, positions, kv_cache, selected[:, None])
-    selected, _ = _select(h, params, config, positions)                      # (B, T, S)
     return mla(h, mla_params, config.mla, positions, attn_mask=selected[:, None])   # (B, T, C)
 
 
 # -- the model ------------------------------------------------------------------------------------
 
-def _layer_options(config):
-    """Block i's options: DSA and a dense or a mixture-of-experts network."""
-    return lambda i: {"attention": deepseek_v32_attention, "mlp": deepseek_moe_mlp if config.is_moe(i) else swiglu_mlp}
+def dsa_layer_options(config):
+    """Block i's options: DSA, sharing one forward's selection between the blocks, and a dense or a
+    mixture-of-experts network."""
+    selection = {}
+    return lambda i: {"attention": deepseek_v32_attention, "selection": selection,
+                      "mlp": deepseek_moe_mlp if config.is_moe(i) else swiglu_mlp}
 
 
 def deepseek_v32(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                  logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from deepseek_v32_kv_cache."""
     return _model.decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask,
-                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, layer_options=_layer_options(config))
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, layer_options=dsa_layer_options(config))
 
 
 @dataclass
