@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 import torch_attn.deepseek_v32 as tw
+from attn_cli import cli
 from attn_cli.hf import load_checkpoint
 from numpy_attn.deepseek_v32 import (
     DeepseekV32Config,
@@ -261,6 +262,16 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, options):
     token attends sparsely."""
     assert_generate_hf_is_transformers(hf_deepseek_v32(np.float32), tmp_path, capsys, options,
                                        f"deepseek_v32 {options}")
+
+
+def test_no_absorb_is_refused(tmp_path, capsys):
+    """DeepSeek-V3.2 decodes absorbed only: --no-absorb is refused in one line saying so."""
+    hf_deepseek_v32(np.float32).save_pretrained(tmp_path, safe_serialization=True)
+    capsys.readouterr()                                                   # save_pretrained's progress bar
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--no-absorb"]) == 2
+    err = capsys.readouterr().err
+    assert "is a DeepSeek-V3.2 checkpoint, whose multi-head latent attention decodes absorbed only" in err, err
+    assert err.strip().count("\n") == 0, err
 
 
 # -- bad input ------------------------------------------------------------------------------------------
