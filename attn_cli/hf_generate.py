@@ -61,8 +61,10 @@ def run(args):
     family = families()[kind]
     if not absorb and not family.absorb:
         absorbing = " and ".join(f.title for f in families().values() if f.absorb)
-        raise ValueError(f"--no-absorb: {args.hf} is a {family.title} checkpoint, without multi-head "
-                         f"latent attention; only {absorbing} decodes absorbed or not")
+        what = ("whose multi-head latent attention decodes absorbed only" if hasattr(config, "mla")
+                else "without multi-head latent attention")
+        raise ValueError(f"--no-absorb: {args.hf} is a {family.title} checkpoint, {what}; only {absorbing} "
+                         "decodes absorbed or not")
     if kind == "gpt2" and args.ids is None:
         from attn_cli import tokenizer
 

@@ -57,6 +57,8 @@ Reading order, leaf to root:
     mla                multi-head latent attention (DeepSeek-V2/V3) and absorbed latent-cache decoding
     lightning_indexer  DeepSeek Sparse Attention's indexer: ReLU scores, top-k keys per query, its KL loss
     deepseek_v3        DeepSeek-V3: Llama with MLA, dense then mixture-of-experts blocks, absorbed decoding
+    deepseek_v32       DeepSeek-V3.2: DeepSeek-V3 whose MLA attends over the lightning indexer's top-k keys
+    glm_moe_dsa        GLM-5: DeepSeek-V3.2 with interleaved indexer rope, shared layers reusing a selection
     llama4             Llama 4's text model: chunked rotary and NoPE layers, sigmoid-routed experts
     kimi_linear        Kimi Linear: Kimi Delta Attention in three layers of four, MLA without positions, experts
 
@@ -91,6 +93,11 @@ from numpy_attn.deepseek_v3 import (
     deepseek_v3_backward, deepseek_v3_block_backward, deepseek_v3_block_forward,
     deepseek_v3_forward, deepseek_v3_kv_cache, init_deepseek_v3_params,
 )
+from numpy_attn.deepseek_v32 import (
+    DeepseekV32Config, deepseek_v32_attention_backward, deepseek_v32_attention_forward, deepseek_v32_backward,
+    deepseek_v32_forward, deepseek_v32_indexer_loss, deepseek_v32_indexer_loss_backward, deepseek_v32_kv_cache,
+    dsa_decoder_forward, dsa_layer_options, init_deepseek_v32_params,
+)
 from numpy_attn.dropout import dropout_backward, dropout_forward
 from numpy_attn.embedding import embedding_backward, embedding_forward
 from numpy_attn.feed_forward import (
@@ -117,6 +124,9 @@ from numpy_attn.kimi_linear import (
     kimi_linear_kv_cache,
 )
 from numpy_attn.gelu import gelu_backward, gelu_forward
+from numpy_attn.glm_moe_dsa import (
+    GlmMoeDsaConfig, glm_moe_dsa_backward, glm_moe_dsa_forward, glm_moe_dsa_kv_cache, init_glm_moe_dsa_params,
+)
 from numpy_attn.gemma2 import (
     Gemma2Config, gemma2_attention_forward, gemma2_backward, gemma2_block_backward, gemma2_block_forward,
     gemma2_forward, gemma2_kv_cache, gemma_decoder_forward, init_gemma2_params,
@@ -146,7 +156,7 @@ from numpy_attn.llama import (
     llama_block_backward, llama_block_forward, llama_forward, llama_kv_cache, swiglu_mlp_forward,
 )
 from numpy_attn.lightning_indexer import (
-    lightning_indexer_backward, lightning_indexer_forward, lightning_indexer_loss_backward,
+    indexer_keys, lightning_indexer_backward, lightning_indexer_forward, lightning_indexer_loss_backward,
     lightning_indexer_loss_forward,
 )
 from numpy_attn.llama4 import (

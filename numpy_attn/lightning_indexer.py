@@ -38,6 +38,12 @@ scores. Exact ties are common: a key whose every ReLU is 0 scores exactly 0. A r
 than top_k visible keys keeps them all; hidden keys are never selected (transformers' topk
 returns some of its -inf keys then, which its attention mask hides again).
 
+Decoding. A key depends on its own token only, so a decoder caches the rotated keys k (B, S, D)
+and passes those of the P earlier tokens as ``past_keys``: the T new queries score all P + T keys,
+causality aligned bottom-right (query t sees keys 0..P+t), positions default P..P+T-1, and the
+new keys are the cache's ``k_rot[:, P:]``. No gradient reaches the cached keys' tokens: a forward
+with past keys is for inference only (the backward refuses it).
+
 Backward. The selection is piecewise constant in every input (it changes only where two scores
 cross): it has no gradient, and ``selected`` has none. The scores have one almost everywhere
 (ReLU's derivative at 0 taken as 0, as torch's): lightning_indexer_backward gives the gradient
@@ -67,7 +73,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_integer, check_same_dtype
+from numpy_attn._checks import check_dout, check_integer, check_no_past, check_same_dtype
 from numpy_attn.layer_norm import layer_norm_backward, layer_norm_forward
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.rope import LAYOUTS, rope_backward, rope_forward
@@ -93,24 +99,29 @@ class LightningIndexerCache(NamedTuple):
     weights: np.ndarray     # (B, T, nh) w, scaled by 1 / sqrt(nh)
     visible: np.ndarray     # (B, T, S) bool
     rope_dim: int
+    past: int = 0           # keys passed as past_keys (0 without): no gradient reaches them
 
 
 def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=None, attn_mask=None,
-                              is_causal=True, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
+                              is_causal=True, rope_theta=10000.0, rope_scaling=None, rope_layout="half",
+                              past_keys=None):
     """Index scores and the top-k keys of each query: x (B, T, C), q_latent (B, T, rq) ->
-    scores (B, T, S = T) (-inf where hidden), selected (B, T, S) bool, and the cache.
+    scores (B, T, S) (-inf where hidden), selected (B, T, S) bool, and the cache; S = P + T with
+    ``past_keys`` (B, P, D), the rotated keys of P earlier tokens (decoding), else S = T.
 
     ``params``: {"wq_b": {"w": (rq, nh*D)}, "wk": {"w": (C, D)}, "k_norm": {"w": (D,), "b": (D,)},
     "weights_proj": {"w": (C, nh)}}. ``positions`` (T,) or (B, T) integers (default 0..T-1) turn
     the first ``rope_dim`` channels of q and k, paired as ``rope_layout`` says (rope.py's
-    "half" or "interleaved"). ``attn_mask`` (bool, True where a query may attend,
-    broadcast to (B, T, S)) hides keys besides causality (``is_causal``: key s > t is hidden).
+    "half" or "interleaved"); they default to P..P+T-1. ``attn_mask`` (bool, True where a query
+    may attend, broadcast to (B, T, S)) hides keys besides causality (``is_causal``: key s > P + t
+    is hidden).
     """
     _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal,
-                             rope_layout)
+                             rope_layout, past_keys)
     B, T, C = x.shape
     nh, D = params["weights_proj"]["w"].shape[1], params["wk"]["w"].shape[1]
-    positions = np.arange(T) if positions is None else np.asarray(positions)
+    P = 0 if past_keys is None else past_keys.shape[1]                    # keys of earlier tokens
+    positions = np.arange(P, P + T) if positions is None else np.asarray(positions)
     q_pos = positions if positions.ndim == 1 else positions[:, None, :]   # (B, T) -> (B, 1, T): all heads
     # The queries: one projection of the latent, the first rope_dim channels of each head turned.
     q, q_cache = linear_forward(q_latent, params["wq_b"]["w"])            # (B, T, rq) -> (B, T, nh*D)
@@ -118,10 +129,10 @@ def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=No
     q_r, q_rope_cache = rope_forward(q[..., :rope_dim], q_pos, rope_theta, rope_layout, rope_scaling)
     q = np.concatenate([q_r, q[..., rope_dim:]], axis=-1)                 # (B, nh, T, D)
     # The keys: one head from x, layer-normed, then turned alike.
-    k, k_cache = linear_forward(x, params["wk"]["w"])                     # (B, T, C) -> (B, S, D)
-    k, k_norm_cache = layer_norm_forward(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
-    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
-    k = np.concatenate([k_r, k[..., rope_dim:]], axis=-1)                 # (B, S, D)
+    k, (k_cache, k_norm_cache, k_rope_cache) = indexer_keys(x, params, rope_dim, positions, rope_theta,
+                                                            rope_scaling, rope_layout)   # (B, T, D)
+    if P:   # decoding: the earlier tokens' keys come first
+        k = np.concatenate([past_keys, k], axis=1)                        # (B, P, D) + (B, T, D) -> (B, S, D)
     # Each head's ReLU'd scores, summed with the query's weight per head.
     logits = (q @ k[:, None].swapaxes(-1, -2)) * (D ** -0.5)   # (B, nh, T, D) @ (B, 1, D, S) -> (B, nh, T, S)
     relu = np.maximum(logits, 0)                                          # (B, nh, T, S)
@@ -129,15 +140,15 @@ def lightning_indexer_forward(x, q_latent, params, top_k, rope_dim, positions=No
     w = w * (nh ** -0.5)                                                  # (B, T, nh)
     scores = np.einsum("bth,bhts->bts", w, relu)                          # (B, T, nh) x (B, nh, T, S) -> (B, T, S)
     # Hidden keys score -inf, below every visible one.
-    visible = _visible(B, T, attn_mask, is_causal)                        # (B, T, S)
+    visible = _visible(B, T, P, attn_mask, is_causal)                     # (B, T, S)
     scores = np.where(visible, scores, x.dtype.type(-np.inf))             # (B, T, S)
     # The top_k of each row; of equal scores the lower key index first (see the docstring).
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :min(top_k, T)]   # (B, T, S) -> (B, T, k)
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., :min(top_k, P + T)]   # (B, T, S) -> (B, T, k)
     selected = np.zeros(scores.shape, dtype=bool)                         # (B, T, S)
     np.put_along_axis(selected, order, True, axis=-1)
     selected = selected & visible                                         # hidden keys never selected
     cache = LightningIndexerCache(q_cache, q_rope_cache, k_cache, k_norm_cache, k_rope_cache, w_cache,
-                                  q, k, logits, w, visible, rope_dim)
+                                  q, k, logits, w, visible, rope_dim, P)
     return scores, selected, cache
 
 
@@ -147,6 +158,7 @@ def lightning_indexer_backward(dscores, cache):
     c = cache
     B, nh, T, D = c.q_rot.shape
     check_dout("lightning_indexer_backward", dscores, c.visible.shape, c.q_rot.dtype, name="dscores")
+    check_no_past("lightning_indexer_backward", c.visible.shape[2], c.past)   # cached keys: inference only
     dr = c.rope_dim
     # Undoes scores = where(visible, scores, -inf): a hidden entry is a constant.
     dscores = np.where(c.visible, dscores, 0)                                          # (B, T, S)
@@ -174,11 +186,21 @@ def lightning_indexer_backward(dscores, cache):
     return dx, dq_latent, dparams
 
 
-def _visible(B, T, attn_mask, is_causal):
-    """Which keys each query sees: (B, T, S = T) bool, causal (top-left, S = T) and attn_mask."""
-    visible = np.ones((B, T, T), dtype=bool)                              # (B, T, S)
+def indexer_keys(x, params, rope_dim, positions, rope_theta=10000.0, rope_scaling=None, rope_layout="half"):
+    """The rotated keys of x's tokens: x (B, T, C) -> (B, T, D), what a decoder caches, and the
+    caches of wk, k_norm and the rope (unchecked: lightning_indexer_forward checks its inputs)."""
+    k, k_cache = linear_forward(x, params["wk"]["w"])                     # (B, T, C) -> (B, T, D)
+    k, k_norm_cache = layer_norm_forward(k, params["k_norm"]["w"], params["k_norm"]["b"], K_NORM_EPS)
+    k_r, k_rope_cache = rope_forward(k[..., :rope_dim], positions, rope_theta, rope_layout, rope_scaling)
+    return np.concatenate([k_r, k[..., rope_dim:]], axis=-1), (k_cache, k_norm_cache, k_rope_cache)   # (B, T, D)
+
+
+def _visible(B, T, P, attn_mask, is_causal):
+    """Which keys each query sees: (B, T, S = P + T) bool, causal (bottom-right: key s <= P + t)
+    and attn_mask."""
+    visible = np.ones((B, T, P + T), dtype=bool)                          # (B, T, S)
     if is_causal:
-        visible = visible & np.tri(T, dtype=bool)                         # key s <= query t
+        visible = visible & np.tri(T, P + T, P, dtype=bool)               # key s <= P + query t
     if attn_mask is not None:
         visible = visible & attn_mask                                     # broadcast to (B, T, S)
     return visible
@@ -227,10 +249,11 @@ def lightning_indexer_loss_backward(dloss, cache):
 _PARAM_SHAPES = (("wq_b", "w"), ("wk", "w"), ("k_norm", "w"), ("k_norm", "b"), ("weights_proj", "w"))
 
 
-def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal, rope_layout):
+def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, attn_mask, is_causal, rope_layout,
+                             past_keys=None):
     """Raise unless x (B, T, C) and q_latent (B, T, rq) are float32 or float64 arrays of one dtype,
     params holds the four layers with shapes that agree, top_k and rope_dim are valid integers, and
-    positions, attn_mask and is_causal are as documented, naming the value at fault."""
+    positions, attn_mask, is_causal and past_keys are as documented, naming the value at fault."""
     for name, a in (("x", x), ("q_latent", q_latent)):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"lightning_indexer: {name} must be a NumPy array, got {type(a).__name__}")
@@ -267,6 +290,17 @@ def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, at
         raise ValueError(f"lightning_indexer: top_k must be >= 1, got {top_k}")
     if not 2 <= rope_dim <= D or rope_dim % 2:
         raise ValueError(f"lightning_indexer: rope_dim must be even and in [2, D = {D}], got {rope_dim}")
+    P = 0
+    if past_keys is not None:
+        if not isinstance(past_keys, np.ndarray) or past_keys.dtype != x.dtype:
+            got = past_keys.dtype if isinstance(past_keys, np.ndarray) else type(past_keys).__name__
+            raise TypeError(f"lightning_indexer: past_keys must be a NumPy array of x's dtype {x.dtype}, got {got}")
+        if past_keys.ndim != 3 or past_keys.shape[0] != B or past_keys.shape[2] != D:
+            raise ValueError(f"lightning_indexer: past_keys must have shape (B, P, D) = ({B}, P, {D}), "
+                             f"got {past_keys.shape}")
+        if not np.isfinite(past_keys).all():
+            raise ValueError(f"lightning_indexer: past_keys of shape {past_keys.shape} holds NaN or inf")
+        P = past_keys.shape[1]
     if positions is not None:
         positions = np.asarray(positions)
         check_integer("positions", positions)
@@ -278,12 +312,12 @@ def _check_lightning_indexer(x, q_latent, params, top_k, rope_dim, positions, at
             raise TypeError("lightning_indexer: attn_mask must be a bool NumPy array (True where a query "
                             f"may attend), got {getattr(attn_mask, 'dtype', type(attn_mask).__name__)}")
         try:
-            fits = np.broadcast_shapes(attn_mask.shape, (B, T, T)) == (B, T, T)
+            fits = np.broadcast_shapes(attn_mask.shape, (B, T, P + T)) == (B, T, P + T)
         except ValueError:
             fits = False
         if not fits:
             raise ValueError(f"lightning_indexer: attn_mask of shape {attn_mask.shape} does not broadcast "
-                             f"to the scores' (B, T, S) = {(B, T, T)}")
+                             f"to the scores' (B, T, S) = {(B, T, P + T)}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"lightning_indexer: is_causal must be a bool, got {type(is_causal).__name__}")
     if rope_layout not in LAYOUTS:

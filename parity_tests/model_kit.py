@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 import numpy_attn.deepseek_v3 as deepseek_v3
+import numpy_attn.deepseek_v32 as deepseek_v32
 import numpy_attn.gemma2 as gemma2
 import numpy_attn.gemma3 as gemma3
 import numpy_attn.gemma4 as gemma4
+import numpy_attn.glm_moe_dsa as glm_moe_dsa
 import numpy_attn.gpt_oss as gpt_oss
 import numpy_attn.kimi_linear as kimi_linear
 import numpy_attn.llama as llama
@@ -38,9 +40,11 @@ import numpy_attn.olmo_hybrid as olmo_hybrid
 import numpy_attn.qwen3_5 as qwen3_5
 import numpy_attn.qwen3_next as qwen3_next
 import torch_attn.deepseek_v3 as tw_deepseek_v3
+import torch_attn.deepseek_v32 as tw_deepseek_v32
 import torch_attn.gemma2 as tw_gemma2
 import torch_attn.gemma3 as tw_gemma3
 import torch_attn.gemma4 as tw_gemma4
+import torch_attn.glm_moe_dsa as tw_glm_moe_dsa
 import torch_attn.gpt_oss as tw_gpt_oss
 import torch_attn.kimi_linear as tw_kimi_linear
 import torch_attn.llama as tw_llama
@@ -53,6 +57,7 @@ import torch_attn.qwen3_next as tw_qwen3_next
 from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
+from numpy_attn._family import families
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
@@ -66,6 +71,7 @@ from parity_tests import strategies as S
 from parity_tests.helpers import (
     FD_TOL,
     LOW_DTYPES,
+    TOLERANCES,
     assert_close,
     assert_error_budget,
     assert_tree_close,
@@ -86,6 +92,7 @@ from parity_tests.helpers import (
     tree_map,
     tree_to_torch,
 )
+from torch_attn.moe import deepseek_router
 
 # -- transformers' models, saved and compared ----------------------------------------------------------
 
@@ -1134,6 +1141,11 @@ def deepseek_v3_rstds(cache):
     return [cache.norm[1]] + [r for c in cache.blocks for r in (c.attn_norm[1], c.mlp_norm[1], *mla_rstds(c.attn))]
 
 
+def deepseek_v32_rstds(cache):
+    """deepseek_v3_rstds of DeepSeek-V3.2's cache, whose attention caches hold MLA's under .mla."""
+    return deepseek_v3_rstds(cache._replace(blocks=[b._replace(attn=b.attn.mla) for b in cache.blocks]))
+
+
 def kimi_linear_rstds(cache):
     """The rstd of the model's RMS norms: the final one, each block's two, MLA's latent and query
     norms on the MLA blocks."""
@@ -1167,13 +1179,14 @@ def encoder_layer_grads(layer):
 def small_family_model(name, seed):
     """(forward, backward, twin, config, params, rstds) of a small float64 model of family ``name``
     (llama, qwen3, qwen3_5, qwen3_next, olmo2, olmo_hybrid, gemma2, gemma3, gemma4, gpt_oss, deepseek_v3,
-    llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from ``seed``: Gemma 2 with
-    a final cap of 0.5, so that the cap after the head bends the logits, gpt-oss with sinks and
-    experts, DeepSeek-V3 with MLA and a MoE block, Qwen3.5 with a Gated DeltaNet layer and an attention
-    layer, Qwen3-Next too with a MoE block after its Gated DeltaNet layer, Llama 4 with a chunked MoE
-    layer of chunk 2 and a NoPE layer, Gemma 4 with a wider global layer and a last one reading its
-    keys, Kimi Linear with a KDA layer and an MLA layer with experts, OLMo Hybrid with a Gated DeltaNet
-    layer and an attention layer."""
+    deepseek_v32, glm_moe_dsa, llama4, kimi_linear), its parameters moved off their init by U(-0.5, 0.5) drawn from
+    ``seed``: Gemma 2 with a final cap of 0.5, so that the cap after the head bends the logits,
+    gpt-oss with sinks and experts, DeepSeek-V3 with MLA and a MoE block, DeepSeek-V3.2 too with an
+    indexer keeping 2 keys, GLM-5 too with a shared indexer layer after a full one, Qwen3.5 with a
+    Gated DeltaNet layer and an attention layer, Qwen3-Next too with a MoE block after its Gated
+    DeltaNet layer, Llama 4 with a chunked MoE layer of chunk 2 and a NoPE layer, Gemma 4 with a
+    wider global layer and a last one reading its keys, Kimi Linear with a KDA layer and an MLA layer
+    with experts, OLMo Hybrid with a Gated DeltaNet layer and an attention layer."""
     small = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, hidden=6)
     families = {   # name: (forward, backward, twin, config, init, rstds)
         "llama": (llama.llama_forward, llama.llama_backward, tw_llama.llama, llama.LlamaConfig(**small),
@@ -1217,6 +1230,18 @@ def small_family_model(name, seed):
                                                      topk_group=1, num_experts_per_tok=2, moe_hidden=3,
                                                      first_k_dense_replace=1),
                         deepseek_v3.init_deepseek_v3_params, deepseek_v3_rstds),
+        "deepseek_v32": (deepseek_v32.deepseek_v32_forward, deepseek_v32.deepseek_v32_backward,
+                         tw_deepseek_v32.deepseek_v32,
+                         deepseek_v32.DeepseekV32Config(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                        topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                        first_k_dense_replace=1, index_topk=2),
+                         deepseek_v32.init_deepseek_v32_params, deepseek_v32_rstds),
+        "glm_moe_dsa": (glm_moe_dsa.glm_moe_dsa_forward, glm_moe_dsa.glm_moe_dsa_backward, tw_glm_moe_dsa.glm_moe_dsa,
+                        glm_moe_dsa.GlmMoeDsaConfig(**{**small, "n_kv_head": 2}, n_routed_experts=4, n_group=2,
+                                                    topk_group=1, num_experts_per_tok=2, moe_hidden=3,
+                                                    first_k_dense_replace=1, index_topk=2,
+                                                    indexer_types=("full", "shared")),
+                        glm_moe_dsa.init_glm_moe_dsa_params, deepseek_v32_rstds),
         "llama4": (llama4.llama4_forward, llama4.llama4_backward, tw_llama4.llama4,
                    llama4.Llama4Config(**small, head_dim=4, n_experts=3, experts_per_token=2, no_rope_layers=(1, 0),
                                        attention_chunk_size=2, floor_scale=2, attn_scale=0.5),
@@ -1270,6 +1295,238 @@ def mla_hf_rotary(config, x, positions):
     angles = torch.cat((angles, angles), dim=-1)
     factor = rope_attention_factor(config.rope_scaling)
     return angles.cos() * factor, angles.sin() * factor
+
+
+def exact_hf_deepseek(model, config, prefix, indexer=None):
+    """Make a float64 transformers DeepSeek model (``prefix`` "DeepseekV3", "DeepseekV32") compute
+    in float64 throughout: its RMS norms cast to float32, its rotary angles are computed in float32,
+    and its router computes its logits in float32 (transformers keeps the router in float32 whatever
+    the model's dtype). The norms and angles are swapped for the same formulas in float64 (the angles
+    as mla_hf_rotary), the router for the twin's (torch_attn/moe.py; the float32 tests run
+    transformers' own), and ``indexer`` (DeepSeek-V3.2's, whose scores are float32) for its
+    float64_twin; so every other part (MLA's projections and layout, YaRN's scale, the experts and
+    their weighting, the shared expert, the residuals, the head) is compared at float64 precision."""
+    def rms_norm(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        B, T = x.shape[:2]
+        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
+
+    def router(self, h):
+        weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
+                                           self.e_score_correction_bias, **config.routing)
+        return None, weights, indices
+
+    patches = {f"{prefix}RMSNorm": rms_norm, f"{prefix}RotaryEmbedding": rotary, f"{prefix}TopkRouter": router,
+               f"{prefix}Indexer": indexer}
+    for module in model.modules():
+        patched = patches.get(type(module).__name__)
+        if patched is not None:
+            module.forward = types.MethodType(patched, module)
+    return model
+
+
+def randomise_deepseek(model, seed):
+    """A transformers DeepSeek model (V3, V3.2) with every parameter far from its initialisation
+    (randomise) and the selection bias, a buffer, U(-0.1, 0.1), so that it moves the choice."""
+    model = randomise(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                E = module.e_score_correction_bias.shape[0]
+                module.e_score_correction_bias.copy_(torch.rand(E, generator=g) * 0.2 - 0.1)
+    return model
+
+
+@st.composite
+def deepseek_sizes(draw):
+    """A tiny DeepSeek config's drawn sizes (DeepseekV3Config's keywords): 1 or 2 heads, rotary
+    width 2 or 4, up to 3 blocks (0 to 2 of them dense), 1 or 2 groups of 2 or 3 experts, any
+    valid topk_group and num_experts_per_tok."""
+    G, per_group = draw(S.dim(1, 2)), draw(S.dim(2, 3))
+    topk_group = draw(S.dim(1, G))
+    dr, n_head = draw(st.sampled_from([2, 4])), draw(S.dim(1, 2))
+    return dict(vocab_size=draw(S.dim(2, 7)), block_size=6, n_layer=draw(S.dim(1, 3)), n_head=n_head,
+                n_kv_head=n_head, n_embd=draw(S.dim(2, 6)), head_dim=dr, hidden=draw(S.dim(1, 4)),
+                kv_lora_rank=draw(S.dim(1, 4)), qk_nope_head_dim=draw(S.dim(1, 3)), qk_rope_head_dim=dr,
+                v_head_dim=draw(S.dim(1, 3)), moe_hidden=draw(S.dim(1, 3)), n_routed_experts=G * per_group,
+                num_experts_per_tok=draw(S.dim(1, topk_group * per_group)), n_group=G, topk_group=topk_group,
+                first_k_dense_replace=draw(st.integers(0, 2)), attn_bias=draw(st.booleans()))
+
+
+@st.composite
+def deepseek_models(draw, config_class, init, dtype=None, **switches):
+    """(config, params, ids, dout): config_class of deepseek_sizes and ``switches`` (each a
+    strategy: the family's own fields), params from ``init`` moved by U(-0.5, 0.5), ids (1 or 2
+    rows of up to 6), dout."""
+    dtype = draw(S.dtypes) if dtype is None else dtype
+    config = config_class(**draw(deepseek_sizes()), **{name: draw(s) for name, s in switches.items()})
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype), init(config, rng, dtype))
+    ids = draw(S.token_ids(config.vocab_size, (draw(S.dim(1, 2)), draw(S.dim(1, 6)))))
+    return config, params, ids, draw(S.arrays(dtype, ids.shape + (config.vocab_size,), 2.0))
+
+
+def deepseek_to_hf_names(grads, config):
+    """Our gradient tree of a DeepSeek model under transformers' parameter names: weights
+    transposed, each expert's gate and up stacked into gate_up_proj (E, 2H, C), down into down_proj
+    (E, C, H), DeepSeek-V3.2's indexer under self_attn.indexer; the selection bias is a buffer
+    there, left out."""
+    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"],
+           "lm_head.weight": grads["head"]["w"].T}
+    for i, block in grads["blocks"].items():
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = block["attn_norm"]["w"]
+        out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
+        for path, g in tree_leaves(block["attn"]):
+            *names, key = path.split(".")
+            module = "indexer." + names[1] if names[0] == "indexer" else MLA_HF_NAMES[names[0]]
+            out[f"{p}self_attn.{module}.{'bias' if key == 'b' else 'weight'}"] = g.T
+        mlp = block["mlp"]
+        networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
+        for where, net in networks.items():
+            for name in ("gate", "up", "down"):
+                out[f"{p}{where}.{name}_proj.weight"] = net[name]["w"].T
+        if "router" in mlp:
+            experts = mlp["experts"]
+            out[p + "mlp.gate.weight"] = mlp["router"]["w"].T
+            out[p + "mlp.experts.gate_up_proj"] = np.concatenate(
+                [experts["gate"]["w"].transpose(0, 2, 1), experts["up"]["w"].transpose(0, 2, 1)], axis=1)
+            out[p + "mlp.experts.down_proj"] = experts["down"]["w"].transpose(0, 2, 1)
+    return out
+
+
+# -- DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): the keys each query selects ------------------------
+
+INDEX_GAP = 1e-6   # far above float32's rounding of scores of a few units (~1e-7 relative)
+
+
+def index_gap(cache, top_k):
+    """The smallest gap, over every block with an indexer and row that drops a visible key, between
+    the k-th and the next score (inf when no row drops one)."""
+    gaps = [np.inf]
+    for block in cache.blocks:
+        if block.attn.scores is None:   # a block without an indexer (GLM-5's shared layers)
+            continue
+        ranked = -np.sort(-block.attn.scores, axis=-1)                       # (B, T, S), best first
+        if ranked.shape[-1] > top_k:
+            dropped = np.isfinite(ranked[..., top_k])                         # (B, T) rows that drop a key
+            kept = ranked[dropped]                                            # (rows, S)
+            gaps += [float(g) for g in kept[:, top_k - 1] - kept[:, top_k]]
+    return min(gaps)
+
+
+def dsa_tol(cache, expected):
+    """test_deepseek_v3._tol's bound: the dtype's tolerance times the largest rstd, atol also times
+    the largest |value| compared."""
+    tol = TOLERANCES[expected.dtype]
+    rstd = max([1.0] + [float(r.max()) for r in deepseek_v32_rstds(cache)])
+    scale = max(1.0, float(np.abs(expected).max()))
+    return dict(rtol=tol["rtol"] * rstd, atol=tol["atol"] * rstd * scale)
+
+
+def assert_dsa_separated(label, cache, params, config):
+    """The experts and the keys each token chose are far from a tie: two programs whose scores
+    differ by rounding choose alike (test_deepseek_v32.py's docstring)."""
+    found = choice_gaps(cache, params, config)
+    assert found > CHOICE_GAP, f"{label}: a top-k boundary of the router is {found:.2e} from a tie"
+    found = index_gap(cache, config.index_topk)
+    assert found > INDEX_GAP, f"{label}: a top-k boundary of the indexer is {found:.2e} from a tie"
+
+
+def hf_selections(model, run):
+    """transformers' top-k key indices of every indexer (B, T, k), in layer order, during ``run()``."""
+    found = []
+    hooks = [m.register_forward_hook(lambda m, args, out: found.append(to_numpy(out.long())))
+             for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def selection_agreement(cache, hf_indices):
+    """(rows whose selected keys equal transformers', rows) over the blocks with an indexer:
+    transformers' indices as a mask of the visible keys (its topk returns hidden ones where a row
+    has fewer than k, which its mask hides)."""
+    same = rows = 0
+    blocks = [b for b in cache.blocks if b.attn.scores is not None]
+    for block, indices in zip(blocks, hf_indices, strict=True):
+        visible = np.isfinite(block.attn.scores)
+        theirs = np.zeros(visible.shape, bool)
+        np.put_along_axis(theirs, indices, True, axis=-1)
+        same += int((block.attn.selected == (theirs & visible)).all(axis=-1).sum())
+        rows += visible.shape[0] * visible.shape[1]
+    return same, rows
+
+
+def assert_dsa_checkpoint_matches_transformers(name, config_class, model, folder, dtype, exact, twin):
+    """The folder save_pretrained writes from ``model``, loaded by attn_cli.hf as family ``name``:
+    every row's selected keys equal transformers' top-k indices, logits, and every gradient of the
+    next-token loss (the family's backward and ``twin``'s autograd) against transformers' autograd
+    (``exact(model, config)`` first in float64) with test_hf.py's tolerances; the indexers'
+    parameters get none there (no_grad) and zeros here."""
+    family = families()[name]
+    kind, config, params = load_checkpoint(save(model, folder), dtype)
+    assert kind == name and type(config) is config_class, config
+    if dtype == np.float64:
+        model = exact(model, config)
+    ids = random_ids(config.vocab_size)
+    logits, cache = family.forward(ids, params, config)
+    assert_dsa_separated(f"{name} checkpoint", cache, params, config)
+    dlogits = next_token_dlogits(logits, ids)
+    model.zero_grad()
+    out = []
+    hf_indices = hf_selections(model, lambda: out.append(model(input_ids=to_torch(ids)).logits))
+    (out[0] * to_torch(dlogits)).sum().backward()
+    same, rows = selection_agreement(cache, hf_indices)
+    assert same == rows, f"{name}: {rows - same} of {rows} rows select other keys than transformers"
+    assert any((b.attn.selected.sum(-1) < np.isfinite(b.attn.scores).sum(-1)).any()
+               for b in cache.blocks if b.attn.scores is not None), f"{name}: no key dropped"
+    theirs = {k: to_numpy(p.grad) for k, p in model.named_parameters() if p.grad is not None}
+    rstds = deepseek_v32_rstds(cache)
+    compare(f"{name} checkpoint logits", logits, to_numpy(out[0].detach()), dtype, rstds)
+    tparams = tree_to_torch(params, requires_grad=True)
+    (twin(to_torch(ids), tparams, config) * to_torch(dlogits)).sum().backward()
+    ours = family.backward(dlogits, cache)
+    twin_grads = tree_map(lambda t: np.zeros(t.shape, dtype) if t.grad is None else to_numpy(t.grad), tparams)
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for source, grads in (("twin", twin_grads), ("backward", ours)):
+        named = deepseek_to_hf_names(grads, config)
+        indexer = {hf_name for hf_name in named if ".indexer." in hf_name}
+        assert indexer and not any(named[hf_name].any() for hf_name in indexer), f"{source}: an indexer has a gradient"
+        assert named.keys() - indexer == theirs.keys(), (source, sorted(named.keys() - indexer ^ theirs.keys()))
+        for hf_name, g in theirs.items():
+            compare(f"{name} checkpoint d{hf_name} ({source})", named[hf_name], g, dtype, rstds, scale)
+
+
+def assert_dsa_decodes_as_full_forward(name, model, folder, dtype, twin, twin_kv_cache):
+    """``model`` saved and loaded: a prefill of 3 tokens, then one token at a time up to 10, every
+    position's logits equal the full forward's, and ``twin`` decodes the same (test_deepseek_v3's
+    bound: the absorbed path reassociates MLA's products). The cache holds rkv + dr + index_head_dim
+    numbers a token and layer."""
+    family = families()[name]
+    _, config, params = load_checkpoint(save(model, folder), dtype)
+    ids = random_ids(config.vocab_size, B=2, T=10, seed=1)
+    full, full_cache = family.forward(ids, params, config)
+    assert_dsa_separated(f"{name} decode", full_cache, params, config)
+    tol = dsa_tol(full_cache, full)
+    sizes, tparams = [3] + [1] * 7, tree_map(to_torch, params)
+    kv_cache = family.kv_cache(config, 2, dtype)
+    ours = decode_in_steps(lambda chunk: family.forward(chunk, params, config, kv_cache=kv_cache)[0], ids, sizes)
+    assert_close(f"{name} decode logits vs full forward", ours, full, **tol)
+    assert kv_cache.length == 10, kv_cache.length
+    twin_cache = twin_kv_cache(config, 2, tparams["wte"].dtype)
+    twin_logits = decode_in_steps(
+        lambda chunk: to_numpy(twin(to_torch(chunk), tparams, config, kv_cache=twin_cache)), ids, sizes)
+    assert_close(f"{name} decode twin logits", twin_logits, ours, **tol)
+    itemsize = np.dtype(dtype).itemsize
+    per_token = config.n_layer * (config.kv_lora_rank + config.qk_rope_head_dim + config.index_head_dim) * itemsize
+    assert family.kv_cache(config, 1, dtype).bytes_per_token == per_token
 
 
 # -- loading a damaged checkpoint ---------------------------------------------------------------------

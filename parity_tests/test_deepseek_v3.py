@@ -21,12 +21,10 @@ import dataclasses
 import json
 import shutil
 import tempfile
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import transformers
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -63,7 +61,6 @@ from parity_tests.model_kit import (
     CHOICE_GAP,
     DTYPES,
     JSON,
-    MLA_HF_NAMES,
     SCALINGS,
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
@@ -71,20 +68,21 @@ from parity_tests.model_kit import (
     choice_gaps,
     compare,
     decided_tokens,
+    deepseek_models,
+    deepseek_to_hf_names,
     deepseek_v3_rstds,
+    exact_hf_deepseek,
     hf_greedy,
     hf_llama_model,
     hf_logits_and_grads,
-    mla_hf_rotary,
     next_token_dlogits,
     random_ids,
-    randomise,
+    randomise_deepseek,
     router_calls,
     save,
     token_gaps,
 )
 from parity_tests.model_kit import mla_rstds as mla_rstds
-from torch_attn.moe import deepseek_router
 
 
 def _tol(cache, expected):
@@ -111,33 +109,16 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "mscale_all_dim": 0.8}
 
 
-@st.composite
-def models(draw, dtype=None):
-    """(config, params, ids, dout): tiny configs of every switch (low-rank query or not, both rotary
-    layouts, biases, tied head, 0 to 2 dense blocks, groups, normalised weights or not, every
-    scaling YaRN's with mscale included); params from init_deepseek_v3_params moved by U(-0.5, 0.5)
-    and the selection bias drawn, so that it moves the choice."""
-    dtype = draw(S.dtypes) if dtype is None else dtype
-    G, per_group = draw(S.dim(1, 2)), draw(S.dim(2, 3))
-    E = G * per_group
-    topk_group = draw(S.dim(1, G))
-    dr = draw(st.sampled_from([2, 4]))
-    n_head = draw(S.dim(1, 2))
-    config = DeepseekV3Config(
-        vocab_size=draw(S.dim(2, 7)), block_size=6, n_layer=draw(S.dim(1, 3)), n_head=n_head, n_kv_head=n_head,
-        n_embd=draw(S.dim(2, 6)), head_dim=dr, hidden=draw(S.dim(1, 4)), rms_eps=draw(st.sampled_from([1e-6, 1e-5])),
-        rope_scaling=draw(st.sampled_from([*SCALINGS, YARN])), attn_bias=draw(st.booleans()),
-        tie_weights=draw(st.booleans()), q_lora_rank=draw(st.none() | S.dim(1, 4)), kv_lora_rank=draw(S.dim(1, 4)),
-        qk_nope_head_dim=draw(S.dim(1, 3)), qk_rope_head_dim=dr, v_head_dim=draw(S.dim(1, 3)),
-        rope_interleave=draw(st.booleans()), moe_hidden=draw(S.dim(1, 3)), n_routed_experts=E,
-        n_shared_experts=draw(S.dim(1, 2)), num_experts_per_tok=draw(S.dim(1, topk_group * per_group)),
-        n_group=G, topk_group=topk_group, norm_topk_prob=draw(st.booleans()),
-        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), first_k_dense_replace=draw(st.integers(0, 2)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
-    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(dtype),
-                      init_deepseek_v3_params(config, rng, dtype))
-    ids = draw(S.token_ids(config.vocab_size, (draw(S.dim(1, 2)), draw(S.dim(1, 6)))))
-    return config, params, ids, draw(S.arrays(dtype, ids.shape + (config.vocab_size,), 2.0))
+def models(dtype=None):
+    """(config, params, ids, dout): model_kit.deepseek_models with every switch (low-rank query or
+    not, both rotary layouts, biases, tied head, 2 shared experts or 1, normalised weights or not,
+    every scaling YaRN's with mscale included) and the selection bias drawn, so that it moves the
+    choice (init_deepseek_v3_params' params moved by U(-0.5, 0.5))."""
+    return deepseek_models(
+        DeepseekV3Config, init_deepseek_v3_params, dtype, rms_eps=st.sampled_from([1e-6, 1e-5]),
+        rope_scaling=st.sampled_from([*SCALINGS, YARN]), tie_weights=st.booleans(),
+        q_lora_rank=st.none() | S.dim(1, 4), rope_interleave=st.booleans(), n_shared_experts=S.dim(1, 2),
+        norm_topk_prob=st.booleans(), routed_scaling_factor=st.sampled_from([1.0, 2.5]))
 
 
 def _pinned():
@@ -218,69 +199,12 @@ def hf_deepseek_v3(dtype, variant="yarn", seed=0, **changes):
         kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, routed_scaling_factor=2.5,
         max_position_embeddings=32, rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", experts_implementation="eager", **{**CHECKPOINTS[variant], **changes})
-    model = randomise(transformers.DeepseekV3ForCausalLM(config), seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for module in model.modules():
-            if hasattr(module, "e_score_correction_bias"):
-                module.e_score_correction_bias.copy_(torch.rand(8, generator=g) * 0.2 - 0.1)
-    return model.to(DTYPES[dtype]).eval()
+    return randomise_deepseek(transformers.DeepseekV3ForCausalLM(config), seed).to(DTYPES[dtype]).eval()
 
 
 def exact_hf_deepseek_v3(model, config):
-    """Make a float64 DeepseekV3ForCausalLM compute in float64 throughout: its RMS norms cast to
-    float32, its rotary angles are computed in float32, and its router computes its logits in
-    float32 (transformers keeps the router in float32 whatever the model's dtype). The norms and
-    angles are swapped for the same formulas in float64 (the angles as test_mla.hf_rotary), the
-    router for the twin's (torch_attn/moe.py; the float32 test runs transformers' own), so every
-    other part (MLA's projections and layout, YaRN's scale, the experts and their weighting, the
-    shared expert, the residuals, the head) is compared at float64 precision."""
-    def rms_norm(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        B, T = x.shape[:2]
-        return mla_hf_rotary(config.mla, np.zeros((B, T, 0)), np.broadcast_to(to_numpy(position_ids), (B, T)))
-
-    def router(self, h):
-        weights, indices = deepseek_router(h.reshape(-1, self.hidden_dim), {"w": self.weight.T},
-                                           self.e_score_correction_bias, **config.routing)
-        return None, weights, indices
-
-    for module in model.modules():
-        name = type(module).__name__
-        patched = {"DeepseekV3RMSNorm": rms_norm, "DeepseekV3RotaryEmbedding": rotary,
-                   "DeepseekV3TopkRouter": router}.get(name)
-        if patched is not None:
-            module.forward = types.MethodType(patched, module)
-    return model
-
-
-def to_hf_names(grads, config):
-    """Our gradient tree under transformers' parameter names: weights transposed, each expert's gate
-    and up stacked into gate_up_proj (E, 2H, C), down into down_proj (E, C, H); the selection bias
-    is a buffer there, left out."""
-    out = {"model.embed_tokens.weight": grads["wte"], "model.norm.weight": grads["norm"]["w"],
-           "lm_head.weight": grads["head"]["w"].T}
-    for i, block in grads["blocks"].items():
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = block["attn_norm"]["w"]
-        out[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["w"]
-        for path, g in tree_leaves(block["attn"]):
-            name, key = path.split(".")
-            out[f"{p}self_attn.{MLA_HF_NAMES[name]}.{'bias' if key == 'b' else 'weight'}"] = g.T
-        mlp = block["mlp"]
-        networks = {"mlp": mlp} if "router" not in mlp else {"mlp.shared_experts": mlp["shared"]}
-        for where, net in networks.items():
-            for name in ("gate", "up", "down"):
-                out[f"{p}{where}.{name}_proj.weight"] = net[name]["w"].T
-        if "router" in mlp:
-            experts = mlp["experts"]
-            out[p + "mlp.gate.weight"] = mlp["router"]["w"].T
-            out[p + "mlp.experts.gate_up_proj"] = np.concatenate(
-                [experts["gate"]["w"].transpose(0, 2, 1), experts["up"]["w"].transpose(0, 2, 1)], axis=1)
-            out[p + "mlp.experts.down_proj"] = experts["down"]["w"].transpose(0, 2, 1)
-    return out
+    """A float64 DeepseekV3ForCausalLM computing in float64 throughout (model_kit.exact_hf_deepseek)."""
+    return exact_hf_deepseek(model, config, "DeepseekV3")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -312,7 +236,7 @@ def test_checkpoint_matches_transformers(tmp_path, variant, dtype):
         for block in grads["blocks"].values():
             if "router" in block["mlp"]:
                 assert not block["mlp"]["selection_bias"].any(), f"{source}: selection_bias has a gradient"
-        grads = to_hf_names(grads, config)
+        grads = deepseek_to_hf_names(grads, config)
         assert grads.keys() == theirs.keys(), (source, sorted(grads), sorted(theirs))
         for hf_name, g in theirs.items():
             compare(f"deepseek_v3 checkpoint {variant} d{hf_name} ({source})", grads[hf_name], g, dtype, rstds, scale)
@@ -366,8 +290,8 @@ def test_low_precision_meets_the_error_budget(tmp_path_factory, dtype, variant, 
     model = hf_deepseek_v3(np.float64, variant, seed, first_k_dense_replace=2)
     assert_checkpoint_meets_error_budget(
         "deepseek_v3", dtype, model, tmp_path_factory.mktemp("deepseek_v3"), seed, deepseek_v3_forward,
-        deepseek_v3_backward, tw.deepseek_v3, to_hf_names, lambda model, config, _: exact_hf_deepseek_v3(model, config),
-        compared=decided_by_the_model)
+        deepseek_v3_backward, tw.deepseek_v3, deepseek_to_hf_names,
+        lambda model, config, _: exact_hf_deepseek_v3(model, config), compared=decided_by_the_model)
 
 
 # -- decoding: absorbed (the default) and naive, against the full forward and each other -----------------

@@ -288,6 +288,37 @@ def test_selection_is_the_top_k_of_the_visible_keys(case):
         np.testing.assert_array_equal(moved[:, :T - 1], scores[:, :T - 1])
 
 
+@given(case=cases(), data=st.data())
+def test_past_keys_score_as_the_full_forward(case, data):
+    """Decoding: the last T - P queries, with the first P tokens' rotated keys (the full forward's
+    cache.k_rot) as past_keys, score and select as the full forward's last rows, in NumPy and the
+    twin; their new keys are the full forward's; the backward refuses a forward with past keys."""
+    case, _ = case
+    B, T = case["x"].shape[:2]
+    P = data.draw(st.integers(0, T - 1), label="P")
+    scores, selected, full = lightning_indexer_forward(**case)
+    step = dict(case, x=case["x"][:, P:], q_latent=case["q_latent"][:, P:],
+                past_keys=full.k_rot[:, :P] if P else None)
+    if case["positions"] is not None:
+        step["positions"] = case["positions"][..., P:]
+    if case["attn_mask"] is not None:
+        step["attn_mask"] = np.broadcast_to(case["attn_mask"], (B, T, T))[:, P:]
+    ours, ours_selected, cache = lightning_indexer_forward(**step)
+    tol = _tol(case, full)
+    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(scores[:, P:]), err_msg="hidden keys")
+    assert_close("lightning_indexer past_keys scores", ours, scores[:, P:], **tol)
+    atol = tol["atol"] + tol["rtol"] * np.abs(np.where(np.isfinite(scores), scores, 0)).max(initial=0)
+    assert_same_selection("lightning_indexer past_keys selected", ours_selected, selected[:, P:], scores[:, P:], atol)
+    assert_close("lightning_indexer past_keys new keys", cache.k_rot[:, P:], full.k_rot[:, P:], **tol)
+    twin_scores, twin_selected, _ = run_twin(step)
+    assert_close("lightning_indexer past_keys twin scores", ours, to_numpy(twin_scores.detach()), **tol)
+    assert_same_selection("lightning_indexer past_keys twin selected", ours_selected, to_numpy(twin_selected),
+                          ours, atol)
+    if P:
+        with pytest.raises(ValueError, match="inference only"):
+            lightning_indexer_backward(np.zeros_like(ours), cache)
+
+
 def test_a_row_with_no_visible_key_selects_none_and_passes_no_gradient():
     """Left padding hides every key from the padded queries (causal: their keys are all padding):
     such a row scores -inf throughout, selects nothing, and takes gradient 0 (no NaN), ours and
@@ -603,6 +634,14 @@ BAD = [
     (dict(rope_layout="neox"), ValueError,
      r"^lightning_indexer: rope_layout must be 'half' or 'interleaved', got 'neox'$"),
     (dict(x=np.full((2, 3, 4), np.nan)), ValueError, r"^lightning_indexer: x of shape \(2, 3, 4\) holds NaN or inf$"),
+    (dict(past_keys=np.zeros((2, 1, 6), np.float32)), TypeError,
+     r"^lightning_indexer: past_keys must be a NumPy array of x's dtype float64, got float32$"),
+    (dict(past_keys=np.zeros((2, 1, 5))), ValueError,
+     r"^lightning_indexer: past_keys must have shape \(B, P, D\) = \(2, P, 6\), got \(2, 1, 5\)$"),
+    (dict(past_keys=np.full((2, 1, 6), np.inf)), ValueError,
+     r"^lightning_indexer: past_keys of shape \(2, 1, 6\) holds NaN or inf$"),
+    (dict(past_keys=np.zeros((2, 1, 6)), attn_mask=np.ones((2, 3, 3), bool)), ValueError,
+     r"\(B, T, S\) = \(2, 3, 4\)$"),
 ]
 
 

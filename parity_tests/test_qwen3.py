@@ -68,7 +68,8 @@ def family_model():
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_5", "qwen3_next", "olmo2", "olmo_hybrid", "gemma2", "gemma3",
-                                  "gemma4", "gpt_oss", "deepseek_v3", "llama4", "kimi_linear"])
+                                  "gemma4", "gpt_oss", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
+                                  "llama4", "kimi_linear"])
 @settings(max_examples=8)
 @given(seed=st.integers(0, 2**32 - 1), B=st.integers(1, 2), T=st.integers(1, 6), N=st.integers(0, 7))
 @example(seed=0, B=1, T=5, N=1)

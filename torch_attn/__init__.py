@@ -10,7 +10,8 @@ dropout, masks, attention, attention_sinks, kv_cache, multi_head, small_gpt, lay
 feed_forward, block, gpt, loss, optim, flash_attention, flex_attention, rope, rms_norm, qk_norm, swiglu,
 moe, l2_norm, causal_conv1d, gated_rms_norm, gated_delta_rule, chunked_delta_rule, gated_deltanet,
 kimi_delta_attention, llama, qwen3, qwen3_5, qwen3_next, olmo2, olmo_hybrid, gemma2, gemma3, gemma4,
-gpt_oss, mla, lightning_indexer, deepseek_v3, llama4, kimi_linear.
+gpt_oss, mla, lightning_indexer, deepseek_v3, deepseek_v32, glm_moe_dsa, llama4,
+kimi_linear.
 
 Dimension key: B batch, T query length, S key length, C model width, nh heads,
 hs head size (C = nh * hs), V vocabulary size.

@@ -26,17 +26,20 @@ MLA_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b
              "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "o": "o_proj"}
 
 
-def deepseek_v3_config(hf):
+def deepseek_v3_config(hf, name="DeepseekV3", config_class=DeepseekV3Config, **fields):
     """DeepseekV3Config from a DeepSeek-V3 config.json (dict), with transformers' defaults for the
-    keys it leaves out; what is not implemented is refused naming the key."""
+    keys it leaves out; what is not implemented is refused naming the key. A family built on it
+    passes its ``name`` (in messages), ``config_class`` and its own ``fields``."""
     if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"DeepseekV3 config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+        raise CheckpointError(f"{name} config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     n_head = hf["num_attention_heads"]
     if hf.get("num_key_value_heads") not in (None, n_head):
-        raise CheckpointError(f"DeepseekV3 config.json: num_key_value_heads = {hf['num_key_value_heads']} must be "
+        raise CheckpointError(f"{name} config.json: num_key_value_heads = {hf['num_key_value_heads']} must be "
                               f"num_attention_heads = {n_head} (MLA has one key and value per query head)")
-    theta, scaling = rope_settings(hf, "DeepseekV3", YARN_OPTIONAL, context=4096)
-    return DeepseekV3Config(
+    theta, scaling = rope_settings(hf, name, YARN_OPTIONAL, context=4096)
+    fields = {"rope_interleave": hf.get("rope_interleave", True),
+              "first_k_dense_replace": hf.get("first_k_dense_replace", 3), **fields}
+    return config_class(
         vocab_size=hf["vocab_size"], block_size=context_length(hf, scaling, 4096),
         n_layer=hf["num_hidden_layers"], n_head=n_head, n_kv_head=n_head, n_embd=hf["hidden_size"],
         head_dim=hf["qk_rope_head_dim"], hidden=hf["intermediate_size"], rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -44,15 +47,14 @@ def deepseek_v3_config(hf):
         tie_weights=hf.get("tie_word_embeddings", False), q_lora_rank=hf.get("q_lora_rank", 1536),
         kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
         qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
-        rope_interleave=hf.get("rope_interleave", True), moe_hidden=hf["moe_intermediate_size"],
+        moe_hidden=hf["moe_intermediate_size"],
         n_routed_experts=hf["n_routed_experts"], n_shared_experts=hf.get("n_shared_experts", 1),
         num_experts_per_tok=hf.get("num_experts_per_tok", 8), n_group=hf.get("n_group", 8),
         topk_group=hf.get("topk_group", 4), norm_topk_prob=hf.get("norm_topk_prob", True),
-        routed_scaling_factor=float(hf.get("routed_scaling_factor", 2.5)),
-        first_k_dense_replace=hf.get("first_k_dense_replace", 3))
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 2.5)), **fields)
 
 
-def _deepseek_v3_parameter_count(hf):
+def deepseek_v3_parameter_count(hf):
     """A lower bound on the parameters a DeepSeek-V3 config.json implies (its matrices and norms;
     transformers' defaults for absent keys), in Python integers."""
     C, L, V, nh = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
@@ -66,7 +68,7 @@ def _deepseek_v3_parameter_count(hf):
     return 2 * V * C + L * (attention + 2 * C) + dense * 3 * C * H + (L - dense) * moe + C
 
 
-def _deepseek_v3_params(tensors, config):
+def deepseek_v3_params(tensors, config):
     """The params of a DeepSeek-V3 from its tensors: MLA's under self_attn, a dense SwiGLU or the
     experts (each expert's three projections, stacked (E, ...)), the router (mlp.gate) and its
     selection bias (e_score_correction_bias), and the shared expert."""
@@ -103,5 +105,5 @@ def _deepseek_v3_params(tensors, config):
     return with_norm_and_head(params, tensors, config)
 
 
-READER = Reader(KEYS, deepseek_v3_config, _deepseek_v3_params, _deepseek_v3_parameter_count,
+READER = Reader(KEYS, deepseek_v3_config, deepseek_v3_params, deepseek_v3_parameter_count,
                 aliases={"num_local_experts": "n_routed_experts"})
