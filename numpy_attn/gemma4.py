@@ -7,7 +7,7 @@ learned scalar per layer, and the last layers reading the keys and values of an 
                                                   v = rms_norm(v) per head, no weight; scores q.k, unscaled
     x      = x + rms_norm(a)
     x      = x + rms_norm(geglu(rms_norm(x)))
-    x      = x + rms_norm((gelu(x @ g) * e_i) @ p)  with per-layer inputs only: e_i layer i's (below)
+    x      = x + rms_norm((gelu(x @ g) * e_i) @ p)   with per-layer inputs only: e_i layer i's (below)
     x      = x * s                                s: the layer's scalar
     logits = x @ wte^T                            (capped at final_logit_softcap, None by default)
 

@@ -4,7 +4,7 @@ last "full" layer before them selected.
 
     selected_i = indexer_i(h, c_q)       on a "full" layer (indexer_types[i])
     selected_i = selected_j              on a "shared" one, j the last full layer before i
-    x          = x + mla(h, mask = selected_i), then DeepSeek-V3's networks
+    x          = x + mla(h, mask = selected_i)      then DeepSeek-V3's networks
 
 Z.ai's GLM-5 in the form of Hugging Face's ``GlmMoeDsaForCausalLM``: its indexer is
 ``GlmMoeDsaIndexer``, DeepSeek-V3.2's with interleaved rope (lightning_indexer.py's
