@@ -160,6 +160,26 @@ def picture_caption(path):
 # ---------------------------------------------------------------------------------------------
 # Pages.
 
+# The docstrings' inline reStructuredText: ``literal`` and `name` (the default role, which they use
+# for names) as code, **strong**, *emphasis*. As in reStructuredText, markup starts after a space,
+# an opening bracket or quote (or the start) and ends before a space, punctuation (or the end),
+# with no space just inside it: so ``i*hs .. (i+1)*hs`` or ``2 * x`` stay as written.
+_BEFORE, _AFTER = r"(?<![^\s'\"(\[{<\-/:])", r"(?=$|[\s'\")\]}>\-/:.,;!?])"
+INLINE = re.compile(_BEFORE + r"(?:``(?P<literal>\S|\S.*?\S)``|`(?P<name>[^`\s]|[^`\s][^`]*?[^`\s])`"
+                    r"|\*\*(?P<strong>[^*\s]|[^*\s][^*]*?[^*\s])\*\*|\*(?P<em>[^*\s]|[^*\s][^*]*?[^*\s])\*)" + _AFTER)
+INLINE_TAGS = {"literal": "code", "name": "code", "strong": "strong", "em": "em"}
+
+
+def inline(text):
+    """Docstring prose as HTML: escaped, its inline markup (INLINE) as tags."""
+    out, pos = [], 0
+    for match in INLINE.finditer(text):
+        kind = match.lastgroup
+        tag = INLINE_TAGS[kind]
+        out += [html.escape(text[pos:match.start()]), f"<{tag}>{html.escape(match.group(kind))}</{tag}>"]
+        pos = match.end()
+    return "".join(out) + html.escape(text[pos:])
+
 CSS = """
 body { margin: 0; color: #1f2328; background: #fff; font: 16px/1.55 system-ui, -apple-system,
        "Segoe UI", Roboto, "Noto Sans", sans-serif; }
@@ -221,7 +241,7 @@ def _equations(formulas, warnings, op):
         maths, notes = [], []
         for text, is_math in mathml.segments(line):
             if not is_math:
-                notes.append(html.escape(text))
+                notes.append(inline(text))
                 continue
             try:
                 maths.append(mathml.to_mathml(text))
@@ -259,14 +279,14 @@ def _errors_table(op, rows, warnings):
 
 
 def _backward_section(op, paragraphs):
-    parts = [f"<p>{html.escape(p)}</p>" for p in paragraphs]
+    parts = [f"<p>{inline(p)}</p>" for p in paragraphs]
     for name, doc, steps in backward_steps(op):
         parts.append(f"<h3><code>{name}</code></h3>")
         if doc:
-            parts.append(f"<p>{html.escape(doc)}</p>")
+            parts.append(f"<p>{inline(doc)}</p>")
         items = []
         for comment, code in steps:
-            text = f"<p>{html.escape(comment)}</p>" if comment else ""
+            text = f"<p>{inline(comment)}</p>" if comment else ""
             indent = min((len(x) - len(x.lstrip()) for x in code), default=0)
             block = f'<pre class="code">{html.escape(chr(10).join(x[indent:] for x in code))}</pre>' if code else ""
             items.append(f"<li>{text}{block}</li>")
@@ -282,7 +302,7 @@ def op_page(op, ops, rows, warnings, images=IMAGES):
     k = [o.name for o in ops].index(op.name)
     summary, formulas, diagrams, backward = docstring_parts(op)
     pictures = pictures_of(op, images)
-    body = [f"<h1>{op.name}</h1>", f'<p class="summary">{html.escape(summary)}</p>',
+    body = [f"<h1>{op.name}</h1>", f'<p class="summary">{inline(summary)}</p>',
             f"<p><code>{op.numpy_path.relative_to(ROOT)}</code>: {', '.join(op.numpy_functions)}<br>"
             f"<code>{op.torch_path.relative_to(ROOT)}</code>: {', '.join(op.torch_functions)} "
             "(autograd supplies the backward)</p>"]
@@ -314,7 +334,7 @@ def index_page(ops, rows):
             top = errors_of(op, rows)[0]
             worst = f' <span class="muted">(closest to its tolerance: {top["tolerance_used"]:.0%})</span>'
         items.append(f'<li><a href="{op.name}.html"><b>{op.name}</b></a>: '
-                     f"{html.escape(described.get(op.name, ''))}{worst}</li>")
+                     f"{inline(described.get(op.name, ''))}{worst}</li>")
     body = ("<h1>The operations, leaf to root</h1>"
             "<p>Each building block of a Transformer is written twice: in <code>numpy_attn</code>, pure NumPy "
             "with a backward written by hand, and in <code>torch_attn</code>, plain PyTorch whose backward "

@@ -200,6 +200,29 @@ def test_the_page_prose_is_wrapped_by_the_browser(built):
     assert any("Subtracting the row maximum m" in c and "for log-softmax." in c for c in cells)
 
 
+def prose_of(text):
+    """A page's own prose: without its two files side by side (the source as written), its
+    pre-formatted blocks and its code elements."""
+    text = text.split('<table class="twins">')[0]
+    return re.sub(r"<pre\b.*?</pre>|<code>.*?</code>|<math\b.*?</math>", "", text, flags=re.S)
+
+
+def test_inline_markup_of_the_docstrings_is_rendered(built):
+    """``literal`` and `name` as code, *emphasis*, **strong**, escaped; no backquote left in any
+    page's prose; a "*" that is arithmetic stays as written."""
+    assert site.inline("learned: ``attn_mask_grad=True``); k") == "learned: <code>attn_mask_grad=True</code>); k"
+    assert site.inline("the `selected` rows, a ``<b> & c`` <i>") == \
+        "the <code>selected</code> rows, a <code>&lt;b&gt; &amp; c</code> &lt;i&gt;"
+    assert site.inline("the root *mean* square, **not** the sum") == \
+        "the root <em>mean</em> square, <strong>not</strong> the sum"
+    for plain in ("channels i*hs .. (i+1)*hs", "2 * x * y", "a*b and c*d", "x``y``", "`` x``", "* a *"):
+        assert site.inline(plain) == html.escape(plain), plain
+    assert "the forward had <code>attn_mask_grad=True</code>" in page(built, "attention")
+    for path in built.glob("*.html"):
+        prose = prose_of(path.read_text(encoding="utf-8"))
+        assert "`" not in prose, f"{path.name}: {prose[max(prose.index('`') - 80, 0):prose.index('`') + 80]!r}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing the folder: DIR is the user's (the module's "Writing" comment says how it is written).
 
