@@ -210,13 +210,34 @@ figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1p
 figcaption { color: #57606a; font-size: 0.95em; }
 ol.index > li { margin: 0.35em 0; } .muted { color: #57606a; }
 footer.pager { display: flex; justify-content: space-between; margin-top: 2.5em; }
+nav.ops summary { cursor: pointer; font-weight: 600; padding: 0.2em 0; }
+nav.ops details[open] summary { margin-bottom: 0.5em; }
+main { overflow-wrap: break-word; }   /* a long name (torch.nn.functional...) wraps on a phone */
 @media (max-width: 900px) {
   div.layout { display: block; }
-  nav.ops { border-right: none; border-bottom: 1px solid #d0d7de; }
+  nav.ops { border-right: none; border-bottom: 1px solid #d0d7de; padding: 0.6em 1em; }
   nav.ops ol { columns: 4; }
   main { padding: 1em; }
 }
 @media (max-width: 520px) { nav.ops ol { columns: 2; } }
+/* The menu is a <details>, closed: on a phone its 30-odd entries would fill the first screen. On
+   a wide screen, where it stands beside the page, it is always open, its summary hidden; a
+   browser that cannot style ::details-content keeps the summary to open it by. */
+@supports selector(::details-content) {
+  @media (min-width: 901px) {
+    nav.ops summary { display: none; }
+    nav.ops details::details-content { content-visibility: visible; display: block; }
+  }
+}
+/* Narrow: each equation's note goes under it, the whole width, not in a column one word wide. */
+@media (max-width: 700px) {
+  table.eqs, table.eqs tbody, table.eqs tr, table.eqs td { display: block; }
+  table.eqs tr { margin-bottom: 0.6em; }
+  table.eqs td { padding: 0; }
+  table.eqs td.eq { overflow-x: auto; }
+  table.eqs td.note { padding-left: 1.5em; }
+  table.eqs td.note:empty { display: none; }
+}
 """ + show.TWINS_CSS
 
 
@@ -229,7 +250,8 @@ def _page(title, body, ops, here=None, step=""):
             '<header class="top"><a class="home" href="index.html">numpy-attn</a>'
             "<span>every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>"
             f'<span class="step">{step}</span></header>\n'
-            f'<div class="layout"><nav class="ops"><ol>{nav}</ol></nav>\n<main>\n{body}\n</main></div>\n'
+            f'<div class="layout"><nav class="ops"><details><summary>Menu: the {len(ops)} operations</summary>'
+            f'<ol>{nav}</ol></details></nav>\n<main>\n{body}\n</main></div>\n'
             "</body></html>\n")
 
 

@@ -223,6 +223,68 @@ def test_inline_markup_of_the_docstrings_is_rendered(built):
         assert "`" not in prose, f"{path.name}: {prose[max(prose.index('`') - 80, 0):prose.index('`') + 80]!r}"
 
 
+def css_rules(css, within=()):
+    """(the at-rules a rule stands in, its selector, its declarations {property: value}) for every
+    rule of the style sheet ``css``, comments left out."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules, stack, start = [], [], 0
+    for k, char in enumerate(css):
+        if char == "{":
+            stack.append((css[start:k].strip(), k + 1))
+            start = k + 1
+        elif char == "}":
+            head, body_start = stack.pop()
+            if not head.startswith("@"):
+                body = css[body_start:k]
+                declarations = dict(d.split(":", 1) for d in body.split(";") if ":" in d)
+                rules.append((tuple(h for h, _ in stack), head,
+                              {name.strip(): value.strip() for name, value in declarations.items()}))
+            start = k + 1
+    return rules
+
+
+def narrowest(condition):
+    """The width a media condition "(max-width: N px)" applies up to; None if it is not one."""
+    match = re.fullmatch(r"@media \(max-width: (\d+)px\)", condition)
+    return int(match.group(1)) if match else None
+
+
+def test_on_a_phone_each_equation_has_its_note_under_it():
+    """At 390 px the notes column would be a word wide: below some width each row of the
+    equations' table is a block, the note under its formula across the whole width."""
+    phone = [(selector, declarations) for within, selector, declarations in css_rules(site.CSS)
+             if within and all((narrowest(c) or 0) >= 390 for c in within)]
+    blocks = {part.strip() for selector, declarations in phone if declarations.get("display") == "block"
+              for part in selector.split(",")}
+    assert {"table.eqs", "table.eqs tr", "table.eqs td"} <= blocks, blocks
+    wide = [(within, selector) for within, selector, declarations in css_rules(site.CSS)
+            if "table.eqs" in selector and declarations.get("display") == "block"]
+    assert all(within and all((narrowest(c) or 10**6) < 1000 for c in within) for within, _ in wide), \
+        "on a wide screen the notes stay beside their formulas"
+
+
+def test_the_menu_folds_away_on_a_phone(built):
+    """The list of operations is a <details> with a summary that says what it holds, closed in the
+    HTML (on a phone it would fill the first screen), the same list of links inside; on a wide
+    screen the style sheet shows it open without the summary, where the browser can."""
+    count = len(docstring_order())
+    for path in built.glob("*.html"):
+        nav = path.read_text(encoding="utf-8").split('<nav class="ops">')[1].split("</nav>")[0]
+        assert nav.startswith("<details><summary>") and nav.endswith("</ol></details>"), path.name
+        summary = nav.split("<summary>")[1].split("</summary>")[0]
+        assert f"{count} operations" in summary and "Menu" in summary, summary
+        assert len(re.findall(r"<li\b", nav)) == count
+    rules = css_rules(site.CSS)
+    wide = [(within, selector, declarations) for within, selector, declarations in rules
+            if any(c.startswith("@media (min-width") for c in within)]
+    assert all("@supports selector(::details-content)" in within for within, _, _ in wide), \
+        "a browser without ::details-content keeps the summary"
+    assert any(selector == "nav.ops summary" and declarations.get("display") == "none"
+               for _, selector, declarations in wide)
+    assert any(selector == "nav.ops details::details-content" and declarations.get("content-visibility") == "visible"
+               for _, selector, declarations in wide)
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing the folder: DIR is the user's (the module's "Writing" comment says how it is written).
 
