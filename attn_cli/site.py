@@ -56,18 +56,25 @@ PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walk
 # What a page shows, read from the files.
 
 def docstring_parts(op):
-    """(summary, formula lines, diagram blocks, backward paragraphs) of the NumPy module's
-    docstring. A formula line is a pre-formatted line with an "=" (not code); a diagram is a run of
-    the other pre-formatted lines (code too); a backward paragraph is one that starts with
-    "Backward"."""
+    """(summary, formula lines, diagrams, backward paragraphs) of the NumPy module's docstring. A
+    formula line is a pre-formatted line with an "=" (not code); a diagram is a run of the other
+    pre-formatted lines (code too), as (its text, its caption or None); a backward paragraph is one
+    that starts with "Backward".
+
+    A diagram's caption is the sentence that leads into it: the last of the paragraph just above
+    the pre-formatted lines it stands in ("for T = 3 queries and S = 5 keys, 1 where a query may
+    attend:"), given to the first diagram among them."""
     source = op.numpy_path.read_text(encoding="utf-8")
     lines, roles = source.splitlines(), show.line_roles(source)
     first = ast.parse(source).body[0]
     span = range(first.lineno - 1, first.end_lineno)
     formulas, diagrams, paragraphs = [], [], {}
+    above, lead = (None, None), None        # the last line's (role, paragraph) that was not blank
     for k in span:
         role, number = roles[k]
         text = lines[k].strip().strip('"').strip()
+        if role == "pre" and above[0] != "pre":
+            lead = above[1] if above[0] == "prose" else None
         # A formula stands on one line; a line whose brackets do not close is a piece of a call
         # written over several lines (a usage example), so code.
         balanced = text.count("(") == text.count(")") and text.count("[") == text.count("]")
@@ -75,19 +82,29 @@ def docstring_parts(op):
             formulas.append(text)
         elif role == "pre":
             if diagrams and diagrams[-1][1] == k - 1:
-                diagrams[-1] = (diagrams[-1][0] + [lines[k]], k)
+                diagrams[-1] = (diagrams[-1][0] + [lines[k]], k, diagrams[-1][2])
             else:
-                diagrams.append(([lines[k]], k))
+                diagrams.append(([lines[k]], k, lead))
+                lead = None
         elif role == "prose":
             paragraphs.setdefault(number, []).append(text)
-    texts = [" ".join(words) for words in paragraphs.values()]
-    summary = texts[0] if texts else op.name
-    backward = [t[t.index("Backward"):] for t in texts if "Backward" in t]     # from that word on
+        if text:
+            above = (role, number)
+    texts = {number: " ".join(words) for number, words in paragraphs.items()}
+    summary = next(iter(texts.values()), op.name)
+    backward = [t[t.index("Backward"):] for t in texts.values() if "Backward" in t]     # from that word on
     blocks = []
-    for block, _ in diagrams:
+    for block, _, number in diagrams:
         indent = min(len(x) - len(x.lstrip()) for x in block)
-        blocks.append("\n".join(x[indent:] for x in block))
+        caption = None if number is None else last_sentence(texts[number])
+        blocks.append(("\n".join(x[indent:] for x in block), caption))
     return summary, formulas, blocks, backward
+
+
+def last_sentence(paragraph):
+    """The paragraph's last sentence (one starts after a full stop and a space, with a capital,
+    a quote, a bracket or markup)."""
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z`\"'(*])", paragraph)[-1]
 
 
 def backward_steps(op):
@@ -208,6 +225,7 @@ table.errors th, table.errors td { border-bottom: 1px solid #d0d7de; padding: 0.
 table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 figcaption { color: #57606a; font-size: 0.95em; }
+figure.diagram pre.diagram { margin: 0.3em 0 0 0; }   /* under the sentence that leads into it */
 ol.index > li { margin: 0.35em 0; } .muted { color: #57606a; }
 footer.pager { display: flex; justify-content: space-between; margin-top: 2.5em; }
 nav.ops summary { cursor: pointer; font-weight: 600; padding: 0.2em 0; }
@@ -330,7 +348,9 @@ def op_page(op, ops, rows, warnings, images=IMAGES):
             "(autograd supplies the backward)</p>"]
     if formulas or diagrams:
         body.append("<h2>The equations</h2>" + _equations(formulas, warnings, op))
-        body += [f'<pre class="diagram">{html.escape(d)}</pre>' for d in diagrams]
+        body += [f'<figure class="diagram"><figcaption>{inline(caption)}</figcaption>'
+                 f'<pre class="diagram">{html.escape(d)}</pre></figure>' if caption else
+                 f'<pre class="diagram">{html.escape(d)}</pre>' for d, caption in diagrams]
     body.append("<h2>The backward, step by step</h2>" + _backward_section(op, backward))
     body.append("<h2>Measured by the parity suite</h2>" + _errors_table(op, rows, warnings))
     if pictures:

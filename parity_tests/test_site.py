@@ -185,6 +185,49 @@ def test_pictures_are_copied_beside_their_page(built):
     assert "<figcaption>" in text
 
 
+def lead_ins(op_name):
+    """(the end of the paragraph, the first line of the diagram) for each run of lines indented
+    four or more in the module docstring that follows a paragraph and holds a line that is not a
+    formula: found here by reading the file, independently of the site."""
+    source = (ROOT / "numpy_attn" / f"{op_name}.py").read_text()
+    first = ast.parse(source).body[0]
+    doc = "\n".join(source.splitlines()[first.lineno - 1:first.end_lineno]).strip('"')
+    formulas = {line.strip() for line in formula_lines(op_name)}
+    found, above = [], None
+    for block in re.split(r"\n\s*\n", doc):
+        lines = [line for line in block.splitlines() if line.strip()]
+        pre = all(line.startswith("    ") for line in lines)
+        diagram = [line.strip() for line in lines if line.strip() not in formulas]
+        if pre and diagram and above is not None:
+            found.append((" ".join(above.replace("`", "").split()[-4:]), diagram[0]))
+        above = None if pre else block
+    return found
+
+
+def test_every_picture_keeps_its_caption(built):
+    """A diagram of a docstring is shown under the sentence that leads into it (attention's masks:
+    "for T = 3 queries and S = 5 keys, 1 where a query may attend:"); a picture of docs/images under
+    the caption the repository's Markdown gives it."""
+    attention = html.unescape(page(built, "attention"))
+    assert re.search(r"<figcaption><code>is_causal</code> is True .*for T = 3 queries and S = 5 keys, 1 where a "
+                     r'query may attend:</figcaption><pre class="diagram">top-left \(True, "top_left"\)', attention)
+    counted = 0
+    for name in docstring_order():
+        text = page(built, name)
+        figures = [(re.sub(r"<[^>]+>", "", html.unescape(caption)), html.unescape(pre)) for caption, pre in
+                   re.findall(r'<figure class="diagram"><figcaption>(.*?)</figcaption><pre class="diagram">(.*?)</pre>',
+                              text, flags=re.S)]
+        for end, line in lead_ins(name):
+            counted += 1
+            assert any(caption.endswith(end) and line in pre for caption, pre in figures), (name, end, line)
+        for alt, caption in re.findall(r'<figure><img src="[^"]+" alt="([^"]*)"><figcaption>(.*?)</figcaption>', text):
+            assert alt == caption and caption, (name, alt)
+        for picture in re.findall(r'<img src="images/([^"]+)"', text):
+            caption = site.picture_caption(ROOT / "docs" / "images" / picture)
+            assert caption != Path(picture).stem.replace("_", " "), f"{name}: {picture} has no caption"
+    assert counted >= 4
+
+
 def test_both_files_side_by_side(built):
     text = {html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page(built, "attention").splitlines()}
     for folder in ("numpy_attn", "torch_attn"):
