@@ -3,7 +3,8 @@ operation in the reading order (numpy_attn's docstring, as ``show --list``).
 
 Each page gives the module's equations typeset (MathML, from the docstring's formula lines),
 its diagrams as written, the backward step by step (the backward's comments, each over the lines
-it explains), the largest errors the parity suite measured for the operation, its pictures from
+it explains), the largest errors the parity suite measured between the operation and PyTorch
+(parity_comparison says which comparisons those are), its pictures from
 docs/images, and the NumPy file beside the torch file, lines paired as ``numpy-attn show`` pairs
 them.
 
@@ -149,9 +150,36 @@ def read_errors(path):
     return rows
 
 
+# test-errors.json holds every comparison the suite made; an operation's largest errors are drawn
+# from its parity comparisons only, those that set a result against PyTorch's. The suite's labels
+# (parity_tests/helpers.py, assert_close) say which: a bare tensor path ("sdpa.dq", "mha.dparams.q.w",
+# "flex.dk (alibi)") is NumPy's result against the twin's or against autograd's gradient through it,
+# and a label with " vs " names its reference after it, PyTorch's where it matches PYTORCH_REFERENCE.
+# Any other comparison is with something that is not PyTorch (finite differences, a computation by
+# hand, digits typed in from a tutorial, the float64 truth of a low-precision run, the same code run
+# another way) or checks a property ("softmax row sums"): its error says nothing about agreeing with
+# PyTorch, and its dtype is not always the computation's ("its truth within float32 noise": bfloat16
+# results compared in float64). Unknown labels are left out rather than let in.
+BARE_PATH = re.compile(r"[\w{}=.\-]+(\[[^\[\]]*\])?[\w{}=.\-]*")
+PYTORCH_REFERENCE = re.compile(
+    r"(the )?twin|autograd|builtins?|built-ins|builtin, .*"            # the twin; PyTorch's own function
+    r"|F\.\w+.*|nn\.\w+|torch\.(?!rand|manual_seed)\w+.*|TransformerEncoderLayer|sdpa|flex_attention"
+    r"|transformers\b.*|Gemma \d.*|gpt-oss eager|LlamaRotaryEmbedding|ROPE_INIT_FUNCTIONS|DynamicCache"
+    r"|\w+ (causal_conv1d_fn|causal_conv1d_update|l2norm)")         # transformers' and fla's, by model
+
+
+def parity_comparison(name):
+    """Whether the comparison labelled ``name`` sets a result against PyTorch's (see above)."""
+    compared, vs, reference = name.rpartition(" vs ")
+    if not vs:
+        return BARE_PATH.fullmatch(re.sub(r" \([^()]*\)$", "", name)) is not None
+    return PYTORCH_REFERENCE.fullmatch(reference) is not None
+
+
 def errors_of(op, rows):
-    """The rows measured by the operation's test file, closest to their tolerance first."""
-    mine = [r for r in rows if Path(r["test_file"]).name == f"test_{op.name}.py"]
+    """The parity comparisons measured by the operation's test file, closest to their tolerance
+    first."""
+    mine = [r for r in rows if Path(r["test_file"]).name == f"test_{op.name}.py" and parity_comparison(r["name"])]
     return sorted(mine, key=lambda r: -r["tolerance_used"])
 
 
@@ -297,23 +325,31 @@ def _errors_table(op, rows, warnings):
     if rows is None:   # build() has said so once
         return ('<p class="muted">Not measured: the site was built without <code>test-errors.json</code>; '
                 "run <code>python -m pytest</code>, then build the site again.</p>")
+    test_file = f"parity_tests/test_{op.name}.py"
+    measured = sum(Path(r["test_file"]).name == f"test_{op.name}.py" for r in rows)
     mine = errors_of(op, rows)
     if not mine:
-        warnings.append(f"{op.name}: test-errors.json holds nothing from parity_tests/test_{op.name}.py")
-        return (f'<p class="muted">Not measured in this run: <code>parity_tests/test_{op.name}.py</code> '
-                "did not run.</p>")
+        if measured:
+            warnings.append(f"{op.name}: test-errors.json holds no comparison with PyTorch from {test_file}")
+            return (f'<p class="muted">Not measured in this run: <code>{test_file}</code> compared nothing '
+                    "with PyTorch (run the whole file).</p>")
+        warnings.append(f"{op.name}: test-errors.json holds nothing from {test_file}")
+        return f'<p class="muted">Not measured in this run: <code>{test_file}</code> did not run.</p>'
     by_dtype = {}
     for r in mine:
         if r["max_abs_error"] >= by_dtype.get(r["dtype"], {"max_abs_error": -1})["max_abs_error"]:
             by_dtype[r["dtype"]] = r
-    lead = "; ".join(f"{dtype}: <b>{r['max_abs_error']:.2e}</b> ({html.escape(r['name'])})"
+    lead = "; ".join(f"{html.escape(dtype)}: <b>{r['max_abs_error']:.2e}</b> (<code>{html.escape(r['name'])}</code>)"
                      for dtype, r in sorted(by_dtype.items()))
-    table = "".join(f"<tr><td><code>{html.escape(r['name'])}</code></td><td>{r['dtype']}</td>"
+    table = "".join(f"<tr><td><code>{html.escape(r['name'])}</code></td><td>{html.escape(r['dtype'])}</td>"
                     f'<td class="n">{r["max_abs_error"]:.2e}</td><td class="n">{r["tolerance_used"]:.1%}</td></tr>'
                     for r in mine[:8])
-    return (f"<p>Largest absolute error, by dtype: {lead}.</p>"
-            f"<p>The comparisons of <code>parity_tests/test_{op.name}.py</code> that came closest to their "
-            f"tolerance ({len(mine)} in all):</p>"
+    others = measured - len(mine)
+    return (f"<p>Largest absolute error against PyTorch, by dtype: {lead}.</p>"
+            f"<p>The comparisons with PyTorch (its built-ins, the twin, autograd) of <code>{test_file}</code> "
+            f"that came closest to their tolerance ({len(mine)} in all"
+            + (f"; its {others} other comparisons, against finite differences, a computation by hand or a "
+               "property, are not about agreeing with PyTorch and are left out" if others else "") + "):</p>"
             '<table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
             f"<th>share of its tolerance</th></tr>{table}</table>")
 

@@ -151,6 +151,55 @@ def test_errors_come_from_the_report(tmp_path):
     assert "warning: rope: test-errors.json holds nothing from parity_tests/test_rope.py" in err
 
 
+PARITY = ["sdpa.dq", "mha.dparams.q.w", "feed_forward[gelu].dx", "flex.dk (alibi)", "softmax.y with dtype= vs the twin",
+          "worked (b).context vs twin", "sdpa.dk bottom-right vs builtin", "gelu[tanh].dx vs F.gelu",
+          "sdpa[softcap].out vs Gemma 2", "gpt2.logits vs transformers", "erf vs torch.erf (sweep)"]
+NOT_PARITY = ["worked W_key vs torch.rand", "sdpa.dq vs finite differences", "worked (a).weights vs hand",
+              "attention[numpy] dk (bfloat16), its truth within float32 noise", "softmax row sums",
+              "sdpa.out gqa vs repeated heads", "erf(0.5)", "log_softmax.y vs log(softmax.y)",
+              "sdpa.dk after permuting keys", "gpt.logits vs float64", "flash.out vs reference"]
+
+
+def test_the_largest_errors_are_the_parity_comparisons(tmp_path):
+    """The attention page was led by "float64: 4.67e-05 (worked W_key vs torch.rand)": a tutorial's
+    typed-in weights against torch.rand's draws, a float32 draw under float64. A page's largest errors
+    and its table are drawn from its comparisons with PyTorch only (the twin, autograd, a built-in,
+    transformers), each under the dtype it was computed in; the others are counted, not shown."""
+    for name in PARITY:
+        assert site.parity_comparison(name), name
+    for name in NOT_PARITY:
+        assert not site.parity_comparison(name), name
+
+    def row(name, dtype, err, used):
+        return dict(test_file="parity_tests/test_attention.py", name=name, dtype=dtype, max_abs_error=err,
+                    tolerance_used=used)
+    rows = [row("worked W_key vs torch.rand", "float64", 4.67e-05, 0.935),
+            row("attention[numpy] dq (bfloat16), its truth within float32 noise", "float64", 7.2e-07, 0.9),
+            row("sdpa.dq vs finite differences", "float64", 3.5e-09, 0.8),
+            row("worked (a).weights vs hand", "float32", 6.1e-08, 0.7),
+            row("sdpa.dq", "float64", 4.4e-16, 0.25), row("sdpa.dq", "float32", 2.4e-07, 0.31),
+            row("sdpa.out vs builtin", "float64", 2.2e-16, 0.05),
+            row("worked (b).context vs twin", "float32", 3e-08, 0.01)]
+    status, _, err = run(str(tmp_path / "s"), "--errors", str(fake_report(tmp_path / "e.json", rows)))
+    assert status == 0, err
+    section = page(tmp_path / "s", "attention").split("Measured by the parity suite")[1].split("<h2>")[0]
+    lead = re.search(r"Largest absolute error[^:]*, by dtype: (.*?)\.</p>", section).group(1)
+    assert re.sub(r"<[^>]+>", "", lead) == "float32: 2.40e-07 (sdpa.dq); float64: 4.40e-16 (sdpa.dq)", lead
+    table = re.findall(r"<tr><td><code>(.*?)</code></td><td>(\w+)</td><td class=\"n\">(.*?)</td>", section)
+    assert table == [("sdpa.dq", "float32", "2.40e-07"), ("sdpa.dq", "float64", "4.40e-16"),
+                     ("sdpa.out vs builtin", "float64", "2.20e-16"),
+                     ("worked (b).context vs twin", "float32", "3.00e-08")]
+    for name in NOT_PARITY:
+        assert html.escape(name) not in section, name
+    assert "its 4 other comparisons" in section
+    index = page(tmp_path / "s", "index")
+    assert "attention</b></a>: " in index and "(closest to its tolerance: 31%)" in index
+    only_others = [row("worked W_key vs torch.rand", "float64", 4.67e-05, 0.935)]
+    status, _, err = run(str(tmp_path / "t"), "--errors", str(fake_report(tmp_path / "f.json", only_others)))
+    assert status == 0 and "attention: test-errors.json holds no comparison with PyTorch" in err
+    assert "torch.rand" not in page(tmp_path / "t", "attention")
+
+
 @pytest.mark.slow
 def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "DEFAULT_ERRORS", tmp_path / "none.json")    # a checkout never tested
