@@ -250,7 +250,9 @@ pre.diagram, pre.code { background: #f6f8fa; padding: 0.6em 0.9em; border-radius
 ol.steps > li { margin-bottom: 0.8em; } ol.steps pre.code { margin: 0.3em 0 0 0; }
 table.errors { border-collapse: collapse; font-size: 14px; }
 table.errors th, table.errors td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.8em; text-align: left; }
-table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; }
+table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.errors td code { overflow-wrap: anywhere; }   /* a long label wraps, the numbers never */
+div.scroll { overflow-x: auto; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 figcaption { color: #57606a; font-size: 0.95em; }
 figure.diagram pre.diagram { margin: 0.3em 0 0 0; }   /* under the sentence that leads into it */
@@ -265,7 +267,13 @@ main { overflow-wrap: break-word; }   /* a long name (torch.nn.functional...) wr
   nav.ops ol { columns: 4; }
   main { padding: 1em; }
 }
-@media (max-width: 520px) { nav.ops ol { columns: 2; } }
+@media (max-width: 520px) {
+  nav.ops ol { columns: 2; }
+  table.errors th, table.errors td { padding: 0.3em 0.35em; }
+  /* The header in two lines, not four: the name and the page's place, the motto under them. */
+  header.top { padding: 0.5em 1em; gap: 0.2em 1em; }
+  header.top .tagline { order: 1; flex-basis: 100%; font-size: 0.85em; color: #d0d7de; }
+}
 /* The menu is a <details>, closed: on a phone its 30-odd entries would fill the first screen. On
    a wide screen, where it stands beside the page, it is always open, its summary hidden; a
    browser that cannot style ::details-content keeps the summary to open it by. */
@@ -294,7 +302,7 @@ def _page(title, body, ops, here=None, step=""):
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{html.escape(title)}</title><link rel="stylesheet" href="style.css"></head><body>\n'
             '<header class="top"><a class="home" href="index.html">numpy-attn</a>'
-            "<span>every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>"
+            '<span class="tagline">every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>'
             f'<span class="step">{step}</span></header>\n'
             f'<div class="layout"><nav class="ops"><details><summary>Menu: the {len(ops)} operations</summary>'
             f'<ol>{nav}</ol></details></nav>\n<main>\n{body}\n</main></div>\n'
@@ -350,8 +358,8 @@ def _errors_table(op, rows, warnings):
             f"that came closest to their tolerance ({len(mine)} in all"
             + (f"; its {others} other comparisons, against finite differences, a computation by hand or a "
                "property, are not about agreeing with PyTorch and are left out" if others else "") + "):</p>"
-            '<table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
-            f"<th>share of its tolerance</th></tr>{table}</table>")
+            '<div class="scroll"><table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
+            f"<th>share of its tolerance</th></tr>{table}</table></div>")
 
 
 def _backward_section(op, paragraphs):
