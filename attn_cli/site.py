@@ -427,7 +427,7 @@ def index_page(ops, rows):
             "autograd supplies. The parity suite proves them equal. Read the pages in this order: each "
             "operation uses only those above it.</p>"
             "<p>On each page: the equations, the backward step by step, the largest errors the parity "
-            "suite measured, pictures where there are some, and the two files side by side.</p>"
+            "suite measured against PyTorch, pictures where there are some, and the two files side by side.</p>"
             f'<ol class="index">{"".join(items)}</ol>'
             '<p class="muted">Written by <code>numpy-attn site</code>; nothing on these pages is fetched '
             "from the network.</p>")
