@@ -170,7 +170,7 @@ PYTORCH_REFERENCE = re.compile(
 
 def parity_comparison(name):
     """Whether the comparison labelled ``name`` sets a result against PyTorch's (see above)."""
-    compared, vs, reference = name.rpartition(" vs ")
+    _, vs, reference = name.rpartition(" vs ")
     if not vs:
         return BARE_PATH.fullmatch(re.sub(r" \([^()]*\)$", "", name)) is not None
     return PYTORCH_REFERENCE.fullmatch(reference) is not None
@@ -224,6 +224,7 @@ def inline(text):
         out += [html.escape(text[pos:match.start()]), f"<{tag}>{html.escape(match.group(kind))}</{tag}>"]
         pos = match.end()
     return "".join(out) + html.escape(text[pos:])
+
 
 CSS = """
 body { margin: 0; color: #1f2328; background: #fff; font: 16px/1.55 system-ui, -apple-system,
