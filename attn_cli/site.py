@@ -3,7 +3,8 @@ operation in the reading order (numpy_attn's docstring, as ``show --list``).
 
 Each page gives the module's equations typeset (MathML, from the docstring's formula lines),
 its diagrams as written, the backward step by step (the backward's comments, each over the lines
-it explains), the largest errors the parity suite measured for the operation, its pictures from
+it explains), the largest errors the parity suite measured between the operation and PyTorch
+(parity_comparison says which comparisons those are), its pictures from
 docs/images, and the NumPy file beside the torch file, lines paired as ``numpy-attn show`` pairs
 them.
 
@@ -56,18 +57,25 @@ PICTURES = {"attention": ["walkthrough_step5_weights.png"], "multi_head": ["walk
 # What a page shows, read from the files.
 
 def docstring_parts(op):
-    """(summary, formula lines, diagram blocks, backward paragraphs) of the NumPy module's
-    docstring. A formula line is a pre-formatted line with an "=" (not code); a diagram is a run of
-    the other pre-formatted lines (code too); a backward paragraph is one that starts with
-    "Backward"."""
+    """(summary, formula lines, diagrams, backward paragraphs) of the NumPy module's docstring. A
+    formula line is a pre-formatted line with an "=" (not code); a diagram is a run of the other
+    pre-formatted lines (code too), as (its text, its caption or None); a backward paragraph is one
+    that starts with "Backward".
+
+    A diagram's caption is the sentence that leads into it: the last of the paragraph just above
+    the pre-formatted lines it stands in ("for T = 3 queries and S = 5 keys, 1 where a query may
+    attend:"), given to the first diagram among them."""
     source = op.numpy_path.read_text(encoding="utf-8")
     lines, roles = source.splitlines(), show.line_roles(source)
     first = ast.parse(source).body[0]
     span = range(first.lineno - 1, first.end_lineno)
     formulas, diagrams, paragraphs = [], [], {}
+    above, lead = (None, None), None        # the last line's (role, paragraph) that was not blank
     for k in span:
         role, number = roles[k]
         text = lines[k].strip().strip('"').strip()
+        if role == "pre" and above[0] != "pre":
+            lead = above[1] if above[0] == "prose" else None
         # A formula stands on one line; a line whose brackets do not close is a piece of a call
         # written over several lines (a usage example), so code.
         balanced = text.count("(") == text.count(")") and text.count("[") == text.count("]")
@@ -75,19 +83,29 @@ def docstring_parts(op):
             formulas.append(text)
         elif role == "pre":
             if diagrams and diagrams[-1][1] == k - 1:
-                diagrams[-1] = (diagrams[-1][0] + [lines[k]], k)
+                diagrams[-1] = (diagrams[-1][0] + [lines[k]], k, diagrams[-1][2])
             else:
-                diagrams.append(([lines[k]], k))
+                diagrams.append(([lines[k]], k, lead))
+                lead = None
         elif role == "prose":
             paragraphs.setdefault(number, []).append(text)
-    texts = [" ".join(words) for words in paragraphs.values()]
-    summary = texts[0] if texts else op.name
-    backward = [t[t.index("Backward"):] for t in texts if "Backward" in t]     # from that word on
+        if text:
+            above = (role, number)
+    texts = {number: " ".join(words) for number, words in paragraphs.items()}
+    summary = next(iter(texts.values()), op.name)
+    backward = [t[t.index("Backward"):] for t in texts.values() if "Backward" in t]     # from that word on
     blocks = []
-    for block, _ in diagrams:
+    for block, _, number in diagrams:
         indent = min(len(x) - len(x.lstrip()) for x in block)
-        blocks.append("\n".join(x[indent:] for x in block))
+        caption = None if number is None else last_sentence(texts[number])
+        blocks.append(("\n".join(x[indent:] for x in block), caption))
     return summary, formulas, blocks, backward
+
+
+def last_sentence(paragraph):
+    """The paragraph's last sentence (one starts after a full stop and a space, with a capital,
+    a quote, a bracket or markup)."""
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z`\"'(*])", paragraph)[-1]
 
 
 def backward_steps(op):
@@ -132,9 +150,37 @@ def read_errors(path):
     return rows
 
 
+# test-errors.json holds every comparison the suite made; an operation's largest errors are drawn
+# from its parity comparisons only, those that set a result against PyTorch's. The suite's labels
+# (parity_tests/helpers.py, assert_close) say which: a bare tensor path ("sdpa.dq", "mha.dparams.q.w",
+# "flex.dk (alibi)") is NumPy's result against the twin's or against autograd's gradient through it,
+# and a label with " vs " names its reference after it, PyTorch's where it starts with PYTORCH_REFERENCE.
+# Any other comparison is with something that is not PyTorch (finite differences, a computation by
+# hand, digits typed in from a tutorial, the float64 truth of a low-precision run, the same code run
+# another way) or checks a property ("softmax row sums"): its error says nothing about agreeing with
+# PyTorch, and its dtype is not always the computation's ("its truth within float32 noise": bfloat16
+# results compared in float64). Unknown labels are left out rather than let in.
+BARE_PATH = re.compile(r"[\w{}=.\-]+(\[[^\[\]]*\])?[\w{}=.\-]*")
+PYTORCH_REFERENCE = re.compile(
+    r"(the )?twin|autograd|builtins?|built-ins|builtin, .*"            # the twin; PyTorch's own function
+    r"|F\.\w+.*|nn\.\w+|torch\.(?!rand|manual_seed)\w+.*|TransformerEncoderLayer|sdpa|flex_attention"
+    r"|transformers\b.*|Gemma \d.*|gpt-oss eager|LlamaRotaryEmbedding|ROPE_INIT_FUNCTIONS|DynamicCache"
+    r"|\w+ (causal_conv1d_fn|causal_conv1d_update|l2norm)")         # transformers' and fla's, by model
+
+
+def parity_comparison(name):
+    """Whether the comparison labelled ``name`` sets a result against PyTorch's (see above)."""
+    _, vs, reference = name.rpartition(" vs ")
+    if not vs:
+        return BARE_PATH.fullmatch(re.sub(r" \([^()]*\)$", "", name)) is not None
+    # The reference, or a tensor of it: "vs autograd.layers.0.w" (assert_tree_close), "vs DynamicCache.k[0] step 1".
+    return re.match(rf"(?:{PYTORCH_REFERENCE.pattern})(?=$|[.\[ ,(])", reference) is not None
+
+
 def errors_of(op, rows):
-    """The rows measured by the operation's test file, closest to their tolerance first."""
-    mine = [r for r in rows if Path(r["test_file"]).name == f"test_{op.name}.py"]
+    """The parity comparisons measured by the operation's test file, closest to their tolerance
+    first."""
+    mine = [r for r in rows if Path(r["test_file"]).name == f"test_{op.name}.py" and parity_comparison(r["name"])]
     return sorted(mine, key=lambda r: -r["tolerance_used"])
 
 
@@ -159,6 +205,27 @@ def picture_caption(path):
 
 # ---------------------------------------------------------------------------------------------
 # Pages.
+
+# The docstrings' inline reStructuredText: ``literal`` and `name` (the default role, which they use
+# for names) as code, **strong**, *emphasis*. As in reStructuredText, markup starts after a space,
+# an opening bracket or quote (or the start) and ends before a space, punctuation (or the end),
+# with no space just inside it: so ``i*hs .. (i+1)*hs`` or ``2 * x`` stay as written.
+_BEFORE, _AFTER = r"(?<![^\s'\"(\[{<\-/:])", r"(?=$|[\s'\")\]}>\-/:.,;!?])"
+INLINE = re.compile(_BEFORE + r"(?:``(?P<literal>\S|\S.*?\S)``|`(?P<name>[^`\s]|[^`\s][^`]*?[^`\s])`"
+                    r"|\*\*(?P<strong>[^*\s]|[^*\s][^*]*?[^*\s])\*\*|\*(?P<em>[^*\s]|[^*\s][^*]*?[^*\s])\*)" + _AFTER)
+INLINE_TAGS = {"literal": "code", "name": "code", "strong": "strong", "em": "em"}
+
+
+def inline(text):
+    """Docstring prose as HTML: escaped, its inline markup (INLINE) as tags."""
+    out, pos = [], 0
+    for match in INLINE.finditer(text):
+        kind = match.lastgroup
+        tag = INLINE_TAGS[kind]
+        out += [html.escape(text[pos:match.start()]), f"<{tag}>{html.escape(match.group(kind))}</{tag}>"]
+        pos = match.end()
+    return "".join(out) + html.escape(text[pos:])
+
 
 CSS = """
 body { margin: 0; color: #1f2328; background: #fff; font: 16px/1.55 system-ui, -apple-system,
@@ -185,18 +252,48 @@ pre.diagram, pre.code { background: #f6f8fa; padding: 0.6em 0.9em; border-radius
 ol.steps > li { margin-bottom: 0.8em; } ol.steps pre.code { margin: 0.3em 0 0 0; }
 table.errors { border-collapse: collapse; font-size: 14px; }
 table.errors th, table.errors td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.8em; text-align: left; }
-table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; }
+table.errors td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.errors td code { overflow-wrap: anywhere; }   /* a long label wraps, the numbers never */
+div.scroll { overflow-x: auto; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 figcaption { color: #57606a; font-size: 0.95em; }
+figure.diagram pre.diagram { margin: 0.3em 0 0 0; }   /* under the sentence that leads into it */
 ol.index > li { margin: 0.35em 0; } .muted { color: #57606a; }
 footer.pager { display: flex; justify-content: space-between; margin-top: 2.5em; }
+nav.ops summary { cursor: pointer; font-weight: 600; padding: 0.2em 0; }
+nav.ops details[open] summary { margin-bottom: 0.5em; }
+main { overflow-wrap: break-word; }   /* a long name (torch.nn.functional...) wraps on a phone */
 @media (max-width: 900px) {
   div.layout { display: block; }
-  nav.ops { border-right: none; border-bottom: 1px solid #d0d7de; }
+  nav.ops { border-right: none; border-bottom: 1px solid #d0d7de; padding: 0.6em 1em; }
   nav.ops ol { columns: 4; }
   main { padding: 1em; }
 }
-@media (max-width: 520px) { nav.ops ol { columns: 2; } }
+@media (max-width: 520px) {
+  nav.ops ol { columns: 2; }
+  table.errors th, table.errors td { padding: 0.3em 0.35em; }
+  /* The header in two lines, not four: the name and the page's place, the motto under them. */
+  header.top { padding: 0.5em 1em; gap: 0.2em 1em; }
+  header.top .tagline { order: 1; flex-basis: 100%; font-size: 0.85em; color: #d0d7de; }
+}
+/* The menu is a <details>, closed: on a phone its 30-odd entries would fill the first screen. On
+   a wide screen, where it stands beside the page, it is always open, its summary hidden; a
+   browser that cannot style ::details-content keeps the summary to open it by. */
+@supports selector(::details-content) {
+  @media (min-width: 901px) {
+    nav.ops summary { display: none; }
+    nav.ops details::details-content { content-visibility: visible; display: block; }
+  }
+}
+/* Narrow: each equation's note goes under it, the whole width, not in a column one word wide. */
+@media (max-width: 700px) {
+  table.eqs, table.eqs tbody, table.eqs tr, table.eqs td { display: block; }
+  table.eqs tr { margin-bottom: 0.6em; }
+  table.eqs td { padding: 0; }
+  table.eqs td.eq { overflow-x: auto; }
+  table.eqs td.note { padding-left: 1.5em; }
+  table.eqs td.note:empty { display: none; }
+}
 """ + show.TWINS_CSS
 
 
@@ -207,9 +304,10 @@ def _page(title, body, ops, here=None, step=""):
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{html.escape(title)}</title><link rel="stylesheet" href="style.css"></head><body>\n'
             '<header class="top"><a class="home" href="index.html">numpy-attn</a>'
-            "<span>every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>"
+            '<span class="tagline">every operation twice: NumPy with its backward by hand, PyTorch with autograd</span>'
             f'<span class="step">{step}</span></header>\n'
-            f'<div class="layout"><nav class="ops"><ol>{nav}</ol></nav>\n<main>\n{body}\n</main></div>\n'
+            f'<div class="layout"><nav class="ops"><details><summary>Menu: the {len(ops)} operations</summary>'
+            f'<ol>{nav}</ol></details></nav>\n<main>\n{body}\n</main></div>\n'
             "</body></html>\n")
 
 
@@ -221,7 +319,7 @@ def _equations(formulas, warnings, op):
         maths, notes = [], []
         for text, is_math in mathml.segments(line):
             if not is_math:
-                notes.append(html.escape(text))
+                notes.append(inline(text))
                 continue
             try:
                 maths.append(mathml.to_mathml(text))
@@ -237,36 +335,44 @@ def _errors_table(op, rows, warnings):
     if rows is None:   # build() has said so once
         return ('<p class="muted">Not measured: the site was built without <code>test-errors.json</code>; '
                 "run <code>python -m pytest</code>, then build the site again.</p>")
+    test_file = f"parity_tests/test_{op.name}.py"
+    measured = sum(Path(r["test_file"]).name == f"test_{op.name}.py" for r in rows)
     mine = errors_of(op, rows)
     if not mine:
-        warnings.append(f"{op.name}: test-errors.json holds nothing from parity_tests/test_{op.name}.py")
-        return (f'<p class="muted">Not measured in this run: <code>parity_tests/test_{op.name}.py</code> '
-                "did not run.</p>")
+        if measured:
+            warnings.append(f"{op.name}: test-errors.json holds no comparison with PyTorch from {test_file}")
+            return (f'<p class="muted">Not measured in this run: <code>{test_file}</code> compared nothing '
+                    "with PyTorch (run the whole file).</p>")
+        warnings.append(f"{op.name}: test-errors.json holds nothing from {test_file}")
+        return f'<p class="muted">Not measured in this run: <code>{test_file}</code> did not run.</p>'
     by_dtype = {}
     for r in mine:
         if r["max_abs_error"] >= by_dtype.get(r["dtype"], {"max_abs_error": -1})["max_abs_error"]:
             by_dtype[r["dtype"]] = r
-    lead = "; ".join(f"{dtype}: <b>{r['max_abs_error']:.2e}</b> ({html.escape(r['name'])})"
+    lead = "; ".join(f"{html.escape(dtype)}: <b>{r['max_abs_error']:.2e}</b> (<code>{html.escape(r['name'])}</code>)"
                      for dtype, r in sorted(by_dtype.items()))
-    table = "".join(f"<tr><td><code>{html.escape(r['name'])}</code></td><td>{r['dtype']}</td>"
+    table = "".join(f"<tr><td><code>{html.escape(r['name'])}</code></td><td>{html.escape(r['dtype'])}</td>"
                     f'<td class="n">{r["max_abs_error"]:.2e}</td><td class="n">{r["tolerance_used"]:.1%}</td></tr>'
                     for r in mine[:8])
-    return (f"<p>Largest absolute error, by dtype: {lead}.</p>"
-            f"<p>The comparisons of <code>parity_tests/test_{op.name}.py</code> that came closest to their "
-            f"tolerance ({len(mine)} in all):</p>"
-            '<table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
-            f"<th>share of its tolerance</th></tr>{table}</table>")
+    others = measured - len(mine)
+    return (f"<p>Largest absolute error against PyTorch, by dtype: {lead}.</p>"
+            f"<p>The comparisons with PyTorch (its built-ins, the twin, autograd) of <code>{test_file}</code> "
+            f"that came closest to their tolerance ({len(mine)} in all"
+            + (f"; its {others} other comparisons, against finite differences, a computation by hand or a "
+               "property, are not about agreeing with PyTorch and are left out" if others else "") + "):</p>"
+            '<div class="scroll"><table class="errors"><tr><th>compared</th><th>dtype</th><th>largest |error|</th>'
+            f"<th>share of its tolerance</th></tr>{table}</table></div>")
 
 
 def _backward_section(op, paragraphs):
-    parts = [f"<p>{html.escape(p)}</p>" for p in paragraphs]
+    parts = [f"<p>{inline(p)}</p>" for p in paragraphs]
     for name, doc, steps in backward_steps(op):
         parts.append(f"<h3><code>{name}</code></h3>")
         if doc:
-            parts.append(f"<p>{html.escape(doc)}</p>")
+            parts.append(f"<p>{inline(doc)}</p>")
         items = []
         for comment, code in steps:
-            text = f"<p>{html.escape(comment)}</p>" if comment else ""
+            text = f"<p>{inline(comment)}</p>" if comment else ""
             indent = min((len(x) - len(x.lstrip()) for x in code), default=0)
             block = f'<pre class="code">{html.escape(chr(10).join(x[indent:] for x in code))}</pre>' if code else ""
             items.append(f"<li>{text}{block}</li>")
@@ -282,13 +388,15 @@ def op_page(op, ops, rows, warnings, images=IMAGES):
     k = [o.name for o in ops].index(op.name)
     summary, formulas, diagrams, backward = docstring_parts(op)
     pictures = pictures_of(op, images)
-    body = [f"<h1>{op.name}</h1>", f'<p class="summary">{html.escape(summary)}</p>',
+    body = [f"<h1>{op.name}</h1>", f'<p class="summary">{inline(summary)}</p>',
             f"<p><code>{op.numpy_path.relative_to(ROOT)}</code>: {', '.join(op.numpy_functions)}<br>"
             f"<code>{op.torch_path.relative_to(ROOT)}</code>: {', '.join(op.torch_functions)} "
             "(autograd supplies the backward)</p>"]
     if formulas or diagrams:
         body.append("<h2>The equations</h2>" + _equations(formulas, warnings, op))
-        body += [f'<pre class="diagram">{html.escape(d)}</pre>' for d in diagrams]
+        body += [f'<figure class="diagram"><figcaption>{inline(caption)}</figcaption>'
+                 f'<pre class="diagram">{html.escape(d)}</pre></figure>' if caption else
+                 f'<pre class="diagram">{html.escape(d)}</pre>' for d, caption in diagrams]
     body.append("<h2>The backward, step by step</h2>" + _backward_section(op, backward))
     body.append("<h2>Measured by the parity suite</h2>" + _errors_table(op, rows, warnings))
     if pictures:
@@ -314,14 +422,14 @@ def index_page(ops, rows):
             top = errors_of(op, rows)[0]
             worst = f' <span class="muted">(closest to its tolerance: {top["tolerance_used"]:.0%})</span>'
         items.append(f'<li><a href="{op.name}.html"><b>{op.name}</b></a>: '
-                     f"{html.escape(described.get(op.name, ''))}{worst}</li>")
+                     f"{inline(described.get(op.name, ''))}{worst}</li>")
     body = ("<h1>The operations, leaf to root</h1>"
             "<p>Each building block of a Transformer is written twice: in <code>numpy_attn</code>, pure NumPy "
             "with a backward written by hand, and in <code>torch_attn</code>, plain PyTorch whose backward "
             "autograd supplies. The parity suite proves them equal. Read the pages in this order: each "
             "operation uses only those above it.</p>"
             "<p>On each page: the equations, the backward step by step, the largest errors the parity "
-            "suite measured, pictures where there are some, and the two files side by side.</p>"
+            "suite measured against PyTorch, pictures where there are some, and the two files side by side.</p>"
             f'<ol class="index">{"".join(items)}</ol>'
             '<p class="muted">Written by <code>numpy-attn site</code>; nothing on these pages is fetched '
             "from the network.</p>")

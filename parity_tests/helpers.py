@@ -73,7 +73,11 @@ def assert_close(name, actual, expected, rtol=None, atol=None):
     """Assert two arrays agree to the tolerance of their dtype; the message names the tensor.
 
     The dtype is checked too: a float32 result must not come back as float64. ``name`` is also the
-    label under which the largest error is recorded for the end-of-run report.
+    label under which the largest error is recorded for the end-of-run report: a bare tensor path
+    ("sdpa.dq") for a result against the twin's or autograd's, else what is compared, " vs ", and
+    what it is compared with ("sdpa.dq vs finite differences"). numpy-attn site draws an operation's
+    largest errors from its comparisons with PyTorch only, which it tells by the label
+    (attn_cli/site.py, parity_comparison).
     """
     actual = np.asarray(actual)
     expected = np.asarray(expected)

@@ -64,8 +64,8 @@ def test_twin_matches_numpy(case):
         for layer, (k, v) in enumerate(step):
             k_all, v_all = kv_cache_update(cache.layer(layer), k, v)
             tk_all, tv_all = tw.kv_cache_update(twin.layer(layer), to_torch(k), to_torch(v))
-            assert_close(f"kv_cache twin.k[{layer}] step {n}", to_numpy(tk_all), k_all, rtol=0, atol=0)
-            assert_close(f"kv_cache twin.v[{layer}] step {n}", to_numpy(tv_all), v_all, rtol=0, atol=0)
+            assert_close(f"kv_cache.k[{layer}] step {n} vs twin", to_numpy(tk_all), k_all, rtol=0, atol=0)
+            assert_close(f"kv_cache.v[{layer}] step {n} vs twin", to_numpy(tv_all), v_all, rtol=0, atol=0)
     assert twin.lengths == cache.lengths.tolist(), f"kv_cache.lengths {twin.lengths} != {cache.lengths}"
     assert twin.bytes_per_token == cache.bytes_per_token, "kv_cache.bytes_per_token"
     assert twin.nbytes == cache.nbytes, "kv_cache.nbytes"

@@ -136,8 +136,8 @@ def test_matches_twin(name, hyper, data):
     params, grads_seq, hyper = _draw(data, hyper)
     p, m, steps = _split(_run_numpy(name, params, grads_seq, hyper))
     tp, tm, twin_steps = _split(_run_twin(name, params, grads_seq, hyper))
-    assert_tree_close(f"{name} params", p, tp)
-    assert_tree_close(f"{name} state", m, tm)
+    assert_tree_close(f"{name}.params", p, tp)
+    assert_tree_close(f"{name}.state", m, tm)
     assert steps == twin_steps == list(range(1, STEPS + 1)), f"{name} steps {steps}, {twin_steps}"
 
 

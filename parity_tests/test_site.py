@@ -151,6 +151,74 @@ def test_errors_come_from_the_report(tmp_path):
     assert "warning: rope: test-errors.json holds nothing from parity_tests/test_rope.py" in err
 
 
+PARITY = ["sdpa.dq", "mha.dparams.q.w", "feed_forward[gelu].dx", "flex.dk (alibi)", "softmax.y with dtype= vs the twin",
+          "worked (b).context vs twin", "sdpa.dk bottom-right vs builtin", "gelu[tanh].dx vs F.gelu",
+          "sdpa[softcap].out vs Gemma 2", "gpt2.logits vs transformers", "erf vs torch.erf (sweep)",
+          "llama: backward vs autograd.layers.0.attn.q.w", "kv_cache twin vs DynamicCache.k[0] step 1"]
+NOT_PARITY = ["worked W_key vs torch.rand", "sdpa.dq vs finite differences", "worked (a).weights vs hand",
+              "attention[numpy] dk (bfloat16), its truth within float32 noise", "softmax row sums",
+              "sdpa.out gqa vs repeated heads", "erf(0.5)", "log_softmax.y vs log(softmax.y)",
+              "sdpa.dk after permuting keys", "gpt.logits vs float64", "flash.out vs reference",
+              "x vs torch.randn draws", "kv_cache.k[0] step 1", "adamw params.lin.w", "out vs twinned heads"]
+
+
+def test_the_largest_errors_are_the_parity_comparisons(tmp_path):
+    """The attention page was led by "float64: 4.67e-05 (worked W_key vs torch.rand)": a tutorial's
+    typed-in weights against torch.rand's draws, a float32 draw under float64. A page's largest errors
+    and its table are drawn from its comparisons with PyTorch only (the twin, autograd, a built-in,
+    transformers), each under the dtype it was computed in; the others are counted, not shown."""
+    for name in PARITY:
+        assert site.parity_comparison(name), name
+    for name in NOT_PARITY:
+        assert not site.parity_comparison(name), name
+
+    def row(name, dtype, err, used):
+        return dict(test_file="parity_tests/test_attention.py", name=name, dtype=dtype, max_abs_error=err,
+                    tolerance_used=used)
+    rows = [row("worked W_key vs torch.rand", "float64", 4.67e-05, 0.935),
+            row("attention[numpy] dq (bfloat16), its truth within float32 noise", "float64", 7.2e-07, 0.9),
+            row("sdpa.dq vs finite differences", "float64", 3.5e-09, 0.8),
+            row("worked (a).weights vs hand", "float32", 6.1e-08, 0.7),
+            row("sdpa.dq", "float64", 4.4e-16, 0.25), row("sdpa.dq", "float32", 2.4e-07, 0.31),
+            row("sdpa.out vs builtin", "float64", 2.2e-16, 0.05),
+            row("worked (b).context vs twin", "float32", 3e-08, 0.01)]
+    status, _, err = run(str(tmp_path / "s"), "--errors", str(fake_report(tmp_path / "e.json", rows)))
+    assert status == 0, err
+    section = page(tmp_path / "s", "attention").split("Measured by the parity suite")[1].split("<h2>")[0]
+    lead = re.search(r"Largest absolute error[^:]*, by dtype: (.*?)\.</p>", section).group(1)
+    assert re.sub(r"<[^>]+>", "", lead) == "float32: 2.40e-07 (sdpa.dq); float64: 4.40e-16 (sdpa.dq)", lead
+    table = re.findall(r"<tr><td><code>(.*?)</code></td><td>(\w+)</td><td class=\"n\">(.*?)</td>", section)
+    assert table == [("sdpa.dq", "float32", "2.40e-07"), ("sdpa.dq", "float64", "4.40e-16"),
+                     ("sdpa.out vs builtin", "float64", "2.20e-16"),
+                     ("worked (b).context vs twin", "float32", "3.00e-08")]
+    for name in NOT_PARITY:
+        assert html.escape(name) not in section, name
+    assert "its 4 other comparisons" in section
+    index = page(tmp_path / "s", "index")
+    assert "attention</b></a>: " in index and "(closest to its tolerance: 31%)" in index
+    only_others = [row("worked W_key vs torch.rand", "float64", 4.67e-05, 0.935)]
+    status, _, err = run(str(tmp_path / "t"), "--errors", str(fake_report(tmp_path / "f.json", only_others)))
+    assert status == 0 and "attention: test-errors.json holds no comparison with PyTorch" in err
+    assert "torch.rand" not in page(tmp_path / "t", "attention")
+
+
+def test_every_twin_parity_comparison_is_one_with_pytorch():
+    """The comparisons of each operation's twin_parity test (the one that proves NumPy equal to the
+    twin and autograd) are labelled as parity comparisons, so that its page shows them: read here
+    from each test file's source (a label built in a kit is not seen), placeholders as words."""
+    counted = 0
+    for path in sorted((ROOT / "parity_tests").glob("test_*.py")):
+        source = path.read_text(encoding="utf-8")
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and any("twin_parity" in ast.unparse(d) for d in node.decorator_list):
+                body = ast.get_source_segment(source, node)
+                for label in re.findall(r'assert_(?:tree_)?close\(\s*f?"([^"]*)"', body):
+                    counted += 1
+                    name = re.sub(r"\{[^{}]*\}", "x", label)
+                    assert site.parity_comparison(name), f"{path.name}::{node.name}: {label!r}"
+    assert counted >= 60
+
+
 @pytest.mark.slow
 def test_without_a_report_strict_refuses_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "DEFAULT_ERRORS", tmp_path / "none.json")    # a checkout never tested
@@ -185,6 +253,49 @@ def test_pictures_are_copied_beside_their_page(built):
     assert "<figcaption>" in text
 
 
+def lead_ins(op_name):
+    """(the end of the paragraph, the first line of the diagram) for each run of lines indented
+    four or more in the module docstring that follows a paragraph and holds a line that is not a
+    formula: found here by reading the file, independently of the site."""
+    source = (ROOT / "numpy_attn" / f"{op_name}.py").read_text()
+    first = ast.parse(source).body[0]
+    doc = "\n".join(source.splitlines()[first.lineno - 1:first.end_lineno]).strip('"')
+    formulas = {line.strip() for line in formula_lines(op_name)}
+    found, above = [], None
+    for block in re.split(r"\n\s*\n", doc):
+        lines = [line for line in block.splitlines() if line.strip()]
+        pre = all(line.startswith("    ") for line in lines)
+        diagram = [line.strip() for line in lines if line.strip() not in formulas]
+        if pre and diagram and above is not None:
+            found.append((" ".join(above.replace("`", "").split()[-4:]), diagram[0]))
+        above = None if pre else block
+    return found
+
+
+def test_every_picture_keeps_its_caption(built):
+    """A diagram of a docstring is shown under the sentence that leads into it (attention's masks:
+    "for T = 3 queries and S = 5 keys, 1 where a query may attend:"); a picture of docs/images under
+    the caption the repository's Markdown gives it."""
+    attention = html.unescape(page(built, "attention"))
+    assert re.search(r"<figcaption><code>is_causal</code> is True .*for T = 3 queries and S = 5 keys, 1 where a "
+                     r'query may attend:</figcaption><pre class="diagram">top-left \(True, "top_left"\)', attention)
+    counted = 0
+    for name in docstring_order():
+        text = page(built, name)
+        figures = [(re.sub(r"<[^>]+>", "", html.unescape(caption)), html.unescape(pre)) for caption, pre in
+                   re.findall(r'<figure class="diagram"><figcaption>(.*?)</figcaption><pre class="diagram">(.*?)</pre>',
+                              text, flags=re.S)]
+        for end, line in lead_ins(name):
+            counted += 1
+            assert any(caption.endswith(end) and line in pre for caption, pre in figures), (name, end, line)
+        for alt, caption in re.findall(r'<figure><img src="[^"]+" alt="([^"]*)"><figcaption>(.*?)</figcaption>', text):
+            assert alt == caption and caption, (name, alt)
+        for picture in re.findall(r'<img src="images/([^"]+)"', text):
+            caption = site.picture_caption(ROOT / "docs" / "images" / picture)
+            assert caption != Path(picture).stem.replace("_", " "), f"{name}: {picture} has no caption"
+    assert counted >= 4
+
+
 def test_both_files_side_by_side(built):
     text = {html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page(built, "attention").splitlines()}
     for folder in ("numpy_attn", "torch_attn"):
@@ -198,6 +309,91 @@ def test_the_page_prose_is_wrapped_by_the_browser(built):
     text = page(built, "softmax")
     cells = re.findall(r'<td class="code prose">(.*?)</td>', text, flags=re.S)
     assert any("Subtracting the row maximum m" in c and "for log-softmax." in c for c in cells)
+
+
+def prose_of(text):
+    """A page's own prose: without its two files side by side (the source as written), its
+    pre-formatted blocks and its code elements."""
+    text = text.split('<table class="twins">')[0]
+    return re.sub(r"<pre\b.*?</pre>|<code>.*?</code>|<math\b.*?</math>", "", text, flags=re.S)
+
+
+def test_inline_markup_of_the_docstrings_is_rendered(built):
+    """``literal`` and `name` as code, *emphasis*, **strong**, escaped; no backquote left in any
+    page's prose; a "*" that is arithmetic stays as written."""
+    assert site.inline("learned: ``attn_mask_grad=True``); k") == "learned: <code>attn_mask_grad=True</code>); k"
+    assert site.inline("the `selected` rows, a ``<b> & c`` <i>") == \
+        "the <code>selected</code> rows, a <code>&lt;b&gt; &amp; c</code> &lt;i&gt;"
+    assert site.inline("the root *mean* square, **not** the sum") == \
+        "the root <em>mean</em> square, <strong>not</strong> the sum"
+    for plain in ("channels i*hs .. (i+1)*hs", "2 * x * y", "a*b and c*d", "x``y``", "`` x``", "* a *"):
+        assert site.inline(plain) == html.escape(plain), plain
+    assert "the forward had <code>attn_mask_grad=True</code>" in page(built, "attention")
+    for path in built.glob("*.html"):
+        prose = prose_of(path.read_text(encoding="utf-8"))
+        assert "`" not in prose, f"{path.name}: {prose[max(prose.index('`') - 80, 0):prose.index('`') + 80]!r}"
+
+
+def css_rules(css, within=()):
+    """(the at-rules a rule stands in, its selector, its declarations {property: value}) for every
+    rule of the style sheet ``css``, comments left out."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules, stack, start = [], [], 0
+    for k, char in enumerate(css):
+        if char == "{":
+            stack.append((css[start:k].strip(), k + 1))
+            start = k + 1
+        elif char == "}":
+            head, body_start = stack.pop()
+            if not head.startswith("@"):
+                body = css[body_start:k]
+                declarations = dict(d.split(":", 1) for d in body.split(";") if ":" in d)
+                rules.append((tuple(h for h, _ in stack), head,
+                              {name.strip(): value.strip() for name, value in declarations.items()}))
+            start = k + 1
+    return rules
+
+
+def narrowest(condition):
+    """The width a media condition "(max-width: N px)" applies up to; None if it is not one."""
+    match = re.fullmatch(r"@media \(max-width: (\d+)px\)", condition)
+    return int(match.group(1)) if match else None
+
+
+def test_on_a_phone_each_equation_has_its_note_under_it():
+    """At 390 px the notes column would be a word wide: below some width each row of the
+    equations' table is a block, the note under its formula across the whole width."""
+    phone = [(selector, declarations) for within, selector, declarations in css_rules(site.CSS)
+             if within and all((narrowest(c) or 0) >= 390 for c in within)]
+    blocks = {part.strip() for selector, declarations in phone if declarations.get("display") == "block"
+              for part in selector.split(",")}
+    assert {"table.eqs", "table.eqs tr", "table.eqs td"} <= blocks, blocks
+    wide = [(within, selector) for within, selector, declarations in css_rules(site.CSS)
+            if "table.eqs" in selector and declarations.get("display") == "block"]
+    assert all(within and all((narrowest(c) or 10**6) < 1000 for c in within) for within, _ in wide), \
+        "on a wide screen the notes stay beside their formulas"
+
+
+def test_the_menu_folds_away_on_a_phone(built):
+    """The list of operations is a <details> with a summary that says what it holds, closed in the
+    HTML (on a phone it would fill the first screen), the same list of links inside; on a wide
+    screen the style sheet shows it open without the summary, where the browser can."""
+    count = len(docstring_order())
+    for path in built.glob("*.html"):
+        nav = path.read_text(encoding="utf-8").split('<nav class="ops">')[1].split("</nav>")[0]
+        assert nav.startswith("<details><summary>") and nav.endswith("</ol></details>"), path.name
+        summary = nav.split("<summary>")[1].split("</summary>")[0]
+        assert f"{count} operations" in summary and "Menu" in summary, summary
+        assert len(re.findall(r"<li\b", nav)) == count
+    rules = css_rules(site.CSS)
+    wide = [(within, selector, declarations) for within, selector, declarations in rules
+            if any(c.startswith("@media (min-width") for c in within)]
+    assert all("@supports selector(::details-content)" in within for within, _, _ in wide), \
+        "a browser without ::details-content keeps the summary"
+    assert any(selector == "nav.ops summary" and declarations.get("display") == "none"
+               for _, selector, declarations in wide)
+    assert any(selector == "nav.ops details::details-content" and declarations.get("content-visibility") == "visible"
+               for _, selector, declarations in wide)
 
 
 # ---------------------------------------------------------------------------------------------
