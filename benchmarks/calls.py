@@ -88,9 +88,13 @@ def torch_calls(op, impl, tensors, static, dout):
     """
     import torch
 
-    # Integer arrays among the other arguments (token ids, targets) go to the device too.
+    # Arrays among the other arguments go to the device too, without grad: integer ones (token
+    # ids, targets) and nested dicts of them (parameters the loss gives no gradient, e.g. DSA's
+    # detached indexer).
     device = next(t for _, t in leaves(tensors)).device
-    static = {k: to_tensor(v, device) if isinstance(v, np.ndarray) else v for k, v in static.items()}
+    static = {k: to_tensor(v, device) if isinstance(v, np.ndarray) else
+              rebuild(v, iter([to_tensor(a, device) for _, a in leaves(v)])) if isinstance(v, dict) else v
+              for k, v in static.items()}
     if impl == "twin":
         twin = op.twin_function()
 

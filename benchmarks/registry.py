@@ -513,6 +513,114 @@ def _linear_attention_ops():
              dense_scores=False)
 
 
+# -- learned sparse attention: MLA over every earlier key, and over the indexer's top-k (DSA) ---
+
+DSA_TOPK = 64              # the keys each query keeps (DeepSeek-V3.2: 2048, at T up to 128K)
+
+
+def _dsa_config(z):
+    """One DeepSeek-V3.2 attention layer at the sweep's sizes: nh heads, C = nh hs, MLA's key and
+    value heads of hs (hs / 2 of them rotated), latents of C / 2 (keys) and C (queries); an
+    indexer of 4 heads of width hs keeping DSA_TOPK keys."""
+    from numpy_attn.deepseek_v32 import DeepseekV32Config
+
+    rope = max(2, z.hs // 2 // 2 * 2)
+    return DeepseekV32Config(vocab_size=16, block_size=z.T, n_layer=1, n_embd=z.C, n_head=z.nh, n_kv_head=z.nh,
+                             hidden=z.C, q_lora_rank=z.C, kv_lora_rank=max(z.C // 2, 1), qk_nope_head_dim=z.hs,
+                             qk_rope_head_dim=rope, v_head_dim=z.hs, index_topk=DSA_TOPK,
+                             index_head_dim=max(z.hs, rope), index_n_heads=4)
+
+
+def _dsa_inputs(z, dtype, rng):
+    """x and the layer's MLA parameters (differentiated), its indexer's parameters (not: the main
+    loss gives them no gradient, the indexer is detached), the config and positions."""
+    import numpy as np
+
+    from numpy_attn.deepseek_v32 import init_deepseek_v32_params
+
+    config = _dsa_config(z)
+    attn = init_deepseek_v32_params(config, rng, dtype)["blocks"]["0"]["attn"]
+    indexer = attn.pop("indexer")
+    return ({"x": _normal(rng, (z.B, z.T, z.C), dtype), "params": attn},
+            {"indexer": indexer, "config": config, "positions": np.arange(z.T)})
+
+
+def _dsa_forward(x, params, indexer, config, positions):
+    """MLA over each query's DSA_TOPK keys, the indexer's selection included in the time."""
+    from numpy_attn.deepseek_v32 import deepseek_v32_attention_forward
+
+    return deepseek_v32_attention_forward(x, {**params, "indexer": indexer}, config, positions)
+
+
+def _dsa_backward(dout, cache):
+    """(dx, dparams) of MLA's parameters: the indexer's (zeros, detached) are left out."""
+    from numpy_attn.deepseek_v32 import deepseek_v32_attention_backward
+
+    dx, dparams = deepseek_v32_attention_backward(dout, cache)
+    dparams.pop("indexer")
+    return dx, dparams
+
+
+def _dsa_twin(x, params, indexer, config, positions):
+    from torch_attn.deepseek_v32 import deepseek_v32_attention
+
+    return deepseek_v32_attention(x, {**params, "indexer": indexer}, config, positions)
+
+
+def _mla_forward(x, params, indexer, config, positions):
+    """Dense causal MLA on the same layer (the indexer unused): every earlier key."""
+    from numpy_attn.mla import mla_forward
+
+    return mla_forward(x, params, config.mla, positions)
+
+
+def _mla_backward(dout, cache):
+    from numpy_attn.mla import mla_backward
+
+    return mla_backward(dout, cache)
+
+
+def _mla_twin(x, params, indexer, config, positions):
+    from torch_attn.mla import mla
+
+    return mla(x, params, config.mla, positions)
+
+
+def _mla_projection_flops(z):
+    """The projections of one MLA layer of _dsa_config, 2 FLOPs per multiply-add: q_a, q_b, kv_a,
+    kv_b and o."""
+    c = _dsa_config(z)
+    nh, dn, dr, dv, C = c.n_head, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.n_embd
+    per_token = (C * c.q_lora_rank + c.q_lora_rank * nh * (dn + dr) + C * (c.kv_lora_rank + dr)
+                 + c.kv_lora_rank * nh * (dn + dv) + nh * dv * C)
+    return 2 * z.B * z.T * per_token
+
+
+def _mla_attention_flops(z, pairs):
+    """q . k (dn + dr) and p . v (dv) for ``pairs`` query-key pairs per head."""
+    c = _dsa_config(z)
+    return 2 * z.B * z.nh * pairs * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim)
+
+
+def _dsa_ops():
+    """One attention layer of DeepSeek-V3.2 against T: dense causal MLA (T (T + 1) / 2 pairs) and
+    DSA (MLA over each query's min(t + 1, DSA_TOPK) keys). FLOPs count the useful work: for DSA
+    the kept pairs, not the dense scores the reference computes and masks, plus the indexer's
+    q . k over every earlier key (4 heads of width hs; its projections are left out). Every dtype runs: the
+    layer's forward casts the indexer up to float32 for float16 and bfloat16 (as the model does,
+    lightning_indexer_forward itself refusing them), and the indexer's parameters are ``static``,
+    not differentiated: the main loss gives them no gradient (transformers detaches the indexer).
+    """
+    causal = lambda z: z.T * (z.T + 1) // 2   # noqa: E731
+    kept = lambda z: sum(min(t + 1, DSA_TOPK) for t in range(z.T))   # noqa: E731
+    common = dict(builtin=None, call_builtin=None, inputs=_dsa_inputs)
+    yield Op("mla_dense", stem="mla", forward=_mla_forward, backward=_mla_backward, twin=_mla_twin,
+             flops=lambda z: _mla_projection_flops(z) + _mla_attention_flops(z, causal(z)), **common)
+    yield Op("dsa", stem="deepseek_v32", forward=_dsa_forward, backward=_dsa_backward, twin=_dsa_twin,
+             flops=lambda z: _mla_projection_flops(z) + _mla_attention_flops(z, kept(z))
+             + 2 * z.B * 4 * causal(z) * _dsa_config(z).index_head_dim, **common)
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 def _attention_flops(z):
@@ -566,6 +674,7 @@ OPS = {op.name: op for op in (
        flops=lambda z: GPT_LAYERS * _block_flops(z) + 2 * z.B * z.T * z.C * GPT_VOCAB),
     *_flex_ops(),
     *_linear_attention_ops(),
+    *_dsa_ops(),
 )}
 
 

@@ -665,6 +665,45 @@ def test_linear_attention_rows_count_their_flops_and_hold_what_decoding_holds():
     np.testing.assert_allclose(np.linalg.norm(prefill["k"], axis=-1), 1.0)     # as the models normalise them
     assert (prefill["g"] < 0).all() and ((prefill["beta"] > 0) & (prefill["beta"] < 1)).all()
 
+def test_the_dsa_rows_count_their_flops_and_leave_the_indexer_undifferentiated():
+    """mla_dense counts every causal pair, dsa min(t + 1, DSA_TOPK) pairs per query and the
+    indexer's q . k over every causal pair; the indexer's parameters are static inputs, so
+    no gradient of them is asked of either side (the main loss gives them none)."""
+    z = Size(B=1, nh=2, T=200, hs=8)
+    config = registry._dsa_config(z)
+    projections = registry.OPS["mla_dense"].count_flops(z, "fwd") - 2 * 2 * (200 * 201 // 2) * (8 + 4 + 8)
+    assert projections == registry._mla_projection_flops(z) > 0
+    kept = 64 * 65 // 2 + (200 - 64) * 64
+    assert registry.OPS["dsa"].count_flops(z, "fwd") == (projections + 2 * 2 * kept * (8 + 4 + 8)
+                                                          + 2 * 4 * (200 * 201 // 2) * config.index_head_dim)
+    diff, static = registry.OPS["dsa"].inputs(Size(B=1, nh=2, T=8, hs=4), np.float64, np.random.default_rng(0))
+    assert "indexer" not in diff["params"] and set(static["indexer"]) == {"wq_b", "wk", "k_norm", "weights_proj"}
+    forward, backward = registry.OPS["dsa"].numpy_functions()
+    out, cache = forward(**diff, **static)
+    dx, dparams = backward(np.ones_like(out), cache)
+    assert [p for p, _ in calls.leaves(dparams)] == [p for p, _ in calls.leaves(diff["params"])]
+
+
+@pytest.mark.parametrize("T", [8, 72])
+def test_dsa_equals_dense_mla_while_every_key_is_kept(T):
+    """Up to DSA_TOPK keys a query keeps them all, so DSA is dense MLA; past it, the rows differ."""
+    z = Size(B=1, nh=2, T=T, hs=4)
+    diff, static = registry.OPS["dsa"].inputs(z, np.float64, np.random.default_rng(0))
+    dense = registry.OPS["mla_dense"].numpy_functions()[0](**diff, **static)[0]
+    sparse = registry.OPS["dsa"].numpy_functions()[0](**diff, **static)[0]
+    np.testing.assert_array_equal(sparse[:, :registry.DSA_TOPK], dense[:, :registry.DSA_TOPK])
+    assert T <= registry.DSA_TOPK or not np.allclose(sparse[:, registry.DSA_TOPK:], dense[:, registry.DSA_TOPK:])
+
+
+def test_static_parameter_dicts_reach_the_twin_as_tensors_without_grad():
+    seen = {}
+    op = dataclasses.replace(registry.OPS["softmax"], twin=lambda x, extra: seen.update(extra) or x * 2)
+    tensors = calls.to_device({"x": np.ones((1, 1, 2, 2), np.float32)}, "cpu")
+    fwd, _ = calls.torch_calls(op, "twin", tensors, {"extra": {"a": {"w": np.ones(3, np.float32)}}}, None)
+    fwd()
+    assert isinstance(seen["a"]["w"], torch.Tensor) and not seen["a"]["w"].requires_grad
+
+
 def test_numpy_worker_never_imports_torch():
     """The NumPy timing process must not load torch: its thread pool would disturb the timings."""
     job = dict(library="numpy", device="cpu", threads=1, dtype="float32", seed=0, repeats=2,
