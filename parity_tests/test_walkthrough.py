@@ -9,6 +9,7 @@ import io
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -883,3 +884,23 @@ def test_low_precision_sides_agree_within_the_printed_tolerance(dtype):
         if a.dtype == LOW[dtype]:
             d = walk_render.max_abs_diff(a, results["PyTorch"][key])
             assert d <= tol, f"{dtype} {key}: |NumPy - PyTorch| = {d:.3g} > {tol:.3g}"
+
+
+
+def test_the_documented_keyword_arguments_are_the_ones_the_command_prints(default_run):
+    """docs/walkthrough.md's step list names the calls each step makes; every keyword argument it
+    writes out for step n (``is_causal="bottom_right"``, ``kv_cache=cache.layer(0)``) must be one
+    the command prints under "Step n.", so that the page cannot say ``is_causal=True`` where the
+    step passes "bottom_right"."""
+    status, out, err = default_run
+    assert status == 0, err
+    page = (Path(__file__).parent.parent / "docs" / "walkthrough.md").read_text()
+    listed = page[page.index("1. GPT-2 tokenization"):page.index("9. the backward")]
+    printed = {int(n): " ".join(text.split())
+               for n, text in re.findall(r"^Step (\d)\.(.*?)(?=^Step \d\.|\Z)", out, re.M | re.S)}
+    checked = 0
+    for n, text in re.findall(r"^(\d)\. (.*?)(?=^\d\. |\Z)", listed, re.M | re.S):
+        for kw in re.findall(r"\b(\w+=[^\s,)`]+)", " ".join(text.split())):
+            assert kw in printed[int(n)], f"docs/walkthrough.md names {kw} in step {n}, which it does not print"
+            checked += 1
+    assert checked >= 2, "the step list names too few keyword arguments: the test reads nothing"
