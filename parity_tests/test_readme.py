@@ -79,3 +79,19 @@ def test_the_benchmarks_section_links_every_run():
     section = README.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
     assert "(benchmarks/results/README.md)" in section
     assert (ROOT / "benchmarks" / "results" / "README.md").is_file()
+
+
+def test_the_checkpoint_section_names_every_family_the_registry_reads():
+    """README's "Real checkpoints" section keeps up with numpy_attn's family registry: every
+    family's Hugging Face architecture is named there, and its heading names every family or none
+    (a list in the heading went stale as families were added)."""
+    from numpy_attn._family import families
+
+    text = README
+    start = text.index("### Real checkpoints")
+    section = text[start:text.index("\n### ", start + 1)]
+    missing = [a for f in families().values() for a in f.architectures if a not in section]
+    assert not missing, f"README's checkpoint section does not name {missing}"
+    heading = section.splitlines()[0]
+    named = [f.title for f in families().values() if f.title in heading and f.name != "gpt2"]
+    assert not named or len(named) == len(families()) - 1, f"the heading lists some families only: {named}"
