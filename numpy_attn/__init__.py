@@ -160,8 +160,9 @@ from numpy_attn.lightning_indexer import (
     lightning_indexer_loss_forward,
 )
 from numpy_attn.llama4 import (
-    Llama4Config, attention_temperature, chunked_causal_mask, init_llama4_params, llama4_attention_backward,
-    llama4_attention_forward, llama4_backward, llama4_block_forward, llama4_forward, llama4_kv_cache,
+    Llama4Config, attention_temperature, chunked_causal_mask, init_llama4_params, leading_padding,
+    llama4_attention_backward, llama4_attention_forward, llama4_backward, llama4_block_forward, llama4_forward,
+    llama4_kv_cache,
     llama4_moe_backward, llama4_moe_forward, llama4_moe_mlp_forward, llama4_router_backward, llama4_router_forward,
     qk_unit_rms_backward, qk_unit_rms_forward,
 )

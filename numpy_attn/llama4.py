@@ -37,8 +37,8 @@ Meta, "The Llama 4 herd" (2025), in the form of transformers' ``Llama4ForCausalL
 Decoding: ``llama4_kv_cache`` keeps a chunked layer's last ``attention_chunk_size`` tokens only
 (numpy_attn/kv_cache.py's sliding layers): a query needs at most the c - 1 keys before it in its
 chunk. ``pad_token_id`` (transformers' embedding padding_idx): its embedding row gets no gradient.
-An ``attn_mask`` (padding) restricts attention further, but the chunks still count from position 0:
-transformers, given a left-padded batch, counts each sequence's chunks from its first real token.
+An ``attn_mask`` (padding) restricts attention further; in a left-padded batch each sequence's
+chunks count from its first real token (the keys no query sees at its start), as transformers'.
 The rest (the keywords, the embedding, the head, the loop) is llama.py's and numpy_attn/_model.py's.
 """
 
@@ -180,13 +180,28 @@ def init_llama4_params(config, rng, dtype=np.float32):
 
 # -- attention: chunked and rotary with normed q and k, or global and tempered (NoPE) ------------------
 
-def chunked_causal_mask(T, S, chunk, first=0):
+def chunked_causal_mask(T, S, chunk, first=0, left_padding=None):
     """(T, S) bool: key s (at position first + s) for query t (at first + S - T + t, the last T
     of the S, bottom-right), True where the key is not later and lies in the query's chunk of
-    ``chunk`` positions counted from 0. ``first`` is where a cache's held keys begin."""
+    ``chunk`` positions counted from 0. ``first`` is where a cache's held keys begin.
+    ``left_padding`` (B,): each sequence's chunks count from its first real token instead, as
+    transformers counts them in a left-padded batch -> (B, 1, T, S)."""
     q_pos = first + S - T + np.arange(T)[:, None]                             # (T, 1)
     k_pos = first + np.arange(S)[None, :]                                     # (1, S)
-    return (k_pos <= q_pos) & (k_pos // chunk == q_pos // chunk)              # (T, S)
+    if left_padding is None:
+        return (k_pos <= q_pos) & (k_pos // chunk == q_pos // chunk)          # (T, S)
+    pad = np.asarray(left_padding)[:, None, None, None]                       # (B, 1, 1, 1)
+    return (k_pos <= q_pos) & ((k_pos - pad) // chunk == (q_pos - pad) // chunk)   # (B, 1, T, S)
+
+
+def leading_padding(attn_mask):
+    """(B,) how many keys at the start of each sequence no query sees (its left padding, as
+    transformers counts it from a padding mask), from a mask (..., T, S); None without a mask."""
+    if attn_mask is None:
+        return None
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + attn_mask.shape)   # (B, nh, T, S)
+    seen = mask.any(axis=(1, 2))                                              # (B, S): some query sees key s
+    return np.where(seen.any(axis=-1), seen.argmax(axis=-1), seen.shape[-1])  # (B,)
 
 
 def attention_temperature(past, T, floor_scale, attn_scale):
@@ -252,7 +267,8 @@ def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
         q = (upcast(q) * temperature).astype(q.dtype, copy=False)             # (B, nh, T, hs), rounded once
     if chunk is not None:   # only the keys of each query's chunk; a cache holds the last c tokens from `start`
         first, held = (0, 0) if kv_cache is None else (kv_cache.start, kv_cache.held)
-        local = chunked_causal_mask(T, held + T, chunk, first)                # (T, S)
+        pad = leading_padding(attn_mask)                                      # (B,) or None
+        local = chunked_causal_mask(T, held + T, chunk, first, pad)           # (T, S) or (B, 1, T, S)
         attn_mask = local if attn_mask is None else attn_mask & local
     y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
     out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)

@@ -249,6 +249,43 @@ def test_logits_and_every_gradient_match_transformers(monkeypatch, dtype):
     assert np.all(theirs["model.embed_tokens.weight"][PAD] == 0)
 
 
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_a_left_padded_batch_matches_transformers(monkeypatch, shift):
+    """A left-padded batch (two pads before a row's six tokens; the mask hides them): transformers
+    counts each sequence's chunks from its first real token, and so do we (leading_padding shifts
+    chunked_causal_mask). Logits at the real positions and every gradient (dlogits zero at the pads)
+    equal transformers' in float64, with compare's tolerance as above. With the chunks counted from
+    position 0 instead (shift=False: the padding passed to the chunks as 0) the padded row's chunks
+    cut elsewhere (two pads and chunks of 3) and the logits differ: the comparison can fail."""
+    model = hf_llama4(np.float64)
+    config, params = from_hf(model, np.float64)
+    model = exact_hf_llama4(model, config, monkeypatch)
+    ids = np.array([[PAD, PAD, 3, 1, 4, 1, 5, 9], [6, 5, 3, 5, 8, 9, 7, 9]])
+    keep = np.ones(ids.shape, bool)
+    keep[0, :2] = False                                                       # (B, T) the real tokens
+    if not shift:
+        monkeypatch.setattr("numpy_attn.llama4.leading_padding", lambda mask: np.zeros(mask.shape[0], np.int64))
+    logits, cache = llama4_forward(ids, params, config, attn_mask=keep[:, None, None, :])
+    dlogits = next_token_dlogits(logits, ids) * keep[..., None]               # no loss at the pads
+    model.zero_grad()
+    hf_logits = model(input_ids=to_torch(ids), attention_mask=to_torch(keep.astype(np.int64))).logits
+    (hf_logits * to_torch(dlogits)).sum().backward()
+    theirs = {k: to_numpy(p.grad) for k, p in model.named_parameters()}
+    if not shift:   # far outside compare's tolerance (1e-10 of the largest logit), not recorded as a result
+        assert np.abs(logits[keep] - to_numpy(hf_logits)[keep]).max() > 1e-3
+        return
+    compare("llama4 left-padded logits", logits[keep], to_numpy(hf_logits)[keep], np.float64)
+    grads = to_hf_names(llama4_backward(dlogits, cache), config)
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for hf_name, g in theirs.items():
+        compare(f"llama4 left-padded d{hf_name}", grads[hf_name], g, np.float64, (), scale)
+    tparams = helpers.tree_to_torch(params, requires_grad=True)
+    tmask = to_torch(keep[:, None, None, :])
+    assert_close("llama4 left-padded twin logits", to_numpy(tw.llama4(to_torch(ids), tparams, config,
+                                                                        attn_mask=tmask))[keep], logits[keep])
+
+
 def test_every_part_changes_the_logits(monkeypatch):
     """The parts Llama 4 adds each move transformers' logits, so the comparison above tests them:
     the chunk (a chunk of 8 sees every key), the NoPE layer's temperature, the q and k norm."""

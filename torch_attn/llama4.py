@@ -22,12 +22,26 @@ from torch_attn.swiglu import swiglu
 
 # -- attention: chunked and rotary with normed q and k, or global and tempered (NoPE) ------------------
 
-def chunked_causal_mask(T, S, chunk, first=0, device=None):
+def chunked_causal_mask(T, S, chunk, first=0, left_padding=None, device=None):
     """(T, S) bool: True where key s (at first + s) is not later than query t (at first + S - T + t)
-    and lies in its chunk of ``chunk`` positions counted from 0."""
+    and lies in its chunk of ``chunk`` positions counted from 0, or from each sequence's first real
+    token given ``left_padding`` (B,) -> (B, 1, T, S)."""
     q_pos = first + S - T + torch.arange(T, device=device)[:, None]           # (T, 1)
     k_pos = first + torch.arange(S, device=device)[None, :]                   # (1, S)
-    return (k_pos <= q_pos) & (k_pos // chunk == q_pos // chunk)              # (T, S)
+    if left_padding is None:
+        return (k_pos <= q_pos) & (k_pos // chunk == q_pos // chunk)          # (T, S)
+    pad = left_padding[:, None, None, None]                                   # (B, 1, 1, 1)
+    return (k_pos <= q_pos) & ((k_pos - pad) // chunk == (q_pos - pad) // chunk)   # (B, 1, T, S)
+
+
+def leading_padding(attn_mask):
+    """(B,) how many keys at the start of each sequence no query sees; None without a mask."""
+    if attn_mask is None:
+        return None
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))   # (B, nh, T, S)
+    seen = mask.any(dim=2).any(dim=1)                                         # (B, S): some query sees key s
+    first_seen = seen.int().argmax(dim=-1)                                    # (B,) the first seen key
+    return torch.where(seen.any(dim=-1), first_seen, seen.shape[-1])          # (B,)
 
 
 def attention_temperature(past, T, floor_scale, attn_scale, device=None):
@@ -58,7 +72,8 @@ def llama4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
         q = (upcast(q) * temperature.to(opmath(q.dtype))).to(q.dtype)         # (B, nh, T, hs), rounded once
     if chunk is not None:   # only the keys of each query's chunk; a cache holds the last c tokens from `start`
         first, held = (0, 0) if kv_cache is None else (int(kv_cache.start), int(kv_cache.held))
-        local = chunked_causal_mask(T, held + T, chunk, first, x.device)      # (T, S)
+        pad = leading_padding(attn_mask)                                      # (B,) or None
+        local = chunked_causal_mask(T, held + T, chunk, first, pad, x.device)  # (T, S) or (B, 1, T, S)
         attn_mask = local if attn_mask is None else attn_mask & local
     y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
     out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
