@@ -6,7 +6,8 @@ its diagrams as written, the backward step by step (the backward's comments, eac
 it explains), the largest errors the parity suite measured between the operation and PyTorch
 (parity_comparison says which comparisons those are), its pictures from
 docs/images, and the NumPy file beside the torch file, lines paired as ``numpy-attn show`` pairs
-them.
+them. The attention page also draws the walkthrough's worked example as heatmaps in inline SVG
+(attn_cli/plots.py, heatmap_svg), each cell's value shown on hover.
 
 Why a generator of our own rather than Sphinx or MkDocs: it is grown from ``show --html`` and
 reuses its pairing, so the site and ``show`` cannot disagree; it needs no new dependency; and it
@@ -19,6 +20,7 @@ operation it does not cover, the page says so and a warning is printed; ``--stri
 warnings into an error (CI builds with it).
 """
 
+import argparse
 import ast
 import contextlib
 import hashlib
@@ -30,7 +32,7 @@ import stat
 import sys
 from pathlib import Path
 
-from attn_cli import mathml, show, term
+from attn_cli import mathml, plots, show, term, tokenizer, walk_steps, walkthrough
 from attn_cli.checkpoint import (
     check_folder_path,
     file_sha256,
@@ -258,6 +260,8 @@ div.scroll { overflow-x: auto; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 figcaption { color: #57606a; font-size: 0.95em; }
 figure.diagram pre.diagram { margin: 0.3em 0 0 0; }   /* under the sentence that leads into it */
+div.heatmaps { display: flex; flex-wrap: wrap; gap: 0 2em; align-items: flex-start; }
+div.heatmaps figure { flex: 0 1 24em; min-width: 0; }   /* side by side while they fit, else one a row */
 ol.index > li { margin: 0.35em 0; } .muted { color: #57606a; }
 footer.pager { display: flex; justify-content: space-between; margin-top: 2.5em; }
 nav.ops summary { cursor: pointer; font-weight: 600; padding: 0.2em 0; }
@@ -383,6 +387,48 @@ def _backward_section(op, paragraphs):
     return "".join(parts)
 
 
+def worked_example(warnings):
+    """The walkthrough's worked example (``walkthrough --example source``) as heatmaps in inline
+    SVG, NumPy's numbers: step 5's weights, step 6's causal weights (the masked cells grey), each
+    head of step 7, step 9's gradient dscores. Each cell gives its value on hover, written as the
+    walkthrough prints it."""
+    parser = argparse.ArgumentParser()
+    walkthrough.add_arguments(parser)
+    args = parser.parse_args(["--example", "source"])
+    try:
+        inputs = walk_steps.prepare(args)
+    except tokenizer.TokenizerUnavailable as err:
+        warnings.append(f"attention: no worked example ({err})")
+        return ('<p class="muted">Not drawn: the worked example needs GPT-2\'s vocabulary '
+                "(set <code>TIKTOKEN_CACHE_DIR</code>), then build the site again.</p>")
+    r = walk_steps.pipeline(walk_steps.NumpySide(), inputs)
+    tok, precision = inputs.labels, walkthrough.DECIMALS[inputs.dtype.name]
+    hidden = ~r["s6_mask"]                                       # (T, T), True above the diagonal
+    nh, hs = inputs.num_heads, inputs.C // inputs.num_heads
+    figures = [(f"Step 5: weights = softmax(q k^T / sqrt({inputs.d_out}))", r["s5_weights"], None, False),
+               ("Step 6: the causal mask, weights = softmax(masked scores)", r["s6_weights"], hidden, False),
+               *((f"Step 7: head {h} of {nh}, causal weights", r["mh_weights"][0, h], hidden, False)
+                 for h in range(nh)),
+               ("Step 9: dscores = dL/d(scaled scores)", r["s9_dscores"], None, True)]
+    svgs = "".join("<figure>" + _inline(plots.heatmap_svg(values, tok, tok, title=title, masked=masked,
+                                                          signed=signed, precision=precision)) + "</figure>"
+                   for title, values, masked, signed in figures)
+    return (f"<p>The numbers of <code>numpy-attn walkthrough --example source</code>, {html.escape(repr(inputs.text))} "
+            f"with the source's typed-in embeddings and weights, computed by <code>numpy_attn</code> "
+            f"({inputs.dtype.name}). Rest the pointer on a cell for its value, with the {precision} decimals "
+            "the walkthrough prints: a row is a query, a column the key it attends to. Weights run from 0 "
+            "(dark) to 1 (yellow); grey cells are masked, keys after the query; the gradient is red where "
+            f"positive and blue where negative. Step 7 splits the {inputs.C} channels into {nh} heads of size {hs}, "
+            "each with its own weights.</p>"
+            f'<div class="heatmaps">{svgs}</div>')
+
+
+def _inline(svg):
+    """An SVG document as an element of the page. Within HTML the parser puts <svg> in SVG's
+    namespace, so the namespace's URI (a name, never fetched) is left out: no page names a URL."""
+    return svg.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
+
+
 def op_page(op, ops, rows, warnings, images=IMAGES):
     """One operation's page, and the pictures it shows (to copy beside it)."""
     k = [o.name for o in ops].index(op.name)
@@ -399,6 +445,8 @@ def op_page(op, ops, rows, warnings, images=IMAGES):
                  f'<pre class="diagram">{html.escape(d)}</pre>' for d, caption in diagrams]
     body.append("<h2>The backward, step by step</h2>" + _backward_section(op, backward))
     body.append("<h2>Measured by the parity suite</h2>" + _errors_table(op, rows, warnings))
+    if op.name == "attention":
+        body.append('<h2 id="worked-example">The worked example, cell by cell</h2>' + worked_example(warnings))
     if pictures:
         body.append("<h2>Pictures</h2>" + "".join(
             f'<figure><img src="images/{p.name}" alt="{html.escape(picture_caption(p))}">'
@@ -627,7 +675,8 @@ def add_arguments(p):
     term.describe(p, ("Write a static site to DIR: an index and one page per operation in the reading "
                      "order, each with the equations typeset, the backward step by step, the largest "
                      "errors the parity suite measured (test-errors.json, written by python -m pytest), "
-                     "the pictures of docs/images, and the NumPy file beside the torch file. No script, no "
+                     "the pictures of docs/images (and on attention's page the worked example's heatmaps, "
+                     "each value shown on hover), and the NumPy file beside the torch file. No script, no "
                      "font, nothing fetched. DIR is written into, never replaced: the command replaces "
                      "or removes only the files it wrote there (listed in DIR/.numpy-attn-site), all at "
                      "once, and keeps every other file."), EXAMPLES)
