@@ -9,9 +9,12 @@ to cancellation relative to the largest term, hence rtol 1e-4 with an atol of 1e
 scale of the values compared (elements are drawn bounded, so the scale is known).
 """
 
+import ast
 import importlib.util
 import math
 import os
+import re
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 import ml_dtypes
@@ -379,6 +382,29 @@ needs_vocab = pytest.mark.skipif(
     not os.environ.get("CI") and not _vocabulary_available(),
     reason="GPT-2 vocabulary unavailable: set TIKTOKEN_CACHE_DIR (README, 'Tokenizer offline')",
 )
+
+
+# A cell's tooltip in plots.heatmap_svg: "query 'cat' -> key 'The': 0.4123", " (masked)" after a masked one.
+HEATMAP_TITLE = re.compile(r"query (?P<query>'.*'|\".*\") -> key (?P<key>'.*'|\".*\"): "
+                           r"(?P<number>\S+)(?P<masked> \(masked\))?")
+
+
+def heatmap_cells(svg):
+    """The cells of a heatmap drawn by plots.heatmap_svg (an SVG document, or an <svg> element
+    inlined in a page without its namespace), read back as XML: [(query, key, number as written,
+    masked, x, y, fill, class)] in the document's order, one per <rect> with a <title>."""
+    root = ET.fromstring(svg)
+    cells = []
+    for rect in root.iter():
+        title = rect.find("{*}title")
+        if rect.tag.rpartition("}")[2] != "rect" or title is None:
+            continue
+        match = HEATMAP_TITLE.fullmatch(title.text)
+        assert match, f"a cell's title does not say query, key and value: {title.text!r}"
+        cells.append((ast.literal_eval(match["query"]), ast.literal_eval(match["key"]), match["number"],
+                      bool(match["masked"]), float(rect.get("x")), float(rect.get("y")), rect.get("fill"),
+                      rect.get("class")))
+    return cells
 
 
 def load_docs_script(path):
