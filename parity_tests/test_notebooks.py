@@ -164,16 +164,20 @@ def test_unwritten_each_grading_prints_its_report_and_the_notebook_goes_on(noteb
 @needs_vocab
 def test_filled_with_numpy_attns_backwards_each_grading_says_it_holds(notebooks, tmp_path):
     """Each cell's imports kept, its function replaced by numpy_attn's backward: the names it needs
-    are there, and each rung agrees (the lower rungs' backwards the later ones import included)."""
+    are there, and each rung agrees. Graded again at the end, the first rung's name is numpy_attn's
+    own softmax_backward, which attention's cell imports: the grading says so, not that it agrees."""
     nb = nbformat.read(notebooks["exercises"], as_version=4)
     for op, (backward, _) in zip(exercise.LADDER, rungs(nb), strict=True):
         imports, sep, _ = backward.source.partition("\n\n\ndef ")
         assert sep, backward.source
         backward.source = f"{imports}\n\n\n{inspect.getsource(OPERATIONS[op].backward)}"
+    again = nbformat.v4.new_code_cell(rungs(nb)[0][1].source)
+    nb.cells.append(again)
     execute(nb, tmp_path)
     for op, (_, grading) in zip(exercise.LADDER, rungs(nb), strict=True):
         name = exercise.names(op)[1]
         assert printed(grading) == f"{op}: {name} agrees with numpy_attn's on 50 examples (float64, seed 0)\n"
+    assert printed(again).startswith("softmax: softmax_backward is numpy_attn's own, imported by a later "), again
 
 
 def test_the_sources_leave_no_notebook_beside_them():
