@@ -28,6 +28,7 @@ import re
 import sys
 import textwrap
 import tokenize
+from typing import NamedTuple
 
 from attn_cli import checkpoint, term
 
@@ -114,8 +115,21 @@ def _lines(text, node, comments_above=True):
     return lines[first:node.end_lineno]
 
 
-def source(op):
-    """The text of the exercise file of ``op`` (one of LADDER)."""
+class _Parts(NamedTuple):
+    """What an exercise is made of, read from numpy_attn's module of the operation."""
+    stem: str          # numpy_attn's module of it
+    module: object
+    text: str          # the module's source
+    tree: ast.Module
+    copied: set        # the top-level names copied beside the forward (the forward among them)
+    imports: set       # the import lines of what the forward needs and is not copied
+    helpers: set       # the import lines of the other names numpy_attn's backward uses
+    needs: set         # the import lines of every name numpy_attn's backward uses (a notebook's cell)
+    backward: ast.FunctionDef
+
+
+def _parts(op):
+    """The _Parts of the exercise of ``op`` (one of LADDER)."""
     stem = LADDER[op]
     module = importlib.import_module(f"numpy_attn.{stem}")
     text = inspect.getsource(module)
@@ -145,13 +159,43 @@ def source(op):
             imports.add(imported[name])
     backward = defined[backward_name]
     # What numpy_attn's backward uses besides: imported, so that a complete backward needs nothing more.
-    helpers = set()
-    for name in sorted(_loaded(backward) - copied - {backward_name}):
+    needs = set()
+    for name in sorted(_loaded(backward) - {backward_name}):
         if name in defined:
-            helpers.add(f"from numpy_attn.{stem} import {name}")
+            needs.add(f"from numpy_attn.{stem} import {name}")
         elif name in imported:
-            helpers.add(imported[name])
-    helpers -= imports
+            needs.add(imported[name])
+    helpers = {line for line in needs if line.rpartition(" ")[2] not in copied}
+    imports.add("import numpy as np")
+    return _Parts(stem, module, text, tree, copied, imports, helpers - imports, needs, backward)
+
+
+def _copied(parts):
+    """(the names it defines, its source lines) of each top-level statement the exercise copies, in
+    the module's order."""
+    return [(_defines(node), _lines(parts.text, node)) for node in parts.tree.body if _defines(node) & parts.copied]
+
+
+def forward_text(op):
+    """numpy_attn's forward of ``op`` and what the exercise file copies beside it (its cache, its
+    helpers), as one text: what a notebook shows of the rung."""
+    return "\n\n\n".join("\n".join(lines) for _, lines in _copied(_parts(op))) + "\n"
+
+
+def backward_cell(op):
+    """The backward of ``op`` to write, as a notebook's cell: the imports of every name numpy_attn's
+    backward uses (and NumPy), then the exercise file's skeleton, its error pointing to the grading cell
+    below."""
+    parts = _parts(op)
+    return "\n".join([*_import_block(parts.needs | {"import numpy as np"}), "", "",
+                      *_skeleton(parts.text, parts.backward, "run the next cell")]) + "\n"
+
+
+def source(op):
+    """The text of the exercise file of ``op`` (one of LADDER)."""
+    parts = _parts(op)
+    stem, module = parts.stem, parts.module
+    forward_name, backward_name = names(op)
     rung = list(LADDER).index(op) + 1
     about = textwrap.fill(
         f"{forward_name} below is numpy_attn's own (numpy_attn/{stem}.py), copied so that it runs as is. "
@@ -163,19 +207,15 @@ def source(op):
     out = [f'"""Exercise {rung} of {len(LADDER)}: the backward of {op}.', "",
            textwrap.fill(module.__doc__.strip().splitlines()[0], 100), "", about, "",
            f"    numpy-attn check {op}.py", "", after, '"""', ""]
-    imports.add("import numpy as np")
-    helpers -= imports
-    out += _import_block(imports)
-    if helpers:
+    out += _import_block(parts.imports)
+    if parts.helpers:
         out += ["# For the backward: what numpy_attn's uses (a lower rung's backward among them, or yours)",
-                *_import_block(helpers, groups=False)]
+                *_import_block(parts.helpers, groups=False)]
     out += ["", f'OPERATION = "{op}"   # what numpy-attn check grades this file as']
-    for node in tree.body:
-        defines = _defines(node)
-        if defines & copied:
-            out += ["", "", *_lines(text, node)]
-            if forward_name in defines:
-                out += ["", "", *_skeleton(text, backward, op)]
+    for defines, lines in _copied(parts):
+        out += ["", "", *lines]
+        if forward_name in defines:
+            out += ["", "", *_skeleton(parts.text, parts.backward, f"numpy-attn check {op}.py")]
     return "\n".join(out) + "\n"
 
 
@@ -234,10 +274,10 @@ def _holders(node, lineno):
         nodes = inner[0].body + inner[0].orelse if hasattr(inner[0], "orelse") else inner[0].body
 
 
-def _skeleton(text, node, op):
+def _skeleton(text, node, grading):
     """The backward to write: numpy_attn's signature, docstring and unpacking of the cache, then as
     comments the step each of its "Undoes" comments names, inside the loops and conditions that
-    hold it, and ``raise NotImplementedError``."""
+    hold it, and ``raise NotImplementedError`` saying to write it, then ``grading``."""
     lines = text.splitlines()
     body = node.body
     indent = " " * body[0].col_offset
@@ -268,7 +308,7 @@ def _skeleton(text, node, op):
             out.append(f"{indent}# {'    ' * len(opened)}{header.strip()}")
             opened.append(compound)
         out.append(f"{indent}# {'    ' * len(chain)}{_step(comment)}")
-    out.append(f'{indent}raise NotImplementedError("write this backward, then grade it: numpy-attn check {op}.py")')
+    out.append(f'{indent}raise NotImplementedError("write this backward, then grade it: {grading}")')
     return out
 
 

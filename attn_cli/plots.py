@@ -59,60 +59,64 @@ def _plain(texts):
 
 
 def write_heatmaps(heatmaps, labels, path, precision=2):
-    """One PNG per figure; a figure holds one heatmap per panel (e.g. every head of a step).
+    """One PNG per figure of ``heatmaps``, [(file stem, title, [(panel title, values (T, T))],
+    signed)], each drawn by ``heatmap_figure``. Returns the file paths."""
+    return [_save(heatmap_figure(title, panels, labels, signed, precision), os.path.join(path, f"{stem}.png"))
+            for stem, title, panels, signed in heatmaps]
 
-    ``heatmaps`` is [(file stem, title, [(panel title, values (T, T))], signed)]. Weights
-    (``signed`` False) are drawn on a scale fixed to 0..1 in every panel, so that colours compare
-    across steps and heads; a weight that is exactly zero above the diagonal of a causal step is
-    masked, drawn hatched grey with no number. Gradients (``signed`` True) are drawn red for
+
+def heatmap_figure(title, panels, labels, signed=False, precision=2):
+    """A figure holding one heatmap per panel (e.g. every head of a step), panels [(panel title,
+    values (T, T))], rows and columns labelled by the tokens ``labels``.
+
+    Weights (``signed`` False) are drawn on a scale fixed to 0..1 in every panel, so that colours
+    compare across steps and heads; a weight that is exactly zero above the diagonal of a causal
+    step is masked, drawn hatched grey with no number. Gradients (``signed`` True) are drawn red for
     positive and blue for negative on a scale symmetric about 0, up to their largest magnitude,
-    with one more decimal. Returns the file paths.
+    with one more decimal.
     """
     from matplotlib.colors import Normalize
 
     T = len(labels)
     cell = 0.42 if T <= 12 else 0.25
     side = 1.6 + cell * T                      # inches per panel
-    written = []
-    for stem, title, panels, signed in heatmaps:
-        n = len(panels)
-        ncols = min(n, 4)
-        nrows = math.ceil(n / ncols)
-        fig = _figure((side * ncols + 1.2, side * nrows + 0.6))
-        axes = fig.subplots(nrows, ncols, squeeze=False)
-        if signed:
-            top = max(float(np.abs(w).max()) for _, w in panels) or 1.0    # all zero: any scale will do
-            norm, cmap, digits, label = Normalize(-top, top), "RdBu_r", precision + 1, "gradient (red +, blue -)"
-        else:
-            norm, cmap, digits, label = Normalize(0.0, 1.0), "viridis", precision, "attention weight (0 to 1)"
-        image = None
-        for ax, (name, w) in zip(axes.flat, panels, strict=False):
-            w = np.asarray(w, dtype=np.float64)
-            masked = np.triu(np.ones_like(w, dtype=bool), 1) & (w == 0) & _is_causal(w) & (not signed)
-            ax.set_facecolor("#d9d9d9")
-            ax.add_patch(_hatch(ax, T))
-            image = ax.imshow(np.ma.masked_array(w, masked), cmap=cmap, norm=norm)
-            ax.set_xticks(range(T), labels, rotation=45, ha="right", fontsize=10)
-            ax.set_yticks(range(T), labels, fontsize=10)
-            _plain(ax.get_xticklabels() + ax.get_yticklabels())
-            ax.set_xlabel("key (attended to)", fontsize=10)
-            ax.set_ylabel("query (attending)", fontsize=10)
-            if name:
-                ax.set_title(name, fontsize=11)
-            if T <= 12:
-                # White text on dark cells: the low end of viridis, both ends of RdBu.
-                white = np.abs(norm(w) - 0.5) > 0.3 if signed else w <= 0.6
-                for i in range(T):
-                    for j in range(T):
-                        if not masked[i, j]:
-                            ax.text(j, i, f"{w[i, j]:.{digits}f}", ha="center", va="center", fontsize=8,
-                                    color="white" if white[i, j] else "black")
-        for ax in list(axes.flat)[n:]:
-            ax.set_visible(False)
-        fig.colorbar(image, ax=axes, label=label, shrink=0.9)
-        fig.suptitle(title, fontsize=12)
-        written.append(_save(fig, os.path.join(path, f"{stem}.png")))
-    return written
+    n = len(panels)
+    ncols = min(n, 4)
+    nrows = math.ceil(n / ncols)
+    fig = _figure((side * ncols + 1.2, side * nrows + 0.6))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    if signed:
+        top = max(float(np.abs(w).max()) for _, w in panels) or 1.0    # all zero: any scale will do
+        norm, cmap, digits, label = Normalize(-top, top), "RdBu_r", precision + 1, "gradient (red +, blue -)"
+    else:
+        norm, cmap, digits, label = Normalize(0.0, 1.0), "viridis", precision, "attention weight (0 to 1)"
+    image = None
+    for ax, (name, w) in zip(axes.flat, panels, strict=False):
+        w = np.asarray(w, dtype=np.float64)
+        masked = np.triu(np.ones_like(w, dtype=bool), 1) & (w == 0) & _is_causal(w) & (not signed)
+        ax.set_facecolor("#d9d9d9")
+        ax.add_patch(_hatch(ax, T))
+        image = ax.imshow(np.ma.masked_array(w, masked), cmap=cmap, norm=norm)
+        ax.set_xticks(range(T), labels, rotation=45, ha="right", fontsize=10)
+        ax.set_yticks(range(T), labels, fontsize=10)
+        _plain(ax.get_xticklabels() + ax.get_yticklabels())
+        ax.set_xlabel("key (attended to)", fontsize=10)
+        ax.set_ylabel("query (attending)", fontsize=10)
+        if name:
+            ax.set_title(name, fontsize=11)
+        if T <= 12:
+            # White text on dark cells: the low end of viridis, both ends of RdBu.
+            white = np.abs(norm(w) - 0.5) > 0.3 if signed else w <= 0.6
+            for i in range(T):
+                for j in range(T):
+                    if not masked[i, j]:
+                        ax.text(j, i, f"{w[i, j]:.{digits}f}", ha="center", va="center", fontsize=8,
+                                color="white" if white[i, j] else "black")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes, label=label, shrink=0.9)
+    fig.suptitle(title, fontsize=12)
+    return fig
 
 
 def _is_causal(w):

@@ -1,10 +1,14 @@
-"""The README's Python example runs as written and shows what it says: the hand-written backward
-equals autograd's, and every name it states is importable where it says."""
+"""The README's Python examples run as written and show what they say: the first screen's check of a
+softmax backward with a bug planted fails with the report shown, the hand-written backward equals
+autograd's, and every name it states is importable where it says."""
 
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import numpy_attn
 from attn_cli import show
@@ -25,10 +29,71 @@ def python_example():
     return blocks[0]
 
 
-def test_the_example_is_on_the_first_screen():
+def test_the_examples_are_on_the_first_screen():
+    """The check failing on purpose opens the first screen, the forward and backward follow it."""
     lines = README.splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith("```python"))
-    assert start < 25, f"the example starts on line {start + 1}"
+    starts = [k for k, line in enumerate(lines) if line.startswith("```python")]
+    assert starts[0] < 30, f"the check's example starts on line {starts[0] + 1}"
+    assert starts[1] < 55, f"the forward and backward example starts on line {starts[1] + 1}"
+    assert lines[starts[1] - 2].startswith("## In Python"), "the check's example is the first"
+
+
+def check_example():
+    """(code, report shown) of the first screen's check: what a user can check, a bug planted."""
+    first = README.split("\n## In Python", 1)[0]
+    assert "numpy_attn.testing.check" in first and "numpy-attn check" in first
+    code, = re.findall(r"```python\n(.*?)```", first, flags=re.S)
+    report, = re.findall(r"```text\n(.*?)```", first, flags=re.S)
+    return code, report
+
+
+# A number of the report: its text is rounded (3 to 6 significant digits), so the figures shown are
+# held to the digits printed, as numbers; the bug it reports misses by orders of magnitude more.
+NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:e[-+]?\d+)?")
+
+
+def same_line(shown, printed):
+    """The same text, and the same numbers to the digits printed."""
+    a, b = NUMBER.findall(shown), NUMBER.findall(printed)
+    return NUMBER.split(shown) == NUMBER.split(printed) and len(a) == len(b) and all(
+        math.isclose(float(x), float(y), rel_tol=1e-3) for x, y in zip(a, b, strict=True))
+
+
+def assert_shows(shown, report):
+    """Each line shown is the report's next line, or with "..." before it a later one; a last "..."
+    stands for the rest."""
+    lines = report.rstrip("\n").splitlines()
+    i, gap = 0, False
+    for want in shown.rstrip("\n").splitlines():
+        if want.strip() == "...":
+            gap = True
+            continue
+        while gap and i < len(lines) and not same_line(want, lines[i]):
+            i += 1
+        assert i < len(lines) and same_line(want, lines[i]), f"not the report's next line: {want!r}\n{report}"
+        i, gap = i + 1, False
+    assert gap or i == len(lines), f"the report goes on past the lines shown:\n{report}"
+
+
+def test_the_check_example_fails_with_the_report_shown(tmp_path):
+    code, shown = check_example()
+    script = tmp_path / "check_example.py"
+    script.write_text(code, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    report = result.stderr.partition("numpy_attn.testing.CheckFailure: ")[2]
+    assert report, result.stderr
+    assert_shows(shown, report)
+
+
+def test_the_report_reading_can_fail():
+    report = "a: 1 of 2\n  b 0.5\n  c\n"
+    assert_shows("a: 1 of 2\n  ...\n  c", report)
+    assert_shows("a: 1.0 of 2\n  ...", report)
+    for shown in ("a: 2 of 2\n  ...", "a: 1 of 2\n  c", "a: 1 of 2\n  b 0.5", "  ...\n  b 0.7\n  ..."):
+        with pytest.raises(AssertionError):
+            assert_shows(shown, report)
 
 
 def test_the_readme_example_runs_and_the_gradients_agree(tmp_path):
