@@ -11,10 +11,9 @@
 
 # %%
 import argparse
-import io
 
 import numpy as np
-from IPython.display import Image, display
+from IPython.display import HTML, display
 
 from attn_cli import plots, term, walk_steps, walkthrough
 from numpy_attn.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
@@ -53,12 +52,15 @@ def table(title, a, rows, cols, sums=False, index=(), undoes=None):
 
 
 def heatmap(title, panels, signed=False):
-    """Draw one figure inline, one heatmap per panel [(panel title, values (T, T))]: weights on a
-    0..1 scale, or with ``signed`` gradients red for positive and blue for negative. Every heatmap
-    of this notebook is drawn here."""
-    png = io.BytesIO()
-    plots.heatmap_figure(title, panels, labels, signed).savefig(png, format="png")
-    display(Image(png.getvalue()))
+    """Draw each panel [(panel title, values (T, T))] as an SVG heatmap whose cells show their
+    value on hover (no network needed): weights on a 0..1 scale, or with ``signed`` gradients red
+    for positive and blue for negative; a causal step's cells above the diagonal are masked (grey).
+    Every heatmap of this notebook is drawn here."""
+    for name, w in panels:
+        masked = None if signed or "causal" not in title else np.triu(np.ones(w.shape, dtype=bool), 1)
+        svg = plots.heatmap_svg(w, labels, labels, title=f"{title} {name}".strip(), signed=signed,
+                                masked=masked, precision=precision)
+        display(HTML(svg))           # HTML rather than SVG: some front ends show SVG as an image, without its tooltips
 
 
 # %% [markdown]

@@ -19,7 +19,7 @@ import pytest
 
 from attn_cli import cli, exercise, walkthrough
 from numpy_attn.testing import NOT_WRITTEN, OPERATIONS
-from parity_tests.helpers import needs_vocab
+from parity_tests.helpers import heatmap_cells, needs_vocab
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "numpy-attn-tests"
@@ -119,8 +119,24 @@ def test_the_walkthrough_prints_the_numbers_of_the_command(notebooks, tmp_path, 
     loss = re.compile(r"L = sum\(context \* G\) = (\S+)")
     assert float(loss.search(text).group(1)) == float(loss.search(command).group(1))
     assert decoding_rows(text) == decoding_rows(command) and len(decoding_rows(text)) == 6
-    images = [o for cell in nb.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == len(walkthrough.PLOT_FILES)
+    # The heatmaps: hoverable SVG, one per panel of each of the command's figures; each cell's
+    # title says the value the tables print (step 5's weights checked number for number), and
+    # the causal steps' masked cells are exactly those above the diagonal.
+    svgs = [o["data"]["text/html"] for cell in nb.cells for o in cell.get("outputs", [])
+            if "<svg" in o.get("data", {}).get("text/html", "")]
+    steps = [re.search(r"<title>(Step \d)", svg).group(1) for svg in svgs]
+    assert sorted(set(steps)) == [f"Step {n}" for n in (4, 5, 6, 7, 9)] and len(walkthrough.PLOT_FILES) == 5
+    weights = dict(mine)["weights = softmax(scaled scores)"]
+    T = len(weights)
+    for step, svg in zip(steps, svgs, strict=True):
+        cells = heatmap_cells(svg)
+        assert len(cells) == T * T, step
+        masked = [[cells[i * T + j][3] for j in range(T)] for i in range(T)]
+        causal = step in ("Step 6", "Step 7")
+        assert masked == [[causal and j > i for j in range(T)] for i in range(T)], step
+        if step == "Step 5":
+            assert [[float(c[2]) for c in cells[i * T:(i + 1) * T]] for i in range(T)] == \
+                [row[:T] for row in weights], "step 5's hover values are not the weights the table prints"
 
 
 def test_the_table_reader_reads_both_layouts():
