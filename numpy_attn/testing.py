@@ -26,8 +26,8 @@ lacks it can still be checked with the options that keep it at its default):
     gelu        f(x, approximate="none")                             dx
     attention   f(q, k, v, attn_mask=None, is_causal=False, scale=None)   (dq, dk, dv)
     flash_attention  f(q, k, v, is_causal=False, scale=None)         (dq, dk, dv)
-    multi_head  f(x, params, num_heads, *, attn_mask=None, is_causal=False, kv=None)
-                                                                     (dx, dparams) or, with kv,
+    multi_head  f(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0,
+                  keep=None, kv=None)                                (dx, dparams) or, with kv,
                                                                      (dx, dparams, dkv)
 
 A gradient dict holds a key per parameter given (no "b" without b). A torch function takes the
@@ -57,7 +57,15 @@ Options per operation fix what is otherwise drawn:
                 [0.1, 2]; False: never passed; a number: always that one)
     flash_attention  causal (default: drawn), groups, scale, blocks (default False; True: block_q
                 and block_k drawn from 1 to past the lengths and passed)
-    multi_head  masks, cross (default: drawn), bias (default: drawn)
+    multi_head  masks, cross (default: drawn), bias (default: drawn), groups (as attention's: k and v
+                projected to fewer heads, each shared by up to that many query heads, in order), dropout
+                (default False; True: dropout_p drawn from 0.1, 0.5, 0.9; a number: always that p)
+
+With dropout, the function under test drops the weights numpy_attn drops: a torch function gets
+the keep-mask (B, nh, T, S) as ``keep=`` (bool, True = kept), as torch_attn's twin takes it, and
+scales the kept weights by 1 / (1 - dropout_p); a NumPy function gets ``keep=`` too when it takes
+one, else ``rng=``, a Generator seeded as numpy_attn's, from which numpy_attn's forward draws the
+same mask (float64 only: in float32 it draws in float32, so a NumPy forward must take keep).
 
 The semantics are numpy_attn's (docs/design.md): a bool mask is True where a query may attend,
 ``is_causal`` is aligned top-left, and a row whose entries are all masked gives 0 (output and
@@ -295,20 +303,29 @@ def _attention_cases(draw, masks=MASK_KINDS, groups=3, scale=True):
 
 
 @st.composite
-def _multi_head_cases(draw, masks=MASK_KINDS, cross=None, bias=None):
-    B, T, nh, hs = draw(_dim(1, 2)), draw(_dim(1, 4)), draw(_dim(1, 3)), draw(_dim(1, 3))
-    C = nh * hs
+def _multi_head_cases(draw, masks=MASK_KINDS, cross=None, bias=None, groups=3, dropout=False):
+    B, T, hs = draw(_dim(1, 2)), draw(_dim(1, 4)), draw(_dim(1, 3))
+    g = draw(_dim(1, groups))                                     # query heads per key/value head
+    nkv = draw(_dim(1, 3 if g == 1 else 2))                       # key/value heads
+    nh, C = nkv * g, nkv * g * hs
     cross = draw(st.booleans()) if cross is None else cross
     S = draw(_dim(1, 4)) if cross else T
     with_bias = draw(st.booleans()) if bias is None else bias
-    params = {name: {"w": draw(arrays(np.float64, (C, C), 1.0)),
-                     **({"b": draw(arrays(np.float64, (C,), 1.0))} if with_bias else {})} for name in "qkvo"}
+    widths = {"q": C, "k": nkv * hs, "v": nkv * hs, "o": C}       # k and v: the nkv heads' columns
+    params = {name: {"w": draw(arrays(np.float64, (C, out), 1.0)),
+                     **({"b": draw(arrays(np.float64, (out,), 1.0))} if with_bias else {})}
+              for name, out in widths.items()}
     inputs = {"x": draw(arrays(np.float64, (B, T, C), 2.0)), "params": params}
     if cross:
         inputs["kv"] = draw(arrays(np.float64, (B, S, C), 2.0))
     attn_mask, is_causal = draw(attention_masks(np.float64, (B, nh, T, S), tuple(masks)))
     options = {"num_heads": nh, **({} if attn_mask is None else {"attn_mask": attn_mask}),
                **({"is_causal": True} if is_causal else {})}
+    if dropout:   # p drawn (or the one given), and the keep-mask numpy_attn draws from the seed, replayed
+        p = draw(st.sampled_from([0.1, 0.5, 0.9])) if dropout is True else float(dropout)
+        seed = draw(st.integers(0, 2**32 - 1))
+        keep = np.random.default_rng(seed).random((B, nh, T, S)) < 1 - p   # numpy_attn's rule (dropout.py)
+        options.update(dropout_p=p, keep=keep, keep_seed=seed)
     return Case(inputs, options, draw(arrays(np.float64, (B, T, C))))
 
 
@@ -352,10 +369,23 @@ def _call_plain(f, arrays, options, torch):
 
 
 def _call_multi_head(f, arrays, options, torch):
-    """f(x, params, num_heads, **options, kv=kv)."""
-    rest = {k: v for k, v in options.items() if k != "num_heads"}
+    """f(x, params, num_heads, **options, kv=kv). With dropout, the keep-mask is replayed: a torch
+    function, or a NumPy one that takes ``keep``, gets it (torch_attn's twin does); a NumPy one
+    without gets ``rng``, seeded as numpy_attn's (numpy_attn's own forward then draws that mask)."""
+    rest = {k: v for k, v in options.items() if k not in ("num_heads", "keep", "keep_seed")}
+    if "keep" in options:
+        takes_keep = torch or "keep" in _parameters(f)
+        rest.update({"keep": options["keep"]} if takes_keep else {"rng": np.random.default_rng(options["keep_seed"])})
     kv = {"kv": arrays["kv"]} if "kv" in arrays else {}
     return f(arrays["x"], arrays["params"], options["num_heads"], **rest, **kv)
+
+
+def _parameters(f):
+    """The names of ``f``'s parameters (none for a callable whose signature cannot be read)."""
+    try:
+        return inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _grads_plain(names):
@@ -482,8 +512,8 @@ OPERATIONS = {
                                  "backward(dout, cache) -> (dq, dk, dv)"),
     "multi_head": Operation(_multi_head_cases, multi_head_attention_forward, multi_head_attention_backward,
                             _call_multi_head, _grads_multi_head, _tols_multi_head,
-                            "f(x, params, num_heads, *, attn_mask=None, is_causal=False, kv=None) -> (out, cache); "
-                            "backward(dout, cache) -> (dx, dparams[, dkv])"),
+                            "f(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0, keep=None "
+                            "(or rng=None), kv=None) -> (out, cache); backward(dout, cache) -> (dx, dparams[, dkv])"),
 }
 
 
@@ -817,6 +847,13 @@ def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64"
     if unknown:
         raise TypeError(f"{op} has no option {', '.join(map(repr, unknown))}: its options are "
                         f"{', '.join(known + ['framework', 'device'])}")
+    if options.get("dropout") and low_dtype.name in ("float16", "bfloat16"):
+        raise ValueError(f"dropout is checked in float64 and float32, not {dtype}: the 2x rule's baseline, "
+                         "numpy_attn in that dtype, draws its keep-mask in float32 and would drop other weights")
+    if options.get("dropout") and not torch_side and low_dtype != np.float64 and "keep" not in _parameters(forward):
+        raise TypeError(f"with dropout in {dtype}, a NumPy forward must take keep= (the keep-mask to replay): "
+                        "numpy_attn draws its mask in the compute dtype, so the seeded rng that replays it in "
+                        "float64 draws another mask in float32")
     name = getattr(forward, "__qualname__", type(forward).__name__)
     who = (f"{getattr(forward, '__module__', '?')}.{name} (torch, autograd's backward, on {device})" if torch_side
            else f"{getattr(forward, '__module__', '?')}.{name} (NumPy, "
@@ -876,3 +913,4 @@ def _problems(op, forward, backward, case, dtype, torch_side, device):
         problems.append(_compare_low(name, got[name], want, baseline[name], dtype, FLOAT32_NOISE * max(terms, 1.0)
                                      if name != "out" else 0.0))
     return failed + [p for p in problems if p], list(expected)
+
