@@ -467,12 +467,17 @@ def test_bad_usage_exits_2_naming_the_value(tmp_path, argv, message):
 PAGE = Path(numpy_attn.__file__).resolve().parent.parent / "docs" / "testing.md"
 
 
+def page_of_check():
+    """docs/testing.md up to its section on whole models (test_testing_model.py checks that one)."""
+    return PAGE.read_text(encoding="utf-8").split("\n## Checking a whole model", 1)[0]
+
+
 def run_page(folder):
     """Run docs/testing.md's Python examples in order as one script in ``folder``, as a user would
     (Hypothesis mixes the constants of the modules loaded, the script's own among them, into its
     draws: a seed gives the same inputs to the same program). Returns the process's result and the
     report of the CheckFailure it ends with."""
-    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page_of_check(), flags=re.S)
     assert len(blocks) == 3, "the softmax example, the attention kernel, the failing example"
     (folder / "mine.py").write_text("\n\n".join(blocks), encoding="utf-8")
     result = subprocess.run([sys.executable, "mine.py"], capture_output=True, text=True, cwd=folder, timeout=300)
@@ -494,7 +499,7 @@ def test_the_page_runs_and_its_last_example_fails(tmp_path):
 
 
 def shown_report():
-    page = PAGE.read_text(encoding="utf-8")
+    page = page_of_check()
     return page.split("raises `CheckFailure`:\n\n```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
 
 
@@ -513,7 +518,7 @@ def test_the_pages_report_holds():
     """Every figure of the page's report, recomputed from the input it shows: the wrong function's
     gradient (autograd) and numpy_attn's at the index named, the difference and the tolerance, and
     the outputs and gradients it calls right are within theirs."""
-    page = PAGE.read_text(encoding="utf-8")
+    page = page_of_check()
     blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     namespace = {"__name__": "page"}
     for block in blocks:                                   # the functions, without running the checks
