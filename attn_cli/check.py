@@ -56,7 +56,8 @@ def add_arguments(p):
                    help="the inputs' dtype (default float64; float16 and bfloat16 are held to the 2x rule "
                         "of docs/precision.md)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="Hypothesis's seed (default 0: the same inputs every run)")
+                   help="Hypothesis's seed, or with --model the random weights', ids' and dlogits' (default 0: the "
+                        "same inputs every run)")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="fix one of the operation's options (a Python literal: axis=-1, masks=\"('none',)\", "
                         "groups=1; docs/testing.md lists them), repeated for several")
