@@ -860,6 +860,9 @@ def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64"
     if unknown:
         raise TypeError(f"{op} has no option {', '.join(map(repr, unknown))}: its options are "
                         f"{', '.join(known + ['framework', 'device'])}")
+    dropout = options.get("dropout", False)
+    if not isinstance(dropout, bool) and not (isinstance(dropout, int | float) and 0 <= dropout <= 1):
+        raise ValueError(f"dropout must be True, False or a probability in [0, 1], got {dropout!r}")
     if options.get("dropout") and low_dtype.name in ("float16", "bfloat16"):
         raise ValueError(f"dropout is checked in float64 and float32, not {dtype}: the 2x rule's baseline, "
                          "numpy_attn in that dtype, draws its keep-mask in float32 and would drop other weights")

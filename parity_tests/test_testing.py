@@ -371,6 +371,8 @@ def test_a_forward_that_returns_no_cache_is_reported():
      "softmax has no option 'dims': its options are axis, masked, framework, device"),
     ("softmax", tw_softmax.softmax, softmax_backward, {"framework": "torch"}, TypeError,
      "a torch forward's backward is autograd's"),
+    ("multi_head", tw_multi_head.multi_head_attention, None, {"dropout": 1.5}, ValueError,
+     "dropout must be True, False or a probability in [0, 1], got 1.5"),
 ])
 def test_bad_arguments_are_refused(op, forward, backward, options, error, message):
     with pytest.raises(error, match=re.escape(message)):
