@@ -581,9 +581,12 @@ def _is_torch_function(f, seen=None):
 
 
 def _from_torch(v):
-    """True for torch's modules and what they define, and torch_attn's functions."""
+    """True for torch's modules and what they define, torch_attn's functions, and objects of a class
+    built on one of torch's (an nn.Module of transformers, say)."""
     name = v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
-    return isinstance(name, str) and name.split(".")[0] in ("torch", "torch_attn")
+    bases = () if isinstance(v, type | types.ModuleType | types.FunctionType) else type(v).__mro__
+    return any(isinstance(n, str) and n.split(".")[0] in ("torch", "torch_attn")
+               for n in [name, *(getattr(c, "__module__", None) for c in bases)])
 
 
 # -- the check ----------------------------------------------------------------------------------------
@@ -961,12 +964,13 @@ def _model_names(n_layer, count):
 
 
 def _model_reference(family, config, params, ids, dlogits):
-    """numpy_attn's ({name: hidden state} for each kind of list, logits, {gradient name: array})."""
+    """numpy_attn's ({name: hidden state} for each kind of list, logits, {gradient name: array}, or {}
+    without dlogits)."""
     logits, cache = family.forward(ids, params, config)
     hidden = list(cache.hidden)                                # embedding, blocks 0 .. n_layer - 1
     states = {"embedding": hidden[0], **{f"blocks.{i}": h for i, h in enumerate(hidden[1:])},
               "final norm": cache.head.linear.x}               # the head's input
-    return states, logits, _flat(family.backward(dlogits, cache), "d")
+    return states, logits, {} if dlogits is None else _flat(family.backward(dlogits, cache), "d")
 
 
 def _model_outputs(result, with_cache, n_layer):
@@ -1005,23 +1009,25 @@ def _check_model_shape(what, got, shape):
         raise ValueError(f"the forward returned {what} of shape {tuple(got.shape)}, expected {tuple(shape)}")
 
 
-def _run_model(forward, backward, ids, params, dlogits, torch_side, device, n_layer):
+def _run_model(forward, backward, ids, params, dlogits, torch_side, device, n_layer, gradients):
     """The model under test's (logits, hidden states or None, {gradient name: array or None} or None)."""
     if torch_side:
         import torch
 
-        tensors = tree_map(lambda a: to_torch(a, requires_grad=True, device=device), params)
+        tensors = tree_map(lambda a: to_torch(a, requires_grad=gradients, device=device), params)
         try:
             result = forward(torch.from_numpy(ids).to(device), tensors)
         except Exception as err:                                # the user's code: any error is a finding
             raise _Failed(_raised("forward", err)) from None
         logits, hidden, _ = _model_outputs(result, False, n_layer)
         _check_model_shape("logits", logits, dlogits.shape)
-        try:
-            (logits * to_torch(dlogits, device=device)).sum().backward()
-        except Exception as err:
-            raise _Failed(f"autograd's backward raised {type(err).__name__}: {err}") from None
-        grads = {f"d{path}": None if t.grad is None else to_numpy(t.grad) for path, t in leaves(tensors)}
+        grads = None
+        if gradients:
+            try:
+                (logits * to_torch(dlogits, device=device)).sum().backward()
+            except Exception as err:
+                raise _Failed(f"autograd's backward raised {type(err).__name__}: {err}") from None
+            grads = {f"d{path}": None if t.grad is None else to_numpy(t.grad) for path, t in leaves(tensors)}
         hidden = None if hidden is None else [to_numpy(h) if isinstance(h, torch.Tensor) else h for h in hidden]
         return to_numpy(logits), hidden, grads
     try:
@@ -1095,7 +1101,7 @@ def _summary(names, grads):
 
 
 def check_model(family, forward, backward=None, *, params=None, config=None, ids=None, seed=None,
-                framework=None, device="cpu"):
+                framework=None, device="cpu", gradients=True):
     """Check a whole model, ``forward`` (and ``backward``), against numpy_attn's model ``family`` on
     the same weights, layer by layer, in float64.
 
@@ -1113,6 +1119,8 @@ def check_model(family, forward, backward=None, *, params=None, config=None, ids
     ``backward(dlogits, cache) -> dparams`` (nested as the params) returns the cache last. A torch
     forward gets the ids as a tensor and the params as tensors on ``device`` that require grad,
     and autograd gives every parameter's gradient; the reference stays on the CPU.
+    ``gradients=False`` compares the hidden states and logits only: for a model that holds the
+    weights itself (a transformers model loaded with them), which the params given do not reach.
 
     The hidden states are compared in order, then the logits, then each parameter's gradient by its
     dotted name (model_tolerance). Returns None when all agree; raises CheckFailure whose report
@@ -1143,7 +1151,11 @@ def check_model(family, forward, backward=None, *, params=None, config=None, ids
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids must be integer token ids of shape (B, T), got {ids.dtype} {ids.shape}")
     dlogits = rng.standard_normal((*ids.shape, config.vocab_size))          # (B, T, V)
-    states, logits, grads = _model_reference(row, config, params, ids, dlogits)
+    if not isinstance(gradients, bool):
+        raise TypeError(f"gradients must be True or False, got {gradients!r}")
+    if not gradients and backward is not None:
+        raise TypeError("gradients=False compares no gradients: pass no backward")
+    states, logits, grads = _model_reference(row, config, params, ids, dlogits if gradients else None)
 
     name = getattr(forward, "__qualname__", type(forward).__name__)
     who = (f"{getattr(forward, '__module__', '?')}.{name} (torch, autograd's backward, on {device}; the "
@@ -1154,10 +1166,10 @@ def check_model(family, forward, backward=None, *, params=None, config=None, ids
             _wrapped(f"model: {family}, {config}")[2:],
             f"  params: {'given' if given else f'{row.init_params.__name__}, seed {seed}'}; ids {ids.shape}, "
             f"dlogits drawn from seed {seed}"]
-    reproduce = f"  reproduce: check_model({family!r}, ..., seed={seed})"
+    reproduce = f"  reproduce: check_model({family!r}, ..., seed={seed}{'' if gradients else ', gradients=False'})"
     try:
         got_logits, got_hidden, got_grads = _run_model(forward, backward, ids, params, dlogits, torch_side, device,
-                                                       config.n_layer)
+                                                       config.n_layer, gradients)
     except _Failed as err:
         raise CheckFailure("\n".join([f"{family}: the model under test failed to run (float64, seed {seed})",
                                       *head, f"  failed: {err}", reproduce])) from None
@@ -1170,7 +1182,7 @@ def check_model(family, forward, backward=None, *, params=None, config=None, ids
     compared.append(("logits", got_logits, logits))
     if got_grads is not None:
         compared += [(n, got_grads.get(n, "missing"), want) for n, want in grads.items()]
-    largest_gradient = max(float(np.abs(g).max(initial=0)) for g in grads.values())
+    largest_gradient = max([0.0] + [float(np.abs(g).max(initial=0)) for g in grads.values()])
     problems = []
     for n, got, want in compared:
         if isinstance(got, str) or got is None:

@@ -22,7 +22,7 @@ from numpy_attn._family import families
 from numpy_attn.gpt import GPTConfig
 from numpy_attn.llama import LlamaConfig, llama_backward, llama_forward
 from numpy_attn.testing import CheckFailure, check_model
-from parity_tests.model_kit import hf_llama_model, save
+from parity_tests.model_kit import exact_hf_llama, hf_llama, hf_llama_model, save
 from torch_attn.embedding import embedding
 from torch_attn.rms_norm import rms_norm
 
@@ -112,6 +112,25 @@ def test_transformers_hidden_states_are_read_embedding_first_and_the_last_after_
     report = failing("llama", lambda ids, params: forward(ids, params, "block"), llama_backward, config=SQUARE)
     assert departs(report) == ("final", "embedding, blocks.0-2"), report
     assert "first at final norm" in report
+
+
+def test_a_transformers_model_passes_layer_by_layer_and_a_changed_block_is_named():
+    """LlamaForCausalLM holding the same weights (made to compute in float64 throughout), its output
+    object read as it comes: .logits and .hidden_states, n_layer + 1 of them. Its weights are its
+    own, so gradients=False; the nn.Module it calls makes it a torch function. Block 1's second
+    norm with eps 1e-5 for 1e-6 is named there."""
+    params = families()["llama"].init_params(SQUARE, np.random.default_rng(0), np.float64)
+    model = exact_hf_llama(hf_llama(SQUARE, params), SQUARE)
+
+    def forward(ids, params):
+        with torch.no_grad():
+            return model(ids, output_hidden_states=True)
+
+    assert check_model("llama", forward, params=params, config=SQUARE, gradients=False) is None
+    model.model.layers[1].post_attention_layernorm.variance_epsilon = 1e-5
+    report = failing("llama", forward, params=params, config=SQUARE, gradients=False)
+    assert departs(report) == ("blocks.1", "embedding, blocks.0"), report
+    assert "gradients=False)" in report and "on cpu" in report, report
 
 
 # -- planted bugs, each named where the model first departs ----------------------------------------
@@ -220,6 +239,9 @@ def twin(ids, params):
      ValueError, "a NumPy forward with a backward must return (logits, cache) or (logits, hidden_states, cache), "
                  "got ndarray"),
     (dict(seed=-1), ValueError, "seed must be a non-negative integer or None, got -1"),
+    (dict(gradients=False, backward=llama_backward, forward=numpy_model("llama", LlamaConfig())[0]), TypeError,
+     "gradients=False compares no gradients: pass no backward"),
+    (dict(gradients="no"), TypeError, "gradients must be True or False, got 'no'"),
     (dict(ids=np.zeros(4, int)), ValueError, "ids must be integer token ids of shape (B, T), got int64 (4,)"),
     (dict(config=GPTConfig(dropout=0.1), family="gpt2"), ValueError, "config.dropout must be 0"),
 ])
