@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attn_cli import term
 
-HELP = "check your own implementation of an operation against numpy_attn's"
+HELP = "check your own implementation of an operation, or a whole model, against numpy_attn's"
 
 EXAMPLES = """examples:
   numpy-attn check ex/softmax.py      an exercise of numpy-attn exercise: its op and functions known
@@ -17,6 +17,9 @@ EXAMPLES = """examples:
   numpy-attn check mine.py:sdpa --op attention          a torch function: autograd's backward
   numpy-attn check mine.py:sdpa --op attention --examples 500 --seed 7
   numpy-attn check mine.py:layer_norm --op layer_norm --dtype float32
+  numpy-attn check mine.py:forward --model llama       a whole model, layer by layer, on a small random llama
+  numpy-attn check mine.py:forward --model llama --hf DIR   on the weights of a Hugging Face folder
+  numpy-attn check mine.py:forward --model gpt2 --backward backward    a NumPy model and its backward
 """
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -27,24 +30,34 @@ def add_arguments(p):
         "Draw inputs with Hypothesis, run FUNCTION of FILE on them and compare its output and every "
         "gradient with numpy_attn's forward and backward in float64, to the tolerance numpy_attn's own "
         "tests use (docs/testing.md). A NumPy forward returns (out, cache) and --backward names its "
-        "backward(dout, cache); a torch function gets autograd's backward. Exit status 0 when every "
-        "example agrees, 1 with the report of a smallest failing input when one does not, 2 on bad usage."),
+        "backward(dout, cache); a torch function gets autograd's backward. With --model FAMILY, FUNCTION is "
+        "a whole model, forward(ids, params) -> logits or (logits, hidden_states), compared with numpy_attn's "
+        "model of that family on the same weights layer by layer, then its logits and every gradient; the "
+        "report names the first layer and tensor that departs. Exit status 0 when everything agrees, 1 with "
+        "the report when something does not, 2 on bad usage."),
         EXAMPLES)
     p.add_argument("target", metavar="FILE:FUNCTION",
                    help="the Python file and the name of the forward in it, e.g. mine.py:softmax_forward; or "
                         "an exercise file of numpy-attn exercise alone, e.g. ex/softmax.py")
     p.add_argument("--op", metavar="OP", default=None,
-                   help="the operation it implements (required): softmax, linear, layer_norm, rms_norm, gelu, "
-                        "attention, flash_attention or multi_head")
+                   help="the operation it implements (this or --model is required): softmax, linear, layer_norm, "
+                        "rms_norm, gelu, attention, flash_attention or multi_head")
+    p.add_argument("--model", metavar="FAMILY", default=None,
+                   help="FUNCTION is a whole model of this numpy_attn family (gpt2, llama, qwen3, gemma2, ...): "
+                        "forward(ids, params) on a small random model of it, or on --hf's weights")
+    p.add_argument("--hf", metavar="DIR", default=None,
+                   help="with --model: the Hugging Face folder whose weights and config the model is checked on, "
+                        "read in float64 (--model may then be left out)")
     p.add_argument("--backward", metavar="FUNCTION", default=None,
-                   help="the NumPy backward(dout, cache) in the same file (none: the forward alone, or "
-                        "autograd's for a torch function)")
+                   help="the NumPy backward(dout, cache) in the same file, backward(dlogits, cache) -> dparams "
+                        "with --model (none: the forward alone, or autograd's for a torch function)")
     p.add_argument("--examples", type=int, default=50, metavar="N", help="inputs to draw (default 50)")
     p.add_argument("--dtype", choices=DTYPES, default="float64",
                    help="the inputs' dtype (default float64; float16 and bfloat16 are held to the 2x rule "
                         "of docs/precision.md)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="Hypothesis's seed (default 0: the same inputs every run)")
+                   help="Hypothesis's seed, or with --model the random weights', ids' and dlogits' (default 0: the "
+                        "same inputs every run)")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="fix one of the operation's options (a Python literal: axis=-1, masks=\"('none',)\", "
                         "groups=1; docs/testing.md lists them), repeated for several")
@@ -138,6 +151,8 @@ def run(args):
     """The command. Returns the exit status: 0 agrees, 1 a failing example, 2 bad usage."""
     from numpy_attn.testing import OPERATIONS, CheckFailure, check
 
+    if args.model is not None or args.hf is not None:
+        return run_model(args)
     exercise = ":" not in args.target and _is_exercise(args.target) is not None
     if exercise:                                    # an exercise file: its op and functions are known
         op, forward, backward = load_exercise(args.target)
@@ -168,4 +183,44 @@ def run(args):
             f"{args.target}{' with ' + args.backward if args.backward else ''}")
     print(f"{args.op}: {what} agree{'' if exercise else 's'} with numpy_attn's on "
           f"{args.examples} examples ({args.dtype}, seed {args.seed})")
+    return 0
+
+
+def run_model(args):
+    """``numpy-attn check FILE:FUNCTION --model FAMILY [--hf DIR]``: check_model. Returns the exit status."""
+    from numpy_attn._family import families
+    from numpy_attn.testing import CheckFailure, check_model
+
+    if args.op is not None:
+        raise ValueError(f"give --op (an operation) or --model (a whole model), not both: --op {args.op}, "
+                         f"--model {args.model}")
+    fixed = [name for name, value, default in (("--examples", args.examples, 50), ("--dtype", args.dtype, "float64"),
+                                               ("--option", args.option, [])) if value != default]
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} apply to --op: a model is checked once, in float64, on its ids")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.model is not None and args.model not in families():
+        raise ValueError(f"--model {args.model!r} is not a family numpy_attn has: {', '.join(families())}")
+    config = params = None
+    family = args.model
+    if args.hf is not None:
+        import numpy as np
+
+        from attn_cli.hf import load_checkpoint
+
+        kind, config, params = load_checkpoint(args.hf, np.float64)
+        if family not in (None, kind):
+            raise ValueError(f"{args.hf} holds a {kind} model, not --model {family}")
+        family = kind
+    module, forward = load(args.target)
+    backward = None if args.backward is None else function(module, args.target.rpartition(":")[0], args.backward)
+    try:
+        check_model(family, forward, backward, params=params, config=config, seed=args.seed, device=args.device)
+    except CheckFailure as failure:
+        print(failure)
+        return 1
+    weights = args.hf if args.hf is not None else f"a random {family} model"
+    print(f"{family}: {args.target}{' with ' + args.backward if args.backward else ''} agrees with numpy_attn's "
+          f"layer by layer on {weights} (float64, seed {args.seed})")
     return 0

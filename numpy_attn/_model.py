@@ -94,6 +94,8 @@ class DecoderCache(NamedTuple):
     head: tuple                               # HeadCache
     embed_scale: np.floating | None = None    # the embedding's multiplier (Gemma), in its dtype
     logit_softcap: tuple | None = None        # the cap on the logits' cache (Gemma 2)
+    hidden: tuple = ()                        # the residual stream: the embedding's output, each block's
+                                              # (B, T, C), by reference (numpy_attn.testing.check_model)
 
 
 def decoder_forward(ids, params, config, config_class, block_forward, *, positions, attn_mask, kv_cache, rng,
@@ -125,7 +127,7 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
         embed_scale = x.dtype.type(embed_scale)
         x = x * embed_scale                                                   # (B, T, C)
     # 2: the blocks, in order; each reads and appends to its own layer of the cache
-    block_caches = []
+    block_caches, hidden = [], ([x] if for_backward else [])
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
         options = {} if layer_options is None else layer_options(i)
@@ -133,6 +135,7 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
                                        attn_mask=attn_mask, kv_cache=layer_cache, **options)
         if for_backward:
             block_caches.append(block_cache)                                  # x: (B, T, C)
+            hidden.append(x)
         del block_cache   # without for_backward its activations are freed now, not after the next block
     # 3: final RMS norm
     x, norm_cache = rms_norm_forward(x, params["norm"]["w"], config.rms_eps, norm_offset,
@@ -144,7 +147,7 @@ def decoder_forward(ids, params, config, config_class, block_forward, *, positio
         logits, softcap_cache = logit_softcap_forward(logits, logit_softcap)   # (B, N, V)
     if not for_backward:
         return logits, None
-    cache = DecoderCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache)
+    cache = DecoderCache(wte_cache, block_caches, norm_cache, head_cache, embed_scale, softcap_cache, tuple(hidden))
     return logits, cache
 
 

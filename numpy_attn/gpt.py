@@ -116,6 +116,8 @@ class GPTCache(NamedTuple):
     blocks: list
     ln_f: tuple
     head: tuple              # numpy_attn/_model.py's HeadCache
+    hidden: tuple = ()       # the residual stream: the embedding's output (after dropout), each block's
+                             # (B, T, C), by reference (numpy_attn.testing.check_model)
 
     @property
     def masks(self):
@@ -156,7 +158,7 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
     # 2: dropout
     x, drop_cache = dropout_forward(x, config.dropout, rng, mask=masks["emb"])
     # 3: the blocks, in order; each reads and appends to its own layer of the cache
-    block_caches = []
+    block_caches, hidden = [], ([x] if for_backward else [])
     for i in range(config.n_layer):
         layer_cache = None if kv_cache is None else kv_cache.layer(i)
         x, block_cache = block_forward(x, params["blocks"][str(i)], config.n_head, dropout_p=config.dropout,
@@ -164,6 +166,7 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
                                        kv_cache=layer_cache, ln_eps=config.ln_eps, gelu=config.gelu)
         if for_backward:
             block_caches.append(block_cache)                              # x: (B, T, C)
+            hidden.append(x)
         del block_cache   # without for_backward its activations are freed now, not after the next block
     # 4: final layer norm
     x, ln_f_cache = layer_norm_forward(x, **params["ln_f"], eps=config.ln_eps)   # (B, T, C)
@@ -171,7 +174,8 @@ def gpt_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache
     logits, head_cache = head_forward(x, params, config.tie_weights, logits_to_keep)   # (B, T, C) -> (B, N, V)
     if not for_backward:
         return logits, None
-    cache = GPTCache(wte_cache, positions, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache)
+    cache = GPTCache(wte_cache, positions, pos_cache, drop_cache, block_caches, ln_f_cache, head_cache,
+                     tuple(hidden))
     return logits, cache
 
 

@@ -1,10 +1,11 @@
 """Check your own implementation of an operation against numpy_attn's: the parity suite's
 reference, its input strategies and its error rule, offered to users.
 
-    from numpy_attn.testing import check
+    from numpy_attn.testing import check, check_model
 
     check("softmax", my_softmax_forward, my_softmax_backward)   # NumPy: forward and backward
     check("attention", my_torch_attention)                      # torch: autograd gives the backward
+    check_model("llama", my_torch_llama)                        # a whole model, layer by layer
 
 ``check`` draws inputs with Hypothesis (bounded elements, small shapes coupled by construction,
 masks, causality, grouped heads, T != S), runs the function under test on them and compares its
@@ -26,8 +27,8 @@ lacks it can still be checked with the options that keep it at its default):
     gelu        f(x, approximate="none")                             dx
     attention   f(q, k, v, attn_mask=None, is_causal=False, scale=None)   (dq, dk, dv)
     flash_attention  f(q, k, v, is_causal=False, scale=None)         (dq, dk, dv)
-    multi_head  f(x, params, num_heads, *, attn_mask=None, is_causal=False, kv=None)
-                                                                     (dx, dparams) or, with kv,
+    multi_head  f(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0,
+                  keep=None, kv=None)                                (dx, dparams) or, with kv,
                                                                      (dx, dparams, dkv)
 
 A gradient dict holds a key per parameter given (no "b" without b). A torch function takes the
@@ -38,6 +39,12 @@ function when it comes from torch (or torch_attn) or its code names torch, direc
 function of its module that it calls; ``framework="numpy"`` or ``"torch"`` says so instead. Its
 inputs go to ``device`` (default "cpu"); the reference stays on the CPU. Without a backward a
 NumPy forward is checked alone.
+
+``check_model(family, forward, backward=None, ...)`` does the same for a whole model: a forward
+(ids, params) -> logits or (logits, hidden_states) on the weights of one of numpy_attn's model
+families (numpy_attn._family.families()), compared with numpy_attn's model block by block, then
+the logits and every parameter's gradient, in float64; the report names the first block and tensor
+that departs (its docstring, and docs/testing.md's section on whole models).
 
 ``seed`` (None: 0) makes a run reproducible: the same program draws the same inputs. Hypothesis
 also mixes the constants of the project modules loaded into its draws, so another program (a test
@@ -57,7 +64,15 @@ Options per operation fix what is otherwise drawn:
                 [0.1, 2]; False: never passed; a number: always that one)
     flash_attention  causal (default: drawn), groups, scale, blocks (default False; True: block_q
                 and block_k drawn from 1 to past the lengths and passed)
-    multi_head  masks, cross (default: drawn), bias (default: drawn)
+    multi_head  masks, cross (default: drawn), bias (default: drawn), groups (as attention's: k and v
+                projected to fewer heads, each shared by up to that many query heads, in order), dropout
+                (default False; True: dropout_p drawn from 0.1, 0.5, 0.9; a number: always that p)
+
+With dropout, the function under test drops the weights numpy_attn drops: a torch function gets
+the keep-mask (B, nh, T, S) as ``keep=`` (bool, True = kept), as torch_attn's twin takes it, and
+scales the kept weights by 1 / (1 - dropout_p); a NumPy function gets ``keep=`` too when it takes
+one, else ``rng=``, a Generator seeded as numpy_attn's, from which numpy_attn's forward draws the
+same mask (float64 only: in float32 it draws in float32, so a NumPy forward must take keep).
 
 The semantics are numpy_attn's (docs/design.md): a bool mask is True where a query may attend,
 ``is_causal`` is aligned top-left, and a row whose entries are all masked gives 0 (output and
@@ -91,8 +106,8 @@ from numpy_attn.multi_head import multi_head_attention_backward, multi_head_atte
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
 
-__all__ = ["check", "CheckFailure", "OPERATIONS", "TOLERANCES", "arrays", "floats", "attention_masks",
-           "broadcastable_to", "MASK_KINDS", "to_torch", "to_numpy"]
+__all__ = ["check", "check_model", "CheckFailure", "model_tolerance", "OPERATIONS", "TOLERANCES", "arrays",
+           "floats", "attention_masks", "broadcastable_to", "MASK_KINDS", "to_torch", "to_numpy"]
 
 # -- the error rule ---------------------------------------------------------------------------------
 
@@ -295,20 +310,29 @@ def _attention_cases(draw, masks=MASK_KINDS, groups=3, scale=True):
 
 
 @st.composite
-def _multi_head_cases(draw, masks=MASK_KINDS, cross=None, bias=None):
-    B, T, nh, hs = draw(_dim(1, 2)), draw(_dim(1, 4)), draw(_dim(1, 3)), draw(_dim(1, 3))
-    C = nh * hs
+def _multi_head_cases(draw, masks=MASK_KINDS, cross=None, bias=None, groups=3, dropout=False):
+    B, T, hs = draw(_dim(1, 2)), draw(_dim(1, 4)), draw(_dim(1, 3))
+    g = draw(_dim(1, groups))                                     # query heads per key/value head
+    nkv = draw(_dim(1, 3 if g == 1 else 2))                       # key/value heads
+    nh, C = nkv * g, nkv * g * hs
     cross = draw(st.booleans()) if cross is None else cross
     S = draw(_dim(1, 4)) if cross else T
     with_bias = draw(st.booleans()) if bias is None else bias
-    params = {name: {"w": draw(arrays(np.float64, (C, C), 1.0)),
-                     **({"b": draw(arrays(np.float64, (C,), 1.0))} if with_bias else {})} for name in "qkvo"}
+    widths = {"q": C, "k": nkv * hs, "v": nkv * hs, "o": C}       # k and v: the nkv heads' columns
+    params = {name: {"w": draw(arrays(np.float64, (C, out), 1.0)),
+                     **({"b": draw(arrays(np.float64, (out,), 1.0))} if with_bias else {})}
+              for name, out in widths.items()}
     inputs = {"x": draw(arrays(np.float64, (B, T, C), 2.0)), "params": params}
     if cross:
         inputs["kv"] = draw(arrays(np.float64, (B, S, C), 2.0))
     attn_mask, is_causal = draw(attention_masks(np.float64, (B, nh, T, S), tuple(masks)))
     options = {"num_heads": nh, **({} if attn_mask is None else {"attn_mask": attn_mask}),
                **({"is_causal": True} if is_causal else {})}
+    if dropout:   # p drawn (or the one given), and the keep-mask numpy_attn draws from the seed, replayed
+        p = draw(st.sampled_from([0.1, 0.5, 0.9])) if dropout is True else float(dropout)
+        seed = draw(st.integers(0, 2**32 - 1))
+        keep = np.random.default_rng(seed).random((B, nh, T, S)) < 1 - p   # numpy_attn's rule (dropout.py)
+        options.update(dropout_p=p, keep=keep, keep_seed=seed)
     return Case(inputs, options, draw(arrays(np.float64, (B, T, C))))
 
 
@@ -352,10 +376,23 @@ def _call_plain(f, arrays, options, torch):
 
 
 def _call_multi_head(f, arrays, options, torch):
-    """f(x, params, num_heads, **options, kv=kv)."""
-    rest = {k: v for k, v in options.items() if k != "num_heads"}
+    """f(x, params, num_heads, **options, kv=kv). With dropout, the keep-mask is replayed: a torch
+    function, or a NumPy one that takes ``keep``, gets it (torch_attn's twin does); a NumPy one
+    without gets ``rng``, seeded as numpy_attn's (numpy_attn's own forward then draws that mask)."""
+    rest = {k: v for k, v in options.items() if k not in ("num_heads", "keep", "keep_seed")}
+    if "keep" in options:
+        takes_keep = torch or "keep" in _parameters(f)
+        rest.update({"keep": options["keep"]} if takes_keep else {"rng": np.random.default_rng(options["keep_seed"])})
     kv = {"kv": arrays["kv"]} if "kv" in arrays else {}
     return f(arrays["x"], arrays["params"], options["num_heads"], **rest, **kv)
+
+
+def _parameters(f):
+    """The names of ``f``'s parameters (none for a callable whose signature cannot be read)."""
+    try:
+        return inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _grads_plain(names):
@@ -482,8 +519,8 @@ OPERATIONS = {
                                  "backward(dout, cache) -> (dq, dk, dv)"),
     "multi_head": Operation(_multi_head_cases, multi_head_attention_forward, multi_head_attention_backward,
                             _call_multi_head, _grads_multi_head, _tols_multi_head,
-                            "f(x, params, num_heads, *, attn_mask=None, is_causal=False, kv=None) -> (out, cache); "
-                            "backward(dout, cache) -> (dx, dparams[, dkv])"),
+                            "f(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0, keep=None "
+                            "(or rng=None), kv=None) -> (out, cache); backward(dout, cache) -> (dx, dparams[, dkv])"),
 }
 
 
@@ -544,9 +581,12 @@ def _is_torch_function(f, seen=None):
 
 
 def _from_torch(v):
-    """True for torch's modules and what they define, and torch_attn's functions."""
+    """True for torch's modules and what they define, torch_attn's functions, and objects of a class
+    built on one of torch's (an nn.Module of transformers, say)."""
     name = v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
-    return isinstance(name, str) and name.split(".")[0] in ("torch", "torch_attn")
+    bases = () if isinstance(v, type | types.ModuleType | types.FunctionType) else type(v).__mro__
+    return any(isinstance(n, str) and n.split(".")[0] in ("torch", "torch_attn")
+               for n in [name, *(getattr(c, "__module__", None) for c in bases)])
 
 
 # -- the check ----------------------------------------------------------------------------------------
@@ -775,6 +815,21 @@ def _report(op_name, options, who, dtype, seed, examples, low, problems, compare
     return "\n".join(lines)
 
 
+def _functions(forward, backward, seed, framework):
+    """(seed, whether ``forward`` is a torch function) of check's and check_model's arguments;
+    TypeError or ValueError naming the one at fault."""
+    if not callable(forward):
+        raise TypeError(f"forward must be a function, got {type(forward).__name__}")
+    if backward is not None and not callable(backward):
+        raise TypeError(f"backward must be a function or None, got {type(backward).__name__}")
+    seed = 0 if seed is None else seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if framework not in (None, "numpy", "torch"):
+        raise ValueError(f'framework must be "numpy", "torch" or None, got {framework!r}')
+    return seed, (framework == "torch" if framework else backward is None and _is_torch_function(forward))
+
+
 def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64", **options):
     """Check ``forward`` (and ``backward``) of the operation ``op`` against numpy_attn's on
     ``examples`` inputs drawn by Hypothesis from ``seed`` (None: 0, the same examples every run).
@@ -793,21 +848,12 @@ def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64"
     """
     if op not in OPERATIONS:
         raise ValueError(f"unknown operation {op!r}: check knows {', '.join(OPERATIONS)}")
-    if not callable(forward):
-        raise TypeError(f"forward must be a function, got {type(forward).__name__}")
-    if backward is not None and not callable(backward):
-        raise TypeError(f"backward must be a function or None, got {type(backward).__name__}")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ValueError(f"examples must be a positive integer, got {examples!r}")
-    seed = 0 if seed is None else seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
     low_dtype = _dtype(dtype)
     framework = options.pop("framework", None)
     device = options.pop("device", "cpu")
-    if framework not in (None, "numpy", "torch"):
-        raise ValueError(f'framework must be "numpy", "torch" or None, got {framework!r}')
-    torch_side = framework == "torch" if framework else backward is None and _is_torch_function(forward)
+    seed, torch_side = _functions(forward, backward, seed, framework)
     if torch_side and backward is not None:
         raise TypeError("a torch forward's backward is autograd's: pass backward=None (a torch.autograd.Function "
                         "of your own is checked through autograd)")
@@ -817,6 +863,16 @@ def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64"
     if unknown:
         raise TypeError(f"{op} has no option {', '.join(map(repr, unknown))}: its options are "
                         f"{', '.join(known + ['framework', 'device'])}")
+    dropout = options.get("dropout", False)
+    if not isinstance(dropout, bool) and not (isinstance(dropout, int | float) and 0 <= dropout <= 1):
+        raise ValueError(f"dropout must be True, False or a probability in [0, 1], got {dropout!r}")
+    if options.get("dropout") and low_dtype.name in ("float16", "bfloat16"):
+        raise ValueError(f"dropout is checked in float64 and float32, not {dtype}: the 2x rule's baseline, "
+                         "numpy_attn in that dtype, draws its keep-mask in float32 and would drop other weights")
+    if options.get("dropout") and not torch_side and low_dtype != np.float64 and "keep" not in _parameters(forward):
+        raise TypeError(f"with dropout in {dtype}, a NumPy forward must take keep= (the keep-mask to replay): "
+                        "numpy_attn draws its mask in the compute dtype, so the seeded rng that replays it in "
+                        "float64 draws another mask in float32")
     name = getattr(forward, "__qualname__", type(forward).__name__)
     who = (f"{getattr(forward, '__module__', '?')}.{name} (torch, autograd's backward, on {device})" if torch_side
            else f"{getattr(forward, '__module__', '?')}.{name} (NumPy, "
@@ -876,3 +932,280 @@ def _problems(op, forward, backward, case, dtype, torch_side, device):
         problems.append(_compare_low(name, got[name], want, baseline[name], dtype, FLOAT32_NOISE * max(terms, 1.0)
                                      if name != "out" else 0.0))
     return failed + [p for p in problems if p], list(expected)
+
+
+# -- whole models ---------------------------------------------------------------------------------------
+
+def model_tolerance(scale):
+    """float64's tolerance for a model's tensor: rtol 1e-10 and atol 1e-10 times ``scale``, the
+    largest |value| of the tensor for a hidden state or the logits, of every gradient of the model
+    for a gradient (the key bias's is zero in exact arithmetic, as adding q . b_k to every score of
+    a row leaves its softmax unchanged: only rounding of the larger terms remains).
+
+    Two correct float64 programs of the same model differ only in the order they round in: each
+    step adds a few ulps (1.1e-16) relative to the largest value it combines, and over a small
+    model's blocks, norms and head that stays near 1e-13 of that scale (numpy_attn's families meet
+    transformers' so). 1e-10 of it leaves 1000x room; a wrong term errs by 1e-3 of it or more."""
+    return dict(rtol=1e-10, atol=1e-10 * scale)
+
+
+MODEL_WHY = ("float64 against float64: two correct programs of the same model differ only in the order they "
+             "round in, near 1e-13 of the largest value compared (of the tensor; of every gradient for a "
+             "gradient); 1e-10 of it leaves 1000x room, and a wrong term errs by 1e-3 of it or more")
+
+
+def _model_names(n_layer, count):
+    """The names of ``count`` hidden states of a model of ``n_layer`` blocks: each block's output
+    (count n_layer), or transformers' output_hidden_states (count n_layer + 1: the embedding's
+    output, blocks 0 .. n_layer - 2's, and the last block's after the final norm)."""
+    if count == n_layer:
+        return [f"blocks.{i}" for i in range(n_layer)]
+    return ["embedding"] + [f"blocks.{i}" for i in range(n_layer - 1)] + ["final norm"]
+
+
+def _model_reference(family, config, params, ids, dlogits):
+    """numpy_attn's ({name: hidden state} for each kind of list, logits, {gradient name: array}, or {}
+    without dlogits)."""
+    logits, cache = family.forward(ids, params, config)
+    hidden = list(cache.hidden)                                # embedding, blocks 0 .. n_layer - 1
+    states = {"embedding": hidden[0], **{f"blocks.{i}": h for i, h in enumerate(hidden[1:])},
+              "final norm": cache.head.linear.x}               # the head's input
+    return states, logits, {} if dlogits is None else _flat(family.backward(dlogits, cache), "d")
+
+
+def _model_outputs(result, with_cache, n_layer):
+    """(logits, hidden states or None, cache) of what the forward returned; ValueError naming what is wrong."""
+    cache = None
+    if with_cache:
+        if not isinstance(result, tuple) or len(result) not in (2, 3):
+            raise ValueError(f"a NumPy forward with a backward must return (logits, cache) or (logits, "
+                             f"hidden_states, cache), got {_kind(result)}")
+        *result, cache = result
+        result = tuple(result) if len(result) > 1 else result[0]
+    if hasattr(result, "logits"):                              # transformers' output
+        logits, hidden = result.logits, getattr(result, "hidden_states", None)
+    elif isinstance(result, tuple | list):
+        if len(result) != 2:
+            raise ValueError(f"the forward must return logits or (logits, hidden_states), got {_kind(result)}")
+        logits, hidden = result
+    else:
+        logits, hidden = result, None
+    if hidden is not None and (not isinstance(hidden, tuple | list) or len(hidden) not in (n_layer, n_layer + 1)):
+        raise ValueError(f"the forward's hidden_states must be a list of one per block ({n_layer}), or of "
+                         f"{n_layer + 1} as transformers' output_hidden_states, got {_kind(hidden)}"
+                         + ("" if with_cache else " (a NumPy forward that returns its cache last needs its backward)"))
+    return logits, hidden, cache
+
+
+def _kind(value):
+    return f"{type(value).__name__}" + (f" of {len(value)} items" if isinstance(value, tuple | list) else "")
+
+
+def _check_model_shape(what, got, shape):
+    """Raise ValueError unless ``got`` is an array of ``shape``, naming ``what``."""
+    if not hasattr(got, "shape"):
+        raise ValueError(f"the forward returned {what} of type {type(got).__name__}, not an array")
+    if tuple(got.shape) != tuple(shape):
+        raise ValueError(f"the forward returned {what} of shape {tuple(got.shape)}, expected {tuple(shape)}")
+
+
+def _run_model(forward, backward, ids, params, dlogits, torch_side, device, n_layer, gradients):
+    """The model under test's (logits, hidden states or None, {gradient name: array or None} or None)."""
+    if torch_side:
+        import torch
+
+        tensors = tree_map(lambda a: to_torch(a, requires_grad=gradients, device=device), params)
+        try:
+            result = forward(torch.from_numpy(ids).to(device), tensors)
+        except Exception as err:                                # the user's code: any error is a finding
+            raise _Failed(_raised("forward", err)) from None
+        logits, hidden, _ = _model_outputs(result, False, n_layer)
+        _check_model_shape("logits", logits, dlogits.shape)
+        grads = None
+        if gradients:
+            try:
+                (logits * to_torch(dlogits, device=device)).sum().backward()
+            except Exception as err:
+                raise _Failed(f"autograd's backward raised {type(err).__name__}: {err}") from None
+            grads = {f"d{path}": None if t.grad is None else to_numpy(t.grad) for path, t in leaves(tensors)}
+        hidden = None if hidden is None else [to_numpy(h) if isinstance(h, torch.Tensor) else h for h in hidden]
+        return to_numpy(logits), hidden, grads
+    try:
+        result = forward(ids.copy(), tree_map(np.copy, params))
+    except Exception as err:
+        raise _Failed(_raised("forward", err)) from None
+    logits, hidden, cache = _model_outputs(result, backward is not None, n_layer)
+    _check_model_shape("logits", logits, dlogits.shape)
+    if backward is None:
+        return logits, hidden, None
+    try:
+        grads = backward(dlogits.copy(), cache)
+    except Exception as err:
+        raise _Failed(f"backward raised {type(err).__name__}: {err}") from None
+    if not isinstance(grads, dict):
+        raise _Failed(f"backward must return dparams, a dict nested as the params, got {type(grads).__name__}")
+    return logits, hidden, _flat(grads, "d")
+
+
+def _check_model_params(family, config, params):
+    """``params`` in float64, or raise naming the leaf that is missing, extra or of the wrong shape
+    for a ``family`` model of ``config``."""
+    # The layout from the family's own init, in float32 to allocate half what float64 would.
+    want = dict(leaves(family.init_params(config, np.random.default_rng(0), np.float32)))
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict nested as {family.name}'s, got {type(params).__name__}")
+    got = dict(leaves(params))
+    for path in want:
+        if path not in got:
+            raise ValueError(f"params has no {path!r}, which a {family.name} model of this config has "
+                             f"(shape {want[path].shape})")
+    for path, leaf in got.items():
+        if path not in want:
+            raise ValueError(f"params has {path!r}, which a {family.name} model of this config has not")
+        if not isinstance(leaf, np.ndarray) or not np.issubdtype(leaf.dtype, np.floating):
+            raise TypeError(f"params[{path!r}] must be a float array, got {type(leaf).__name__}"
+                            + (f" of {leaf.dtype}" if isinstance(leaf, np.ndarray) else ""))
+        if leaf.shape != want[path].shape:
+            raise ValueError(f"params[{path!r}] has shape {leaf.shape}; a {family.name} model of this config "
+                             f"needs {want[path].shape}")
+    return tree_map(lambda a: a.astype(np.float64), params)
+
+
+def _spans(names):
+    """``names`` with runs of blocks.i joined: "embedding, blocks.0-2, final norm"."""
+    out, run = [], []
+    for name in names + [None]:
+        if name is not None and name.startswith("blocks.") and name[7:].isdigit() and \
+                (not run or int(name[7:]) == int(run[-1][7:]) + 1):
+            run.append(name)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1][7:]}")
+            run = []
+        if name is not None and name.startswith("blocks.") and name[7:].isdigit():
+            run = [name]
+        elif name is not None:
+            out.append(name)
+    return ", ".join(out)
+
+
+def _summary(names, grads):
+    """``names`` for a report: the hidden states and logits by name (_spans), the gradients counted."""
+    states = [n for n in names if n not in grads]
+    gradients = [n for n in names if n in grads]
+    parts = [_spans(states)] if states else []
+    if gradients:
+        parts.append(gradients[0] if len(gradients) == 1 else
+                     f"{len(gradients)} gradients ({gradients[0]} .. {gradients[-1]})")
+    return ", ".join(parts)
+
+
+def check_model(family, forward, backward=None, *, params=None, config=None, ids=None, seed=None,
+                framework=None, device="cpu", gradients=True):
+    """Check a whole model, ``forward`` (and ``backward``), against numpy_attn's model ``family`` on
+    the same weights, layer by layer, in float64.
+
+    ``family`` names one of numpy_attn's families ("gpt2", "llama", "qwen3", "gemma2", ...);
+    ``config`` is its config class (default: the class's defaults, a small model) and ``params``
+    its weights in numpy_attn's layout (default: the family's init, drawn from ``seed``; a Hugging
+    Face folder's through attn_cli.hf.load_checkpoint or ``numpy-attn check --model --hf``). ``ids``
+    (B, T) are the token ids (default: (2, 8) drawn from ``seed``, None: 0), and the gradients are
+    those of sum(logits * dlogits), dlogits drawn from ``seed``.
+
+    ``forward(ids, params)`` returns the logits (B, T, V), or ``(logits, hidden_states)``: one
+    hidden state (B, T, C) per block, each block's output, or n_layer + 1 of them as transformers'
+    ``output_hidden_states`` gives them (the embedding's output first, the last after the final
+    norm); an output object with ``.logits`` and ``.hidden_states`` will do. A NumPy forward with a
+    ``backward(dlogits, cache) -> dparams`` (nested as the params) returns the cache last. A torch
+    forward gets the ids as a tensor and the params as tensors on ``device`` that require grad,
+    and autograd gives every parameter's gradient; the reference stays on the CPU.
+    ``gradients=False`` compares the hidden states and logits only: for a model that holds the
+    weights itself (a transformers model loaded with them), which the params given do not reach.
+
+    The hidden states are compared in order, then the logits, then each parameter's gradient by its
+    dotted name (model_tolerance). Returns None when all agree; raises CheckFailure whose report
+    names the first that departs, where and by how much, and what agreed before it; ValueError or
+    TypeError on bad arguments, or when the forward returns something of the wrong shape.
+    """
+    from numpy_attn._family import families
+
+    found = families()
+    if family not in found:
+        raise ValueError(f"unknown family {family!r}: check_model knows {', '.join(found)}")
+    row = found[family]
+    seed, torch_side = _functions(forward, backward, seed, framework)
+    if torch_side and backward is not None:
+        raise TypeError("a torch forward's backward is autograd's: pass backward=None")
+    config = row.config() if config is None else config
+    if type(config) is not row.config:
+        raise TypeError(f"config must be a {row.config.__name__} for {family}, got {type(config).__name__}")
+    if getattr(config, "dropout", 0):
+        raise ValueError(f"config.dropout must be 0: check_model compares models without dropout, got "
+                         f"{config.dropout}")
+    rng = np.random.default_rng(seed)
+    given = params is not None
+    params = _check_model_params(row, config, params) if given else row.init_params(config, rng, np.float64)
+    if ids is None:
+        ids = rng.integers(0, config.vocab_size, (2, min(8, config.block_size)))
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be integer token ids of shape (B, T), got {ids.dtype} {ids.shape}")
+    dlogits = rng.standard_normal((*ids.shape, config.vocab_size))          # (B, T, V)
+    if not isinstance(gradients, bool):
+        raise TypeError(f"gradients must be True or False, got {gradients!r}")
+    if not gradients and backward is not None:
+        raise TypeError("gradients=False compares no gradients: pass no backward")
+    states, logits, grads = _model_reference(row, config, params, ids, dlogits if gradients else None)
+
+    name = getattr(forward, "__qualname__", type(forward).__name__)
+    who = (f"{getattr(forward, '__module__', '?')}.{name} (torch, autograd's backward, on {device}; the "
+           f"reference on the cpu)" if torch_side
+           else f"{getattr(forward, '__module__', '?')}.{name} (NumPy, "
+                f"{'backward ' + getattr(backward, '__qualname__', '?') if backward else 'forward only'})")
+    head = [f"  model under test: {who}",
+            _wrapped(f"model: {family}, {config}")[2:],
+            f"  params: {'given' if given else f'{row.init_params.__name__}, seed {seed}'}; ids {ids.shape}, "
+            f"dlogits drawn from seed {seed}"]
+    reproduce = f"  reproduce: check_model({family!r}, ..., seed={seed}{'' if gradients else ', gradients=False'})"
+    try:
+        got_logits, got_hidden, got_grads = _run_model(forward, backward, ids, params, dlogits, torch_side, device,
+                                                       config.n_layer, gradients)
+    except _Failed as err:
+        raise CheckFailure("\n".join([f"{family}: the model under test failed to run (float64, seed {seed})",
+                                      *head, f"  failed: {err}", reproduce])) from None
+    compared = []                                              # (name, got, expected), in the order compared
+    if got_hidden is not None:
+        names = _model_names(config.n_layer, len(got_hidden))
+        for i, (n, h) in enumerate(zip(names, got_hidden, strict=True)):
+            _check_model_shape(f"hidden_states[{i}] ({n})", h, states[n].shape)
+            compared.append((n, h, states[n]))
+    compared.append(("logits", got_logits, logits))
+    if got_grads is not None:
+        compared += [(n, got_grads.get(n, "missing"), want) for n, want in grads.items()]
+    largest_gradient = max([0.0] + [float(np.abs(g).max(initial=0)) for g in grads.values()])
+    problems = []
+    for n, got, want in compared:
+        if isinstance(got, str) or got is None:
+            problems.append(_Mismatch(n, f"{n}: the backward returned none" if isinstance(got, str) else
+                                      f"{n}: no gradient reached it (its .grad is None: the forward does not use "
+                                      "the tensor it was given)"))
+            continue
+        scale = largest_gradient if n in grads else float(np.abs(want).max(initial=0))
+        problem = _compare(n, got, want, np.dtype(np.float64), model_tolerance(scale), MODEL_WHY)
+        if problem:
+            problems.append(problem)
+    if not problems:
+        return None
+    first = problems[0]
+    order = [n for n, _, _ in compared]
+    before, after = order[:order.index(first.name)], [p.name for p in problems[1:]]
+    where = f"{first.name}, its output" if first.name.startswith("blocks.") else first.name
+    lines = [f"{family}: the model under test departs from numpy_attn's first at {where} (float64, seed {seed})",
+             *head, f"  first departs: {first.text}"]
+    lines.append(f"  agree before it: {_summary(before, grads) if before else 'nothing (it is the first compared)'}")
+    if after:
+        lines.append(f"  depart after it too: {_summary(after, grads)}")
+    if got_hidden is None:
+        lines.append("  (the forward returned no hidden_states: return (logits, hidden_states) to find the block)")
+    lines.append(reproduce)
+    raise CheckFailure("\n".join(lines))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
 
 import numpy_attn
 import torch_attn.attention as tw_attention
@@ -259,6 +260,77 @@ def test_missing_term():
     assert wrong(report) == {"dx"}, report
 
 
+# -- multi_head with dropout (a replayed keep-mask) and grouped heads -----------------------------------
+
+def multi_head_twin(bug=None):
+    """torch_attn's multi-head attention as a user's, with a bug planted on request: "own mask"
+    draws its own keep-mask instead of the one given, "scale" scales the kept weights by
+    1 / (1 - p/2) for 1 / (1 - p), "tiled" repeats the key/value heads k0 k1 k0 k1 for k0 k0 k1 k1."""
+    def forward(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0, keep=None, kv=None):
+        if bug == "own mask" and keep is not None:
+            keep = torch.rand(keep.shape, generator=torch.Generator().manual_seed(0)) < 1 - dropout_p
+        if bug == "scale":
+            dropout_p = dropout_p / 2
+        if bug != "tiled":
+            return tw_multi_head.multi_head_attention(x, params, num_heads, attn_mask=attn_mask, is_causal=is_causal,
+                                                      dropout_p=dropout_p, keep=keep, kv=kv)
+        src = x if kv is None else kv
+        hs = x.shape[-1] // num_heads
+        nkv = params["k"]["w"].shape[-1] // hs
+        q = tw_multi_head.split_heads(tw_linear.linear(x, **params["q"]), num_heads)     # (B, nh, T, hs)
+        k = tw_multi_head.split_heads(tw_linear.linear(src, **params["k"]), nkv)         # (B, nkv, S, hs)
+        v = tw_multi_head.split_heads(tw_linear.linear(src, **params["v"]), nkv)
+        k, v = k.repeat(1, num_heads // nkv, 1, 1), v.repeat(1, num_heads // nkv, 1, 1)  # planted: tiled
+        y, _ = tw_attention.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return tw_linear.linear(tw_multi_head.merge_heads(y), **params["o"])
+    return forward
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_multi_head_with_dropout_and_grouped_heads_passes(dtype):
+    """numpy_attn's forward replays the keep-mask from the seeded rng it gets (a NumPy forward
+    without keep=), the twin takes the mask as keep=; in float32 a NumPy forward must take keep."""
+    if dtype == "float64":
+        forward, backward = (counted(f) for f in NUMPY["multi_head"])
+        assert check("multi_head", forward, backward, examples=FEW, dropout=True, dtype=dtype) is None
+        assert forward.calls >= 1 and backward.calls >= 1
+    twin = counted(multi_head_twin())
+    assert check("multi_head", twin, examples=FEW, dropout=True, groups=3, dtype=dtype) is None
+    assert twin.calls >= 1
+
+
+@settings(max_examples=FEW, deadline=None)
+@given(case=OPERATIONS["multi_head"].cases(dropout=True))
+def test_the_keep_mask_given_is_the_one_numpy_attn_draws(case):
+    """The keep-mask a torch function gets is the one numpy_attn's forward draws from the seeded rng
+    it gets: the reference and the function under test drop the same weights."""
+    _, cache = OPERATIONS["multi_head"].call(multi_head_attention_forward, case.inputs, case.options, False)
+    assert case.options["keep"].dtype == np.bool_
+    assert np.array_equal(cache.attention.keep, case.options["keep"])
+    assert cache.attention.keep_scale == 1 / (1 - case.options["dropout_p"])
+
+
+@pytest.mark.parametrize("bug, options", [("own mask", dict(dropout=True)), ("scale", dict(dropout=True)),
+                                          ("tiled", dict(groups=3))])
+def test_multi_head_bugs_of_dropout_and_grouped_heads_are_caught(bug, options):
+    report = failing("multi_head", multi_head_twin(bug), **options)
+    assert wrong(report), report
+    if bug == "tiled":      # the order matters with two key/value heads of two query heads each, at least
+        nh = int(re.search(r"^    num_heads (\d+)$", report, flags=re.M).group(1))
+        C, kv_width = map(int, re.search(r"^    params\.k\.w \((\d+), (\d+)\)", report, flags=re.M).groups())
+        nkv = kv_width // (C // nh)
+        assert nkv >= 2 and nh // nkv >= 2, report
+    else:
+        assert "dropout_p" in report and "keep (" in report, report
+
+
+def test_dropout_needs_keep_in_float32_and_is_refused_in_float16():
+    with pytest.raises(TypeError, match=re.escape("with dropout in float32, a NumPy forward must take keep=")):
+        check("multi_head", *NUMPY["multi_head"], dropout=True, dtype="float32")
+    with pytest.raises(ValueError, match=re.escape("dropout is checked in float64 and float32, not float16")):
+        check("multi_head", multi_head_twin(), dropout=True, dtype="float16")
+
+
 # -- the report ------------------------------------------------------------------------------------
 
 def test_the_same_seed_gives_the_same_report():
@@ -299,6 +371,8 @@ def test_a_forward_that_returns_no_cache_is_reported():
      "softmax has no option 'dims': its options are axis, masked, framework, device"),
     ("softmax", tw_softmax.softmax, softmax_backward, {"framework": "torch"}, TypeError,
      "a torch forward's backward is autograd's"),
+    ("multi_head", tw_multi_head.multi_head_attention, None, {"dropout": 1.5}, ValueError,
+     "dropout must be True, False or a probability in [0, 1], got 1.5"),
 ])
 def test_bad_arguments_are_refused(op, forward, backward, options, error, message):
     with pytest.raises(error, match=re.escape(message)):
@@ -395,12 +469,17 @@ def test_bad_usage_exits_2_naming_the_value(tmp_path, argv, message):
 PAGE = Path(numpy_attn.__file__).resolve().parent.parent / "docs" / "testing.md"
 
 
+def page_of_check():
+    """docs/testing.md up to its section on whole models (test_testing_model.py checks that one)."""
+    return PAGE.read_text(encoding="utf-8").split("\n## Checking a whole model", 1)[0]
+
+
 def run_page(folder):
     """Run docs/testing.md's Python examples in order as one script in ``folder``, as a user would
     (Hypothesis mixes the constants of the modules loaded, the script's own among them, into its
     draws: a seed gives the same inputs to the same program). Returns the process's result and the
     report of the CheckFailure it ends with."""
-    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page_of_check(), flags=re.S)
     assert len(blocks) == 3, "the softmax example, the attention kernel, the failing example"
     (folder / "mine.py").write_text("\n\n".join(blocks), encoding="utf-8")
     result = subprocess.run([sys.executable, "mine.py"], capture_output=True, text=True, cwd=folder, timeout=300)
@@ -422,7 +501,7 @@ def test_the_page_runs_and_its_last_example_fails(tmp_path):
 
 
 def shown_report():
-    page = PAGE.read_text(encoding="utf-8")
+    page = page_of_check()
     return page.split("raises `CheckFailure`:\n\n```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
 
 
@@ -441,7 +520,7 @@ def test_the_pages_report_holds():
     """Every figure of the page's report, recomputed from the input it shows: the wrong function's
     gradient (autograd) and numpy_attn's at the index named, the difference and the tolerance, and
     the outputs and gradients it calls right are within theirs."""
-    page = PAGE.read_text(encoding="utf-8")
+    page = page_of_check()
     blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     namespace = {"__name__": "page"}
     for block in blocks:                                   # the functions, without running the checks
