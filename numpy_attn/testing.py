@@ -25,7 +25,8 @@ lacks it can still be checked with the options that keep it at its default):
     layer_norm  f(x, w=None, b=None, eps=1e-5, normalized_shape=None) (dx, {"w": dw, "b": db})
     rms_norm    f(x, w, eps=1e-6)                                    (dx, {"w": dw})
     gelu        f(x, approximate="none")                             dx
-    attention   f(q, k, v, attn_mask=None, is_causal=False, scale=None)   (dq, dk, dv)
+    attention   f(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0,
+                  keep=None)                                         (dq, dk, dv)
     flash_attention  f(q, k, v, is_causal=False, scale=None)         (dq, dk, dv)
     multi_head  f(x, params, num_heads, *, attn_mask=None, is_causal=False, dropout_p=0.0,
                   keep=None, kv=None)                                (dx, dparams) or, with kv,
@@ -61,7 +62,8 @@ Options per operation fix what is otherwise drawn:
     gelu        approximate (a tuple of "none", "tanh"; default both)
     attention   masks (a tuple of "none", "bool", "float", "causal"), groups (the most query heads
                 per key/value head, default 3; 1 for none), scale (True: drawn, None or in
-                [0.1, 2]; False: never passed; a number: always that one)
+                [0.1, 2]; False: never passed; a number: always that one), dropout (as
+                multi_head's)
     flash_attention  causal (default: drawn), groups, scale, blocks (default False; True: block_q
                 and block_k drawn from 1 to past the lengths and passed)
     multi_head  masks, cross (default: drawn), bias (default: drawn), groups (as attention's: k and v
@@ -69,7 +71,8 @@ Options per operation fix what is otherwise drawn:
                 (default False; True: dropout_p drawn from 0.1, 0.5, 0.9; a number: always that p)
 
 With dropout, the function under test drops the weights numpy_attn drops: a torch function gets
-the keep-mask (B, nh, T, S) as ``keep=`` (bool, True = kept), as torch_attn's twin takes it, and
+the keep-mask (the weights' shape, (B, nh, T, S) for multi_head) as ``keep=`` (bool, True = kept),
+as torch_attn's twins take it, and
 scales the kept weights by 1 / (1 - dropout_p); a NumPy function gets ``keep=`` too when it takes
 one, else ``rng=``, a Generator seeded as numpy_attn's, from which numpy_attn's forward draws the
 same mask (float64 only: in float32 it draws in float32, so a NumPy forward must take keep).
@@ -298,13 +301,24 @@ def _qkv(draw, groups, length):
     return inputs, q_lead, T, S, hv
 
 
+def _dropout_options(draw, dropout, shape):
+    """dropout_p drawn (or the one given), and the keep-mask of ``shape`` numpy_attn's forward draws
+    from the seed (numpy_attn's rule, dropout.py), to be replayed: {} without dropout."""
+    if not dropout:
+        return {}
+    p = draw(st.sampled_from([0.1, 0.5, 0.9])) if dropout is True else float(dropout)
+    seed = draw(st.integers(0, 2**32 - 1))
+    return {"dropout_p": p, "keep": np.random.default_rng(seed).random(shape) < 1 - p, "keep_seed": seed}
+
+
 @st.composite
-def _attention_cases(draw, masks=MASK_KINDS, groups=3, scale=True):
+def _attention_cases(draw, masks=MASK_KINDS, groups=3, scale=True, dropout=False):
     inputs, q_lead, T, S, hv = _qkv(draw, groups, 5)
     attn_mask, is_causal = draw(attention_masks(np.float64, q_lead + (T, S), tuple(masks)))
     if scale is True:
         scale = draw(st.none() | st.floats(0.1, 2.0))
-    options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale or None}
+    options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale or None,
+               **_dropout_options(draw, dropout, q_lead + (T, S))}
     return Case(inputs, {k: v for k, v in options.items() if v is not None and v is not False},
                 draw(arrays(np.float64, q_lead + (T, hv))))
 
@@ -328,11 +342,7 @@ def _multi_head_cases(draw, masks=MASK_KINDS, cross=None, bias=None, groups=3, d
     attn_mask, is_causal = draw(attention_masks(np.float64, (B, nh, T, S), tuple(masks)))
     options = {"num_heads": nh, **({} if attn_mask is None else {"attn_mask": attn_mask}),
                **({"is_causal": True} if is_causal else {})}
-    if dropout:   # p drawn (or the one given), and the keep-mask numpy_attn draws from the seed, replayed
-        p = draw(st.sampled_from([0.1, 0.5, 0.9])) if dropout is True else float(dropout)
-        seed = draw(st.integers(0, 2**32 - 1))
-        keep = np.random.default_rng(seed).random((B, nh, T, S)) < 1 - p   # numpy_attn's rule (dropout.py)
-        options.update(dropout_p=p, keep=keep, keep_seed=seed)
+    options.update(_dropout_options(draw, dropout, (B, nh, T, S)))
     return Case(inputs, options, draw(arrays(np.float64, (B, T, C))))
 
 
@@ -368,21 +378,27 @@ def _flash_attention_cases(draw, causal=None, groups=3, scale=True, blocks=False
 
 # -- the operations -----------------------------------------------------------------------------------
 
+def _replayed(f, options, torch):
+    """The options as ``f`` takes them. With dropout, the keep-mask is replayed: a torch function,
+    or a NumPy one that takes ``keep``, gets it (torch_attn's twins do); a NumPy one without gets
+    ``rng``, seeded as numpy_attn's (numpy_attn's own forward then draws that mask)."""
+    rest = {k: v for k, v in options.items() if k not in ("keep", "keep_seed")}
+    if "keep" in options:
+        takes_keep = torch or "keep" in _parameters(f)
+        rest.update({"keep": options["keep"]} if takes_keep else {"rng": np.random.default_rng(options["keep_seed"])})
+    return rest
+
+
 def _call_plain(f, arrays, options, torch):
     """f(*inputs, **options): inputs by position in order (a missing b or w trails)."""
     if torch and "axis" in options:                              # softmax's axis is torch's dim
         options = {("dim" if k == "axis" else k): v for k, v in options.items()}
-    return f(*arrays.values(), **options)
+    return f(*arrays.values(), **_replayed(f, options, torch))
 
 
 def _call_multi_head(f, arrays, options, torch):
-    """f(x, params, num_heads, **options, kv=kv). With dropout, the keep-mask is replayed: a torch
-    function, or a NumPy one that takes ``keep``, gets it (torch_attn's twin does); a NumPy one
-    without gets ``rng``, seeded as numpy_attn's (numpy_attn's own forward then draws that mask)."""
-    rest = {k: v for k, v in options.items() if k not in ("num_heads", "keep", "keep_seed")}
-    if "keep" in options:
-        takes_keep = torch or "keep" in _parameters(f)
-        rest.update({"keep": options["keep"]} if takes_keep else {"rng": np.random.default_rng(options["keep_seed"])})
+    """f(x, params, num_heads, **options, kv=kv), the keep-mask replayed as _replayed says."""
+    rest = {k: v for k, v in _replayed(f, options, torch).items() if k != "num_heads"}
     kv = {"kv": arrays["kv"]} if "kv" in arrays else {}
     return f(arrays["x"], arrays["params"], options["num_heads"], **rest, **kv)
 
@@ -511,7 +527,8 @@ OPERATIONS = {
                       'f(x, approximate="none") -> (out, cache); backward(dout, cache) -> dx'),
     "attention": Operation(_attention_cases, scaled_dot_product_attention_forward,
                            scaled_dot_product_attention_backward, _call_plain, _grads_attention, _tols_attention,
-                           "f(q, k, v, attn_mask=None, is_causal=False, scale=None) -> (out, cache); "
+                           "f(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, keep=None "
+                           "(or rng=None)) -> (out, cache); "
                            "backward(dout, cache) -> (dq, dk, dv)"),
     "flash_attention": Operation(_flash_attention_cases, flash_attention_forward, flash_attention_backward,
                                  _call_plain, _grads_attention, _tols_flash_attention,

@@ -324,6 +324,48 @@ def test_multi_head_bugs_of_dropout_and_grouped_heads_are_caught(bug, options):
         assert "dropout_p" in report and "keep (" in report, report
 
 
+def attention_twin(bug=None):
+    """torch_attn's attention as a user's, with multi_head_twin's dropout bugs on request ("own mask",
+    "scale")."""
+    def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, keep=None):
+        if bug == "own mask" and keep is not None:
+            keep = torch.rand(keep.shape, generator=torch.Generator().manual_seed(0)) < 1 - dropout_p
+        if bug == "scale":
+            dropout_p = dropout_p / 2
+        return tw_attention.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                         scale=scale, dropout_p=dropout_p, keep=keep)
+    return forward
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_attention_with_dropout_passes(dtype):
+    """As multi_head's: numpy_attn's forward draws the keep-mask from the seeded rng it gets, the
+    twin takes it as keep=."""
+    if dtype == "float64":
+        forward, backward = (counted(f) for f in NUMPY["attention"])
+        assert check("attention", forward, backward, examples=FEW, dropout=True, dtype=dtype) is None
+        assert forward.calls >= 1 and backward.calls >= 1
+    twin = counted(attention_twin())
+    assert check("attention", twin, examples=FEW, dropout=True, dtype=dtype) is None
+    assert twin.calls >= 1
+
+
+@settings(max_examples=FEW, deadline=None)
+@given(case=OPERATIONS["attention"].cases(dropout=True))
+def test_the_keep_mask_given_to_attention_is_the_one_numpy_attn_draws(case):
+    _, cache = OPERATIONS["attention"].call(scaled_dot_product_attention_forward, case.inputs, case.options, False)
+    assert case.options["keep"].dtype == np.bool_
+    assert np.array_equal(cache.keep, case.options["keep"])
+    assert cache.keep_scale == 1 / (1 - case.options["dropout_p"])
+
+
+@pytest.mark.parametrize("bug", ["own mask", "scale"])
+def test_attention_bugs_of_dropout_are_caught(bug):
+    report = failing("attention", attention_twin(bug), dropout=True)
+    assert wrong(report), report
+    assert "dropout_p" in report and "keep (" in report, report
+
+
 def test_dropout_needs_keep_in_float32_and_is_refused_in_float16():
     with pytest.raises(TypeError, match=re.escape("with dropout in float32, a NumPy forward must take keep=")):
         check("multi_head", *NUMPY["multi_head"], dropout=True, dtype="float32")
