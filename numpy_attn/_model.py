@@ -9,9 +9,10 @@
 ``decoder_forward`` runs that loop around a family's block and takes what differs as arguments;
 each family's file (numpy_attn/llama.py, qwen3.py, ...) calls it with its own block and says
 which of the bracketed steps it takes. The attention of those blocks is a short composition of
-the steps below (``qkv_forward``, split into heads, ``rotate_forward``, ``cached_attention_forward``,
-merge, the output projection), each with its backward, and a family inserts its own steps
-between them (Qwen3's QK-norm, Gemma 2's softcap, gpt-oss's sinks).
+the steps below, each with its backward: ``heads_forward`` (project, split into heads),
+``rotate_forward``, ``attend_forward`` (attention with the key/value cache, merge, project out);
+a family inserts its own steps between them (Qwen3's QK-norm) or passes them to attention (Gemma
+2's softcap, gpt-oss's sinks).
 
 ``logits_to_keep`` is transformers' keyword and means what it does there: an int N > 0 keeps the
 last N positions' logits (all T when N >= T), 0 or None keeps all. Generation reads the last
@@ -64,6 +65,7 @@ from numpy_attn.flex_attention import (
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import rope_backward, rope_forward
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
@@ -177,14 +179,12 @@ class Sublayer(NamedTuple):
 # -- the steps of a decoder's attention -----------------------------------------------------------
 
 class AttentionCache(NamedTuple):
-    """The steps' caches, in forward order; a step the family does not take holds None."""
+    """The shared steps' caches, in forward order, then the family's QK-norm's (None without one)."""
 
     qkv: tuple
-    qk_norm: tuple | None    # numpy_attn/qk_norm.py's QKNormCache (Qwen3, OLMo 2, Gemma 3)
     rope: tuple
-    attn: tuple
-    o: tuple
-    num_heads: int           # nh, to split dout into heads again
+    attend: tuple                   # AttendCache: attention, the merge and the output projection
+    qk_norm: tuple | None = None    # numpy_attn/qk_norm.py's QKNormCache (Qwen3, OLMo 2, Gemma 3)
 
 
 def qkv_forward(x, params):
@@ -202,6 +202,17 @@ def qkv_backward(dq, dk, dv, cache):
     dx_k, dk_params = linear_backward(dk, k_cache)                            # (B, T, C)
     dx_q, dq_params = linear_backward(dq, q_cache)                            # (B, T, C)
     return dx_q + dx_k + dx_v, {"q": dq_params, "k": dk_params, "v": dv_params}
+
+
+def heads_forward(x, params, nh, nkv):
+    """The three projections, split into heads: x (B, T, C) -> (q (B, nh, T, hs), k, v (B, nkv, T, hs), cache)."""
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    return split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv), qkv_cache   # (B, nh | nkv, T, hs)
+
+
+def heads_backward(dq, dk, dv, cache):
+    """Undoes heads_forward: merges each gradient's heads, then the projections -> (dx, {"q", "k", "v"})."""
+    return qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache)   # (B, nh | nkv, T, hs) -> (B, T, C)
 
 
 def rotate_forward(q, k, positions, theta, scaling, layout, rotary_dim=None):
@@ -293,6 +304,30 @@ def cached_attention_backward(dy, cache):
         dq, dk, dv = scaled_dot_product_attention_backward(dy, cache.sdpa, dlse)
     check_no_past("the model's backward", dk.shape[2], cache.past)   # cached past: inference only
     return (dq, dk, dv, *dsinks)
+
+
+class AttendCache(NamedTuple):
+    """attend_forward's caches, in forward order, and nh, to split dout into heads again."""
+
+    attn: tuple              # CachedAttentionCache
+    o: tuple
+    num_heads: int
+
+
+def attend_forward(q, k, v, o, kv_cache, attn_mask, **attention):
+    """Attention with the cache, the heads merged, the output projection ``o`` ({"w", ["b"]}):
+    q (B, nh, T, hs), k, v (B, nkv, T, hs) -> (B, T, C). ``kv_cache``, ``attn_mask`` and
+    ``attention`` (window, sinks, softcap, scale) go to cached_attention_forward. Returns ``(out, cache)``."""
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, **attention)   # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **o)                        # (B, nh, T, hs) -> (B, T, C)
+    return out, AttendCache(attn_cache, o_cache, q.shape[1])
+
+
+def attend_backward(dout, cache):
+    """Undoes attend_forward: dout (B, T, C) -> (dq, dk, dv, do[, dsinks]), dk and dv for the nkv heads."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    dq, dk, dv, *dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)
+    return (dq, dk, dv, do, *dsinks)
 
 
 class HeadCache(NamedTuple):

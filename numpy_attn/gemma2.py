@@ -28,9 +28,7 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn.linear import linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_attention_backward
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
@@ -82,16 +80,13 @@ def gemma2_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     """llama_attention_forward with the scores scaled by query_pre_attn_scalar^-0.5 and capped at
     c * tanh(s / c) before the mask, each query seeing its last ``window`` keys on a sliding layer
     (None on a global one): x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Llama's."""
-    nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                                    scale=config.query_pre_attn_scalar ** -0.5,
-                                                    softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                                              scale=config.query_pre_attn_scalar ** -0.5,
+                                              softcap=config.attn_logit_softcap)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache)
 
 
 GEMMA2_ATTENTION = _model.Sublayer(gemma2_attention_forward, llama_attention_backward)

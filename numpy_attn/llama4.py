@@ -56,7 +56,6 @@ from numpy_attn._tree import tree_map
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import SWIGLU_MLP, LlamaConfig, llama_block_backward, llama_block_forward
 from numpy_attn.moe import _check_k, experts_backward, experts_forward, top_k
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import sigmoid, swiglu_backward, swiglu_forward
 
@@ -240,9 +239,7 @@ class Llama4AttentionCache(NamedTuple):
     rope: tuple | None         # rotary layers
     qk_norm: tuple | None      # rotary layers with use_qk_norm
     temperature: np.ndarray | None   # (T, 1) NoPE layers with attn_temperature_tuning, in q's opmath dtype
-    attn: tuple
-    o: tuple
-    num_heads: int
+    attend: tuple              # _model.AttendCache
 
 
 def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, rope=True, chunk=None):
@@ -250,10 +247,8 @@ def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     rotated, then normed (use_qk_norm); without (NoPE) q is multiplied by the temperature
     (attn_temperature_tuning). ``chunk`` c restricts each query to the keys of its chunk. Returns
     ``(out, cache)``."""
-    nh, nkv = config.n_head, config.n_kv_head
     T = x.shape[1]
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     rope_cache = qk_norm_cache = temperature = None
     if rope:
         q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
@@ -270,22 +265,20 @@ def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
         pad = leading_padding(attn_mask)                                      # (B,) or None
         local = chunked_causal_mask(T, held + T, chunk, first, pad)           # (T, S) or (B, 1, T, S)
         attn_mask = local if attn_mask is None else attn_mask & local
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, Llama4AttentionCache(qkv_cache, rope_cache, qk_norm_cache, temperature, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask)   # (B, T, C)
+    return out, Llama4AttentionCache(qkv_cache, rope_cache, qk_norm_cache, temperature, attend_cache)
 
 
 def llama4_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    dq, dk, dv, do = _model.attend_backward(dout, cache.attend)               # (B, nh, T, hs), (B, nkv, T, hs)
     if cache.temperature is not None:   # undoes q = q * temperature (a constant per query)
         dq = (upcast(dq) * cache.temperature).astype(dq.dtype, copy=False)
     if cache.qk_norm is not None:       # undoes the norms of the rotated q and k
         dq, dk = qk_unit_rms_backward(dq, dk, cache.qk_norm)
     if cache.rope is not None:          # undoes the rotation
         dq, dk = _model.rotate_backward(dq, dk, cache.rope)                   # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dq, dk, dv, cache.qkv)                   # (B, T, C)
     return dx, {**dqkv, "o": do}
 
 

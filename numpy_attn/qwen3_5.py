@@ -129,31 +129,29 @@ class GatedAttentionCache:
 def gated_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Qwen3's attention with the output gate and partial rotary: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    (qg, k, v), qkv_cache = _model.qkv_forward(x, params)                     # (B, T, nh*2hs), (B, T, nkv*hs)
-    qg = split_heads(qg, nh)                                                  # (B, nh, T, 2hs): [query | gate]
-    q, gate = qg[..., :hs], qg[..., hs:]                                      # (B, nh, T, hs) each
-    k, v = split_heads(k, nkv), split_heads(v, nkv)                           # (B, nkv, T, hs)
+    qg, k, v, qkv_cache = _model.heads_forward(x, params, nh, nkv)            # (B, nh, T, 2hs), (B, nkv, T, hs)
+    q, gate = qg[..., :hs], qg[..., hs:]                                      # [query | gate]: (B, nh, T, hs) each
     q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, offset=1.0)   # each head, 1 + w
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling,
                                              config.rope_layout, config.rotary_dim)  # the first rotary_dim
     y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
     y, s = merge_heads(y), sigmoid(merge_heads(gate))                         # (B, T, nh*hs) each
     out, o_cache = linear_forward(y * s, **params["o"])                       # (B, T, nh*hs) -> (B, T, C)
-    cache = _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    cache = _model.AttentionCache(qkv_cache, rope_cache, _model.AttendCache(attn_cache, o_cache, nh), qk_norm_cache)
     return out, GatedAttentionCache(cache, y, s)
 
 
 def gated_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
-    c, nh = cache.attn, cache.attn.num_heads
-    dys, do = linear_backward(dout, c.o)                                      # (B, T, C) -> (B, T, nh*hs)
+    c, nh = cache.attn, cache.attn.attend.num_heads
+    dys, do = linear_backward(dout, c.attend.o)                               # (B, T, C) -> (B, T, nh*hs)
     dy = dys * cache.gate                                                     # undoes y * s: to y ...
     dgate = dys * cache.y * cache.gate * (1 - cache.gate)                     # ... and to the gate: s' = s (1 - s)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, nh), c.attn)   # nkv heads for dk, dv
+    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, nh), c.attend.attn)   # nkv heads for dk, dv
     dq, dk = _model.rotate_backward(dq, dk, c.rope)                           # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk, dqk_norm = qk_norm_backward(dq, dk, c.qk_norm)
     dqg = np.concatenate([dq, split_heads(dgate, nh)], axis=-1)               # (B, nh, T, 2hs), as q gave them
-    dx, dqkv = _model.qkv_backward(merge_heads(dqg), merge_heads(dk), merge_heads(dv), c.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dqg, dk, dv, c.qkv)                      # (B, T, C)
     return dx, {**dqkv, "o": do, **dqk_norm}
 
 
