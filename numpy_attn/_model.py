@@ -169,6 +169,18 @@ def decoder_backward(op, dlogits, cache, block_backward):
     return with_head(dparams, dhead, cache.head)
 
 
+def decoder_backward_of(op, block_backward):
+    """The backward of the model ``op`` (named so in messages), whose blocks ``block_backward``
+    undoes: decoder_backward as a family's public ``<op>_backward(dlogits, cache)``."""
+    def backward(dlogits, cache):
+        return decoder_backward(op, dlogits, cache, block_backward)
+
+    backward.__name__ = backward.__qualname__ = f"{op}_backward"
+    backward.__doc__ = ("Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the "
+                        f"nesting of the params; undoes {op}_forward.")
+    return backward
+
+
 class Sublayer(NamedTuple):
     """A sublayer's forward and backward, for a block that takes its attention as an argument."""
 

@@ -146,6 +146,9 @@ def gemma2_block_backward(dout, cache):
 
 # -- the model ------------------------------------------------------------------------------------
 
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                    logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Gemma
@@ -171,15 +174,9 @@ def gemma_decoder_forward(op, ids, params, config, config_class, block_forward, 
                                   layer_options=lambda i: {"window": config.window(i)})
 
 
-def gemma2_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gemma2", dlogits, cache, gemma2_block_backward)
+gemma2_backward = _model.decoder_backward_of("gemma2", gemma2_block_backward)
 
 
-gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gemma2", title="Gemma 2", architectures=("Gemma2ForCausalLM",), config=Gemma2Config,
                 forward=gemma2_forward, backward=gemma2_backward, kv_cache=gemma2_kv_cache,
                 init_params=init_gemma2_params)

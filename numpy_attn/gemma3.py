@@ -90,12 +90,9 @@ def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
                                  logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def gemma3_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gemma3", dlogits, cache, gemma2_block_backward)
+gemma3_backward = _model.decoder_backward_of("gemma3", gemma2_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gemma3", title="Gemma 3", architectures=("Gemma3ForCausalLM",), config=Gemma3Config,
                 forward=gemma3_forward, backward=gemma3_backward, kv_cache=gemma2_kv_cache,
                 init_params=init_gemma3_params)

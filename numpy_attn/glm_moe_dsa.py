@@ -78,7 +78,6 @@ def glm_moe_dsa_backward(dlogits, cache):
 glm_moe_dsa_kv_cache = deepseek_v32_kv_cache   # the latents and every layer's indexer keys
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
-FAMILY = Family(name="glm_moe_dsa", title="GLM-5", architectures=("GlmMoeDsaForCausalLM",),
-                config=GlmMoeDsaConfig, forward=glm_moe_dsa_forward, backward=glm_moe_dsa_backward,
-                kv_cache=glm_moe_dsa_kv_cache, init_params=init_glm_moe_dsa_params)
+FAMILY = Family(name="glm_moe_dsa", title="GLM-5", architectures=("GlmMoeDsaForCausalLM",), config=GlmMoeDsaConfig,
+                forward=glm_moe_dsa_forward, backward=glm_moe_dsa_backward, kv_cache=glm_moe_dsa_kv_cache,
+                init_params=init_glm_moe_dsa_params)

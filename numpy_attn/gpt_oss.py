@@ -130,6 +130,9 @@ gpt_oss_block_backward = llama_block_backward
 
 # -- the model ------------------------------------------------------------------------------------
 
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                     logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with gpt-oss's
@@ -144,15 +147,9 @@ def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
                                   layer_options=lambda i: {"window": config.window(i)})
 
 
-def gpt_oss_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
+gpt_oss_backward = _model.decoder_backward_of("gpt_oss", gpt_oss_block_backward)
 
 
-gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gpt_oss", title="gpt-oss", architectures=("GptOssForCausalLM",), config=GptOssConfig,
                 forward=gpt_oss_forward, backward=gpt_oss_backward, kv_cache=gpt_oss_kv_cache,
                 init_params=init_gpt_oss_params)

@@ -209,9 +209,7 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def llama_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("llama", dlogits, cache, llama_block_backward)
+llama_backward = _model.decoder_backward_of("llama", llama_block_backward)
 
 
 def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
@@ -240,5 +238,4 @@ def _check_llama_config(config):
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="llama", title="Llama", architectures=("LlamaForCausalLM",), config=LlamaConfig,
-                forward=llama_forward, backward=llama_backward, kv_cache=llama_kv_cache,
-                init_params=init_llama_params)
+                forward=llama_forward, backward=llama_backward, kv_cache=llama_kv_cache, init_params=init_llama_params)

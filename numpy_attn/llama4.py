@@ -373,6 +373,9 @@ LLAMA4_MOE = _model.Sublayer(llama4_moe_mlp_forward, llama4_moe_backward)
 
 # -- the model: Llama's blocks with Llama 4's attention and networks ---------------------------------
 
+llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
+
+
 def llama4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False, rope=True,
                          chunk=None):
     """One block: x (B, T, C) -> (B, T, C), Llama's with Llama 4's attention (``rope``, ``chunk``)
@@ -401,15 +404,9 @@ def _layer_options(config, i):
     return {"moe": config.is_moe(i), "rope": config.use_rope(i), "chunk": config.window(i)}
 
 
-def llama4_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("llama4", dlogits, cache, llama_block_backward)
+llama4_backward = _model.decoder_backward_of("llama4", llama_block_backward)
 
 
-llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="llama4", title="Llama 4", architectures=("Llama4ForCausalLM",), config=Llama4Config,
                 forward=llama4_forward, backward=llama4_backward, kv_cache=llama4_kv_cache,
                 init_params=init_llama4_params)

@@ -122,12 +122,8 @@ def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   for_backward=for_backward, norm_round_xhat=False)
 
 
-def olmo2_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("olmo2", dlogits, cache, olmo2_block_backward)
+olmo2_backward = _model.decoder_backward_of("olmo2", olmo2_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="olmo2", title="OLMo 2", architectures=("Olmo2ForCausalLM",), config=Olmo2Config,
-                forward=olmo2_forward, backward=olmo2_backward, kv_cache=llama_kv_cache,
-                init_params=init_olmo2_params)
+                forward=olmo2_forward, backward=olmo2_backward, kv_cache=llama_kv_cache, init_params=init_olmo2_params)

@@ -176,9 +176,7 @@ def olmo_hybrid_forward(ids, params, config, *, positions=None, attn_mask=None, 
                                   layer_options=lambda i: {"full": config.is_full(i)})
 
 
-def olmo_hybrid_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("olmo_hybrid", dlogits, cache, olmo_hybrid_block_backward)
+olmo_hybrid_backward = _model.decoder_backward_of("olmo_hybrid", olmo_hybrid_block_backward)
 
 
 def _check_olmo_hybrid_config(config):
@@ -206,7 +204,6 @@ def _check_olmo_hybrid_config(config):
     return values
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="olmo_hybrid", title="OLMo Hybrid", architectures=("OlmoHybridForCausalLM",),
                 config=OlmoHybridConfig, forward=olmo_hybrid_forward, backward=olmo_hybrid_backward,
                 kv_cache=qwen3_5_kv_cache, init_params=init_olmo_hybrid_params)

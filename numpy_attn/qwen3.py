@@ -74,12 +74,8 @@ def qwen3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def qwen3_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3", dlogits, cache, llama_block_backward)
+qwen3_backward = _model.decoder_backward_of("qwen3", llama_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="qwen3", title="Qwen3", architectures=("Qwen3ForCausalLM",), config=Qwen3Config,
-                forward=qwen3_forward, backward=qwen3_backward, kv_cache=llama_kv_cache,
-                init_params=init_qwen3_params)
+                forward=qwen3_forward, backward=qwen3_backward, kv_cache=llama_kv_cache, init_params=init_qwen3_params)

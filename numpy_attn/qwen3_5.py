@@ -232,9 +232,7 @@ def qwen3_5_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
                                   for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
 
 
-def qwen3_5_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3_5", dlogits, cache, llama_block_backward)
+qwen3_5_backward = _model.decoder_backward_of("qwen3_5", llama_block_backward)
 
 
 # -- decoding: keys and values on the full layers, Gated DeltaNet's state on the linear ones ----------
@@ -369,7 +367,6 @@ def check_layer_types(name, types, n_layer):
     return tuple(types)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="qwen3_5", title="Qwen3.5", architectures=("Qwen3_5ForCausalLM",), config=Qwen3_5Config,
                 forward=qwen3_5_forward, backward=qwen3_5_backward, kv_cache=qwen3_5_kv_cache,
                 init_params=init_qwen3_5_params)

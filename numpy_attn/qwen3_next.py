@@ -276,9 +276,7 @@ def qwen3_next_forward(ids, params, config, *, positions=None, attn_mask=None, k
                                   for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
 
 
-def qwen3_next_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3_next", dlogits, cache, llama_block_backward)
+qwen3_next_backward = _model.decoder_backward_of("qwen3_next", llama_block_backward)
 
 
 def _check_qwen3_next_config(config):
@@ -301,7 +299,6 @@ def _check_qwen3_next_config(config):
     return values
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
-FAMILY = Family(name="qwen3_next", title="Qwen3-Next", architectures=("Qwen3NextForCausalLM",),
-                config=Qwen3NextConfig, forward=qwen3_next_forward, backward=qwen3_next_backward,
-                kv_cache=qwen3_5_kv_cache, init_params=init_qwen3_next_params)
+FAMILY = Family(name="qwen3_next", title="Qwen3-Next", architectures=("Qwen3NextForCausalLM",), config=Qwen3NextConfig,
+                forward=qwen3_next_forward, backward=qwen3_next_backward, kv_cache=qwen3_5_kv_cache,
+                init_params=init_qwen3_next_params)

@@ -46,6 +46,9 @@ def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
 
 # -- the model ------------------------------------------------------------------------------------
 
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gemma2_kv_cache."""
@@ -59,9 +62,6 @@ def gemma_decoder(ids, params, config, block, **keywords):
                           embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
                           logit_softcap=config.final_logit_softcap,
                           layer_options=lambda i: {"window": config.window(i)})
-
-
-gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.Gemma2ForCausalLM(...).logits holding the same weights;

@@ -38,15 +38,15 @@ def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None
 
 # -- the model ------------------------------------------------------------------------------------
 
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gpt_oss_kv_cache."""
     return _model.decoder(ids, params, config, gpt_oss_block, positions=positions, attn_mask=attn_mask,
                           kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False,
                           layer_options=lambda i: {"window": config.window(i)})
-
-
-gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.GptOssForCausalLM(...).logits holding the same weights (gate_up_proj

@@ -109,6 +109,9 @@ def llama4_moe_mlp(h, params, config):
 
 # -- the model: Llama's blocks with Llama 4's attention and networks ---------------------------------
 
+llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
+
+
 def llama4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False, rope=True, chunk=None):
     """One block: x (B, T, C) -> (B, T, C), Llama's with Llama 4's attention and, where ``moe``, its experts."""
     return llama_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
@@ -125,9 +128,6 @@ def llama4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
 def _layer_options(config, i):
     """Block i's keywords: its network, whether it rotates, its chunk."""
     return {"moe": config.is_moe(i), "rope": config.use_rope(i), "chunk": config.window(i)}
-
-
-llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
 
 
 # Equals Hugging Face's transformers.Llama4ForCausalLM(...).logits holding the same weights (gate_up_proj
