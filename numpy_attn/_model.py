@@ -432,6 +432,16 @@ def sliding_kv_cache(config, B, dtype=np.float32, max_len=None):
     return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, windows=windows)
 
 
+def check_mask_with_windows(op, attn_mask, kv_cache):
+    """Raise when an ``attn_mask`` comes with a ``kv_cache`` some of whose layers hold only their
+    last keys (a sliding or chunked layer's window): the mask spans all past + T keys. ``op`` names the model."""
+    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
+        raise ValueError(f"{op}_forward: an attn_mask with a kv_cache whose sliding or chunked layers hold only "
+                         f"their last window is not supported; {op}_forward: an attn_mask together with a kv_cache "
+                         "needs every past key (the mask spans all past + T keys): decode without attn_mask, or "
+                         "with a cache whose layers hold every token (init_kv_cache without windows)")
+
+
 def check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep):
     """Return ids as an integer (B, T) array, or raise naming the argument at fault."""
     if type(config) is not config_class:    # each family's params differ: a Qwen3Config is no LlamaConfig here

@@ -163,11 +163,7 @@ def gemma_decoder_forward(op, ids, params, config, config_class, block_forward, 
     """decoder_forward with what the Gemmas change around the blocks: the embedding times sqrt(C),
     the final norm's 1 + w, the logits capped at final_logit_softcap (None: no cap), and each
     layer's window; ``op`` names the model in the message about a mask with a sliding cache."""
-    if (keywords["attn_mask"] is not None and keywords["kv_cache"] is not None
-            and any(w is not None for w in keywords["kv_cache"].windows)):
-        raise ValueError(f"{op}_forward: an attn_mask together with a kv_cache "
-                         "whose sliding layers hold only their window is not supported (the mask spans all "
-                         "past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows(op, keywords["attn_mask"], keywords["kv_cache"])
     return _model.decoder_forward(ids, params, config, config_class, block_forward, **keywords,
                                   embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
                                   logit_softcap=config.final_logit_softcap,

@@ -138,9 +138,7 @@ def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with gpt-oss's
     blocks; ``kv_cache`` from gpt_oss_kv_cache (its sliding layers hold their window only). Returns
     ``(logits, cache)``."""
-    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
-        raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
-                         "window is not supported (the mask spans all past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows("gpt_oss", attn_mask, kv_cache)
     return _model.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, norm_round_xhat=False,

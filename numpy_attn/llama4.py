@@ -390,9 +390,7 @@ def llama4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Llama 4's
     blocks; ``kv_cache`` from llama4_kv_cache (its chunked layers hold their last chunk only).
     Returns ``(logits, cache)``."""
-    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
-        raise ValueError("llama4_forward: an attn_mask with a kv_cache whose chunked layers hold only their "
-                         "last chunk is not supported (the mask spans all past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows("llama4", attn_mask, kv_cache)
     return _model.decoder_forward(ids, params, config, Llama4Config, llama4_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, layer_options=partial(_layer_options, config),
