@@ -87,6 +87,12 @@ def init_decoder_params(config, rng, dtype, init_block):
     return params
 
 
+def normal_init(rng, dtype):
+    """The initialiser of a family's weights: shape -> an array of that shape drawn from N(0, 0.02^2)
+    by ``rng``, in ``dtype`` (Hugging Face's initializer_range)."""
+    return lambda *shape: rng.normal(0, 0.02, shape).astype(dtype)
+
+
 class DecoderCache(NamedTuple):
     """The sub-caches in forward order."""
 

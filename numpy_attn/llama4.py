@@ -153,8 +153,7 @@ def init_llama4_params(config, rng, dtype=np.float32):
     C, hs, H, E = config.n_embd, config.hs, config.hidden, config.n_experts
     nh, nkv = config.n_head, config.n_kv_head
 
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
 
     def linear(C_in, C_out, bias=False):
         return {"w": normal(C_in, C_out), **({"b": np.zeros(C_out, dtype)} if bias else {})}

@@ -81,13 +81,10 @@ def init_olmo_hybrid_params(config, rng, dtype=np.float32):
     projections and convolution from N(0, 0.02^2), A_log at log U(1, 16), dt_bias at softplus^-1 of
     a dt log-uniform in [1e-3, 0.1] (Hugging Face's), the gated norm at 1."""
     check_rng(rng, "init_olmo_hybrid_params")
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
     params = init_olmo2_params(config, rng, dtype)
     C, nk, nv = config.n_embd, config.linear_k_heads, config.linear_v_heads
     dk, dv = config.linear_k_dim, config.linear_v_dim
-
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
-
     for i, block in params["blocks"].items():
         if not config.is_full(int(i)):
             dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nv))            # (nv,)

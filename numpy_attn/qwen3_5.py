@@ -92,10 +92,7 @@ def init_qwen3_5_params(config, rng, dtype=np.float32):
     params = init_llama_params(config, rng, dtype)
     C, hs, nh = config.n_embd, config.hs, config.n_head
     nv, dv = config.linear_v_heads, config.linear_v_dim
-
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
-
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
     for i, block in params["blocks"].items():
         block["attn_norm"]["w"][:] = 0                                         # 1 + w starts at 1
         block["mlp_norm"]["w"][:] = 0
