@@ -222,11 +222,19 @@ def qwen3_5_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
                     logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords; ``kv_cache``
     from qwen3_5_kv_cache). Returns ``(logits, cache)``."""
+    return hybrid_decoder_forward(ids, params, config, Qwen3_5Config, _layer_options(config), positions=positions,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  for_backward=for_backward)
+
+
+def hybrid_decoder_forward(ids, params, config, config_class, layer_options, **keywords):
+    """decoder_forward with Llama's blocks, each layer's mixer (and network) from ``layer_options``,
+    the final norm scaling by 1 + w, and the keywords' ``kv_cache`` a Qwen3_5Cache or None."""
+    kv_cache = keywords["kv_cache"]
     if kv_cache is not None and not isinstance(kv_cache, Qwen3_5Cache):
         raise TypeError(f"kv_cache must be a Qwen3_5Cache (from qwen3_5_kv_cache), got {type(kv_cache).__name__}")
-    return _model.decoder_forward(ids, params, config, Qwen3_5Config, llama_block_forward, positions=positions,
-                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                  for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
+    return _model.decoder_forward(ids, params, config, config_class, llama_block_forward, **keywords,
+                                  norm_offset=1.0, layer_options=layer_options)
 
 
 qwen3_5_backward = _model.decoder_backward_of("qwen3_5", llama_block_backward)

@@ -79,9 +79,15 @@ def _layer_options(config):
 def qwen3_5(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from qwen3_5_kv_cache."""
-    return _model.decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask,
-                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_offset=1.0,
-                          layer_options=_layer_options(config))
+    return hybrid_decoder(ids, params, config, _layer_options(config), positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+
+
+def hybrid_decoder(ids, params, config, layer_options, **keywords):
+    """decoder with Llama's blocks, each layer's mixer (and network) from ``layer_options``, the final
+    norm scaling by 1 + w."""
+    return _model.decoder(ids, params, config, llama_block, **keywords,
+                          norm_offset=1.0, layer_options=layer_options)
 
 
 # -- decoding: keys and values on the full layers, Gated DeltaNet's state on the linear ones ----------
