@@ -41,7 +41,7 @@ from numpy_attn import _model
 from numpy_attn._checks import check_config, check_no_past, check_rng
 from numpy_attn._family import Family
 from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
-from numpy_attn.kv_cache import KVCache, init_kv_cache
+from numpy_attn.kv_cache import KVCache, LayerView, init_kv_cache
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
 from numpy_attn.multi_head import merge_heads, split_heads
@@ -295,12 +295,8 @@ class Qwen3_5Cache(KVCache):
         return LinearLayerState(self, int(i))
 
 
-@dataclass(frozen=True)
-class LinearLayerState:
+class LinearLayerState(LayerView):
     """One linear layer of a Qwen3_5Cache: the state it continues and replaces."""
-
-    cache: Qwen3_5Cache
-    index: int
 
     @property
     def state(self):

@@ -12,7 +12,7 @@ import torch
 
 from torch_attn import _model
 from torch_attn.gated_deltanet import gated_deltanet
-from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache
+from torch_attn.kv_cache import KVCache, LayerKVCache, LayerView, init_kv_cache
 from torch_attn.linear import linear
 from torch_attn.llama import llama_block
 from torch_attn.multi_head import merge_heads
@@ -116,12 +116,8 @@ class Qwen3_5Cache(KVCache):
         return LinearLayerState(self, i)
 
 
-@dataclass(frozen=True)
-class LinearLayerState:
+class LinearLayerState(LayerView):
     """One linear layer of a Qwen3_5Cache: the state it continues and replaces."""
-
-    cache: Qwen3_5Cache
-    index: int
 
     @property
     def state(self):
