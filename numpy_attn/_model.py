@@ -344,7 +344,7 @@ def attend_forward(q, k, v, o, kv_cache, attn_mask, **attention):
 def attend_backward(dout, cache):
     """Undoes attend_forward: dout (B, T, C) -> (dq, dk, dv, do[, dsinks]), dk and dv for the nkv heads."""
     dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv, *dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)
+    dq, dk, dv, *dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # dsinks (nh,)
     return (dq, dk, dv, do, *dsinks)
 
 
