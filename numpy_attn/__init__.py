@@ -211,8 +211,8 @@ from numpy_attn.qwen3 import (
     qwen3_forward,
 )
 from numpy_attn.qwen3_5 import (
-    Qwen3_5Config, check_layer_types, gated_attention_backward, gated_attention_forward, init_qwen3_5_params,
-    linear_attention_backward,
+    Qwen3_5Config, check_layer_types, gated_attention_backward, gated_attention_forward, hybrid_decoder_forward,
+    init_qwen3_5_params, linear_attention_backward,
     linear_attention_forward, qwen3_5_backward, qwen3_5_forward, qwen3_5_kv_cache, state_sublayer,
 )
 from numpy_attn.qwen3_next import (

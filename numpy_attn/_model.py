@@ -9,9 +9,10 @@
 ``decoder_forward`` runs that loop around a family's block and takes what differs as arguments;
 each family's file (numpy_attn/llama.py, qwen3.py, ...) calls it with its own block and says
 which of the bracketed steps it takes. The attention of those blocks is a short composition of
-the steps below (``qkv_forward``, split into heads, ``rotate_forward``, ``cached_attention_forward``,
-merge, the output projection), each with its backward, and a family inserts its own steps
-between them (Qwen3's QK-norm, Gemma 2's softcap, gpt-oss's sinks).
+the steps below, each with its backward: ``heads_forward`` (project, split into heads),
+``rotate_forward``, ``attend_forward`` (attention with the key/value cache, merge, project out);
+a family inserts its own steps between them (Qwen3's QK-norm) or passes them to attention (Gemma
+2's softcap, gpt-oss's sinks).
 
 ``logits_to_keep`` is transformers' keyword and means what it does there: an int N > 0 keeps the
 last N positions' logits (all T when N >= T), 0 or None keeps all. Generation reads the last
@@ -64,6 +65,7 @@ from numpy_attn.flex_attention import (
 from numpy_attn.kv_cache import KVCache, init_kv_cache, kv_cache_update
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.masks import causal_mask, sliding_window_mask
+from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import rope_backward, rope_forward
 from numpy_attn.softcap import logit_softcap_backward, logit_softcap_forward
@@ -83,6 +85,12 @@ def init_decoder_params(config, rng, dtype, init_block):
     if not config.tie_weights:
         params["head"] = {"w": rng.normal(0, 0.02, (C, V)).astype(dtype)}               # (C, V)
     return params
+
+
+def normal_init(rng, dtype):
+    """The initialiser of a family's weights: shape -> an array of that shape drawn from N(0, 0.02^2)
+    by ``rng``, in ``dtype`` (Hugging Face's initializer_range)."""
+    return lambda *shape: rng.normal(0, 0.02, shape).astype(dtype)
 
 
 class DecoderCache(NamedTuple):
@@ -170,6 +178,18 @@ def decoder_backward(op, dlogits, cache, block_backward):
     return with_head(dparams, dhead, cache.head)
 
 
+def decoder_backward_of(op, block_backward):
+    """The backward of the model ``op`` (named so in messages), whose blocks ``block_backward``
+    undoes: decoder_backward as a family's public ``<op>_backward(dlogits, cache)``."""
+    def backward(dlogits, cache):
+        return decoder_backward(op, dlogits, cache, block_backward)
+
+    backward.__name__ = backward.__qualname__ = f"{op}_backward"
+    backward.__doc__ = ("Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the "
+                        f"nesting of the params; undoes {op}_forward.")
+    return backward
+
+
 class Sublayer(NamedTuple):
     """A sublayer's forward and backward, for a block that takes its attention as an argument."""
 
@@ -180,14 +200,12 @@ class Sublayer(NamedTuple):
 # -- the steps of a decoder's attention -----------------------------------------------------------
 
 class AttentionCache(NamedTuple):
-    """The steps' caches, in forward order; a step the family does not take holds None."""
+    """The shared steps' caches, in forward order, then the family's QK-norm's (None without one)."""
 
     qkv: tuple
-    qk_norm: tuple | None    # numpy_attn/qk_norm.py's QKNormCache (Qwen3, OLMo 2, Gemma 3)
     rope: tuple
-    attn: tuple
-    o: tuple
-    num_heads: int           # nh, to split dout into heads again
+    attend: tuple                   # AttendCache: attention, the merge and the output projection
+    qk_norm: tuple | None = None    # numpy_attn/qk_norm.py's QKNormCache (Qwen3, OLMo 2, Gemma 3)
 
 
 def qkv_forward(x, params):
@@ -205,6 +223,17 @@ def qkv_backward(dq, dk, dv, cache):
     dx_k, dk_params = linear_backward(dk, k_cache)                            # (B, T, C)
     dx_q, dq_params = linear_backward(dq, q_cache)                            # (B, T, C)
     return dx_q + dx_k + dx_v, {"q": dq_params, "k": dk_params, "v": dv_params}
+
+
+def heads_forward(x, params, nh, nkv):
+    """The three projections, split into heads: x (B, T, C) -> (q (B, nh, T, hs), k, v (B, nkv, T, hs), cache)."""
+    (q, k, v), qkv_cache = qkv_forward(x, params)                             # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    return split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv), qkv_cache   # (B, nh | nkv, T, hs)
+
+
+def heads_backward(dq, dk, dv, cache):
+    """Undoes heads_forward: merges each gradient's heads, then the projections -> (dx, {"q", "k", "v"})."""
+    return qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache)   # (B, nh | nkv, T, hs) -> (B, T, C)
 
 
 def rotate_forward(q, k, positions, theta, scaling, layout, rotary_dim=None):
@@ -298,6 +327,30 @@ def cached_attention_backward(dy, cache):
     return (dq, dk, dv, *dsinks)
 
 
+class AttendCache(NamedTuple):
+    """attend_forward's caches, in forward order, and nh, to split dout into heads again."""
+
+    attn: tuple              # CachedAttentionCache
+    o: tuple
+    num_heads: int
+
+
+def attend_forward(q, k, v, o, kv_cache, attn_mask, **attention):
+    """Attention with the cache, the heads merged, the output projection ``o`` ({"w", ["b"]}):
+    q (B, nh, T, hs), k, v (B, nkv, T, hs) -> (B, T, C). ``kv_cache``, ``attn_mask`` and
+    ``attention`` (window, sinks, softcap, scale) go to cached_attention_forward. Returns ``(out, cache)``."""
+    y, attn_cache = cached_attention_forward(q, k, v, kv_cache, attn_mask, **attention)   # (B, nh, T, hs)
+    out, o_cache = linear_forward(merge_heads(y), **o)                        # (B, nh, T, hs) -> (B, T, C)
+    return out, AttendCache(attn_cache, o_cache, q.shape[1])
+
+
+def attend_backward(dout, cache):
+    """Undoes attend_forward: dout (B, T, C) -> (dq, dk, dv, do[, dsinks]), dk and dv for the nkv heads."""
+    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
+    dq, dk, dv, *dsinks = cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)   # dsinks (nh,)
+    return (dq, dk, dv, do, *dsinks)
+
+
 class HeadCache(NamedTuple):
     """The output layer's linear cache, whether its weight is wte^T, and the logits' shape and dtype."""
 
@@ -386,6 +439,16 @@ def sliding_kv_cache(config, B, dtype=np.float32, max_len=None):
     max_len = config.block_size if max_len is None else max_len
     windows = [config.window(i) for i in range(config.n_layer)]
     return init_kv_cache(config.n_layer, B, config.n_kv_head, max_len, config.hs, dtype, windows=windows)
+
+
+def check_mask_with_windows(op, attn_mask, kv_cache):
+    """Raise when an ``attn_mask`` comes with a ``kv_cache`` some of whose layers hold only their
+    last keys (a sliding or chunked layer's window): the mask spans all past + T keys. ``op`` names the model."""
+    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
+        raise ValueError(f"{op}_forward: an attn_mask with a kv_cache whose sliding or chunked layers hold only "
+                         f"their last window is not supported; {op}_forward: an attn_mask together with a kv_cache "
+                         "needs every past key (the mask spans all past + T keys): decode without attn_mask, or "
+                         "with a cache whose layers hold every token (init_kv_cache without windows)")
 
 
 def check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep):

@@ -199,9 +199,7 @@ def deepseek_v3_forward(ids, params, config, *, positions=None, attn_mask=None, 
                                   for_backward=for_backward, layer_options=lambda i: {"moe": config.is_moe(i)})
 
 
-def deepseek_v3_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("deepseek_v3", dlogits, cache, deepseek_v3_block_backward)
+deepseek_v3_backward = _model.decoder_backward_of("deepseek_v3", deepseek_v3_block_backward)
 
 
 @dataclass
@@ -232,7 +230,6 @@ def _check_deepseek_v3_kv_cache(kv_cache, config):
                          f"{config.kv_lora_rank}")
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="deepseek_v3", title="DeepSeek-V3", architectures=("DeepseekV3ForCausalLM",),
                 config=DeepseekV3Config, forward=deepseek_v3_forward, backward=deepseek_v3_backward,
                 kv_cache=deepseek_v3_kv_cache, init_params=init_deepseek_v3_params, absorb=True)

@@ -288,7 +288,6 @@ def _check_deepseek_v32_kv_cache(kv_cache, config):
                          f"and index_head_dim {config.index_head_dim}")
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="deepseek_v32", title="DeepSeek-V3.2", architectures=("DeepseekV32ForCausalLM",),
                 config=DeepseekV32Config, forward=deepseek_v32_forward, backward=deepseek_v32_backward,
                 kv_cache=deepseek_v32_kv_cache, init_params=init_deepseek_v32_params)

@@ -50,7 +50,7 @@ LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 
 class GatedDeltaNetCache(NamedTuple):
     """Each operation's cache, beta and the decay's pieces (their backwards are written here), the
-    sizes and the mask."""
+    sizes and the mask; Kimi Delta Attention's cache too, its sizes (nh, d)."""
 
     linears: dict              # name -> linear's cache
     conv: tuple

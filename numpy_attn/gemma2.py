@@ -28,9 +28,7 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn.linear import linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_attention_backward
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
 
@@ -82,16 +80,13 @@ def gemma2_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     """llama_attention_forward with the scores scaled by query_pre_attn_scalar^-0.5 and capped at
     c * tanh(s / c) before the mask, each query seeing its last ``window`` keys on a sliding layer
     (None on a global one): x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Llama's."""
-    nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                                    scale=config.query_pre_attn_scalar ** -0.5,
-                                                    softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                                              scale=config.query_pre_attn_scalar ** -0.5,
+                                              softcap=config.attn_logit_softcap)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache)
 
 
 GEMMA2_ATTENTION = _model.Sublayer(gemma2_attention_forward, llama_attention_backward)
@@ -151,6 +146,9 @@ def gemma2_block_backward(dout, cache):
 
 # -- the model ------------------------------------------------------------------------------------
 
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gemma2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                    logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Gemma
@@ -165,26 +163,16 @@ def gemma_decoder_forward(op, ids, params, config, config_class, block_forward, 
     """decoder_forward with what the Gemmas change around the blocks: the embedding times sqrt(C),
     the final norm's 1 + w, the logits capped at final_logit_softcap (None: no cap), and each
     layer's window; ``op`` names the model in the message about a mask with a sliding cache."""
-    if (keywords["attn_mask"] is not None and keywords["kv_cache"] is not None
-            and any(w is not None for w in keywords["kv_cache"].windows)):
-        raise ValueError(f"{op}_forward: an attn_mask together with a kv_cache "
-                         "whose sliding layers hold only their window is not supported (the mask spans all "
-                         "past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows(op, keywords["attn_mask"], keywords["kv_cache"])
     return _model.decoder_forward(ids, params, config, config_class, block_forward, **keywords,
                                   embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
                                   logit_softcap=config.final_logit_softcap,
                                   layer_options=lambda i: {"window": config.window(i)})
 
 
-def gemma2_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gemma2", dlogits, cache, gemma2_block_backward)
+gemma2_backward = _model.decoder_backward_of("gemma2", gemma2_block_backward)
 
 
-gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gemma2", title="Gemma 2", architectures=("Gemma2ForCausalLM",), config=Gemma2Config,
                 forward=gemma2_forward, backward=gemma2_backward, kv_cache=gemma2_kv_cache,
                 init_params=init_gemma2_params)

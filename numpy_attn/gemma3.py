@@ -28,8 +28,6 @@ from numpy_attn.gemma2 import (
     gemma_decoder_forward,
     init_gemma2_params,
 )
-from numpy_attn.linear import linear_forward
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.qk_norm import qk_norm_forward
 from numpy_attn.qwen3 import qwen3_attention_backward
 
@@ -67,17 +65,14 @@ def gemma3_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     """gemma2_attention_forward with each head's q and k RMS-normed (1 + w) before the rotation,
     and a sliding layer (``window`` not None) rotating with rope_local_theta, unscaled:
     x (B, T, C) -> (B, T, C). Returns ``(out, cache)``; the backward is Qwen3's."""
-    nh, nkv = config.n_head, config.n_kv_head
     theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, offset=1.0)   # each head alone, 1 + w
     q, k, rope_cache = _model.rotate_forward(q, k, positions, theta, scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                                    scale=config.query_pre_attn_scalar ** -0.5,
-                                                    softcap=config.attn_logit_softcap)   # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                                              scale=config.query_pre_attn_scalar ** -0.5,
+                                              softcap=config.attn_logit_softcap)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache, qk_norm_cache)
 
 
 GEMMA3_ATTENTION = _model.Sublayer(gemma3_attention_forward, qwen3_attention_backward)
@@ -95,12 +90,9 @@ def gemma3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
                                  logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def gemma3_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gemma3", dlogits, cache, gemma2_block_backward)
+gemma3_backward = _model.decoder_backward_of("gemma3", gemma2_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gemma3", title="Gemma 3", architectures=("Gemma3ForCausalLM",), config=Gemma3Config,
                 forward=gemma3_forward, backward=gemma3_backward, kv_cache=gemma2_kv_cache,
                 init_params=init_gemma3_params)

@@ -705,7 +705,6 @@ def gemma4_kv_cache(config, B, dtype=np.float32, max_len=None):
     return Gemma4Cache(own.buffer_k, own.buffer_v, own.lengths, own.windows, own.dims, None, sources, wide)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gemma4", title="Gemma 4", architectures=("Gemma4ForCausalLM",), config=Gemma4Config,
                 forward=gemma4_forward, backward=gemma4_backward, kv_cache=gemma4_kv_cache,
                 init_params=init_gemma4_params)

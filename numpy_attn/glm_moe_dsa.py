@@ -28,23 +28,22 @@ from numpy_attn.deepseek_v32 import (
 )
 from numpy_attn.llama import llama_block_backward
 
-INDEXER_TYPES = ("full", "shared")
-
 
 @dataclass(frozen=True)
 class GlmMoeDsaConfig(DeepseekV32Config):
     """DeepseekV32Config's fields and checks, and each layer's indexer mode."""
 
     INDEXER_ROPE_LAYOUT = "interleaved"  # GLM-5's indexer pairs its rotary channels (2j, 2j+1)
+    INDEXER_TYPES = ("full", "shared")   # its own indexer, or the last full layer's selection
     indexer_types: tuple | None = None   # n_layer of "full", "shared"; None: every layer full
 
     def __post_init__(self):
         super().__post_init__()
         types = ("full",) * self.n_layer if self.indexer_types is None else self.indexer_types
         if isinstance(types, str) or not isinstance(types, tuple | list) or len(types) != self.n_layer \
-                or any(t not in INDEXER_TYPES for t in types):
+                or any(t not in self.INDEXER_TYPES for t in types):
             raise ValueError(f"GlmMoeDsaConfig.indexer_types must list n_layer = {self.n_layer} entries of "
-                             f"{INDEXER_TYPES}, got {types!r}")
+                             f"{self.INDEXER_TYPES}, got {types!r}")
         if types and types[0] != "full":
             raise ValueError("GlmMoeDsaConfig.indexer_types[0] must be 'full': a shared layer reuses an earlier "
                              "layer's selection")
@@ -78,7 +77,6 @@ def glm_moe_dsa_backward(dlogits, cache):
 glm_moe_dsa_kv_cache = deepseek_v32_kv_cache   # the latents and every layer's indexer keys
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
-FAMILY = Family(name="glm_moe_dsa", title="GLM-5", architectures=("GlmMoeDsaForCausalLM",),
-                config=GlmMoeDsaConfig, forward=glm_moe_dsa_forward, backward=glm_moe_dsa_backward,
-                kv_cache=glm_moe_dsa_kv_cache, init_params=init_glm_moe_dsa_params)
+FAMILY = Family(name="glm_moe_dsa", title="GLM-5", architectures=("GlmMoeDsaForCausalLM",), config=GlmMoeDsaConfig,
+                forward=glm_moe_dsa_forward, backward=glm_moe_dsa_backward, kv_cache=glm_moe_dsa_kv_cache,
+                init_params=init_glm_moe_dsa_params)

@@ -260,7 +260,5 @@ def _check_gpt(ids, params, config, positions, attn_mask, kv_cache, rng, masks, 
     return ids
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
-FAMILY = Family(name="gpt2", title="GPT-2", architectures=("GPT2LMHeadModel",), config=GPTConfig,
-                forward=gpt_forward, backward=gpt_backward, kv_cache=gpt_kv_cache,
-                init_params=init_gpt_params)
+FAMILY = Family(name="gpt2", title="GPT-2", architectures=("GPT2LMHeadModel",), config=GPTConfig, forward=gpt_forward,
+                backward=gpt_backward, kv_cache=gpt_kv_cache, init_params=init_gpt_params)

@@ -12,7 +12,7 @@ OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (2025), section 2.1, and transfo
 with biases on the four projections and ``blocks.i.attn.sinks`` (nh,): each head's sink logit joins
 the softmax of every query row and takes a share of its weight: attention's output times
 sigmoid(lse - s_h) per row (numpy_attn/attention_sinks.py, through _model.py's
-``cached_attention_forward``). The layers whose ``layer_types`` entry is "sliding_attention" (every
+``attend_forward``). The layers whose ``layer_types`` entry is "sliding_attention" (every
 other one, from the first) see only their last ``sliding_window`` keys, and ``gpt_oss_kv_cache``
 keeps only that many for them.
 The rotary frequencies are YaRN's (``rope_scaling`` {"rope_type": "yarn", ...},
@@ -34,10 +34,8 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import POSITIVE, check_config, check_rng
 from numpy_attn._family import Family
-from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
 from numpy_attn.moe import gpt_oss_moe_backward, gpt_oss_moe_forward, init_gpt_oss_moe_params
-from numpy_attn.multi_head import merge_heads, split_heads
 
 
 @dataclass(frozen=True)
@@ -90,23 +88,19 @@ def gpt_oss_attention_forward(x, params, config, positions, *, attn_mask=None, k
     """llama_attention_forward with each query head's sink logit ``params["sinks"]`` (nh,) in its
     softmax, each query seeing its last ``window`` keys on a sliding layer (None on a full one):
     x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
-    nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask, window=window,
-                                                    sinks=params["sinks"])           # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                                              sinks=params["sinks"])          # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache)
 
 
 def gpt_oss_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "sinks"} like the params)."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv, dsinks = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # dsinks (nh,)
+    dq, dk, dv, do, dsinks = _model.attend_backward(dout, cache.attend)       # dsinks (nh,)
     dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dq, dk, dv, cache.qkv)                   # (B, T, C)
     return dx, {**dqkv, "o": do, "sinks": dsinks}
 
 
@@ -136,29 +130,24 @@ gpt_oss_block_backward = llama_block_backward
 
 # -- the model ------------------------------------------------------------------------------------
 
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gpt_oss_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                     logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with gpt-oss's
     blocks; ``kv_cache`` from gpt_oss_kv_cache (its sliding layers hold their window only). Returns
     ``(logits, cache)``."""
-    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
-        raise ValueError("gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold only their "
-                         "window is not supported (the mask spans all past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows("gpt_oss", attn_mask, kv_cache)
     return _model.decoder_forward(ids, params, config, GptOssConfig, gpt_oss_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, norm_round_xhat=False,
                                   layer_options=lambda i: {"window": config.window(i)})
 
 
-def gpt_oss_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("gpt_oss", dlogits, cache, gpt_oss_block_backward)
+gpt_oss_backward = _model.decoder_backward_of("gpt_oss", gpt_oss_block_backward)
 
 
-gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="gpt_oss", title="gpt-oss", architectures=("GptOssForCausalLM",), config=GptOssConfig,
                 forward=gpt_oss_forward, backward=gpt_oss_backward, kv_cache=gpt_oss_kv_cache,
                 init_params=init_gpt_oss_params)

@@ -29,13 +29,13 @@ text. ``mask`` (B, T) bool zeroes the input at padding (False), as Hugging Face 
 float32 and float64 (the chunked delta rule's dtypes).
 """
 
-from typing import NamedTuple
 
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_ndim
 from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
 from numpy_attn.gated_deltanet import (
+    GatedDeltaNetCache,
     check_sublayer_inputs,
     delta_rule_backward,
     delta_rule_forward,
@@ -48,22 +48,6 @@ from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.swiglu import sigmoid
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj")
-
-
-class KimiDeltaAttentionCache(NamedTuple):
-    """Each operation's cache, beta, the sizes and the mask."""
-
-    linears: dict              # name -> linear's cache
-    conv: tuple
-    q_norm: tuple
-    k_norm: tuple
-    decay: tuple
-    delta: tuple
-    recurrent: bool            # the one-step recurrence ran (else the chunked form)
-    norm: tuple
-    beta: np.ndarray           # (B, T, nh)
-    sizes: tuple               # (nh, d)
-    mask: object               # (B, T) bool or None
 
 
 def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state=None, mask=None, chunk_size=64):
@@ -98,8 +82,8 @@ def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state
     y, norm_cache = gated_rms_norm_forward(o.swapaxes(1, 2), z.reshape(B, T, nh, d), params["o_norm"]["w"], eps,
                                            act="sigmoid", round_norm=False)
     out, lin["o_proj"] = linear_forward(y.reshape(B, T, nh * d), **params["o_proj"])   # (B, T, C)
-    cache = KimiDeltaAttentionCache(lin, conv_cache, q_norm_cache, k_norm_cache, decay_cache, delta_cache, recurrent,
-                                    norm_cache, beta, (nh, d), mask)
+    cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent, norm_cache, beta,
+                               decay_cache, (nh, d), mask)   # Gated DeltaNet's fields, beta (B, T, nh)
     return out, {"conv": conv_state, "recurrent": S}, cache
 
 

@@ -155,9 +155,7 @@ def kimi_linear_forward(ids, params, config, *, positions=None, attn_mask=None, 
                                   padding_idx=getattr(config, "pad_token_id", None))   # another class: refused there
 
 
-def kimi_linear_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("kimi_linear", dlogits, cache, llama_block_backward)
+kimi_linear_backward = _model.decoder_backward_of("kimi_linear", llama_block_backward)
 
 
 # -- decoding: latents on the MLA layers, KDA's state on the linear ones ----------------------------
@@ -215,7 +213,6 @@ def _check_kimi_linear_config(config):
     return values
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="kimi_linear", title="Kimi Linear", architectures=("KimiLinearForCausalLM",),
                 config=KimiLinearConfig, forward=kimi_linear_forward, backward=kimi_linear_backward,
                 kv_cache=kimi_linear_kv_cache, init_params=init_kimi_linear_params)

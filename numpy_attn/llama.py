@@ -28,7 +28,7 @@ it is for inference only.
 
 The model shell (embedding, the loop over the blocks, final norm, head, and their backward) is
 numpy_attn/_model.py's ``decoder_forward``, shared by every decoder here; so are the steps its
-attention is composed of (``qkv_forward``, ``rotate_forward``, ``cached_attention_forward``).
+attention is composed of (``heads_forward``, ``rotate_forward``, ``attend_forward``).
 What stands here is Llama's block and attention.
 
 float16 and bfloat16 (params from ``init_llama_params(..., dtype=)``, a cache from
@@ -45,8 +45,6 @@ from numpy_attn import _model
 from numpy_attn._checks import check_config, check_rng
 from numpy_attn._family import Family
 from numpy_attn.kv_cache import init_kv_cache
-from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.rope import LAYOUTS, rope_frequencies
 from numpy_attn.swiglu import swiglu_backward, swiglu_forward
@@ -118,22 +116,18 @@ def llama_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     new tokens: their rotated keys and values join the cached ones, S = past + T, and the new
     queries are the last T of the S.
     """
-    nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, None, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache)
 
 
 def llama_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    dq, dk, dv, do = _model.attend_backward(dout, cache.attend)               # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dq, dk, dv, cache.qkv)                   # (B, T, C)
     return dx, {**dqkv, "o": do}
 
 
@@ -215,9 +209,7 @@ def llama_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def llama_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) (N = T unless logits_to_keep) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("llama", dlogits, cache, llama_block_backward)
+llama_backward = _model.decoder_backward_of("llama", llama_block_backward)
 
 
 def llama_kv_cache(config, B, dtype=np.float32, max_len=None):
@@ -246,5 +238,4 @@ def _check_llama_config(config):
 
 # The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="llama", title="Llama", architectures=("LlamaForCausalLM",), config=LlamaConfig,
-                forward=llama_forward, backward=llama_backward, kv_cache=llama_kv_cache,
-                init_params=init_llama_params)
+                forward=llama_forward, backward=llama_backward, kv_cache=llama_kv_cache, init_params=init_llama_params)

@@ -56,7 +56,6 @@ from numpy_attn._tree import tree_map
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import SWIGLU_MLP, LlamaConfig, llama_block_backward, llama_block_forward
 from numpy_attn.moe import _check_k, experts_backward, experts_forward, top_k
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.swiglu import sigmoid, swiglu_backward, swiglu_forward
 
@@ -154,8 +153,7 @@ def init_llama4_params(config, rng, dtype=np.float32):
     C, hs, H, E = config.n_embd, config.hs, config.hidden, config.n_experts
     nh, nkv = config.n_head, config.n_kv_head
 
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
 
     def linear(C_in, C_out, bias=False):
         return {"w": normal(C_in, C_out), **({"b": np.zeros(C_out, dtype)} if bias else {})}
@@ -240,9 +238,7 @@ class Llama4AttentionCache(NamedTuple):
     rope: tuple | None         # rotary layers
     qk_norm: tuple | None      # rotary layers with use_qk_norm
     temperature: np.ndarray | None   # (T, 1) NoPE layers with attn_temperature_tuning, in q's opmath dtype
-    attn: tuple
-    o: tuple
-    num_heads: int
+    attend: tuple              # _model.AttendCache
 
 
 def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, rope=True, chunk=None):
@@ -250,10 +246,8 @@ def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
     rotated, then normed (use_qk_norm); without (NoPE) q is multiplied by the temperature
     (attn_temperature_tuning). ``chunk`` c restricts each query to the keys of its chunk. Returns
     ``(out, cache)``."""
-    nh, nkv = config.n_head, config.n_kv_head
     T = x.shape[1]
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     rope_cache = qk_norm_cache = temperature = None
     if rope:
         q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
@@ -270,22 +264,20 @@ def llama4_attention_forward(x, params, config, positions, *, attn_mask=None, kv
         pad = leading_padding(attn_mask)                                      # (B,) or None
         local = chunked_causal_mask(T, held + T, chunk, first, pad)           # (T, S) or (B, 1, T, S)
         attn_mask = local if attn_mask is None else attn_mask & local
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, Llama4AttentionCache(qkv_cache, rope_cache, qk_norm_cache, temperature, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask)   # (B, T, C)
+    return out, Llama4AttentionCache(qkv_cache, rope_cache, qk_norm_cache, temperature, attend_cache)
 
 
 def llama4_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o"} like the params)."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    dq, dk, dv, do = _model.attend_backward(dout, cache.attend)               # (B, nh, T, hs), (B, nkv, T, hs)
     if cache.temperature is not None:   # undoes q = q * temperature (a constant per query)
         dq = (upcast(dq) * cache.temperature).astype(dq.dtype, copy=False)
     if cache.qk_norm is not None:       # undoes the norms of the rotated q and k
         dq, dk = qk_unit_rms_backward(dq, dk, cache.qk_norm)
     if cache.rope is not None:          # undoes the rotation
         dq, dk = _model.rotate_backward(dq, dk, cache.rope)                   # (B, nh, T, hs), (B, nkv, T, hs)
-    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dq, dk, dv, cache.qkv)                   # (B, T, C)
     return dx, {**dqkv, "o": do}
 
 
@@ -380,6 +372,9 @@ LLAMA4_MOE = _model.Sublayer(llama4_moe_mlp_forward, llama4_moe_backward)
 
 # -- the model: Llama's blocks with Llama 4's attention and networks ---------------------------------
 
+llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
+
+
 def llama4_block_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False, rope=True,
                          chunk=None):
     """One block: x (B, T, C) -> (B, T, C), Llama's with Llama 4's attention (``rope``, ``chunk``)
@@ -394,9 +389,7 @@ def llama4_forward(ids, params, config, *, positions=None, attn_mask=None, kv_ca
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords) with Llama 4's
     blocks; ``kv_cache`` from llama4_kv_cache (its chunked layers hold their last chunk only).
     Returns ``(logits, cache)``."""
-    if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
-        raise ValueError("llama4_forward: an attn_mask with a kv_cache whose chunked layers hold only their "
-                         "last chunk is not supported (the mask spans all past + T keys); decode without attn_mask")
+    _model.check_mask_with_windows("llama4", attn_mask, kv_cache)
     return _model.decoder_forward(ids, params, config, Llama4Config, llama4_block_forward, positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
                                   for_backward=for_backward, layer_options=partial(_layer_options, config),
@@ -408,15 +401,9 @@ def _layer_options(config, i):
     return {"moe": config.is_moe(i), "rope": config.use_rope(i), "chunk": config.window(i)}
 
 
-def llama4_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("llama4", dlogits, cache, llama_block_backward)
+llama4_backward = _model.decoder_backward_of("llama4", llama_block_backward)
 
 
-llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
-
-
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="llama4", title="Llama 4", architectures=("Llama4ForCausalLM",), config=Llama4Config,
                 forward=llama4_forward, backward=llama4_backward, kv_cache=llama4_kv_cache,
                 init_params=init_llama4_params)

@@ -22,7 +22,6 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import check_rng
 from numpy_attn._family import Family
-from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_kv_cache
 from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
@@ -57,15 +56,14 @@ def olmo2_attention_forward(x, params, config, positions, *, attn_mask=None, kv_
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache, qk_norm_cache)
 
 
 def olmo2_attention_backward(dout, cache):
-    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"}); the heads
+    are merged before the QK-norm is undone, as it came before the split."""
+    dq, dk, dv, do = _model.attend_backward(dout, cache.attend)               # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)            # -> (B, T, nh*hs | nkv*hs)
     dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)                # undoes the QK-norm
@@ -124,12 +122,8 @@ def olmo2_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   for_backward=for_backward, norm_round_xhat=False)
 
 
-def olmo2_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("olmo2", dlogits, cache, olmo2_block_backward)
+olmo2_backward = _model.decoder_backward_of("olmo2", olmo2_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="olmo2", title="OLMo 2", architectures=("Olmo2ForCausalLM",), config=Olmo2Config,
-                forward=olmo2_forward, backward=olmo2_backward, kv_cache=llama_kv_cache,
-                init_params=init_olmo2_params)
+                forward=olmo2_forward, backward=olmo2_backward, kv_cache=llama_kv_cache, init_params=init_olmo2_params)

@@ -81,13 +81,10 @@ def init_olmo_hybrid_params(config, rng, dtype=np.float32):
     projections and convolution from N(0, 0.02^2), A_log at log U(1, 16), dt_bias at softplus^-1 of
     a dt log-uniform in [1e-3, 0.1] (Hugging Face's), the gated norm at 1."""
     check_rng(rng, "init_olmo_hybrid_params")
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
     params = init_olmo2_params(config, rng, dtype)
     C, nk, nv = config.n_embd, config.linear_k_heads, config.linear_v_heads
     dk, dv = config.linear_k_dim, config.linear_v_dim
-
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
-
     for i, block in params["blocks"].items():
         if not config.is_full(int(i)):
             dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nv))            # (nv,)
@@ -176,9 +173,7 @@ def olmo_hybrid_forward(ids, params, config, *, positions=None, attn_mask=None, 
                                   layer_options=lambda i: {"full": config.is_full(i)})
 
 
-def olmo_hybrid_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("olmo_hybrid", dlogits, cache, olmo_hybrid_block_backward)
+olmo_hybrid_backward = _model.decoder_backward_of("olmo_hybrid", olmo_hybrid_block_backward)
 
 
 def _check_olmo_hybrid_config(config):
@@ -206,7 +201,6 @@ def _check_olmo_hybrid_config(config):
     return values
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="olmo_hybrid", title="OLMo Hybrid", architectures=("OlmoHybridForCausalLM",),
                 config=OlmoHybridConfig, forward=olmo_hybrid_forward, backward=olmo_hybrid_backward,
                 kv_cache=qwen3_5_kv_cache, init_params=init_olmo_hybrid_params)

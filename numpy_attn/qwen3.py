@@ -19,9 +19,7 @@ import numpy as np
 from numpy_attn import _model
 from numpy_attn._checks import check_rng
 from numpy_attn._family import Family
-from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward, llama_kv_cache
-from numpy_attn.multi_head import merge_heads, split_heads
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
 
 
@@ -44,24 +42,20 @@ def init_qwen3_params(config, rng, dtype=np.float32):
 
 def qwen3_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """llama_attention_forward with QK-norm per head: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
-    nh, nkv = config.n_head, config.n_kv_head
-    (q, k, v), qkv_cache = _model.qkv_forward(x, params)                      # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v, qkv_cache = _model.heads_forward(x, params, config.n_head, config.n_kv_head)   # (B, nh | nkv, T, hs)
     q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps)       # each head alone, width hs
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta,
                                              config.rope_scaling, config.rope_layout)
-    y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
-    out, o_cache = linear_forward(merge_heads(y), **params["o"])              # (B, nh, T, hs) -> (B, T, C)
-    return out, _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    out, attend_cache = _model.attend_forward(q, k, v, params["o"], kv_cache, attn_mask)   # (B, T, C)
+    return out, _model.AttentionCache(qkv_cache, rope_cache, attend_cache, qk_norm_cache)
 
 
 def qwen3_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
-    dy, do = linear_backward(dout, cache.o)                                   # (B, T, C) -> (B, T, nh*hs)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, cache.num_heads), cache.attn)  # nkv heads for dk, dv
+    dq, dk, dv, do = _model.attend_backward(dout, cache.attend)               # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk = _model.rotate_backward(dq, dk, cache.rope)                       # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk, dqk_norm = qk_norm_backward(dq, dk, cache.qk_norm)                # undoes the per-head QK-norm
-    dx, dqkv = _model.qkv_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv), cache.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dq, dk, dv, cache.qkv)                   # (B, T, C)
     return dx, {**dqkv, "o": do, **dqk_norm}
 
 
@@ -80,12 +74,8 @@ def qwen3_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cac
                                   logits_to_keep=logits_to_keep, for_backward=for_backward)
 
 
-def qwen3_backward(dlogits, cache):
-    """Gradients: dlogits (B, T, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3", dlogits, cache, llama_block_backward)
+qwen3_backward = _model.decoder_backward_of("qwen3", llama_block_backward)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="qwen3", title="Qwen3", architectures=("Qwen3ForCausalLM",), config=Qwen3Config,
-                forward=qwen3_forward, backward=qwen3_backward, kv_cache=llama_kv_cache,
-                init_params=init_qwen3_params)
+                forward=qwen3_forward, backward=qwen3_backward, kv_cache=llama_kv_cache, init_params=init_qwen3_params)

@@ -41,7 +41,7 @@ from numpy_attn import _model
 from numpy_attn._checks import check_config, check_no_past, check_rng
 from numpy_attn._family import Family
 from numpy_attn.gated_deltanet import gated_deltanet_backward, gated_deltanet_forward
-from numpy_attn.kv_cache import KVCache, init_kv_cache
+from numpy_attn.kv_cache import KVCache, LayerView, init_kv_cache
 from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_block_backward, llama_block_forward
 from numpy_attn.multi_head import merge_heads, split_heads
@@ -92,10 +92,7 @@ def init_qwen3_5_params(config, rng, dtype=np.float32):
     params = init_llama_params(config, rng, dtype)
     C, hs, nh = config.n_embd, config.hs, config.n_head
     nv, dv = config.linear_v_heads, config.linear_v_dim
-
-    def normal(*shape):
-        return rng.normal(0, 0.02, shape).astype(dtype)
-
+    normal = _model.normal_init(rng, dtype)                                   # shape -> N(0, 0.02^2) draws
     for i, block in params["blocks"].items():
         block["attn_norm"]["w"][:] = 0                                         # 1 + w starts at 1
         block["mlp_norm"]["w"][:] = 0
@@ -129,31 +126,29 @@ class GatedAttentionCache:
 def gated_attention_forward(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Qwen3's attention with the output gate and partial rotary: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``."""
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    (qg, k, v), qkv_cache = _model.qkv_forward(x, params)                     # (B, T, nh*2hs), (B, T, nkv*hs)
-    qg = split_heads(qg, nh)                                                  # (B, nh, T, 2hs): [query | gate]
-    q, gate = qg[..., :hs], qg[..., hs:]                                      # (B, nh, T, hs) each
-    k, v = split_heads(k, nkv), split_heads(v, nkv)                           # (B, nkv, T, hs)
+    qg, k, v, qkv_cache = _model.heads_forward(x, params, nh, nkv)            # (B, nh, T, 2hs), (B, nkv, T, hs)
+    q, gate = qg[..., :hs], qg[..., hs:]                                      # [query | gate]: (B, nh, T, hs) each
     q, k, qk_norm_cache = qk_norm_forward(q, k, params, config.rms_eps, offset=1.0)   # each head, 1 + w
     q, k, rope_cache = _model.rotate_forward(q, k, positions, config.rope_theta, config.rope_scaling,
                                              config.rope_layout, config.rotary_dim)  # the first rotary_dim
     y, attn_cache = _model.cached_attention_forward(q, k, v, kv_cache, attn_mask)  # (B, nh, T, hs)
     y, s = merge_heads(y), sigmoid(merge_heads(gate))                         # (B, T, nh*hs) each
     out, o_cache = linear_forward(y * s, **params["o"])                       # (B, T, nh*hs) -> (B, T, C)
-    cache = _model.AttentionCache(qkv_cache, qk_norm_cache, rope_cache, attn_cache, o_cache, nh)
+    cache = _model.AttentionCache(qkv_cache, rope_cache, _model.AttendCache(attn_cache, o_cache, nh), qk_norm_cache)
     return out, GatedAttentionCache(cache, y, s)
 
 
 def gated_attention_backward(dout, cache):
     """Gradients: dout (B, T, C) -> (dx (B, T, C), {"q", "k", "v", "o", "q_norm", "k_norm"})."""
-    c, nh = cache.attn, cache.attn.num_heads
-    dys, do = linear_backward(dout, c.o)                                      # (B, T, C) -> (B, T, nh*hs)
+    c, nh = cache.attn, cache.attn.attend.num_heads
+    dys, do = linear_backward(dout, c.attend.o)                               # (B, T, C) -> (B, T, nh*hs)
     dy = dys * cache.gate                                                     # undoes y * s: to y ...
     dgate = dys * cache.y * cache.gate * (1 - cache.gate)                     # ... and to the gate: s' = s (1 - s)
-    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, nh), c.attn)   # nkv heads for dk, dv
+    dq, dk, dv = _model.cached_attention_backward(split_heads(dy, nh), c.attend.attn)   # nkv heads for dk, dv
     dq, dk = _model.rotate_backward(dq, dk, c.rope)                           # (B, nh, T, hs), (B, nkv, T, hs)
     dq, dk, dqk_norm = qk_norm_backward(dq, dk, c.qk_norm)
     dqg = np.concatenate([dq, split_heads(dgate, nh)], axis=-1)               # (B, nh, T, 2hs), as q gave them
-    dx, dqkv = _model.qkv_backward(merge_heads(dqg), merge_heads(dk), merge_heads(dv), c.qkv)  # (B, T, C)
+    dx, dqkv = _model.heads_backward(dqg, dk, dv, c.qkv)                      # (B, T, C)
     return dx, {**dqkv, "o": do, **dqk_norm}
 
 
@@ -227,16 +222,22 @@ def qwen3_5_forward(ids, params, config, *, positions=None, attn_mask=None, kv_c
                     logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as llama_forward (same keywords; ``kv_cache``
     from qwen3_5_kv_cache). Returns ``(logits, cache)``."""
+    return hybrid_decoder_forward(ids, params, config, Qwen3_5Config, _layer_options(config), positions=positions,
+                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
+                                  for_backward=for_backward)
+
+
+def hybrid_decoder_forward(ids, params, config, config_class, layer_options, **keywords):
+    """decoder_forward with Llama's blocks, each layer's mixer (and network) from ``layer_options``,
+    the final norm scaling by 1 + w, and the keywords' ``kv_cache`` a Qwen3_5Cache or None."""
+    kv_cache = keywords["kv_cache"]
     if kv_cache is not None and not isinstance(kv_cache, Qwen3_5Cache):
         raise TypeError(f"kv_cache must be a Qwen3_5Cache (from qwen3_5_kv_cache), got {type(kv_cache).__name__}")
-    return _model.decoder_forward(ids, params, config, Qwen3_5Config, llama_block_forward, positions=positions,
-                                  attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                  for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
+    return _model.decoder_forward(ids, params, config, config_class, llama_block_forward, **keywords,
+                                  norm_offset=1.0, layer_options=layer_options)
 
 
-def qwen3_5_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3_5", dlogits, cache, llama_block_backward)
+qwen3_5_backward = _model.decoder_backward_of("qwen3_5", llama_block_backward)
 
 
 # -- decoding: keys and values on the full layers, Gated DeltaNet's state on the linear ones ----------
@@ -294,12 +295,8 @@ class Qwen3_5Cache(KVCache):
         return LinearLayerState(self, int(i))
 
 
-@dataclass(frozen=True)
-class LinearLayerState:
+class LinearLayerState(LayerView):
     """One linear layer of a Qwen3_5Cache: the state it continues and replaces."""
-
-    cache: Qwen3_5Cache
-    index: int
 
     @property
     def state(self):
@@ -371,7 +368,6 @@ def check_layer_types(name, types, n_layer):
     return tuple(types)
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
 FAMILY = Family(name="qwen3_5", title="Qwen3.5", architectures=("Qwen3_5ForCausalLM",), config=Qwen3_5Config,
                 forward=qwen3_5_forward, backward=qwen3_5_backward, kv_cache=qwen3_5_kv_cache,
                 init_params=init_qwen3_5_params)

@@ -45,12 +45,12 @@ from numpy_attn import _model
 from numpy_attn._checks import check_config, check_dout, check_rng
 from numpy_attn._family import Family
 from numpy_attn.linear import linear_backward, linear_forward
-from numpy_attn.llama import llama_block_backward, llama_block_forward
+from numpy_attn.llama import llama_block_backward
 from numpy_attn.moe import _check_k, experts_backward, experts_forward, top_k
 from numpy_attn.qwen3_5 import (
     GATED_ATTENTION,
-    Qwen3_5Cache,
     Qwen3_5Config,
+    hybrid_decoder_forward,
     init_qwen3_5_params,
     linear_attention_backward,
     linear_attention_forward,
@@ -268,17 +268,14 @@ def _layer_options(config):
 def qwen3_next_forward(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                        logits_to_keep=None, for_backward=True):
     """Logits for integer ``ids`` (B, T) -> (B, T, V), as qwen3_5_forward (same keywords; ``kv_cache``
-    from qwen3_5_kv_cache, whose states fit this model's). Returns ``(logits, cache)``."""
-    if kv_cache is not None and not isinstance(kv_cache, Qwen3_5Cache):
-        raise TypeError(f"kv_cache must be a Qwen3_5Cache (from qwen3_5_kv_cache), got {type(kv_cache).__name__}")
-    return _model.decoder_forward(ids, params, config, Qwen3NextConfig, llama_block_forward, positions=positions,
+    from qwen3_5_kv_cache, whose states fit this model's), with Qwen3-Next's fused projections on
+    the linear layers and its experts on the MoE layers. Returns ``(logits, cache)``."""
+    return hybrid_decoder_forward(ids, params, config, Qwen3NextConfig, _layer_options(config), positions=positions,
                                   attn_mask=attn_mask, kv_cache=kv_cache, rng=rng, logits_to_keep=logits_to_keep,
-                                  for_backward=for_backward, norm_offset=1.0, layer_options=_layer_options(config))
+                                  for_backward=for_backward)
 
 
-def qwen3_next_backward(dlogits, cache):
-    """Gradients: dlogits (B, N, V) -> dparams, with the nesting of the params."""
-    return _model.decoder_backward("qwen3_next", dlogits, cache, llama_block_backward)
+qwen3_next_backward = _model.decoder_backward_of("qwen3_next", llama_block_backward)
 
 
 def _check_qwen3_next_config(config):
@@ -301,7 +298,6 @@ def _check_qwen3_next_config(config):
     return values
 
 
-# The family's row, which numpy_attn._family.families() finds (attn_cli reads and decodes by it).
-FAMILY = Family(name="qwen3_next", title="Qwen3-Next", architectures=("Qwen3NextForCausalLM",),
-                config=Qwen3NextConfig, forward=qwen3_next_forward, backward=qwen3_next_backward,
-                kv_cache=qwen3_5_kv_cache, init_params=init_qwen3_next_params)
+FAMILY = Family(name="qwen3_next", title="Qwen3-Next", architectures=("Qwen3NextForCausalLM",), config=Qwen3NextConfig,
+                forward=qwen3_next_forward, backward=qwen3_next_backward, kv_cache=qwen3_5_kv_cache,
+                init_params=init_qwen3_next_params)

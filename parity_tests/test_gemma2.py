@@ -27,6 +27,7 @@ from numpy_attn.gemma2 import (
     init_gemma2_params,
 )
 from numpy_attn.gemma3 import Gemma3Config, init_gemma3_params
+from numpy_attn.kv_cache import init_kv_cache
 from parity_tests.gemma_kit import (  # noqa: F401  (pytest collects what the module holds)
     budget_test,
     float32_bound,
@@ -74,6 +75,24 @@ def test_attn_mask_joins_the_window():
     assert_close("gemma2 twin.logits, padded", to_numpy(twin), padded, **gemma_tol(cache, np.float64))
     with pytest.raises(ValueError, match="gemma2_forward: an attn_mask together with a kv_cache"):
         gemma2_forward(ids, params, config, attn_mask=full, kv_cache=gemma2_kv_cache(config, 2, np.float64))
+
+
+def test_attn_mask_decodes_with_a_cache_that_holds_every_token():
+    """The way out the refusal above names: a cache without windows (init_kv_cache) keeps every past
+    key, so a padded batch decodes with its attn_mask, each sliding layer still seeing its window
+    only: a prefill of 4 tokens, then 2, gives the full forward's logits of the last 2."""
+    config = Gemma2Config(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=8, sliding_window=2)
+    rng = np.random.default_rng(1)
+    params = tree_map(lambda p: p + rng.uniform(-0.5, 0.5, p.shape), init_gemma2_params(config, rng, np.float64))
+    ids = rng.integers(0, 11, (2, 6))
+    pad = np.ones((2, 1, 6, 6), bool)
+    pad[0, :, :, 0] = False
+    logits, cache = gemma2_forward(ids, params, config, attn_mask=pad)
+    kv = init_kv_cache(config.n_layer, 2, config.n_kv_head, config.block_size, config.hs, np.float64)
+    gemma2_forward(ids[:, :4], params, config, attn_mask=pad[:, :, :4, :4], kv_cache=kv, for_backward=False)
+    step = gemma2_forward(ids[:, 4:], params, config, attn_mask=pad[:, :, 4:, :], kv_cache=kv, for_backward=False)[0]
+    assert_close("gemma2.logits decoded with a mask and a full cache", step, logits[:, 4:],
+                 **gemma_tol(cache, np.float64))
 
 
 # -- checkpoints saved by transformers ------------------------------------------------------------------

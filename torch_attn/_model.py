@@ -18,6 +18,7 @@ from torch_attn.flex_attention import flex_attention, soft_cap
 from torch_attn.kv_cache import init_kv_cache, kv_cache_update
 from torch_attn.linear import linear
 from torch_attn.masks import causal_mask, sliding_window_mask
+from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.rope import rope
 
@@ -62,6 +63,12 @@ def qkv(x, params):
     k = linear(x, **params["k"])                                              # (B, T, C) -> (B, T, nkv*hs)
     v = linear(x, **params["v"])                                              # (B, T, C) -> (B, T, nkv*hs)
     return q, k, v
+
+
+def heads(x, params, nh, nkv):
+    """The three projections, split into heads: x (B, T, C) -> (q (B, nh, T, hs), k, v (B, nkv, T, hs))."""
+    q, k, v = qkv(x, params)                                                  # (B, T, C) -> (B, T, nh*hs | nkv*hs)
+    return split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)       # (B, nh | nkv, T, hs)
 
 
 def rotate(q, k, positions, theta, scaling, layout, rotary_dim=None):
@@ -111,6 +118,14 @@ def mask_block_mask(mask, B, nh):
         return MaskBlocks(lambda b, h, q_idx, kv_idx: mask[q_idx, kv_idx])
     mask = mask.expand(B, nh, T, S)                                           # (B, nh, T, S)
     return MaskBlocks(lambda b, h, q_idx, kv_idx: mask[b, h, q_idx, kv_idx])
+
+
+def attend(q, k, v, o, kv_cache, attn_mask, **attention):
+    """Attention with the cache, the heads merged, the output projection ``o``: q (B, nh, T, hs),
+    k, v (B, nkv, T, hs) -> (B, T, C); the rest as attend_forward's."""
+    y = cached_attention(q, k, v, kv_cache, attn_mask, **attention)           # (B, nh, T, hs)
+    out = linear(merge_heads(y), **o)                                         # (B, nh, T, hs) -> (B, T, C)
+    return out
 
 
 # -- the output layer -----------------------------------------------------------------------------

@@ -8,8 +8,6 @@ times sqrt(C) and capped logits; its cache is gemma2_kv_cache.
 
 
 from torch_attn import _model
-from torch_attn.linear import linear
-from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
 
@@ -18,14 +16,11 @@ from torch_attn.swiglu import swiglu
 def gemma2_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """llama_attention with the scores scaled by query_pre_attn_scalar^-0.5 and capped, on a
     sliding layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
-    nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                                scale=config.query_pre_attn_scalar ** -0.5,
-                                softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                        scale=config.query_pre_attn_scalar ** -0.5,
+                        softcap=config.attn_logit_softcap)                    # (B, T, C)
     return out
 
 
@@ -51,6 +46,9 @@ def gemma2_block(x, params, config, positions, *, attn_mask=None, kv_cache=None,
 
 # -- the model ------------------------------------------------------------------------------------
 
+gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gemma2(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
            logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gemma2_kv_cache."""
@@ -64,9 +62,6 @@ def gemma_decoder(ids, params, config, block, **keywords):
                           embed_scale=config.n_embd ** 0.5, norm_offset=1.0,
                           logit_softcap=config.final_logit_softcap,
                           layer_options=lambda i: {"window": config.window(i)})
-
-
-gemma2_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.Gemma2ForCausalLM(...).logits holding the same weights;

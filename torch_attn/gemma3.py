@@ -9,8 +9,6 @@ from functools import partial
 
 from torch_attn import _model
 from torch_attn.gemma2 import gemma2_block, gemma_decoder
-from torch_attn.linear import linear
-from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.qk_norm import qk_norm
 
 # -- attention: Gemma 2's, with QK-norm per head and the local layers' own rotary base ---------------
@@ -18,16 +16,13 @@ from torch_attn.qk_norm import qk_norm
 def gemma3_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """gemma2_attention with QK-norm per head (1 + w), a sliding layer rotating with
     rope_local_theta: x (B, T, C) -> (B, T, C)."""
-    nh, nkv = config.n_head, config.n_kv_head
     theta, scaling = (config.rope_theta, config.rope_scaling) if window is None else (config.rope_local_theta, None)
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     q, k = qk_norm(q, k, params, config.rms_eps, offset=1.0)                  # each head alone, 1 + w
     q, k = _model.rotate(q, k, positions, theta, scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                                scale=config.query_pre_attn_scalar ** -0.5,
-                                softcap=config.attn_logit_softcap)                   # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                        scale=config.query_pre_attn_scalar ** -0.5,
+                        softcap=config.attn_logit_softcap)                    # (B, T, C)
     return out
 
 

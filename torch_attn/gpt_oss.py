@@ -7,23 +7,18 @@ w * xhat once; its cache is gpt_oss_kv_cache.
 
 
 from torch_attn import _model
-from torch_attn.linear import linear
 from torch_attn.llama import llama_block
 from torch_attn.moe import gpt_oss_moe
-from torch_attn.multi_head import merge_heads, split_heads
 
 # -- attention: Llama's, with a sink per head and sliding layers -----------------------------------
 
 def gpt_oss_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, window=None):
     """llama_attention with each query head's sink logit ``params["sinks"]`` (nh,), on a sliding
     layer each query seeing its last ``window`` keys: x (B, T, C) -> (B, T, C)."""
-    nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask, window=window,
-                                sinks=params["sinks"])                               # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask, window=window,
+                        sinks=params["sinks"])                                # (B, T, C)
     return out
 
 
@@ -43,15 +38,15 @@ def gpt_oss_block(x, params, config, positions, *, attn_mask=None, kv_cache=None
 
 # -- the model ------------------------------------------------------------------------------------
 
+gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
+
+
 def gpt_oss(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from gpt_oss_kv_cache."""
     return _model.decoder(ids, params, config, gpt_oss_block, positions=positions, attn_mask=attn_mask,
                           kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_round_xhat=False,
                           layer_options=lambda i: {"window": config.window(i)})
-
-
-gpt_oss_kv_cache = _model.sliding_kv_cache   # a full layer holds every token, a sliding layer its last window
 
 
 # Equals Hugging Face's transformers.GptOssForCausalLM(...).logits holding the same weights (gate_up_proj

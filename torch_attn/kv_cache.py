@@ -69,11 +69,16 @@ class KVCache:
 
 
 @dataclass(frozen=True)
-class LayerKVCache:
-    """One layer of a KVCache: what a layer's attention reads and appends to."""
+class LayerView:
+    """One layer's view of a cache (a KVCache, or a cache that holds other layers' states too): the
+    cache and the layer's index in it."""
 
-    cache: KVCache
+    cache: object
     index: int
+
+
+class LayerKVCache(LayerView):
+    """One layer of a KVCache: what a layer's attention reads and appends to."""
 
     @property
     def window(self):

@@ -11,8 +11,6 @@ import torch
 
 from torch_attn import _model
 from torch_attn.kv_cache import init_kv_cache
-from torch_attn.linear import linear
-from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
 
@@ -21,12 +19,9 @@ from torch_attn.swiglu import swiglu
 def llama_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Causal self-attention with RoPE: x (B, T, C), positions (T,) or (B, T) -> (B, T, C);
     with a ``kv_cache`` (this layer's) x holds only the new tokens."""
-    nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask)            # (B, T, C)
     return out
 
 

@@ -16,7 +16,6 @@ from torch_attn._opmath import opmath, upcast
 from torch_attn.linear import linear
 from torch_attn.llama import llama_block, swiglu_mlp
 from torch_attn.moe import experts, top_k
-from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
 
@@ -58,10 +57,8 @@ def qk_unit_rms(q, k, eps):
 
 def llama4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None, rope=True, chunk=None):
     """Llama 4's attention: x (B, T, C) -> (B, T, C); ``rope`` and ``chunk`` as the NumPy twin's."""
-    nh, nkv = config.n_head, config.n_kv_head
     T = x.shape[1]
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     if rope:
         q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
         if config.use_qk_norm:   # after the rotation, as transformers
@@ -75,8 +72,7 @@ def llama4_attention(x, params, config, positions, *, attn_mask=None, kv_cache=N
         pad = leading_padding(attn_mask)                                      # (B,) or None
         local = chunked_causal_mask(T, held + T, chunk, first, pad, x.device)  # (T, S) or (B, 1, T, S)
         attn_mask = local if attn_mask is None else attn_mask & local
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask)            # (B, T, C)
     return out
 
 
@@ -113,6 +109,9 @@ def llama4_moe_mlp(h, params, config):
 
 # -- the model: Llama's blocks with Llama 4's attention and networks ---------------------------------
 
+llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
+
+
 def llama4_block(x, params, config, positions, *, attn_mask=None, kv_cache=None, moe=False, rope=True, chunk=None):
     """One block: x (B, T, C) -> (B, T, C), Llama's with Llama 4's attention and, where ``moe``, its experts."""
     return llama_block(x, params, config, positions, attn_mask=attn_mask, kv_cache=kv_cache,
@@ -129,9 +128,6 @@ def llama4(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None
 def _layer_options(config, i):
     """Block i's keywords: its network, whether it rotates, its chunk."""
     return {"moe": config.is_moe(i), "rope": config.use_rope(i), "chunk": config.window(i)}
-
-
-llama4_kv_cache = _model.sliding_kv_cache   # a global layer holds every token, a chunked layer its last chunk
 
 
 # Equals Hugging Face's transformers.Llama4ForCausalLM(...).logits holding the same weights (gate_up_proj

@@ -6,8 +6,7 @@ them into heads, every norm rounding w * xhat once; its cache is llama_kv_cache.
 """
 
 from torch_attn import _model
-from torch_attn.linear import linear
-from torch_attn.multi_head import merge_heads, split_heads
+from torch_attn.multi_head import split_heads
 from torch_attn.qk_norm import qk_norm
 from torch_attn.rms_norm import rms_norm
 from torch_attn.swiglu import swiglu
@@ -21,8 +20,7 @@ def olmo2_attention(x, params, config, positions, *, attn_mask=None, kv_cache=No
     q, k = qk_norm(q, k, params, config.rms_eps, round_xhat=False)            # widths nh*hs, nkv*hs
     q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask)            # (B, T, C)
     return out
 
 

@@ -7,22 +7,17 @@ q and k per head (torch_attn/qk_norm.py) before the rotation; its cache is llama
 from functools import partial
 
 from torch_attn import _model
-from torch_attn.linear import linear
 from torch_attn.llama import llama_block
-from torch_attn.multi_head import merge_heads, split_heads
 from torch_attn.qk_norm import qk_norm
 
 # -- attention: Llama's, with each head's q and k normed before the rotation -------------------------
 
 def qwen3_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """llama_attention with QK-norm per head: x (B, T, C) -> (B, T, C)."""
-    nh, nkv = config.n_head, config.n_kv_head
-    q, k, v = _model.qkv(x, params)                                           # (B, T, C) -> (B, T, nh*hs | nkv*hs)
-    q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)    # -> (B, nh, T, hs), (B, nkv, T, hs)
+    q, k, v = _model.heads(x, params, config.n_head, config.n_kv_head)        # (B, nh | nkv, T, hs)
     q, k = qk_norm(q, k, params, config.rms_eps)                              # each head alone, width hs
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout)
-    y = _model.cached_attention(q, k, v, kv_cache, attn_mask)                 # (B, nh, T, hs)
-    out = linear(merge_heads(y), **params["o"])                               # (B, nh, T, hs) -> (B, T, C)
+    out = _model.attend(q, k, v, params["o"], kv_cache, attn_mask)            # (B, T, C)
     return out
 
 

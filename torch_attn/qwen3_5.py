@@ -12,10 +12,10 @@ import torch
 
 from torch_attn import _model
 from torch_attn.gated_deltanet import gated_deltanet
-from torch_attn.kv_cache import KVCache, LayerKVCache, init_kv_cache
+from torch_attn.kv_cache import KVCache, LayerKVCache, LayerView, init_kv_cache
 from torch_attn.linear import linear
 from torch_attn.llama import llama_block
-from torch_attn.multi_head import merge_heads, split_heads
+from torch_attn.multi_head import merge_heads
 from torch_attn.qk_norm import qk_norm
 from torch_attn.swiglu import sigmoid
 
@@ -24,10 +24,8 @@ from torch_attn.swiglu import sigmoid
 def gated_attention(x, params, config, positions, *, attn_mask=None, kv_cache=None):
     """Qwen3's attention with the output gate and partial rotary: x (B, T, C) -> (B, T, C)."""
     nh, nkv, hs = config.n_head, config.n_kv_head, config.hs
-    qg, k, v = _model.qkv(x, params)                                          # (B, T, nh*2hs), (B, T, nkv*hs)
-    qg = split_heads(qg, nh)                                                  # (B, nh, T, 2hs): [query | gate]
-    q, gate = qg[..., :hs], qg[..., hs:]                                      # (B, nh, T, hs) each
-    k, v = split_heads(k, nkv), split_heads(v, nkv)                           # (B, nkv, T, hs)
+    qg, k, v = _model.heads(x, params, nh, nkv)                               # (B, nh, T, 2hs), (B, nkv, T, hs)
+    q, gate = qg[..., :hs], qg[..., hs:]                                      # [query | gate]: (B, nh, T, hs) each
     q, k = qk_norm(q, k, params, config.rms_eps, offset=1.0)                  # each head, 1 + w
     q, k = _model.rotate(q, k, positions, config.rope_theta, config.rope_scaling, config.rope_layout,
                          config.rotary_dim)                                   # the first rotary_dim
@@ -81,9 +79,15 @@ def _layer_options(config):
 def qwen3_5(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
             logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as llama's, ``kv_cache`` from qwen3_5_kv_cache."""
-    return _model.decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask,
-                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_offset=1.0,
-                          layer_options=_layer_options(config))
+    return hybrid_decoder(ids, params, config, _layer_options(config), positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+
+
+def hybrid_decoder(ids, params, config, layer_options, **keywords):
+    """decoder with Llama's blocks, each layer's mixer (and network) from ``layer_options``, the final
+    norm scaling by 1 + w."""
+    return _model.decoder(ids, params, config, llama_block, **keywords,
+                          norm_offset=1.0, layer_options=layer_options)
 
 
 # -- decoding: keys and values on the full layers, Gated DeltaNet's state on the linear ones ----------
@@ -112,12 +116,8 @@ class Qwen3_5Cache(KVCache):
         return LinearLayerState(self, i)
 
 
-@dataclass(frozen=True)
-class LinearLayerState:
+class LinearLayerState(LayerView):
     """One linear layer of a Qwen3_5Cache: the state it continues and replaces."""
-
-    cache: Qwen3_5Cache
-    index: int
 
     @property
     def state(self):

@@ -7,11 +7,9 @@ router over every expert (top k, renormalised), SwiGLU experts and a sigmoid-gat
 
 import torch
 
-from torch_attn import _model
 from torch_attn.linear import linear
-from torch_attn.llama import llama_block
 from torch_attn.moe import experts, top_k
-from torch_attn.qwen3_5 import gated_attention, linear_attention
+from torch_attn.qwen3_5 import gated_attention, hybrid_decoder, linear_attention
 from torch_attn.softmax import softmax
 from torch_attn.swiglu import sigmoid, swiglu
 
@@ -90,9 +88,8 @@ def _layer_options(config):
 def qwen3_next(ids, params, config, *, positions=None, attn_mask=None, kv_cache=None, rng=None,
                logits_to_keep=None):
     """Logits for integer ``ids`` (B, T) -> (B, T, V); keywords as qwen3_5's, ``kv_cache`` from qwen3_5_kv_cache."""
-    return _model.decoder(ids, params, config, llama_block, positions=positions, attn_mask=attn_mask,
-                          kv_cache=kv_cache, logits_to_keep=logits_to_keep, norm_offset=1.0,
-                          layer_options=_layer_options(config))
+    return hybrid_decoder(ids, params, config, _layer_options(config), positions=positions, attn_mask=attn_mask,
+                          kv_cache=kv_cache, logits_to_keep=logits_to_keep)
 
 
 # Equals Hugging Face's transformers Qwen3NextForCausalLM(...).logits holding the same weights;

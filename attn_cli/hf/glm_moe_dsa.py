@@ -6,7 +6,7 @@ from attn_cli.hf.deepseek_v3 import deepseek_v3_parameter_count
 from attn_cli.hf.deepseek_v32 import KEYS as DEEPSEEK_V32_KEYS
 from attn_cli.hf.deepseek_v32 import deepseek_v32_config, deepseek_v32_params, first_dense
 from attn_cli.hf.files import CheckpointError
-from numpy_attn.glm_moe_dsa import INDEXER_TYPES, GlmMoeDsaConfig
+from numpy_attn.glm_moe_dsa import GlmMoeDsaConfig
 
 KEYS = dict(DEEPSEEK_V32_KEYS)
 # transformers' GlmMoeDsaConfig defaults where they are not DeepSeek-V3.2's.
@@ -15,14 +15,14 @@ DEFAULTS = {"q_lora_rank": 2048, "n_group": 1, "topk_group": 1, "index_n_heads":
 
 def _indexer_types(hf):
     """indexer_types from config.json (every layer "full" where absent), checked."""
-    types, L = hf.get("indexer_types"), hf["num_hidden_layers"]
+    types, L, kinds = hf.get("indexer_types"), hf["num_hidden_layers"], GlmMoeDsaConfig.INDEXER_TYPES
     if types is None:
         return ("full",) * L
-    if not isinstance(types, list) or len(types) != L or any(t not in INDEXER_TYPES for t in types) \
+    if not isinstance(types, list) or len(types) != L or any(t not in kinds for t in types) \
             or (types and types[0] != "full"):
         shown = repr(types) if len(repr(types)) <= 80 else repr(types)[:77] + "..."
         raise CheckpointError(f"GlmMoeDsa config.json: indexer_types must list num_hidden_layers = {L} entries of "
-                              f"{INDEXER_TYPES}, the first 'full', got {shown}")
+                              f"{kinds}, the first 'full', got {shown}")
     return tuple(types)
 
 
