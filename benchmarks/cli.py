@@ -192,6 +192,9 @@ def build_parser():
                    help="write the table as Markdown (for the README), header lines first")
     p.add_argument("--plot", metavar="FILE.png",
                    help="write a PNG: time against T (log-log) and %% of matmul peak, per op")
+    p.add_argument("--plot-together", action="store_true",
+                   help="--plot draws every op's time on one panel (log-log), the decode steps' against "
+                   "the tokens held on a second, and marks where two ops' lines cross")
     p.add_argument("--from-json", metavar="FILE",
                    help="measure nothing: re-render a run saved with --json (table, --csv, "
                    "--markdown, --plot)")
@@ -511,6 +514,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.plot_together and not args.plot:
+        parser.error("--plot-together says how --plot draws: give --plot FILE.png")
     try:
         with termination_raises():                 # SIGTERM, SIGHUP: cleaned up as for Ctrl-C
             status = _run(parser, args, argv)
@@ -599,7 +604,7 @@ def _run(parser, args, argv):
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         try:
-            report.write_plot(results, args.plot)
+            report.write_plot(results, args.plot, together=args.plot_together)
         except ValueError as err:
             print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
             return 1
