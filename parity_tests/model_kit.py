@@ -636,17 +636,20 @@ def hybrid_budget_cases(broken, seeds=(0, 1, 2)):
 
 def assert_hybrid_meets_error_budget(name, dtype, model, from_hf, exact, forward, backward, twin, config, seed):
     """assert_model_meets_error_budget for a hybrid family: transformers' float64 ``model`` gets its
-    parameters rounded to the low ``dtype`` (in place); ours (``forward``, ``backward``) and the twin
-    hold them, read by ``from_hf`` (Hugging Face's {name: array} -> our tree); transformers runs a
-    copy cast to ``dtype`` and, for the truth, ``model`` made float64 throughout by ``exact(model,
-    monkeypatch)`` (undone after). Gradients are compared in our tree, by dotted path. ids (2, 7) and
+    parameters and floating buffers rounded to the low ``dtype`` (in place); ours (``forward``,
+    ``backward``) and the twin hold them, read by ``from_hf`` (Hugging Face's {name: array} -> our
+    tree); transformers runs a copy cast to ``dtype`` and, for the truth, ``model`` made float64
+    throughout by ``exact(model, monkeypatch)`` (undone after). Gradients are compared in our tree,
+    by dotted path (a buffer's gradient, which transformers has none of, is zeros). ids (2, 7) and
     dout drawn from ``seed``; the ids leave out the pad id, whose row nn.Embedding(padding_idx) hands
     no gradient and ours does. Returns what assert_model_meets_error_budget returns."""
     low = LOW_DTYPES[dtype][1]
+    # The buffers too: Kimi Linear's selection bias is one (a rotary's inverse frequencies, cast to the low
+    # dtype anyway in transformers' low-precision copy, are recomputed in float64 by the families' exact).
     with torch.no_grad():
-        for p in model.parameters():
+        for p in [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]:
             p.copy_(p.to(low).to(p.dtype))
-    params = round_tree(from_hf({k: to_numpy(p) for k, p in model.named_parameters()}), dtype)   # exact: rounded
+    params = round_tree(from_hf({k: to_numpy(p) for k, p in model.state_dict().items()}), dtype)   # exact: rounded
     lowp_model = copy.deepcopy(model).to(low)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, config.vocab_size - 1, (2, 7))
@@ -658,7 +661,8 @@ def assert_hybrid_meets_error_budget(name, dtype, model, from_hf, exact, forward
         """``run(d)``'s (logits, gradients by Hugging Face's names) with the gradients in our tree, flat."""
         def run_ours(d):
             logits, grads = run(d)
-            return logits, flatten(from_hf(grads))
+            buffers = {k: np.zeros(tuple(b.shape)) for k, b in model.named_buffers()}   # no gradient: zeros
+            return logits, flatten(from_hf({**buffers, **grads}))
         return run_ours
 
     def truth(d):
