@@ -85,7 +85,7 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
     dtype = x.dtype
-    x, params, state = opmath_inputs(x, params, state)              # float32 for float16 and bfloat16
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     lin = {}
@@ -112,7 +112,7 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
     out, lin["out_proj"] = linear_forward(y.reshape(B, T, nv * dv), **params["out_proj"])   # (B, T, C)
     cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent,
                                norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask, dtype, beta_scale)
-    return out.astype(dtype, copy=False), rounded({"conv": conv_state, "recurrent": S}, dtype), cache
+    return out.astype(dtype, copy=False), rounded_tree({"conv": conv_state, "recurrent": S}, dtype), cache
 
 
 def gated_deltanet_backward(dout, cache):
@@ -146,18 +146,18 @@ def gated_deltanet_backward(dout, cache):
     if c.mask is not None:
         dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
     order = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
-    return dx.astype(c.dtype, copy=False), rounded({name: grads[name] for name in order}, c.dtype)   # rounded once
+    return dx.astype(c.dtype, copy=False), rounded_tree({name: grads[name] for name in order}, c.dtype)   # rounded once
 
 
 # -- steps Kimi Delta Attention shares (numpy_attn/kimi_delta_attention.py) ------------------------
 
-def opmath_inputs(x, params, state):
+def opmath_sublayer_inputs(x, params, state):
     """x, params and state (None or {"conv", "recurrent"}) as the sublayer computes with them:
     float32 copies of float16 and bfloat16, the arrays themselves otherwise."""
     return upcast(x), tree_map(upcast, params), None if state is None else tree_map(upcast, state)
 
 
-def rounded(tree, dtype):
+def rounded_tree(tree, dtype):
     """Every array of ``tree`` in ``dtype`` (itself where it is already)."""
     return tree_map(lambda a: a.astype(dtype, copy=False), tree)
 

@@ -42,8 +42,8 @@ from numpy_attn.gated_deltanet import (
     delta_rule_forward,
     log_decay_backward,
     log_decay_forward,
-    opmath_inputs,
-    rounded,
+    opmath_sublayer_inputs,
+    rounded_tree,
 )
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
@@ -81,7 +81,7 @@ def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state
     nh, d = num_heads, head_dim
     B, T, C = x.shape
     dtype = x.dtype
-    x, params, state = opmath_inputs(x, params, state)              # float32 for float16 and bfloat16
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     lin, proj = {}, {}
@@ -106,7 +106,7 @@ def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state
     out, lin["o_proj"] = linear_forward(y.reshape(B, T, nh * d), **params["o_proj"])   # (B, T, C)
     cache = KimiDeltaAttentionCache(lin, conv_cache, q_norm_cache, k_norm_cache, decay_cache, delta_cache, recurrent,
                                     norm_cache, beta, (nh, d), mask, dtype)
-    return out.astype(dtype, copy=False), rounded({"conv": conv_state, "recurrent": S}, dtype), cache
+    return out.astype(dtype, copy=False), rounded_tree({"conv": conv_state, "recurrent": S}, dtype), cache
 
 
 def kimi_delta_attention_backward(dout, cache):
@@ -142,7 +142,7 @@ def kimi_delta_attention_backward(dout, cache):
         dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
     order = ("q_proj", "k_proj", "v_proj", "conv1d", "f_a_proj", "f_b_proj", "dt_bias", "A_log", "b_proj",
              "g_a_proj", "g_b_proj", "o_norm", "o_proj")
-    return dx.astype(c.dtype, copy=False), rounded({name: grads[name] for name in order}, c.dtype)   # rounded once
+    return dx.astype(c.dtype, copy=False), rounded_tree({name: grads[name] for name in order}, c.dtype)   # rounded once
 
 
 def kimi_delta_attention_param_shapes(C, num_heads, head_dim, conv_kernel):

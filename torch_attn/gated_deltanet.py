@@ -26,7 +26,7 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
     dtype = x.dtype
-    x, params, state = opmath_inputs(x, params, state)              # float32 for float16 and bfloat16
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     qkv = linear(x, **params["in_proj_qkv"])                          # (B, T, 2 nk dk + nv dv)
@@ -49,18 +49,18 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     # The gated norm per value head, gate z.
     y = gated_rms_norm(o.transpose(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out = linear(y.reshape(B, T, nv * dv), **params["out_proj"])     # (B, T, C)
-    return out.to(dtype), rounded({"conv": conv_state, "recurrent": S}, dtype)
+    return out.to(dtype), rounded_tree({"conv": conv_state, "recurrent": S}, dtype)
 
 
 # -- steps Kimi Delta Attention shares (torch_attn/kimi_delta_attention.py) ------------------------
 
-def opmath_inputs(x, params, state):
+def opmath_sublayer_inputs(x, params, state):
     """x, params and state (None or {"conv", "recurrent"}) as the sublayer computes with them:
     float32 for float16 and bfloat16, the tensors themselves otherwise."""
     return upcast(x), tree_map(upcast, params), None if state is None else tree_map(upcast, state)
 
 
-def rounded(tree, dtype):
+def rounded_tree(tree, dtype):
     """Every tensor of ``tree`` in ``dtype``."""
     return tree_map(lambda t: t.to(dtype), tree)
 
