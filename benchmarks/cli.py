@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import math
 import os
 import shlex
 import signal
@@ -136,6 +137,10 @@ def build_parser():
     p.add_argument("--heads", type=_number(int, 1, 1024), metavar="NH", help=f"attention heads; default {f['heads']}")
     p.add_argument("--head-size", type=_number(int, 1, 4096), metavar="HS",
                    help=f"head size (model width C = heads * head size); default {f['head_size']}")
+    p.add_argument("--dense-max-seq-len", type=_number(int, 1, 65536), metavar="T",
+                   help="run the ops that hold every score (a (B, nh, T, S) array: attention, "
+                   "attention_causal, ...) only up to this T; their longer rows are listed as not "
+                   "available with their score array's bytes, while the tiled ops go on; default no bound")
     p.add_argument("--dtype", choices=calls.DTYPES, default="float32",
                    help="floating-point type of every array and tensor (bfloat16: ml_dtypes' for NumPy); "
                    "numpy_attn computes float16 and bfloat16 in float32 after a cast, as NumPy has no "
@@ -187,6 +192,9 @@ def build_parser():
                    help="write the table as Markdown (for the README), header lines first")
     p.add_argument("--plot", metavar="FILE.png",
                    help="write a PNG: time against T (log-log) and %% of matmul peak, per op")
+    p.add_argument("--plot-together", action="store_true",
+                   help="--plot draws every op's time on one panel (log-log), the decode steps' against "
+                   "the tokens held on a second, and marks where two ops' lines cross")
     p.add_argument("--from-json", metavar="FILE",
                    help="measure nothing: re-render a run saved with --json (table, --csv, "
                    "--markdown, --plot)")
@@ -212,7 +220,7 @@ def check_scores_fit(ops, args):
     if not dense or not set(args.impls) & {"numpy", "twin"}:
         return
     s = _settings(args)
-    T = max(s["seq_lens"])
+    T = min(max(s["seq_lens"]), args.dense_max_seq_len or math.inf)
     itemsize = calls.opmath(calls.dtype_of(args.dtype)).itemsize
     need = s["batch"] * s["heads"] * T * T * itemsize
     for what, memory in memory_limits().items():
@@ -252,12 +260,31 @@ def _plan(ops, args, cuda_reason):
     return runnable, unavailable
 
 
+def _cases(runnable, sizes, args):
+    """({(op name, T): [(impl, device)]} to run, [not-available rows]): every op at every T, but
+    an op that holds every score past --dense-max-seq-len, which is named with its array's bytes."""
+    cases, skipped = {}, []
+    for name, targets in runnable.items():
+        for T, size in sizes.items():
+            limit = args.dense_max_seq_len
+            if limit is None or T <= limit or not registry.OPS[name].dense_scores:
+                cases[name, T] = targets
+                continue
+            itemsize = calls.opmath(calls.dtype_of(args.dtype)).itemsize
+            need = size.B * size.nh * T * size.S * itemsize
+            skipped += [dict(op=name, impl=impl, device=device, mode=None, T=T, status="not available",
+                             reason=f"T = {T} is past --dense-max-seq-len {limit}: one (B, nh, T, S) score "
+                             f"array is {need:,} bytes ({bytes_text(need)})")
+                        for impl, device in targets]
+    return cases, skipped
+
+
 def _library(impl):
     return "numpy" if impl == "numpy" else "torch"
 
 
-def _check_parity(runnable, sizes, args, threads, progress):
-    """parity.check for every op and size; {(op, T): {(impl, device): result}}."""
+def _check_parity(cases, sizes, args, threads, progress):
+    """parity.check for every case (op, T); {(op, T): {(impl, device): result}}."""
     import torch
 
     from numpy_attn._threads import limit_blas_threads
@@ -269,11 +296,10 @@ def _check_parity(runnable, sizes, args, threads, progress):
     try:
         with limit_blas_threads(threads, required=True):
             checks = {}
-            for name, targets in runnable.items():
-                for T, size in sizes.items():
-                    checks[name, T] = parity.check(registry.OPS[name], size, args.dtype,
-                                                   args.seed, targets, args.tolerance)
-                    progress.step(f"parity {name} T={T}")
+            for (name, T), targets in cases.items():
+                checks[name, T] = parity.check(registry.OPS[name], sizes[T], args.dtype,
+                                               args.seed, targets, args.tolerance)
+                progress.step(f"parity {name} T={T}")
             return checks
     finally:
         torch.set_num_threads(old)
@@ -385,17 +411,18 @@ def measure(ops, args, argv):
         runnable, unavailable = _plan(ops, args, cuda_reason)
         seq_lens = sorted(set(s["seq_lens"]))
         sizes = {T: Size(B=s["batch"], nh=s["heads"], T=T, hs=s["head_size"]) for T in seq_lens}
+        cases, skipped = _cases(runnable, sizes, args)
+        unavailable += skipped
         workers = {}                                   # (library, device, revision) -> {(op, T): [impls]}
-        for name, targets in runnable.items():
-            for T in seq_lens:
-                for impl, device in targets:
-                    for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
-                        workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
-        timed_steps = (len(runnable) * len(seq_lens) * args.interleave if args.interleave else sum(
-            len(impls) * len(args.modes) for cases in workers.values() for impls in cases.values()))
-        progress = report.progress_bar(len(runnable) * len(seq_lens) + len(workers) + timed_steps, args.no_progress)
+        for (name, T), targets in cases.items():
+            for impl, device in targets:
+                for rev in [None] + ([args.against] if args.against and impl == "numpy" else []):
+                    workers.setdefault((_library(impl), device, rev), {}).setdefault((name, T), []).append(impl)
+        timed_steps = (len(cases) * args.interleave if args.interleave else sum(
+            len(impls) * len(args.modes) for listed in workers.values() for impls in listed.values()))
+        progress = report.progress_bar(len(cases) + len(workers) + timed_steps, args.no_progress)
 
-        checks = _check_parity(runnable, sizes, args, s["threads"], progress)
+        checks = _check_parity(cases, sizes, args, s["threads"], progress)
         job = dict(threads=s["threads"], dtype=args.dtype, seed=args.seed, repeats=s["repeats"],
                    min_time=s["min_time"], warmup=args.warmup, modes=args.modes,
                    size=dict(B=s["batch"], nh=s["heads"], hs=s["head_size"]))
@@ -421,7 +448,8 @@ def measure(ops, args, argv):
                     head_size=s["head_size"], dtype=args.dtype, threads=s["threads"],
                     repeats=s["repeats"], min_time=s["min_time"], warmup=args.warmup,
                     peak_size=s["peak_size"], seed=args.seed, quick=args.quick,
-                    tolerance=args.tolerance, interleave=args.interleave, against=args.against),
+                    tolerance=args.tolerance, interleave=args.interleave, against=args.against,
+                    dense_max_seq_len=args.dense_max_seq_len),
         cuda=dict(available=cuda_reason is None, reason=cuda_reason),
         flops_convention=FLOPS_CONVENTION,
         ops={op.name: dict(stem=op.stem, **op.describe(), bwd_factor=op.bwd_factor) for op in ops},
@@ -486,6 +514,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.plot_together and not args.plot:
+        parser.error("--plot-together says how --plot draws: give --plot FILE.png")
     try:
         with termination_raises():                 # SIGTERM, SIGHUP: cleaned up as for Ctrl-C
             status = _run(parser, args, argv)
@@ -574,7 +604,7 @@ def _run(parser, args, argv):
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         try:
-            report.write_plot(results, args.plot)
+            report.write_plot(results, args.plot, together=args.plot_together)
         except ValueError as err:
             print(f"python -m benchmarks: no plot written: {err}", file=sys.stderr)
             return 1

@@ -53,6 +53,8 @@ class Op:
     ``numpy_attn.kernels.flash_attention``); the twin stays ``torch_attn/<stem>.py``.
     ``dense_scores``: numpy_attn and the twin hold every score, a (B, nh, T, S) array (False for
     the tiled paths, flash and flex, which hold a tile at a time).
+    ``decode_step``: one new token over T = S tokens held (the plots' second axis), not a
+    layer computing T tokens.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Op:
     bwd_factor: float = 2.0
     numpy_module: str | None = None
     dense_scores: bool = True
+    decode_step: bool = False
 
     def numpy_functions(self):
         """(forward, backward) from numpy_attn/<stem>.py; ImportError/AttributeError if absent.
@@ -505,12 +508,12 @@ def _linear_attention_ops():
              backward=_decode_attention_backward, twin=_decode_attention_twin,
              builtin="F.scaled_dot_product_attention", inputs=_decode_attention_inputs,
              call_builtin=_builtin_sdpa_decode, flops=lambda z: 4 * z.B * z.nh * z.S * z.hs,
-             dense_scores=False)
+             dense_scores=False, decode_step=True)
     # decay, read S^T k, write k u^T, read S^T q: 7 hs^2 per head
     yield Op("decode_step_delta_rule", stem="gated_delta_rule", forward=_decode_delta_forward,
              backward=_decode_delta_backward, twin=_decode_delta_twin, builtin=None,
              inputs=_decode_delta_inputs, call_builtin=None, flops=lambda z: 7 * z.B * z.nh * z.hs * z.hs,
-             dense_scores=False)
+             dense_scores=False, decode_step=True)
 
 
 # -- learned sparse attention: MLA over every earlier key, and over the indexer's top-k (DSA) ---

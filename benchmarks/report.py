@@ -434,8 +434,9 @@ def write_csv(results, path):
     replace_file(path, text.getvalue().encode())
 
 
-def write_plot(results, path):
-    """Time against T (log-log) and % of matmul peak against T, one row of panels per op."""
+def write_plot(results, path, together=False):
+    """Time against T (log-log) and % of matmul peak against T, one row of panels per op; or
+    (``together``) every op's time on one panel, the decode steps' on a second (_plot_together)."""
     import matplotlib
 
     matplotlib.use("Agg")                          # headless: no display needed
@@ -446,6 +447,13 @@ def write_plot(results, path):
     ops = list(dict.fromkeys(r["op"] for r in rows))
     if not ops:
         raise ValueError("nothing was measured, so there is nothing to plot")
+    cfg, m = results["config"], results["machine"]
+    title = (f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
+             f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}")
+    if together:
+        fig = _plot_together(results, lambda panels: (8 * panels, 6.6))
+        _save_figure(fig, title, path)
+        return
     fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4 * len(ops) + 0.6), squeeze=False,
                              layout="constrained")     # keeps the suptitle clear of the panels
     seq_lens = sorted({r["T"] for r in rows})
@@ -474,13 +482,76 @@ def write_plot(results, path):
             ax.set_xticks(seq_lens, [str(T) for T in seq_lens])   # the measured T, not 10^k
             ax.xaxis.set_minor_locator(NullLocator())
         ax_time.legend(fontsize=8)
-    cfg, m = results["config"], results["machine"]
-    fig.suptitle(f"{m['cpu']}, {cfg['threads']} threads, {cfg['dtype']}, "
-                 f"B={cfg['batch']} nh={cfg['heads']} hs={cfg['head_size']}", fontsize=13)
+    _save_figure(fig, title, path)
+
+
+def _save_figure(fig, title, path):
+    """``fig`` under ``title`` as a PNG at ``path``, written whole or not at all."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=13)
     png = io.BytesIO()
     fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
     replace_file(path, png.getvalue())
+
+
+def time_lines(results):
+    """The lines of --plot-together: {panel's x label: {(op, implementation, device, mode): [(T, median
+    seconds)]}}, every op's rows on one panel, the decode steps (one token over S held) on a second."""
+    from benchmarks import registry
+
+    panels = {}
+    for r in timed_rows(results):
+        op = registry.OPS.get(r["op"])
+        axis = "tokens held S (one decode step)" if op and op.decode_step else "sequence length T (= S)"
+        key = (r["op"], impl_label(r), r["device"], r["mode"])
+        panels.setdefault(axis, {}).setdefault(key, []).append((r["T"], r["time_s"]["median"]))
+    return panels
+
+
+def crossings(a, b):
+    """Where the line ``b`` crosses ``a`` (each [(T, seconds)]), on the T both were measured at:
+    [(T, seconds)] of each crossing, interpolated straight on the log-log plot."""
+    b = dict(b)
+    shared = [(T, y, b[T]) for T, y in a if T in b]
+    points = []
+    for (T0, a0, b0), (T1, a1, b1) in zip(shared, shared[1:], strict=False):
+        d0, d1 = math.log(a0 / b0), math.log(a1 / b1)
+        if d0 * d1 < 0 or d1 == 0:
+            w = d0 / (d0 - d1)                     # where the log ratio reaches 0 along log T
+            points.append((math.exp(math.log(T0) + w * math.log(T1 / T0)),
+                           math.exp(math.log(a0) + w * math.log(a1 / a0))))
+    return points
+
+
+def _plot_together(results, fig_size):
+    """One panel of time against T (log-log) per axis of time_lines, every op on it, each crossing
+    of two ops' lines in one mode marked."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    panels = time_lines(results)
+    fig, axes = plt.subplots(1, len(panels), figsize=fig_size(len(panels)), squeeze=False, layout="constrained")
+    for ax, (axis, lines) in zip(axes[0], panels.items(), strict=True):
+        styles = {key[:3]: f"C{i}" for i, key in enumerate(dict.fromkeys(key[:3] for key in lines))}
+        for key, pts in lines.items():
+            op, impl, device, mode = key
+            name = results.get("ops", {}).get(op, {}).get("builtin") if impl == "builtin" else None
+            ax.plot(*zip(*[(T, t * 1e3) for T, t in pts], strict=True), marker="o", color=styles[key[:3]],
+                    linestyle="-" if mode == "fwd+bwd" else "--", label=f"{op} {name or impl} {device} {mode}")
+        for (key, a), (other, b) in ((x, y) for x in lines.items() for y in lines.items()):
+            if key[0] < other[0] and key[3] == other[3]:            # two ops, one mode
+                for T, t in crossings(a, b):
+                    ax.plot([T], [t * 1e3], marker="x", color="black", markersize=9, linestyle="none")
+        seq_lens = sorted({T for pts in lines.values() for T, _ in pts})
+        ax.set(xscale="log", yscale="log", xlabel=axis, ylabel="median time per call (ms)",
+               title=f"time against {axis} (x: two ops' lines cross)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_xticks(seq_lens, [str(T) for T in seq_lens])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.legend(fontsize=7)
+    return fig
 
 
 def _same_file(a, b):

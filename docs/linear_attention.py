@@ -17,6 +17,11 @@ TIKTOKEN_CACHE_DIR, see the README's "The tokenizer offline"):
    number of steps since.
 3. The bytes a Qwen3.5 layer keeps per sequence: a full-attention layer's key/value cache, which
    grows with the tokens, beside a linear-attention layer's state, which does not.
+4. The whole cache of one sequence for each hybrid family (Qwen3.5, Qwen3-Next, Kimi Linear, OLMo
+   Hybrid) and a softmax-only one (Qwen3-8B), at its released sizes (RELEASED), from the family's
+   own cache constructor (numpy_attn's FAMILY.kv_cache, built for one token): a softmax layer's
+   key/value bytes per token, a linear layer's fixed state and convolution window, and the whole
+   model's cache at CACHE_LENGTHS tokens.
 
 Everything is NumPy: numpy_attn's operations, no torch.
 """
@@ -24,9 +29,11 @@ Everything is NumPy: numpy_attn's operations, no torch.
 import sys
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from attn_cli import tokenizer
+from numpy_attn._family import families
 from numpy_attn.gated_delta_rule import gated_delta_rule_forward
 
 SENTENCE = "The cat sat on the mat"
@@ -49,6 +56,38 @@ QWEN3_5 = {
 ITEMSIZE = 2                   # bytes of a bfloat16, the checkpoints' dtype
 LENGTHS = (1024, 8192, 32768)
 MIB = 2**20
+
+
+def every_fourth(n_layer, first):
+    """Layer types with layers first, first + 4, ... full attention and the others linear."""
+    return tuple("full_attention" if i >= first and (i - first) % 4 == 0 else "linear_attention"
+                 for i in range(n_layer))
+
+
+# Each family's released sizes, in its numpy_attn config's fields (the config.json names in the
+# comments): the defaults of transformers 5.24's configs, which are the released models' (Qwen3.5's
+# text model; Qwen3-Next-80B-A3B; Kimi-Linear-48B-A3B; OLMo Hybrid 7B), and Qwen3-8B's config.json
+# for a model of softmax layers only. parity_tests/test_docs_linear_attention.py checks the four
+# hybrids against the installed transformers. Only what the cache holds is given; the rest (vocabulary,
+# widths of the feed-forward networks) stays at the config's small defaults.
+RELEASED = {
+    "Qwen3-8B (softmax only)": ("qwen3", dict(          # hidden_size, num_hidden_layers, heads, kv heads, head_dim
+        n_embd=4096, n_layer=36, n_head=32, n_kv_head=8, head_dim=128)),
+    "Qwen3.5": ("qwen3_5", dict(
+        n_embd=4096, n_layer=32, n_head=16, n_kv_head=4, head_dim=256, layer_types=every_fourth(32, 3),
+        linear_k_heads=16, linear_v_heads=32, linear_k_dim=128, linear_v_dim=128, conv_kernel=4)),
+    "Qwen3-Next": ("qwen3_next", dict(
+        n_embd=2048, n_layer=48, n_head=16, n_kv_head=2, head_dim=256, layer_types=every_fourth(48, 3),
+        linear_k_heads=16, linear_v_heads=32, linear_k_dim=128, linear_v_dim=128, conv_kernel=4)),
+    "Kimi Linear": ("kimi_linear", dict(                # MLA: kv_lora_rank, qk_rope_head_dim; KDA heads
+        n_embd=2304, n_layer=27, n_head=32, kv_lora_rank=512, qk_rope_head_dim=64, layer_types=every_fourth(27, 4),
+        linear_num_heads=32, linear_head_dim=128, conv_kernel=4)),
+    "OLMo Hybrid": ("olmo_hybrid", dict(
+        n_embd=3840, n_layer=32, n_head=30, n_kv_head=30, layer_types=every_fourth(32, 3),
+        linear_k_heads=30, linear_v_heads=30, linear_k_dim=96, linear_v_dim=192, conv_kernel=4)),
+}
+CACHE_LENGTHS = (4096, 32768, 131072)
+GIB = 2**30
 
 
 class Written(NamedTuple):
@@ -156,6 +195,44 @@ def size_table(config=QWEN3_5, lengths=LENGTHS):
     return "\n".join(lines)
 
 
+class FamilyCache(NamedTuple):
+    """What one sequence's cache holds in a family's model, in bfloat16 (bytes)."""
+
+    full_layers: int
+    linear_layers: int
+    kv_per_token: int       # one softmax layer's keys and values of one token
+    state: int              # one linear layer's recurrent state
+    window: int             # one linear layer's convolution window
+    per_token: int          # what each token adds to the whole cache (every softmax layer)
+    fixed: int              # the linear layers' states and windows, whatever the length
+
+
+def family_cache(name):
+    """FamilyCache of RELEASED[name], read off the family's cache constructor built for one token."""
+    family, fields = RELEASED[name]
+    f = families()[family]
+    config = f.config(vocab_size=8, block_size=1, **fields)
+    one = f.kv_cache(config, 1, np.dtype(ml_dtypes.bfloat16), 1)
+    states = [s for s in getattr(one, "states", []) if s is not None]
+    full = config.n_layer - len(states)
+    return FamilyCache(full, len(states), one.bytes_per_token // full,
+                       states[0]["recurrent"].nbytes if states else 0, states[0]["conv"].nbytes if states else 0,
+                       one.bytes_per_token, getattr(one, "state_nbytes", 0))
+
+
+def family_table(lengths=CACHE_LENGTHS):
+    """Table 4: each family's layers, per-layer bytes and whole cache at each length (GiB)."""
+    lines = ["| model | softmax + linear layers | K/V per token, one softmax layer | state + window, one linear "
+             "layer | " + " | ".join(f"cache at {T // 1024}k tokens" for T in lengths) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(lengths)]
+    for name in RELEASED:
+        c = family_cache(name)
+        linear = f"{c.state:,} + {c.window:,} bytes" if c.linear_layers else "-"
+        lines.append(f"| {name} | {c.full_layers} + {c.linear_layers} | {c.kv_per_token:,} bytes | {linear} | "
+                     + " | ".join(f"{(T * c.per_token + c.fixed) / GIB:.2f} GiB" for T in lengths) + " |")
+    return "\n".join(lines)
+
+
 def main():
     try:
         ids = np.array(tokenizer.encode(SENTENCE))
@@ -168,6 +245,8 @@ def main():
     print(decay_table(words[:KEPT], write(np.eye(DIM)[:KEPT], values[:KEPT], decay=DECAY)))
     print()
     print(size_table())
+    print()
+    print(family_table())
 
 
 if __name__ == "__main__":

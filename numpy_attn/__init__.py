@@ -113,7 +113,7 @@ from numpy_attn.gated_delta_rule import (
 )
 from numpy_attn.gated_deltanet import (
     check_sublayer_inputs, delta_rule_backward, delta_rule_forward, gated_deltanet_backward, gated_deltanet_forward,
-    log_decay_backward, log_decay_forward,
+    log_decay_backward, log_decay_forward, opmath_sublayer_inputs, rounded_tree,
 )
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.kimi_delta_attention import (

@@ -29,14 +29,17 @@ padding (False), as Hugging Face does before the projections.
 softplus(a) = log(1 + exp(a)) is written here (no other operation uses it), computed as
 logaddexp(0, a) so that a large a cannot overflow; its derivative is sigmoid(a).
 
-float32 and float64 (the chunked delta rule's dtypes).
+float16 and bfloat16 compute in float32 throughout, from float32 copies of x, the parameters and the
+state, and round the output, the state handed on and each gradient once (transformers keeps the
+delta rule, the decay and the norms in float32 too).
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype
+from numpy_attn._checks import check_dout, check_float, check_ndim, check_same_dtype, upcast
+from numpy_attn._tree import tree_map
 from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
 from numpy_attn.chunked_delta_rule import chunked_delta_rule_backward, chunked_delta_rule_forward
 from numpy_attn.gated_delta_rule import gated_delta_rule_backward, gated_delta_rule_forward
@@ -63,6 +66,7 @@ class GatedDeltaNetCache(NamedTuple):
     decay: tuple               # log_decay_forward's cache
     sizes: tuple               # (nk, nv, dk, dv)
     mask: object               # (B, T) bool or None
+    dtype: np.dtype            # x's (float16 and bfloat16 compute in float32)
     beta_scale: float = 1.0    # beta = beta_scale * sigmoid(b)
 
 
@@ -80,6 +84,8 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
         raise ValueError(f"gated_deltanet: beta_scale must be a positive finite number, got {beta_scale!r}")
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
+    dtype = x.dtype
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     lin = {}
@@ -105,8 +111,8 @@ def gated_deltanet_forward(x, params, num_k_heads, num_v_heads, head_k_dim, head
     y, norm_cache = gated_rms_norm_forward(o.swapaxes(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out, lin["out_proj"] = linear_forward(y.reshape(B, T, nv * dv), **params["out_proj"])   # (B, T, C)
     cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent,
-                               norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask, beta_scale)
-    return out, {"conv": conv_state, "recurrent": S}, cache
+                               norm_cache, beta, decay_cache, (nk, nv, dk, dv), mask, dtype, beta_scale)
+    return out.astype(dtype, copy=False), rounded_tree({"conv": conv_state, "recurrent": S}, dtype), cache
 
 
 def gated_deltanet_backward(dout, cache):
@@ -115,7 +121,8 @@ def gated_deltanet_backward(dout, cache):
     c = cache
     nk, nv, dk, dv = c.sizes
     B, T, _ = c.beta.shape
-    check_dout("gated_deltanet", dout, (B, T, c.linears["out_proj"].w.shape[1]), c.beta.dtype)
+    check_dout("gated_deltanet", dout, (B, T, c.linears["out_proj"].w.shape[1]), c.dtype)
+    dout = upcast(dout)
     grads = {}
     dy, grads["out_proj"] = linear_backward(dout, c.linears["out_proj"])
     do, dz, grads["norm"] = gated_rms_norm_backward(dy.reshape(B, T, nv, dv), c.norm)
@@ -139,10 +146,21 @@ def gated_deltanet_backward(dout, cache):
     if c.mask is not None:
         dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
     order = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
-    return dx, {name: grads[name] for name in order}
+    return dx.astype(c.dtype, copy=False), rounded_tree({name: grads[name] for name in order}, c.dtype)   # rounded once
 
 
 # -- steps Kimi Delta Attention shares (numpy_attn/kimi_delta_attention.py) ------------------------
+
+def opmath_sublayer_inputs(x, params, state):
+    """x, params and state (None or {"conv", "recurrent"}) as the sublayer computes with them:
+    float32 copies of float16 and bfloat16, the arrays themselves otherwise."""
+    return upcast(x), tree_map(upcast, params), None if state is None else tree_map(upcast, state)
+
+
+def rounded_tree(tree, dtype):
+    """Every array of ``tree`` in ``dtype`` (itself where it is already)."""
+    return tree_map(lambda a: a.astype(dtype, copy=False), tree)
+
 
 def log_decay_forward(pre, A_log):
     """The log-decay g = -exp(A_log) * softplus(pre) (<= 0): pre (..., *A_log.shape), A_log one
@@ -179,12 +197,10 @@ def delta_rule_backward(do, cache, recurrent):
 
 
 def _check_gated_deltanet(x, params, nk, nv, dk, dv, state, mask):
-    """Raise on an x that is not (B, T, C) float32 or float64, head counts that do not group, a
+    """Raise on an x that is not a (B, T, C) float array, head counts that do not group, a
     parameter or state of the wrong shape, or a mask that is not (B, T) bool."""
     check_float("x", x)
     check_ndim("x", x, 3)
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"gated_deltanet: x must be float32 or float64 (the chunked delta rule's), got {x.dtype}")
     for name, value in (("num_k_heads", nk), ("num_v_heads", nv), ("head_k_dim", dk), ("head_v_dim", dv)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"gated_deltanet: {name} must be a positive integer, got {value!r}")

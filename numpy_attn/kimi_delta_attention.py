@@ -26,13 +26,14 @@ The state, for decoding: {"conv": (B, 3 nh d, K-1), the convolution's last input
 (B, nh, d, d), the delta rule's state, rows the key channels}: its size does not grow with the
 text. ``mask`` (B, T) bool zeroes the input at padding (False), as Hugging Face does.
 
-float32 and float64 (the chunked delta rule's dtypes).
+float16 and bfloat16 compute in float32 throughout and round the output, the state handed on and each
+gradient once, as gated_deltanet.py does.
 """
 
 
 import numpy as np
 
-from numpy_attn._checks import check_dout, check_float, check_ndim
+from numpy_attn._checks import check_dout, check_float, check_ndim, upcast
 from numpy_attn.causal_conv1d import causal_conv1d_backward, causal_conv1d_forward
 from numpy_attn.gated_deltanet import (
     GatedDeltaNetCache,
@@ -41,6 +42,8 @@ from numpy_attn.gated_deltanet import (
     delta_rule_forward,
     log_decay_backward,
     log_decay_forward,
+    opmath_sublayer_inputs,
+    rounded_tree,
 )
 from numpy_attn.gated_rms_norm import gated_rms_norm_backward, gated_rms_norm_forward
 from numpy_attn.l2_norm import l2_norm_backward, l2_norm_forward
@@ -60,6 +63,8 @@ def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state
     _check_kimi_delta_attention(x, params, num_heads, head_dim, state, mask)
     nh, d = num_heads, head_dim
     B, T, C = x.shape
+    dtype = x.dtype
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     lin, proj = {}, {}
@@ -83,8 +88,8 @@ def kimi_delta_attention_forward(x, params, num_heads, head_dim, eps=1e-6, state
                                            act="sigmoid", round_norm=False)
     out, lin["o_proj"] = linear_forward(y.reshape(B, T, nh * d), **params["o_proj"])   # (B, T, C)
     cache = GatedDeltaNetCache(lin, conv_cache, q_norm_cache, k_norm_cache, delta_cache, recurrent, norm_cache, beta,
-                               decay_cache, (nh, d), mask)   # Gated DeltaNet's fields, beta (B, T, nh)
-    return out, {"conv": conv_state, "recurrent": S}, cache
+                               decay_cache, (nh, d), mask, dtype)   # Gated DeltaNet's fields, beta (B, T, nh)
+    return out.astype(dtype, copy=False), rounded_tree({"conv": conv_state, "recurrent": S}, dtype), cache
 
 
 def kimi_delta_attention_backward(dout, cache):
@@ -93,7 +98,8 @@ def kimi_delta_attention_backward(dout, cache):
     c = cache
     nh, d = c.sizes
     B, T, _ = c.beta.shape
-    check_dout("kimi_delta_attention", dout, (B, T, c.linears["o_proj"].w.shape[1]), c.beta.dtype)
+    check_dout("kimi_delta_attention", dout, (B, T, c.linears["o_proj"].w.shape[1]), c.dtype)
+    dout = upcast(dout)
     grads, dproj = {}, {}
     dy, grads["o_proj"] = linear_backward(dout, c.linears["o_proj"])
     do, dz, grads["o_norm"] = gated_rms_norm_backward(dy.reshape(B, T, nh, d), c.norm)
@@ -119,7 +125,7 @@ def kimi_delta_attention_backward(dout, cache):
         dx = dx * c.mask[:, :, None]                                  # padding was read as zeros
     order = ("q_proj", "k_proj", "v_proj", "conv1d", "f_a_proj", "f_b_proj", "dt_bias", "A_log", "b_proj",
              "g_a_proj", "g_b_proj", "o_norm", "o_proj")
-    return dx, {name: grads[name] for name in order}
+    return dx.astype(c.dtype, copy=False), rounded_tree({name: grads[name] for name in order}, c.dtype)   # rounded once
 
 
 def kimi_delta_attention_param_shapes(C, num_heads, head_dim, conv_kernel):
@@ -132,12 +138,10 @@ def kimi_delta_attention_param_shapes(C, num_heads, head_dim, conv_kernel):
 
 
 def _check_kimi_delta_attention(x, params, nh, d, state, mask):
-    """Raise on an x that is not (B, T, C) float32 or float64, sizes that are not positive integers,
+    """Raise on an x that is not a (B, T, C) float array, sizes that are not positive integers,
     a parameter or state of the wrong shape, or a mask that is not (B, T) bool."""
     check_float("x", x)
     check_ndim("x", x, 3)
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"kimi_delta_attention: x must be float32 or float64 (the chunked delta rule's), got {x.dtype}")
     for name, value in (("num_heads", nh), ("head_dim", d)):
         if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
             raise ValueError(f"kimi_delta_attention: {name} must be a positive integer, got {value!r}")

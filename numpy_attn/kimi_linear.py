@@ -26,7 +26,7 @@ per token (absorbed decoding, as deepseek_v3's LatentKVCache), a linear layer KD
 layers too: a token whose own key it masks is read as zeros by them (qwen3_5's state_sublayer), so
 that it never reaches their state.
 
-float32 and float64 (the chunked delta rule's dtypes).
+float16 and bfloat16 as the other families (Kimi Delta Attention computes them in float32), float32, float64.
 """
 
 from dataclasses import dataclass

@@ -27,7 +27,7 @@ q_proj, k_proj, v_proj, a_proj, b_proj, g_proj (the gate), o_proj, conv1d, dt_bi
 Decoding: Qwen3.5's cache (qwen3_5_kv_cache): keys and values on the full layers, Gated DeltaNet's
 state on the linear ones; ``attn_mask``'s padding reaches the linear layers as in Qwen3.5.
 
-float32 and float64 (Gated DeltaNet's).
+float16 and bfloat16 as the other families (Gated DeltaNet computes them in float32), float32, float64.
 """
 
 from dataclasses import dataclass

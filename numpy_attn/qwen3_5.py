@@ -30,7 +30,7 @@ linear layer keeps Gated DeltaNet's state {"conv", "recurrent"}, whose size does
 text. ``attn_mask`` marks padding for the linear layers too: a token whose own key it masks
 (a padding mask's column) is read as zeros by them, so that it never reaches their state.
 
-float32 and float64 (Gated DeltaNet's chunked delta rule's dtypes).
+float16 and bfloat16 as the other families (Gated DeltaNet computes them in float32), float32, float64.
 """
 
 from dataclasses import dataclass, field

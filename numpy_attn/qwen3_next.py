@@ -33,7 +33,7 @@ in_proj_ba in place of the four projections, and ``blocks.i.mlp`` on a mixture-o
 {"router": {"w": (C, E)}, "experts": {"gate", "up": {"w": (E, C, H)}, "down": {"w": (E, H, C)}},
 "shared": a SwiGLU C -> shared_hidden -> C, "shared_gate": {"w": (C, 1)}}.
 
-float32 and float64 (Gated DeltaNet's dtypes).
+float16 and bfloat16 as the other families (Gated DeltaNet computes them in float32), float32, float64.
 """
 
 from dataclasses import dataclass

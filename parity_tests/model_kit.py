@@ -58,6 +58,7 @@ from attn_cli import cli
 from attn_cli.hf import CheckpointError, load_checkpoint
 from benchmarks import convert
 from numpy_attn._family import families
+from numpy_attn._tree import flatten
 from numpy_attn.gpt import GPTConfig, init_gpt_params
 from numpy_attn.llama import LlamaConfig, init_llama_params, llama_forward, llama_kv_cache
 from numpy_attn.loss import cross_entropy_backward, cross_entropy_forward
@@ -623,6 +624,55 @@ def assert_model_meets_error_budget(name, dtype, forward, backward, twin, to_hf,
         grads_budget = {f"d{k}": (g[k], lowp_grads[k], truth_grads[k], [r[1][k] for r in runs]) for k in truth_grads}
         assert_error_budget(f"{name}[{who}]", dtype, grads_budget, multiple=GRAD_MULTIPLE)   # its comment says why
     return tuple(float(np.abs(x.astype(np.float64) - truth_logits).max()) for x in (logits, lowp_logits))
+
+
+def hybrid_budget_cases(broken, seeds=(0, 1, 2)):
+    """(dtype, seed) for every low dtype and seed, those in ``broken`` {(dtype, seed): what was
+    measured} marked strict xfail: the rule is not loosened for them, and a pass turns red, so that
+    the mark goes once it holds."""
+    return [pytest.param(dtype, seed, marks=pytest.mark.xfail(strict=True, reason=broken[dtype, seed]))
+            if (dtype, seed) in broken else pytest.param(dtype, seed) for dtype in LOW_DTYPES for seed in seeds]
+
+
+def assert_hybrid_meets_error_budget(name, dtype, model, from_hf, exact, forward, backward, twin, config, seed):
+    """assert_model_meets_error_budget for a hybrid family: transformers' float64 ``model`` gets its
+    parameters and floating buffers rounded to the low ``dtype`` (in place); ours (``forward``,
+    ``backward``) and the twin hold them, read by ``from_hf`` (Hugging Face's {name: array} -> our
+    tree); transformers runs a copy cast to ``dtype`` and, for the truth, ``model`` made float64
+    throughout by ``exact(model, monkeypatch)`` (undone after). Gradients are compared in our tree,
+    by dotted path (a buffer's gradient, which transformers has none of, is zeros). ids (2, 7) and
+    dout drawn from ``seed``; the ids leave out the pad id, whose row nn.Embedding(padding_idx) hands
+    no gradient and ours does. Returns what assert_model_meets_error_budget returns."""
+    low = LOW_DTYPES[dtype][1]
+    # The buffers too: Kimi Linear's selection bias is one (a rotary's inverse frequencies, cast to the low
+    # dtype anyway in transformers' low-precision copy, are recomputed in float64 by the families' exact).
+    with torch.no_grad():
+        for p in [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]:
+            p.copy_(p.to(low).to(p.dtype))
+    params = round_tree(from_hf({k: to_numpy(p) for k, p in model.state_dict().items()}), dtype)   # exact: rounded
+    lowp_model = copy.deepcopy(model).to(low)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, config.vocab_size - 1, (2, 7))
+    pad = model.config.pad_token_id
+    ids = ids if pad is None else ids + (ids >= pad)                            # every id but pad
+    dout = round_to(rng.normal(size=(2, 7, config.vocab_size)), dtype)
+
+    def ours(run):
+        """``run(d)``'s (logits, gradients by Hugging Face's names) with the gradients in our tree, flat."""
+        def run_ours(d):
+            logits, grads = run(d)
+            buffers = {k: np.zeros(tuple(b.shape)) for k, b in model.named_buffers()}   # no gradient: zeros
+            return logits, flatten(from_hf({**buffers, **grads}))
+        return run_ours
+
+    def truth(d):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return hf_logits_and_grads(exact(model, monkeypatch), ids, None, d)
+
+    return assert_model_meets_error_budget(
+        name, dtype, lambda p: forward(ids, p, config), backward, lambda params: twin(to_torch(ids), params, config),
+        flatten,
+        params, dout, ours(lambda d: hf_logits_and_grads(lowp_model, ids, None, d)), ours(truth))
 
 
 @st.composite

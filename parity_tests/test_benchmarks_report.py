@@ -256,3 +256,82 @@ def test_progress_is_drawn_on_a_terminal_only(monkeypatch):
         bar.step("two")
         assert ("2/2" in stream.getvalue()) == drawn
         assert report.progress_bar(2, no_progress=True).enabled is False
+
+
+def test_plot_together_puts_the_layers_on_one_panel_and_the_decode_steps_on_another():
+    """Prefill ops share the T panel; decode_step_* ops, one token over S held, the S panel; each
+    line is one (op, implementation, device, mode) with its medians in T order."""
+    rows = [_row(op, impl, t, mode=mode, T=T) for op, impl, mode, points in [
+        ("attention_causal", "numpy", "fwd", {256: 0.01, 1024: 0.2}),
+        ("delta_rule", "numpy", "fwd", {256: 0.1, 1024: 0.4}),
+        ("delta_rule", "numpy", "fwd+bwd", {256: 0.3}),
+        ("decode_step_attention", "builtin", "fwd", {256: 1e-4, 16384: 1e-2}),
+        ("decode_step_delta_rule", "numpy", "fwd", {256: 2e-3, 16384: 2e-3})] for T, t in points.items()]
+    panels = report.time_lines(_results(rows, []))
+    assert panels == {
+        "sequence length T (= S)": {
+            ("attention_causal", "numpy", "cpu", "fwd"): [(256, 0.01), (1024, 0.2)],
+            ("delta_rule", "numpy", "cpu", "fwd"): [(256, 0.1), (1024, 0.4)],
+            ("delta_rule", "numpy", "cpu", "fwd+bwd"): [(256, 0.3)]},
+        "tokens held S (one decode step)": {
+            ("decode_step_attention", "builtin", "cpu", "fwd"): [(256, 1e-4), (16384, 1e-2)],
+            ("decode_step_delta_rule", "numpy", "cpu", "fwd"): [(256, 2e-3), (16384, 2e-3)]}}
+
+
+def test_two_lines_cross_where_their_log_log_segments_meet():
+    """T^2 from 1 ms and T from 10 ms at T = 256 meet at 10x the T (2560, 100 ms) on the log-log
+    plot; lines that never change order, or share fewer than two T, do not cross."""
+    quadratic = [(256, 1e-3), (1024, 16e-3), (4096, 256e-3)]
+    linear = [(256, 10e-3), (1024, 40e-3), (4096, 160e-3)]
+    [(T, t)] = report.crossings(quadratic, linear)
+    assert T == pytest.approx(2560) and t == pytest.approx(0.1)
+    assert report.crossings(linear, quadratic) == [(pytest.approx(2560), pytest.approx(0.1))]
+    assert report.crossings(quadratic, [(T, 10 * t) for T, t in quadratic]) == []
+    assert report.crossings(quadratic, [(256, 10e-3), (16384, 1.0)]) == []
+
+
+def test_plot_together_draws_from_a_saved_run_and_needs_plot(tmp_path, capsys):
+    """--from-json with --plot --plot-together writes one PNG of two panels side by side (wider
+    than tall); --plot-together alone is refused, naming --plot."""
+    rows = [_row("attention_causal", "numpy", 1e-3 * (T / 256) ** 2, T=T) for T in (256, 1024, 4096)]
+    rows += [_row("delta_rule", "numpy", 1e-2 * T / 256, T=T) for T in (256, 1024, 4096)]
+    rows += [_row("decode_step_delta_rule", "numpy", 2e-3, T=T) for T in (256, 4096)]
+    results = dict(_results(rows, [_peak("numpy", 100.0)]), workers=[], machine=dict(cpu="test CPU"),
+                   config=dict(ops=["attention_causal", "delta_rule", "decode_step_delta_rule"], threads=1,
+                               dtype="float32", batch=1, heads=4, head_size=64))
+    png = tmp_path / "together.png"
+    report.write_plot(results, png, together=True)
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert png.read_bytes().startswith(b"\x89PNG") and width > 1.8 * height
+    with pytest.raises(SystemExit):
+        cli.main(["--from-json", str(tmp_path / "none.json"), "--plot-together"])
+    assert "--plot-together says how --plot draws: give --plot FILE.png" in capsys.readouterr().err
+
+
+def test_dense_max_seq_len_leaves_out_the_score_holding_rows_past_it_naming_their_bytes(monkeypatch):
+    """attention_causal (a (B, nh, T, S) array) stops at --dense-max-seq-len; the delta rule and
+    the flash kernel go on; each row left out names its T, the bound and its score array's bytes;
+    the memory check sizes the score array at the bound, not at the longest T."""
+    from benchmarks import registry
+    from benchmarks.registry import Size
+
+    args = cli.build_parser().parse_args(["--ops", "attention_causal", "delta_rule", "flash_attention_causal",
+                                          "--seq-lens", "256", "16384", "--dense-max-seq-len", "4096",
+                                          "--batch", "1", "--heads", "4"])
+    targets = [("numpy", "cpu"), ("builtin", "cpu")]
+    runnable = dict.fromkeys(["attention_causal", "delta_rule", "flash_attention_causal"], targets)
+    sizes = {T: Size(B=1, nh=4, T=T, hs=64) for T in (256, 16384)}
+    cases, skipped = cli._cases(runnable, sizes, args)
+    assert set(cases) == {(op, T) for op in runnable for T in (256, 16384)} - {("attention_causal", 16384)}
+    assert [(r["op"], r["impl"], r["T"], r["status"]) for r in skipped] == [
+        ("attention_causal", "numpy", 16384, "not available"), ("attention_causal", "builtin", 16384, "not available")]
+    assert skipped[0]["reason"] == ("T = 16384 is past --dense-max-seq-len 4096: one (B, nh, T, S) score array "
+                                    "is 4,294,967,296 bytes (4.0 GiB)")            # 4 x 16384^2 x 4 bytes
+    ops = registry.select(["attention_causal"])
+    monkeypatch.setattr(cli, "memory_limits", lambda: {"the memory left under this cgroup's limit": 2**30})
+    cli.check_scores_fit(ops, args)                                    # 4096: 256 MiB of 1 GiB
+    with pytest.raises(ValueError, match="--seq-lens 16384 x 16384"):
+        cli.check_scores_fit(ops, cli.build_parser().parse_args(["--seq-lens", "256", "16384", "--heads", "4",
+                                                                 "--batch", "1"]))

@@ -50,7 +50,7 @@ def test_the_script_writes_nothing_and_the_page_shows_what_it_prints(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"] and mine.read_text() == "the user's own file\n"
     page = PAGE.read_text(encoding="utf-8")
     blocks = done.stdout.strip().split("\n\n")
-    assert len(blocks) == 4 and all(block.startswith("| ") for block in blocks[:3]), done.stdout
+    assert len(blocks) == 5 and all(block.startswith("| ") for block in blocks[:3] + blocks[4:]), done.stdout
     for block in blocks:
         assert block in page, f"the page differs from the script's output:\n{block}"
     assert page.count("`python docs/linear_attention.py`") >= 2, "the page names the command that made its tables"
@@ -150,3 +150,67 @@ def test_the_script_uses_numpy_only():
     imports = re.findall(r"^\s*(?:from|import) (\w+)", SCRIPT.read_text(encoding="utf-8"), flags=re.M)
     assert not {"torch", "torch_attn", "transformers"} & set(imports), imports
     assert "numpy_attn" in imports
+
+
+# Table 4's sizes: the hybrid families' against the installed transformers' config defaults, under
+# the config.json names each numpy_attn field reads (attn_cli/hf).
+HF_FIELDS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+             "n_kv_head": "num_key_value_heads", "head_dim": "head_dim", "layer_types": "layer_types",
+             "linear_k_heads": "linear_num_key_heads", "linear_v_heads": "linear_num_value_heads",
+             "linear_k_dim": "linear_key_head_dim", "linear_v_dim": "linear_value_head_dim",
+             "conv_kernel": "linear_conv_kernel_dim", "kv_lora_rank": "kv_lora_rank",
+             "qk_rope_head_dim": "qk_rope_head_dim", "linear_num_heads": "linear_num_heads",
+             "linear_head_dim": "linear_head_dim"}
+HF_CONFIGS = {"qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "kimi_linear": "KimiLinearConfig",
+              "olmo_hybrid": "OlmoHybridConfig"}
+
+
+def test_the_families_released_sizes_are_transformers_defaults():
+    transformers = pytest.importorskip("transformers")
+    checked = set()
+    for family, fields in memory.RELEASED.values():
+        if family not in HF_CONFIGS:
+            continue
+        config = getattr(transformers, HF_CONFIGS[family])()
+        for name, value in fields.items():
+            theirs = getattr(config, HF_FIELDS[name])
+            assert (tuple(theirs) if name == "layer_types" else theirs) == value, (family, name, theirs, value)
+        checked.add(family)
+    assert checked == set(HF_CONFIGS)
+
+
+def test_the_family_table_is_each_cache_constructors_bytes_as_counted_by_hand():
+    """Each row's bytes from the family's cache constructor equal the count from its sizes: a softmax
+    layer 2 nkv hs (or MLA's latent rkv + dr) numbers a token, a linear layer nv dk dv numbers of state
+    and K - 1 inputs of its convolution's channels, bfloat16 (2 bytes); the whole cache T tokens of
+    every softmax layer and every linear layer's state and window. And the page's ratios hold."""
+    def by_hand(fields):
+        f = dict(fields)
+        types = f.get("layer_types", ("full_attention",) * f["n_layer"])
+        full, linear = types.count("full_attention"), types.count("linear_attention")
+        hs = f.get("head_dim", f["n_embd"] // f["n_head"])                     # OLMo: hidden size / heads
+        kv = 2 * ((f["kv_lora_rank"] + f["qk_rope_head_dim"]) if "kv_lora_rank" in f else 2 * f["n_kv_head"] * hs)
+        if "linear_num_heads" in f:
+            nh, d = f["linear_num_heads"], f["linear_head_dim"]
+            state, channels = nh * d * d, 3 * nh * d
+        elif linear:
+            state = f["linear_v_heads"] * f["linear_k_dim"] * f["linear_v_dim"]
+            channels = 2 * f["linear_k_heads"] * f["linear_k_dim"] + f["linear_v_heads"] * f["linear_v_dim"]
+        else:
+            state = channels = 0
+        window = (f.get("conv_kernel", 1) - 1) * channels * 2
+        return memory.FamilyCache(full, linear, kv, 2 * state, window, full * kv, linear * (2 * state + window))
+    table = memory.family_table()
+    for name, (_, fields) in memory.RELEASED.items():
+        c = memory.family_cache(name)
+        assert c == by_hand(fields), (name, c, by_hand(fields))
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        for T in memory.CACHE_LENGTHS:
+            assert f"| {(T * c.per_token + c.fixed) / memory.GIB:.2f} GiB" in row, (name, T, row)
+    whole = {name: 131072 * c.per_token + c.fixed for name, c in ((n, memory.family_cache(n)) for n in memory.RELEASED)}
+    assert 4.4 < whole["Qwen3-8B (softmax only)"] / whole["Qwen3.5"] < 4.6          # the page: 4.5x
+    assert 20.5 < whole["Qwen3-8B (softmax only)"] / whole["Kimi Linear"] < 21.5     # 21x
+    hybrids = [memory.family_cache(n) for n in memory.RELEASED if "softmax" not in n]
+    assert 22 * 2**20 < min(c.fixed for c in hybrids) and max(c.fixed for c in hybrids) < 38 * 2**20
+    # the tokens from which the softmax layers' share outgrows the fixed part: the page's 230 to 3,400
+    assert [round(c.fixed / c.per_token, -1) for c in hybrids] == [800, 1610, 3410, 230]

@@ -34,11 +34,13 @@ from parity_tests.model_kit import (
     assert_checkpoint_reads_as,
     assert_generate_hf_is_transformers,
     assert_hybrid_matches_twin,
+    assert_hybrid_meets_error_budget,
     assert_leaf_matches_finite_differences,
     assert_tree_equals_transformers,
     choice_gaps,
     drawn_hybrid_case,
     float64_twin,
+    hybrid_budget_cases,
     randomise,
     save,
     tol64,
@@ -318,3 +320,17 @@ def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, cache):
     without: the greedy ids of transformers' generate (float32, use_cache=True), 10 tokens past a
     5-token prompt."""
     assert_generate_hf_is_transformers(hf_model(0, torch.float32), tmp_path, capsys, cache, "Kimi Linear")
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype, seed", hybrid_budget_cases({}))
+def test_low_precision_meets_the_error_budget(dtype, seed):
+    """Ours and the twin in float16 and bfloat16 (Kimi Delta Attention computing in float32 and
+    rounding once) against KimiLinearForCausalLM in float64 on the same rounded weights and selection
+    bias, within twice the error of KimiLinearForCausalLM run in the low dtype:
+    model_kit.assert_hybrid_meets_error_budget."""
+    assert_hybrid_meets_error_budget("kimi_linear", dtype, hf_model(seed), lambda t: ours_from_hf(t, CONFIG),
+                                     lambda model, monkeypatch: exact(monkeypatch) or model, kimi_linear_forward,
+                                     kimi_linear_backward, tw.kimi_linear, CONFIG, seed)

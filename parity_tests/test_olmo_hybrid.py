@@ -35,11 +35,13 @@ from parity_tests.model_kit import (
     assert_hybrid_equals_transformers,
     assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
+    assert_hybrid_meets_error_budget,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
     assert_twin_decodes_as_ours,
     drawn_hybrid_case,
     float64_twin,
+    hybrid_budget_cases,
     randomise,
     tree_from_names,
 )
@@ -372,3 +374,21 @@ def test_convolution_pieces_of_any_widths_are_read(tmp_path, widths):
     _, _, params = load_checkpoint(tmp_path, np.float64)
     expected = to_numpy(model.model.layers[0].linear_attn.conv1d.weight)[:, 0]
     assert np.array_equal(params["blocks"]["0"]["attn"]["conv1d"]["w"], expected)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
+
+# float16 breaks the rule at these seeds (bfloat16 holds at all three), measured when the test was written:
+FLOAT16_BROKEN = {
+    ("float16", 1): "dwte: ours 24.8 off, 7.0x transformers' 3.52 (the rule: 6x)",
+}
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype, seed", hybrid_budget_cases(FLOAT16_BROKEN))
+def test_low_precision_meets_the_error_budget(dtype, seed):
+    """Ours and the twin in float16 and bfloat16 (Gated DeltaNet computing in float32 and rounding
+    once) against OlmoHybridForCausalLM in float64 on the same rounded weights, within twice the error
+    of OlmoHybridForCausalLM run in the low dtype: model_kit.assert_hybrid_meets_error_budget."""
+    assert_hybrid_meets_error_budget("olmo_hybrid", dtype, hf_model(seed), ours_from_hf, exact,
+                                     olmo_hybrid_forward, olmo_hybrid_backward, tw.olmo_hybrid, CONFIG, seed)

@@ -34,11 +34,13 @@ from parity_tests.model_kit import (
     assert_hybrid_equals_transformers,
     assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
+    assert_hybrid_meets_error_budget,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
     assert_twin_decodes_as_ours,
     drawn_hybrid_case,
     float64_twin,
+    hybrid_budget_cases,
     randomise,
     tol64,
     tree_from_names,
@@ -304,13 +306,15 @@ def test_bad_config_json_is_refused(tmp_path, capsys, changes, message):
     assert_changed_config_refused(folder, capsys, changes, message)
 
 
-def test_generate_hf_in_bfloat16_is_refused(tmp_path, capsys):
-    """Gated DeltaNet runs in float32 and float64 only: --dtype bfloat16 stops with a message naming
-    the dtype, not a traceback."""
+def test_generate_hf_in_bfloat16_runs(tmp_path, capsys):
+    """Gated DeltaNet computes float16 and bfloat16 in float32: --dtype bfloat16 decodes, with the
+    cache (its states held in bfloat16), as many ids as asked, each in the vocabulary."""
     from attn_cli import cli
     hf_model(1).to(torch.float32).save_pretrained(tmp_path, safe_serialization=True)
-    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--dtype", "bfloat16"]) == 2
-    assert "must be float32 or float64 (the chunked delta rule's), got bfloat16" in capsys.readouterr().err
+    assert cli.main(["generate", "--hf", str(tmp_path), "--ids", "1,2", "--dtype", "bfloat16", "--max-new-tokens",
+                     "5", "--temperature", "0"]) == 0
+    ids = [int(i) for i in capsys.readouterr().out.strip().split(",")]
+    assert len(ids) == 7 and ids[:2] == [1, 2] and all(0 <= i < HF_SIZES["vocab_size"] for i in ids), ids
 
 
 def test_twin_decodes_as_ours():
@@ -320,3 +324,22 @@ def test_twin_decodes_as_ours():
     params = ours_from_hf({k: to_numpy(p) for k, p in model.named_parameters()}, CONFIG)
     assert_twin_decodes_as_ours("qwen3_5", qwen3_5_forward, tw.qwen3_5, qwen3_5_kv_cache, tw.qwen3_5_kv_cache, CONFIG,
                                 params)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
+
+# float16 breaks the rule at these seeds (bfloat16 holds at all three), measured when the test was written:
+FLOAT16_BROKEN = {
+    ("float16", 0): "dwte: ours 517 off, transformers' float16 run is nan there; blocks.0.mlp.gate.w 505 (its 25.6)",
+    ("float16", 1): "dwte: ours 49.8 off, transformers' float16 run is nan there (no bound)",
+}
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype, seed", hybrid_budget_cases(FLOAT16_BROKEN))
+def test_low_precision_meets_the_error_budget(dtype, seed):
+    """Ours and the twin in float16 and bfloat16 (Gated DeltaNet computing in float32 and rounding
+    once) against Qwen3_5ForCausalLM in float64 on the same rounded weights, within twice the error
+    of Qwen3_5ForCausalLM run in the low dtype: model_kit.assert_hybrid_meets_error_budget."""
+    assert_hybrid_meets_error_budget("qwen3_5", dtype, hf_model(seed), lambda t: ours_from_hf(t, CONFIG), exact,
+                                     qwen3_5_forward, qwen3_5_backward, tw.qwen3_5, CONFIG, seed)

@@ -36,11 +36,13 @@ from parity_tests.model_kit import (
     assert_hybrid_equals_transformers,
     assert_hybrid_generates_as_transformers,
     assert_hybrid_matches_twin,
+    assert_hybrid_meets_error_budget,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
     assert_twin_decodes_as_ours,
     drawn_hybrid_case,
     float64_twin,
+    hybrid_budget_cases,
     randomise,
 )
 
@@ -427,3 +429,22 @@ def test_bad_config_json_is_refused(tmp_path, capsys, changes, message):
     folder = tmp_path / "model"
     hf_model(9).to(torch.float32).save_pretrained(folder, safe_serialization=True)
     assert_changed_config_refused(folder, capsys, changes, message)
+
+
+# -- float16 and bfloat16: FlashAttention's error rule against transformers -----------------------------
+
+# float16 breaks the rule at these seeds (bfloat16 holds at all three), measured when the test was written:
+FLOAT16_BROKEN = {
+    ("float16", 0): "dblocks.0.attn.norm.w: ours 43.7 off, 6.2x transformers' 7.04 (the rule: 6x)",
+    ("float16", 1): "dwte: ours 5.91 off, transformers' float16 run is nan there (no bound)",
+}
+
+
+@pytest.mark.error_budget
+@pytest.mark.parametrize("dtype, seed", hybrid_budget_cases(FLOAT16_BROKEN))
+def test_low_precision_meets_the_error_budget(dtype, seed):
+    """Ours and the twin in float16 and bfloat16 (Gated DeltaNet computing in float32 and rounding
+    once) against Qwen3NextForCausalLM in float64 on the same rounded weights, within twice the error
+    of Qwen3NextForCausalLM run in the low dtype: model_kit.assert_hybrid_meets_error_budget."""
+    assert_hybrid_meets_error_budget("qwen3_next", dtype, hf_model(seed), lambda t: ours_from_hf(t, CONFIG), exact,
+                                     qwen3_next_forward, qwen3_next_backward, tw.qwen3_next, CONFIG, seed)

@@ -3,11 +3,14 @@
 Twin of numpy_attn/gated_deltanet.py: the input projections, the causal convolution with SiLU,
 q and k repeated to the value heads and L2-normalised, beta = beta_scale * sigmoid(x @ in_proj_b),
 g = -exp(A_log) * softplus(x @ in_proj_a + dt_bias), the delta rule (chunked, or one step of the recurrence when
-decoding), the gated RMS norm per value head and out_proj. float32 and float64, as there.
+decoding), the gated RMS norm per value head and out_proj. float16 and bfloat16 compute in float32
+throughout and round the output and the state handed on once, as there.
 """
 
 import torch
 
+from numpy_attn._tree import tree_map  # plain Python: walks the nested dicts
+from torch_attn._opmath import upcast
 from torch_attn.causal_conv1d import causal_conv1d
 from torch_attn.chunked_delta_rule import chunked_delta_rule
 from torch_attn.gated_delta_rule import gated_delta_rule
@@ -22,6 +25,8 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     """x (B, T, C) -> (out (B, T, C), new_state {"conv": (B, conv_dim, K-1), "recurrent": (B, nv, dk, dv)})."""
     nk, nv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
     B, T, C = x.shape
+    dtype = x.dtype
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     qkv = linear(x, **params["in_proj_qkv"])                          # (B, T, 2 nk dk + nv dv)
@@ -44,10 +49,21 @@ def gated_deltanet(x, params, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 
     # The gated norm per value head, gate z.
     y = gated_rms_norm(o.transpose(1, 2), z.reshape(B, T, nv, dv), params["norm"]["w"], eps)
     out = linear(y.reshape(B, T, nv * dv), **params["out_proj"])     # (B, T, C)
-    return out, {"conv": conv_state, "recurrent": S}
+    return out.to(dtype), rounded_tree({"conv": conv_state, "recurrent": S}, dtype)
 
 
 # -- steps Kimi Delta Attention shares (torch_attn/kimi_delta_attention.py) ------------------------
+
+def opmath_sublayer_inputs(x, params, state):
+    """x, params and state (None or {"conv", "recurrent"}) as the sublayer computes with them:
+    float32 for float16 and bfloat16, the tensors themselves otherwise."""
+    return upcast(x), tree_map(upcast, params), None if state is None else tree_map(upcast, state)
+
+
+def rounded_tree(tree, dtype):
+    """Every tensor of ``tree`` in ``dtype``."""
+    return tree_map(lambda t: t.to(dtype), tree)
+
 
 def log_decay(pre, A_log):
     """g = -exp(A_log) * softplus(pre) (<= 0), A_log broadcast from the right."""

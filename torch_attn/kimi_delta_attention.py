@@ -4,7 +4,7 @@ twin of numpy_attn/kimi_delta_attention.py."""
 import torch
 
 from torch_attn.causal_conv1d import causal_conv1d
-from torch_attn.gated_deltanet import delta_rule, log_decay
+from torch_attn.gated_deltanet import delta_rule, log_decay, opmath_sublayer_inputs, rounded_tree
 from torch_attn.gated_rms_norm import gated_rms_norm
 from torch_attn.l2_norm import l2_norm
 from torch_attn.linear import linear
@@ -15,6 +15,8 @@ def kimi_delta_attention(x, params, num_heads, head_dim, eps=1e-6, state=None, m
     """x (B, T, C) -> (out (B, T, C), new_state {"conv": (B, 3 nh d, K-1), "recurrent": (B, nh, d, d)})."""
     nh, d = num_heads, head_dim
     B, T, C = x.shape
+    dtype = x.dtype
+    x, params, state = opmath_sublayer_inputs(x, params, state)      # float32 for float16 and bfloat16
     if mask is not None:
         x = x * mask[:, :, None]                                     # padding read as zeros
     proj = {name: linear(x, **params[name]) for name in ("q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj",
@@ -35,7 +37,7 @@ def kimi_delta_attention(x, params, num_heads, head_dim, eps=1e-6, state=None, m
     y = gated_rms_norm(o.transpose(1, 2), z.reshape(B, T, nh, d), params["o_norm"]["w"], eps, act="sigmoid",
                        round_norm=False)
     out = linear(y.reshape(B, T, nh * d), **params["o_proj"])        # (B, T, C)
-    return out, {"conv": conv_state, "recurrent": S}
+    return out.to(dtype), rounded_tree({"conv": conv_state, "recurrent": S}, dtype)
 
 
 # Equals Hugging Face's KimiLinearDeltaAttention.forward (its torch fallbacks, whose softplus
