@@ -30,7 +30,6 @@ float16 and bfloat16 compute in float32 throughout and round the output, the sta
 gradient once, as gated_deltanet.py does.
 """
 
-
 import numpy as np
 
 from numpy_attn._checks import check_dout, check_float, check_ndim, upcast
