@@ -666,6 +666,8 @@ def test_bad_input():
         gpt_oss_moe_backward(np.zeros(3), cache)
     with pytest.raises(ValueError, match=r"^router.w must have shape \(C, E\) = \(3, n_experts\), got list$"):
         gpt_oss_moe_forward(x, {**params, "router": {**params["router"], "w": [[0.0] * 3] * 3}}, k=1)
+    with pytest.raises(TypeError, match=r"^params must be a dict, got list$"):
+        gpt_oss_moe_forward(x, [params], k=1)
     with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., C\), got \(\)$"):
         gpt_oss_moe_forward(np.array(1.0), params, k=1)
     no_gate = {**params, "experts": {k: v for k, v in params["experts"].items() if k != "gate"}}
@@ -683,13 +685,14 @@ def test_bad_input():
     kw = dict(n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
     with pytest.raises(ValueError, match=r"k = 5 must lie in \[1, 4\]: n_experts = 4"):
         deepseek_moe_forward(x, params, k=5, **kw)
-    with pytest.raises(ValueError, match=r"k = 3 must lie in \[1, 2\]: the 2 experts in topk_group = 1 groups of 2"):
+    with pytest.raises(ValueError, match=r"^k = 3 must lie in \[1, 2\]: the 2 experts in topk_group = 1 groups of 2$"):
         deepseek_moe_forward(x, params, k=3, **kw)
     with pytest.raises(ValueError, match=r"topk_group = 3 must lie in \[1, 2\]: n_group = 2"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "topk_group": 3})
     with pytest.raises(ValueError, match="n_experts = 4 is not divisible by n_group = 3"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "n_group": 3})
-    with pytest.raises(ValueError, match="n_group = 4 leaves 1 expert per group"):
+    with pytest.raises(ValueError, match="^n_group = 4 leaves 1 expert per group of n_experts = 4; a group's score is "
+                                         "the sum of its best 2$"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "n_group": 4})
     with pytest.raises(TypeError, match="norm_topk_prob must be a bool, got str 'yes'"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "norm_topk_prob": "yes"})
