@@ -556,6 +556,17 @@ def test_router_weights_stay_positive_when_the_scores_underflow():
                  np.ones_like(weights), **TOLERANCES[np.dtype(np.float64)])
 
 
+def test_a_group_scores_its_best_two():
+    """A hand-worked routing case (transformers' DeepseekV3MoE): two groups of three experts, one
+    group kept. Every sigmoid score is 0.5 (router w = 0), so the selection bias alone chooses:
+    group A (0.9, 0.9, 0.0) sums 1.8 over its best two, group B (0.8, 0.8, 0.8) 1.6 (2.4 over all
+    three). The best two decide, so group A is kept and its experts 0 and 1 are chosen."""
+    bias = np.array([0.4, 0.4, -0.5, 0.3, 0.3, 0.3])
+    _, indices, _ = deepseek_router_forward(np.ones((1, 2)), {"w": np.zeros((2, 6))}, bias, 2, n_group=2,
+                                            topk_group=1)
+    assert indices.tolist() == [[0, 1]], f"chose {indices.tolist()}, not group A's experts 0 and 1"
+
+
 def test_defaults_are_the_models():
     """gpt-oss's gated unit, expert and mixture default to transformers' GptOssConfig's swiglu_alpha
     and swiglu_limit (inputs past the limit, so that it matters); DeepSeek's router defaults to
@@ -665,7 +676,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"gpt_oss_moe: dout must have the shape .* \(1, 3\), got \(3,\)"):
         gpt_oss_moe_backward(np.zeros(3), cache)
     with pytest.raises(ValueError, match=r"^router.w must have shape \(C, E\) = \(3, n_experts\), got list$"):
-        gpt_oss_moe_forward(x, {**params, "router": {**params["router"], "w": [[0.0] * 3] * 3}}, k=1)
+        gpt_oss_moe_forward(x[None], {**params, "router": {**params["router"], "w": [[0.0] * 3] * 3}}, k=1)
     with pytest.raises(TypeError, match=r"^params must be a dict, got list$"):
         gpt_oss_moe_forward(x, [params], k=1)
     with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., C\), got \(\)$"):
