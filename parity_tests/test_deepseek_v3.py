@@ -34,7 +34,9 @@ from attn_cli import cli, hf
 from attn_cli.hf import CheckpointError, load_checkpoint
 from numpy_attn.deepseek_v3 import (
     DeepseekV3Config,
+    deepseek_v3_attention_forward,
     deepseek_v3_backward,
+    deepseek_v3_block_forward,
     deepseek_v3_forward,
     deepseek_v3_kv_cache,
     init_deepseek_v3_params,
@@ -385,13 +387,15 @@ def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, messa
 
 @pytest.mark.parametrize("kw, error, message", [
     (dict(num_experts_per_tok=5, n_group=1, topk_group=1), ValueError,
-     r"DeepseekV3Config.num_experts_per_tok = 5 must lie in \[1, 4\]"),
+     r"^DeepseekV3Config.num_experts_per_tok = 5 must lie in \[1, 4\]: the 4 experts of topk_group = 1 groups of 4 "
+     r"\(n_routed_experts = 4\)$"),
     (dict(n_routed_experts=6, n_group=4), ValueError, r"DeepseekV3Config.n_group = 4 must divide n_routed_experts"),
     (dict(kv_lora_rank=0), ValueError, r"MLAConfig.kv_lora_rank must be a positive integer, got 0"),
     (dict(head_dim=2), ValueError, r"DeepseekV3Config.head_dim must be the rotary width qk_rope_head_dim = 4"),
     (dict(norm_topk_prob=1), TypeError, r"DeepseekV3Config.norm_topk_prob must be a bool, got int 1"),
     (dict(first_k_dense_replace=-1), ValueError, r"DeepseekV3Config.first_k_dense_replace must be"),
     (dict(n_shared_experts=0), ValueError, r"DeepseekV3Config.n_shared_experts must be a positive integer"),
+    (dict(n_group=8), ValueError, r"^DeepseekV3Config.n_group = 8 must lie in \[1, 4\]: n_routed_experts = 4$"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
@@ -400,8 +404,14 @@ def test_bad_config(kw, error, message):
 
 def test_bad_input():
     config, params, ids, dout = _pinned()
-    with pytest.raises(ValueError, match="attn_mask is not supported"):
+    with pytest.raises(ValueError,
+                       match=r"^deepseek_v3_forward: attn_mask is not supported \(MLA here is causal only\)$"):
         deepseek_v3_forward(ids, params, config, attn_mask=np.ones((5, 5), bool))
+    h = np.zeros((2, 5, config.n_embd))
+    with pytest.raises(ValueError, match=r"^deepseek_v3_attention_forward: attn_mask is not supported \(MLA attends "
+                                         r"causally\)$"):
+        deepseek_v3_attention_forward(h, params["blocks"]["0"]["attn"], config, np.arange(5),
+                                      attn_mask=np.ones((5, 5), bool))
     with pytest.raises(TypeError, match="kv_cache must come from deepseek_v3_kv_cache, got dict"):
         deepseek_v3_forward(ids, params, config, kv_cache={})
     with pytest.raises(ValueError, match=r"kv_cache \(B, heads, key width, value width\) = \(2, 2, 2, 2\) must be"):
@@ -414,7 +424,9 @@ def test_bad_input():
         kv_cache = deepseek_v3_kv_cache(config, 2, np.float64, absorb=absorb)
         deepseek_v3_forward(ids[:, :2], params, config, kv_cache=kv_cache)
         _, cache = deepseek_v3_forward(ids[:, 2:3], params, config, kv_cache=kv_cache)
-        with pytest.raises(ValueError, match="for inference only"):
+        absorbed = (r"^deepseek_v3_backward: the forward decoded from an absorbed latent cache, "
+                    r"which is for inference only$")
+        with pytest.raises(ValueError, match=absorbed if absorb else "for inference only"):
             deepseek_v3_backward(dout[:, 2:3], cache)
     small = dataclasses.replace(config, kv_lora_rank=4)
     with pytest.raises(ValueError, match="kv_cache holds latents of width 8, the config's kv_lora_rank is 4"):
@@ -485,6 +497,38 @@ def test_init_statistics_and_dtype(dtype):
     for path, leaf in tree_leaves(params):
         if path.endswith("norm.w"):
             assert np.all(leaf == 1), f"{path} does not start at 1"
+
+
+def test_config_stores_numpy_scalars_as_python_values():
+    """DeepSeek-V3's own fields given as NumPy scalars (as read from arrays) are stored as Python
+    int, float and bool, so that the config writes to JSON."""
+    given = {"moe_hidden": np.int64(8), "n_routed_experts": np.int32(4), "n_shared_experts": np.int64(1),
+             "num_experts_per_tok": np.int64(2), "n_group": np.int64(2), "topk_group": np.int64(1),
+             "norm_topk_prob": np.bool_(False), "routed_scaling_factor": np.float32(2.5),
+             "first_k_dense_replace": np.int64(0)}
+    config = DeepseekV3Config(**given)
+    for field, value in given.items():
+        stored = getattr(config, field)
+        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
+    json.dumps(dataclasses.asdict(config))
+
+
+def test_block_without_moe_runs_the_dense_network():
+    """deepseek_v3_block_forward called without ``moe`` is a dense block (the first
+    first_k_dense_replace blocks' kind): block 0's parameters run as with moe=False, bit for bit."""
+    config, params, ids, _ = _pinned()
+    x = np.random.default_rng(0).normal(size=(2, 5, config.n_embd))
+    out, cache = deepseek_v3_block_forward(x, params["blocks"]["0"], config, np.arange(5))
+    dense, _ = deepseek_v3_block_forward(x, params["blocks"]["0"], config, np.arange(5), moe=False)
+    assert np.array_equal(out, dense), "block 0 without moe differs from moe=False"
+
+
+def test_init_without_a_generator_is_refused_by_name():
+    """A missing or wrong rng is refused by init_deepseek_v3_params itself, before any parameter is drawn."""
+    for rng in (None, 0):
+        with pytest.raises(TypeError, match=rf"^init_deepseek_v3_params needs rng: rng must be a np.random.Generator, "
+                                            rf"got {type(rng).__name__}$"):
+            init_deepseek_v3_params(DeepseekV3Config(), rng)
 
 
 def test_config_runs_llama_checks_and_its_own_lower_bounds():

@@ -14,6 +14,9 @@ layers' rotary base 1e4 against the global ones' 1e6), each parametrised by fami
 """
 
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 import transformers
@@ -22,6 +25,7 @@ import torch_attn.gemma2 as tw
 from numpy_attn._tree import leaves
 from numpy_attn.gemma2 import (
     Gemma2Config,
+    gemma2_backward,
     gemma2_forward,
     gemma2_kv_cache,
     init_gemma2_params,
@@ -75,6 +79,12 @@ def test_attn_mask_joins_the_window():
     assert_close("gemma2 twin.logits, padded", to_numpy(twin), padded, **gemma_tol(cache, np.float64))
     with pytest.raises(ValueError, match="gemma2_forward: an attn_mask together with a kv_cache"):
         gemma2_forward(ids, params, config, attn_mask=full, kv_cache=gemma2_kv_cache(config, 2, np.float64))
+    # Only sliding layers bound the cache: with every layer global, a mask and a cache go together.
+    every_global = dataclasses.replace(config, layer_types=("full_attention",) * 2)
+    cached = gemma2_forward(ids, params, every_global, attn_mask=pad,
+                            kv_cache=gemma2_kv_cache(every_global, 2, np.float64))[0]
+    assert_close("gemma2.logits, every layer global, padded, with a kv_cache", cached,
+                 gemma2_forward(ids, params, every_global, attn_mask=pad)[0], **gemma_tol(cache, np.float64))
 
 
 def test_attn_mask_decodes_with_a_cache_that_holds_every_token():
@@ -191,6 +201,31 @@ def test_config_runs_llama_checks_and_its_own_lower_bounds(config_class):
         assert getattr(config_class(**{field: low}), field) == low, field
         with pytest.raises(ValueError, match=rf"^{cls}.{field} must be {bound}, got {below}$"):
             config_class(**{field: below})
+
+
+def test_config_stores_numpy_scalars_as_python_values():
+    """Gemma 2's own numbers given as NumPy scalars (as read from arrays) are stored as Python float
+    and int, so that the config writes to JSON."""
+    given = {"query_pre_attn_scalar": np.float32(16.0), "attn_logit_softcap": np.float64(20.0),
+             "final_logit_softcap": np.float32(15.0), "sliding_window": np.int64(3)}
+    config = Gemma2Config(n_layer=2, **given)
+    for field, value in given.items():
+        stored = getattr(config, field)
+        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
+    json.dumps(dataclasses.asdict(config))
+
+
+def test_refusals_name_gemma2():
+    """A missing rng is refused by init_gemma2_params itself, and a wrong dlogits by gemma2_backward
+    naming the model, not the Llama functions they build on."""
+    with pytest.raises(TypeError, match=r"^init_gemma2_params needs rng: rng must be a np.random.Generator, "
+                                        r"got NoneType$"):
+        init_gemma2_params(Gemma2Config(), None)
+    config = Gemma2Config(vocab_size=11, n_layer=2)
+    params = init_gemma2_params(config, np.random.default_rng(0), np.float64)
+    _, cache = gemma2_forward(np.array([[1, 2, 3]]), params, config)
+    with pytest.raises(ValueError, match=r"^gemma2: dlogits must have the shape"):
+        gemma2_backward(np.zeros((1, 3, 10)), cache)
 
 
 def test_a_sliding_window_past_every_key_is_no_limit():

@@ -13,6 +13,7 @@ cut (at 7 these small models would never reach them). Transformers runs its eage
 and its eager loop over the experts (the readable implementations).
 """
 
+import dataclasses
 import json
 import tempfile
 import types
@@ -342,9 +343,64 @@ def test_attn_mask_with_a_bounded_cache_is_refused():
     config = GptOssConfig()
     params = init_gpt_oss_params(config, np.random.default_rng(0), np.float64)
     ids = np.zeros((1, 3), np.int64)
-    with pytest.raises(ValueError, match="gpt_oss_forward: an attn_mask with a kv_cache"):
+    with pytest.raises(ValueError, match=r"^gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold "
+                                         r"only their window is not supported \(the mask spans all past \+ T keys\); "
+                                         r"decode without attn_mask$"):
         gpt_oss_forward(ids, params, config, attn_mask=np.ones((1, 1, 3, 3), bool),
                         kv_cache=gpt_oss_kv_cache(config, 1, np.float64))
+    # Only sliding layers bound the cache: with every layer global, a mask and a cache go together.
+    every_global = dataclasses.replace(config, layer_types=("full_attention",) * config.n_layer)
+    mask = np.tril(np.ones((1, 1, 3, 3), bool))
+    cached, _ = gpt_oss_forward(ids, params, every_global, attn_mask=mask,
+                                kv_cache=gpt_oss_kv_cache(every_global, 1, np.float64))
+    assert_close("gpt_oss.logits, every layer global, masked, with a kv_cache", cached,
+                 gpt_oss_forward(ids, params, every_global, attn_mask=mask)[0])
+
+
+
+@pytest.mark.parametrize("dtype", sorted(helpers.LOW_DTYPES))
+def test_norms_round_the_scaled_product_once(dtype):
+    """gpt-oss's RMS norms form w * xhat in float32 and round it once to the low dtype, as
+    transformers' GptOssRMSNorm (Llama's round xhat first): what a block's first norm hands the
+    projections and what the final norm hands the head are (xhat * w) rounded, bit for bit, from
+    each norm's cache; with these weights rounding twice differs."""
+    low = helpers.LOW_DTYPES[dtype][0]
+    config = GptOssConfig(vocab_size=11, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, hidden=6, n_experts=3)
+    rng = np.random.default_rng(0)
+    params = tree_map(lambda p: (p + rng.uniform(-0.5, 0.5, p.shape)).astype(low),
+                      init_gpt_oss_params(config, rng, np.float32))
+    _, cache = gpt_oss_forward(rng.integers(0, 11, (2, 5)), params, config)
+    block = cache.blocks[0]
+    for name, (xhat, _, scale, _), handed in (("blocks.0.attn_norm", block.attn_norm, block.attn.qkv[0].x),
+                                              ("norm", cache.norm, cache.head[0].x)):
+        once, twice = (xhat * scale).astype(low), (xhat.astype(low).astype(np.float32) * scale).astype(low)
+        assert not np.array_equal(once, twice), f"{name}: the example does not tell the roundings apart"
+        assert np.array_equal(np.asarray(handed).astype(low), once), f"{name} is not w * xhat rounded once"
+
+
+def test_config_stores_numpy_scalars_as_python_values():
+    """gpt-oss's own numbers given as NumPy scalars (as read from arrays) are stored as Python int
+    and float, so that the config writes to JSON."""
+    given = {"n_experts": np.int64(4), "experts_per_token": np.int32(2), "swiglu_alpha": np.float32(1.5),
+             "swiglu_limit": np.float64(7.0), "sliding_window": np.int64(3)}
+    config = GptOssConfig(n_layer=2, **given)
+    for field, value in given.items():
+        stored = getattr(config, field)
+        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
+    json.dumps(dataclasses.asdict(config))
+
+
+def test_refusals_name_gpt_oss():
+    """A missing rng is refused by init_gpt_oss_params itself, and a wrong dlogits by gpt_oss_backward
+    naming the model, not the Llama functions they build on."""
+    with pytest.raises(TypeError, match=r"^init_gpt_oss_params needs rng: rng must be a np.random.Generator, "
+                                        r"got NoneType$"):
+        init_gpt_oss_params(GptOssConfig(), None)
+    config = GptOssConfig(vocab_size=11, n_layer=1)
+    params = init_gpt_oss_params(config, np.random.default_rng(0), np.float64)
+    _, cache = gpt_oss_forward(np.array([[1, 2, 3]]), params, config)
+    with pytest.raises(ValueError, match=r"^gpt_oss: dlogits must have the shape"):
+        gpt_oss_backward(np.zeros((1, 3, 10)), cache)
 
 
 def test_init_gives_every_parameter_its_shape():

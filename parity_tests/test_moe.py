@@ -13,9 +13,12 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
 from numpy_attn._tree import tree_map
 from numpy_attn.moe import (
+    clamped_glu_backward,
+    clamped_glu_forward,
     deepseek_moe_backward,
     deepseek_moe_forward,
     deepseek_router_forward,
+    gpt_oss_expert_forward,
     gpt_oss_moe_backward,
     gpt_oss_moe_forward,
     gpt_oss_router_forward,
@@ -503,6 +506,89 @@ def test_init_shapes_and_dtype(dtype):
         "shared.gate.w": (4, 6), "shared.up.w": (4, 6), "shared.down.w": (6, 4), "selection_bias": (6,)}
     for path, leaf in tree_leaves(gpt_oss) + tree_leaves(deepseek):
         assert leaf.dtype == dtype, f"{path} dtype {leaf.dtype}"
+    one_shared = init_deepseek_moe_params(4, 3, 6, rng, dtype=dtype)["shared"]   # n_shared = 1, as DeepSeek-V3
+    assert {p: a.shape for p, a in tree_leaves(one_shared)} == {"gate.w": (4, 3), "up.w": (4, 3), "down.w": (3, 4)}
+
+
+def test_init_draws_uniform_within_one_over_sqrt_fan_in():
+    """Every leaf U(-1/sqrt(C_in), 1/sqrt(C_in)) as nn.Linear's default: the router and gate read C = 64
+    inputs (bound 1/8), down reads H = 16 (bound 1/4); 4096 draws or more each, so the largest |w|
+    lies within 1% of the bound and the std within 5% of bound / sqrt(3)."""
+    params = init_deepseek_moe_params(64, 16, 8, np.random.default_rng(0), dtype=np.float64)
+    for path, bound in (("router.w", 1 / 8), ("experts.gate.w", 1 / 8), ("experts.down.w", 1 / 4),
+                        ("shared.down.w", 1 / 4)):
+        w = dict(tree_leaves(params))[path]
+        assert 0.99 * bound < np.abs(w).max() <= bound, f"{path}: max |w| {np.abs(w).max():.4g}, bound {bound}"
+        assert abs(w.std() - bound / np.sqrt(3)) < 0.05 * bound / np.sqrt(3), f"{path}: std {w.std():.4g}"
+
+
+def test_clamp_edges_pass_the_gradient_as_torch_clamp():
+    """At g = limit and u = +-limit exactly, the clamps pass the gradient (torch.clamp's rule, which
+    transformers' GptOssExperts uses); just past them it is 0 (float64, against autograd)."""
+    alpha, limit = 1.702, 7.0
+    g = np.array([limit, limit, np.nextafter(limit, 8.0), 1.0])
+    u = np.array([limit, -limit, 1.0, np.nextafter(-limit, -8.0)])
+    dout = np.array([0.5, -1.5, 2.0, 1.0])
+    out, cache = clamped_glu_forward(g, u, alpha, limit)
+    dg, du = clamped_glu_backward(dout, cache)
+
+    def hf(g, u):
+        gate, up = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    tg, tu = to_torch(g).requires_grad_(), to_torch(u).requires_grad_()
+    (hf(tg, tu) * to_torch(dout)).sum().backward()
+    assert_close("clamped_glu dg at the clamp's edges", dg, to_numpy(tg.grad), **TOLERANCES[np.dtype(np.float64)])
+    assert_close("clamped_glu du at the clamp's edges", du, to_numpy(tu.grad), **TOLERANCES[np.dtype(np.float64)])
+
+
+def test_router_weights_stay_positive_when_the_scores_underflow():
+    """Router logits of -100 give sigmoid scores of 4e-44: the normalising sum's + 1e-20 (transformers'
+    DeepseekV3MoE) keeps every weight positive and small instead of dividing by a vanishing sum, and
+    equal to transformers' chosen / (sum + 1e-20)."""
+    x = np.ones((2, 4))
+    router = {"w": np.full((4, 4), -25.0)}
+    weights, indices, _ = deepseek_router_forward(x, router, np.zeros(4), 2)
+    assert np.all(weights > 0) and np.all(weights < 1e-20), f"weights {weights}"
+    chosen = torch.sigmoid(to_torch(x) @ to_torch(router["w"])).gather(-1, to_torch(indices))
+    expected = to_numpy(chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20))
+    # As ratios: the weights (4e-24) lie far below any absolute tolerance.
+    assert_close("deepseek_router weights of underflowing scores / transformers'", weights / expected,
+                 np.ones_like(weights), **TOLERANCES[np.dtype(np.float64)])
+
+
+def test_a_group_scores_its_best_two():
+    """A hand-worked routing case (transformers' DeepseekV3MoE): two groups of three experts, one
+    group kept. Every sigmoid score is 0.5 (router w = 0), so the selection bias alone chooses:
+    group A (0.9, 0.9, 0.0) sums 1.8 over its best two, group B (0.8, 0.8, 0.8) 1.6 (2.4 over all
+    three). The best two decide, so group A is kept and its experts 0 and 1 are chosen."""
+    bias = np.array([0.4, 0.4, -0.5, 0.3, 0.3, 0.3])
+    _, indices, _ = deepseek_router_forward(np.ones((1, 2)), {"w": np.zeros((2, 6))}, bias, 2, n_group=2,
+                                            topk_group=1)
+    assert indices.tolist() == [[0, 1]], f"chose {indices.tolist()}, not group A's experts 0 and 1"
+
+
+def test_defaults_are_the_models():
+    """gpt-oss's gated unit, expert and mixture default to transformers' GptOssConfig's swiglu_alpha
+    and swiglu_limit (inputs past the limit, so that it matters); DeepSeek's router defaults to
+    plain routing: no group limit, each token's k weights normalised to sum to 1, unscaled."""
+    hf = GptOssConfig()
+    alpha, limit = hf.swiglu_alpha, hf.swiglu_limit
+    rng = np.random.default_rng(0)
+    g, u = rng.uniform(-4 * limit, 4 * limit, (2, 40))
+    assert np.array_equal(clamped_glu_forward(g, u)[0], clamped_glu_forward(g, u, alpha, limit)[0]), "clamped_glu"
+    params = init_gpt_oss_moe_params(4, 3, 3, rng, dtype=np.float64)
+    x = rng.normal(0, 10 * limit, (5, 4))
+    assert np.array_equal(gpt_oss_moe_forward(x, params, 2)[0], gpt_oss_moe_forward(x, params, 2, alpha, limit)[0]), \
+        "gpt_oss_moe"
+    experts = {name: {key: w[0] for key, w in p.items()} for name, p in params["experts"].items()}
+    assert np.array_equal(gpt_oss_expert_forward(x, experts)[0], gpt_oss_expert_forward(x, experts, alpha, limit)[0]), \
+        "gpt_oss_expert"
+    deepseek = init_deepseek_moe_params(4, 3, 6, rng, dtype=np.float64)
+    weights, _, _ = deepseek_router_forward(x, deepseek["router"], deepseek["selection_bias"], 2)
+    assert_close("deepseek_router weights' row sums", weights.sum(axis=-1), np.ones(5))
+    plain = dict(n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
+    assert np.array_equal(deepseek_moe_forward(x, deepseek, 2)[0], deepseek_moe_forward(x, deepseek, 2, **plain)[0]), \
+        "deepseek_moe"
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------
@@ -559,7 +645,7 @@ def test_dtype_is_preserved(kind, dtype):
 
 def test_bad_input():
     x, params, hyper, _ = ONE_TOKEN_GPT_OSS                          # C = 3, H = 2, E = 3
-    with pytest.raises(ValueError, match=r"k = 4 must lie in \[1, 3\]: n_experts = 3"):
+    with pytest.raises(ValueError, match=r"^k = 4 must lie in \[1, 3\]: n_experts = 3 \(router.w \(3, 3\)\)$"):
         gpt_oss_moe_forward(x, params, k=4)
     with pytest.raises(ValueError, match=r"k = 0 must lie in \[1, 3\]"):
         gpt_oss_moe_forward(x, params, k=0)
@@ -589,27 +675,49 @@ def test_bad_input():
     _, cache = gpt_oss_moe_forward(x, params, k=1)
     with pytest.raises(ValueError, match=r"gpt_oss_moe: dout must have the shape .* \(1, 3\), got \(3,\)"):
         gpt_oss_moe_backward(np.zeros(3), cache)
+    with pytest.raises(ValueError, match=r"^router.w must have shape \(C, E\) = \(3, n_experts\), got list$"):
+        gpt_oss_moe_forward(x[None], {**params, "router": {**params["router"], "w": [[0.0] * 3] * 3}}, k=1)
+    with pytest.raises(TypeError, match=r"^params must be a dict, got list$"):
+        gpt_oss_moe_forward(x, [params], k=1)
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., C\), got \(\)$"):
+        gpt_oss_moe_forward(np.array(1.0), params, k=1)
+    no_gate = {**params, "experts": {k: v for k, v in params["experts"].items() if k != "gate"}}
+    with pytest.raises(ValueError, match=r"^params must hold .*, got \['experts.down.b', 'experts.down.w', 'exp"):
+        gpt_oss_moe_forward(x, no_gate, k=1)
+    down = {**params["experts"]["down"], "b": np.zeros((3, 3), int)}
+    ints = {**params, "experts": {**params["experts"], "down": down}}
+    with pytest.raises(TypeError, match=r"^experts.down.b must be float16, bfloat16, float32 or float64, got dtype "):
+        gpt_oss_moe_forward(x, ints, k=1)
+    _, cache = clamped_glu_forward(np.zeros((2, 3)), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"^clamped_glu: dout must have the shape .*\(2, 3\).*got \(3,\)"):
+        clamped_glu_backward(np.zeros(3), cache)
 
     x, params, hyper, _ = ALL_EXPERTS_DEEPSEEK                       # E = 4
     kw = dict(n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
     with pytest.raises(ValueError, match=r"k = 5 must lie in \[1, 4\]: n_experts = 4"):
         deepseek_moe_forward(x, params, k=5, **kw)
-    with pytest.raises(ValueError, match=r"k = 3 must lie in \[1, 2\]: the 2 experts in topk_group = 1 groups of 2"):
+    with pytest.raises(ValueError, match=r"^k = 3 must lie in \[1, 2\]: the 2 experts in topk_group = 1 groups of 2$"):
         deepseek_moe_forward(x, params, k=3, **kw)
     with pytest.raises(ValueError, match=r"topk_group = 3 must lie in \[1, 2\]: n_group = 2"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "topk_group": 3})
     with pytest.raises(ValueError, match="n_experts = 4 is not divisible by n_group = 3"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "n_group": 3})
-    with pytest.raises(ValueError, match="n_group = 4 leaves 1 expert per group"):
+    with pytest.raises(ValueError, match="^n_group = 4 leaves 1 expert per group of n_experts = 4; a group's score is "
+                                         "the sum of its best 2$"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "n_group": 4})
     with pytest.raises(TypeError, match="norm_topk_prob must be a bool, got str 'yes'"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "norm_topk_prob": "yes"})
     with pytest.raises(TypeError, match="routed_scaling_factor must be a finite real number, got float inf"):
         deepseek_moe_forward(x, params, k=1, **{**kw, "routed_scaling_factor": float("inf")})
+    with pytest.raises(TypeError, match="^routed_scaling_factor must be a finite real number, got str '2'$"):
+        deepseek_moe_forward(x, params, k=1, **{**kw, "routed_scaling_factor": "2"})   # not read as 2.0
     with pytest.raises(ValueError, match=r"selection_bias must have shape \(4,\) for x \(3, 3\), got \(3,\)"):
         deepseek_moe_forward(x, {**params, "selection_bias": np.zeros(3)}, k=1, **kw)
     with pytest.raises(ValueError, match=r"shared.down.w must have shape \(2, 3\) for x \(3, 3\), got \(3, 3\)"):
         deepseek_moe_forward(x, {**params, "shared": {**params["shared"], "down": {"w": np.zeros((3, 3))}}}, k=1, **kw)
+    no_shared_gate = {**params, "shared": {k: v for k, v in params["shared"].items() if k != "gate"}}
+    with pytest.raises(ValueError, match=r"^params must hold .*'shared.gate.w'.*, got \['experts"):
+        deepseek_moe_forward(x, no_shared_gate, k=1, **kw)
     _, cache = deepseek_moe_forward(x, params, k=1, **kw)
     with pytest.raises(TypeError, match="deepseek_moe: dout must have the dtype of the forward's output, float64"):
         deepseek_moe_backward(np.zeros((3, 3), np.float32), cache)
@@ -619,7 +727,8 @@ def test_top_k_refuses_k_beyond_the_experts():
     """torch.topk refuses k > E; argsort would quietly return all E indices."""
     with pytest.raises(RuntimeError):
         torch.topk(torch.arange(4.0), 5)
-    with pytest.raises(ValueError, match=r"^k = 5 must lie in \[1, 4\]: E = 4 scores along the last axis"):
+    with pytest.raises(ValueError,
+                       match=r"^k = 5 must lie in \[1, 4\]: E = 4 scores along the last axis \(scores \(4,\)\)$"):
         top_k(np.arange(4.0), 5)
     with pytest.raises(ValueError, match=r"^k = 0 must lie in \[1, 4\]"):
         top_k(np.arange(4.0), 0)
