@@ -446,9 +446,8 @@ def check_mask_with_windows(op, attn_mask, kv_cache):
     last keys (a sliding or chunked layer's window): the mask spans all past + T keys. ``op`` names the model."""
     if attn_mask is not None and kv_cache is not None and any(w is not None for w in kv_cache.windows):
         raise ValueError(f"{op}_forward: an attn_mask with a kv_cache whose sliding or chunked layers hold only "
-                         f"their last window is not supported; {op}_forward: an attn_mask together with a kv_cache "
-                         "needs every past key (the mask spans all past + T keys): decode without attn_mask, or "
-                         "with a cache whose layers hold every token (init_kv_cache without windows)")
+                         "their last window is not supported (the mask spans all past + T keys): decode without "
+                         "attn_mask, or with a cache whose layers hold every token (init_kv_cache without windows)")
 
 
 def check_decoder_inputs(ids, config, config_class, positions, attn_mask, kv_cache, rng, logits_to_keep):

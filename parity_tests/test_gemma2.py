@@ -77,7 +77,10 @@ def test_attn_mask_joins_the_window():
     assert_close("gemma2.logits of the unpadded sequence", padded[1], logits[1], **gemma_tol(cache, np.float64))
     twin = tw.gemma2(to_torch(ids), tree_map(to_torch, params), config, attn_mask=to_torch(pad))
     assert_close("gemma2 twin.logits, padded", to_numpy(twin), padded, **gemma_tol(cache, np.float64))
-    with pytest.raises(ValueError, match="gemma2_forward: an attn_mask together with a kv_cache"):
+    with pytest.raises(ValueError, match=r"^gemma2_forward: an attn_mask with a kv_cache whose sliding or chunked "
+                                         r"layers hold only their last window is not supported \(the mask spans all "
+                                         r"past \+ T keys\): decode without attn_mask, or with a cache whose layers "
+                                         r"hold every token \(init_kv_cache without windows\)$"):
         gemma2_forward(ids, params, config, attn_mask=full, kv_cache=gemma2_kv_cache(config, 2, np.float64))
     # Only sliding layers bound the cache: with every layer global, a mask and a cache go together.
     every_global = dataclasses.replace(config, layer_types=("full_attention",) * 2)

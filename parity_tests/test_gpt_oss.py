@@ -343,9 +343,10 @@ def test_attn_mask_with_a_bounded_cache_is_refused():
     config = GptOssConfig()
     params = init_gpt_oss_params(config, np.random.default_rng(0), np.float64)
     ids = np.zeros((1, 3), np.int64)
-    with pytest.raises(ValueError, match=r"^gpt_oss_forward: an attn_mask with a kv_cache whose sliding layers hold "
-                                         r"only their window is not supported \(the mask spans all past \+ T keys\); "
-                                         r"decode without attn_mask$"):
+    with pytest.raises(ValueError, match=r"^gpt_oss_forward: an attn_mask with a kv_cache whose sliding or chunked "
+                                         r"layers hold only their last window is not supported \(the mask spans all "
+                                         r"past \+ T keys\): decode without attn_mask, or with a cache whose layers "
+                                         r"hold every token \(init_kv_cache without windows\)$"):
         gpt_oss_forward(ids, params, config, attn_mask=np.ones((1, 1, 3, 3), bool),
                         kv_cache=gpt_oss_kv_cache(config, 1, np.float64))
     # Only sliding layers bound the cache: with every layer global, a mask and a cache go together.
@@ -355,7 +356,6 @@ def test_attn_mask_with_a_bounded_cache_is_refused():
                                 kv_cache=gpt_oss_kv_cache(every_global, 1, np.float64))
     assert_close("gpt_oss.logits, every layer global, masked, with a kv_cache", cached,
                  gpt_oss_forward(ids, params, every_global, attn_mask=mask)[0])
-
 
 
 @pytest.mark.parametrize("dtype", sorted(helpers.LOW_DTYPES))
