@@ -7,6 +7,7 @@ built on Llama's model runs (``model_tests``), and a small model of every family
 
 import contextlib
 import copy
+import dataclasses
 import importlib
 import inspect
 import json
@@ -416,6 +417,29 @@ def assert_leaf_matches_finite_differences(name, forward, grads, config, params,
             node[key] = saved
     assert_close(f"{name}.fd.{path}", dict(tree_leaves(grads))[path], numerical_grad(f, node[key].copy(), dout, h=h),
                  **FD_TOL)
+
+
+def assert_config_stores_python_values(config_class, given, **fixed):
+    """A family's own fields ``given`` as NumPy scalars (as read from arrays) are stored as the
+    Python int, float or bool they hold, so that the config writes to JSON."""
+    config = config_class(**fixed, **given)
+    for field, value in given.items():
+        stored = getattr(config, field)
+        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
+    json.dumps(dataclasses.asdict(config))
+
+
+def assert_refusals_name_the_family(name, config_class, init, forward, backward):
+    """A missing rng is refused by the family's init itself, and a wrong dlogits by its backward
+    naming the family, not the Llama functions they build on (no tolerance: each error's message)."""
+    with pytest.raises(TypeError, match=rf"^init_{name}_params needs rng: rng must be a np.random.Generator, "
+                                        r"got NoneType$"):
+        init(config_class(), None)
+    config = config_class(vocab_size=11, n_layer=1)
+    params = init(config, np.random.default_rng(0), np.float64)
+    _, cache = forward(np.array([[1, 2, 3]]), params, config)
+    with pytest.raises(ValueError, match=rf"^{name}: dlogits must have the shape"):
+        backward(np.zeros((1, 3, 10)), cache)
 
 
 def assert_llama_cache_refused(forward, config, params):

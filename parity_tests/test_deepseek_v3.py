@@ -66,6 +66,7 @@ from parity_tests.model_kit import (
     SCALINGS,
     assert_changed_config_refused,
     assert_checkpoint_meets_error_budget,
+    assert_config_stores_python_values,
     assert_loads_or_names_folder,
     choice_gaps,
     compare,
@@ -500,17 +501,11 @@ def test_init_statistics_and_dtype(dtype):
 
 
 def test_config_stores_numpy_scalars_as_python_values():
-    """DeepSeek-V3's own fields given as NumPy scalars (as read from arrays) are stored as Python
-    int, float and bool, so that the config writes to JSON."""
-    given = {"moe_hidden": np.int64(8), "n_routed_experts": np.int32(4), "n_shared_experts": np.int64(1),
-             "num_experts_per_tok": np.int64(2), "n_group": np.int64(2), "topk_group": np.int64(1),
-             "norm_topk_prob": np.bool_(False), "routed_scaling_factor": np.float32(2.5),
-             "first_k_dense_replace": np.int64(0)}
-    config = DeepseekV3Config(**given)
-    for field, value in given.items():
-        stored = getattr(config, field)
-        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
-    json.dumps(dataclasses.asdict(config))
+    assert_config_stores_python_values(DeepseekV3Config, {
+        "moe_hidden": np.int64(8), "n_routed_experts": np.int32(4), "n_shared_experts": np.int64(1),
+        "num_experts_per_tok": np.int64(2), "n_group": np.int64(2), "topk_group": np.int64(1),
+        "norm_topk_prob": np.bool_(False), "routed_scaling_factor": np.float32(2.5),
+        "first_k_dense_replace": np.int64(0)})
 
 
 def test_block_without_moe_runs_the_dense_network():

@@ -15,7 +15,6 @@ layers' rotary base 1e4 against the global ones' 1e6), each parametrised by fami
 
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -51,6 +50,8 @@ from parity_tests.helpers import (
 )
 from parity_tests.model_kit import (
     assert_changed_config_refused,
+    assert_config_stores_python_values,
+    assert_refusals_name_the_family,
     save,
 )
 
@@ -207,28 +208,13 @@ def test_config_runs_llama_checks_and_its_own_lower_bounds(config_class):
 
 
 def test_config_stores_numpy_scalars_as_python_values():
-    """Gemma 2's own numbers given as NumPy scalars (as read from arrays) are stored as Python float
-    and int, so that the config writes to JSON."""
-    given = {"query_pre_attn_scalar": np.float32(16.0), "attn_logit_softcap": np.float64(20.0),
-             "final_logit_softcap": np.float32(15.0), "sliding_window": np.int64(3)}
-    config = Gemma2Config(n_layer=2, **given)
-    for field, value in given.items():
-        stored = getattr(config, field)
-        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
-    json.dumps(dataclasses.asdict(config))
+    assert_config_stores_python_values(Gemma2Config, {
+        "query_pre_attn_scalar": np.float32(16.0), "attn_logit_softcap": np.float64(20.0),
+        "final_logit_softcap": np.float32(15.0), "sliding_window": np.int64(3)}, n_layer=2)
 
 
 def test_refusals_name_gemma2():
-    """A missing rng is refused by init_gemma2_params itself, and a wrong dlogits by gemma2_backward
-    naming the model, not the Llama functions they build on."""
-    with pytest.raises(TypeError, match=r"^init_gemma2_params needs rng: rng must be a np.random.Generator, "
-                                        r"got NoneType$"):
-        init_gemma2_params(Gemma2Config(), None)
-    config = Gemma2Config(vocab_size=11, n_layer=2)
-    params = init_gemma2_params(config, np.random.default_rng(0), np.float64)
-    _, cache = gemma2_forward(np.array([[1, 2, 3]]), params, config)
-    with pytest.raises(ValueError, match=r"^gemma2: dlogits must have the shape"):
-        gemma2_backward(np.zeros((1, 3, 10)), cache)
+    assert_refusals_name_the_family("gemma2", Gemma2Config, init_gemma2_params, gemma2_forward, gemma2_backward)
 
 
 def test_a_sliding_window_past_every_key_is_no_limit():

@@ -39,7 +39,9 @@ from parity_tests.helpers import assert_close, autograd, to_numpy, to_torch
 from parity_tests.model_kit import (
     JSON,
     assert_changed_config_refused,
+    assert_config_stores_python_values,
     assert_loads_or_names_folder,
+    assert_refusals_name_the_family,
     compare,
     hf_greedy,
     hf_logits_and_grads,
@@ -379,28 +381,13 @@ def test_norms_round_the_scaled_product_once(dtype):
 
 
 def test_config_stores_numpy_scalars_as_python_values():
-    """gpt-oss's own numbers given as NumPy scalars (as read from arrays) are stored as Python int
-    and float, so that the config writes to JSON."""
-    given = {"n_experts": np.int64(4), "experts_per_token": np.int32(2), "swiglu_alpha": np.float32(1.5),
-             "swiglu_limit": np.float64(7.0), "sliding_window": np.int64(3)}
-    config = GptOssConfig(n_layer=2, **given)
-    for field, value in given.items():
-        stored = getattr(config, field)
-        assert type(stored) is type(value.item()) and stored == value, f"{field} stored as {type(stored).__name__}"
-    json.dumps(dataclasses.asdict(config))
+    assert_config_stores_python_values(GptOssConfig, {
+        "n_experts": np.int64(4), "experts_per_token": np.int32(2), "swiglu_alpha": np.float32(1.5),
+        "swiglu_limit": np.float64(7.0), "sliding_window": np.int64(3)}, n_layer=2)
 
 
 def test_refusals_name_gpt_oss():
-    """A missing rng is refused by init_gpt_oss_params itself, and a wrong dlogits by gpt_oss_backward
-    naming the model, not the Llama functions they build on."""
-    with pytest.raises(TypeError, match=r"^init_gpt_oss_params needs rng: rng must be a np.random.Generator, "
-                                        r"got NoneType$"):
-        init_gpt_oss_params(GptOssConfig(), None)
-    config = GptOssConfig(vocab_size=11, n_layer=1)
-    params = init_gpt_oss_params(config, np.random.default_rng(0), np.float64)
-    _, cache = gpt_oss_forward(np.array([[1, 2, 3]]), params, config)
-    with pytest.raises(ValueError, match=r"^gpt_oss: dlogits must have the shape"):
-        gpt_oss_backward(np.zeros((1, 3, 10)), cache)
+    assert_refusals_name_the_family("gpt_oss", GptOssConfig, init_gpt_oss_params, gpt_oss_forward, gpt_oss_backward)
 
 
 def test_init_gives_every_parameter_its_shape():
