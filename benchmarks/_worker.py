@@ -166,4 +166,7 @@ def main():
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:      # the parent stopped reading (a signal ended it): no one to tell, nothing to flush
+        os._exit(3)

@@ -719,6 +719,23 @@ def test_numpy_worker_never_imports_torch():
     assert kinds == ["env", "peak", "row"]
 
 
+def test_worker_whose_parent_stopped_reading_ends_quietly():
+    """A timing process whose parent was stopped (its pipe closed) while it ran ends with status 3, as
+    when it sees the parent gone, and no traceback reaches the terminal they share."""
+    job = dict(library="numpy", device="cpu", threads=1, dtype="float32", seed=0, repeats=2,
+               min_time=0.0, warmup=1, modes=["fwd"], peak_n=32, size=dict(B=1, nh=1, hs=4),
+               cases=[dict(op="softmax", T=4, impls=["numpy"])])
+    read, write = os.pipe()
+    os.close(read)                                    # the parent is gone before the first record
+    try:
+        result = subprocess.run([sys.executable, "-m", "benchmarks._worker"], input=json.dumps(job) + "\n",
+                                stdout=write, stderr=subprocess.PIPE, cwd=ROOT, text=True, timeout=60,
+                                env={**os.environ, workers.PARENT_VAR: str(os.getpid())})
+    finally:
+        os.close(write)
+    assert result.returncode == 3 and result.stderr == "", (result.returncode, result.stderr)
+
+
 def test_torch_grads_come_back_in_the_numpy_structure():
     diff = {"x": np.ones((2, 3), np.float32), "params": {"w": np.ones(3, np.float32)}}
     paths = [path for path, _ in calls.leaves(diff)]
