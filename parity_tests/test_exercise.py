@@ -119,7 +119,9 @@ def test_filled_with_numpy_attns_backward_it_passes_and_with_a_bug_it_fails(op, 
     assert status == 1 and err == "", err
     assert out.startswith(f"{op}: the function under test disagrees with numpy_attn's (float64, seed 0, "
                           f"examples {FEW})"), out
-    assert wrong(out) == BUGS[op][2], out
+    # The report names the shrunk example's wrong gradients: some of those the bug touches, never others
+    # (attention's group sum reaches dk and dv, but where the example has v = 0, dk is 0 either way).
+    assert wrong(out) and wrong(out) <= BUGS[op][2], out
     assert "  right: out" in out, out
 
 
