@@ -241,18 +241,28 @@ def randomly_rounded(program, dtype, runs=RANDOM_ROUNDINGS):
     return results
 
 
-def assert_one_input_budget(op, dtype, ours, twin, builtin, inputs, dout, extra=None):
+def gelu_truth(x, approximate):
+    """GELU in float64 for a truth, where F.gelu's float64 loses the value: x Phi(x) with Phi from
+    torch.special.ndtr, and the tanh form as x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3), the
+    same function as x (1 + tanh(u)) / 2. F.gelu forms 1 + erf and 1 + tanh, which cancel where x << 0:
+    at x = -8 its tanh form gives 0 for -3.1e-21 (tanh(u) rounds to -1), whole in float16's range."""
+    if approximate == "none":
+        return x * torch.special.ndtr(x)
+    return x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+
+
+def assert_one_input_budget(op, dtype, ours, twin, builtin, inputs, dout, extra=None, truth=None):
     """assert_error_budget for an op of one differentiable input, for numpy_attn (``op[numpy]``)
     and for the twin (``op[twin]``): ``inputs`` is that input {name: array} and ``dout`` the
     upstream gradient, both already rounded to the low ``dtype`` (every side shares them); ``ours``
     is numpy_attn's (out, d<name>) from them; ``twin`` and ``builtin`` are functions of the input
     by its name (for autograd), the latter PyTorch's own in the low dtype and, run in float64 on
-    the same rounded values, the truth. Each side is held to it for out and d<name>, with
-    ``extra`` passed on."""
+    the same rounded values, the truth (``truth``, a function as ``builtin``, in its place if given).
+    Each side is held to it for out and d<name>, with ``extra`` passed on."""
     (name, x), = inputs.items()
     twin_out, twin_grads = autograd(twin, inputs, dout)
     torch_out, torch_grads = autograd(builtin, inputs, dout)
-    truth_out, truth_grads = autograd(builtin, {name: x.astype(np.float64)}, dout.astype(np.float64))
+    truth_out, truth_grads = autograd(truth or builtin, {name: x.astype(np.float64)}, dout.astype(np.float64))
     for who, (o, g) in {"numpy": ours, "twin": (twin_out, twin_grads[name])}.items():
         assert_error_budget(f"{op}[{who}]", dtype, {"out": (o, torch_out, truth_out),
                                                      f"d{name}": (g, torch_grads[name], truth_grads[name])},
