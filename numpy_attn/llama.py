@@ -160,7 +160,7 @@ def llama_block_forward(x, params, config, positions, *, attn_mask=None, kv_cach
     """One block: x (B, T, C) -> (B, T, C). Returns ``(out, cache)``, the four sub-caches;
     ``attn_mask``, ``kv_cache`` (this block's layer) and ``attention_options`` go to attention.
     ``attention`` and ``mlp`` (Sublayers) and the norms' ``round_xhat`` and ``norm_offset`` (1.0:
-    they scale by 1 + w, Qwen3.5) are Llama's unless a family built on this block brings its own."""
+    they scale by 1 + w) are Llama's unless a family built on this block brings its own."""
     # 1-3: x + attn(rms_norm(x)), h and a (B, T, C)
     h, attn_norm_cache = rms_norm_forward(x, params["attn_norm"]["w"], config.rms_eps, norm_offset, round_xhat)
     a, attn_cache = attention.forward(h, params["attn"], config, positions, attn_mask=attn_mask,

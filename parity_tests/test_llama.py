@@ -1,12 +1,15 @@
 """Parity tests for numpy_attn/llama.py and torch_attn/llama.py, against Hugging Face's Llama."""
 
 import dataclasses
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from numpy_attn._family import families
 from numpy_attn.llama import (
     LlamaConfig,
     init_llama_params,
@@ -362,3 +365,15 @@ def test_config_counts_at_their_lower_bound_and_one_below(field, low):
     bound = "a positive integer" if low == 1 else f"an integer >= {low}"
     with pytest.raises(ValueError, match=rf"^LlamaConfig.{field} must be {bound}, got {low - 1}$"):
         LlamaConfig(**{**base, field: low - 1})
+
+
+def test_llamas_files_name_no_other_family():
+    """llama.py and its twin show Llama: every other family's difference lives in its own file, so
+    neither names another family of the registry (by its name or its title), GPT-2 aside: the model
+    Llama grew from, named as its starting point."""
+    root = Path(__file__).resolve().parents[1]
+    for path in (root / "numpy_attn" / "llama.py", root / "torch_attn" / "llama.py"):
+        text = path.read_text().lower()
+        named = sorted(name for name, family in families().items() if name not in ("llama", "gpt2")
+                       and (re.search(rf"\b{re.escape(name)}\b", text) or family.title.lower() in text))
+        assert not named, f"{path.name} names {named}"
