@@ -11,9 +11,11 @@ from numpy_attn.llama import (
     LlamaConfig,
     init_llama_params,
     llama_backward,
+    llama_block_forward,
     llama_forward,
 )
 from numpy_attn.masks import padded_position_ids, padding_attn_mask
+from numpy_attn.rms_norm import rms_norm_forward
 from numpy_attn.rope import half_to_interleaved
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -28,6 +30,7 @@ from parity_tests.helpers import (
     autograd,
     layer_norm_tol,
     moved_off_init,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -248,6 +251,25 @@ def test_init_shapes_and_dtype(dtype, tie_weights, bias):
     assert all(v.dtype == dtype for _, v in tree_leaves(params)), "init_llama_params dtype"
     again = init_llama_params(config, np.random.default_rng(0), dtype)
     assert_tree_close("init_llama_params with the same seed", again, params, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_block_norm_rounds_xhat_before_the_scale(dtype):
+    """In float16 and bfloat16 Llama's RMS norm rounds xhat to the dtype, then scales by w and rounds
+    again, as transformers' LlamaRMSNorm (weight * hidden.to(input_dtype)): the block's normed input
+    to attention is rms_norm_forward's with round_xhat, bit for bit. Rounding the product only
+    (OLMo 2's norm) gives other bits on these rows, within the error budget, so only bits tell."""
+    config = LlamaConfig(vocab_size=5, block_size=8, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
+    rng = np.random.default_rng(0)
+    block = init_llama_params(config, rng, LOW_DTYPES[dtype][0])["blocks"]["0"]
+    block["attn_norm"]["w"] = w = round_to(rng.uniform(0.5, 1.5, 16), dtype)
+    x = round_to(rng.standard_normal((2, 8, 16)), dtype)
+    _, cache = llama_block_forward(x, block, config, np.arange(8))
+    h = cache.attn.qkv[0].x                                                    # q's input: rms_norm(x), (B, T, C)
+    expected, _ = rms_norm_forward(x, w, config.rms_eps, round_xhat=True)
+    product_rounded, _ = rms_norm_forward(x, w, config.rms_eps, round_xhat=False)
+    assert not np.array_equal(product_rounded, expected), "the rows do not tell the two roundings apart"
+    assert h.dtype == x.dtype and np.array_equal(h, expected), f"{np.mean(h != expected):.0%} of h differ"
 
 
 # -- finite differences (no torch) ----------------------------------------------------------------
