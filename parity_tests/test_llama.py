@@ -1,12 +1,15 @@
 """Parity tests for numpy_attn/llama.py and torch_attn/llama.py, against Hugging Face's Llama."""
 
 import dataclasses
+import re
+import types
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from numpy_attn._model import layer_types, normal_init
 from numpy_attn.llama import (
     LlamaConfig,
     init_llama_params,
@@ -313,6 +316,37 @@ def test_init_llama_params(bias):
             assert_same_distribution(f"llama.{path}", p, reference.normal(0, 0.02, p.shape))
     biases = [path for path, _ in tree_leaves(params) if path.endswith(".b")]
     assert len(biases) == (7 if bias else 0), f"llama biases with bias={bias}: {biases}"
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float64), np.dtype(np.float32), *(d for d, _ in LOW_DTYPES.values())],
+                         ids=str)
+def test_shared_normal_init_draws_n_0_0_02_in_the_dtype_asked(dtype):
+    """_model.normal_init, the weight initialiser of the families built on this shell (Qwen3.5,
+    OLMo-hybrid, Llama 4): arrays of the shape asked, in the dtype asked, drawn from N(0, 0.02^2)
+    (Hugging Face's initializer_range), compared with a reference sample of the same size."""
+    from parity_tests.helpers import assert_same_distribution
+
+    w = normal_init(np.random.default_rng(0), dtype)(64, 96)
+    assert w.shape == (64, 96) and w.dtype == dtype, (w.shape, w.dtype)
+    assert_same_distribution(f"normal_init {dtype}", w, np.random.default_rng(1).normal(0, 0.02, (64, 96)))
+
+
+def test_shared_layer_types_default_to_every_pattern_th_full_and_refuse_a_wrong_list():
+    """_model.layer_types, which the sliding families' configs call (Gemma 2 and 3, gpt-oss): by
+    default layer i is full when i + 1 is a multiple of the pattern, as Hugging Face's default;
+    a list of another length than n_layer (shorter or longer) or with an unknown entry is refused,
+    naming the config's field and the value."""
+    config = types.SimpleNamespace(n_layer=7, layer_types=None)
+    sliding, full = "sliding_attention", "full_attention"
+    assert layer_types(config, 3) == (sliding, sliding, full, sliding, sliding, full, sliding)
+    assert layer_types(config, 1) == (full,) * 7
+    for wrong in ([full] * 6, [full] * 8):
+        with pytest.raises(ValueError, match=rf"^SimpleNamespace.layer_types must list n_layer = 7 entries, "
+                                             rf"got {re.escape(repr(wrong))}$"):
+            layer_types(types.SimpleNamespace(n_layer=7, layer_types=wrong), 3)
+    with pytest.raises(ValueError, match=r"^SimpleNamespace.layer_types: each entry must be 'sliding_attention' or "
+                                         r"'full_attention', got 'local' "):
+        layer_types(types.SimpleNamespace(n_layer=2, layer_types=(full, "local")), 3)
 
 
 # -- bad input --------------------------------------------------------------------------------------
