@@ -1,6 +1,8 @@
 """Tests for numpy_attn/kv_cache.py and torch_attn/kv_cache.py: appending in place equals
 concatenating, the twins agree, the size per token, overflow, and attention over the cache."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -190,6 +192,36 @@ def test_bad_input_is_refused():
     with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64, got int64"):
         init_kv_cache(1, 1, 1, 4, 2, np.int64)
     assert isinstance(cache, KVCache)
+
+
+def test_a_layer_index_must_be_an_integer_in_range():
+    """A bool or a float names no layer, even where int() of it would (1.0, True): refused naming it."""
+    cache = init_kv_cache(2, 1, 1, 4, 2)
+    for i in (True, 1.0, -1, 2):
+        with pytest.raises(ValueError, match=rf"^layer must be an integer in \[0, 2\), got {re.escape(repr(i))}$"):
+            cache.layer(i)
+    assert cache.layer(np.int64(1)).index == 1
+
+
+def test_check_returns_the_past_or_refuses_naming_the_counts():
+    """KVCache.check, which every model's forward calls: None holds 0 tokens; a cache that fits
+    returns its length, up to block_size exactly; another type, another layer count (fewer or more)
+    or one token too many is refused with the numbers at fault."""
+    made_by = "from the family's cache function"
+    cache = init_kv_cache(2, 1, 1, 8, 2, windows=[None, 3])
+    kv_cache_update(cache.layer(0), np.zeros((1, 1, 3, 2), np.float32), np.zeros((1, 1, 3, 2), np.float32))
+    assert KVCache.check(None, 2, 8, 5, made_by) == 0
+    assert KVCache.check(cache, 2, 8, 5, made_by) == 3, "3 cached + 5 new fill block_size = 8 exactly"
+    with pytest.raises(ValueError, match=r"^3 cached \+ 6 new tokens = 9 exceed block_size = 8$"):
+        KVCache.check(cache, 2, 8, 6, made_by)
+    with pytest.raises(ValueError, match=r"^3 cached \+ 2 new tokens = 5 exceed block_size = 4$"):
+        KVCache.check(cache, 2, 4, 2, made_by)
+    for n_layer in (1, 3):
+        with pytest.raises(ValueError, match=rf"^kv_cache has 2 layers \(windows \[None, 3\]\), the model n_layer = "
+                                             rf"{n_layer}$"):
+            KVCache.check(cache, n_layer, 8, 1, made_by)
+    with pytest.raises(TypeError, match=rf"^kv_cache must be a KVCache \({made_by}\), got tuple$"):
+        KVCache.check((cache.layer(0).k, cache.layer(0).v), 2, 8, 1, made_by)
 
 
 # -- attention over the cache equals full causal attention ----------------------------------------

@@ -2,6 +2,7 @@
 
 import dataclasses
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from numpy_attn._family import families
+from numpy_attn._model import layer_types, normal_init
 from numpy_attn.llama import (
     LlamaConfig,
     init_llama_params,
     llama_backward,
+    llama_block_forward,
     llama_forward,
 )
 from numpy_attn.masks import padded_position_ids, padding_attn_mask
+from numpy_attn.rms_norm import rms_norm_forward
 from numpy_attn.rope import half_to_interleaved
 from parity_tests import strategies as S
 from parity_tests.helpers import (
@@ -31,6 +35,7 @@ from parity_tests.helpers import (
     autograd,
     layer_norm_tol,
     moved_off_init,
+    round_to,
     to_numpy,
     to_torch,
     tree_leaves,
@@ -253,6 +258,25 @@ def test_init_shapes_and_dtype(dtype, tie_weights, bias):
     assert_tree_close("init_llama_params with the same seed", again, params, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_block_norm_rounds_xhat_before_the_scale(dtype):
+    """In float16 and bfloat16 Llama's RMS norm rounds xhat to the dtype, then scales by w and rounds
+    again, as transformers' LlamaRMSNorm (weight * hidden.to(input_dtype)): the block's normed input
+    to attention is rms_norm_forward's with round_xhat, bit for bit. Rounding the product only
+    (OLMo 2's norm) gives other bits on these rows, within the error budget, so only bits tell."""
+    config = LlamaConfig(vocab_size=5, block_size=8, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
+    rng = np.random.default_rng(0)
+    block = init_llama_params(config, rng, LOW_DTYPES[dtype][0])["blocks"]["0"]
+    block["attn_norm"]["w"] = w = round_to(rng.uniform(0.5, 1.5, 16), dtype)
+    x = round_to(rng.standard_normal((2, 8, 16)), dtype)
+    _, cache = llama_block_forward(x, block, config, np.arange(8))
+    h = cache.attn.qkv[0].x                                                    # q's input: rms_norm(x), (B, T, C)
+    expected, _ = rms_norm_forward(x, w, config.rms_eps, round_xhat=True)
+    product_rounded, _ = rms_norm_forward(x, w, config.rms_eps, round_xhat=False)
+    assert not np.array_equal(product_rounded, expected), "the rows do not tell the two roundings apart"
+    assert h.dtype == x.dtype and np.array_equal(h, expected), f"{np.mean(h != expected):.0%} of h differ"
+
+
 # -- finite differences (no torch) ----------------------------------------------------------------
 
 @given(case=llama_models(dtype=np.float64), seed=st.integers(0, 2**32 - 1))
@@ -294,6 +318,37 @@ def test_init_llama_params(bias):
             assert_same_distribution(f"llama.{path}", p, reference.normal(0, 0.02, p.shape))
     biases = [path for path, _ in tree_leaves(params) if path.endswith(".b")]
     assert len(biases) == (7 if bias else 0), f"llama biases with bias={bias}: {biases}"
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float64), np.dtype(np.float32), *(d for d, _ in LOW_DTYPES.values())],
+                         ids=str)
+def test_shared_normal_init_draws_n_0_0_02_in_the_dtype_asked(dtype):
+    """_model.normal_init, the weight initialiser of the families built on this shell (Qwen3.5,
+    OLMo-hybrid, Llama 4): arrays of the shape asked, in the dtype asked, drawn from N(0, 0.02^2)
+    (Hugging Face's initializer_range), compared with a reference sample of the same size."""
+    from parity_tests.helpers import assert_same_distribution
+
+    w = normal_init(np.random.default_rng(0), dtype)(64, 96)
+    assert w.shape == (64, 96) and w.dtype == dtype, (w.shape, w.dtype)
+    assert_same_distribution(f"normal_init {dtype}", w, np.random.default_rng(1).normal(0, 0.02, (64, 96)))
+
+
+def test_shared_layer_types_default_to_every_pattern_th_full_and_refuse_a_wrong_list():
+    """_model.layer_types, which the sliding families' configs call (Gemma 2 and 3, gpt-oss): by
+    default layer i is full when i + 1 is a multiple of the pattern, as Hugging Face's default;
+    a list of another length than n_layer (shorter or longer) or with an unknown entry is refused,
+    naming the config's field and the value."""
+    config = types.SimpleNamespace(n_layer=7, layer_types=None)
+    sliding, full = "sliding_attention", "full_attention"
+    assert layer_types(config, 3) == (sliding, sliding, full, sliding, sliding, full, sliding)
+    assert layer_types(config, 1) == (full,) * 7
+    for wrong in ([full] * 6, [full] * 8):
+        with pytest.raises(ValueError, match=rf"^SimpleNamespace.layer_types must list n_layer = 7 entries, "
+                                             rf"got {re.escape(repr(wrong))}$"):
+            layer_types(types.SimpleNamespace(n_layer=7, layer_types=wrong), 3)
+    with pytest.raises(ValueError, match=r"^SimpleNamespace.layer_types: each entry must be 'sliding_attention' or "
+                                         r"'full_attention', got 'local' "):
+        layer_types(types.SimpleNamespace(n_layer=2, layer_types=(full, "local")), 3)
 
 
 # -- bad input --------------------------------------------------------------------------------------
