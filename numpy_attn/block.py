@@ -130,5 +130,5 @@ def _check_block(x, num_heads, dropout_p, rng, masks):
     check_ndim("x", x, 3)
     if not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    if dropout_p > 0 and (masks is None or None in (masks.get("attn"), masks.get("ffn"))):
+    if dropout_p > 0 and (masks is None or masks.get("attn") is None or masks.get("ffn") is None):
         check_rng(rng, f"block_forward with dropout_p = {dropout_p} (and no masks)")

@@ -1,5 +1,6 @@
 """Parity tests for numpy_attn/block.py and torch_attn/block.py."""
 
+import re
 from functools import partial
 
 import numpy as np
@@ -276,6 +277,42 @@ def test_causal(case, data):
     np.testing.assert_array_equal(changed[:, : t + 1], out[:, : t + 1],
                                   err_msg=f"block output up to t = {t} saw later inputs")
 
+
+
+def test_attn_mask_replaces_the_causal_mask():
+    """The causal mask itself as attn_mask (T, T), True where a query may attend, gives the output
+    and gradients of attn_mask=None bit for bit; hiding key 0 from the later queries changes their
+    outputs and leaves query 0's."""
+    rng = np.random.default_rng(0)
+    params = init_block_params(8, rng, dtype=np.float64)
+    x, dout = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    out, cache = block_forward(x, params, 2)
+    causal = np.tri(5, dtype=bool)                                  # (T, S): query t sees keys 0..t
+    out_m, cache_m = block_forward(x, params, 2, attn_mask=causal)
+    assert np.array_equal(out_m, out), "the causal attn_mask changed the output"
+    grads = [dict(zip(("x", "params"), block_backward(dout, c), strict=True)) for c in (cache_m, cache)]
+    for (name, a), (_, b) in zip(tree_leaves(grads[0]), tree_leaves(grads[1]), strict=True):
+        assert np.array_equal(a, b), f"the causal attn_mask changed block.{name}"
+    hidden = causal.copy()
+    hidden[1:, 0] = False                                           # queries 1.. no longer see key 0
+    out_h, _ = block_forward(x, params, 2, attn_mask=hidden)
+    assert np.array_equal(out_h[:, 0], out[:, 0]), "hiding key 0 from later queries changed query 0"
+    assert np.all(np.any(out_h[:, 1:] != out[:, 1:], axis=-1)), "a query that no longer sees key 0 kept its output"
+
+
+def test_dropout_masks_replace_the_rng():
+    """With dropout, both keep-masks given need no rng and replay the run that drew them; one
+    mask alone, or none, without an rng is refused naming dropout_p."""
+    params = init_block_params(4, np.random.default_rng(0), dtype=np.float64)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4))
+    out, cache = block_forward(x, params, 2, dropout_p=0.5, rng=np.random.default_rng(2))
+    replayed, _ = block_forward(x, params, 2, dropout_p=0.5, masks=cache.masks)
+    assert np.array_equal(replayed, out), "the keep-masks of a run did not replay it"
+    message = ("block_forward with dropout_p = 0.5 (and no masks) needs rng: rng must be a np.random.Generator, "
+               "got NoneType")
+    for masks in (None, {"attn": cache.masks["attn"], "ffn": None}, {"attn": None, "ffn": cache.masks["ffn"]}):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            block_forward(x, params, 2, dropout_p=0.5, masks=masks)
 
 @given(case=blocks(bias=True))
 def test_zero_branch_outputs_make_the_identity(case):

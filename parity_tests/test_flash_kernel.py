@@ -598,3 +598,31 @@ def test_a_stack_holds_at_most_stack_scores_scores(monkeypatch):
     monkeypatch.setattr(fa, "_cpu_count", lambda: 4)
     assert fa._stack_size(10, 16, 16, True) == 3, "a worker's share of 10 slices on 4 is ceil(10 / 4)"
     assert fa._stack_size(64, 16, 16, False) == 1, "non-causal slices are not stacked"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_the_thread_pool_starts_at_parallel_min_work(monkeypatch, is_causal):
+    """The forward and the backward each take the thread pool when their work, slices x T x S x hs
+    multiply-adds, reaches PARALLEL_MIN_WORK, and the serial loop one below it: here 2 x 3 x 5 x 4
+    = 120, on two cores."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, n, 4)) for n in (3, 5, 5))
+    monkeypatch.setattr(fa, "_cpu_count", lambda: 2)
+    pools = []
+
+    class CountedPool(fa.ThreadPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append("pool")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(fa, "ThreadPoolExecutor", CountedPool)
+    for threshold, expected in ((120, 1), (121, 0)):
+        monkeypatch.setattr(fa, "PARALLEL_MIN_WORK", threshold)
+        pools.clear()
+        out, cache = fa.flash_attention_forward(q, k, v, is_causal=is_causal)
+        forward = len(pools)
+        fa.flash_attention_backward(np.ones_like(out), cache)
+        backward = len(pools) - forward
+        assert (forward, backward) == (expected, expected), (
+            f"PARALLEL_MIN_WORK {threshold}, work 120: thread pools taken by the forward {forward}, by the "
+            f"backward {backward}, expected {expected} each")

@@ -1,6 +1,7 @@
 """Parity tests for numpy_attn/rope.py and torch_attn/rope.py, against Hugging Face's Llama too."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -423,6 +424,8 @@ HF_SCALINGS = [
     # beta_fast and beta_slow left to their defaults (32 and 1) where they move the ramp: at L = 64
     # every pair turns fewer than 32 times and the ramp starts at 0 whatever beta_fast is.
     {**YARN, "factor": 8.0, "original_max_position_embeddings": 4096, "truncate": False},
+    # beta_slow equal to beta_fast's default: a ramp of width 0, a step between kept and divided pairs.
+    {**YARN, "factor": 8.0, "original_max_position_embeddings": 4096, "beta_slow": 32, "truncate": False},
     {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
     {"rope_type": "dynamic", "factor": 8.0, "original_max_position_embeddings": 16},
 ]
@@ -529,6 +532,8 @@ def test_bad_scaling():
         (TypeError, "yarn scaling truncate must be True or False, got str 'no'", {**yarn, "truncate": "no"}),
         (ValueError, "yarn scaling needs beta_fast >= beta_slow .* beta_fast 1 and beta_slow 32",
          {**yarn, "beta_fast": 1, "beta_slow": 32}),
+        (ValueError, re.escape("yarn scaling needs beta_fast >= beta_slow (turns over the original context), "
+                               "got beta_fast 32 and beta_slow 33"), {**yarn, "beta_slow": 33}),   # beta_fast's default
         (ValueError, "yarn scaling needs a finite factor, got inf", {**yarn, "factor": float("inf")}),
         (ValueError, "partial_rotary_factor is not implemented .* got 0.5", {**yarn, "partial_rotary_factor": 0.5}),
     ]
