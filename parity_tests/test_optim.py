@@ -472,6 +472,8 @@ def test_hyperparameter_types(name):
             step(params, params, state, betas=0.9)
         with pytest.raises(ValueError, match=r"betas must be a pair of numbers, got 1: \(0.9,\)"):
             step(params, params, state, betas=(0.9,))
+        with pytest.raises(ValueError, match=r"^betas must be a pair of numbers, got 3: \(0.9, 0.999, 0.5\)$"):
+            step(params, params, state, betas=(0.9, 0.999, 0.5))     # a third beta is refused, not ignored
     else:
         with pytest.raises(TypeError, match="nesterov must be a bool, got str 'yes'"):
             step(params, params, state, momentum=0.9, nesterov="yes")
@@ -580,6 +582,7 @@ def test_unscaled_gradients_are_float32_and_overflow_is_found(who):
     ("init_scale", float("inf"), "init_scale must be a finite number above 0, got inf"),
     ("growth_factor", 1.0, "growth_factor must be a finite number above 1, got 1.0"),
     ("backoff_factor", 1.0, r"backoff_factor must lie in \(0, 1\), got 1.0"),
+    ("backoff_factor", 0.0, r"backoff_factor must lie in \(0, 1\), got 0.0"),    # one overflow: scale 0, 1/0
     ("growth_interval", 0, "growth_interval must be an integer >= 1, got 0"),
     ("growth_interval", 2.5, "growth_interval must be an integer >= 1, got 2.5"),
 ])
