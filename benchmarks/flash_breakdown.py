@@ -22,7 +22,8 @@ core, so a core's throughput is what bounds it; two cores halve the totals):
    each, but a short call costs a GIL hand-over between the threads. The same is measured of a
    sleep (which overlaps) and of a Python loop (which takes turns), and the report says whether
    the run told those two apart: on a busy machine it may not.
-4. With ``--torch``, NumPy's floor: in one process, one thread for each library, taking turns
+4. With ``--torch``, NumPy's floor: in one process, one thread for each library (then two, where
+   there are two cores: the loops and the kernel spread their slices over two threads), taking turns
    round after round, F.scaled_dot_product_attention against the bare tile loops the kernel is
    built on (the forward's two matmuls per tile, then with the kernel's EXP added; the backward's five
    matmuls, exp and multiply) and against the kernel itself. The loops do nothing else: no
@@ -45,6 +46,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -368,44 +370,74 @@ def call_scaling(repeats, block):
 
 # -- 4. NumPy's floor against F.sdpa ------------------------------------------------------------------
 
-def _bare_forward(q, k_t, v_1, block_q, block_k, with_exp):
+def _over_slices(body, count, threads):
+    """body(0), ..., body(count - 1): on ``threads`` threads of our own with BLAS at one thread,
+    as the kernel spreads its (batch, head) slices, or in turn on this thread."""
+    if threads < 2:
+        for n in range(count):
+            body(n)
+        return
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        list(pool.map(body, range(count)))
+
+
+def _bare_forward(q, k_t, v_1, block_q, block_k, with_exp, threads=1):
     """The forward's tile loop and nothing else: per tile q_blk @ k^T, exp in place, p @ [v | 1]."""
-    s = np.empty((block_q, block_k), np.float32)
-    pv = np.empty((block_q, v_1.shape[-1]), np.float32)
-    for n in range(len(q)):
-        for i0 in range(0, T, block_q):
-            for j0 in range(0, T, block_k):
-                np.matmul(q[n, i0:i0 + block_q], k_t[n, :, j0:j0 + block_k], out=s)
-                if with_exp:
-                    fa.EXP(s, out=s)                 # the kernel's base: np.exp2 with AVX-512
-                np.matmul(s, v_1[n, j0:j0 + block_k], out=pv)
-
-
-def _bare_backward(q_1, k_1, v_1, q, k, dout, dout_1, block_q, block_k):
-    """The backward's tile loop and nothing else: five matmuls, exp and one multiply per tile."""
-    s = np.empty((block_q, block_k), np.float32)
-    dp = np.empty((block_q, block_k), np.float32)
-    dkv = np.empty((block_k, HS), np.float32)
-    dq = np.empty((block_q, HS), np.float32)
-    for n in range(len(q)):
-        for j0 in range(0, T, block_k):
+    def one(n):
+        s = np.empty((block_q, block_k), np.float32)
+        pv = np.empty((block_q, v_1.shape[-1]), np.float32)
+        with np.errstate(over="ignore"):             # errstate is per thread
             for i0 in range(0, T, block_q):
-                np.matmul(q_1[n, i0:i0 + block_q], k_1[n, :, j0:j0 + block_k], out=s)
-                fa.EXP(s, out=s)
-                np.matmul(s.T, dout[n, i0:i0 + block_q], out=dkv)
-                np.matmul(dout_1[n, i0:i0 + block_q], v_1[n, :, j0:j0 + block_k], out=dp)
-                np.multiply(dp, s, out=dp)
-                np.matmul(dp.T, q[n, i0:i0 + block_q], out=dkv)
-                np.matmul(dp, k[n, j0:j0 + block_k], out=dq)
+                for j0 in range(0, T, block_k):
+                    np.matmul(q[n, i0:i0 + block_q], k_t[n, :, j0:j0 + block_k], out=s)
+                    if with_exp:
+                        fa.EXP(s, out=s)             # the kernel's base: np.exp2 with AVX-512
+                    np.matmul(s, v_1[n, j0:j0 + block_k], out=pv)
+    _over_slices(one, len(q), threads)
 
 
-def floor(rounds, block_q, block_k):
+def _bare_backward(q_1, k_1, v_1, q, k, dout, dout_1, block_q, block_k, threads=1):
+    """The backward's tile loop and nothing else: five matmuls, exp and one multiply per tile."""
+    def one(n):
+        s = np.empty((block_q, block_k), np.float32)
+        dp = np.empty((block_q, block_k), np.float32)
+        dkv = np.empty((block_k, HS), np.float32)
+        dq = np.empty((block_q, HS), np.float32)
+        with np.errstate(over="ignore"):
+            for j0 in range(0, T, block_k):
+                for i0 in range(0, T, block_q):
+                    np.matmul(q_1[n, i0:i0 + block_q], k_1[n, :, j0:j0 + block_k], out=s)
+                    fa.EXP(s, out=s)
+                    np.matmul(s.T, dout[n, i0:i0 + block_q], out=dkv)
+                    np.matmul(dout_1[n, i0:i0 + block_q], v_1[n, :, j0:j0 + block_k], out=dp)
+                    np.multiply(dp, s, out=dp)
+                    np.matmul(dp.T, q[n, i0:i0 + block_q], out=dkv)
+                    np.matmul(dp, k[n, j0:j0 + block_k], out=dq)
+    _over_slices(one, len(q), threads)
+
+
+@contextlib.contextmanager
+def kernel_threads(threads):
+    """The kernel on ``threads`` threads: one_thread() for 1, else its own pool of that size."""
+    if threads < 2:
+        with one_thread():
+            yield
+        return
+    old_count, fa._cpu_count = fa._cpu_count, lambda: threads
+    try:
+        yield
+    finally:
+        fa._cpu_count = old_count
+
+
+def floor(rounds, block_q, block_k, threads=1):
     """Median seconds per case and the median, over rounds, of each case's ratio to F.sdpa in the
-    same round (forward cases to its forward, forward+backward cases to its forward+backward)."""
+    same round (forward cases to its forward, forward+backward cases to its forward+backward),
+    each library on ``threads`` threads."""
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     q, k, v, dout = (rng.standard_normal((B, NH, T, HS)).astype(np.float32) for _ in range(4))
     q3, k3, v3, dout3 = (a.reshape(B * NH, T, HS) for a in (q, k, v, dout))
@@ -432,19 +464,20 @@ def floor(rounds, block_q, block_k):
 
     forward = {
         "F.sdpa forward": sdpa_forward,
-        "NumPy tiles, 2 matmuls": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, False),
-        "NumPy tiles, 2 matmuls + EXP (the floor)": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, True),
+        "NumPy tiles, 2 matmuls": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, False, threads),
+        "NumPy tiles, 2 matmuls + EXP (the floor)": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, True,
+                                                            threads),
         "kernel forward": partial(fa.flash_attention_forward, q, k, v, block_q=block_q, block_k=block_k),
     }
     backward = {
         "F.sdpa forward+backward": sdpa_forward_backward,
         "NumPy tiles, forward floor + backward's 5 matmuls, exp, multiply": lambda: (
             forward["NumPy tiles, 2 matmuls + EXP (the floor)"](),
-            _bare_backward(q_1, k_1, v_1t, q3, k3, dout3, dout_1, block_q, block_k)),
+            _bare_backward(q_1, k_1, v_1t, q3, k3, dout3, dout_1, block_q, block_k, threads)),
         "kernel forward+backward": kernel_forward_backward,
     }
     times = {name: [] for name in (*forward, *backward)}
-    with one_thread(), np.errstate(over="ignore"):   # the kernel on one thread too
+    with kernel_threads(threads), np.errstate(over="ignore"):   # the kernel on as many threads
         for fn in (*forward.values(), *backward.values()):
             fn()
         for _ in range(rounds):
@@ -522,11 +555,13 @@ def report_lines(res):
             lines.append(scaling_check_line(res["scaling_check"]))
     for name, rate in res.get("torch", {}).items():
         lines.append(f"  {name:50} {rate:7.2f}")
-    if "floor" in res:
-        rounds = len(next(iter(res["floor"].values()))["times_s"])
-        lines.append(f"NumPy's floor, one thread each, {rounds} rounds taking turns (ratio: median over "
+    for key, threads in (("floor", "one thread"), ("floor_two_threads", "two threads")):
+        if key not in res:                          # runs before the two-thread floor have one only
+            continue
+        rounds = len(next(iter(res[key].values()))["times_s"])
+        lines.append(f"NumPy's floor, {threads} each, {rounds} rounds taking turns (ratio: median over "
                      "rounds of time / F.sdpa's time in the same round; above 1: slower than F.sdpa):")
-        for name, r in res["floor"].items():
+        for name, r in res[key].items():
             lines.append(f"  {name:66} {1e3 * r['median_s']:8.1f} ms  {r['over_sdpa']:.3f}")
     lb = res["lower_bound"]
     lines += [f"lower bound at {lb['tile_gflops']:.1f} GFLOP/s and {lb['exp_gelem_s']:.2f} Gexp/s per core: "
@@ -566,6 +601,8 @@ def main(argv=None):
     if args.torch:
         res["torch"] = torch_pieces(args.repeats, args.block)
         res["floor"] = floor(args.rounds, *args.block)
+        if fa._cpu_count() > 1:
+            res["floor_two_threads"] = floor(args.rounds, *args.block, threads=2)
         res["load"].append(os.getloadavg()[0])
     if args.json:
         report.write_json(res, args.json)

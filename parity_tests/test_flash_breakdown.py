@@ -94,6 +94,26 @@ def test_floor_times_every_case_against_sdpa_in_the_same_rounds(tiny):
     assert res["F.sdpa forward"]["over_sdpa"] == 1.0
 
 
+def test_the_two_thread_floor_spreads_its_slices_as_the_kernel_does(tiny):
+    """Two threads each: the bare loops' slices on two threads of their own, the kernel's pool
+    of two, then the kernel's thread count given back."""
+    seen, started = set(), threading.Barrier(2, timeout=10)
+
+    def body(n):
+        seen.add(threading.get_ident())
+        started.wait()          # both slices in flight at once, or the barrier times out
+    flash_breakdown._over_slices(body, 2, 2)
+    assert len(seen) == 2
+    count = fa._cpu_count
+    with flash_breakdown.kernel_threads(2):
+        assert fa._cpu_count() == 2
+    assert fa._cpu_count is count
+    res = flash_breakdown.floor(2, 32, 32, threads=2)
+    assert {"F.sdpa forward", "NumPy tiles, 2 matmuls + EXP (the floor)", "kernel forward",
+            "kernel forward+backward"} <= set(res)
+    assert all(len(r["times_s"]) == 2 and math.isfinite(r["over_sdpa"]) for r in res.values())
+
+
 def test_a_saved_breakdown_prints_again(tiny, tmp_path, capsys):
     """The tool's --json is read back by python -m benchmarks --from-json."""
     path = tmp_path / "breakdown.json"
