@@ -87,7 +87,7 @@ class DeepseekV3Config(LlamaConfig):
                              f"{self.qk_rope_head_dim}, got {self.head_dim}")
         E, G = self.n_routed_experts, self.n_group
         _check_k("DeepseekV3Config.n_group", G, 1, E, f"n_routed_experts = {E}")
-        if E % G or E // G < 2:
+        if E % G or E // G < 2:   # E // G is exact here (E % G == 0)
             raise ValueError(f"DeepseekV3Config.n_group = {G} must divide n_routed_experts = {E} into groups "
                              "of at least 2 experts (a group's score is the sum of its best 2)")
         _check_k("DeepseekV3Config.topk_group", self.topk_group, 1, G, f"n_group = {G}")

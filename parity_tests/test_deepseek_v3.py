@@ -545,3 +545,12 @@ def test_config_runs_llama_checks_and_its_own_lower_bounds():
         assert getattr(config, field) == low, field
         with pytest.raises(ValueError, match=rf"^DeepseekV3Config.{field} must .* {low - 1}"):
             DeepseekV3Config(**{"n_group": 1, field: low - 1})
+
+
+def test_the_toy_configs_choices_are_deepseek_v3s():
+    """Besides its toy sizes, DeepseekV3Config defaults to what transformers' DeepseekV3Config
+    (DeepSeek-V3's own) chooses: one shared expert, renormalised top-k weights scaled by 2.5, and
+    DeepSeek's interleaved rotary pairs."""
+    config, hf = DeepseekV3Config(), transformers.DeepseekV3Config()
+    ours = (config.n_shared_experts, config.norm_topk_prob, config.routed_scaling_factor, config.rope_interleave)
+    assert ours == (hf.n_shared_experts, hf.norm_topk_prob, hf.routed_scaling_factor, hf.rope_interleave), ours

@@ -174,6 +174,17 @@ def test_default_layer_types_are_transformers(n_layer):
         transformers.Gemma3TextConfig(num_hidden_layers=n_layer).layer_types)
 
 
+def test_gemma2s_own_choices_are_transformers():
+    """What Gemma2Config sets besides its toy sizes is Gemma 2's: transformers' soft caps, and a
+    query_pre_attn_scalar equal to the head size, as transformers' default (256, its head_dim), so
+    that the default scores take the usual 1 / sqrt(hs)."""
+    config, hf = Gemma2Config(), transformers.Gemma2Config()
+    assert (config.attn_logit_softcap, config.final_logit_softcap) == (hf.attn_logit_softcapping,
+                                                                        hf.final_logit_softcapping)
+    assert hf.query_pre_attn_scalar == hf.head_dim
+    assert config.query_pre_attn_scalar == config.hs, (config.query_pre_attn_scalar, config.hs)
+
+
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_init_starts_every_norm_at_0_in_the_dtype_asked(family, dtype):
