@@ -419,6 +419,22 @@ def assert_leaf_matches_finite_differences(name, forward, grads, config, params,
                  **FD_TOL)
 
 
+def assert_options_are_keyword_only(module, family):
+    """A family's forward (past ids, params, config), attention and block (past x, params, config,
+    positions), in the module given (numpy_attn's or torch_attn's): every further argument is
+    keyword-only, as llama's, so one more positional argument is never taken for positions or
+    attn_mask."""
+    suffix = "_forward" if module.__name__.startswith("numpy_attn") else ""   # the twin's names lack it
+    names = {f"{family}{suffix}": 3, f"{family}_attention{suffix}": 4, f"{family}_block{suffix}": 4}
+    assert hasattr(module, f"{family}{suffix}"), (module.__name__, family)
+    for name, leading in names.items():
+        if not hasattr(module, name):
+            continue
+        kinds = [p.kind for p in inspect.signature(getattr(module, name)).parameters.values()]
+        assert kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * leading + \
+            [inspect.Parameter.KEYWORD_ONLY] * (len(kinds) - leading), (module.__name__, name, kinds)
+
+
 def assert_config_stores_python_values(config_class, given, **fixed):
     """A family's own fields ``given`` as NumPy scalars (as read from arrays) are stored as the
     Python int, float or bool they hold, so that the config writes to JSON."""

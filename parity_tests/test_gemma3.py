@@ -3,13 +3,13 @@
 transformers' Gemma3ForCausalLM. Gemma 3's config refusals stay beside Gemma 2's in test_gemma2.py;
 below, the defaults and the check of what Gemma3Config adds, and the keyword-only signatures."""
 
-import inspect
-
 import numpy as np
 import pytest
 import transformers
 
-from numpy_attn.gemma3 import Gemma3Config, gemma3_attention_forward, gemma3_forward
+import numpy_attn.gemma3 as gemma3
+import torch_attn.gemma3 as tw
+from numpy_attn.gemma3 import Gemma3Config
 from parity_tests.gemma_kit import (  # noqa: F401  (pytest collects what the module holds)
     budget_test,
     name,
@@ -18,6 +18,7 @@ from parity_tests.gemma_kit import (  # noqa: F401  (pytest collects what the mo
     test_forward_and_backward_match_twin,
     test_generate_hf_ids_equal_transformers_generate,
 )
+from parity_tests.model_kit import assert_options_are_keyword_only
 
 # Gemma 3's budget draws are fixed (gemma_kit.py's comment above budget_test says why).
 test_low_precision_meets_the_error_budget = budget_test()
@@ -46,10 +47,6 @@ def test_local_rotary_base_is_checked_and_stored_as_a_python_float():
     assert type(theta) is float and theta == 5e5, repr(theta)
 
 
-@pytest.mark.parametrize("function, leading", [(gemma3_forward, 3), (gemma3_attention_forward, 4)])
-def test_options_are_keyword_only(function, leading):
-    """Past ids, params, config (and the attention's positions), every argument is keyword-only, as
-    llama's: one more positional argument cannot be taken silently for positions or attn_mask."""
-    kinds = [p.kind for p in inspect.signature(function).parameters.values()]
-    assert kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * leading + \
-        [inspect.Parameter.KEYWORD_ONLY] * (len(kinds) - leading), kinds
+@pytest.mark.parametrize("module", [gemma3, tw], ids=["numpy", "twin"])
+def test_options_are_keyword_only(module):
+    assert_options_are_keyword_only(module, "gemma3")

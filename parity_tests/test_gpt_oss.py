@@ -27,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers.models.gpt_oss import modeling_gpt_oss
 
+import numpy_attn.gpt_oss as gpt_oss
 import torch_attn.gpt_oss as tw
 import torch_attn.moe as tw_moe
 from attn_cli import cli, hf
@@ -41,6 +42,7 @@ from parity_tests.model_kit import (
     assert_changed_config_refused,
     assert_config_stores_python_values,
     assert_loads_or_names_folder,
+    assert_options_are_keyword_only,
     assert_refusals_name_the_family,
     compare,
     hf_greedy,
@@ -431,3 +433,8 @@ def test_config_at_its_lower_bounds_and_below(field, low, below, bound):
         GptOssConfig(n_layer=2, **{field: below})
     with pytest.raises(ValueError, match=r"^GptOssConfig.vocab_size must be a positive integer, got 0$"):
         GptOssConfig(vocab_size=0)
+
+
+@pytest.mark.parametrize("module", [gpt_oss, tw], ids=["numpy", "twin"])
+def test_options_are_keyword_only(module):
+    assert_options_are_keyword_only(module, "gpt_oss")
