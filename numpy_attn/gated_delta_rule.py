@@ -90,7 +90,8 @@ def gated_delta_rule_forward(q, k, v, g, beta, initial_state=None, scale=None, m
     if mask is not None:
         o = o * mask[:, None, :, None]
     cache = GatedDeltaRuleCache(q, k, v, gk, beta, states, scale, mask, per_channel, has_initial_state, dtype)
-    return o.astype(dtype, copy=False), S.astype(dtype, copy=False), cache
+    # S.astype copies: at T = 0, S is still the caller's initial_state, which the result must not be.
+    return o.astype(dtype, copy=False), S.astype(dtype), cache
 
 
 def gated_delta_rule_backward(do, dstate, cache):

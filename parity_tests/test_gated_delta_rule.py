@@ -70,7 +70,7 @@ def _edge_case(per_channel, T=1):
     """One token, one head (T = 1 pinned), dk = 3 != dv = 2, g = 0 (no decay) at the first step."""
     B, nh, dk, dv = 1, 1, 3, 2
     g = -np.abs(ramp(B, nh, T, dk) if per_channel else ramp(B, nh, T))
-    g[:, :, 0] = 0
+    g[:, :, :1] = 0
     return dict(q=_unit_rows(ramp(B, nh, T, dk)), k=_unit_rows(ramp(B, nh, T, dk) + 0.5), v=ramp(B, nh, T, dv),
                 g=g, beta=np.abs(ramp(B, nh, T)), initial_state=ramp(B, nh, dk, dv), mask=None,
                 do=ramp(B, nh, T, dv), dstate=ramp(B, nh, dk, dv))
@@ -161,6 +161,20 @@ def test_dstate_none_is_zeros():
     none = gated_delta_rule_backward(case["do"], None, cache)
     for name in INPUTS:
         np.testing.assert_array_equal(none[name], zeros[name], err_msg=f"d{name}")
+
+
+def test_no_steps_return_the_initial_state_as_a_new_array():
+    """T = 0: the final state equals initial_state, in a new array in both twins, so that a caller
+    updating the state it got back in place leaves the one it passed untouched."""
+    case = _edge_case(per_channel=False, T=0)
+    state = case["initial_state"]
+    _, final, _ = gated_delta_rule_forward(**_inputs(case))
+    np.testing.assert_array_equal(final, state)
+    assert not np.shares_memory(final, state), "the final state is the caller's initial_state"
+    torch_state = to_torch(state)
+    _, final = gated_delta_rule(*(to_torch(case[name]) for name in ("q", "k", "v", "g", "beta")),
+                                initial_state=torch_state)
+    assert torch.equal(final, torch_state) and final.data_ptr() != torch_state.data_ptr()
 
 
 # -- the twin matches transformers' fallbacks --------------------------------------------------

@@ -33,7 +33,8 @@ def gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, mask=None
     # A padded step's output row is 0.
     if mask is not None:
         o = o * mask[:, None, :, None]
-    return o.to(dtype), S.to(dtype)
+    # S.to copies: at T = 0, S is still the caller's initial_state, which the result must not be.
+    return o.to(dtype), S.to(dtype, copy=True)
 
 
 def gated_delta_rule_parallel(q, k, v, g, beta, initial_state=None, scale=None):
