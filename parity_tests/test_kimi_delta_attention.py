@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from transformers import KimiLinearConfig
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_modeling
 
-from numpy_attn.kimi_delta_attention import kimi_delta_attention_backward, kimi_delta_attention_forward
+from numpy_attn._tree import tree_map
+from numpy_attn.kimi_delta_attention import (
+    kimi_delta_attention_backward,
+    kimi_delta_attention_forward,
+    kimi_delta_attention_param_shapes,
+)
 from parity_tests.helpers import assert_close, assert_tree_close, autograd, to_numpy, to_torch
 from parity_tests.model_kit import (
     assert_decoding_equals_the_full_forward,
@@ -223,6 +228,23 @@ def _bad(change):
 def test_bad_input_is_refused_naming_it(change, error, message):
     with pytest.raises(error, match=message):
         kimi_delta_attention_forward(**_bad(change))
+
+
+def test_one_head_of_one_channel_runs_as_the_twin():
+    """The smallest sizes the check accepts, num_heads = head_dim = 1, run, as the twin does."""
+    rng = np.random.default_rng(0)
+    shapes = kimi_delta_attention_param_shapes(C, 1, 1, K)
+    params = {}
+    for path, shape in shapes.items():
+        name, _, leaf = path.partition(".")
+        value = rng.standard_normal(shape) / np.sqrt(shape[0])
+        params[name] = {leaf: value} if leaf else value
+    x = rng.standard_normal((1, 5, C))
+    out, state, _ = kimi_delta_attention_forward(x, params, num_heads=1, head_dim=1, eps=EPS)
+    twin_out, twin_state = kimi_delta_attention(to_torch(x), tree_map(to_torch, params), num_heads=1, head_dim=1,
+                                                eps=EPS)
+    assert_close("kimi_delta_attention.out", out, twin_out)
+    assert state["recurrent"].shape == (1, 1, 1, 1)
 
 
 def test_bad_dout_is_refused():
