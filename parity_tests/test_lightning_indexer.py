@@ -693,6 +693,9 @@ def test_bad_loss_input_is_refused():
         ((scores, -p), ValueError, r"^lightning_indexer_loss: p must be finite and >= 0 \(a distribution over keys\)$"),
         ((scores, np.triu(p, 1)), ValueError, r"^lightning_indexer_loss: p has no mass on the mask's keys of row "
          r"\(b=0, t=0\): a target needs some$"),
+        # two queries over three keys (T != S): the row found is a query's, the sum over its keys
+        ((np.where(np.tri(2, 3, 1, dtype=bool), 1.0, -np.inf)[None], np.eye(2, 3)[None] * [[1], [0]]), ValueError,
+         r"^lightning_indexer_loss: p has no mass on the mask's keys of row \(b=0, t=1\): a target needs some$"),
     ]:
         with pytest.raises(error, match=message):
             lightning_indexer_loss_forward(*args)

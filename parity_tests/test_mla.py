@@ -618,8 +618,11 @@ def test_bad_input():
     assert latent.length == 4, "a refused step leaves the cache as it was"
     with pytest.raises(TypeError, match="latent_cache must be a LatentCache"):
         mla_absorbed_forward(x, params, config, {})
-    with pytest.raises(ValueError, match=r"latent_cache arrays \(1, 5, 4\), \(1, 5, 4\) must be \(2, 5, 4\)"):
-        mla_absorbed_forward(x, params, config, init_latent_cache(config, 1, 5, np.float64))
+    # the latent's width 5 apart from the rotary key's 4, so that the message tells each shape apart
+    wide, wide_params, _, _, _ = _pinned_case(kv_lora_rank=5)
+    with pytest.raises(ValueError, match=r"^latent_cache arrays \(1, 5, 5\), \(1, 5, 4\) must be \(2, 5, 5\), "
+                                         r"\(2, 5, 4\) for x \(2, 4, 5\) and this config$"):
+        mla_absorbed_forward(x, wide_params, wide, init_latent_cache(wide, 1, 5, np.float64))
     with pytest.raises(ValueError, match="max_len must be >= 1, got 0"):
         init_latent_cache(config, 2, 0)
     with pytest.raises(ValueError, match="n_kv_head = 2 must divide n_head = 3"):
