@@ -1,5 +1,7 @@
 """Parity tests for numpy_attn/loss.py and torch_attn/loss.py."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -421,8 +423,9 @@ def test_bad_input():
     for s in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match=f"label_smoothing must lie in \\[0, 1\\], got {s}"):
             cross_entropy_forward(logits, np.array([0, 1]), label_smoothing=s)
-    with pytest.raises(ValueError, match=r"weight of shape \(4,\) must have shape \(5,\)"):
-        cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(4))
+    for shape in ((4,), (6,), (5, 1)):     # one per class: fewer, more, or another layout
+        with pytest.raises(ValueError, match=rf"weight of shape {re.escape(str(shape))} must have shape \(5,\)"):
+            cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(shape))
     with pytest.raises(TypeError, match="logits is float64, weight is float32"):
         cross_entropy_forward(logits, np.array([0, 1]), weight=np.ones(5, np.float32))
     with pytest.raises(TypeError, match="weight must be a NumPy array, got list"):

@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 import torch_attn.multi_head as tw
 from benchmarks import convert
+from numpy_attn.kv_cache import init_kv_cache
 from numpy_attn.multi_head import (
     init_multi_head_params,
     merge_heads,
@@ -545,6 +546,41 @@ def test_key_value_heads_must_divide_the_query_heads(width):
     with pytest.raises(ValueError, match=rf'params\["k"\]\["w"\] of shape \(6, {width}\) must be \(C, nkv \* hs\) '
                                          r"with hs = 2 and nkv dividing num_heads = 3"):
         multi_head_attention_forward(x, params, 3)
+
+
+def test_grouped_query_heads_run_as_the_twin_and_their_shapes_are_checked():
+    """k and v of width nkv * hs < C (3 query heads of hs = 2 over 1 key/value head): the output
+    equals the twin's, and a v of another width is refused naming its expected (C, nkv * hs)."""
+    rng = np.random.default_rng(0)
+    x, params = rng.standard_normal((2, 3, 6)), init_multi_head_params(6, rng, dtype=np.float64, kv_width=2)
+    out, _ = multi_head_attention_forward(x, params, 3, is_causal=True)
+    twin, _ = tw.multi_head_attention(to_torch(x), tree_to_torch(params), 3, is_causal=True)
+    assert_close("multi_head.out (grouped-query heads)", out, twin)
+    params["v"] = {"w": np.zeros((6, 4)), "b": np.zeros(4)}
+    with pytest.raises(ValueError, match=r'^params\["v"\]\["w"\] must have shape \(6, 2\)'):
+        multi_head_attention_forward(x, params, 3)
+
+
+def test_backward_after_a_cached_forward_is_refused_with_its_counts():
+    """Two tokens attended over three cached ones: the backward has no input for the cached three,
+    and says so with the counts (5 keys attended, 2 of them from its input)."""
+    rng = np.random.default_rng(0)
+    params, cache = init_multi_head_params(6, rng, dtype=np.float64), init_kv_cache(1, 2, 3, 5, 2, np.float64)
+    multi_head_attention_forward(rng.standard_normal((2, 3, 6)), params, 3, kv_cache=cache.layer(0))
+    out, step = multi_head_attention_forward(rng.standard_normal((2, 2, 6)), params, 3, is_causal="bottom_right",
+                                             kv_cache=cache.layer(0))
+    with pytest.raises(ValueError, match=r"^multi_head_attention_backward: the forward attended over 5 keys of which "
+                                         r"only 2 came from its input; the rest came from a key/value cache, which "
+                                         r"is for inference only$"):
+        multi_head_attention_backward(np.ones_like(out), step)
+
+
+def test_a_width_of_one_is_the_smallest_model():
+    """C = 1, one head of one channel: every weight from U(-1, 1) (bound 1 / sqrt(1)), biases 0."""
+    params = init_multi_head_params(1, np.random.default_rng(0), dtype=np.float64)
+    for name in "qkvo":
+        assert params[name]["w"].shape == (1, 1) and abs(params[name]["w"][0, 0]) <= 1
+        assert params[name]["b"].shape == (1,) and params[name]["b"][0] == 0
 
 
 @pytest.mark.parametrize("C, error, message", [
