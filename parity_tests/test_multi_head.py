@@ -561,6 +561,17 @@ def test_grouped_query_heads_run_as_the_twin_and_their_shapes_are_checked():
         multi_head_attention_forward(x, params, 3)
 
 
+def test_cross_attention_at_a_real_models_width_runs_as_the_twin():
+    """C = 768 (GPT-2's), past the integers Python keeps one object for (-5 to 256): the width
+    checks compare values, so x over kv of that width runs, as the twin does."""
+    rng = np.random.default_rng(0)
+    x, kv, params = rng.standard_normal((1, 1, 768)), rng.standard_normal((1, 2, 768)), \
+        init_multi_head_params(768, rng, dtype=np.float64)
+    out, _ = multi_head_attention_forward(x, params, 12, kv=kv)
+    twin, _ = tw.multi_head_attention(to_torch(x), tree_to_torch(params), 12, kv=to_torch(kv))
+    assert_close("multi_head.out (C = 768, over kv)", out, twin)
+
+
 def test_backward_after_a_cached_forward_is_refused_with_its_counts():
     """Two tokens attended over three cached ones: the backward has no input for the cached three,
     and says so with the counts (5 keys attended, 2 of them from its input)."""
