@@ -1125,3 +1125,15 @@ def test_scale_and_cap_lost_in_float32_are_refused():
             nf.soft_cap(value)
     out, _ = nf.flex_attention_forward(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64), scale=1e-50)
     assert np.isfinite(out).all(), "float64 holds scale = 1e-50"
+
+
+def test_alibi_slopes_are_the_papers():
+    """ALiBi's slopes (Press et al., 2022): for 8 heads 1/2, 1/4, ..., 1/256, exact in float64; for
+    n heads a geometric sequence from 2^(-8/n) to 2^-8, as transformers' Bloom builds them (in
+    float32 there, hence its tolerance: a few roundings of float32, 6e-8 each)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    assert np.array_equal(nf.alibi_slopes(8), 0.5 ** np.arange(1, 9))
+    for n in (1, 2, 4, 16, 32):
+        bloom = build_alibi_tensor(torch.ones(1, 2), n, torch.float32)[:, 0, 1].double().numpy()   # slope x 1
+        np.testing.assert_allclose(nf.alibi_slopes(n), bloom, rtol=1e-6, err_msg=f"{n} heads")
