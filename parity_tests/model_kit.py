@@ -1021,6 +1021,11 @@ def model_tests(family):
             assert_close(f"{f.name}.logits", logits, twin_logits, **family_tol(cache, logits.dtype))
             assert_tree_close(f.name, dparams, grads["params"], **family_tol(cache, dout.dtype))
 
+        @pytest.mark.parametrize("twin", [False, True], ids=["numpy", "twin"])
+        def test_options_are_keyword_only(self, twin):
+            fn = family.twin if twin else family.forward
+            assert_options_are_keyword_only(importlib.import_module(fn.__module__), family.name)
+
         # -- the twin matches Hugging Face's model --------------------------------------------------------
 
         @given(data=st.data())
