@@ -15,6 +15,7 @@ import pytest
 import transformers
 from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa
 
+import numpy_attn.glm_moe_dsa as glm_moe_dsa
 import torch_attn.glm_moe_dsa as tw
 from numpy_attn.glm_moe_dsa import GlmMoeDsaConfig, glm_moe_dsa_backward, glm_moe_dsa_forward, init_glm_moe_dsa_params
 from parity_tests.helpers import assert_close, autograd, to_torch, tree_leaves, tree_map
@@ -25,6 +26,7 @@ from parity_tests.model_kit import (
     assert_dsa_decodes_as_full_forward,
     assert_dsa_separated,
     assert_generate_hf_is_transformers,
+    assert_options_are_keyword_only,
     dsa_tol,
     exact_hf_deepseek,
     float64_twin,
@@ -130,3 +132,13 @@ def test_forward_without_an_earlier_selection_is_refused():
     del params["blocks"]["0"]["attn"]["indexer"]
     with pytest.raises(ValueError, match="no earlier block selected keys"):
         glm_moe_dsa_forward(ids, params, config)
+
+
+@pytest.mark.parametrize("module", [glm_moe_dsa, tw], ids=["numpy", "twin"])
+def test_options_are_keyword_only(module):
+    assert_options_are_keyword_only(module, "glm_moe_dsa")
+
+
+def test_every_layer_has_its_own_indexer_by_default():
+    """Without indexer_types every layer is "full" (its own indexer), as its docstring says."""
+    assert GlmMoeDsaConfig(n_layer=3).indexer_types == ("full", "full", "full")

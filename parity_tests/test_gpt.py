@@ -401,6 +401,7 @@ def test_bad_positions_and_attn_mask(kwargs, error, message):
     (dict(n_embd=6, n_head=4), "n_embd = 6 is not divisible by n_head = 4"),
     (dict(positions="rotary"), "positions must be 'learned' or 'sinusoidal', got 'rotary'"),
     (dict(dropout=1.0), r"dropout must lie in \[0, 1\), got 1.0"),
+    (dict(dropout=1.5), r"dropout must lie in \[0, 1\), got 1.5"),
     (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
     (dict(n_layer=-1), "n_layer must be an integer >= 0, got -1"),
 ])
@@ -492,21 +493,41 @@ def test_logits_to_keep_gives_the_last_positions_and_their_gradient(case, N):
 
 
 def test_logits_to_keep_with_a_cache_gives_the_last_new_position():
-    """Generation's call: a prefill keeping 1, then one token keeping 1, equal to the full
-    forward's logits at those positions (tolerance as test_generate_cache.py's decoding)."""
+    """Generation's call: a prefill keeping 1, then two tokens keeping 1, equal to the full
+    forward's logits at those positions (tolerance as test_generate_cache.py's decoding). Sizes
+    where a wrong cache is seen: head size 3 (not n_embd - n_head = 4), and 3 cached tokens before
+    2 new ones (positions 3, 4: past + T = 5 where past | T = 3)."""
     from numpy_attn.gpt import gpt_kv_cache
 
-    config = GPTConfig(vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=4)
+    config = GPTConfig(vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=6)
     rng = np.random.default_rng(3)
     params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
     ids = np.array([[1, 3, 1, 6, 0]])
     full, full_cache = gpt_forward(ids, params, config)
     kv_cache = gpt_kv_cache(config, 1, np.float64)
-    prefill, _ = gpt_forward(ids[:, :4], params, config, kv_cache=kv_cache, logits_to_keep=1)   # (1, 1, V)
-    step, _ = gpt_forward(ids[:, 4:], params, config, kv_cache=kv_cache, logits_to_keep=1)      # (1, 1, V)
+    prefill, _ = gpt_forward(ids[:, :3], params, config, kv_cache=kv_cache, logits_to_keep=1)   # (1, 1, V)
+    step, _ = gpt_forward(ids[:, 3:], params, config, kv_cache=kv_cache, logits_to_keep=1)      # (1, 1, V)
     tol = reorder_tol(layer_norm_rstds(full_cache), np.float64)
-    assert_close("gpt prefill logits_to_keep=1 vs full[:, 3]", prefill, full[:, 3:4], **tol)
+    assert_close("gpt prefill logits_to_keep=1 vs full[:, 2]", prefill, full[:, 2:3], **tol)
     assert_close("gpt cached step logits_to_keep=1 vs full[:, 4]", step, full[:, 4:5], **tol)
+
+
+def test_an_attn_mask_joins_the_causal_mask():
+    """An attn_mask keeping every key changes nothing: the causal mask still joins it (and'ed)."""
+    config = GPTConfig(vocab_size=7, block_size=6, n_layer=1, n_head=2, n_embd=6)
+    rng = np.random.default_rng(4)
+    params = moved_off_init(init_gpt_params(config, rng, np.float64), rng)
+    ids = np.array([[1, 3, 1, 6, 0]])
+    plain, _ = gpt_forward(ids, params, config)
+    masked, _ = gpt_forward(ids, params, config, attn_mask=np.ones((5, 5), bool))
+    np.testing.assert_array_equal(masked, plain)
+
+
+def test_the_default_config_has_gpt2s_layers():
+    """The toy sizes aside, GPTConfig() is GPT-2's kind of model: biases in every linear layer,
+    learned positions, the embedding tied to the output."""
+    config = GPTConfig()
+    assert (config.bias, config.positions, config.tie_weights) == (True, "learned", True), config
 
 
 @pytest.mark.parametrize("bad, error, message", [
