@@ -46,7 +46,6 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -370,19 +369,9 @@ def call_scaling(repeats, block):
 
 # -- 4. NumPy's floor against F.sdpa ------------------------------------------------------------------
 
-def _over_slices(body, count, threads):
-    """body(0), ..., body(count - 1): on ``threads`` threads of our own with BLAS at one thread,
-    as the kernel spreads its (batch, head) slices, or in turn on this thread."""
-    if threads < 2:
-        for n in range(count):
-            body(n)
-        return
-    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
-        list(pool.map(body, range(count)))
-
-
-def _bare_forward(q, k_t, v_1, block_q, block_k, with_exp, threads=1):
-    """The forward's tile loop and nothing else: per tile q_blk @ k^T, exp in place, p @ [v | 1]."""
+def _bare_forward(q, k_t, v_1, block_q, block_k, with_exp):
+    """The forward's tile loop and nothing else: per tile q_blk @ k^T, exp in place, p @ [v | 1];
+    its (batch, head) slices spread over threads by the kernel's own pool (kernel_threads)."""
     def one(n):
         s = np.empty((block_q, block_k), np.float32)
         pv = np.empty((block_q, v_1.shape[-1]), np.float32)
@@ -393,11 +382,12 @@ def _bare_forward(q, k_t, v_1, block_q, block_k, with_exp, threads=1):
                     if with_exp:
                         fa.EXP(s, out=s)             # the kernel's base: np.exp2 with AVX-512
                     np.matmul(s, v_1[n, j0:j0 + block_k], out=pv)
-    _over_slices(one, len(q), threads)
+    fa._map_slices(one, len(q), len(q) * T * T * HS)
 
 
-def _bare_backward(q_1, k_1, v_1, q, k, dout, dout_1, block_q, block_k, threads=1):
-    """The backward's tile loop and nothing else: five matmuls, exp and one multiply per tile."""
+def _bare_backward(q_1, k_1, v_1, q, k, dout, dout_1, block_q, block_k):
+    """The backward's tile loop and nothing else: five matmuls, exp and one multiply per tile,
+    its slices spread as _bare_forward's."""
     def one(n):
         s = np.empty((block_q, block_k), np.float32)
         dp = np.empty((block_q, block_k), np.float32)
@@ -413,7 +403,7 @@ def _bare_backward(q_1, k_1, v_1, q, k, dout, dout_1, block_q, block_k, threads=
                     np.multiply(dp, s, out=dp)
                     np.matmul(dp.T, q[n, i0:i0 + block_q], out=dkv)
                     np.matmul(dp, k[n, j0:j0 + block_k], out=dq)
-    _over_slices(one, len(q), threads)
+    fa._map_slices(one, len(q), len(q) * T * T * HS)
 
 
 @contextlib.contextmanager
@@ -464,20 +454,19 @@ def floor(rounds, block_q, block_k, threads=1):
 
     forward = {
         "F.sdpa forward": sdpa_forward,
-        "NumPy tiles, 2 matmuls": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, False, threads),
-        "NumPy tiles, 2 matmuls + EXP (the floor)": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, True,
-                                                            threads),
+        "NumPy tiles, 2 matmuls": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, False),
+        "NumPy tiles, 2 matmuls + EXP (the floor)": partial(_bare_forward, q_s, k_t, v_1, block_q, block_k, True),
         "kernel forward": partial(fa.flash_attention_forward, q, k, v, block_q=block_q, block_k=block_k),
     }
     backward = {
         "F.sdpa forward+backward": sdpa_forward_backward,
         "NumPy tiles, forward floor + backward's 5 matmuls, exp, multiply": lambda: (
             forward["NumPy tiles, 2 matmuls + EXP (the floor)"](),
-            _bare_backward(q_1, k_1, v_1t, q3, k3, dout3, dout_1, block_q, block_k, threads)),
+            _bare_backward(q_1, k_1, v_1t, q3, k3, dout3, dout_1, block_q, block_k)),
         "kernel forward+backward": kernel_forward_backward,
     }
     times = {name: [] for name in (*forward, *backward)}
-    with kernel_threads(threads), np.errstate(over="ignore"):   # the kernel on as many threads
+    with kernel_threads(threads), np.errstate(over="ignore"):   # the kernel and the loops on as many threads
         for fn in (*forward.values(), *backward.values()):
             fn()
         for _ in range(rounds):

@@ -95,18 +95,18 @@ def test_floor_times_every_case_against_sdpa_in_the_same_rounds(tiny):
 
 
 def test_the_two_thread_floor_spreads_its_slices_as_the_kernel_does(tiny):
-    """Two threads each: the bare loops' slices on two threads of their own, the kernel's pool
-    of two, then the kernel's thread count given back."""
+    """Two threads each: the kernel's pool of two, on which the bare loops' slices run too, then
+    the kernel's thread count given back."""
     seen, started = set(), threading.Barrier(2, timeout=10)
 
     def body(n):
         seen.add(threading.get_ident())
         started.wait()          # both slices in flight at once, or the barrier times out
-    flash_breakdown._over_slices(body, 2, 2)
-    assert len(seen) == 2
     count = fa._cpu_count
     with flash_breakdown.kernel_threads(2):
         assert fa._cpu_count() == 2
+        fa._map_slices(body, 2, fa.PARALLEL_MIN_WORK)   # the pool the bare loops run on
+    assert len(seen) == 2
     assert fa._cpu_count is count
     res = flash_breakdown.floor(2, 32, 32, threads=2)
     assert {"F.sdpa forward", "NumPy tiles, 2 matmuls + EXP (the floor)", "kernel forward",
