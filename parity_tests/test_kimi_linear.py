@@ -302,6 +302,45 @@ def test_cache_bytes_per_token():
     assert kv.state_nbytes == 3 * (3 * nh * d * (K - 1) + nh * d * d) * 8
 
 
+
+def test_a_model_of_kda_layers_only_keeps_nothing_per_token():
+    """Without an MLA layer the cache's latent part is empty, keys and values alike: no byte a
+    token, only the KDA states."""
+    config = KimiLinearConfig(n_layer=2, layer_types=("linear_attention",) * 2)
+    kv = kimi_linear_kv_cache(config, 2, np.float64, max_len=10)
+    assert kv.buffer_k.shape[0] == kv.buffer_v.shape[0] == 0
+    assert kv.bytes_per_token == 0
+    nh, d, K = config.linear_num_heads, config.linear_head_dim, config.conv_kernel
+    assert kv.state_nbytes == 2 * 2 * (3 * nh * d * (K - 1) + nh * d * d) * 8
+
+
+@pytest.mark.parametrize("n_layer", [1, 4, 5, 9, 12])
+def test_default_layer_types_are_transformers(n_layer):
+    """Without layer_types, MLA on layers 4, 8, ... (0-based) and KDA elsewhere, as
+    transformers.KimiLinearConfig lays them out; the first first_k_dense_replace networks dense."""
+    ours = KimiLinearConfig(n_layer=n_layer, first_k_dense_replace=2)
+    theirs = transformers.KimiLinearConfig(num_hidden_layers=n_layer, first_k_dense_replace=2)
+    assert list(ours.layer_types) == list(theirs.layer_types)
+    assert list(ours.mlp_layer_types) == list(theirs.mlp_layer_types)
+
+
+def test_forget_gate_initialisation():
+    """Hugging Face's initialisation of KDA's forget gate: exp(A_log) ~ U(1, 16) per head and
+    softplus(dt_bias) = exp(U(log 1e-3, log 1e-1)) per channel. 4096 heads of one channel: every
+    draw in its range, each range's top reached within 1% (a narrower range misses it with
+    probability below 1e-17), and each mean within 5 standard errors of its expectation."""
+    config = KimiLinearConfig(n_layer=1, layer_types=("linear_attention",), linear_num_heads=4096,
+                              linear_head_dim=1)
+    attn = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)["blocks"]["0"]["attn"]
+    a = np.exp(attn["A_log"])                                       # U(1, 16)
+    assert attn["A_log"].dtype == np.float64 and a.shape == (4096,)
+    assert a.min() >= 1 and a.max() <= 16 and a.max() > 15.85, (a.min(), a.max())
+    assert abs(a.mean() - 8.5) < 5 * (15 / np.sqrt(12)) / np.sqrt(a.size), a.mean()
+    log_dt = np.log(np.logaddexp(0, attn["dt_bias"]))               # log softplus(dt_bias) ~ U(log 1e-3, log 1e-1)
+    lo, hi = np.log(1e-3), np.log(1e-1)
+    assert log_dt.min() >= lo - 1e-9 and log_dt.max() <= hi + 1e-9 and log_dt.max() > hi - 0.01 * (hi - lo)
+    assert abs(log_dt.mean() - (lo + hi) / 2) < 5 * ((hi - lo) / np.sqrt(12)) / np.sqrt(log_dt.size)
+
 # -- folders saved by transformers -------------------------------------------------------------------
 
 def test_checkpoint_loads_as_the_models_weights(tmp_path):
