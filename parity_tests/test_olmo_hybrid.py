@@ -172,13 +172,15 @@ def test_matches_transformers_in_float64(seed, B, T, padded, neg):
 
 
 def test_default_sizes_are_transformers():
-    """Sizes left None take transformers' defaults from the others, and so does the layer pattern."""
+    """Sizes left None take transformers' defaults from the others, and so does the layer pattern;
+    the convolution's taps and the negative eigenvalues default as transformers' do."""
     for n_layer in (2, 3, 5, 8):   # transformers refuses a model without both kinds of layer
         ref = transformers.OlmoHybridConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=n_layer)
         ours = OlmoHybridConfig(n_embd=32, n_head=4, n_layer=n_layer)
         assert (ours.linear_k_heads, ours.linear_v_heads, ours.linear_k_dim, ours.linear_v_dim) == (
             ref.linear_num_key_heads, ref.linear_num_value_heads, ref.linear_key_head_dim, ref.linear_value_head_dim)
         assert list(ours.layer_types) == ref.layer_types
+        assert (ours.conv_kernel, ours.allow_neg_eigval) == (ref.linear_conv_kernel_dim, ref.linear_allow_neg_eigval)
 
 
 # -- the twin, finite differences --------------------------------------------------------------------
