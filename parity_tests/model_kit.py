@@ -419,13 +419,16 @@ def assert_leaf_matches_finite_differences(name, forward, grads, config, params,
                  **FD_TOL)
 
 
-def assert_options_are_keyword_only(module, family):
+def assert_options_are_keyword_only(module, family, **more):
     """A family's forward (past ids, params, config), attention and block (past x, params, config,
-    positions), in the module given (numpy_attn's or torch_attn's): every further argument is
-    keyword-only, as llama's, so one more positional argument is never taken for positions or
-    attn_mask."""
+    positions), and the functions ``more`` names with their leading counts (gated_attention=4), in
+    the module given (numpy_attn's or torch_attn's): every further argument is keyword-only, as
+    llama's, so one more positional argument is never taken for positions or attn_mask."""
     suffix = "_forward" if module.__name__.startswith("numpy_attn") else ""   # the twin's names lack it
     names = {f"{family}{suffix}": 3, f"{family}_attention{suffix}": 4, f"{family}_block{suffix}": 4}
+    names |= {f"{name}{suffix}": leading for name, leading in more.items()}
+    for name in more:
+        assert hasattr(module, f"{name}{suffix}"), (module.__name__, name)
     assert hasattr(module, f"{family}{suffix}"), (module.__name__, family)
     for name, leading in names.items():
         if not hasattr(module, name):
@@ -471,7 +474,8 @@ def assert_backward_refuses_cached_forward(forward, backward, kv_cache, config, 
     cache = kv_cache(config, 1, np.float64)
     forward(np.zeros((1, 3), int), params, config, kv_cache=cache)
     logits, fwd = forward(np.zeros((1, 1), int), params, config, kv_cache=cache)
-    with pytest.raises(ValueError, match="only 1 came from its input; the rest came from a key/value cache"):
+    with pytest.raises(ValueError, match="attended over 4 keys of which only 1 came from its input; the rest came "
+                                         "from a key/value cache"):
         backward(np.ones_like(logits), fwd)
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_modeling
 
+import numpy_attn.qwen3_5
 import torch_attn.qwen3_5 as tw
 from numpy_attn.qwen3_5 import (
     Qwen3_5Config,
@@ -37,6 +38,7 @@ from parity_tests.model_kit import (
     assert_hybrid_meets_error_budget,
     assert_leaf_matches_finite_differences,
     assert_llama_cache_refused,
+    assert_options_are_keyword_only,
     assert_twin_decodes_as_ours,
     drawn_hybrid_case,
     float64_twin,
@@ -232,6 +234,21 @@ def test_bad_config_is_refused_naming_the_value(changes, error, message):
         Qwen3_5Config(**fields)
 
 
+@pytest.mark.parametrize("n_layer", [1, 4, 5, 9])
+def test_default_layer_types_are_transformers(n_layer):
+    """Without layer_types every 4th layer (3, 7, ...) is full attention and the rest Gated
+    DeltaNet, as transformers.Qwen3_5TextConfig lays them out."""
+    ours = Qwen3_5Config(n_layer=n_layer, head_dim=8)
+    assert list(ours.layer_types) == transformers.Qwen3_5TextConfig(num_hidden_layers=n_layer).layer_types
+
+
+def test_options_are_keyword_only():
+    """The model's and the gated attention's options (attn_mask, kv_cache, ...) are keyword-only in
+    both twins."""
+    for module in (numpy_attn.qwen3_5, tw):
+        assert_options_are_keyword_only(module, "qwen3_5", gated_attention=4)
+
+
 def test_wrong_cache_is_refused():
     """A Llama key/value cache has no place for Gated DeltaNet's state: refused, naming its type."""
     config = Qwen3_5Config(n_layer=2, head_dim=8)
@@ -239,9 +256,11 @@ def test_wrong_cache_is_refused():
     assert_llama_cache_refused(qwen3_5_forward, config, params)
 
 
-def test_backward_refuses_a_cached_forward():
-    """The cache is for inference only: a backward of a forward that read a cached state is refused."""
-    config = Qwen3_5Config(n_layer=2, head_dim=8, layer_types=("linear_attention", "full_attention"))
+@pytest.mark.parametrize("last", ["full_attention", "linear_attention"])
+def test_backward_refuses_a_cached_forward(last):
+    """The cache is for inference only: a backward of a forward that read a cached state is refused,
+    by the last layer's kind first (the backward runs from the last layer)."""
+    config = Qwen3_5Config(n_layer=2, head_dim=8, layer_types=("linear_attention", last))
     params = init_qwen3_5_params(config, np.random.default_rng(0), np.float64)
     assert_backward_refuses_cached_forward(qwen3_5_forward, qwen3_5_backward, qwen3_5_kv_cache, config, params)
 
@@ -256,6 +275,20 @@ def test_decoding_equals_the_full_forward(case, P, padded):
     config, params, ids, _ = case
     assert_hybrid_decodes_as_full_forward("qwen3_5", qwen3_5_forward, qwen3_5_kv_cache, config, params, *ids.shape, P,
                                           padded)
+
+
+def test_cache_bytes():
+    """The bytes the cache reports against its arrays, B = 2 sequences after 3 tokens: the full
+    layer's keys and values grow by 2 x nkv x (hs + hs) numbers a token and sequence, the linear
+    layers' states stay their size; the allocation is the slots of max_len tokens and the states."""
+    kv = qwen3_5_kv_cache(CONFIG, 2, np.float64, max_len=10)
+    params = init_qwen3_5_params(CONFIG, np.random.default_rng(0), np.float64)
+    qwen3_5_forward(np.zeros((2, 3), int), params, CONFIG, kv_cache=kv, for_backward=False)
+    states = sum(a.nbytes for s in kv.states if s is not None for a in (s["conv"], s["recurrent"]))
+    assert kv.bytes_per_token == CONFIG.n_kv_head * 2 * CONFIG.head_dim * 8
+    assert kv.state_nbytes == states > 0
+    assert kv.bytes_held == 3 * 2 * kv.bytes_per_token + states
+    assert kv.nbytes == 10 * 2 * kv.bytes_per_token + states == kv.buffer_k.nbytes + kv.buffer_v.nbytes + states
 
 
 def test_decoding_matches_transformers_generate():
