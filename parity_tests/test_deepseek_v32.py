@@ -308,6 +308,7 @@ def test_mlp_layer_types_give_the_dense_blocks(tmp_path):
     (dict(index_topk=0), ValueError, r"DeepseekV32Config.index_topk must be a positive integer"),
     (dict(index_n_heads=1.5), TypeError, r"DeepseekV32Config.index_n_heads must be"),
     (dict(index_head_dim=2), ValueError, r"index_head_dim = 2 must be >= qk_rope_head_dim = 4"),
+    (dict(index_head_dim=0), ValueError, r"DeepseekV32Config.index_head_dim must be a positive integer, got 0"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):

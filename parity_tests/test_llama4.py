@@ -25,6 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers.models.llama4 import modeling_llama4
 
+import numpy_attn.llama4
 import torch_attn.llama4 as tw
 from attn_cli.hf import load_checkpoint
 from numpy_attn._tree import leaves, tree_map
@@ -43,6 +44,7 @@ from parity_tests.helpers import assert_close, to_numpy, to_torch
 from parity_tests.model_kit import (
     assert_changed_config_refused,
     assert_generate_hf_is_transformers,
+    assert_options_are_keyword_only,
     compare,
     llama_rstds,
     next_token_dlogits,
@@ -413,6 +415,13 @@ def test_default_layers_are_transformers():
         assert ours.moe_layers == tuple(theirs.moe_layers) and ours.no_rope_layers == tuple(theirs.no_rope_layers)
         chunked = ["chunked_attention" if ours.window(i) else "full_attention" for i in range(n_layer)]
         assert chunked == theirs.layer_types
+
+
+def test_options_are_keyword_only():
+    """The model's, its attention's and its block's options (attn_mask, kv_cache, rope, chunk, ...)
+    are keyword-only in both twins."""
+    for module in (numpy_attn.llama4, tw):
+        assert_options_are_keyword_only(module, "llama4")
 
 
 def test_init_gives_every_parameter_its_shape():

@@ -313,6 +313,7 @@ def test_gradients_match_finite_differences(path, norm_topk_prob):
     ({"experts_per_token": 0}, ValueError, "experts_per_token must be a positive integer, got 0"),
     ({"moe_hidden": 0}, ValueError, "moe_hidden must be a positive integer, got 0"),
     ({"shared_hidden": 2.0}, TypeError, "shared_hidden must be an integer, got float 2.0"),
+    ({"shared_hidden": 0}, ValueError, "shared_hidden must be a positive integer, got 0"),
     ({"norm_topk_prob": "yes"}, TypeError, "norm_topk_prob must be a bool, got str 'yes'"),
     ({"decoder_sparse_step": 0}, ValueError, "decoder_sparse_step must be a positive integer, got 0"),
     ({"mlp_only_layers": 1}, TypeError, "mlp_only_layers must be a list of layer indices, got 1"),
