@@ -33,6 +33,7 @@ from numpy_attn.llama4 import (
     Llama4Config,
     chunked_causal_mask,
     init_llama4_params,
+    leading_padding,
     llama4_backward,
     llama4_forward,
     llama4_kv_cache,
@@ -394,6 +395,17 @@ def test_cached_decoding_equals_full_forward(dtype, sizes):
     tol = _tol(full_cache, dtype)
     tol["atol"] *= max(1.0, float(np.abs(full).max()))   # absolute errors grow with the logits, as in compare
     assert_close("llama4 decode twin.logits", twin, cached, **tol)
+
+
+def test_leading_padding_by_hand():
+    """Keys no query sees at the start of each sequence, both twins: 0, 2, and all 4 of a
+    sequence whose every key is hidden (its count is S, not B = 3); None without a mask."""
+    mask = np.ones((3, 1, 2, 4), bool)          # (B, nh, T, S)
+    mask[1, :, :, :2] = False
+    mask[2] = False
+    assert leading_padding(mask).tolist() == [0, 2, 4]
+    assert tw.leading_padding(to_torch(mask)).tolist() == [0, 2, 4]
+    assert leading_padding(None) is None and tw.leading_padding(None) is None
 
 
 def test_attn_mask_with_a_bounded_cache_is_refused():
