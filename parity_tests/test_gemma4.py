@@ -373,6 +373,19 @@ def test_backward_matches_finite_differences(seed, per_layer, k_eq_v, moe):
         "gemma4", lambda p: gemma4_forward(ids, p, config), gemma4_backward, params, dout, seed, gemma4_rstds)
 
 
+def test_default_choices_are_transformers():
+    """Gemma4Config's defaults that are not sizes are transformers' Gemma4TextConfig's: the rotary
+    bases of the global and sliding layers, the global layers' share of rotating pairs, tied
+    embeddings, no logit cap, five sliding layers then one global."""
+    ours, theirs = Gemma4Config(n_layer=7), transformers.Gemma4TextConfig(num_hidden_layers=7)
+    rope = theirs.rope_parameters
+    assert (ours.rope_theta, ours.partial_rotary_factor) == (rope["full_attention"]["rope_theta"],
+                                                             rope["full_attention"]["partial_rotary_factor"])
+    assert ours.rope_local_theta == rope["sliding_attention"]["rope_theta"]
+    assert (ours.tie_weights, ours.final_logit_softcap) == (theirs.tie_word_embeddings, theirs.final_logit_softcapping)
+    assert [ours.window(i) is None for i in range(7)] == [t == "full_attention" for t in theirs.layer_types]
+
+
 @pytest.mark.parametrize("changes,error,message", [
     ({"partial_rotary_factor": 1.5}, ValueError, r"partial_rotary_factor must be in \[0, 1\], got 1.5"),
     ({"layer_types": (FULL, SLIDING)}, ValueError, r"layer_types must end with 'full_attention'"),
