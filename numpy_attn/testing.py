@@ -68,7 +68,7 @@ Options per operation fix what is otherwise drawn:
                 and block_k drawn from 1 to past the lengths and passed)
     multi_head  masks, cross (default: drawn), bias (default: drawn), groups (as attention's: k and v
                 projected to fewer heads, each shared by up to that many query heads, in order), dropout
-                (default False; True: dropout_p drawn from 0.1, 0.5, 0.9; a number: always that p)
+                (default False; True: dropout_p drawn from 0.1, 0.5, 0.9; a number in [0, 1): always that p)
 
 With dropout, the function under test drops the weights numpy_attn drops: a torch function gets
 the keep-mask (the weights' shape, (B, nh, T, S) for multi_head) as ``keep=`` (bool, True = kept),
@@ -881,8 +881,9 @@ def check(op, forward, backward=None, *, examples=50, seed=None, dtype="float64"
         raise TypeError(f"{op} has no option {', '.join(map(repr, unknown))}: its options are "
                         f"{', '.join(known + ['framework', 'device'])}")
     dropout = options.get("dropout", False)
-    if not isinstance(dropout, bool) and not (isinstance(dropout, int | float) and 0 <= dropout <= 1):
-        raise ValueError(f"dropout must be True, False or a probability in [0, 1], got {dropout!r}")
+    if not isinstance(dropout, bool) and not (isinstance(dropout, int | float) and 0 <= dropout < 1):
+        # p = 1 drops every weight (the kept ones' scale 1 / (1 - p) is infinite): attention refuses it
+        raise ValueError(f"dropout must be True, False or a probability in [0, 1), got {dropout!r}")
     if options.get("dropout") and low_dtype.name in ("float16", "bfloat16"):
         raise ValueError(f"dropout is checked in float64 and float32, not {dtype}: the 2x rule's baseline, "
                          "numpy_attn in that dtype, draws its keep-mask in float32 and would drop other weights")

@@ -35,7 +35,7 @@ from numpy_attn.linear import linear_backward, linear_forward
 from numpy_attn.multi_head import multi_head_attention_backward, multi_head_attention_forward
 from numpy_attn.rms_norm import rms_norm_backward, rms_norm_forward
 from numpy_attn.softmax import softmax_backward, softmax_forward
-from numpy_attn.testing import OPERATIONS, CheckFailure, check
+from numpy_attn.testing import OPERATIONS, CheckFailure, arrays, check, floats
 
 # Few examples per call: each planted bug below fails on most inputs, and the passing checks run
 # every operation's strategies in full (python -m numpy_attn.testing's default is 50).
@@ -366,11 +366,57 @@ def test_attention_bugs_of_dropout_are_caught(bug):
     assert "dropout_p" in report and "keep (" in report, report
 
 
+@pytest.mark.parametrize("p", [0, 0.0])
+def test_a_dropout_of_zero_is_no_dropout(p):
+    """dropout=0 is a probability like any other: the check runs, passing no dropout_p or keep."""
+    reference, backward = NUMPY["attention"]
+
+    @functools.wraps(reference)
+    def without_dropout(*args, **kwargs):
+        assert "keep" not in kwargs and "dropout_p" not in kwargs, sorted(kwargs)
+        return reference(*args, **kwargs)
+
+    forward, backward = counted(without_dropout), counted(backward)
+    assert check("attention", forward, backward, examples=3, dropout=p) is None
+    assert forward.calls >= 1 and backward.calls >= 1
+
+
 def test_dropout_needs_keep_in_float32_and_is_refused_in_float16():
     with pytest.raises(TypeError, match=re.escape("with dropout in float32, a NumPy forward must take keep=")):
         check("multi_head", *NUMPY["multi_head"], dropout=True, dtype="float32")
     with pytest.raises(ValueError, match=re.escape("dropout is checked in float64 and float32, not float16")):
         check("multi_head", multi_head_twin(), dropout=True, dtype="float16")
+
+
+@pytest.mark.parametrize("axis", [0, 2, -3])
+def test_softmax_over_a_given_axis_passes(axis):
+    """An axis given as an option: every input drawn has that axis (0 and 2 counted from the front,
+    -3 from the back), so numpy_attn's own softmax passes."""
+    forward, backward = (counted(f) for f in NUMPY["softmax"])
+    assert check("softmax", forward, backward, examples=FEW, axis=axis) is None
+    assert forward.calls >= 1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_checked_with_the_causality_given(causal):
+    """causal=True (False) fixes is_causal: a forward that computes only that kind passes."""
+    reference, backward = NUMPY["flash_attention"]
+
+    @functools.wraps(reference)
+    def one_kind(q, k, v, is_causal=False, scale=None):
+        return reference(q, k, v, is_causal=causal, scale=scale)
+
+    forward = counted(one_kind)
+    assert check("flash_attention", forward, backward, examples=FEW, causal=causal) is None
+    assert forward.calls >= 1
+
+
+@settings(deadline=None)
+@given(x=floats(np.float32, 3.0), a=arrays(np.float32, (2, 3), 3.0))
+def test_float32_strategies_draw_float32_values(x, a):
+    """floats and arrays of float32 draw values that float32 holds exactly, within the bound."""
+    assert float(np.float32(x)) == x and abs(x) <= 3, x   # float(): np.float32(x) == x compares in float32
+    assert a.dtype == np.float32 and a.shape == (2, 3) and np.abs(a).max() <= 3
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -414,7 +460,11 @@ def test_a_forward_that_returns_no_cache_is_reported():
     ("softmax", tw_softmax.softmax, softmax_backward, {"framework": "torch"}, TypeError,
      "a torch forward's backward is autograd's"),
     ("multi_head", tw_multi_head.multi_head_attention, None, {"dropout": 1.5}, ValueError,
-     "dropout must be True, False or a probability in [0, 1], got 1.5"),
+     "dropout must be True, False or a probability in [0, 1), got 1.5"),
+    ("attention", *NUMPY["attention"], {"dropout": 1}, ValueError,
+     "dropout must be True, False or a probability in [0, 1), got 1"),
+    ("attention", *NUMPY["attention"], {"dropout": -0.1}, ValueError,
+     "dropout must be True, False or a probability in [0, 1), got -0.1"),
 ])
 def test_bad_arguments_are_refused(op, forward, backward, options, error, message):
     with pytest.raises(error, match=re.escape(message)):
