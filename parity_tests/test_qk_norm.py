@@ -9,8 +9,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from numpy_attn.qk_norm import qk_norm_backward, qk_norm_forward
+from numpy_attn.rms_norm import rms_norm_forward
 from parity_tests import strategies as S
 from parity_tests.helpers import (
+    LOW_DTYPES,
     assert_close,
     assert_tree_close,
     autograd,
@@ -131,6 +133,22 @@ def test_qk_norm_backward_matches_finite_differences(case, seed):
     h = 1e-4 / max(1.0, float(cache.q[1].max()), float(cache.k[1].max()))   # narrower rows, smaller step
     assert_close("qk_norm directional derivative vs finite differences", np.float64(tree_dot(grads, direction)),
                  np.float64(directional_derivative(f, tree, direction, h=h)), **directional_tol(grads, direction))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_defaults_are_rms_norms_defaults_in_low_precision(dtype):
+    """Each norm is rms_norm_forward with its defaults, xhat rounded to the dtype before the weight
+    (Qwen3's and Gemma 3's RMS norm): the same program, so the same bits. The unrounded product
+    differs in some entries here, so the default is seen."""
+    dtype = LOW_DTYPES[dtype][0]
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 2, 5, 8)).astype(dtype), rng.standard_normal((2, 1, 5, 8)).astype(dtype)
+    params = {name: {"w": rng.standard_normal(8).astype(dtype)} for name in ("q_norm", "k_norm")}
+    qn, kn, _ = qk_norm_forward(q, k, params, 1e-6)
+    for x, got, w in ((q, qn, params["q_norm"]["w"]), (k, kn, params["k_norm"]["w"])):
+        rounded, _ = rms_norm_forward(x, w, 1e-6)
+        assert got.dtype == dtype and np.array_equal(got, rounded)
+        assert not np.array_equal(got, rms_norm_forward(x, w, 1e-6, round_xhat=False)[0])
 
 
 # -- bad input --------------------------------------------------------------------------------------
