@@ -10,6 +10,8 @@ against the twin's autograd; cached decoding against the full forward; ``generat
 configs. The selections are checked far from a tie first (model_kit.assert_dsa_separated).
 """
 
+import json
+
 import numpy as np
 import pytest
 import transformers
@@ -142,3 +144,12 @@ def test_options_are_keyword_only(module):
 def test_every_layer_has_its_own_indexer_by_default():
     """Without indexer_types every layer is "full" (its own indexer), as its docstring says."""
     assert GlmMoeDsaConfig(n_layer=3).indexer_types == ("full", "full", "full")
+
+
+def test_init_gives_indexers_to_full_layers_only_from_a_json_config():
+    """A config whose layer types were read from JSON (strings not interned, as a saved config's
+    are): init gives each "full" layer an indexer and no "shared" layer one."""
+    kinds = json.loads('["full", "shared", "full", "shared"]')
+    config = GlmMoeDsaConfig(n_layer=4, n_routed_experts=4, indexer_types=tuple(kinds))
+    params = init_glm_moe_dsa_params(config, np.random.default_rng(0), np.float64)
+    assert ["indexer" in params["blocks"][str(i)]["attn"] for i in range(4)] == [True, False, True, False]
