@@ -153,3 +153,11 @@ def test_init_gives_indexers_to_full_layers_only_from_a_json_config():
     config = GlmMoeDsaConfig(n_layer=4, n_routed_experts=4, indexer_types=tuple(kinds))
     params = init_glm_moe_dsa_params(config, np.random.default_rng(0), np.float64)
     assert ["indexer" in params["blocks"][str(i)]["attn"] for i in range(4)] == [True, False, True, False]
+
+
+def test_indexer_types_of_a_deep_model_are_taken():
+    """300 layers listed for 300 layers are taken (lengths compared by value: Python shares the int
+    objects up to 256 only, so an identity test would pass every smaller model and refuse this)."""
+    n = int("300")                                            # made at run time, as a parsed config's
+    kinds = ("full", "shared") * (n // 2)
+    assert GlmMoeDsaConfig(n_layer=n, n_routed_experts=4, indexer_types=kinds).indexer_types == kinds
