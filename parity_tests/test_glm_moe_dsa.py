@@ -122,6 +122,8 @@ def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, changes, messa
     (dict(indexer_types=("shared", "full")), r"GlmMoeDsaConfig.indexer_types\[0\] must be 'full'"),
     (dict(indexer_types=("full",)), r"GlmMoeDsaConfig.indexer_types must list n_layer = 2 entries"),
     (dict(indexer_types="full"), r"GlmMoeDsaConfig.indexer_types must list n_layer = 2 entries"),
+    (dict(indexer_types=("full", "full", "shared")), r"indexer_types must list n_layer = 2 entries .*, got \("),
+    (dict(indexer_types=2), r"GlmMoeDsaConfig.indexer_types must list n_layer = 2 entries .*, got 2$"),
 ])
 def test_bad_config(kw, message):
     with pytest.raises(ValueError, match=message):
