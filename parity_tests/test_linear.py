@@ -18,6 +18,8 @@ from parity_tests.helpers import (
     autograd,
     numerical_grad,
     round_to,
+    to_numpy,
+    to_torch,
 )
 from torch_attn.linear import linear
 
@@ -203,6 +205,28 @@ def test_bad_input():
         linear_forward(np.array(1.0), w)
     with pytest.raises(ValueError, match=r"^b must have shape \(4,\) to match w \(3, 4\), got \(1, 4\)$"):
         linear_forward(np.zeros((2, 3)), w, np.zeros((1, 4)))
+    # narrower as well as wider: a check of one side only would let the other through to matmul
+    with pytest.raises(ValueError, match=r"^x of shape \(2, 2\) does not end in C_in = 3 of w \(3, 4\)$"):
+        linear_forward(np.zeros((2, 2)), w)
+    with pytest.raises(ValueError, match=r"^b must have shape \(4,\) to match w \(3, 4\), got \(5,\)$"):
+        linear_forward(np.zeros((2, 3)), w, np.zeros(5))
+
+
+def test_gpt2_width_runs_as_the_builtin():
+    """C_in = 768 (GPT-2's width, past the small integers Python shares, so the sizes are compared
+    by value) runs as F.linear, forward and backward, in float64."""
+    rng = np.random.default_rng(0)
+    x, w, b, dout = rng.standard_normal((2, 768)), rng.standard_normal((768, 3)), rng.standard_normal(3), \
+        rng.standard_normal((2, 3))
+    out, cache = linear_forward(x, w, b)
+    dx, grads = linear_backward(dout, cache)
+    tx, tw, tb = (to_torch(a, requires_grad=True) for a in (x, w, b))
+    ref = F.linear(tx, tw.T, tb)
+    ref.backward(to_torch(dout))
+    assert_close("linear C_in=768 out", out, to_numpy(ref))
+    assert_close("linear C_in=768 dx", dx, to_numpy(tx.grad))
+    assert_close("linear C_in=768 dw", grads["w"], to_numpy(tw.grad))
+    assert_close("linear C_in=768 db", grads["b"], to_numpy(tb.grad))
 
 
 # -- bad upstream gradients --------------------------------------------------------------------------
