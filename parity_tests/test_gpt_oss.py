@@ -343,6 +343,16 @@ def test_default_layer_types_are_transformers():
             transformers.GptOssConfig(num_hidden_layers=n_layer).layer_types)
 
 
+def test_default_experts_activation_is_transformers():
+    """The experts' SwiGLU defaults to gpt-oss's: alpha 1.702 and the clamp at 7, as transformers'
+    GptOssExperts holds them (alpha fixed in the module, the limit from its config)."""
+    hf = transformers.GptOssConfig(hidden_size=8, intermediate_size=8, num_local_experts=2, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=4, num_hidden_layers=1)
+    experts = modeling_gpt_oss.GptOssExperts(hf)
+    ours = GptOssConfig()
+    assert (ours.swiglu_alpha, ours.swiglu_limit) == (experts.alpha, experts.limit)
+
+
 def test_attn_mask_with_a_bounded_cache_is_refused():
     config = GptOssConfig()
     params = init_gpt_oss_params(config, np.random.default_rng(0), np.float64)
