@@ -130,6 +130,26 @@ def test_matches_hugging_face_gated_norms(case):
                      rtol=tol["rtol"], atol=tol["atol"] * max(1.0, float(np.abs(theirs).max(initial=0))))
 
 
+def test_default_eps_is_hugging_faces():
+    """Without eps, both twins use 1e-6, Qwen3_5RMSNormGated's default: rows of mean square 1e-6,
+    where the eps is half the denominator, come out as with eps=1e-6 given, bit for bit (the same
+    program), and as Hugging Face's module built without an eps, within float32's tolerance."""
+    rng = np.random.default_rng(0)
+    x, z, w = 1e-3 * rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8)), rng.standard_normal(8)
+    out, cache = gated_rms_norm_forward(x, z, w)
+    given_eps, _ = gated_rms_norm_forward(x, z, w, eps=1e-6)
+    assert np.array_equal(out, given_eps)
+    assert np.array_equal(to_numpy(gated_rms_norm(to_torch(x), to_torch(z), to_torch(w))), to_numpy(
+        gated_rms_norm(to_torch(x), to_torch(z), to_torch(w), eps=1e-6)))
+    hf = Qwen3_5RMSNormGated(8)
+    with torch.no_grad():
+        hf.weight.copy_(torch.from_numpy(w))
+        theirs = hf(torch.from_numpy(x).float(), gate=torch.from_numpy(z).float()).double().numpy()
+    tol = _tol(cache, np.float32)                            # Hugging Face's float32, as the test above
+    assert_close("gated_rms_norm default eps vs Qwen3_5RMSNormGated()", out, theirs, rtol=tol["rtol"],
+                 atol=tol["atol"] * max(1.0, float(np.abs(theirs).max())))
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows())
