@@ -248,6 +248,9 @@ def test_bad_input():
     params = init_feed_forward_params(4, np.random.default_rng(0), dtype=np.float64)
     with pytest.raises(ValueError, match=r"fc.w \(4, 16\) and proj.w \(16, 4\) must be .* C = 3 from x \(2, 3\)"):
         feed_forward_forward(np.zeros((2, 3)), params)
+    # fc.w too narrow for x while proj.w fits it: fc's own check refuses it, not linear's
+    with pytest.raises(ValueError, match=r"^fc.w \(4, 16\) and proj.w \(16, 5\) must be .* C = 5 from x \(2, 5\)$"):
+        feed_forward_forward(np.zeros((2, 5)), {"fc": {"w": params["fc"]["w"]}, "proj": {"w": np.zeros((16, 5))}})
     bad = {"fc": params["fc"], "proj": {"w": np.zeros((8, 4))}}
     with pytest.raises(ValueError, match=r"proj.w \(8, 4\)"):
         feed_forward_forward(np.zeros((2, 4)), bad)

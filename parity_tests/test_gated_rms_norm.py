@@ -150,6 +150,19 @@ def test_default_eps_is_hugging_faces():
                  atol=tol["atol"] * max(1.0, float(np.abs(theirs).max())))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_default_rounds_the_norm_in_low_precision(dtype):
+    """Without round_norm, the norm is rounded to x's dtype before the gate (Qwen3.5's module casts
+    it back to the input dtype first): the same bits as round_norm=True, and here not those of
+    round_norm=False, so the default is seen."""
+    dtype = LOW_DTYPES[dtype][0]
+    rng = np.random.default_rng(0)
+    x, z, w = (rng.standard_normal(shape).astype(dtype) for shape in ((2, 3, 8), (2, 3, 8), (8,)))
+    out, _ = gated_rms_norm_forward(x, z, w)
+    assert out.dtype == dtype and np.array_equal(out, gated_rms_norm_forward(x, z, w, round_norm=True)[0])
+    assert not np.array_equal(out, gated_rms_norm_forward(x, z, w, round_norm=False)[0])
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 @given(case=rows())
@@ -241,6 +254,8 @@ def test_bad_input_is_refused_naming_it():
         gated_rms_norm_forward(x, x.astype(np.int64), w)
     with pytest.raises(ValueError, match=r"^z must have x's shape \(2, 3\), got \(3, 2\)$"):
         gated_rms_norm_forward(x, x.T, w)
+    with pytest.raises(ValueError, match=r"^z must have x's shape \(2, 3\), got \(1, 3\)$"):   # would broadcast
+        gated_rms_norm_forward(x, x[:1], w)
     with pytest.raises(TypeError, match="^arrays must share one dtype: x is float64, z is float32, w is float64$"):
         gated_rms_norm_forward(x, x.astype(np.float32), w)
     with pytest.raises(TypeError, match="^arrays must share one dtype: x is float32, z is float32, w is float64$"):
