@@ -251,6 +251,9 @@ def test_bad_input():
     # fc.w too narrow for x while proj.w fits it: fc's own check refuses it, not linear's
     with pytest.raises(ValueError, match=r"^fc.w \(4, 16\) and proj.w \(16, 5\) must be .* C = 5 from x \(2, 5\)$"):
         feed_forward_forward(np.zeros((2, 5)), {"fc": {"w": params["fc"]["w"]}, "proj": {"w": np.zeros((16, 5))}})
+    # proj.w wider than x: the output would come out (2, 5) for x (2, 4)
+    with pytest.raises(ValueError, match=r"^fc.w \(4, 16\) and proj.w \(16, 5\) must be .* C = 4 from x \(2, 4\)$"):
+        feed_forward_forward(np.zeros((2, 4)), {"fc": {"w": params["fc"]["w"]}, "proj": {"w": np.zeros((16, 5))}})
     bad = {"fc": params["fc"], "proj": {"w": np.zeros((8, 4))}}
     with pytest.raises(ValueError, match=r"proj.w \(8, 4\)"):
         feed_forward_forward(np.zeros((2, 4)), bad)
