@@ -138,8 +138,8 @@ def test_qk_norm_backward_matches_finite_differences(case, seed):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_defaults_are_rms_norms_defaults_in_low_precision(dtype):
     """Each norm is rms_norm_forward with its defaults, xhat rounded to the dtype before the weight
-    (Qwen3's and Gemma 3's RMS norm): the same program, so the same bits. The unrounded product
-    differs in some entries here, so the default is seen."""
+    (Qwen3's RMS norm; Gemma 3's offset norm does not round there): the same program, so the same
+    bits. The unrounded product differs in some entries here, so the default is seen."""
     dtype = LOW_DTYPES[dtype][0]
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((2, 2, 5, 8)).astype(dtype), rng.standard_normal((2, 1, 5, 8)).astype(dtype)
