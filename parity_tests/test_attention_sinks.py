@@ -385,11 +385,12 @@ def test_sinks_without_a_head_axis_are_refused():
 
 
 
-@pytest.mark.parametrize("lse, got", [(np.zeros((2, 2, 3)), "shape (2, 2, 3)"), (np.zeros(3), "shape (3,)"),
-                                      ([0.0], "list")])
+@pytest.mark.parametrize("lse, got", [(np.zeros((2, 2, 3)), "shape (2, 2, 3)"),
+                                      (np.zeros((1, 2, 2)), "shape (1, 2, 2)"),
+                                      (np.zeros(3), "shape (3,)"), ([0.0], "list")])
 def test_an_lse_not_of_outs_rows_is_refused_naming_both(lse, got):
     """lse must be (..., nh, T), out's shape without its last axis: the message gives that shape
-    (here (1, 2, 3), of out (1, 2, 3, 4)) and what came."""
+    (here (1, 2, 3), of out (1, 2, 3, 4)) and what came, a shape larger or smaller (a row short)."""
     q = np.zeros((1, 2, 3, 4))
     out, _ = scaled_dot_product_attention_forward(q, q, q)
     with pytest.raises(ValueError, match=re.escape(f"attention_sinks: lse must be an array of shape (1, 2, 3) "
