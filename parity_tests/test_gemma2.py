@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import transformers
 
+import numpy_attn.gemma2
 import torch_attn.gemma2 as tw
 from numpy_attn._tree import leaves
 from numpy_attn.gemma2 import (
@@ -51,6 +52,7 @@ from parity_tests.helpers import (
 from parity_tests.model_kit import (
     assert_changed_config_refused,
     assert_config_stores_python_values,
+    assert_options_are_keyword_only,
     assert_refusals_name_the_family,
     save,
 )
@@ -175,14 +177,20 @@ def test_default_layer_types_are_transformers(n_layer):
 
 
 def test_gemma2s_own_choices_are_transformers():
-    """What Gemma2Config sets besides its toy sizes is Gemma 2's: transformers' soft caps, and a
-    query_pre_attn_scalar equal to the head size, as transformers' default (256, its head_dim), so
-    that the default scores take the usual 1 / sqrt(hs)."""
+    """What Gemma2Config sets besides its toy sizes is Gemma 2's: transformers' soft caps, the head
+    tied to the embedding, and a query_pre_attn_scalar equal to the head size, as transformers'
+    default (256, its head_dim), so that the default scores take the usual 1 / sqrt(hs)."""
     config, hf = Gemma2Config(), transformers.Gemma2Config()
+    assert config.tie_weights is hf.tie_word_embeddings is True
     assert (config.attn_logit_softcap, config.final_logit_softcap) == (hf.attn_logit_softcapping,
                                                                         hf.final_logit_softcapping)
     assert hf.query_pre_attn_scalar == hf.head_dim
     assert config.query_pre_attn_scalar == config.hs, (config.query_pre_attn_scalar, config.hs)
+
+
+@pytest.mark.parametrize("module", [numpy_attn.gemma2, tw], ids=["numpy", "twin"])
+def test_options_are_keyword_only(module):
+    assert_options_are_keyword_only(module, "gemma2")
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
