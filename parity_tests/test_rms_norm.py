@@ -184,6 +184,11 @@ def test_bad_input():
     x = np.zeros((2, 3))
     with pytest.raises(ValueError, match=r"w must have shape \(3,\) to match x \(2, 3\), got \(4,\)"):
         rms_norm_forward(x, np.ones(4))
+    # The size asked for is x's last axis, whatever x's rank (2-D x alone cannot tell it from the second).
+    with pytest.raises(ValueError, match=r"^w must have shape \(4,\) to match x \(2, 3, 4\), got \(3,\)$"):
+        rms_norm_forward(np.zeros((2, 3, 4)), np.ones(3))
+    with pytest.raises(ValueError, match=r"^w must have shape \(5,\) to match x \(5,\), got \(3,\)$"):
+        rms_norm_forward(np.zeros(5), np.ones(3))
     with pytest.raises(ValueError, match="eps must be a number >= 0, got -0.1"):
         rms_norm_forward(x, np.ones(3), eps=-0.1)
     with pytest.raises(ValueError, match="eps must be a number >= 0, got True"):
