@@ -33,6 +33,7 @@ from attn_cli.hf import load_checkpoint
 from numpy_attn.deepseek_v32 import (
     DeepseekV32Config,
     DSACache,
+    deepseek_v32_attention_forward,
     deepseek_v32_backward,
     deepseek_v32_forward,
     deepseek_v32_indexer_loss,
@@ -145,6 +146,27 @@ def test_the_selection_drops_keys_and_changes_the_output():
     assert np.abs(dense - logits).max() > 1e-3, "dropping keys left the logits as they were"
     with pytest.raises(ValueError, match="attn_mask is not supported"):
         deepseek_v32_forward(ids, params, config, attn_mask=np.ones((6, 6), bool))
+
+
+def test_the_attention_leaves_its_selection_for_the_blocks_after_it():
+    """The attention alone: with a ``selection`` dict it leaves its indexer's selection there, and
+    without one gives the same output; a block without an indexer (GLM-5's shared layers) attends
+    over the selection left, and without one is refused."""
+    config, params, _, _ = _pinned()
+    attn = params["blocks"]["0"]["attn"]
+    h = np.random.default_rng(3).normal(size=(2, 6, config.n_embd))
+    positions = np.arange(6)
+    selection = {}
+    out, cache = deepseek_v32_attention_forward(h, attn, config, positions, selection=selection)
+    np.testing.assert_array_equal(selection["selected"], cache.selected)
+    np.testing.assert_array_equal(deepseek_v32_attention_forward(h, attn, config, positions)[0], out)
+    shared = {name: layer for name, layer in attn.items() if name != "indexer"}
+    out_shared, cache_shared = deepseek_v32_attention_forward(h, shared, config, positions, selection=selection)
+    np.testing.assert_array_equal(out_shared, out)
+    assert cache_shared.scores is None and cache_shared.selected is selection["selected"]
+    for left in (None, {}):
+        with pytest.raises(ValueError, match="no earlier block selected keys"):
+            deepseek_v32_attention_forward(h, shared, config, positions, selection=left)
 
 
 # -- the indexer's own loss ---------------------------------------------------------------------------
