@@ -532,6 +532,18 @@ def assert_bad_dout_refused(backward_name, out, backward, cache, dout_name="dout
             f"{backward_name} given {type(dout).__name__} {np.shape(dout)}: {missing} not in {message!r}"
 
 
+def assert_normal_draws(name, w, std):
+    """``w`` (at least 1024 draws, any dtype) looks drawn from N(0, std^2): its sample mean within 5
+    standard errors (std / sqrt(n)) of 0, its sample std within 10% of std, which for n >= 1024 is
+    at least 4.5 of the sample std's standard errors (std / sqrt(2 n)). A mean or spread moved by
+    a fraction of std fails; a fixed seed's draws pass or fail alike on every machine."""
+    w = np.asarray(w, np.float64).ravel()
+    assert w.size >= 1024, f"{name}: {w.size} draws are too few to tell the spread within 10%"
+    mean, sample_std = w.mean(), w.std()
+    assert abs(mean) < 5 * std / np.sqrt(w.size) and abs(sample_std - std) < 0.1 * std, \
+        f"{name}: mean {mean:.3g}, std {sample_std:.3g}, drawn from N(0, {std}^2)?"
+
+
 def moved_off_init(params, rng):
     """``params`` (a nested dict) with every leaf moved by U(-0.5, 0.5) drawn from ``rng``, in its
     own dtype: so that norms, biases and embeddings are not at their initial 1s, 0s and near-0s."""
