@@ -44,6 +44,7 @@ from numpy_attn.deepseek_v32 import (
 from parity_tests import strategies as S
 from parity_tests.helpers import (
     assert_close,
+    assert_normal_draws,
     autograd,
     directional_derivative,
     directional_tol,
@@ -331,6 +332,7 @@ def test_mlp_layer_types_give_the_dense_blocks(tmp_path):
     (dict(index_n_heads=1.5), TypeError, r"DeepseekV32Config.index_n_heads must be"),
     (dict(index_head_dim=2), ValueError, r"index_head_dim = 2 must be >= qk_rope_head_dim = 4"),
     (dict(index_head_dim=0), ValueError, r"DeepseekV32Config.index_head_dim must be a positive integer, got 0"),
+    (dict(index_n_heads=0), ValueError, r"DeepseekV32Config.index_n_heads must be a positive integer, got 0"),
 ])
 def test_bad_config(kw, error, message):
     with pytest.raises(error, match=message):
@@ -345,3 +347,17 @@ def test_init_gives_every_indexer_its_params():
         assert indexer["wq_b"]["w"].shape == (config.q_lora_rank, config.index_n_heads * config.index_head_dim)
         assert np.all(indexer["k_norm"]["w"] == 1) and np.all(indexer["k_norm"]["b"] == 0)
         assert all(leaf.dtype == np.float32 for _, leaf in tree_leaves(indexer))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_init_draws_the_indexer_from_n_0_0_02(dtype):
+    """The indexer's three projections start N(0, 0.02^2), as Hugging Face's initializer_range
+    (4096, 2048 and 2048 draws over two blocks, helpers.assert_normal_draws), in the dtype asked for."""
+    config = DeepseekV32Config(n_routed_experts=4, n_layer=2, n_embd=128, q_lora_rank=32, index_n_heads=8,
+                               index_head_dim=8)
+    indexers = [block["attn"]["indexer"] for block in
+                init_deepseek_v32_params(config, np.random.default_rng(0), dtype)["blocks"].values()]
+    for name in ("wq_b", "wk", "weights_proj"):
+        w = np.concatenate([indexer[name]["w"].ravel() for indexer in indexers])
+        assert w.dtype == dtype, f"{name} has dtype {w.dtype}, asked for {np.dtype(dtype)}"
+        assert_normal_draws(f"indexer {name}", w, 0.02)
