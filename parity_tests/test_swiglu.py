@@ -251,6 +251,8 @@ def test_init_shapes_dtype_and_range(dtype, bias):
         bound = 1 / np.sqrt(H if path.startswith("down") else C)
         assert leaf.dtype == dtype, f"{path} dtype {leaf.dtype}"
         assert np.abs(leaf).max() <= bound, f"{path} exceeds the nn.Linear bound {bound}"
+    # No biases unless asked for, as LlamaMLP (mlp_bias False by default).
+    assert all("b" not in layer for layer in init_swiglu_params(C, H, np.random.default_rng(0)).values())
 
 
 @pytest.mark.parametrize("bias", [True, False])
