@@ -300,6 +300,8 @@ def test_bad_input():
         swiglu_forward(np.zeros((2, 4)), {**params, "down": {"w": np.zeros((5, 4))}})
     with pytest.raises(ValueError, match=r"keys 'gate', 'up', 'down', got \['down', 'gate'\]"):
         swiglu_forward(np.zeros((2, 4)), {"gate": params["gate"], "down": params["down"]})
+    with pytest.raises(ValueError, match=r"keys 'gate', 'up', 'down', got \['down', 'extra', 'gate', 'up'\]"):
+        swiglu_forward(np.zeros((2, 4)), {**params, "extra": params["up"]})   # a key too many, not only too few
     with pytest.raises(TypeError, match="x is float32, w is float64"):
         swiglu_forward(np.zeros((2, 4), np.float32), params)
     with pytest.raises(TypeError, match="^init_swiglu_params needs rng: rng must be a np.random.Generator, got int$"):
