@@ -185,6 +185,13 @@ def test_indexer_loss_gradient_matches_autograd_and_finite_differences():
     twin = sum(lightning_indexer_loss(to_torch(b.attn.scores), to_torch(b.attn.mla.sdpa.weights.sum(axis=1)),
                                       to_torch(b.attn.selected)) for b in cache.blocks)
     assert_close("deepseek_v32 indexer loss vs twin", loss, to_numpy(twin), rtol=1e-12, atol=1e-12)
+    # A one-block cache (a one-layer model's): its loss is that block's.
+    first = cache.blocks[0].attn
+    alone = lightning_indexer_loss(to_torch(first.scores), to_torch(first.mla.sdpa.weights.sum(axis=1)),
+                                   to_torch(first.selected))
+    assert_close("deepseek_v32 indexer loss of one block vs twin",
+                 deepseek_v32_indexer_loss(cache._replace(blocks=cache.blocks[:1]))[0], to_numpy(alone),
+                 rtol=1e-12, atol=1e-12)
     rng = np.random.default_rng(1)
     indexers = {i: block["attn"]["indexer"] for i, block in params["blocks"].items()}
     direction = tree_map(lambda p: rng.uniform(-1, 1, p.shape), indexers)
@@ -275,6 +282,12 @@ def test_decoding_refuses_a_foreign_cache_and_the_backward():
         deepseek_v32_backward(dout[:, :2], cache)
     with pytest.raises(ValueError, match="without a kv_cache"):
         deepseek_v32_indexer_loss(cache)
+    # A cache of other widths is refused naming both widths, its and the config's.
+    other = dataclasses.replace(config, kv_lora_rank=config.kv_lora_rank + 1, index_head_dim=config.index_head_dim + 1)
+    with pytest.raises(ValueError, match=rf"^kv_cache holds latents of width {other.kv_lora_rank} and indexer keys "
+                       rf"of width {other.index_head_dim}, the config's kv_lora_rank is {config.kv_lora_rank} and "
+                       rf"index_head_dim {config.index_head_dim}$"):
+        deepseek_v32_forward(ids[:, :2], params, config, kv_cache=deepseek_v32_kv_cache(other, 2, np.float64))
     assert isinstance(deepseek_v32_forward(ids, params, config)[1].blocks[0].attn, DSACache)
 
 
