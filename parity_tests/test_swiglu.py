@@ -320,6 +320,8 @@ def test_bad_input():
                 swiglu_forward(np.zeros((2, 4)), {**params, name: layer})
     with pytest.raises(ValueError, match=r"^gate.w must have shape \(4, None\) for x \(2, 4\), got \(\)$"):
         swiglu_forward(np.zeros((2, 4)), {**params, "gate": {"w": np.zeros(())}})
+    with pytest.raises(ValueError, match=r"^gate.w must have shape \(4, 6\) for x \(2, 4\), got \(6,\)$"):
+        swiglu_forward(np.zeros((2, 4)), {**params, "gate": {"w": np.zeros(6)}})   # H read from its last axis
     with pytest.raises(ValueError, match=r"^params must be a dict with keys 'gate', 'up', 'down', got list$"):
         swiglu_forward(np.zeros((2, 4)), [params["gate"]])
     for x, got in ((np.arange(3), "got dtype int64"), (np.zeros(3, np.complex64), "got dtype complex64")):
