@@ -291,6 +291,18 @@ def test_decoding_refuses_a_foreign_cache_and_the_backward():
     assert isinstance(deepseek_v32_forward(ids, params, config)[1].blocks[0].attn, DSACache)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_cache_bytes_per_token_count_the_indexer_keys(dtype):
+    """A token adds per layer its latent and shared rotary key (kv_lora_rank + dr numbers in the
+    model's dtype) and its indexer key (index_head_dim numbers, in float32 for a float16 model: the
+    indexer's dtype). Two layers of 12 + 6 numbers here, sizes whose bytes share bits."""
+    config, _, _, _ = _pinned()
+    key_bytes = np.dtype(np.float32 if dtype == np.float16 else dtype).itemsize
+    latent = (config.kv_lora_rank + config.qk_rope_head_dim) * np.dtype(dtype).itemsize
+    expected = config.n_layer * (latent + config.index_head_dim * key_bytes)
+    assert deepseek_v32_kv_cache(config, 2, dtype).bytes_per_token == expected
+
+
 @pytest.mark.parametrize("options", [[], ["--no-cache"]])
 def test_generate_hf_ids_equal_transformers_generate(tmp_path, capsys, options):
     """``numpy-attn generate --hf DIR --ids``, with and without the cache: the greedy ids of
