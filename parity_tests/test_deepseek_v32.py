@@ -18,6 +18,7 @@ checkpoints' seeds were picked so that it is, and drawn models that are not are 
 """
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
+import numpy_attn.deepseek_v32
 import torch_attn.deepseek_v32 as tw
 from attn_cli import cli
 from attn_cli.hf import load_checkpoint
@@ -62,6 +64,7 @@ from parity_tests.model_kit import (
     assert_dsa_checkpoint_matches_transformers,
     assert_dsa_decodes_as_full_forward,
     assert_generate_hf_is_transformers,
+    assert_options_are_keyword_only,
     choice_gaps,
     deepseek_models,
     deepseek_v32_rstds,
@@ -147,6 +150,15 @@ def test_the_selection_drops_keys_and_changes_the_output():
     assert np.abs(dense - logits).max() > 1e-3, "dropping keys left the logits as they were"
     with pytest.raises(ValueError, match="attn_mask is not supported"):
         deepseek_v32_forward(ids, params, config, attn_mask=np.ones((6, 6), bool))
+
+
+@pytest.mark.parametrize("module", [numpy_attn.deepseek_v32, tw], ids=["numpy", "twin"])
+def test_options_are_keyword_only(module):
+    assert_options_are_keyword_only(module, "deepseek_v32")
+    if module is numpy_attn.deepseek_v32:   # the forward GLM-5 shares: keywords past (name, class, ids, params, config)
+        kinds = [p.kind for p in inspect.signature(module.dsa_decoder_forward).parameters.values()]
+        assert kinds[:5] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 5, kinds
+        assert set(kinds[5:]) == {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}, kinds
 
 
 def test_the_attention_leaves_its_selection_for_the_blocks_after_it():
