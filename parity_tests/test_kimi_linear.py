@@ -24,9 +24,11 @@ from numpy_attn.kimi_linear import (
 from numpy_attn.masks import padding_attn_mask
 from parity_tests.helpers import (
     assert_close,
+    assert_normal_draws,
     moved_off_init,
     to_numpy,
     to_torch,
+    tree_leaves,
 )
 from parity_tests.model_kit import (
     CHOICE_GAP,
@@ -322,6 +324,25 @@ def test_default_layer_types_are_transformers(n_layer):
     theirs = transformers.KimiLinearConfig(num_hidden_layers=n_layer, first_k_dense_replace=2)
     assert list(ours.layer_types) == list(theirs.layer_types)
     assert list(ours.mlp_layer_types) == list(theirs.mlp_layer_types)
+
+
+def test_conv_kernel_default_is_transformers():
+    """The convolution's taps default to transformers.KimiLinearConfig's linear_conv_kernel_dim (the
+    released models' 4), where the other sizes default to a toy's."""
+    assert KimiLinearConfig().conv_kernel == transformers.KimiLinearConfig().linear_conv_kernel_dim == 4
+
+
+def test_projections_initialisation():
+    """Hugging Face's initialisation of KDA's projections and convolution: N(0, 0.02^2), 21504
+    draws here (helpers.assert_normal_draws); its gated norm at 1 (the forget gate's draws are the
+    next test's)."""
+    config = KimiLinearConfig(n_layer=1, layer_types=("linear_attention",), n_embd=64, linear_num_heads=4,
+                              linear_head_dim=16)
+    attn = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)["blocks"]["0"]["attn"]
+    drawn = {path: leaf for path, leaf in tree_leaves(attn) if path.split(".")[0] not in ("A_log", "dt_bias", "o_norm")}
+    assert len(drawn) == 10, sorted(drawn)
+    assert_normal_draws("KDA's projections", np.concatenate([w.ravel() for w in drawn.values()]), 0.02)
+    assert np.all(attn["o_norm"]["w"] == 1)
 
 
 def test_forget_gate_initialisation():
