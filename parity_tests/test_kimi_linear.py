@@ -248,11 +248,28 @@ def test_gradients_match_finite_differences(path):
     ({"linear_head_dim": 0}, "linear_head_dim"),
     ({"conv_kernel": 0}, "conv_kernel"),
     ({"pad_token_id": 9}, "pad_token_id = 9 must be below vocab_size = 9"),
+    ({"pad_token_id": -1}, "pad_token_id"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling must be None"),
 ])
 def test_bad_config_is_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message):
         KimiLinearConfig(**{"vocab_size": 9, "n_layer": 2, **changes})
+
+
+def test_smallest_sizes_are_accepted_and_run():
+    """Each KDA size at its smallest, one head of width 1 and a convolution of one tap (no state to
+    carry), and the pad id 0: accepted; the forward runs, finite, and decoding the prompt from an
+    empty cache gives its logits."""
+    config = KimiLinearConfig(vocab_size=9, n_layer=2, linear_num_heads=1, linear_head_dim=1, conv_kernel=1,
+                              pad_token_id=0)
+    params = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)
+    ids = np.array([[0, 3, 5]])
+    logits, _ = kimi_linear_forward(ids, params, config)
+    kv_cache = kimi_linear_kv_cache(config, 1, np.float64)
+    step, _ = kimi_linear_forward(ids, params, config, kv_cache=kv_cache)
+    assert np.isfinite(logits).all()
+    # float64, a prompt decoded at once from an empty cache: the same sums, MLA's reassociated (absorbed).
+    np.testing.assert_allclose(step, logits, rtol=1e-9, atol=1e-12)
 
 
 def test_another_cache_is_refused():
