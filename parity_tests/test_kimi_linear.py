@@ -258,17 +258,17 @@ def test_bad_config_is_refused_naming_the_field(changes, message):
 
 def test_smallest_sizes_are_accepted_and_run():
     """Each KDA size at its smallest, one head of width 1 and a convolution of one tap (no state to
-    carry), and the pad id 0: accepted; the forward runs, finite, and decoding the prompt from an
-    empty cache gives its logits."""
+    carry), and the pad id 0: accepted; a KDA layer then an MLA layer run, finite, and decoding the
+    prompt from an empty cache gives the forward's logits."""
     config = KimiLinearConfig(vocab_size=9, n_layer=2, linear_num_heads=1, linear_head_dim=1, conv_kernel=1,
-                              pad_token_id=0)
+                              pad_token_id=0, layer_types=("linear_attention", "full_attention"))
     params = init_kimi_linear_params(config, np.random.default_rng(0), np.float64)
     ids = np.array([[0, 3, 5]])
     logits, _ = kimi_linear_forward(ids, params, config)
     kv_cache = kimi_linear_kv_cache(config, 1, np.float64)
     step, _ = kimi_linear_forward(ids, params, config, kv_cache=kv_cache)
     assert np.isfinite(logits).all()
-    # float64, a prompt decoded at once from an empty cache: the same sums, MLA's reassociated (absorbed).
+    # float64, a prompt decoded at once from an empty cache: the same sums in another order (MLA absorbed).
     np.testing.assert_allclose(step, logits, rtol=1e-9, atol=1e-12)
 
 
